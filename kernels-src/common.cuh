@@ -1,0 +1,40 @@
+// Shared device helpers: DCP token ownership (SPEC.md §2) and the FP8-656 format (SPEC.md §3).
+// The CPU reference in src/planner.rs and src/formats.rs is the executable twin of this file.
+#pragma once
+#include <stdint.h>
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+#include "abi.h"
+
+namespace dcp {
+
+enum class KvFormat { Bf16, Fp8_656 };
+
+constexpr int kDimLatent = 512;   // c_kv, also V
+constexpr int kDimRope = 64;      // k_pe
+constexpr int kDimQk = kDimLatent + kDimRope;
+constexpr int kFp8RowBytes = 656; // [512 e4m3 | 4 fp32 scales | 64 bf16]
+constexpr int kFp8ScaleOffset = 512;
+constexpr int kFp8RopeOffset = 528;
+
+// owner(t) = (t div I) mod D; local(t) = (t div (D·I))·I + (t mod I). t >= 0.
+__device__ __forceinline__ int owner_of(int64_t t, int D, int I) { return (int)((t / I) % D); }
+__device__ __forceinline__ int64_t local_of(int64_t t, int D, int I) {
+    return (t / ((int64_t)D * I)) * I + (t % I);
+}
+
+// scale = smallest power of two >= max(amax / 448, 1e-4), computed from the float's bits so it
+// is exact and identical on every machine (no log2).
+__device__ __forceinline__ float fp8_group_scale(float amax) {
+    float v = fmaxf(__fdiv_rn(amax, 448.0f), 1e-4f);
+    uint32_t b = __float_as_uint(v);
+    if (b & 0x007fffffu) b = (b & 0x7f800000u) + 0x00800000u;
+    return __uint_as_float(b);
+}
+
+// e4m3, round to nearest even, saturating to ±448.
+__device__ __forceinline__ uint8_t fp8_e4m3_encode(float x) {
+    return (uint8_t)__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3);
+}
+
+}  // namespace dcp

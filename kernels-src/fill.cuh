@@ -1,0 +1,70 @@
+// KV-cache fill (SPEC.md §2-3): one warp per new token. The warp resolves the token's owner,
+// page and slot; on any other rank, or for a padded/out-of-range token, it writes nothing.
+#pragma once
+#include "common.cuh"
+
+namespace dcp {
+
+struct alignas(16) Bf16x8 { __nv_bfloat162 v[4]; };
+
+template <KvFormat Format>
+__device__ __forceinline__ void kv_fill(const DcpKvFillParams& p) {
+    const int lane = threadIdx.x & 31;
+    const int64_t token = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    if (token >= p.num_tokens) return;
+
+    const int req = ((const int32_t*)p.req_idx)[token];
+    const int pos = ((const int32_t*)p.positions)[token];
+    if (pos < 0 || req < 0 || req >= p.batch) return;
+    if (owner_of(pos, p.dcp_size, p.interleave) != p.dcp_rank) return;
+    const int64_t local = local_of(pos, p.dcp_size, p.interleave);
+    const int64_t page_col = local / p.block_size;
+    if (page_col >= p.max_pages) return;
+    const int page = ((const int32_t*)p.block_table)[req * p.block_table_stride + page_col];
+    if (page < 0 || page >= p.num_pages) return;
+    const int64_t slot = (int64_t)page * p.block_size + local % p.block_size;
+
+    // c_kv: lane owns values [16·lane, 16·lane + 16) as two 16-byte vectors; k_pe: lanes 0..7
+    // own one 16-byte vector each.
+    const uint4* ckv = (const uint4*)((const __nv_bfloat16*)p.ckv + token * p.ckv_stride);
+    const uint4* kpe = (const uint4*)((const __nv_bfloat16*)p.kpe + token * p.kpe_stride);
+    uint4 c0 = ckv[2 * lane], c1 = ckv[2 * lane + 1];
+    uint4 r = lane < 8 ? kpe[lane] : make_uint4(0, 0, 0, 0);
+
+    if constexpr (Format == KvFormat::Bf16) {
+        uint4* row = (uint4*)((__nv_bfloat16*)p.cache + slot * kDimQk);
+        row[2 * lane] = c0;
+        row[2 * lane + 1] = c1;
+        if (lane < 8) row[kDimLatent / 8 + lane] = r;
+    } else {
+        uint8_t* row = (uint8_t*)p.cache + slot * kFp8RowBytes;
+        float x[16];
+        const __nv_bfloat16* h0 = (const __nv_bfloat16*)&c0;
+        const __nv_bfloat16* h1 = (const __nv_bfloat16*)&c1;
+        float amax = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            x[i] = __bfloat162float(h0[i]);
+            x[8 + i] = __bfloat162float(h1[i]);
+            amax = fmaxf(amax, fmaxf(fabsf(x[i]), fabsf(x[8 + i])));
+        }
+        // group g = channels [128g, 128g + 128) = lanes [8g, 8g + 8)
+#pragma unroll
+        for (int m = 1; m < 8; m <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
+        const float scale = fp8_group_scale(amax);
+        uint32_t packed[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            uint32_t w = 0;
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+                w |= (uint32_t)fp8_e4m3_encode(__fdiv_rn(x[4 * i + j], scale)) << (8 * j);
+            packed[i] = w;
+        }
+        ((uint4*)row)[lane] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+        if ((lane & 7) == 0) ((float*)(row + kFp8ScaleOffset))[lane >> 3] = scale;
+        if (lane < 8) ((uint4*)(row + kFp8RopeOffset))[lane] = r;
+    }
+}
+
+}  // namespace dcp

@@ -1,0 +1,3 @@
+fn main() {
+    println!("dcp-mla {}", env!("CARGO_PKG_VERSION"));
+}

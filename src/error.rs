@@ -1,0 +1,43 @@
+//! The library's error type: every fallible call returns one, naming what is wrong.
+
+/// What went wrong, with the offending argument named where there is one.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// An argument failed validation before anything was launched or written.
+    #[error("invalid argument `{arg}`: {reason}")]
+    InvalidArgument { arg: &'static str, reason: String },
+    /// A configuration the planner rejects (SPEC.md §1-§2 constraints).
+    #[error("invalid configuration: {0}")]
+    InvalidConfig(String),
+    /// The requested kernel variant was not compiled into this build.
+    #[error("unsupported variant: {0}")]
+    Unsupported(String),
+    /// No CUDA driver library could be loaded on this machine.
+    #[error("no CUDA driver found (libcuda could not be loaded): this machine has no usable NVIDIA GPU driver")]
+    NoDriver,
+    /// The driver loaded but reports no device with this ordinal.
+    #[error("no CUDA device {ordinal}: {reason}")]
+    NoDevice { ordinal: usize, reason: String },
+    /// A CUDA driver call failed.
+    #[error("CUDA driver error in {call}: {source}")]
+    Driver { call: &'static str, source: cudarc::driver::DriverError },
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    pub(crate) fn arg(arg: &'static str, reason: impl Into<String>) -> Self {
+        Error::InvalidArgument { arg, reason: reason.into() }
+    }
+}
+
+/// `ensure!(cond, "arg", "reason {}", x)`: returns `Error::InvalidArgument` when `cond` fails.
+#[macro_export]
+#[doc(hidden)]
+macro_rules! ensure_arg {
+    ($cond:expr, $arg:expr, $($fmt:tt)+) => {
+        if !$cond {
+            return Err($crate::error::Error::InvalidArgument { arg: $arg, reason: format!($($fmt)+) });
+        }
+    };
+}

@@ -1,0 +1,23 @@
+//! dcp-mla: CUDA kernels for decode context parallelism (DCP) with multi-head latent attention.
+//!
+//! Layers, from the bottom:
+//! - [`abi`]: the kernel parameter structs, generated from `kernels-src/abi.h`;
+//! - [`runtime`]: device, embedded kernel modules and the generated kernel registry (cudarc,
+//!   loaded dynamically: no CUDA is needed to build, link or run the CPU parts);
+//! - [`ops`]: safe launchers that validate arguments and launch on a caller's stream;
+//! - [`planner`]: ownership, lengths, pages, capacity and workspace sizes (host only);
+//! - [`formats`]: the KV-cache formats and their exact quantisation;
+//! - [`reference`]: the CPU reference of every operation (SPEC.md's executable form).
+
+pub mod abi;
+#[macro_use]
+pub mod error;
+pub mod formats;
+pub mod ops;
+pub mod planner;
+pub mod reference;
+pub mod runtime;
+
+pub use error::{Error, Result};
+pub use formats::KvFormat;
+pub use planner::DcpLayout;

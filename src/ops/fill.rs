@@ -1,0 +1,101 @@
+//! KV-cache fill launcher (SPEC.md §2-3). Reference: [`crate::reference::fill`].
+
+use super::{check_rows, to_i32};
+use crate::abi::DcpKvFillParams;
+use crate::error::{Error, Result};
+use crate::formats::{KvFormat, D_LATENT, D_ROPE};
+use crate::planner::DcpLayout;
+use crate::runtime::registry::{self, axes};
+use crate::runtime::{Device, DeviceSlice, Stream};
+use half::bf16;
+
+/// Arguments of [`kv_fill`]: the new tokens, where they go, and this rank's cache.
+#[derive(Debug, Clone, Copy)]
+pub struct KvFill {
+    /// bf16 [num_tokens, ckv_stride]: c_kv in the first 512 values of each row.
+    pub ckv: DeviceSlice<bf16>,
+    pub ckv_stride: usize,
+    /// bf16 [num_tokens, kpe_stride]: k_pe in the first 64 values of each row.
+    pub kpe: DeviceSlice<bf16>,
+    pub kpe_stride: usize,
+    /// int32 [num_tokens]: block-table row of each token.
+    pub req_idx: DeviceSlice<i32>,
+    /// int32 [num_tokens]: global position of each token; negative skips it (padding).
+    pub positions: DeviceSlice<i32>,
+    /// int32 [batch, block_table_stride]; the first `max_pages` columns are used.
+    pub block_table: DeviceSlice<i32>,
+    pub block_table_stride: usize,
+    pub batch: usize,
+    pub max_pages: usize,
+    /// This rank's cache as bytes: [num_pages, block_size, format.token_bytes()].
+    pub cache: DeviceSlice<u8>,
+    pub num_pages: usize,
+    pub block_size: usize,
+    pub format: KvFormat,
+    pub dcp: DcpLayout,
+    pub rank: usize,
+}
+
+/// Writes each new token's KV into this rank's cache if this rank owns it (SPEC.md §3):
+/// bit-identical to [`crate::reference::fill::fill`]. A token whose position is negative, whose
+/// request index is outside `0..batch`, or whose page is beyond `max_pages` or maps to a page
+/// outside `0..num_pages` is skipped: the kernel never writes outside the cache.
+pub fn kv_fill(dev: &Device, stream: Stream, a: &KvFill) -> Result<()> {
+    let params = validate(a)?;
+    if params.num_tokens == 0 {
+        return Ok(());
+    }
+    let format = match a.format {
+        KvFormat::Bf16 => axes::Format::Bf16,
+        KvFormat::Fp8_656 => axes::Format::Fp8_656,
+    };
+    let id = registry::kv_fill(format).ok_or_else(|| Error::Unsupported(format!("kv_fill for {:?}", a.format)))?;
+    let warps_per_block = id.info().block / 32;
+    let grid = (params.num_tokens as u32).div_ceil(warps_per_block);
+    // SAFETY: validate() checked every buffer against the extents the kernel addresses.
+    unsafe { dev.launch(id, (grid, 1, 1), 0, stream, &params) }
+}
+
+fn validate(a: &KvFill) -> Result<DcpKvFillParams> {
+    let t = a.positions.len();
+    ensure_arg!(a.req_idx.len() == t, "req_idx", "has {} entries but positions has {t}", a.req_idx.len());
+    check_rows("ckv", &a.ckv, t, a.ckv_stride, D_LATENT)?;
+    check_rows("kpe", &a.kpe, t, a.kpe_stride, D_ROPE)?;
+    ensure_arg!(a.dcp.size >= 1, "dcp.size", "must be at least 1");
+    ensure_arg!(a.dcp.interleave >= 1, "dcp.interleave", "must be at least 1");
+    ensure_arg!(a.rank < a.dcp.size, "rank", "{} is not below the group size {}", a.rank, a.dcp.size);
+    ensure_arg!(a.block_size >= 1, "block_size", "must be at least 1");
+    ensure_arg!(
+        a.block_size % a.dcp.interleave == 0,
+        "dcp.interleave",
+        "{} does not divide the block size {}",
+        a.dcp.interleave,
+        a.block_size
+    );
+    ensure_arg!(a.max_pages <= a.block_table_stride, "max_pages", "{} exceeds the block-table stride {}", a.max_pages, a.block_table_stride);
+    let bt_need = if a.batch == 0 { 0 } else { (a.batch - 1) * a.block_table_stride + a.max_pages };
+    ensure_arg!(a.block_table.len() >= bt_need, "block_table", "holds {} entries but {} rows need {bt_need}", a.block_table.len(), a.batch);
+    let row = a.format.token_bytes();
+    let need = a.num_pages.checked_mul(a.block_size).and_then(|n| n.checked_mul(row));
+    ensure_arg!(need.is_some_and(|n| a.cache.len() >= n), "cache", "holds {} bytes but {} pages of {} tokens need {:?}", a.cache.len(), a.num_pages, a.block_size, need);
+    ensure_arg!(a.cache.ptr() % 16 == 0, "cache", "pointer {:#x} is not 16-byte aligned", a.cache.ptr());
+    Ok(DcpKvFillParams {
+        ckv: a.ckv.ptr(),
+        kpe: a.kpe.ptr(),
+        req_idx: a.req_idx.ptr(),
+        positions: a.positions.ptr(),
+        block_table: a.block_table.ptr(),
+        cache: a.cache.ptr(),
+        ckv_stride: a.ckv_stride as i64,
+        kpe_stride: a.kpe_stride as i64,
+        block_table_stride: a.block_table_stride as i64,
+        num_tokens: to_i32("positions", t)?,
+        batch: to_i32("batch", a.batch)?,
+        max_pages: to_i32("max_pages", a.max_pages)?,
+        num_pages: to_i32("num_pages", a.num_pages)?,
+        block_size: to_i32("block_size", a.block_size)?,
+        dcp_size: to_i32("dcp.size", a.dcp.size)?,
+        dcp_rank: to_i32("rank", a.rank)?,
+        interleave: to_i32("dcp.interleave", a.dcp.interleave)?,
+    })
+}

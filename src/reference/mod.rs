@@ -1,0 +1,4 @@
+//! The CPU reference of every operation: the executable form of SPEC.md. GPU kernels are
+//! compared against these functions, bit for bit where SPEC.md §9 says so.
+
+pub mod fill;

@@ -1,0 +1,166 @@
+//! The runtime layer on cudarc's driver API, loaded with dlopen: open a device, load the
+//! embedded kernel modules once, and launch entry points on a caller-supplied stream.
+
+pub mod registry;
+
+use crate::error::{Error, Result};
+use cudarc::driver::{result as cu, sys, CudaContext};
+use registry::{KernelId, KERNELS, MODULES};
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+/// A CUDA device with every kernel module of this build loaded.
+pub struct Device {
+    ctx: Arc<CudaContext>,
+    /// Per entry point (indexed like [`KERNELS`]): its function handle, or why it is unavailable.
+    functions: Vec<std::result::Result<sys::CUfunction, String>>,
+    compute_capability: (i32, i32),
+}
+
+// SAFETY: CUfunction handles are immutable driver objects usable from any thread once the
+// owning context is current; every launch binds the context first.
+unsafe impl Send for Device {}
+unsafe impl Sync for Device {}
+
+impl std::fmt::Debug for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Device")
+            .field("ordinal", &self.ctx.ordinal())
+            .field("compute_capability", &self.compute_capability)
+            .finish()
+    }
+}
+
+impl Device {
+    /// Opens device `ordinal` and loads every embedded module. Without a driver this returns
+    /// [`Error::NoDriver`]; without such a device, [`Error::NoDevice`]. It never panics.
+    pub fn open(ordinal: usize) -> Result<Self> {
+        // cudarc panics when libcuda cannot be loaded; look for it first.
+        let present = std::panic::catch_unwind(|| unsafe { sys::is_culib_present() }).unwrap_or(false);
+        if !present {
+            return Err(Error::NoDriver);
+        }
+        let ctx = std::panic::catch_unwind(|| CudaContext::new(ordinal))
+            .map_err(|_| Error::NoDevice { ordinal, reason: "the driver panicked while opening it".into() })?
+            .map_err(|e| Error::NoDevice { ordinal, reason: e.to_string() })?;
+        let compute_capability =
+            ctx.compute_capability().map_err(|source| Error::Driver { call: "cuDeviceGetAttribute", source })?;
+        ctx.bind_to_thread().map_err(|source| Error::Driver { call: "cuCtxSetCurrent", source })?;
+        let mut modules = Vec::with_capacity(MODULES.len());
+        for m in MODULES {
+            // SAFETY: the image is a fatbin produced by nvcc, embedded with 64-byte alignment.
+            modules.push(unsafe { cu::module::load_data(m.image.as_ptr().cast()) }.map_err(|e| e.to_string()));
+        }
+        let functions = KERNELS
+            .iter()
+            .map(|k| {
+                let module = modules[k.module].as_ref().map_err(|e| format!("module `{}` failed to load: {e}", k.family))?;
+                let name = std::ffi::CString::new(k.symbol).unwrap();
+                // SAFETY: module is a live module handle; the name is NUL-terminated.
+                unsafe { cu::module::get_function(*module, name) }.map_err(|e| format!("{}: {e}", k.symbol))
+            })
+            .collect();
+        Ok(Device { ctx, functions, compute_capability })
+    }
+
+    /// The cudarc context, for allocations and streams in Rust callers and tests.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    pub fn compute_capability(&self) -> (i32, i32) {
+        self.compute_capability
+    }
+
+    /// Launches `id` with `params` passed by value as its single argument.
+    ///
+    /// # Safety
+    /// `params` must be the struct the entry point expects, and every device pointer in it
+    /// must be valid for what the kernel reads and writes.
+    pub(crate) unsafe fn launch<P: Copy>(
+        &self,
+        id: KernelId,
+        grid: (u32, u32, u32),
+        shared_bytes: u32,
+        stream: Stream,
+        params: &P,
+    ) -> Result<()> {
+        let info = id.info();
+        let f = *self.functions[id.0]
+            .as_ref()
+            .map_err(|e| Error::Unsupported(format!("kernel {} cannot run on this device: {e}", info.symbol)))?;
+        self.ctx.bind_to_thread().map_err(|source| Error::Driver { call: "cuCtxSetCurrent", source })?;
+        // cuLaunchKernel takes an array of pointers to the arguments; the one argument is the
+        // params struct, passed by value.
+        let mut args = [params as *const P as *mut std::ffi::c_void];
+        cu::launch_kernel(f, grid, (info.block, 1, 1), shared_bytes, stream.0, &mut args)
+            .map_err(|source| Error::Driver { call: "cuLaunchKernel", source })
+    }
+}
+
+/// A CUDA stream handle owned by the caller (the engine). Null is the legacy default stream.
+#[derive(Debug, Clone, Copy)]
+pub struct Stream(pub(crate) sys::CUstream);
+
+impl Stream {
+    /// The stream of a cudarc [`cudarc::driver::CudaStream`].
+    pub fn from_cudarc(s: &cudarc::driver::CudaStream) -> Self {
+        Stream(s.cu_stream())
+    }
+
+    /// # Safety
+    /// `raw` must be null or a live `CUstream`/`cudaStream_t` of the device's context.
+    pub unsafe fn from_raw(raw: *mut std::ffi::c_void) -> Self {
+        Stream(raw as sys::CUstream)
+    }
+
+    /// The legacy default stream.
+    pub fn null() -> Self {
+        Stream(std::ptr::null_mut())
+    }
+}
+
+/// A typed view of caller-owned device memory: a pointer and an element count, which the
+/// launchers use to check that a kernel stays inside the buffer.
+#[derive(Debug)]
+pub struct DeviceSlice<T> {
+    ptr: u64,
+    len: usize,
+    _t: PhantomData<*const T>,
+}
+
+impl<T> Clone for DeviceSlice<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for DeviceSlice<T> {}
+
+impl<T> DeviceSlice<T> {
+    /// # Safety
+    /// `ptr` must point to `len` elements of device memory that stay valid while kernels
+    /// launched with this view run.
+    pub unsafe fn from_raw(ptr: u64, len: usize) -> Self {
+        DeviceSlice { ptr, len, _t: PhantomData }
+    }
+
+    /// A view of a whole cudarc allocation.
+    pub fn of<S: cudarc::driver::DevicePtr<T>>(s: &S, stream: &cudarc::driver::CudaStream) -> Self {
+        let (ptr, _sync) = s.device_ptr(stream);
+        DeviceSlice { ptr, len: cudarc::driver::DeviceSlice::len(s), _t: PhantomData }
+    }
+
+    pub fn ptr(&self) -> u64 {
+        self.ptr
+    }
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// The same memory viewed as bytes.
+    pub fn bytes(&self) -> DeviceSlice<u8> {
+        DeviceSlice { ptr: self.ptr, len: self.len * std::mem::size_of::<T>(), _t: PhantomData }
+    }
+}
