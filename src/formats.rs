@@ -41,6 +41,16 @@ impl KvFormat {
     }
 }
 
+/// The base of a log-sum-exp. dcp-mla's kernels return natural logs; FlashInfer-style kernels
+/// return base 2. Every merge takes its input's base explicitly (SPEC.md §5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub enum LseBase {
+    /// Natural log: lse = ln Σ exp(s).
+    E,
+    /// Base 2: lse = log2 Σ 2^s.
+    Two,
+}
+
 /// The group scale: the smallest power of two ≥ max(amax / 448, 1e-4), with amax / 448 in fp32
 /// round-to-nearest. Computed from the float's bits, so it is exact everywhere.
 pub fn fp8_group_scale(amax: f32) -> f32 {
@@ -185,7 +195,8 @@ mod tests {
 
     #[test]
     fn fp8_row_layout_and_all_zero_group() {
-        let ckv: Vec<bf16> = (0..D_LATENT).map(|i| bf16::from_f32(if i < 128 { 0.0 } else { i as f32 / 7.0 })).collect();
+        let ckv: Vec<bf16> =
+            (0..D_LATENT).map(|i| bf16::from_f32(if i < 128 { 0.0 } else { i as f32 / 7.0 })).collect();
         let kpe: Vec<bf16> = (0..D_ROPE).map(|i| bf16::from_f32(-(i as f32))).collect();
         let mut row = [0u8; FP8_ROW_BYTES];
         encode_fp8_row(&ckv, &kpe, &mut row);
@@ -197,7 +208,9 @@ mod tests {
         }
         for i in 128..D_LATENT {
             let x = ckv[i].to_f32();
-            let scale = fp8_group_scale(ckv[(i / 128) * 128..(i / 128 + 1) * 128].iter().fold(0f32, |m, v| m.max(v.to_f32().abs())));
+            let scale = fp8_group_scale(
+                ckv[(i / 128) * 128..(i / 128 + 1) * 128].iter().fold(0f32, |m, v| m.max(v.to_f32().abs())),
+            );
             // e4m3 has 3 mantissa bits: relative error ≤ 2^-4 for normals, absolute ≤ 2^-10·scale below
             assert!((dec[i] - x).abs() <= (x.abs() / 16.0).max(scale * f32::powi(2.0, -10)), "{i}: {x} vs {}", dec[i]);
         }

@@ -19,5 +19,5 @@ pub mod reference;
 pub mod runtime;
 
 pub use error::{Error, Result};
-pub use formats::KvFormat;
+pub use formats::{KvFormat, LseBase};
 pub use planner::DcpLayout;

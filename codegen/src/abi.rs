@@ -98,9 +98,8 @@ pub fn parse(src: &str) -> Result<Vec<Struct>, String> {
             out.push(cur.take().unwrap());
             continue;
         }
-        let decl = code
-            .strip_suffix(';')
-            .ok_or_else(|| format!("abi.h:{line_no}: expected `type name;`, got `{code}`"))?;
+        let decl =
+            code.strip_suffix(';').ok_or_else(|| format!("abi.h:{line_no}: expected `type name;`, got `{code}`"))?;
         let parts: Vec<&str> = decl.split_whitespace().collect();
         if parts.len() != 2 || rust_type(parts[0]).is_none() {
             return Err(format!(
@@ -149,11 +148,7 @@ pub fn emit_rust(structs: &[Struct]) -> String {
     s.push_str("pub fn c_layouts() -> Vec<(&'static str, Vec<u64>)> {\n");
     s.push_str("    extern \"C\" {\n");
     for st in structs {
-        s.push_str(&format!(
-            "        static dcp_abi_layout_{}: [u64; {}];\n",
-            st.name,
-            st.fields.len() + 2
-        ));
+        s.push_str(&format!("        static dcp_abi_layout_{}: [u64; {}];\n", st.name, st.fields.len() + 2));
     }
     s.push_str("    }\n    // SAFETY: plain constant arrays defined by the C probe.\n    unsafe {\n        vec![\n");
     for st in structs {
@@ -173,12 +168,7 @@ pub fn emit_c_probe(structs: &[Struct]) -> String {
         for (f, _) in &st.fields {
             v.push(format!("offsetof({}, {})", st.name, f.name));
         }
-        s.push_str(&format!(
-            "const uint64_t dcp_abi_layout_{}[{}] = {{ {} }};\n",
-            st.name,
-            v.len(),
-            v.join(", ")
-        ));
+        s.push_str(&format!("const uint64_t dcp_abi_layout_{}[{}] = {{ {} }};\n", st.name, v.len(), v.join(", ")));
     }
     s
 }

@@ -156,10 +156,7 @@ pub fn check(list: &KernelList) -> Result<Vec<Family>, String> {
         }
         let variants = match &spec.variants {
             None => cartesian(&axes),
-            Some(list) => list
-                .iter()
-                .map(|t| explicit_variant(f, &axes, t))
-                .collect::<Result<Vec<_>, _>>()?,
+            Some(list) => list.iter().map(|t| explicit_variant(f, &axes, t)).collect::<Result<Vec<_>, _>>()?,
         };
         for (i, v) in variants.iter().enumerate() {
             if variants[..i].contains(v) {
@@ -185,11 +182,7 @@ pub fn check(list: &KernelList) -> Result<Vec<Family>, String> {
                             }
                             acc
                         });
-                    return Err(format!(
-                        "{} breaks constraint `{c}` ({})",
-                        v.describe(f),
-                        named.join(", ")
-                    ));
+                    return Err(format!("{} breaks constraint `{c}` ({})", v.describe(f), named.join(", ")));
                 }
             }
         }
@@ -215,11 +208,7 @@ fn cartesian(axes: &[(String, Vec<AxisValue>)]) -> Vec<Variant> {
     acc
 }
 
-fn explicit_variant(
-    f: &str,
-    axes: &[(String, Vec<AxisValue>)],
-    t: &toml::value::Table,
-) -> Result<Variant, String> {
+fn explicit_variant(f: &str, axes: &[(String, Vec<AxisValue>)], t: &toml::value::Table) -> Result<Variant, String> {
     for k in t.keys() {
         if !axes.iter().any(|(a, _)| a == k) {
             return Err(format!("{f}: variant {t:?} names unknown axis `{k}`"));

@@ -15,9 +15,7 @@ enum Tok {
 }
 
 fn lex(src: &str) -> Result<Vec<Tok>, String> {
-    const OPS: [&str; 16] = [
-        "||", "&&", "==", "!=", "<=", ">=", "<", ">", "+", "-", "*", "/", "%", "!", "(", ")",
-    ];
+    const OPS: [&str; 16] = ["||", "&&", "==", "!=", "<=", ">=", "<", ">", "+", "-", "*", "/", "%", "!", "(", ")"];
     let b = src.as_bytes();
     let mut i = 0;
     let mut out = Vec::new();
@@ -119,9 +117,10 @@ impl Parser<'_> {
             }
             Some(Tok::Ident(name)) => {
                 self.pos += 1;
-                self.vars.get(&name).copied().ok_or_else(|| {
-                    format!("constraint `{}` names `{name}`, which is not an integer axis", self.src)
-                })
+                self.vars
+                    .get(&name)
+                    .copied()
+                    .ok_or_else(|| format!("constraint `{}` names `{name}`, which is not an integer axis", self.src))
             }
             Some(Tok::LParen) => {
                 self.pos += 1;

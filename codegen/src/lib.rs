@@ -81,7 +81,11 @@ pub fn build(cfg: &BuildConfig) -> Result<BuildReport, String> {
     for f in &fams {
         let src = kdir.join(format!("{}.cu", f.spec.name));
         write(&src, &emit::translation_unit(f))?;
-        jobs.push(nvcc::Job { name: f.spec.name.clone(), source: src, output: kdir.join(format!("{}.fatbin", f.spec.name)) });
+        jobs.push(nvcc::Job {
+            name: f.spec.name.clone(),
+            source: src,
+            output: kdir.join(format!("{}.fatbin", f.spec.name)),
+        });
     }
     let mut flags = list.targets.flags.clone();
     flags.extend(nvcc::arch_flags(&list.targets.sass, &list.targets.ptx));

@@ -45,10 +45,8 @@ pub fn find_nvcc(repo_root: &Path) -> Result<PathBuf, String> {
 
 /// `nvcc --version`'s last line, e.g. `Build cuda_13.0.r13.0/compiler.36424714_0`.
 pub fn version(nvcc: &Path) -> Result<String, String> {
-    let out = Command::new(nvcc)
-        .arg("--version")
-        .output()
-        .map_err(|e| format!("cannot run {}: {e}", nvcc.display()))?;
+    let out =
+        Command::new(nvcc).arg("--version").output().map_err(|e| format!("cannot run {}: {e}", nvcc.display()))?;
     if !out.status.success() {
         return Err(format!("{} --version failed", nvcc.display()));
     }
@@ -252,7 +250,14 @@ ptxas info    : Used 38 registers, used 0 barriers, 360 bytes cmem[0]\n";
         assert_eq!(v[0].0, "dcp_a");
         assert_eq!(
             v[0].1,
-            PtxasEntry { arch: "sm_90a".into(), registers: 40, shared_bytes: 2048, stack_bytes: 16, spill_stores: 8, spill_loads: 4 }
+            PtxasEntry {
+                arch: "sm_90a".into(),
+                registers: 40,
+                shared_bytes: 2048,
+                stack_bytes: 16,
+                spill_stores: 8,
+                spill_loads: 4
+            }
         );
         assert_eq!(v[1].1.arch, "sm_80");
         assert_eq!(v[1].1.registers, 38);
@@ -264,7 +269,14 @@ ptxas info    : Used 38 registers, used 0 barriers, 360 bytes cmem[0]\n";
         let f = arch_flags(&["sm_90a".into(), "sm_80".into()], "compute_90");
         assert_eq!(
             f,
-            ["-gencode", "arch=compute_90a,code=sm_90a", "-gencode", "arch=compute_80,code=sm_80", "-gencode", "arch=compute_90,code=compute_90"]
+            [
+                "-gencode",
+                "arch=compute_90a,code=sm_90a",
+                "-gencode",
+                "arch=compute_80,code=sm_80",
+                "-gencode",
+                "arch=compute_90,code=compute_90"
+            ]
         );
     }
 }

@@ -72,12 +72,32 @@ fn validate(a: &KvFill) -> Result<DcpKvFillParams> {
         a.dcp.interleave,
         a.block_size
     );
-    ensure_arg!(a.max_pages <= a.block_table_stride, "max_pages", "{} exceeds the block-table stride {}", a.max_pages, a.block_table_stride);
+    ensure_arg!(
+        a.max_pages <= a.block_table_stride,
+        "max_pages",
+        "{} exceeds the block-table stride {}",
+        a.max_pages,
+        a.block_table_stride
+    );
     let bt_need = if a.batch == 0 { 0 } else { (a.batch - 1) * a.block_table_stride + a.max_pages };
-    ensure_arg!(a.block_table.len() >= bt_need, "block_table", "holds {} entries but {} rows need {bt_need}", a.block_table.len(), a.batch);
+    ensure_arg!(
+        a.block_table.len() >= bt_need,
+        "block_table",
+        "holds {} entries but {} rows need {bt_need}",
+        a.block_table.len(),
+        a.batch
+    );
     let row = a.format.token_bytes();
     let need = a.num_pages.checked_mul(a.block_size).and_then(|n| n.checked_mul(row));
-    ensure_arg!(need.is_some_and(|n| a.cache.len() >= n), "cache", "holds {} bytes but {} pages of {} tokens need {:?}", a.cache.len(), a.num_pages, a.block_size, need);
+    ensure_arg!(
+        need.is_some_and(|n| a.cache.len() >= n),
+        "cache",
+        "holds {} bytes but {} pages of {} tokens need {:?}",
+        a.cache.len(),
+        a.num_pages,
+        a.block_size,
+        need
+    );
     ensure_arg!(a.cache.ptr() % 16 == 0, "cache", "pointer {:#x} is not 16-byte aligned", a.cache.ptr());
     Ok(DcpKvFillParams {
         ckv: a.ckv.ptr(),

@@ -54,7 +54,8 @@ impl Device {
         let functions = KERNELS
             .iter()
             .map(|k| {
-                let module = modules[k.module].as_ref().map_err(|e| format!("module `{}` failed to load: {e}", k.family))?;
+                let module =
+                    modules[k.module].as_ref().map_err(|e| format!("module `{}` failed to load: {e}", k.family))?;
                 let name = std::ffi::CString::new(k.symbol).unwrap();
                 // SAFETY: module is a live module handle; the name is NUL-terminated.
                 unsafe { cu::module::get_function(*module, name) }.map_err(|e| format!("{}: {e}", k.symbol))
