@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine, from the repo root, with .gpu-stage carried (see scripts/gpu-stage.sh).
+#   tests     every test binary with GPU tests included and required (a missing GPU fails them)
+#   sanitize  the GPU tests under compute-sanitizer memcheck and racecheck
+#   bench     the kernel benchmarks and `dcp-mla bench`
+#   all       tests, then sanitize, then bench
+# Logs go to $OUT (when set) so the device tool brings them back.
+set -uo pipefail
+mode=${1:-tests}
+filter=${2:-}
+out=${OUT:-/tmp/dcp-out}
+logs=/tmp/dcp-logs
+mkdir -p "$out" "$logs"
+work=/tmp/dcp-stage
+rm -rf "$work" && mkdir -p "$work"
+tar -xJf .gpu-stage/bundle.tar.xz -C "$work" || { echo "no .gpu-stage/bundle.tar.xz: run scripts/gpu-stage.sh and carry .gpu-stage"; exit 2; }
+# NVLink multicast stays off on shared machines.
+export NCCL_NVLS_ENABLE=0
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv,noheader || true
+status=0
+run_tests() {
+  local wrap=("$@")
+  for t in "$work"/tests/*; do
+    name=$(basename "$t")
+    echo "=== ${wrap[*]:-} $name"
+    log="$logs/$name${wrap:+-${wrap[2]:-x}}.log"
+    "${wrap[@]}" "$t" --include-ignored --test-threads=1 $filter >"$log" 2>&1
+    rc=$?
+    grep -E "^test .*(FAILED|ok)$|^test result|panicked|ERROR SUMMARY|^error" "$log" | tail -n 60
+    [ $rc -eq 0 ] || { echo "FAILED: $name (exit $rc)"; status=1; }
+  done
+}
+case "$mode" in
+  tests) run_tests ;;
+  sanitize)
+    run_tests compute-sanitizer --tool memcheck --error-exitcode 99
+    run_tests compute-sanitizer --tool racecheck --error-exitcode 99 ;;
+  bench)
+    for b in "$work"/bin/bench-*; do "$b" --bench 2>&1 | tee -a "$logs/bench.log"; done
+    "$work/bin/dcp-mla" bench --json "$out/bench.json" 2>&1 | tee -a "$logs/bench.log" || status=1 ;;
+  all) "$0" tests "$filter" || status=1; "$0" sanitize "$filter" || status=1; "$0" bench || status=1 ;;
+  *) echo "unknown mode $mode"; exit 2 ;;
+esac
+# The device tool brings back at most 8 files: pack the logs into one.
+tar -C "$logs" -czf "$out/logs.tar.gz" . 2>/dev/null || true
+echo "gpu-run $mode: $([ $status -eq 0 ] && echo PASS || echo FAIL)"
+exit $status

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Builds the test, bench and CLI binaries here (release, stripped, no debug info) and packs them
+# into .gpu-stage/bundle.tar.xz, a git-ignored folder that the device run carries:
+#   ./scripts/gpu-stage.sh            then, on the GPU machine (device tool, carry [".gpu-stage"]):
+#   bash scripts/gpu-run.sh [tests|sanitize|bench|all]
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+./scripts/setup-cuda.sh >/dev/null
+stage="$root/.gpu-stage"
+rm -rf "$stage" && mkdir -p "$stage/pack/tests" "$stage/pack/bin"
+list=$(mktemp)
+cargo test --release -p dcp-mla --no-run --message-format=json-render-diagnostics >"$list"
+cargo bench -p dcp-mla --no-run --message-format=json-render-diagnostics >>"$list"
+cargo build --release -p dcp-mla --bin dcp-mla
+python3 - "$list" "$stage/pack" <<'PY'
+import json, shutil, sys, os
+out = sys.argv[2]
+for line in open(sys.argv[1]):
+    try:
+        m = json.loads(line)
+    except ValueError:
+        continue
+    if m.get("reason") != "compiler-artifact" or not m.get("executable"):
+        continue
+    kinds = m["target"]["kind"]
+    name = m["target"]["name"]
+    if "bench" in kinds:
+        dest = os.path.join(out, "bin", "bench-" + name)
+    elif m["profile"]["test"]:
+        dest = os.path.join(out, "tests", ("lib" if "lib" in kinds else name))
+    else:
+        continue
+    shutil.copy2(m["executable"], dest)
+PY
+cp target/release/dcp-mla "$stage/pack/bin/dcp-mla"
+strip "$stage"/pack/tests/* "$stage"/pack/bin/* 2>/dev/null || true
+# xz's large window stores the fatbins that every binary embeds about once.
+tar -C "$stage/pack" -cf - . | xz -T2 -6e >"$stage/bundle.tar.xz"
+rm -rf "$stage/pack" "$list"
+ls -la "$stage"
