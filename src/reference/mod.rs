@@ -2,3 +2,4 @@
 //! compared against these functions, bit for bit where SPEC.md §9 says so.
 
 pub mod fill;
+pub mod merge;
