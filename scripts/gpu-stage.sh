@@ -33,7 +33,7 @@ for line in open(sys.argv[1]):
         continue
     shutil.copy2(m["executable"], dest)
 PY
-cp target/release/dcp-mla "$stage/pack/bin/dcp-mla"
+cp "${CARGO_TARGET_DIR:-target}/release/dcp-mla" "$stage/pack/bin/dcp-mla"
 strip "$stage"/pack/tests/* "$stage"/pack/bin/* 2>/dev/null || true
 # xz's large window stores the fatbins that every binary embeds about once.
 tar -C "$stage/pack" -cf - . | xz -T2 -6e >"$stage/bundle.tar.xz"
