@@ -4,3 +4,4 @@
 pub mod fill;
 pub mod merge;
 pub mod topk;
+pub mod prefill;
