@@ -91,6 +91,15 @@ impl Device {
             .as_ref()
             .map_err(|e| Error::Unsupported(format!("kernel {} cannot run on this device: {e}", info.symbol)))?;
         self.ctx.bind_to_thread().map_err(|source| Error::Driver { call: "cuCtxSetCurrent", source })?;
+        // More than 48 KiB of dynamic shared memory must be opted into per function.
+        if shared_bytes > 48 * 1024 {
+            cu::function::set_function_attribute(
+                f,
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                shared_bytes as i32,
+            )
+            .map_err(|source| Error::Driver { call: "cuFuncSetAttribute", source })?;
+        }
         // cuLaunchKernel takes an array of pointers to the arguments; the one argument is the
         // params struct, passed by value.
         let mut args = [params as *const P as *mut std::ffi::c_void];

@@ -1,0 +1,415 @@
+// MLA decode attention on one rank's shard (SPEC.md §4), on tensor cores with mma.sync
+// m16n8k16 bf16 (sm_80+). One CTA = one request × one block of 64 query rows × one KV split.
+//
+// Rows: dense CTAs take 64 consecutive rows of the request's flattened [q, H] rows, so the MTP
+// rows of a request share every KV tile read; sparse CTAs take 64 heads of one query row (each
+// query row has its own index list). Per KV tile of 32 tokens:
+//   load   cp.async into shared memory (double buffered; FP8 rows are staged raw and dequantised
+//          into the bf16 tile), unread tokens zero-filled so no NaN of an unused slot is read;
+//   score  S = Q·Kᵀ over 576 dims: warp (rg, c) does rows 16rg.. × tokens 16c..;
+//   softmax online, in the log2 domain with σ·log2e folded, masked before the max; the two
+//          warps of a row group exchange their row maxima through shared memory;
+//   accum  O += P·V with V = the first 512 dims of the K tile: warp (rg, c) owns O's rows 16rg..
+//          and V columns 256c.. in registers (fp32).
+// Then O / l and lse = ln Σ exp(s) go to out/lse, or with several splits to the fp32 workspace
+// that `mla_decode_combine` merges (SPEC.md §5).
+#pragma once
+#include "common.cuh"
+
+namespace dcp {
+
+enum class DecodeKv { DenseBf16, SparseBf16, SparseFp8 };
+
+namespace decode {
+
+constexpr int kThreads = 256;
+constexpr int kRows = 64;             // query rows per CTA
+constexpr int kTile = 32;             // KV tokens per tile
+constexpr int kPitch = kDimQk + 8;    // bf16 per smem row: +16 bytes keeps ldmatrix conflict-free
+constexpr int kPPitch = kTile + 8;    // bf16 per row of P
+constexpr int kChunks = kDimQk / 8;   // 16-byte chunks of a bf16 row (72)
+constexpr int kFp8Chunks = kFp8RowBytes / 16;  // 41
+constexpr float kLn2 = 0.6931471805599453f;
+
+constexpr int kQBytes = kRows * kPitch * 2;
+constexpr int kKTileBytes = kTile * kPitch * 2;
+constexpr int kRawTileBytes = kTile * kFp8RowBytes;
+constexpr int kPBytes = kRows * kPPitch * 2;
+constexpr int kMiscBytes = 2 * kRows * 4 /* max */ + 2 * kRows * 4 /* sum */ + 2 * kTile * 4 /* valid */;
+
+// Dynamic shared memory of one CTA; `decode_shared_bytes` in src/ops/decode.rs must agree.
+template <DecodeKv Kv>
+constexpr int shared_bytes() {
+    return Kv == DecodeKv::SparseFp8 ? kQBytes + kKTileBytes + 2 * kRawTileBytes + kPBytes + kMiscBytes
+                                     : kQBytes + 2 * kKTileBytes + kPBytes + kMiscBytes;
+}
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+// 16-byte cp.async; `valid` false zero-fills the destination and reads nothing.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+                 "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+
+// d += a·b for one m16n8k16 tile, bf16 inputs, fp32 accumulators.
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// 8 e4m3 values × a power-of-two scale → 8 bf16 (exact: ≤ 4 significant bits each).
+__device__ __forceinline__ uint4 dequant8(uint2 raw, float scale) {
+    uint32_t w[2] = {raw.x, raw.y};
+    uint32_t out[4];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w[i] >> (16 * h)), __NV_E4M3);
+            float2 f = __half22float2(*reinterpret_cast<__half2*>(&hr));
+            out[2 * i + h] = pack_bf16(f.x * scale, f.y * scale);
+        }
+    }
+    return make_uint4(out[0], out[1], out[2], out[3]);
+}
+
+}  // namespace decode
+
+template <DecodeKv Kv>
+__device__ __forceinline__ void mla_decode(const DcpMlaDecodeParams& p) {
+    using namespace decode;
+    constexpr bool kSparse = Kv != DecodeKv::DenseBf16;
+    constexpr bool kFp8 = Kv == DecodeKv::SparseFp8;
+
+    {
+        uint32_t dyn;
+        asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
+        if (dyn < (uint32_t)shared_bytes<Kv>()) return;  // launched wrongly: write nothing
+    }
+    extern __shared__ __align__(16) unsigned char smem[];
+    __nv_bfloat16* sQ = (__nv_bfloat16*)smem;
+    __nv_bfloat16* sK = (__nv_bfloat16*)(smem + kQBytes);  // 2 stages (bf16) or 1 (fp8)
+    unsigned char* sRaw = smem + kQBytes + kKTileBytes;     // fp8 only: 2 raw stages
+    unsigned char* after_kv = smem + kQBytes + (kFp8 ? kKTileBytes + 2 * kRawTileBytes : 2 * kKTileBytes);
+    __nv_bfloat16* sP = (__nv_bfloat16*)after_kv;
+    float* sMax = (float*)(after_kv + kPBytes);  // [2][kRows]
+    float* sSum = sMax + 2 * kRows;              // [2][kRows]
+    int* sValid = (int*)(sSum + 2 * kRows);      // [2][kTile]
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int rg = warp & 3, half = warp >> 2;  // row group, token half (S) / V half (O)
+    const int g = lane >> 2, t4 = lane & 3;
+    const int req = blockIdx.y, split = blockIdx.z;
+    const int H = p.heads, nq = p.nq;
+
+    // This CTA's rows: flattened indices row_base + r (r < row_limit) of the request's [q, H].
+    int row_base, row_limit, sparse_row = 0;
+    if constexpr (kSparse) {
+        const int hblocks = (H + kRows - 1) / kRows;
+        const int j = blockIdx.x / hblocks, hb = blockIdx.x % hblocks;
+        sparse_row = req * nq + j;
+        row_base = j * H + hb * kRows;
+        row_limit = min(kRows, H - hb * kRows);
+    } else {
+        row_base = blockIdx.x * kRows;
+        row_limit = min(kRows, nq * H - row_base);
+    }
+    const int64_t req_rows = (int64_t)req * nq * H;
+
+    // Token range of the CTA (dense: local positions; sparse: positions in the index list).
+    const int64_t capacity = (int64_t)p.max_pages * p.block_size;
+    int n_tokens;
+    int row_len[2] = {INT_MAX, INT_MAX};  // dense: this thread's rows g and g+8
+    const int32_t* idx_row = nullptr;
+    if constexpr (kSparse) {
+        n_tokens = p.topk;
+        if (p.topk_len) n_tokens = max(0, min(n_tokens, ((const int32_t*)p.topk_len)[sparse_row]));
+        idx_row = (const int32_t*)p.indices + (int64_t)sparse_row * p.topk;
+    } else {
+        const int32_t* lens = (const int32_t*)p.lens + (int64_t)req * nq;
+        n_tokens = 0;
+        for (int j = row_base / H; j <= (row_base + row_limit - 1) / H; ++j)
+            n_tokens = max(n_tokens, (int)min((int64_t)max(lens[j], 0), capacity));
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+            const int r = rg * 16 + g + 8 * k;
+            row_len[k] = r < row_limit ? (int)min((int64_t)max(lens[(row_base + r) / H], 0), capacity) : 0;
+        }
+    }
+    const int n_tiles = (n_tokens + kTile - 1) / kTile;
+    const int per_split = (n_tiles + p.num_splits - 1) / p.num_splits;
+    const int tile_begin = min(n_tiles, split * per_split);
+    const int tile_end = min(n_tiles, tile_begin + per_split);
+
+    // ---- load: Q once; then a tile's tokens, 8 threads per token ----
+    for (int c = tid; c < kRows * kChunks; c += kThreads) {
+        const int r = c / kChunks, part = c % kChunks;
+        const bool ok = r < row_limit;
+        const __nv_bfloat16* src =
+            (const __nv_bfloat16*)p.q + (ok ? (req_rows + row_base + r) * kDimQk + part * 8 : 0);
+        cp_async16(sQ + r * kPitch + part * 8, src, ok);
+    }
+    const int ld_tok = tid >> 3, ld_part = tid & 7;
+    auto issue_tile = [&](int tile, int stage) {
+        const int pos = tile * kTile + ld_tok;
+        int64_t row = -1;  // cache row (page·B + slot) of this thread's token, or -1: unread
+        if (pos < n_tokens) {
+            if constexpr (kSparse) {
+                const int v = idx_row[pos];
+                if (v >= 0 && (int64_t)v < (int64_t)p.num_pages * p.block_size) row = v;
+            } else {
+                const int page =
+                    ((const int32_t*)p.block_table)[(int64_t)req * p.block_table_stride + pos / p.block_size];
+                if (page >= 0 && page < p.num_pages) row = (int64_t)page * p.block_size + pos % p.block_size;
+            }
+        }
+        if (ld_part == 0) sValid[stage * kTile + ld_tok] = row >= 0;
+        if constexpr (kFp8) {
+            const unsigned char* src = (const unsigned char*)p.cache + (row >= 0 ? row * kFp8RowBytes : 0);
+            unsigned char* dst = sRaw + stage * kRawTileBytes + ld_tok * kFp8RowBytes;
+            for (int c = ld_part; c < kFp8Chunks; c += 8) cp_async16(dst + 16 * c, src + 16 * c, row >= 0);
+        } else {
+            const __nv_bfloat16* src = (const __nv_bfloat16*)p.cache + (row >= 0 ? row * kDimQk : 0);
+            __nv_bfloat16* dst = sK + stage * (kTile * kPitch) + ld_tok * kPitch;
+#pragma unroll
+            for (int k = 0; k < kChunks / 8; ++k) {
+                const int c = ld_part + 8 * k;
+                cp_async16(dst + 8 * c, src + 8 * c, row >= 0);
+            }
+        }
+    };
+    if (tile_begin < tile_end) issue_tile(tile_begin, 0);
+    cp_async_commit();
+
+    const float scale_log2 = p.scale_log2;
+    float o[32][4];
+#pragma unroll
+    for (int n = 0; n < 32; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+
+    for (int tile = tile_begin; tile < tile_end; ++tile) {
+        const int stage = (tile - tile_begin) & 1;
+        const bool has_next = tile + 1 < tile_end;
+        if (has_next) issue_tile(tile + 1, stage ^ 1);
+        cp_async_commit();
+        if (has_next) cp_async_wait<1>(); else cp_async_wait<0>();
+        __syncthreads();
+        const __nv_bfloat16* kv = sK + (kFp8 ? 0 : stage * (kTile * kPitch));
+        if constexpr (kFp8) {
+            // dequantise the raw stage into the one bf16 tile: 72 chunks of 8 values per token
+            const unsigned char* raw = sRaw + stage * kRawTileBytes + ld_tok * kFp8RowBytes;
+            __nv_bfloat16* dst = sK + ld_tok * kPitch;
+#pragma unroll
+            for (int k = 0; k < kChunks / 8; ++k) {
+                const int c = ld_part + 8 * k;
+                uint4 v;
+                if (c < kDimLatent / 8) {
+                    const float scale = *(const float*)(raw + kFp8ScaleOffset + 4 * (c / 16));
+                    v = dequant8(*(const uint2*)(raw + 8 * c), scale);
+                } else {
+                    v = *(const uint4*)(raw + kFp8RopeOffset + 16 * (c - kDimLatent / 8));
+                }
+                *(uint4*)(dst + 8 * c) = v;
+            }
+            __syncthreads();
+        }
+
+        // ---- score: S[16 rows, 16 tokens] = Q·Kᵀ ----
+        float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+        {
+            const __nv_bfloat16* qa = sQ + (rg * 16 + (lane & 7) + 8 * ((lane >> 3) & 1)) * kPitch + 8 * (lane >> 4);
+            const __nv_bfloat16* kb = kv + (half * 16 + (lane & 7) + 8 * (lane >> 4)) * kPitch + 8 * ((lane >> 3) & 1);
+#pragma unroll 4
+            for (int k0 = 0; k0 < kDimQk; k0 += 16) {
+                uint32_t a[4], b[4];
+                ldmatrix_x4(a, qa + k0);
+                ldmatrix_x4(b, kb + k0);
+                mma_bf16(s[0], a, b[0], b[1]);
+                mma_bf16(s[1], a, b[2], b[3]);
+            }
+        }
+
+        // ---- softmax: mask before the max, exchange row maxima with the partner warp ----
+        const int* valid = sValid + stage * kTile;
+        float tmax[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int n = 0; n < 2; ++n)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int col = half * 16 + n * 8 + 2 * t4 + (e & 1);
+                const int pos = tile * kTile + col;
+                const bool ok = valid[col] && pos < row_len[e >> 1];
+                s[n][e] = ok ? s[n][e] * scale_log2 : -INFINITY;  // select: a NaN score never survives
+                tmax[e >> 1] = fmaxf(tmax[e >> 1], s[n][e]);
+            }
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+            tmax[k] = fmaxf(tmax[k], __shfl_xor_sync(0xffffffffu, tmax[k], 1));
+            tmax[k] = fmaxf(tmax[k], __shfl_xor_sync(0xffffffffu, tmax[k], 2));
+            if (t4 == 0) sMax[half * kRows + rg * 16 + g + 8 * k] = tmax[k];
+        }
+        __syncthreads();
+        float alpha[2];
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+            const int r = rg * 16 + g + 8 * k;
+            const float m_new = fmaxf(m_run[k], fmaxf(sMax[r], sMax[kRows + r]));
+            const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // all masked so far: p = 0, no NaN
+            alpha[k] = exp2f(m_run[k] - m_use);
+            m_run[k] = m_new;
+            float sum = 0.0f;
+#pragma unroll
+            for (int n = 0; n < 2; ++n)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    s[n][2 * k + e] = exp2f(s[n][2 * k + e] - m_use);
+                    sum += s[n][2 * k + e];
+                }
+            l_run[k] = l_run[k] * alpha[k] + sum;
+        }
+#pragma unroll
+        for (int n = 0; n < 2; ++n) {
+            const int col = half * 16 + n * 8 + 2 * t4;
+            *(uint32_t*)(sP + (rg * 16 + g) * kPPitch + col) = pack_bf16(s[n][0], s[n][1]);
+            *(uint32_t*)(sP + (rg * 16 + g + 8) * kPPitch + col) = pack_bf16(s[n][2], s[n][3]);
+        }
+#pragma unroll
+        for (int n = 0; n < 32; ++n) {
+            o[n][0] *= alpha[0];
+            o[n][1] *= alpha[0];
+            o[n][2] *= alpha[1];
+            o[n][3] *= alpha[1];
+        }
+        __syncthreads();
+
+        // ---- accumulate: O[16 rows, 256 cols] += P[16, 32]·V[32, 256] ----
+#pragma unroll
+        for (int k0 = 0; k0 < kTile; k0 += 16) {
+            uint32_t a[4];
+            ldmatrix_x4(a, sP + (rg * 16 + (lane & 7) + 8 * ((lane >> 3) & 1)) * kPPitch + k0 + 8 * (lane >> 4));
+            const __nv_bfloat16* vb =
+                kv + (k0 + (lane & 7) + 8 * ((lane >> 3) & 1)) * kPitch + half * 256 + 8 * (lane >> 4);
+#pragma unroll
+            for (int n = 0; n < 16; ++n) {
+                uint32_t b[4];
+                ldmatrix_x4_trans(b, vb + 16 * n);
+                mma_bf16(o[2 * n], a, b[0], b[1]);
+                mma_bf16(o[2 * n + 1], a, b[2], b[3]);
+            }
+        }
+        __syncthreads();
+    }
+    cp_async_wait<0>();
+
+    // ---- write: O / l and lse = (m + log2 l)·ln 2; a row that saw nothing: 0 and −inf ----
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+        l_run[k] += __shfl_xor_sync(0xffffffffu, l_run[k], 1);
+        l_run[k] += __shfl_xor_sync(0xffffffffu, l_run[k], 2);
+        if (t4 == 0) sSum[half * kRows + rg * 16 + g + 8 * k] = l_run[k];
+    }
+    __syncthreads();
+    float inv[2], lse[2];
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+        const int r = rg * 16 + g + 8 * k;
+        const float l = sSum[r] + sSum[kRows + r];
+        inv[k] = l > 0.0f ? 1.0f / l : 0.0f;
+        lse[k] = l > 0.0f ? (m_run[k] + log2f(l)) * kLn2 : -INFINITY;
+    }
+    const bool to_ws = p.num_splits > 1;
+    const int64_t total_rows = (int64_t)p.batch * nq * H;
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+        const int r = rg * 16 + g + 8 * k;
+        if (r >= row_limit) continue;
+        const int64_t grow = req_rows + row_base + r;
+        if (half == 0 && t4 == 0) {
+            if (to_ws) ((float*)p.ws_lse)[split * total_rows + grow] = lse[k];
+            else ((float*)p.lse)[grow] = lse[k];
+        }
+        const int col0 = half * 256 + 2 * t4;
+        if (to_ws || p.out_f32) {
+            float* dst = to_ws ? (float*)p.ws_out + (split * total_rows + grow) * kDimLatent
+                               : (float*)p.out + grow * kDimLatent;
+#pragma unroll
+            for (int n = 0; n < 32; ++n)
+                *(float2*)(dst + col0 + 8 * n) = make_float2(o[n][2 * k] * inv[k], o[n][2 * k + 1] * inv[k]);
+        } else {
+            __nv_bfloat16* dst = (__nv_bfloat16*)p.out + grow * kDimLatent;
+#pragma unroll
+            for (int n = 0; n < 32; ++n)
+                *(uint32_t*)(dst + col0 + 8 * n) = pack_bf16(o[n][2 * k] * inv[k], o[n][2 * k + 1] * inv[k]);
+        }
+    }
+}
+
+// Merges the splits of each row (SPEC.md §5 with natural-log lse): one CTA of 128 threads per
+// row, 4 output values per thread. A split with weight 0 is skipped, so its out is never read.
+template <int Unused = 0>
+__device__ __forceinline__ void mla_decode_combine(const DcpMlaDecodeCombineParams& p) {
+    const int64_t row = blockIdx.x;
+    if (row >= p.rows) return;
+    const float* lse = (const float*)p.ws_lse + row;
+    float m = -INFINITY;
+    for (int s = 0; s < p.num_splits; ++s) {
+        const float v = lse[s * p.rows];
+        if (!isnan(v) && v != INFINITY) m = fmaxf(m, v);
+    }
+    const int d = 4 * threadIdx.x;
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    float out_lse = -INFINITY;
+    if (m != -INFINITY) {
+        float sum = 0.0f;
+        for (int s = 0; s < p.num_splits; ++s) {
+            const float v = lse[s * p.rows];
+            if (!isnan(v) && v != INFINITY) sum += expf(v - m);
+        }
+        for (int s = 0; s < p.num_splits; ++s) {
+            const float v = lse[s * p.rows];
+            if (isnan(v) || v == INFINITY) continue;
+            const float w = expf(v - m) / sum;
+            if (w == 0.0f) continue;
+            const float4 x = *(const float4*)((const float*)p.ws_out + (s * p.rows + row) * kDimLatent + d);
+            acc.x += w * x.x;
+            acc.y += w * x.y;
+            acc.z += w * x.z;
+            acc.w += w * x.w;
+        }
+        out_lse = m + logf(sum);
+    }
+    if (threadIdx.x == 0) ((float*)p.lse)[row] = out_lse;
+    if (p.out_f32) {
+        *(float4*)((float*)p.out + row * kDimLatent + d) = acc;
+    } else {
+        uint2 v = make_uint2(decode::pack_bf16(acc.x, acc.y), decode::pack_bf16(acc.z, acc.w));
+        *(uint2*)((__nv_bfloat16*)p.out + row * kDimLatent + d) = v;
+    }
+}
+
+}  // namespace dcp

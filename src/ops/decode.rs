@@ -1,0 +1,389 @@
+//! MLA decode attention on one rank's shard (SPEC.md §4): dense over the BF16 paged cache and
+//! sparse over index lists into the BF16 or FP8-656 cache, with optional split-KV.
+//!
+//! Kernels: `kernels-src/decode.cuh` (families `mla_decode` and `mla_decode_combine`). With
+//! `num_splits > 1` each CTA reads the row lengths (or index counts) on the device to find its
+//! share of the tiles, writes an fp32 partial result to the caller's workspace, and a combine
+//! kernel merges the splits (SPEC.md §5), so a captured graph replays correctly when lengths
+//! or indices change.
+
+use super::to_i32;
+use crate::abi::{DcpMlaDecodeCombineParams, DcpMlaDecodeParams};
+use crate::error::{Error, Result};
+use crate::formats::{KvFormat, D_QK, D_V};
+use crate::runtime::registry::{self, axes, KernelId};
+use crate::runtime::{Device, DeviceSlice, Stream};
+use half::bf16;
+
+/// Query rows (flattened [q, H] rows of one request) per CTA.
+pub const ROWS_PER_CTA: usize = 64;
+/// Most KV splits a launch may use.
+pub const MAX_SPLITS: usize = 128;
+
+// Shared memory of one decode CTA; mirrors `decode::shared_bytes` in decode.cuh (the kernel
+// checks its dynamic shared size and writes nothing if it is short).
+const SMEM_PITCH: usize = D_QK + 8;
+const SMEM_Q: usize = ROWS_PER_CTA * SMEM_PITCH * 2;
+const SMEM_K_TILE: usize = 32 * SMEM_PITCH * 2;
+const SMEM_RAW_TILE: usize = 32 * crate::formats::FP8_ROW_BYTES;
+const SMEM_P: usize = ROWS_PER_CTA * (32 + 8) * 2;
+const SMEM_MISC: usize = 4 * ROWS_PER_CTA * 4 + 2 * 32 * 4;
+
+/// The softmax scale SPEC.md §4 defaults to: 576^-½.
+pub fn default_scale() -> f32 {
+    (D_QK as f32).powf(-0.5)
+}
+
+/// Where the attention output goes: bf16 (the default) or fp32 [batch, q, H, 512].
+#[derive(Debug, Clone, Copy)]
+pub enum DecodeOut {
+    Bf16(DeviceSlice<bf16>),
+    F32(DeviceSlice<f32>),
+}
+
+impl DecodeOut {
+    fn ptr(&self) -> u64 {
+        match self {
+            DecodeOut::Bf16(s) => s.ptr(),
+            DecodeOut::F32(s) => s.ptr(),
+        }
+    }
+    fn len(&self) -> usize {
+        match self {
+            DecodeOut::Bf16(s) => s.len(),
+            DecodeOut::F32(s) => s.len(),
+        }
+    }
+    fn is_f32(&self) -> bool {
+        matches!(self, DecodeOut::F32(_))
+    }
+}
+
+/// What every decode launch shares: the queries, the outputs and the split-KV workspace.
+#[derive(Debug, Clone, Copy)]
+pub struct DecodeCommon {
+    /// bf16 [batch, nq, heads, 576], contiguous.
+    pub q: DeviceSlice<bf16>,
+    pub batch: usize,
+    /// Query rows per request (1 + MTP draft tokens).
+    pub nq: usize,
+    /// Gathered query heads H.
+    pub heads: usize,
+    /// Softmax scale σ (see [`default_scale`]).
+    pub scale: f32,
+    /// [batch, nq, heads, 512].
+    pub out: DecodeOut,
+    /// fp32 [batch, nq, heads], natural log; −inf for a row that sees no token.
+    pub lse: DeviceSlice<f32>,
+    /// KV splits per CTA row block (see [`decode_num_splits`]); 1 needs no workspace.
+    pub num_splits: usize,
+    /// At least [`decode_workspace_bytes`] bytes when `num_splits > 1`, 16-byte aligned.
+    pub workspace: DeviceSlice<u8>,
+}
+
+/// Dense decode over the BF16 paged cache: row (i, j) attends to the first `lens[i][j]` local
+/// tokens of request i, through its block-table row.
+#[derive(Debug, Clone, Copy)]
+pub struct DenseDecode {
+    pub common: DecodeCommon,
+    /// This rank's BF16 cache as bytes: [num_pages, block_size, 576] bf16.
+    pub cache: DeviceSlice<u8>,
+    pub num_pages: usize,
+    pub block_size: usize,
+    /// int32 [batch, block_table_stride]; the first `max_pages` columns are used.
+    pub block_table: DeviceSlice<i32>,
+    pub block_table_stride: usize,
+    pub max_pages: usize,
+    /// int32 [batch, nq]: local lengths per query row; clamped on the device to
+    /// [0, max_pages·block_size].
+    pub lens: DeviceSlice<i32>,
+}
+
+/// Sparse decode: row (i, j) attends to the cache rows `page·B + slot` listed in
+/// `indices[i][j]` (−1 or out of range: unused, never read).
+#[derive(Debug, Clone, Copy)]
+pub struct SparseDecode {
+    pub common: DecodeCommon,
+    /// This rank's cache as bytes, in `format`: [num_pages, block_size, row bytes].
+    pub cache: DeviceSlice<u8>,
+    pub format: KvFormat,
+    pub num_pages: usize,
+    pub block_size: usize,
+    /// int32 [batch, nq, topk].
+    pub indices: DeviceSlice<i32>,
+    pub topk: usize,
+    /// int32 [batch, nq]: only the first topk_len[i][j] entries count (clamped to [0, topk]).
+    pub topk_len: Option<DeviceSlice<i32>>,
+}
+
+/// CTAs per split of a launch: request × row block.
+fn row_blocks(nq: usize, heads: usize, sparse: bool) -> usize {
+    if sparse {
+        nq * heads.div_ceil(ROWS_PER_CTA)
+    } else {
+        (nq * heads).div_ceil(ROWS_PER_CTA)
+    }
+}
+
+/// The number of KV splits that fills `num_sms` SMs with about one wave of CTAs: 1 when the
+/// batch alone does, at most [`MAX_SPLITS`]. A host-side function of the shapes only, so a
+/// captured graph stays valid for any lengths.
+pub fn decode_num_splits(batch: usize, nq: usize, heads: usize, sparse: bool, num_sms: usize) -> usize {
+    let ctas = batch * row_blocks(nq, heads, sparse);
+    if ctas == 0 {
+        return 1;
+    }
+    (num_sms / ctas).clamp(1, MAX_SPLITS)
+}
+
+/// Bytes of the split-KV workspace: fp32 partial out [splits, rows, 512] and lse [splits, rows]
+/// for rows = batch·nq·heads; 0 when `num_splits <= 1`.
+pub fn decode_workspace_bytes(batch: usize, nq: usize, heads: usize, num_splits: usize) -> usize {
+    if num_splits <= 1 {
+        return 0;
+    }
+    num_splits * batch * nq * heads * (D_V + 1) * 4
+}
+
+/// Dynamic shared memory of one decode CTA for a cache format.
+pub fn decode_shared_bytes(format: KvFormat) -> usize {
+    match format {
+        KvFormat::Bf16 => SMEM_Q + 2 * SMEM_K_TILE + SMEM_P + SMEM_MISC,
+        KvFormat::Fp8_656 => SMEM_Q + SMEM_K_TILE + 2 * SMEM_RAW_TILE + SMEM_P + SMEM_MISC,
+    }
+}
+
+/// Dense decode (SPEC.md §4). Validates every argument, allocates nothing, never synchronises.
+pub fn mla_decode_dense(dev: &Device, stream: Stream, a: &DenseDecode) -> Result<()> {
+    let mut params = validate_common(&a.common)?;
+    let c = &a.common;
+    let rows = c.batch * c.nq;
+    check_cache("cache", &a.cache, a.num_pages, a.block_size, KvFormat::Bf16)?;
+    ensure_arg!(
+        a.max_pages <= a.block_table_stride,
+        "max_pages",
+        "{} exceeds the block-table stride {}",
+        a.max_pages,
+        a.block_table_stride
+    );
+    let bt_need = if c.batch == 0 { 0 } else { (c.batch - 1) * a.block_table_stride + a.max_pages };
+    ensure_arg!(
+        a.block_table.len() >= bt_need,
+        "block_table",
+        "holds {} entries but {} rows need {bt_need}",
+        a.block_table.len(),
+        c.batch
+    );
+    ensure_arg!(
+        a.max_pages.checked_mul(a.block_size).is_some_and(|n| n <= i32::MAX as usize),
+        "max_pages",
+        "{} pages of {} tokens exceed the int32 lengths",
+        a.max_pages,
+        a.block_size
+    );
+    ensure_arg!(a.lens.len() >= rows, "lens", "holds {} entries but [batch, nq] needs {rows}", a.lens.len());
+    params.cache = a.cache.ptr();
+    params.block_table = a.block_table.ptr();
+    params.block_table_stride = a.block_table_stride as i64;
+    params.lens = a.lens.ptr();
+    params.num_pages = to_i32("num_pages", a.num_pages)?;
+    params.block_size = to_i32("block_size", a.block_size)?;
+    params.max_pages = to_i32("max_pages", a.max_pages)?;
+    let id = registry::mla_decode(axes::Kv::DenseBf16).ok_or_else(|| Error::Unsupported("mla_decode dense".into()))?;
+    launch(dev, stream, id, c, &params, KvFormat::Bf16, false)
+}
+
+/// Sparse decode (SPEC.md §4) over the BF16 or FP8-656 cache. Validates every argument,
+/// allocates nothing, never synchronises.
+pub fn mla_decode_sparse(dev: &Device, stream: Stream, a: &SparseDecode) -> Result<()> {
+    let mut params = validate_common(&a.common)?;
+    let c = &a.common;
+    let rows = c.batch * c.nq;
+    check_cache("cache", &a.cache, a.num_pages, a.block_size, a.format)?;
+    ensure_arg!(a.topk >= 1, "topk", "must be at least 1");
+    let need = rows.checked_mul(a.topk);
+    ensure_arg!(
+        need.is_some_and(|n| a.indices.len() >= n),
+        "indices",
+        "holds {} entries but [batch, nq, topk] needs {need:?}",
+        a.indices.len()
+    );
+    if let Some(t) = &a.topk_len {
+        ensure_arg!(t.len() >= rows, "topk_len", "holds {} entries but [batch, nq] needs {rows}", t.len());
+    }
+    params.cache = a.cache.ptr();
+    params.indices = a.indices.ptr();
+    params.topk_len = a.topk_len.map_or(0, |t| t.ptr());
+    params.topk = to_i32("topk", a.topk)?;
+    params.num_pages = to_i32("num_pages", a.num_pages)?;
+    params.block_size = to_i32("block_size", a.block_size)?;
+    let kv = match a.format {
+        KvFormat::Bf16 => axes::Kv::SparseBf16,
+        KvFormat::Fp8_656 => axes::Kv::SparseFp8,
+    };
+    let id = registry::mla_decode(kv).ok_or_else(|| Error::Unsupported(format!("mla_decode sparse {:?}", a.format)))?;
+    launch(dev, stream, id, c, &params, a.format, true)
+}
+
+fn check_cache(
+    arg: &'static str,
+    cache: &DeviceSlice<u8>,
+    num_pages: usize,
+    block_size: usize,
+    f: KvFormat,
+) -> Result<()> {
+    ensure_arg!(block_size >= 1, "block_size", "must be at least 1");
+    let tokens = num_pages.checked_mul(block_size);
+    ensure_arg!(
+        tokens.is_some_and(|n| n <= i32::MAX as usize),
+        "num_pages",
+        "{num_pages} pages of {block_size} tokens exceed the int32 cache addresses"
+    );
+    let need = tokens.and_then(|n| n.checked_mul(f.token_bytes()));
+    ensure_arg!(
+        need.is_some_and(|n| cache.len() >= n),
+        arg,
+        "holds {} bytes but {num_pages} pages of {block_size} {f:?} tokens need {need:?}",
+        cache.len()
+    );
+    ensure_arg!(cache.ptr() % 16 == 0, arg, "pointer {:#x} is not 16-byte aligned", cache.ptr());
+    Ok(())
+}
+
+fn validate_common(c: &DecodeCommon) -> Result<DcpMlaDecodeParams> {
+    ensure_arg!(c.nq >= 1, "nq", "must be at least 1");
+    ensure_arg!(c.heads >= 1, "heads", "must be at least 1");
+    ensure_arg!(c.batch <= 65535, "batch", "{} exceeds the grid limit 65535", c.batch);
+    ensure_arg!((1..=MAX_SPLITS).contains(&c.num_splits), "num_splits", "{} is not in 1..={MAX_SPLITS}", c.num_splits);
+    ensure_arg!(c.scale.is_finite() && c.scale > 0.0, "scale", "{} is not a positive finite number", c.scale);
+    let rows = c.batch.checked_mul(c.nq).and_then(|n| n.checked_mul(c.heads));
+    ensure_arg!(
+        rows.is_some_and(|n| n <= i32::MAX as usize),
+        "heads",
+        "batch·nq·heads overflows the kernels' int32 row count"
+    );
+    let rows = rows.unwrap_or(0);
+    ensure_arg!(
+        c.q.len() >= rows * D_QK,
+        "q",
+        "holds {} elements but [batch, nq, heads, 576] needs {}",
+        c.q.len(),
+        rows * D_QK
+    );
+    ensure_arg!(c.q.ptr() % 16 == 0, "q", "pointer {:#x} is not 16-byte aligned", c.q.ptr());
+    ensure_arg!(
+        c.out.len() >= rows * D_V,
+        "out",
+        "holds {} elements but [batch, nq, heads, 512] needs {}",
+        c.out.len(),
+        rows * D_V
+    );
+    ensure_arg!(c.out.ptr() % 16 == 0, "out", "pointer {:#x} is not 16-byte aligned", c.out.ptr());
+    ensure_arg!(c.lse.len() >= rows, "lse", "holds {} elements but [batch, nq, heads] needs {rows}", c.lse.len());
+    ensure_arg!(c.lse.ptr() % 4 == 0, "lse", "pointer {:#x} is not 4-byte aligned", c.lse.ptr());
+    let ws_need = decode_workspace_bytes(c.batch, c.nq, c.heads, c.num_splits);
+    ensure_arg!(
+        c.workspace.len() >= ws_need,
+        "workspace",
+        "holds {} bytes but {} splits need {ws_need} (decode_workspace_bytes)",
+        c.workspace.len(),
+        c.num_splits
+    );
+    ensure_arg!(
+        ws_need == 0 || c.workspace.ptr() % 16 == 0,
+        "workspace",
+        "pointer {:#x} is not 16-byte aligned",
+        c.workspace.ptr()
+    );
+    let ws_out = c.workspace.ptr();
+    let ws_lse = ws_out + (c.num_splits * rows * D_V * 4) as u64;
+    Ok(DcpMlaDecodeParams {
+        q: c.q.ptr(),
+        cache: 0,
+        block_table: 0,
+        lens: 0,
+        indices: 0,
+        topk_len: 0,
+        out: c.out.ptr(),
+        lse: c.lse.ptr(),
+        ws_out: if ws_need > 0 { ws_out } else { 0 },
+        ws_lse: if ws_need > 0 { ws_lse } else { 0 },
+        block_table_stride: 0,
+        scale_log2: c.scale * std::f32::consts::LOG2_E,
+        batch: c.batch as i32,
+        nq: c.nq as i32,
+        heads: c.heads as i32,
+        num_pages: 0,
+        block_size: 1,
+        max_pages: 0,
+        topk: 0,
+        num_splits: c.num_splits as i32,
+        out_f32: c.out.is_f32() as i32,
+    })
+}
+
+fn launch(
+    dev: &Device,
+    stream: Stream,
+    id: KernelId,
+    c: &DecodeCommon,
+    params: &DcpMlaDecodeParams,
+    format: KvFormat,
+    sparse: bool,
+) -> Result<()> {
+    let rows = c.batch * c.nq * c.heads;
+    if rows == 0 {
+        return Ok(());
+    }
+    let grid = (row_blocks(c.nq, c.heads, sparse) as u32, c.batch as u32, c.num_splits as u32);
+    // SAFETY: the validate functions checked every buffer against the extents the kernel
+    // addresses; lengths and indices are clamped or skipped on the device.
+    unsafe { dev.launch(id, grid, decode_shared_bytes(format) as u32, stream, params)? };
+    if c.num_splits > 1 {
+        let combine = DcpMlaDecodeCombineParams {
+            ws_out: params.ws_out,
+            ws_lse: params.ws_lse,
+            out: params.out,
+            lse: params.lse,
+            rows: rows as i64,
+            num_splits: params.num_splits,
+            out_f32: params.out_f32,
+        };
+        let id = registry::mla_decode_combine().ok_or_else(|| Error::Unsupported("mla_decode_combine".into()))?;
+        // SAFETY: the workspace holds num_splits × rows partial rows (validated above).
+        unsafe { dev.launch(id, (rows as u32, 1, 1), 0, stream, &combine)? };
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn splits_fill_the_machine_and_stay_bounded() {
+        // batch 1, H = 64, q = 1: one row block, so the splits alone fill 132 SMs (capped).
+        assert_eq!(decode_num_splits(1, 1, 64, false, 132), MAX_SPLITS.min(132));
+        // a large batch fills the machine on its own
+        assert_eq!(decode_num_splits(128, 1, 64, false, 132), 1);
+        // sparse CTAs hold one query row: q = 2, H = 128 -> 4 row blocks per request
+        assert_eq!(decode_num_splits(4, 2, 128, true, 132), 132 / 16);
+        assert_eq!(decode_num_splits(0, 1, 16, false, 132), 1);
+    }
+
+    #[test]
+    fn workspace_counts_every_split_row() {
+        assert_eq!(decode_workspace_bytes(2, 3, 16, 1), 0);
+        assert_eq!(decode_workspace_bytes(2, 3, 16, 5), 5 * 2 * 3 * 16 * 513 * 4);
+    }
+
+    #[test]
+    fn shared_memory_fits_sm80() {
+        // sm_80's opt-in limit is 163 KiB per block.
+        for f in [KvFormat::Bf16, KvFormat::Fp8_656] {
+            assert!(decode_shared_bytes(f) <= 163 * 1024, "{f:?}: {}", decode_shared_bytes(f));
+        }
+        assert_eq!(decode_shared_bytes(KvFormat::Bf16), 155_904);
+        assert_eq!(decode_shared_bytes(KvFormat::Fp8_656), 160_512);
+    }
+}
