@@ -70,3 +70,69 @@ typedef struct DcpMlaDecodeCombineParams {
     int32_t num_splits;
     int32_t out_f32;
 } DcpMlaDecodeCombineParams;
+
+/* DCP combine, ag_rs step 1 (SPEC.md §5.1): this rank's fp32 head-major contribution
+ * contrib[h, t, :] = (w_rank / S) · out[t, h, :], from the all-gathered lse. */
+typedef struct DcpAgRsCorrectParams {
+    uint64_t out;            /* bf16 or f32 [T, H, 512]: this rank's partial attention output */
+    uint64_t lse_all;        /* f32 [D, T, H]: every rank's lse, in base e or 2 */
+    uint64_t contrib;        /* f32 [H, T, 512]: written */
+    int32_t num_tokens;      /* T */
+    int32_t num_heads;       /* H = D · H_l */
+    int32_t dcp_size;        /* D, 1..8 */
+    int32_t dcp_rank;        /* r */
+    int32_t lse_base2;       /* 1: lse_all is base 2; 0: natural log */
+    int32_t reserved;
+} DcpAgRsCorrectParams;
+
+/* DCP combine, ag_rs step 2: casts this rank's reduce-scattered heads to the output dtype and
+ * writes their merged lse. */
+typedef struct DcpAgRsFinishParams {
+    uint64_t summed;         /* f32 [H_l, T, 512]: heads [rank·H_l, (rank+1)·H_l) summed over ranks */
+    uint64_t lse_all;        /* f32 [D, T, D·H_l] */
+    uint64_t out;            /* bf16 or f32 [T, H_l, 512]: written */
+    uint64_t lse_out;        /* f32 [T, H_l]: written, natural log */
+    int32_t num_tokens;      /* T */
+    int32_t local_heads;     /* H_l */
+    int32_t dcp_size;        /* D, 1..8 */
+    int32_t dcp_rank;        /* r */
+    int32_t lse_base2;
+    int32_t reserved;
+} DcpAgRsFinishParams;
+
+/* DCP combine, a2a send side: packs out and lse into one slot per destination rank. */
+typedef struct DcpA2aPackParams {
+    uint64_t out;            /* bf16 or f32 [T, D·H_l, 512] */
+    uint64_t lse;            /* f32 [T, D·H_l], copied bit for bit */
+    uint64_t send;           /* bytes [D, slot_bytes]: slot d = [T·H_l·512 bf16][T·H_l f32] */
+    int64_t slot_bytes;      /* multiple of 16, at least T·H_l·1028 */
+    int32_t num_tokens;      /* T */
+    int32_t local_heads;     /* H_l */
+    int32_t dcp_size;        /* D */
+    int32_t reserved;
+} DcpA2aPackParams;
+
+/* DCP combine, a2a receive side: the full merge of the D received slots. */
+typedef struct DcpA2aCombineParams {
+    uint64_t recv;           /* bytes [D, slot_bytes]: slot r as source rank r packed it */
+    uint64_t out;            /* bf16 or f32 [T, H_l, 512]: written */
+    uint64_t lse_out;        /* f32 [T, H_l]: written, natural log */
+    int64_t slot_bytes;      /* multiple of 16, at least T·H_l·1028 */
+    int32_t num_tokens;      /* T */
+    int32_t local_heads;     /* H_l */
+    int32_t lse_base2;
+    int32_t reserved;
+} DcpA2aCombineParams;
+
+/* DCP combine, two-way merge of chunked prefill (SPEC.md §5.3). */
+typedef struct DcpMergeTwoParams {
+    uint64_t out_a;          /* f32 [rows, 512] */
+    uint64_t lse_a;          /* f32 [rows] */
+    uint64_t out_b;          /* f32 [rows, 512] */
+    uint64_t lse_b;          /* f32 [rows] */
+    uint64_t out;            /* bf16 or f32 [rows, 512]: written; may be exactly out_a or out_b */
+    uint64_t lse_out;        /* f32 [rows]: written, natural log; may be exactly lse_a or lse_b */
+    int64_t rows;            /* T · H */
+    int32_t lse_base2;
+    int32_t reserved;
+} DcpMergeTwoParams;
