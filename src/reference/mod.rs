@@ -1,6 +1,7 @@
 //! The CPU reference of every operation: the executable form of SPEC.md. GPU kernels are
 //! compared against these functions, bit for bit where SPEC.md §9 says so.
 
+pub mod attention;
 pub mod fill;
 pub mod merge;
 pub mod topk;
