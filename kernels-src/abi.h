@@ -136,3 +136,60 @@ typedef struct DcpMergeTwoParams {
     int32_t lse_base2;
     int32_t reserved;
 } DcpMergeTwoParams;
+
+/* Local top-k (SPEC.md §6): per row, the K best of the first len[row] scores by (score desc,
+ * index asc; NaN = -inf), as indices in ascending order, -1 padded. */
+typedef struct DcpTopkParams {
+    uint64_t scores;         /* fp32 [rows, row_stride] */
+    uint64_t lens;           /* int32 [rows]: valid length, clamped to [0, cols] */
+    uint64_t out;            /* int32 [rows, K] */
+    int64_t row_stride;      /* elements between rows of scores (64-bit: > 2^31 elements work) */
+    int32_t rows;
+    int32_t cols;            /* N: the columns a row may use */
+} DcpTopkParams;
+
+/* Candidate packing (SPEC.md §6): (score, global id) of each local top-k index; an index outside
+ * [0, cols) gives (-inf, -1). */
+typedef struct DcpTopkPackParams {
+    uint64_t local_idx;      /* int32 [rows, k] */
+    uint64_t scores;         /* fp32 [rows, row_stride] */
+    uint64_t cand_scores;    /* fp32 [rows, k] */
+    uint64_t cand_ids;       /* int32 [rows, k] */
+    int64_t row_stride;
+    int32_t rows;
+    int32_t k;
+    int32_t cols;
+    int32_t dcp_size;        /* D */
+    int32_t dcp_rank;        /* r */
+    int32_t interleave;      /* I */
+} DcpTopkPackParams;
+
+/* Global merge (SPEC.md §6): exact top K of the D ranks' candidates by (score desc, id asc),
+ * emitted in candidate order (rank-major), -1 padded. */
+typedef struct DcpTopkMergeParams {
+    uint64_t cand_scores;    /* fp32 [D, rows, K] */
+    uint64_t cand_ids;       /* int32 [D, rows, K]; id < 0 marks an unused candidate */
+    uint64_t out;            /* int32 [rows, K] */
+    int32_t rows;
+    int32_t reserved;
+} DcpTopkMergeParams;
+
+/* Compaction for rank r (SPEC.md §6): ids owned by r mapped to local() or, when translate != 0,
+ * to page·B + slot through the block table; stable-compacted, -1 padded, counted per row. */
+typedef struct DcpTopkCompactParams {
+    uint64_t ids;            /* int32 [rows, k] global ids, -1 unused */
+    uint64_t out;            /* int32 [rows, k] */
+    uint64_t counts;         /* int32 [rows] */
+    uint64_t block_table;    /* int32 [batch, block_table_stride]; read only when translate != 0 */
+    int64_t block_table_stride;
+    int32_t rows;
+    int32_t k;
+    int32_t dcp_size;
+    int32_t dcp_rank;
+    int32_t interleave;
+    int32_t translate;       /* 0: local positions; else page·B + slot (-1 when unmapped) */
+    int32_t block_size;      /* B */
+    int32_t rows_per_request; /* query rows per block-table row */
+    int32_t max_pages;       /* valid columns of the block table */
+    int32_t reserved;
+} DcpTopkCompactParams;

@@ -1,0 +1,457 @@
+// Distributed sparse top-k (SPEC.md §6): local radix-select top-k, candidate packing, the exact
+// global merge of D·K candidates, and compaction for one rank. The CPU twin is
+// src/reference/topk.rs; every kernel here is bit-exact against it.
+//
+// Order key everywhere: score descending, then index (or id) ascending, NaN counting as -inf.
+// Scores map to an order-preserving u32 (larger = better), so selection is an exact radix select
+// and ties are broken by position with stable block-wide scans: results are deterministic.
+#pragma once
+#include "common.cuh"
+
+namespace dcp {
+
+constexpr int kRadixBits = 11;
+constexpr int kRadixBins = 1 << kRadixBits;
+constexpr int kTopkBlock = 1024;   // topk_local's block (the DSL's `block`)
+constexpr int kTopkItems = 4;      // elements per thread per tile of a streamed row
+constexpr int kTopkBufCap = 4096;  // survivors buffered in shared memory once they fit
+constexpr int kMergeBlock = 512;   // topk_merge's block
+constexpr int kCompactBlock = 512; // topk_compact's block
+constexpr int kCompactItems = 4;
+
+// Larger key = better score. NaN takes -inf's key; -0 takes +0's, so the two compare equal as
+// floats do and tie on index.
+__device__ __forceinline__ uint32_t score_key(float f) {
+    uint32_t u = __float_as_uint(f);
+    if (f != f) u = 0xff800000u;
+    if (f == 0.0f) u = 0u;
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+__device__ __forceinline__ uint32_t lanemask_lt() {
+    uint32_t m;
+    asm("mov.u32 %0, %%lanemask_lt;" : "=r"(m));
+    return m;
+}
+
+__device__ __forceinline__ uint32_t warp_inclusive_sum(uint32_t x) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const uint32_t y = __shfl_up_sync(0xffffffffu, x, o);
+        if (lane >= o) x += y;
+    }
+    return x;
+}
+
+// Exclusive prefix sum of one value per thread in thread order; `total` gets the block's sum.
+// s_warp holds BLOCK/32 + 1 words; the caller syncs before reusing it.
+template <int BLOCK>
+__device__ __forceinline__ uint32_t block_exclusive_sum(uint32_t v, uint32_t& total, uint32_t* s_warp) {
+    constexpr int W = BLOCK / 32;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const uint32_t x = warp_inclusive_sum(v);
+    if (lane == 31) s_warp[warp] = x;
+    __syncthreads();
+    if (warp == 0) {
+        const uint32_t w = lane < W ? s_warp[lane] : 0u;
+        const uint32_t s = warp_inclusive_sum(w);
+        if (lane < W) s_warp[lane] = s - w;
+        if (lane == 31) s_warp[W] = s;
+    }
+    __syncthreads();
+    total = s_warp[W];
+    return s_warp[warp] + x - v;
+}
+
+// Stable block-wide ordering of ITEMS pairs of flags per thread, element order (item, thread):
+// before[i] = (flags a before item i) | (flags b before item i) << 16, total likewise for the
+// whole tile (both counts stay below 2^16). s_scan holds ITEMS·BLOCK/32 + 1 words; callers
+// alternate two buffers between consecutive calls so that no extra barrier is needed.
+template <int BLOCK, int ITEMS>
+__device__ __forceinline__ void ordered_scan(const bool (&a)[ITEMS], const bool (&b)[ITEMS], uint32_t (&before)[ITEMS],
+                                             uint32_t& total, uint32_t* s_scan) {
+    constexpr int W = BLOCK / 32, N = ITEMS * W, PER = (N + 31) / 32;
+    static_assert(ITEMS * BLOCK < 65536, "packed 16-bit counts");
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    uint32_t ma[ITEMS], mb[ITEMS];
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+        ma[i] = __ballot_sync(0xffffffffu, a[i]);
+        mb[i] = __ballot_sync(0xffffffffu, b[i]);
+    }
+    if (lane == 0) {
+#pragma unroll
+        for (int i = 0; i < ITEMS; ++i) s_scan[i * W + warp] = __popc(ma[i]) | (__popc(mb[i]) << 16);
+    }
+    __syncthreads();
+    if (warp == 0) {
+        uint32_t v[PER], s = 0;
+#pragma unroll
+        for (int j = 0; j < PER; ++j) {
+            const int idx = lane * PER + j;
+            v[j] = idx < N ? s_scan[idx] : 0u;
+            s += v[j];
+        }
+        const uint32_t incl = warp_inclusive_sum(s);
+        uint32_t excl = incl - s;
+#pragma unroll
+        for (int j = 0; j < PER; ++j) {
+            const int idx = lane * PER + j;
+            if (idx < N) s_scan[idx] = excl;
+            excl += v[j];
+        }
+        if (lane == 31) s_scan[N] = incl;
+    }
+    __syncthreads();
+    const uint32_t lt = lanemask_lt();
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i)
+        before[i] = s_scan[i * W + warp] + __popc(ma[i] & lt) + (__popc(mb[i] & lt) << 16);
+    total = s_scan[N];
+}
+
+// Radix-select step over a filled histogram: finds the digit whose bin holds the `need`-th best
+// element counting from the top bin. s_sel = {digit, need left inside that bin, bin count}.
+// Every thread returns after the result is visible.
+template <int BLOCK>
+__device__ __forceinline__ void select_digit(const uint32_t* hist, uint32_t need, uint32_t* s_warp, uint32_t* s_sel) {
+    constexpr int PER = kRadixBins / BLOCK;
+    static_assert(PER * BLOCK == kRadixBins, "bins per thread");
+    uint32_t c[PER], sum = 0;
+#pragma unroll
+    for (int j = 0; j < PER; ++j) {
+        c[j] = hist[kRadixBins - 1 - (threadIdx.x * PER + j)];
+        sum += c[j];
+    }
+    uint32_t total;
+    uint32_t above = block_exclusive_sum<BLOCK>(sum, total, s_warp);
+#pragma unroll
+    for (int j = 0; j < PER; ++j) {
+        if (above < need && need <= above + c[j]) {
+            s_sel[0] = kRadixBins - 1 - (threadIdx.x * PER + j);
+            s_sel[1] = need - above;
+            s_sel[2] = c[j];
+        }
+        above += c[j];
+    }
+    __syncthreads();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Local top-k: one CTA per row. Radix passes of 11 bits over the u32 keys find the threshold
+// prefix; as soon as the elements at or above it fit in shared memory they are buffered (in
+// index order) and the remaining passes and the output run there. The output is the selected
+// indices in ascending order: all elements strictly above the threshold plus the first `need`
+// elements equal to it.
+// ---------------------------------------------------------------------------------------------
+
+// Emits, in index order, the selected elements of `count` elements read through `load(e, idx)`
+// (returns the key; writes the index). gt: masked key above prefix; eq: equal, first `need` taken.
+template <int BLOCK, int ITEMS, typename Key, typename Load>
+__device__ __forceinline__ void emit_selected(int count, Key prefix, Key mask, uint32_t need, uint32_t take_gt, Load load,
+                                              int32_t* out, uint32_t (*s_scan)[ITEMS * BLOCK / 32 + 1], int& it) {
+    uint32_t gt0 = 0, eq0 = 0;
+    for (int base = 0; base < count; base += ITEMS * BLOCK, ++it) {
+        bool a[ITEMS], b[ITEMS];
+        int32_t idx[ITEMS];
+#pragma unroll
+        for (int i = 0; i < ITEMS; ++i) {
+            const int e = base + i * BLOCK + threadIdx.x;
+            a[i] = b[i] = false;
+            idx[i] = -1;
+            if (e < count) {
+                const Key k = load(e, idx[i]) & mask;
+                a[i] = k > prefix;
+                b[i] = k == prefix;
+            }
+        }
+        uint32_t before[ITEMS], total;
+        ordered_scan<BLOCK, ITEMS>(a, b, before, total, s_scan[it & 1]);
+#pragma unroll
+        for (int i = 0; i < ITEMS; ++i) {
+            const uint32_t gt = gt0 + (before[i] & 0xffffu), eq = eq0 + (before[i] >> 16);
+            if (a[i]) out[gt + min(eq, need)] = idx[i];
+            else if (b[i] && eq < need) out[gt + eq] = idx[i];
+        }
+        gt0 += total & 0xffffu;
+        eq0 += total >> 16;
+        if (gt0 >= take_gt && eq0 >= need) break;  // uniform: every thread sees the same totals
+    }
+}
+
+template <int K>
+__device__ __forceinline__ void topk_local(const DcpTopkParams& p) {
+    constexpr int BLOCK = kTopkBlock, ITEMS = kTopkItems, TILE = BLOCK * ITEMS;
+    __shared__ uint32_t s_hist[kRadixBins];
+    __shared__ uint32_t s_key[kTopkBufCap];
+    __shared__ int32_t s_idx[kTopkBufCap];
+    __shared__ uint32_t s_scan[2][ITEMS * BLOCK / 32 + 1];
+    __shared__ uint32_t s_warp[BLOCK / 32 + 1];
+    __shared__ uint32_t s_sel[3];
+
+    const int row = blockIdx.x;
+    const int tid = threadIdx.x;
+    int32_t* out = (int32_t*)p.out + (int64_t)row * K;
+    const int len = max(0, min(((const int32_t*)p.lens)[row], p.cols));
+    if (len <= K) {
+        for (int j = tid; j < K; j += BLOCK) out[j] = j < len ? j : -1;
+        return;
+    }
+    const float* x = (const float*)p.scores + (int64_t)row * p.row_stride;
+
+    uint32_t prefix = 0, mask = 0, need = K;  // need: still to take among keys matching prefix
+    int cached = -1;                          // elements buffered in s_key/s_idx, -1: none
+    int it = 0;                               // ordered_scan buffer parity
+#pragma unroll 1
+    for (int pass = 0; pass < 3; ++pass) {
+        // 11-bit digits at bits 21, 10, 0; the last one overlaps bit 10, already fixed.
+        const int shift = pass == 0 ? 21 : pass == 1 ? 10 : 0;
+        for (int i = tid; i < kRadixBins; i += BLOCK) s_hist[i] = 0;
+        __syncthreads();
+        if (cached >= 0) {
+            for (int e = tid; e < cached; e += BLOCK) {
+                const uint32_t k = s_key[e];
+                if ((k & mask) == prefix) atomicAdd(&s_hist[(k >> shift) & (kRadixBins - 1)], 1u);
+            }
+        } else {
+            for (int base = 0; base < len; base += TILE) {
+                float v[ITEMS];
+#pragma unroll
+                for (int i = 0; i < ITEMS; ++i) {
+                    const int e = base + i * BLOCK + tid;
+                    v[i] = e < len ? __ldg(x + e) : 0.0f;
+                }
+#pragma unroll
+                for (int i = 0; i < ITEMS; ++i) {
+                    const uint32_t k = score_key(v[i]);
+                    if (base + i * BLOCK + tid < len && (k & mask) == prefix)
+                        atomicAdd(&s_hist[(k >> shift) & (kRadixBins - 1)], 1u);
+                }
+            }
+        }
+        __syncthreads();
+        select_digit<BLOCK>(s_hist, need, s_warp, s_sel);
+        const uint32_t digit = s_sel[0], bucket = s_sel[2];
+        need = s_sel[1];
+        prefix |= digit << shift;
+        mask |= (uint32_t)(kRadixBins - 1) << shift;
+        __syncthreads();  // s_sel is rewritten by the next pass
+        if (bucket == need) break;  // the whole bin is taken: the prefix decides everything
+        if (cached < 0 && pass < 2) {
+            const uint32_t survivors = (K - need) + bucket;
+            if (survivors <= kTopkBufCap) {
+                // Buffer every element at or above the prefix, in index order.
+                uint32_t done = 0;
+                for (int base = 0; base < len && done < survivors; base += TILE, ++it) {
+                    bool a[ITEMS], b[ITEMS];
+                    uint32_t kk[ITEMS];
+#pragma unroll
+                    for (int i = 0; i < ITEMS; ++i) {
+                        const int e = base + i * BLOCK + tid;
+                        kk[i] = e < len ? score_key(__ldg(x + e)) : 0u;
+                        a[i] = e < len && (kk[i] & mask) >= prefix;
+                        b[i] = false;
+                    }
+                    uint32_t before[ITEMS], total;
+                    ordered_scan<BLOCK, ITEMS>(a, b, before, total, s_scan[it & 1]);
+#pragma unroll
+                    for (int i = 0; i < ITEMS; ++i) {
+                        const uint32_t pos = done + (before[i] & 0xffffu);
+                        if (a[i] && pos < kTopkBufCap) {
+                            s_key[pos] = kk[i];
+                            s_idx[pos] = base + i * BLOCK + tid;
+                        }
+                    }
+                    done += total & 0xffffu;
+                }
+                cached = (int)min(done, (uint32_t)kTopkBufCap);
+                __syncthreads();
+            }
+        }
+    }
+
+    if (cached >= 0) {
+        emit_selected<BLOCK, ITEMS>(
+            cached, prefix, mask, need, K - need,
+            [&](int e, int32_t& idx) {
+                idx = s_idx[e];
+                return s_key[e];
+            },
+            out, s_scan, it);
+    } else {
+        emit_selected<BLOCK, ITEMS>(
+            len, prefix, mask, need, K - need,
+            [&](int e, int32_t& idx) {
+                idx = e;
+                return score_key(__ldg(x + e));
+            },
+            out, s_scan, it);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Pack: (score, global id) per local candidate; an unused or out-of-range index gives (-inf, -1).
+// ---------------------------------------------------------------------------------------------
+// A template only because the generated entry point calls `topk_pack<>(p)`.
+template <typename = void>
+__device__ __forceinline__ void topk_pack(const DcpTopkPackParams& p) {
+    const int64_t n = (int64_t)p.rows * p.k;
+    for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < n; e += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t row = e / p.k;
+        const int32_t l = ((const int32_t*)p.local_idx)[e];
+        float score = -INFINITY;
+        int32_t id = -1;
+        if (l >= 0 && l < p.cols) {
+            score = __ldg((const float*)p.scores + row * p.row_stride + l);
+            const int64_t DI = (int64_t)p.dcp_size * p.interleave;
+            id = (int32_t)((l / p.interleave) * DI + (int64_t)p.dcp_rank * p.interleave + l % p.interleave);
+        }
+        ((float*)p.cand_scores)[e] = score;
+        ((int32_t*)p.cand_ids)[e] = id;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Global merge: one CTA per row holds the row's D·K candidates in registers as 64-bit keys
+// (score key, then ~id so that smaller ids rank higher). Valid candidates (id >= 0) have a key
+// above zero; invalid ones hold 0 and are never counted. If at most K are valid they are all
+// emitted; else a radix select over the 64-bit key finds the exact top K. Output in candidate
+// order (rank-major).
+// ---------------------------------------------------------------------------------------------
+template <int D, int K>
+__device__ __forceinline__ void topk_merge(const DcpTopkMergeParams& p) {
+    constexpr int BLOCK = kMergeBlock, N = D * K, ITEMS = N / BLOCK, G = ITEMS < 4 ? ITEMS : 4;
+    static_assert(N % BLOCK == 0 && ITEMS % G == 0, "D*K must be a multiple of the merge block");
+    __shared__ uint32_t s_hist[kRadixBins];
+    __shared__ uint32_t s_scan[2][G * BLOCK / 32 + 1];
+    __shared__ uint32_t s_warp[BLOCK / 32 + 1];
+    __shared__ uint32_t s_sel[3];
+
+    const int row = blockIdx.x;
+    const int tid = threadIdx.x;
+    int32_t* out = (int32_t*)p.out + (int64_t)row * K;
+    const float* cs = (const float*)p.cand_scores;
+    const int32_t* ci = (const int32_t*)p.cand_ids;
+
+    uint64_t key[ITEMS];
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+        const int c = i * BLOCK + tid;  // candidate index, rank-major
+        const int64_t off = ((int64_t)(c / K) * p.rows + row) * K + c % K;
+        const int32_t id = __ldg(ci + off);
+        key[i] = id >= 0 ? ((uint64_t)score_key(__ldg(cs + off)) << 32) | (uint32_t)~(uint32_t)id : 0ull;
+    }
+    auto id_of = [](uint64_t k) { return (int32_t)~(uint32_t)k; };
+
+    // Count the valid candidates. If at most K are valid, all of them are emitted: with an empty
+    // mask every valid key equals the prefix and the first K "equal" ones are taken.
+    uint32_t valid = 0, total;
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) valid += key[i] != 0;
+    block_exclusive_sum<BLOCK>(valid, total, s_warp);
+    uint64_t prefix = 0, mask = 0;
+    uint32_t need = K;
+    if (total > (uint32_t)K) {
+#pragma unroll 1
+        for (int pass = 0; pass < 6; ++pass) {
+            // 11-bit digits at bits 53, 42, 32 (score key), then 21, 10, 0 (id key).
+            const int shift = (pass < 3 ? 32 : 0) + (pass % 3 == 0 ? 21 : pass % 3 == 1 ? 10 : 0);
+            for (int i = tid; i < kRadixBins; i += BLOCK) s_hist[i] = 0;
+            __syncthreads();
+#pragma unroll
+            for (int i = 0; i < ITEMS; ++i)
+                if (key[i] != 0 && (key[i] & mask) == prefix)
+                    atomicAdd(&s_hist[(uint32_t)(key[i] >> shift) & (kRadixBins - 1)], 1u);
+            __syncthreads();
+            select_digit<BLOCK>(s_hist, need, s_warp, s_sel);
+            const uint32_t digit = s_sel[0], bucket = s_sel[2];
+            need = s_sel[1];
+            prefix |= (uint64_t)digit << shift;
+            mask |= (uint64_t)(kRadixBins - 1) << shift;
+            __syncthreads();
+            if (bucket == need) break;
+        }
+    }
+
+    // Selected: valid and key above the prefix, or equal and among the first `need` in candidate
+    // order (equal full keys only arise from duplicate (score, id) pairs). Scanned in groups of
+    // G items to bound register pressure; candidate order is (item, thread), so groups follow it.
+    uint32_t gt0 = 0, eq0 = 0;
+#pragma unroll
+    for (int g = 0; g < ITEMS / G; ++g) {
+        bool a[G], b[G];
+#pragma unroll
+        for (int j = 0; j < G; ++j) {
+            const uint64_t k = key[g * G + j] & mask;
+            a[j] = key[g * G + j] != 0 && k > prefix;
+            b[j] = key[g * G + j] != 0 && k == prefix;
+        }
+        uint32_t before[G], tile;
+        ordered_scan<BLOCK, G>(a, b, before, tile, s_scan[g & 1]);
+#pragma unroll
+        for (int j = 0; j < G; ++j) {
+            const uint32_t gt = gt0 + (before[j] & 0xffffu), eq = eq0 + (before[j] >> 16);
+            if (a[j]) out[gt + min(eq, need)] = id_of(key[g * G + j]);
+            else if (b[j] && eq < need) out[gt + eq] = id_of(key[g * G + j]);
+        }
+        gt0 += tile & 0xffffu;
+        eq0 += tile >> 16;
+    }
+    const uint32_t emitted = gt0 + min(eq0, need);
+    for (int j = (int)emitted + tid; j < K; j += BLOCK) out[j] = -1;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Compact for rank r: keep ids owned by r, map to local() (or page·B + slot through the block
+// table: a column at or beyond max_pages, a negative page or an int32 overflow gives -1 in
+// place), stable-compact to the front, pad with -1, write the per-row count of kept ids.
+// ---------------------------------------------------------------------------------------------
+template <typename = void>
+__device__ __forceinline__ void topk_compact(const DcpTopkCompactParams& p) {
+    constexpr int BLOCK = kCompactBlock, ITEMS = kCompactItems;
+    __shared__ uint32_t s_scan[2][ITEMS * BLOCK / 32 + 1];
+    const int row = blockIdx.x;
+    const int tid = threadIdx.x;
+    const int32_t* ids = (const int32_t*)p.ids + (int64_t)row * p.k;
+    int32_t* out = (int32_t*)p.out + (int64_t)row * p.k;
+    const int req = p.translate ? row / p.rows_per_request : 0;
+    const int32_t* bt = (const int32_t*)p.block_table + (int64_t)req * p.block_table_stride;
+
+    uint32_t done = 0;
+    int it = 0;
+    for (int base = 0; base < p.k; base += ITEMS * BLOCK, ++it) {
+        bool a[ITEMS], b[ITEMS];
+        int32_t val[ITEMS];
+#pragma unroll
+        for (int i = 0; i < ITEMS; ++i) {
+            const int e = base + i * BLOCK + tid;
+            const int32_t id = e < p.k ? ids[e] : -1;
+            a[i] = b[i] = false;
+            val[i] = -1;
+            if (id >= 0 && owner_of(id, p.dcp_size, p.interleave) == p.dcp_rank) {
+                // An owned id always keeps its place; a failed translation leaves -1 there.
+                a[i] = true;
+                const int64_t l = local_of(id, p.dcp_size, p.interleave);
+                if (!p.translate) {
+                    val[i] = (int32_t)l;
+                } else {
+                    const int64_t col = l / p.block_size;
+                    const int32_t page = col < p.max_pages ? bt[col] : -1;
+                    const int64_t slot = (int64_t)page * p.block_size + l % p.block_size;
+                    if (page >= 0 && slot <= INT32_MAX) val[i] = (int32_t)slot;
+                }
+            }
+        }
+        uint32_t before[ITEMS], total;
+        ordered_scan<BLOCK, ITEMS>(a, b, before, total, s_scan[it & 1]);
+#pragma unroll
+        for (int i = 0; i < ITEMS; ++i)
+            if (a[i]) out[done + (before[i] & 0xffffu)] = val[i];
+        done += total & 0xffffu;
+    }
+    for (int j = (int)done + tid; j < p.k; j += BLOCK) out[j] = -1;
+    if (tid == 0) ((int32_t*)p.counts)[row] = (int32_t)done;
+}
+
+}  // namespace dcp
