@@ -2,6 +2,7 @@
 //! offending one), allocates nothing, never synchronises, and launches on the caller's stream.
 //! Lengths, tables and indices stay in device memory, so captured CUDA graphs replay correctly.
 
+pub mod combine;
 pub mod decode;
 pub mod fill;
 

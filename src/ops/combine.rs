@@ -1,0 +1,615 @@
+//! The DCP combine launchers (SPEC.md §5) in its three shapes. Reference:
+//! [`crate::reference::merge`]; kernels: `kernels-src/combine.cuh`.
+//!
+//! - ag_rs: [`ag_rs_correct`] writes this rank's fp32 head-major contribution from the
+//!   all-gathered lse; the caller reduce-scatters the contributions over heads; [`ag_rs_finish`]
+//!   casts this rank's heads to the output dtype and writes their merged lse.
+//! - a2a: [`a2a_pack`] packs out (bf16) and lse (fp32) into one slot per destination rank; the
+//!   caller runs one all-to-all; [`a2a_combine`] merges the D received slots.
+//! - [`merge_two`]: the two-way merge of chunked prefill, fp32 in, fp32 or bf16 out.
+//!
+//! Every lse input comes with its base ([`LseBase`]); every lse output is a natural log.
+
+use super::to_i32;
+use crate::abi::{DcpA2aCombineParams, DcpA2aPackParams, DcpAgRsCorrectParams, DcpAgRsFinishParams, DcpMergeTwoParams};
+use crate::error::{Error, Result};
+use crate::formats::{LseBase, D_V};
+use crate::reference::merge::a2a_slot_bytes;
+use crate::runtime::registry::{self, axes, KernelId};
+use crate::runtime::{Device, DeviceSlice, Stream};
+use half::bf16;
+
+/// The largest group size the ag_rs kernels take (they read D at run time).
+pub const AG_RS_MAX_RANKS: usize = 8;
+
+/// Group sizes the a2a combine is compiled for (it specialises on D).
+pub const A2A_RANKS: [usize; 3] = [2, 4, 8];
+
+/// Rows of 512 values, bf16 or fp32: an attention output read by a combine, or a combine's output.
+#[derive(Debug, Clone, Copy)]
+pub enum CombineRows {
+    Bf16(DeviceSlice<bf16>),
+    F32(DeviceSlice<f32>),
+}
+
+impl CombineRows {
+    fn ptr(&self) -> u64 {
+        match self {
+            CombineRows::Bf16(s) => s.ptr(),
+            CombineRows::F32(s) => s.ptr(),
+        }
+    }
+    fn len(&self) -> usize {
+        match self {
+            CombineRows::Bf16(s) => s.len(),
+            CombineRows::F32(s) => s.len(),
+        }
+    }
+    fn elem_bytes(&self) -> u64 {
+        match self {
+            CombineRows::Bf16(_) => 2,
+            CombineRows::F32(_) => 4,
+        }
+    }
+    fn dtype(&self) -> axes::Output {
+        match self {
+            CombineRows::Bf16(_) => axes::Output::Bf16,
+            CombineRows::F32(_) => axes::Output::F32,
+        }
+    }
+    fn input_dtype(&self) -> axes::Input {
+        match self {
+            CombineRows::Bf16(_) => axes::Input::Bf16,
+            CombineRows::F32(_) => axes::Input::F32,
+        }
+    }
+    /// The bytes `rows` rows of 512 occupy from the start.
+    fn extent(&self, rows: usize) -> Extent {
+        Extent { ptr: self.ptr(), bytes: rows as u64 * D_V as u64 * self.elem_bytes() }
+    }
+}
+
+/// The a2a slot size rounded up to 16 bytes, so that every slot of a [D, slot] buffer starts
+/// 16-byte aligned. Equals the tight [`a2a_slot_bytes`] whenever T·H_l is a multiple of 4.
+pub fn a2a_aligned_slot_bytes(num_tokens: usize, local_heads: usize) -> usize {
+    a2a_slot_bytes(num_tokens, local_heads).next_multiple_of(16)
+}
+
+/// Arguments of [`ag_rs_correct`] on rank `rank` of a group of `dcp_size`, H = dcp_size·local_heads.
+#[derive(Debug, Clone, Copy)]
+pub struct AgRsCorrect {
+    /// This rank's partial attention output [T, H, 512], bf16 or fp32, contiguous.
+    pub out: CombineRows,
+    /// fp32 [D, T, H]: every rank's lse (all-gathered), in `lse_base`.
+    pub lse_all: DeviceSlice<f32>,
+    pub lse_base: LseBase,
+    /// fp32 [H, T, 512]: written; head-major, ready for a reduce-scatter over heads.
+    pub contrib: DeviceSlice<f32>,
+    pub num_tokens: usize,
+    pub local_heads: usize,
+    pub dcp_size: usize,
+    pub rank: usize,
+}
+
+/// Arguments of [`ag_rs_finish`] on rank `rank`, which holds heads [rank·H_l, (rank+1)·H_l).
+#[derive(Debug, Clone, Copy)]
+pub struct AgRsFinish {
+    /// fp32 [H_l, T, 512]: the reduce-scattered sum of every rank's contribution to this rank's heads.
+    pub summed: DeviceSlice<f32>,
+    /// fp32 [D, T, D·H_l]: the same all-gathered lse the contributions used, in `lse_base`.
+    pub lse_all: DeviceSlice<f32>,
+    pub lse_base: LseBase,
+    /// [T, H_l, 512] bf16 (rounded to nearest even) or fp32: written.
+    pub out: CombineRows,
+    /// fp32 [T, H_l]: the merged lse, natural log; written.
+    pub lse: DeviceSlice<f32>,
+    pub num_tokens: usize,
+    pub local_heads: usize,
+    pub dcp_size: usize,
+    pub rank: usize,
+}
+
+/// Arguments of [`a2a_pack`] on one source rank.
+#[derive(Debug, Clone, Copy)]
+pub struct A2aPack {
+    /// This rank's partial attention output [T, D·H_l, 512]; fp32 is rounded to bf16 (nearest even).
+    pub out: CombineRows,
+    /// fp32 [T, D·H_l], copied bit for bit (in whatever base the producer used).
+    pub lse: DeviceSlice<f32>,
+    /// Bytes [D, slot_bytes]: slot d = [T·H_l·512 bf16 out][T·H_l fp32 lse] of heads
+    /// [d·H_l, (d+1)·H_l); written (bytes past the tight slot size are left alone).
+    pub send: DeviceSlice<u8>,
+    /// At least [`a2a_slot_bytes`], a multiple of 16 (see [`a2a_aligned_slot_bytes`]).
+    pub slot_bytes: usize,
+    pub num_tokens: usize,
+    pub local_heads: usize,
+    pub dcp_size: usize,
+}
+
+/// Arguments of [`a2a_combine`] on one destination rank.
+#[derive(Debug, Clone, Copy)]
+pub struct A2aCombine {
+    /// Bytes [D, slot_bytes]: slot r as source rank r packed it for this rank.
+    pub recv: DeviceSlice<u8>,
+    /// The slot size the senders used.
+    pub slot_bytes: usize,
+    /// The base of the lse inside the slots.
+    pub lse_base: LseBase,
+    /// [T, H_l, 512] bf16 (rounded to nearest even) or fp32: written.
+    pub out: CombineRows,
+    /// fp32 [T, H_l]: the merged lse, natural log; written.
+    pub lse: DeviceSlice<f32>,
+    pub num_tokens: usize,
+    pub local_heads: usize,
+    pub dcp_size: usize,
+}
+
+/// Arguments of [`merge_two`]: `rows` rows (T·H) of two partial results.
+#[derive(Debug, Clone, Copy)]
+pub struct MergeTwo {
+    /// fp32 [rows, 512].
+    pub out_a: DeviceSlice<f32>,
+    /// fp32 [rows], in `lse_base`.
+    pub lse_a: DeviceSlice<f32>,
+    pub out_b: DeviceSlice<f32>,
+    pub lse_b: DeviceSlice<f32>,
+    pub lse_base: LseBase,
+    /// [rows, 512] fp32 or bf16: written. An fp32 `out` may be exactly `out_a` or `out_b`
+    /// (accumulating chunk after chunk in place); any other overlap is rejected.
+    pub out: CombineRows,
+    /// fp32 [rows], natural log: written. May be exactly `lse_a` or `lse_b`.
+    pub lse: DeviceSlice<f32>,
+    pub rows: usize,
+}
+
+/// ag_rs step 1 (SPEC.md §5.1): `contrib[h, t, :] = (w_rank / S) · out[t, h, :]` in fp32, exactly 0
+/// where w_rank / S = 0 (`out` is then not read, so an empty shard's NaN never leaks). Matches
+/// [`crate::reference::merge::ag_rs_contribution_shaped`].
+pub fn ag_rs_correct(dev: &Device, stream: Stream, a: &AgRsCorrect) -> Result<()> {
+    let (params, rows) = validate_ag_rs_correct(a)?;
+    let id = lookup(registry::combine_ag_rs_correct(a.out.input_dtype()), "combine_ag_rs_correct")?;
+    launch_rows(dev, stream, id, rows, &params)
+}
+
+fn validate_ag_rs_correct(a: &AgRsCorrect) -> Result<(DcpAgRsCorrectParams, usize)> {
+    let heads = check_group(a.dcp_size, a.rank, a.local_heads, AG_RS_MAX_RANKS)?;
+    let rows = a.num_tokens * heads;
+    check_rows_buf("out", &a.out, rows)?;
+    check_f32("lse_all", &a.lse_all, a.dcp_size * rows, 4)?;
+    check_f32("contrib", &a.contrib, rows * D_V, 16)?;
+    let contrib = f32_extent(&a.contrib, rows * D_V);
+    disjoint("contrib", contrib, "out", a.out.extent(rows))?;
+    disjoint("contrib", contrib, "lse_all", f32_extent(&a.lse_all, a.dcp_size * rows))?;
+    let params = DcpAgRsCorrectParams {
+        out: a.out.ptr(),
+        lse_all: a.lse_all.ptr(),
+        contrib: a.contrib.ptr(),
+        num_tokens: to_i32("num_tokens", a.num_tokens)?,
+        num_heads: to_i32("local_heads", heads)?,
+        dcp_size: a.dcp_size as i32,
+        dcp_rank: a.rank as i32,
+        lse_base2: base2(a.lse_base),
+        reserved: 0,
+    };
+    Ok((params, rows))
+}
+
+/// ag_rs step 2: `out[t, hl, :]` = `summed[hl, t, :]` cast to the output dtype, and `lse[t, hl]` =
+/// the merged lse of head rank·H_l + hl; a row whose shards are all empty gets out = 0 and lse = −inf.
+/// Matches [`crate::reference::merge::ag_rs_finish`] (followed by `to_bf16` for bf16 output).
+pub fn ag_rs_finish(dev: &Device, stream: Stream, a: &AgRsFinish) -> Result<()> {
+    let (params, rows) = validate_ag_rs_finish(a)?;
+    let id = lookup(registry::combine_ag_rs_finish(a.out.dtype()), "combine_ag_rs_finish")?;
+    launch_rows(dev, stream, id, rows, &params)
+}
+
+fn validate_ag_rs_finish(a: &AgRsFinish) -> Result<(DcpAgRsFinishParams, usize)> {
+    let heads = check_group(a.dcp_size, a.rank, a.local_heads, AG_RS_MAX_RANKS)?;
+    let rows = a.num_tokens * a.local_heads;
+    check_f32("summed", &a.summed, rows * D_V, 16)?;
+    check_f32("lse_all", &a.lse_all, a.dcp_size * a.num_tokens * heads, 4)?;
+    check_rows_buf("out", &a.out, rows)?;
+    check_f32("lse", &a.lse, rows, 4)?;
+    let (out, lse) = (a.out.extent(rows), f32_extent(&a.lse, rows));
+    disjoint("out", out, "lse", lse)?;
+    for (name, e) in [
+        ("summed", f32_extent(&a.summed, rows * D_V)),
+        ("lse_all", f32_extent(&a.lse_all, a.dcp_size * a.num_tokens * heads)),
+    ] {
+        disjoint("out", out, name, e)?;
+        disjoint("lse", lse, name, e)?;
+    }
+    let params = DcpAgRsFinishParams {
+        summed: a.summed.ptr(),
+        lse_all: a.lse_all.ptr(),
+        out: a.out.ptr(),
+        lse_out: a.lse.ptr(),
+        num_tokens: to_i32("num_tokens", a.num_tokens)?,
+        local_heads: to_i32("local_heads", a.local_heads)?,
+        dcp_size: a.dcp_size as i32,
+        dcp_rank: a.rank as i32,
+        lse_base2: base2(a.lse_base),
+        reserved: 0,
+    };
+    Ok((params, rows))
+}
+
+/// a2a send side: packs this rank's out and lse into one slot per destination (SPEC.md §5.2),
+/// byte for byte [`crate::reference::merge::a2a_pack_shaped`] for bf16 `out`.
+pub fn a2a_pack(dev: &Device, stream: Stream, a: &A2aPack) -> Result<()> {
+    let (params, rows) = validate_a2a_pack(a)?;
+    let id = lookup(registry::combine_a2a_pack(a.out.input_dtype()), "combine_a2a_pack")?;
+    launch_rows(dev, stream, id, rows, &params)
+}
+
+fn validate_a2a_pack(a: &A2aPack) -> Result<(DcpA2aPackParams, usize)> {
+    let heads = check_group(a.dcp_size, 0, a.local_heads, usize::MAX)?;
+    let rows = a.num_tokens * heads;
+    check_rows_buf("out", &a.out, rows)?;
+    check_f32("lse", &a.lse, rows, 4)?;
+    let send = check_slots("send", &a.send, a.slot_bytes, a.dcp_size, a.num_tokens, a.local_heads)?;
+    disjoint("send", send, "out", a.out.extent(rows))?;
+    disjoint("send", send, "lse", f32_extent(&a.lse, rows))?;
+    let params = DcpA2aPackParams {
+        out: a.out.ptr(),
+        lse: a.lse.ptr(),
+        send: a.send.ptr(),
+        slot_bytes: a.slot_bytes as i64,
+        num_tokens: to_i32("num_tokens", a.num_tokens)?,
+        local_heads: to_i32("local_heads", a.local_heads)?,
+        dcp_size: to_i32("dcp_size", a.dcp_size)?,
+        reserved: 0,
+    };
+    Ok((params, rows))
+}
+
+/// a2a receive side: the full merge (SPEC.md §5) of the D received slots into out [T, H_l, 512]
+/// and lse [T, H_l], accumulated in fp32 in rank order; a source whose coefficient is 0 is not
+/// read. Matches [`crate::reference::merge::a2a_combine`]. D must be one of [`A2A_RANKS`].
+pub fn a2a_combine(dev: &Device, stream: Stream, a: &A2aCombine) -> Result<()> {
+    let (params, rows) = validate_a2a_combine(a)?;
+    let id = lookup(registry::combine_a2a(a.dcp_size as u32, a.out.dtype()), "combine_a2a")?;
+    launch_rows(dev, stream, id, rows, &params)
+}
+
+fn validate_a2a_combine(a: &A2aCombine) -> Result<(DcpA2aCombineParams, usize)> {
+    check_group(a.dcp_size, 0, a.local_heads, usize::MAX)?;
+    ensure_arg!(
+        A2A_RANKS.contains(&a.dcp_size),
+        "dcp_size",
+        "the a2a combine is compiled for D in {A2A_RANKS:?}, not D = {}",
+        a.dcp_size
+    );
+    let rows = a.num_tokens * a.local_heads;
+    let recv = check_slots("recv", &a.recv, a.slot_bytes, a.dcp_size, a.num_tokens, a.local_heads)?;
+    check_rows_buf("out", &a.out, rows)?;
+    check_f32("lse", &a.lse, rows, 4)?;
+    let (out, lse) = (a.out.extent(rows), f32_extent(&a.lse, rows));
+    disjoint("out", out, "lse", lse)?;
+    disjoint("out", out, "recv", recv)?;
+    disjoint("lse", lse, "recv", recv)?;
+    let params = DcpA2aCombineParams {
+        recv: a.recv.ptr(),
+        out: a.out.ptr(),
+        lse_out: a.lse.ptr(),
+        slot_bytes: a.slot_bytes as i64,
+        num_tokens: to_i32("num_tokens", a.num_tokens)?,
+        local_heads: to_i32("local_heads", a.local_heads)?,
+        lse_base2: base2(a.lse_base),
+        reserved: 0,
+    };
+    Ok((params, rows))
+}
+
+/// The two-way merge of chunked prefill (SPEC.md §5.3): (out_a, lse_a) + (out_b, lse_b) → out, lse,
+/// fp32 accumulation, a part with coefficient 0 not read. Matches
+/// [`crate::reference::merge::merge_two`] (followed by `to_bf16` for bf16 output).
+pub fn merge_two(dev: &Device, stream: Stream, a: &MergeTwo) -> Result<()> {
+    let (params, rows) = validate_merge_two(a)?;
+    let id = lookup(registry::combine_merge_two(a.out.dtype()), "combine_merge_two")?;
+    launch_rows(dev, stream, id, rows, &params)
+}
+
+fn validate_merge_two(a: &MergeTwo) -> Result<(DcpMergeTwoParams, usize)> {
+    let rows = a.rows;
+    check_f32("out_a", &a.out_a, rows * D_V, 16)?;
+    check_f32("lse_a", &a.lse_a, rows, 4)?;
+    check_f32("out_b", &a.out_b, rows * D_V, 16)?;
+    check_f32("lse_b", &a.lse_b, rows, 4)?;
+    check_rows_buf("out", &a.out, rows)?;
+    check_f32("lse", &a.lse, rows, 4)?;
+    let out = a.out.extent(rows);
+    let lse = f32_extent(&a.lse, rows);
+    let (out_a, out_b) = (f32_extent(&a.out_a, rows * D_V), f32_extent(&a.out_b, rows * D_V));
+    let (lse_a, lse_b) = (f32_extent(&a.lse_a, rows), f32_extent(&a.lse_b, rows));
+    same_or_disjoint("out", out, "out_a", out_a)?;
+    same_or_disjoint("out", out, "out_b", out_b)?;
+    same_or_disjoint("lse", lse, "lse_a", lse_a)?;
+    same_or_disjoint("lse", lse, "lse_b", lse_b)?;
+    for (name, e) in [("lse", lse), ("lse_a", lse_a), ("lse_b", lse_b)] {
+        disjoint("out", out, name, e)?;
+    }
+    disjoint("lse", lse, "out_a", out_a)?;
+    disjoint("lse", lse, "out_b", out_b)?;
+    let params = DcpMergeTwoParams {
+        out_a: a.out_a.ptr(),
+        lse_a: a.lse_a.ptr(),
+        out_b: a.out_b.ptr(),
+        lse_b: a.lse_b.ptr(),
+        out: a.out.ptr(),
+        lse_out: a.lse.ptr(),
+        rows: rows as i64,
+        lse_base2: base2(a.lse_base),
+        reserved: 0,
+    };
+    Ok((params, rows))
+}
+
+/// Checks D, the rank and H_l; returns H = D·H_l.
+fn check_group(dcp_size: usize, rank: usize, local_heads: usize, max_ranks: usize) -> Result<usize> {
+    ensure_arg!(dcp_size >= 1, "dcp_size", "must be at least 1");
+    ensure_arg!(dcp_size <= max_ranks, "dcp_size", "{dcp_size} exceeds the {max_ranks} ranks this kernel takes");
+    ensure_arg!(rank < dcp_size, "rank", "{rank} is not below the group size {dcp_size}");
+    let heads = dcp_size.checked_mul(local_heads);
+    ensure_arg!(heads.is_some(), "local_heads", "{local_heads} heads times D = {dcp_size} overflows");
+    Ok(heads.unwrap_or_default())
+}
+
+/// A buffer of `rows` contiguous rows of 512 values, 16-byte aligned.
+fn check_rows_buf(arg: &'static str, buf: &CombineRows, rows: usize) -> Result<()> {
+    let need = rows.checked_mul(D_V);
+    ensure_arg!(
+        need.is_some_and(|n| buf.len() >= n),
+        arg,
+        "holds {} values but {rows} rows of {D_V} need {need:?}",
+        buf.len()
+    );
+    ensure_arg!(buf.ptr() % 16 == 0 || rows == 0, arg, "pointer {:#x} is not 16-byte aligned", buf.ptr());
+    Ok(())
+}
+
+fn check_f32(arg: &'static str, buf: &DeviceSlice<f32>, need: usize, align: u64) -> Result<()> {
+    ensure_arg!(buf.len() >= need, arg, "holds {} values but {need} are needed", buf.len());
+    ensure_arg!(buf.ptr() % align == 0 || need == 0, arg, "pointer {:#x} is not {align}-byte aligned", buf.ptr());
+    Ok(())
+}
+
+/// A [D, slot_bytes] a2a buffer; returns its extent.
+fn check_slots(
+    arg: &'static str,
+    buf: &DeviceSlice<u8>,
+    slot_bytes: usize,
+    d: usize,
+    t: usize,
+    h_l: usize,
+) -> Result<Extent> {
+    let tight = t.checked_mul(h_l).and_then(|n| n.checked_mul(D_V * 2 + 4));
+    ensure_arg!(
+        tight.is_some_and(|n| slot_bytes >= n),
+        "slot_bytes",
+        "{slot_bytes} is less than the {tight:?} bytes of T = {t} rows of H_l = {h_l} heads"
+    );
+    ensure_arg!(
+        slot_bytes % 16 == 0,
+        "slot_bytes",
+        "{slot_bytes} is not a multiple of 16 (slots must start 16-byte aligned: use a2a_aligned_slot_bytes)"
+    );
+    let need = d.checked_mul(slot_bytes);
+    ensure_arg!(
+        need.is_some_and(|n| buf.len() >= n),
+        arg,
+        "holds {} bytes but {d} slots of {slot_bytes} need {need:?}",
+        buf.len()
+    );
+    ensure_arg!(buf.ptr() % 16 == 0, arg, "pointer {:#x} is not 16-byte aligned", buf.ptr());
+    Ok(Extent { ptr: buf.ptr(), bytes: (d * slot_bytes) as u64 })
+}
+
+/// The bytes a kernel touches in one buffer, for overlap checks.
+#[derive(Debug, Clone, Copy)]
+struct Extent {
+    ptr: u64,
+    bytes: u64,
+}
+
+impl Extent {
+    fn overlaps(self, o: Extent) -> bool {
+        self.bytes != 0
+            && o.bytes != 0
+            && self.ptr < o.ptr.saturating_add(o.bytes)
+            && o.ptr < self.ptr.saturating_add(self.bytes)
+    }
+}
+
+fn f32_extent(buf: &DeviceSlice<f32>, n: usize) -> Extent {
+    Extent { ptr: buf.ptr(), bytes: n as u64 * 4 }
+}
+
+fn disjoint(arg: &'static str, a: Extent, other: &str, b: Extent) -> Result<()> {
+    ensure_arg!(!a.overlaps(b), arg, "overlaps `{other}`");
+    Ok(())
+}
+
+/// In-place use is fine when both views are the very same bytes: each row is read before written.
+fn same_or_disjoint(arg: &'static str, a: Extent, other: &str, b: Extent) -> Result<()> {
+    ensure_arg!(
+        (a.ptr == b.ptr && a.bytes == b.bytes) || !a.overlaps(b),
+        arg,
+        "overlaps `{other}` without being exactly the same buffer"
+    );
+    Ok(())
+}
+
+fn base2(base: LseBase) -> i32 {
+    match base {
+        LseBase::E => 0,
+        LseBase::Two => 1,
+    }
+}
+
+fn lookup(id: Option<KernelId>, family: &str) -> Result<KernelId> {
+    id.ok_or_else(|| Error::Unsupported(format!("{family}: variant not compiled into this build")))
+}
+
+/// One warp per row of 512 values.
+fn launch_rows<P: Copy>(dev: &Device, stream: Stream, id: KernelId, rows: usize, params: &P) -> Result<()> {
+    if rows == 0 {
+        return Ok(());
+    }
+    let warps = (id.info().block / 32) as usize;
+    let grid = rows.div_ceil(warps);
+    ensure_arg!(grid <= i32::MAX as usize, "num_tokens", "{rows} rows exceed one launch's grid");
+    // SAFETY: the caller validated every buffer against the extents the kernel addresses.
+    unsafe { dev.launch(id, (grid as u32, 1, 1), 0, stream, params) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn slice<T>(ptr: u64, len: usize) -> DeviceSlice<T> {
+        // SAFETY: never dereferenced; validation only reads the pointer and length.
+        unsafe { DeviceSlice::from_raw(ptr, len) }
+    }
+
+    fn err_arg(r: Result<()>) -> &'static str {
+        match r {
+            Err(Error::InvalidArgument { arg, .. }) => arg,
+            other => panic!("expected an invalid argument, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn aligned_slot_rounds_up_only_when_needed() {
+        assert_eq!(a2a_aligned_slot_bytes(128, 16), a2a_slot_bytes(128, 16));
+        assert_eq!(a2a_aligned_slot_bytes(1, 2), 2064);
+        assert_eq!(a2a_aligned_slot_bytes(1, 2) % 16, 0);
+    }
+
+    #[test]
+    fn ag_rs_validation_names_the_argument() {
+        let (t, h_l, d) = (4, 2, 2);
+        let rows = t * d * h_l;
+        let good = AgRsCorrect {
+            out: CombineRows::Bf16(slice(0x1000_0000, rows * D_V)),
+            lse_all: slice(0x2000_0000, d * rows),
+            lse_base: LseBase::E,
+            contrib: slice(0x3000_0000, rows * D_V),
+            num_tokens: t,
+            local_heads: h_l,
+            dcp_size: d,
+            rank: 1,
+        };
+        let check = |a: AgRsCorrect| validate_ag_rs_correct(&a).map(|_| ());
+        let (params, n) = validate_ag_rs_correct(&good).unwrap();
+        assert_eq!((n, params.num_heads, params.dcp_rank), (rows, (d * h_l) as i32, 1));
+        assert_eq!(err_arg(check(AgRsCorrect { rank: 2, ..good })), "rank");
+        assert_eq!(err_arg(check(AgRsCorrect { dcp_size: 9, rank: 0, ..good })), "dcp_size");
+        assert_eq!(err_arg(check(AgRsCorrect { lse_all: slice(0x2000_0000, d * rows - 1), ..good })), "lse_all");
+        assert_eq!(
+            err_arg(check(AgRsCorrect { out: CombineRows::F32(slice(0x1000_0008, rows * D_V)), ..good })),
+            "out"
+        );
+        assert_eq!(err_arg(check(AgRsCorrect { contrib: slice(0x1000_0000 + 512, rows * D_V), ..good })), "contrib");
+
+        let finish = AgRsFinish {
+            summed: slice(0x1000_0000, t * h_l * D_V),
+            lse_all: slice(0x2000_0000, d * rows),
+            lse_base: LseBase::Two,
+            out: CombineRows::Bf16(slice(0x3000_0000, t * h_l * D_V)),
+            lse: slice(0x4000_0000, t * h_l),
+            num_tokens: t,
+            local_heads: h_l,
+            dcp_size: d,
+            rank: 0,
+        };
+        let check = |a: AgRsFinish| validate_ag_rs_finish(&a).map(|_| ());
+        assert!(check(finish).is_ok());
+        assert_eq!(err_arg(check(AgRsFinish { lse: slice(0x3000_0000 + 16, t * h_l), ..finish })), "out");
+        assert_eq!(err_arg(check(AgRsFinish { summed: slice(0x1000_0000, t * h_l * D_V - 1), ..finish })), "summed");
+    }
+
+    #[test]
+    fn a2a_validation_names_the_argument() {
+        let (t, h_l, d) = (3, 4, 4);
+        let slot = a2a_slot_bytes(t, h_l);
+        let pack = A2aPack {
+            out: CombineRows::F32(slice(0x1000_0000, t * d * h_l * D_V)),
+            lse: slice(0x2000_0000, t * d * h_l),
+            send: slice(0x3000_0000, d * slot),
+            slot_bytes: slot,
+            num_tokens: t,
+            local_heads: h_l,
+            dcp_size: d,
+        };
+        assert!(validate_a2a_pack(&pack).is_ok());
+        assert_eq!(err_arg(validate_a2a_pack(&A2aPack { slot_bytes: slot + 8, ..pack }).map(|_| ())), "slot_bytes");
+        assert_eq!(
+            err_arg(validate_a2a_pack(&A2aPack { lse: slice(0x3000_0000, t * d * h_l), ..pack }).map(|_| ())),
+            "send"
+        );
+        let comb = A2aCombine {
+            recv: slice(0x3000_0000, d * slot),
+            slot_bytes: slot,
+            lse_base: LseBase::E,
+            out: CombineRows::Bf16(slice(0x1000_0000, t * h_l * D_V)),
+            lse: slice(0x2000_0000, t * h_l),
+            num_tokens: t,
+            local_heads: h_l,
+            dcp_size: d,
+        };
+        assert!(validate_a2a_combine(&comb).is_ok());
+        assert_eq!(err_arg(validate_a2a_combine(&A2aCombine { dcp_size: 3, ..comb }).map(|_| ())), "dcp_size");
+        assert_eq!(
+            err_arg(validate_a2a_combine(&A2aCombine { lse: slice(0x2000_0000, 1), ..comb }).map(|_| ())),
+            "lse"
+        );
+    }
+
+    #[test]
+    fn merge_two_accepts_exact_in_place_only() {
+        let rows = 10;
+        let m = MergeTwo {
+            out_a: slice(0x1000_0000, rows * D_V),
+            lse_a: slice(0x2000_0000, rows),
+            out_b: slice(0x3000_0000, rows * D_V),
+            lse_b: slice(0x4000_0000, rows),
+            lse_base: LseBase::E,
+            out: CombineRows::F32(slice(0x5000_0000, rows * D_V)),
+            lse: slice(0x6000_0000, rows),
+            rows,
+        };
+        let check = |a: MergeTwo| validate_merge_two(&a).map(|_| ());
+        assert!(check(m).is_ok());
+        assert!(check(MergeTwo { out: CombineRows::F32(m.out_a), lse: m.lse_b, ..m }).is_ok());
+        assert_eq!(
+            err_arg(check(MergeTwo { out: CombineRows::F32(slice(0x1000_0000 + 2048, rows * D_V)), ..m })),
+            "out"
+        );
+        assert_eq!(err_arg(check(MergeTwo { out: CombineRows::Bf16(slice(0x1000_0000, rows * D_V)), ..m })), "out");
+        assert_eq!(err_arg(check(MergeTwo { lse: slice(0x2000_0004, rows), ..m })), "lse");
+    }
+
+    #[test]
+    fn slots_must_be_aligned_and_large_enough() {
+        let buf = slice::<u8>(0x1000_0000, 1 << 20);
+        assert!(check_slots("send", &buf, a2a_slot_bytes(4, 8), 2, 4, 8).is_ok());
+        let e = check_slots("send", &buf, a2a_slot_bytes(1, 2), 2, 1, 2).unwrap_err();
+        assert!(matches!(e, Error::InvalidArgument { arg: "slot_bytes", .. }), "{e}");
+        let e = check_slots("send", &buf, a2a_slot_bytes(4, 8) - 16, 2, 4, 8).unwrap_err();
+        assert!(matches!(e, Error::InvalidArgument { arg: "slot_bytes", .. }), "{e}");
+        let e = check_slots("recv", &slice::<u8>(0x1000_0000, 100), a2a_slot_bytes(4, 8), 2, 4, 8).unwrap_err();
+        assert!(matches!(e, Error::InvalidArgument { arg: "recv", .. }), "{e}");
+    }
+
+    #[test]
+    fn in_place_merge_is_exact_aliasing_only() {
+        let a = Extent { ptr: 0x1000, bytes: 4096 };
+        assert!(same_or_disjoint("out", a, "out_a", a).is_ok());
+        assert!(same_or_disjoint("out", a, "out_a", Extent { ptr: 0x2000, bytes: 4096 }).is_ok());
+        assert!(same_or_disjoint("out", a, "out_a", Extent { ptr: 0x1800, bytes: 4096 }).is_err());
+        assert!(disjoint("out", a, "lse", Extent { ptr: 0x1ffc, bytes: 4 }).is_err());
+        assert!(disjoint("out", a, "lse", Extent { ptr: 0x2000, bytes: 4 }).is_ok());
+        assert!(disjoint("out", Extent { ptr: 0x1000, bytes: 0 }, "lse", a).is_ok());
+    }
+}
