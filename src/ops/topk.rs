@@ -1,0 +1,413 @@
+//! Sparse top-k under DCP (SPEC.md §6): [`local_topk`], [`pack_candidates`], [`global_merge`]
+//! and [`compact`]. Reference: [`crate::reference::topk`]; kernels: `kernels-src/topk.cuh`.
+//!
+//! A decode step runs them in this order on every rank: local top-k over the rank's scores,
+//! pack into (score, global id) candidates written into this rank's slot of a [D, rows, K]
+//! buffer, all-gather that buffer (the caller's collective), merge to the global top-K ids, and
+//! compact the ids this rank owns back to local positions or cache slots for sparse attention.
+
+use super::to_i32;
+use crate::abi::{DcpTopkCompactParams, DcpTopkMergeParams, DcpTopkPackParams, DcpTopkParams};
+use crate::error::{Error, Result};
+use crate::planner::{check_topk, DcpLayout, TOPK_SIZES};
+use crate::runtime::registry::{self, KernelId};
+use crate::runtime::{Device, DeviceSlice, Stream};
+
+/// Arguments of [`local_topk`].
+#[derive(Debug, Clone, Copy)]
+pub struct LocalTopk {
+    /// fp32 [rows, row_stride]; row r's scores start at r·row_stride (64-bit offsets, so the
+    /// buffer may exceed 2^31 elements). Only the first `cols` columns of a row are ever read.
+    pub scores: DeviceSlice<f32>,
+    pub row_stride: usize,
+    /// N: the columns a row may use; a device-side length above it is clamped to it.
+    pub cols: usize,
+    /// int32 [rows]: valid length of each row, read on the device (negative counts as 0).
+    pub lens: DeviceSlice<i32>,
+    pub rows: usize,
+    /// K: 512 or 2048.
+    pub k: usize,
+    /// int32 [rows, k]: the selected indices in ascending order, −1 padded.
+    pub out: DeviceSlice<i32>,
+}
+
+/// Per row, the K best of the first len[row] scores by (score descending, index ascending; NaN
+/// counts as −inf, −0 as +0), as ascending indices; a row with len ≤ K gives 0..len then −1.
+/// Bit-identical to [`crate::reference::topk::local_topk`] (with cols = row_stride).
+pub fn local_topk(dev: &Device, stream: Stream, a: &LocalTopk) -> Result<()> {
+    let params = local_topk_params(a)?;
+    let id = lookup(registry::topk_local(a.k as u32), || format!("topk_local for K = {}", a.k))?;
+    launch_rows(dev, stream, id, a.rows, &params)
+}
+
+fn local_topk_params(a: &LocalTopk) -> Result<DcpTopkParams> {
+    ensure_arg!(TOPK_SIZES.contains(&a.k), "k", "K = {} is not one of the supported sizes {:?}", a.k, TOPK_SIZES);
+    ensure_arg!(a.cols <= a.row_stride, "cols", "{} exceeds the row stride {}", a.cols, a.row_stride);
+    check_extent("scores", &a.scores, a.rows, a.row_stride, a.cols)?;
+    check_len("lens", &a.lens, a.rows)?;
+    check_len("out", &a.out, a.rows * a.k)?;
+    let params = DcpTopkParams {
+        scores: a.scores.ptr(),
+        lens: a.lens.ptr(),
+        out: a.out.ptr(),
+        row_stride: a.row_stride as i64,
+        rows: to_i32("rows", a.rows)?,
+        cols: to_i32("cols", a.cols)?,
+    };
+    Ok(params)
+}
+
+/// Arguments of [`pack_candidates`].
+#[derive(Debug, Clone, Copy)]
+pub struct PackCandidates {
+    /// int32 [rows, k]: this rank's local top-k (negative: unused).
+    pub local_idx: DeviceSlice<i32>,
+    /// The scores the local top-k ran on: fp32 [rows, row_stride], `cols` columns used.
+    pub scores: DeviceSlice<f32>,
+    pub row_stride: usize,
+    pub cols: usize,
+    pub rows: usize,
+    pub k: usize,
+    pub dcp: DcpLayout,
+    pub rank: usize,
+    /// fp32 [rows, k] and int32 [rows, k]: usually this rank's slot of the [D, rows, k] buffers
+    /// that the all-gather fills.
+    pub cand_scores: DeviceSlice<f32>,
+    pub cand_ids: DeviceSlice<i32>,
+}
+
+/// Packs each local index l into (scores[row, l] bit for bit, global(l, rank) as int32 bits); a
+/// negative index, or one at or beyond `cols` (never read), gives (−inf, −1). Bit-identical to
+/// [`crate::reference::topk::pack_candidates`].
+pub fn pack_candidates(dev: &Device, stream: Stream, a: &PackCandidates) -> Result<()> {
+    let params = pack_params(a)?;
+    let n = a.rows * a.k;
+    if n == 0 {
+        return Ok(());
+    }
+    let id = lookup(registry::topk_pack(), || "topk_pack".into())?;
+    // A grid-stride loop: a few waves of blocks cover any size.
+    let grid = n.div_ceil(id.info().block as usize).min(1 << 16) as u32;
+    // SAFETY: pack_params checked every element the kernel reads and writes.
+    unsafe { dev.launch(id, (grid, 1, 1), 0, stream, &params) }
+}
+
+fn pack_params(a: &PackCandidates) -> Result<DcpTopkPackParams> {
+    ensure_arg!(a.k >= 1, "k", "must be at least 1");
+    check_layout(a.dcp, a.rank)?;
+    ensure_arg!(a.cols <= a.row_stride, "cols", "{} exceeds the row stride {}", a.cols, a.row_stride);
+    check_extent("scores", &a.scores, a.rows, a.row_stride, a.cols)?;
+    let n = a.rows.checked_mul(a.k).ok_or_else(|| Error::arg("rows", "rows·k overflows"))?;
+    check_len("local_idx", &a.local_idx, n)?;
+    check_len("cand_scores", &a.cand_scores, n)?;
+    check_len("cand_ids", &a.cand_ids, n)?;
+    if a.cols > 0 {
+        let top = a.dcp.global(a.cols as u64 - 1, a.rank);
+        ensure_arg!(
+            top <= i32::MAX as u64,
+            "cols",
+            "global id {top} of local index {} on rank {} overflows int32",
+            a.cols - 1,
+            a.rank
+        );
+    }
+    let params = DcpTopkPackParams {
+        local_idx: a.local_idx.ptr(),
+        scores: a.scores.ptr(),
+        cand_scores: a.cand_scores.ptr(),
+        cand_ids: a.cand_ids.ptr(),
+        row_stride: a.row_stride as i64,
+        rows: to_i32("rows", a.rows)?,
+        k: to_i32("k", a.k)?,
+        cols: to_i32("cols", a.cols)?,
+        dcp_size: to_i32("dcp.size", a.dcp.size)?,
+        dcp_rank: to_i32("rank", a.rank)?,
+        interleave: to_i32("dcp.interleave", a.dcp.interleave)?,
+    };
+    Ok(params)
+}
+
+/// Arguments of [`global_merge`].
+#[derive(Debug, Clone, Copy)]
+pub struct GlobalMerge {
+    /// fp32 [D, rows, k] and int32 [D, rows, k]: the all-gathered candidates, rank-major; a
+    /// negative id marks an unused candidate.
+    pub cand_scores: DeviceSlice<f32>,
+    pub cand_ids: DeviceSlice<i32>,
+    /// D.
+    pub dcp_size: usize,
+    pub rows: usize,
+    /// K: 512 or 2048, with D·K a multiple of 512.
+    pub k: usize,
+    /// int32 [rows, k]: the merged global ids in candidate order, −1 padded.
+    pub out: DeviceSlice<i32>,
+}
+
+/// The exact global top-K of the D·K candidates of each row by (score descending, id
+/// ascending), emitted in candidate order; with at most K valid candidates, all of them.
+/// Bit-identical to [`crate::reference::topk::global_merge`]. Checks D·K % 512 == 0 on every
+/// call, naming D and K.
+pub fn global_merge(dev: &Device, stream: Stream, a: &GlobalMerge) -> Result<()> {
+    let params = merge_params(a)?;
+    let id = lookup(registry::topk_merge(a.dcp_size as u32, a.k as u32), || {
+        format!("topk_merge for D = {}, K = {}", a.dcp_size, a.k)
+    })?;
+    launch_rows(dev, stream, id, a.rows, &params)
+}
+
+fn merge_params(a: &GlobalMerge) -> Result<DcpTopkMergeParams> {
+    check_topk(a.dcp_size, a.k)?;
+    let n = a.dcp_size.saturating_mul(a.rows).saturating_mul(a.k);
+    check_len("cand_scores", &a.cand_scores, n)?;
+    check_len("cand_ids", &a.cand_ids, n)?;
+    check_len("out", &a.out, a.rows * a.k)?;
+    let params = DcpTopkMergeParams {
+        cand_scores: a.cand_scores.ptr(),
+        cand_ids: a.cand_ids.ptr(),
+        out: a.out.ptr(),
+        rows: to_i32("rows", a.rows)?,
+        reserved: 0,
+    };
+    Ok(params)
+}
+
+/// The block table a [`compact`] translates through (the device twin of
+/// [`crate::reference::topk::PageTranslate`]).
+#[derive(Debug, Clone, Copy)]
+pub struct PageTranslate {
+    /// int32 [requests, stride] with requests = ceil(rows / rows_per_request).
+    pub block_table: DeviceSlice<i32>,
+    pub stride: usize,
+    /// B: tokens per page.
+    pub block_size: usize,
+    /// q: row i belongs to request i / q.
+    pub rows_per_request: usize,
+}
+
+/// Arguments of [`compact`].
+#[derive(Debug, Clone, Copy)]
+pub struct Compact {
+    /// int32 [rows, k]: merged global ids, −1 unused.
+    pub ids: DeviceSlice<i32>,
+    pub rows: usize,
+    pub k: usize,
+    pub dcp: DcpLayout,
+    pub rank: usize,
+    /// Translate local positions to page·B + slot in the same pass.
+    pub translate: Option<PageTranslate>,
+    /// int32 [rows, k]: the kept ids, compacted to the front, −1 padded.
+    pub out: DeviceSlice<i32>,
+    /// int32 [rows]: kept ids per row.
+    pub counts: DeviceSlice<i32>,
+}
+
+/// Keeps the ids `rank` owns, in order, as local positions (or page·B + slot; an owned id whose
+/// page column is beyond the table or whose page is negative stays in place as −1 and is
+/// counted), compacted to the front, −1 padded. Bit-identical to
+/// [`crate::reference::topk::compact`].
+pub fn compact(dev: &Device, stream: Stream, a: &Compact) -> Result<()> {
+    let params = compact_params(a)?;
+    let id = lookup(registry::topk_compact(), || "topk_compact".into())?;
+    launch_rows(dev, stream, id, a.rows, &params)
+}
+
+fn compact_params(a: &Compact) -> Result<DcpTopkCompactParams> {
+    ensure_arg!(a.k >= 1, "k", "must be at least 1");
+    check_layout(a.dcp, a.rank)?;
+    let n = a.rows.checked_mul(a.k).ok_or_else(|| Error::arg("rows", "rows·k overflows"))?;
+    check_len("ids", &a.ids, n)?;
+    check_len("out", &a.out, n)?;
+    check_len("counts", &a.counts, a.rows)?;
+    let mut params = DcpTopkCompactParams {
+        ids: a.ids.ptr(),
+        out: a.out.ptr(),
+        counts: a.counts.ptr(),
+        block_table: 0,
+        block_table_stride: 0,
+        rows: to_i32("rows", a.rows)?,
+        k: to_i32("k", a.k)?,
+        dcp_size: to_i32("dcp.size", a.dcp.size)?,
+        dcp_rank: to_i32("rank", a.rank)?,
+        interleave: to_i32("dcp.interleave", a.dcp.interleave)?,
+        translate: 0,
+        block_size: 1,
+        rows_per_request: 1,
+        max_pages: 0,
+        reserved: 0,
+    };
+    if let Some(t) = &a.translate {
+        ensure_arg!(t.block_size >= 1, "translate.block_size", "must be at least 1");
+        ensure_arg!(t.rows_per_request >= 1, "translate.rows_per_request", "must be at least 1");
+        let requests = a.rows.div_ceil(t.rows_per_request);
+        check_len("translate.block_table", &t.block_table, requests * t.stride)?;
+        params.block_table = t.block_table.ptr();
+        params.block_table_stride = t.stride as i64;
+        params.translate = 1;
+        params.block_size = to_i32("translate.block_size", t.block_size)?;
+        params.rows_per_request = to_i32("translate.rows_per_request", t.rows_per_request)?;
+        params.max_pages = to_i32("translate.stride", t.stride)?;
+    }
+    Ok(params)
+}
+
+fn lookup(id: Option<KernelId>, what: impl FnOnce() -> String) -> Result<KernelId> {
+    id.ok_or_else(|| Error::Unsupported(what()))
+}
+
+/// One block per row.
+fn launch_rows<P: Copy>(dev: &Device, stream: Stream, id: KernelId, rows: usize, params: &P) -> Result<()> {
+    if rows == 0 {
+        return Ok(());
+    }
+    let grid = u32::try_from(rows).map_err(|_| Error::arg("rows", format!("{rows} exceeds the grid limit")))?;
+    // SAFETY: every caller validated the buffers the kernel addresses against `params`.
+    unsafe { dev.launch(id, (grid, 1, 1), 0, stream, params) }
+}
+
+fn check_layout(dcp: DcpLayout, rank: usize) -> Result<()> {
+    ensure_arg!(dcp.size >= 1, "dcp.size", "must be at least 1");
+    ensure_arg!(dcp.interleave >= 1, "dcp.interleave", "must be at least 1");
+    ensure_arg!(rank < dcp.size, "rank", "{rank} is not below the group size {}", dcp.size);
+    Ok(())
+}
+
+fn check_len<T>(arg: &'static str, buf: &DeviceSlice<T>, need: usize) -> Result<()> {
+    ensure_arg!(buf.len() >= need, arg, "holds {} elements but {need} are needed", buf.len());
+    Ok(())
+}
+
+/// `rows` rows of `stride` elements of which the first `cols` may be read (no alignment needed:
+/// scores are read one element at a time).
+fn check_extent<T>(arg: &'static str, buf: &DeviceSlice<T>, rows: usize, stride: usize, cols: usize) -> Result<()> {
+    let need = if rows == 0 || cols == 0 { Some(0) } else { (rows - 1).checked_mul(stride).map(|n| n + cols) };
+    ensure_arg!(
+        need.is_some_and(|n| buf.len() >= n),
+        arg,
+        "holds {} elements but {rows} rows of stride {stride} need {need:?}",
+        buf.len()
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fake<T>(len: usize) -> DeviceSlice<T> {
+        // SAFETY: validation only reads the pointer and length; nothing is launched.
+        unsafe { DeviceSlice::from_raw(0x1000, len) }
+    }
+
+    fn arg_of(e: Error) -> &'static str {
+        match e {
+            Error::InvalidArgument { arg, .. } => arg,
+            other => panic!("expected an invalid argument, got {other}"),
+        }
+    }
+
+    #[test]
+    fn extents_name_the_buffer() {
+        assert!(check_extent("scores", &fake::<f32>(2 * 100 + 50), 3, 100, 50).is_ok());
+        assert_eq!(arg_of(check_extent("scores", &fake::<f32>(249), 3, 100, 50).unwrap_err()), "scores");
+        // 64-bit extents: 2 rows of stride 2^31 - 2^20 plus 2^21 columns
+        let stride = (1usize << 31) - (1 << 20);
+        assert!(check_extent("scores", &fake::<f32>(stride + (1 << 21)), 2, stride, 1 << 21).is_ok());
+        assert!(check_extent("scores", &fake::<f32>(0), 0, 7, 7).is_ok());
+    }
+
+    #[test]
+    fn merge_checks_d_times_k_on_every_call() {
+        let m = |d: usize, k: usize| GlobalMerge {
+            cand_scores: fake(d * 4 * k),
+            cand_ids: fake(d * 4 * k),
+            dcp_size: d,
+            rows: 4,
+            k,
+            out: fake(4 * k),
+        };
+        assert!(merge_params(&m(4, 2048)).is_ok());
+        assert!(merge_params(&m(1, 512)).is_ok());
+        let e = merge_params(&m(3, 1024)).unwrap_err().to_string();
+        assert!(e.contains("D = 3") && e.contains("K = 1024"), "{e}");
+        let e = merge_params(&m(2, 256)).unwrap_err().to_string();
+        assert!(e.contains('2') && e.contains("256"), "{e}");
+        let short = GlobalMerge { cand_ids: fake(4 * 4 * 512 - 1), ..m(4, 512) };
+        assert_eq!(arg_of(merge_params(&short).unwrap_err()), "cand_ids");
+    }
+
+    #[test]
+    fn local_topk_and_pack_validate() {
+        let t = LocalTopk {
+            scores: fake(3 * 1000),
+            row_stride: 1000,
+            cols: 1000,
+            lens: fake(3),
+            rows: 3,
+            k: 512,
+            out: fake(3 * 512),
+        };
+        let p = local_topk_params(&t).unwrap();
+        assert_eq!((p.rows, p.cols, p.row_stride), (3, 1000, 1000));
+        assert_eq!(arg_of(local_topk_params(&LocalTopk { k: 1024, ..t }).unwrap_err()), "k");
+        assert_eq!(arg_of(local_topk_params(&LocalTopk { cols: 1001, ..t }).unwrap_err()), "cols");
+        assert_eq!(arg_of(local_topk_params(&LocalTopk { lens: fake(2), ..t }).unwrap_err()), "lens");
+        assert_eq!(arg_of(local_topk_params(&LocalTopk { out: fake(3 * 512 - 1), ..t }).unwrap_err()), "out");
+
+        let pk = PackCandidates {
+            local_idx: fake(2 * 512),
+            scores: fake(2 * 1000),
+            row_stride: 1000,
+            cols: 1000,
+            rows: 2,
+            k: 512,
+            dcp: DcpLayout { size: 8, interleave: 1 },
+            rank: 7,
+            cand_scores: fake(2 * 512),
+            cand_ids: fake(2 * 512),
+        };
+        assert!(pack_params(&pk).is_ok());
+        // the largest global id must fit int32: (2^28 - 1)·8 + 7 = 2^31 - 1 does, one more does not
+        let fits = PackCandidates { scores: fake(1 << 30), row_stride: 1 << 28, cols: 1 << 28, ..pk };
+        assert!(pack_params(&fits).is_ok());
+        let wide = PackCandidates { cols: (1 << 28) + 1, row_stride: (1 << 28) + 1, ..fits };
+        assert_eq!(arg_of(pack_params(&wide).unwrap_err()), "cols");
+        assert_eq!(arg_of(pack_params(&PackCandidates { rank: 8, ..pk }).unwrap_err()), "rank");
+    }
+
+    #[test]
+    fn compact_validates_the_block_table() {
+        let c = Compact {
+            ids: fake(6 * 512),
+            rows: 6,
+            k: 512,
+            dcp: DcpLayout { size: 2, interleave: 1 },
+            rank: 1,
+            translate: Some(PageTranslate {
+                block_table: fake(3 * 10),
+                stride: 10,
+                block_size: 64,
+                rows_per_request: 2,
+            }),
+            out: fake(6 * 512),
+            counts: fake(6),
+        };
+        let p = compact_params(&c).unwrap();
+        assert_eq!((p.translate, p.max_pages, p.rows_per_request), (1, 10, 2));
+        let short = PageTranslate { block_table: fake(29), stride: 10, block_size: 64, rows_per_request: 2 };
+        assert_eq!(
+            arg_of(compact_params(&Compact { translate: Some(short), ..c }).unwrap_err()),
+            "translate.block_table"
+        );
+        assert_eq!(arg_of(compact_params(&Compact { counts: fake(5), ..c }).unwrap_err()), "counts");
+        assert_eq!(compact_params(&Compact { translate: None, ..c }).unwrap().translate, 0);
+    }
+
+    #[test]
+    fn layout_checks_name_the_argument() {
+        let d = DcpLayout { size: 4, interleave: 1 };
+        assert!(check_layout(d, 3).is_ok());
+        assert_eq!(arg_of(check_layout(d, 4).unwrap_err()), "rank");
+        assert_eq!(arg_of(check_layout(DcpLayout { size: 0, interleave: 1 }, 0).unwrap_err()), "dcp.size");
+        assert_eq!(arg_of(check_layout(DcpLayout { size: 2, interleave: 0 }, 0).unwrap_err()), "dcp.interleave");
+    }
+}
