@@ -1,0 +1,592 @@
+//! MLA decode attention on the GPU against the fp64 CPU reference (SPEC.md §4, §9): dense over
+//! the BF16 cache, sparse over BF16 and FP8-656, split-KV, the DCP identity and graph replay.
+//! Every cache slot that no length or index covers holds NaN; outputs are poisoned before launch.
+
+mod common;
+
+use common::*;
+use cudarc::driver::sys;
+use dcp_mla::formats::{encode_fp8_row, KvFormat, D_LATENT, D_QK, D_V};
+use dcp_mla::ops::decode::*;
+use dcp_mla::reference::attention::{decode_f64, QueryShape, Selection};
+use dcp_mla::reference::fill::PagedCache;
+use dcp_mla::reference::merge::merge_f64;
+use dcp_mla::runtime::{DeviceSlice, Stream};
+use dcp_mla::{DcpLayout, Error, LseBase};
+use half::bf16;
+
+/// One rank's paged cache on the host: a permuted block table and token rows, of which only
+/// the written ones hold data; every other slot holds NaN (bf16 NaN, or 0xff bytes in FP8).
+struct HostCache {
+    format: KvFormat,
+    block_size: usize,
+    num_pages: usize,
+    max_pages: usize,
+    stride: usize,
+    batch: usize,
+    table: Vec<i32>,
+    bytes: Vec<u8>,
+}
+
+impl HostCache {
+    /// `pages[i]` pages for request i, at permuted physical pages, plus a few spare pages.
+    fn new(rng: &mut Rng, format: KvFormat, block_size: usize, pages: &[usize]) -> Self {
+        let batch = pages.len();
+        let max_pages = pages.iter().copied().max().unwrap_or(0).max(1);
+        let stride = max_pages + 2;
+        let num_pages = pages.iter().sum::<usize>() + 3;
+        let mut perm: Vec<i32> = (0..num_pages as i32).collect();
+        rng.shuffle(&mut perm);
+        let mut table = vec![-1i32; batch * stride];
+        let mut next = 0;
+        for (i, &n) in pages.iter().enumerate() {
+            for c in 0..n {
+                table[i * stride + c] = perm[next];
+                next += 1;
+            }
+        }
+        let nan_row: Vec<u8> = match format {
+            KvFormat::Bf16 => (0..D_QK).flat_map(|_| bf16::NAN.to_bits().to_le_bytes()).collect(),
+            KvFormat::Fp8_656 => vec![0xff; format.token_bytes()],
+        };
+        let bytes = nan_row.repeat(num_pages * block_size);
+        HostCache { format, block_size, num_pages, max_pages, stride, batch, table, bytes }
+    }
+
+    fn paged(&self) -> PagedCache<'_> {
+        PagedCache {
+            block_table: &self.table,
+            block_table_stride: self.stride,
+            batch: self.batch,
+            max_pages: self.max_pages,
+            num_pages: self.num_pages,
+            block_size: self.block_size,
+            format: self.format,
+        }
+    }
+
+    /// Cache row (page·B + slot) of local token `l` of request `i`.
+    fn slot(&self, i: usize, l: usize) -> usize {
+        self.table[i * self.stride + l / self.block_size] as usize * self.block_size + l % self.block_size
+    }
+
+    /// Writes one token row (576 values: c_kv then k_pe) into cache row `slot`.
+    fn write(&mut self, slot: usize, row: &[bf16]) {
+        let n = self.format.token_bytes();
+        let dst = &mut self.bytes[slot * n..(slot + 1) * n];
+        match self.format {
+            KvFormat::Bf16 => {
+                for (d, v) in dst.chunks_mut(2).zip(row) {
+                    d.copy_from_slice(&v.to_bits().to_le_bytes());
+                }
+            }
+            KvFormat::Fp8_656 => encode_fp8_row(&row[..D_LATENT], &row[D_LATENT..], dst),
+        }
+    }
+}
+
+fn random_row(rng: &mut Rng) -> Vec<bf16> {
+    (0..D_QK).map(|_| bf16::from_f32(rng.unit() * 2.0)).collect()
+}
+
+fn random_q(rng: &mut Rng, shape: QueryShape) -> Vec<bf16> {
+    (0..shape.batch * shape.rows * shape.heads * D_QK).map(|_| bf16::from_f32(rng.unit() * 2.0)).collect()
+}
+
+fn num_sms() -> usize {
+    gpu().context().attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).unwrap() as usize
+}
+
+/// Device outputs of one launch, poisoned with NaN before it.
+struct DevOut {
+    out_bf16: cudarc::driver::CudaSlice<bf16>,
+    out_f32: cudarc::driver::CudaSlice<f32>,
+    lse: cudarc::driver::CudaSlice<f32>,
+    ws: cudarc::driver::CudaSlice<u8>,
+    f32_out: bool,
+}
+
+impl DevOut {
+    fn new(shape: QueryShape, splits: usize, f32_out: bool) -> Self {
+        let s = stream();
+        let rows = shape.batch * shape.rows * shape.heads;
+        let ws_bytes = decode_workspace_bytes(shape.batch, shape.rows, shape.heads, splits).max(16);
+        DevOut {
+            out_bf16: upload(&s, &vec![bf16::NAN; rows * D_V]),
+            out_f32: upload(&s, &vec![f32::NAN; rows * D_V]),
+            lse: upload(&s, &vec![f32::NAN; rows]),
+            ws: upload(&s, &vec![0xffu8; ws_bytes]),
+            f32_out,
+        }
+    }
+
+    fn common(&self, q: DeviceSlice<bf16>, shape: QueryShape, splits: usize) -> DecodeCommon {
+        let s = stream();
+        DecodeCommon {
+            q,
+            batch: shape.batch,
+            nq: shape.rows,
+            heads: shape.heads,
+            scale: default_scale(),
+            out: if self.f32_out {
+                DecodeOut::F32(view(&s, &self.out_f32))
+            } else {
+                DecodeOut::Bf16(view(&s, &self.out_bf16))
+            },
+            lse: view(&s, &self.lse),
+            num_splits: splits,
+            workspace: view(&s, &self.ws),
+        }
+    }
+
+    /// (out as f32, lse) after the stream drains.
+    fn read(&self) -> (Vec<f32>, Vec<f32>) {
+        let s = stream();
+        s.synchronize().expect("kernel run");
+        let out = if self.f32_out {
+            download(&s, &self.out_f32)
+        } else {
+            download(&s, &self.out_bf16).iter().map(|x| x.to_f32()).collect()
+        };
+        (out, download(&s, &self.lse))
+    }
+}
+
+/// SPEC.md §9: out elementwise abs 8e-4 or rel 2/128 and relative L2 ≤ 2e-3; lse abs 1e-5;
+/// inf/NaN positions identical.
+fn check(what: &str, out: &[f32], lse: &[f32], want_out: &[f64], want_lse: &[f64]) {
+    assert_eq!(out.len(), want_out.len());
+    let (mut err2, mut ref2) = (0.0f64, 0.0f64);
+    for (k, (&g, &w)) in out.iter().zip(want_out).enumerate() {
+        let g = g as f64;
+        assert!(!g.is_nan() && g.is_finite() == w.is_finite(), "{what}: out[{k}] = {g}, want {w}");
+        let d = (g - w).abs();
+        assert!(d <= 8e-4 || d <= 2.0 / 128.0 * w.abs(), "{what}: out[{k}] (row {}) = {g}, want {w}", k / D_V);
+        err2 += d * d;
+        ref2 += w * w;
+    }
+    assert!(err2.sqrt() <= 2e-3 * ref2.sqrt(), "{what}: relative L2 error {}", (err2 / ref2).sqrt());
+    for (k, (&g, &w)) in lse.iter().zip(want_lse).enumerate() {
+        let g = g as f64;
+        if w.is_finite() {
+            assert!((g - w).abs() <= 1e-5, "{what}: lse[{k}] = {g}, want {w}");
+        } else {
+            assert!(g == w, "{what}: lse[{k}] = {g}, want {w}");
+        }
+    }
+}
+
+/// Builds a cache holding `tokens[i]` local tokens of request i (NaN elsewhere).
+fn dense_cache(rng: &mut Rng, format: KvFormat, block_size: usize, tokens: &[usize]) -> HostCache {
+    let pages: Vec<usize> = tokens.iter().map(|&n| n.div_ceil(block_size)).collect();
+    let mut hc = HostCache::new(rng, format, block_size, &pages);
+    for (i, &n) in tokens.iter().enumerate() {
+        for l in 0..n {
+            let row = random_row(rng);
+            let slot = hc.slot(i, l);
+            hc.write(slot, &row);
+        }
+    }
+    hc
+}
+
+fn launch_dense(
+    hc: &HostCache,
+    q: &[bf16],
+    shape: QueryShape,
+    lens: &[i32],
+    splits: usize,
+    f32_out: bool,
+) -> (Vec<f32>, Vec<f32>) {
+    let s = stream();
+    let (d_q, d_cache, d_table, d_lens) =
+        (upload(&s, q), upload(&s, &hc.bytes), upload(&s, &hc.table), upload(&s, lens));
+    let outs = DevOut::new(shape, splits, f32_out);
+    let args = DenseDecode {
+        common: outs.common(view(&s, &d_q), shape, splits),
+        cache: view(&s, &d_cache),
+        num_pages: hc.num_pages,
+        block_size: hc.block_size,
+        block_table: view(&s, &d_table),
+        block_table_stride: hc.stride,
+        max_pages: hc.max_pages,
+        lens: view(&s, &d_lens),
+    };
+    mla_decode_dense(gpu(), raw(&s), &args).expect("dense launch");
+    outs.read()
+}
+
+/// Row lengths of MTP rows: row j of a request of total length L sees L − q + 1 + j global
+/// tokens (at least 0), of which rank r holds n_r.
+fn mtp_lens(totals: &[usize], nq: usize, dcp: DcpLayout, r: usize) -> Vec<i32> {
+    let mut v = Vec::new();
+    for &l in totals {
+        for j in 0..nq {
+            let c = (l + 1 + j).saturating_sub(nq);
+            v.push(dcp.local_len(c as u64, r) as i32);
+        }
+    }
+    v
+}
+
+/// (request totals, q, H, block size, layout, rank).
+type DenseCase = (&'static [usize], usize, usize, usize, DcpLayout, usize);
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn dense_bf16_matches_reference() {
+    let mut rng = Rng::new(seed());
+    let one = DcpLayout { size: 1, interleave: 1 };
+    let two = DcpLayout { size: 2, interleave: 1 };
+    // (batch totals, q, H, block size, layout, rank)
+    let cases: &[DenseCase] = &[
+        (&[0], 1, 16, 64, one, 0),
+        (&[1, 20], 1, 16, 64, one, 0),
+        (&[63, 64, 65, 140, 2, 0], 2, 64, 64, one, 0),
+        (&[140, 65], 4, 16, 16, two, 1),
+        (&[70], 6, 128, 64, one, 0),
+        (&[4096], 1, 64, 64, one, 0),
+        (&[4096, 17], 2, 32, 64, two, 0),
+    ];
+    let sms = num_sms();
+    for (n, &(totals, nq, heads, block_size, dcp, rank)) in cases.iter().enumerate() {
+        let shape = QueryShape { batch: totals.len(), rows: nq, heads };
+        let lens = mtp_lens(totals, nq, dcp, rank);
+        let tokens: Vec<usize> = lens.chunks(nq).map(|r| *r.iter().max().unwrap() as usize).collect();
+        let hc = dense_cache(&mut rng, KvFormat::Bf16, block_size, &tokens);
+        let q = random_q(&mut rng, shape);
+        let (want_out, want_lse) =
+            decode_f64(&q, shape, &hc.paged(), &hc.bytes, &Selection::Dense { lens: &lens }, default_scale());
+        let auto = decode_num_splits(shape.batch, nq, heads, false, sms);
+        for (splits, f32_out) in [(1, n % 2 == 0), (auto, n % 2 == 1), (7, false)] {
+            let (out, lse) = launch_dense(&hc, &q, shape, &lens, splits, f32_out);
+            check(&format!("case {n} {totals:?} q={nq} H={heads} splits={splits}"), &out, &lse, &want_out, &want_lse);
+        }
+    }
+}
+
+/// A cache whose `used` random slots hold data (NaN elsewhere), and index rows drawn from them
+/// with −1 and out-of-range entries mixed in. `empty_rows` rows are all −1.
+fn sparse_case(
+    rng: &mut Rng,
+    format: KvFormat,
+    shape: QueryShape,
+    k: usize,
+    empty_rows: &[usize],
+) -> (HostCache, Vec<i32>) {
+    let block_size = 64;
+    let pages = (2 * k).div_ceil(block_size) + 1;
+    let mut hc = HostCache::new(rng, format, block_size, &[pages]);
+    let total = hc.num_pages * block_size;
+    let mut used: Vec<usize> = (0..total).collect();
+    rng.shuffle(&mut used);
+    used.truncate(total / 2);
+    for &slot in &used {
+        let row = random_row(rng);
+        hc.write(slot, &row);
+    }
+    let rows = shape.batch * shape.rows;
+    let mut idx = Vec::with_capacity(rows * k);
+    for r in 0..rows {
+        for _ in 0..k {
+            let v = if empty_rows.contains(&r) {
+                -1
+            } else {
+                match rng.below(16) {
+                    0 => -1,
+                    1 => total as i32 + rng.below(100) as i32, // out of range: unused
+                    2 => -2 - rng.below(100) as i32,
+                    _ => used[rng.below(used.len() as u64) as usize] as i32,
+                }
+            };
+            idx.push(v);
+        }
+    }
+    (hc, idx)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn launch_sparse(
+    hc: &HostCache,
+    q: &[bf16],
+    shape: QueryShape,
+    idx: &[i32],
+    k: usize,
+    topk_len: Option<&[i32]>,
+    splits: usize,
+    f32_out: bool,
+) -> (Vec<f32>, Vec<f32>) {
+    let s = stream();
+    let (d_q, d_cache, d_idx) = (upload(&s, q), upload(&s, &hc.bytes), upload(&s, idx));
+    let d_tl = topk_len.map(|t| upload(&s, t));
+    let outs = DevOut::new(shape, splits, f32_out);
+    let args = SparseDecode {
+        common: outs.common(view(&s, &d_q), shape, splits),
+        cache: view(&s, &d_cache),
+        format: hc.format,
+        num_pages: hc.num_pages,
+        block_size: hc.block_size,
+        indices: view(&s, &d_idx),
+        topk: k,
+        topk_len: d_tl.as_ref().map(|t| view(&s, t)),
+    };
+    mla_decode_sparse(gpu(), raw(&s), &args).expect("sparse launch");
+    outs.read()
+}
+
+/// (format, b, q, H, K, with topk_len, rows that are all −1).
+type SparseCase = (KvFormat, usize, usize, usize, usize, bool, &'static [usize]);
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn sparse_matches_reference() {
+    let mut rng = Rng::new(seed());
+    let sms = num_sms();
+    // (format, b, q, H, K, with topk_len, rows that are all −1)
+    let cases: &[SparseCase] = &[
+        (KvFormat::Fp8_656, 2, 2, 64, 512, true, &[1]),
+        (KvFormat::Bf16, 1, 1, 128, 2048, false, &[]),
+        (KvFormat::Fp8_656, 3, 1, 16, 512, false, &[0, 2]),
+        (KvFormat::Fp8_656, 1, 4, 32, 2048, true, &[]),
+        (KvFormat::Bf16, 2, 6, 16, 512, true, &[5]),
+        (KvFormat::Fp8_656, 1, 1, 16, 512, false, &[0]),
+    ];
+    for (n, &(format, batch, nq, heads, k, with_len, empty)) in cases.iter().enumerate() {
+        let shape = QueryShape { batch, rows: nq, heads };
+        let (hc, idx) = sparse_case(&mut rng, format, shape, k, empty);
+        // topk_len: 0, K, beyond K and random values in between
+        let tl: Vec<i32> = (0..batch * nq)
+            .map(|r| match r % 4 {
+                0 => k as i32,
+                1 => 0,
+                2 => k as i32 + 5,
+                _ => rng.below(k as u64) as i32,
+            })
+            .collect();
+        let tl = with_len.then_some(tl.as_slice());
+        let q = random_q(&mut rng, shape);
+        let sel = Selection::Sparse { indices: &idx, k, topk_len: tl };
+        let (want_out, want_lse) = decode_f64(&q, shape, &hc.paged(), &hc.bytes, &sel, default_scale());
+        for &r in empty {
+            assert!(want_lse[r * heads] == f64::NEG_INFINITY);
+        }
+        let auto = decode_num_splits(batch, nq, heads, true, sms);
+        for (splits, f32_out) in [(1, n % 2 == 1), (auto, n % 2 == 0)] {
+            let (out, lse) = launch_sparse(&hc, &q, shape, &idx, k, tl, splits, f32_out);
+            check(
+                &format!("case {n} {format:?} b={batch} q={nq} H={heads} K={k} splits={splits}"),
+                &out,
+                &lse,
+                &want_out,
+                &want_lse,
+            );
+        }
+    }
+}
+
+/// Shards sequences over D ranks (each rank's cache holds only its tokens, NaN elsewhere), runs
+/// the per-shard dense kernel with fp32 output, merges with the reference merge, and compares
+/// with attention over the whole sequence.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn dcp_identity_dense() {
+    let mut rng = Rng::new(seed());
+    let (nq, heads, block_size) = (2, 16, 16);
+    // 1 token: every rank but 0 is empty for the first row; 301: not divisible by D·I
+    let totals = [1usize, 301, 140];
+    let shape = QueryShape { batch: totals.len(), rows: nq, heads };
+    let n_rows = shape.batch * nq * heads;
+    let q = random_q(&mut rng, shape);
+    // The whole sequences: global token t of request i.
+    let global: Vec<Vec<Vec<bf16>>> = totals.iter().map(|&l| (0..l).map(|_| random_row(&mut rng)).collect()).collect();
+    let one = DcpLayout { size: 1, interleave: 1 };
+    let full_lens = mtp_lens(&totals, nq, one, 0);
+    let mut full = HostCache::new(&mut rng, KvFormat::Bf16, block_size, &totals.map(|l| l.div_ceil(block_size)));
+    for (i, seq) in global.iter().enumerate() {
+        for (t, row) in seq.iter().enumerate() {
+            let slot = full.slot(i, t);
+            full.write(slot, row);
+        }
+    }
+    let (want_out, want_lse) =
+        decode_f64(&q, shape, &full.paged(), &full.bytes, &Selection::Dense { lens: &full_lens }, default_scale());
+    for (d, interleave) in [(2, 1), (4, 1), (4, 2)] {
+        let dcp = DcpLayout { size: d, interleave };
+        let mut outs = Vec::new();
+        let mut lses = Vec::new();
+        for r in 0..d {
+            let lens = mtp_lens(&totals, nq, dcp, r);
+            let pages: Vec<usize> =
+                totals.iter().map(|&l| (dcp.local_len(l as u64, r) as usize).div_ceil(block_size)).collect();
+            let mut hc = HostCache::new(&mut rng, KvFormat::Bf16, block_size, &pages);
+            for (i, seq) in global.iter().enumerate() {
+                for (t, row) in seq.iter().enumerate() {
+                    if dcp.owner(t as u64) == r {
+                        let slot = hc.slot(i, dcp.local(t as u64) as usize);
+                        hc.write(slot, row);
+                    }
+                }
+            }
+            let splits = if r % 2 == 0 { 1 } else { 3 };
+            let (out, lse) = launch_dense(&hc, &q, shape, &lens, splits, true);
+            outs.extend(out);
+            lses.extend(lse);
+        }
+        let (out, lse) = merge_f64(&outs, &lses, d, n_rows, LseBase::E);
+        let out: Vec<f32> = out.iter().map(|&x| x as f32).collect();
+        let lse: Vec<f32> = lse.iter().map(|&x| x as f32).collect();
+        check(&format!("D={d} I={interleave}"), &out, &lse, &want_out, &want_lse);
+    }
+}
+
+/// Captures dense and sparse decode (with splits, so the combine is captured too) into one
+/// graph, then replays it after changing the lengths and indices in place.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn graph_replay_with_changed_lengths_and_indices() {
+    let mut rng = Rng::new(seed());
+    let s = gpu().context().new_stream().expect("stream");
+    let shape = QueryShape { batch: 2, rows: 2, heads: 32 };
+    let splits = 5;
+    let k = 512;
+    let hc = dense_cache(&mut rng, KvFormat::Bf16, 64, &[300, 300]);
+    let (shc, idx_a) = sparse_case(&mut rng, KvFormat::Fp8_656, shape, k, &[]);
+    let (_, idx_b) = sparse_case(&mut rng, KvFormat::Fp8_656, shape, k, &[2]);
+    // idx_b was drawn from another cache's used slots: remap it onto this cache's used slots so
+    // no NaN slot is indexed.
+    let used: Vec<i32> = idx_a.iter().copied().filter(|&v| v >= 0 && (v as usize) < shc.num_pages * 64).collect();
+    let idx_b: Vec<i32> = idx_b.iter().map(|&v| if v >= 0 { used[v as usize % used.len()] } else { v }).collect();
+    let q = random_q(&mut rng, shape);
+    let lens_a = vec![300, 299, 0, 1];
+    let lens_b = vec![64, 65, 280, 137];
+
+    let d_q = s.clone_htod(&q).unwrap();
+    let d_cache = s.clone_htod(&hc.bytes).unwrap();
+    let d_table = s.clone_htod(&hc.table).unwrap();
+    let mut d_lens = s.clone_htod(&lens_a).unwrap();
+    let d_scache = s.clone_htod(&shc.bytes).unwrap();
+    let mut d_idx = s.clone_htod(&idx_a).unwrap();
+    let rows = shape.batch * shape.rows * shape.heads;
+    let ws_bytes = decode_workspace_bytes(shape.batch, shape.rows, shape.heads, splits);
+    let mut d_out = s.clone_htod(&vec![bf16::NAN; rows * D_V]).unwrap();
+    let d_lse = s.clone_htod(&vec![f32::NAN; rows]).unwrap();
+    let d_sout = s.clone_htod(&vec![f32::NAN; rows * D_V]).unwrap();
+    let d_slse = s.clone_htod(&vec![f32::NAN; rows]).unwrap();
+    let d_ws = s.clone_htod(&vec![0xffu8; ws_bytes]).unwrap();
+    let d_sws = s.clone_htod(&vec![0xffu8; ws_bytes]).unwrap();
+    let common = |out: DecodeOut, lse, ws| DecodeCommon {
+        q: DeviceSlice::of(&d_q, &s),
+        batch: shape.batch,
+        nq: shape.rows,
+        heads: shape.heads,
+        scale: default_scale(),
+        out,
+        lse,
+        num_splits: splits,
+        workspace: ws,
+    };
+    let dense = DenseDecode {
+        common: common(
+            DecodeOut::Bf16(DeviceSlice::of(&d_out, &s)),
+            DeviceSlice::of(&d_lse, &s),
+            DeviceSlice::of(&d_ws, &s),
+        ),
+        cache: DeviceSlice::of(&d_cache, &s),
+        num_pages: hc.num_pages,
+        block_size: hc.block_size,
+        block_table: DeviceSlice::of(&d_table, &s),
+        block_table_stride: hc.stride,
+        max_pages: hc.max_pages,
+        lens: DeviceSlice::of(&d_lens, &s),
+    };
+    let sparse = SparseDecode {
+        common: common(
+            DecodeOut::F32(DeviceSlice::of(&d_sout, &s)),
+            DeviceSlice::of(&d_slse, &s),
+            DeviceSlice::of(&d_sws, &s),
+        ),
+        cache: DeviceSlice::of(&d_scache, &s),
+        format: KvFormat::Fp8_656,
+        num_pages: shc.num_pages,
+        block_size: shc.block_size,
+        indices: DeviceSlice::of(&d_idx, &s),
+        topk: k,
+        topk_len: None,
+    };
+    let rs = Stream::from_cudarc(&s);
+    // A first eager launch (outside capture) opts the kernels into their shared memory.
+    mla_decode_dense(gpu(), rs, &dense).unwrap();
+    mla_decode_sparse(gpu(), rs, &sparse).unwrap();
+    s.synchronize().unwrap();
+    s.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
+    mla_decode_dense(gpu(), rs, &dense).unwrap();
+    mla_decode_sparse(gpu(), rs, &sparse).unwrap();
+    let graph = s.end_capture(sys::CUgraphInstantiate_flags(0)).unwrap().expect("a graph");
+
+    for (lens, idx) in [(&lens_a, &idx_a), (&lens_b, &idx_b)] {
+        s.memcpy_htod(lens, &mut d_lens).unwrap();
+        s.memcpy_htod(idx, &mut d_idx).unwrap();
+        s.memcpy_htod(&vec![bf16::NAN; rows * D_V], &mut d_out).unwrap();
+        graph.launch().unwrap();
+        s.synchronize().unwrap();
+        let out: Vec<f32> = s.clone_dtoh(&d_out).unwrap().iter().map(|x| x.to_f32()).collect();
+        let lse = s.clone_dtoh(&d_lse).unwrap();
+        let (wo, wl) = decode_f64(&q, shape, &hc.paged(), &hc.bytes, &Selection::Dense { lens }, default_scale());
+        check(&format!("graph dense lens {lens:?}"), &out, &lse, &wo, &wl);
+        let out = s.clone_dtoh(&d_sout).unwrap();
+        let lse = s.clone_dtoh(&d_slse).unwrap();
+        let sel = Selection::Sparse { indices: idx, k, topk_len: None };
+        let (wo, wl) = decode_f64(&q, shape, &shc.paged(), &shc.bytes, &sel, default_scale());
+        check("graph sparse", &out, &lse, &wo, &wl);
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn invalid_arguments_are_named() {
+    let s = stream();
+    let mut rng = Rng::new(1);
+    let shape = QueryShape { batch: 2, rows: 1, heads: 16 };
+    let hc = dense_cache(&mut rng, KvFormat::Bf16, 64, &[10, 10]);
+    let q = random_q(&mut rng, shape);
+    let (d_q, d_cache, d_table) = (upload(&s, &q), upload(&s, &hc.bytes), upload(&s, &hc.table));
+    let d_lens = upload(&s, &[5i32]);
+    let outs = DevOut::new(shape, 4, false);
+    let base = DenseDecode {
+        common: outs.common(view(&s, &d_q), shape, 1),
+        cache: view(&s, &d_cache),
+        num_pages: hc.num_pages,
+        block_size: hc.block_size,
+        block_table: view(&s, &d_table),
+        block_table_stride: hc.stride,
+        max_pages: hc.max_pages,
+        lens: view(&s, &d_lens),
+    };
+    let arg_of = |a: &DenseDecode| match mla_decode_dense(gpu(), raw(&s), a) {
+        Err(Error::InvalidArgument { arg, .. }) => arg,
+        other => panic!("expected an invalid argument, got {other:?}"),
+    };
+    assert_eq!(arg_of(&base), "lens"); // one length for two requests
+    let d_lens2 = upload(&s, &[5i32, 6]);
+    let ok = DenseDecode { lens: view(&s, &d_lens2), ..base };
+    assert!(mla_decode_dense(gpu(), raw(&s), &ok).is_ok());
+    let mut a = ok;
+    a.common.num_splits = 0;
+    assert_eq!(arg_of(&a), "num_splits");
+    let mut a = ok;
+    a.common.num_splits = 8; // workspace sized for 4 splits
+    assert_eq!(arg_of(&a), "workspace");
+    let mut a = ok;
+    a.common.q = unsafe { DeviceSlice::from_raw(view(&s, &d_q).ptr() + 2, q.len() - 8) };
+    assert_eq!(arg_of(&a), "q");
+    let mut a = ok;
+    a.max_pages = hc.stride + 1;
+    assert_eq!(arg_of(&a), "max_pages");
+    let mut a = ok;
+    a.num_pages = hc.num_pages + 1;
+    assert_eq!(arg_of(&a), "cache");
+    let mut a = ok;
+    a.common.scale = f32::NAN;
+    assert_eq!(arg_of(&a), "scale");
+    s.synchronize().unwrap();
+}
