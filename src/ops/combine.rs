@@ -164,7 +164,7 @@ pub struct MergeTwo {
 
 /// ag_rs step 1 (SPEC.md §5.1): `contrib[h, t, :] = (w_rank / S) · out[t, h, :]` in fp32, exactly 0
 /// where w_rank / S = 0 (`out` is then not read, so an empty shard's NaN never leaks). Matches
-/// [`crate::reference::merge::ag_rs_contribution_shaped`].
+/// [`crate::reference::merge::ag_rs_contribution`].
 pub fn ag_rs_correct(dev: &Device, stream: Stream, a: &AgRsCorrect) -> Result<()> {
     let (params, rows) = validate_ag_rs_correct(a)?;
     let id = lookup(registry::combine_ag_rs_correct(a.out.input_dtype()), "combine_ag_rs_correct")?;
@@ -235,7 +235,7 @@ fn validate_ag_rs_finish(a: &AgRsFinish) -> Result<(DcpAgRsFinishParams, usize)>
 }
 
 /// a2a send side: packs this rank's out and lse into one slot per destination (SPEC.md §5.2),
-/// byte for byte [`crate::reference::merge::a2a_pack_shaped`] for bf16 `out`.
+/// byte for byte [`crate::reference::merge::a2a_pack`] for bf16 `out`.
 pub fn a2a_pack(dev: &Device, stream: Stream, a: &A2aPack) -> Result<()> {
     let (params, rows) = validate_a2a_pack(a)?;
     let id = lookup(registry::combine_a2a_pack(a.out.input_dtype()), "combine_a2a_pack")?;

@@ -1,0 +1,611 @@
+//! The DCP combine kernels (SPEC.md §5) on the GPU against the CPU reference
+//! (`dcp_mla::reference::merge`), within SPEC.md §9: fp32 out rel 1e-5, bf16 out within 1 bf16
+//! ulp of the rounded fp64 result, lse abs 1e-5, inf positions exact.
+//!
+//! "Relative" is measured against the size of the merged terms, mag = Σ_r (w_r/S)·|out_r| (the
+//! fp64 merge of |out|), not against |out|: with mixed signs the result can cancel to far below
+//! its terms, where no fp32 accumulation is relative-accurate. For the same reason a bf16 result
+//! may also be off by 1e-6·mag beyond its ulp.
+//!
+//! Inputs: fresh random partials with NaN, +inf and −inf lse on some (row, rank) pairs (empty
+//! shards, whose outs are NaN), rows where every shard is empty, base e and base 2 lse,
+//! D ∈ {1, 2, 4, 8}, T ∈ {1, 128, 4096}. Every output buffer is poisoned with NaN first.
+
+mod common;
+
+use common::*;
+use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::{CudaSlice, CudaStream};
+use dcp_mla::formats::D_V;
+use dcp_mla::ops::combine::*;
+use dcp_mla::reference::merge::{
+    a2a_combine as ref_a2a_combine, a2a_pack as ref_a2a_pack, a2a_slot_bytes, ag_rs_contribution,
+    ag_rs_finish as ref_ag_rs_finish, merge_f64, merge_two as ref_merge_two, reduce_scatter, to_bf16,
+};
+use dcp_mla::LseBase;
+use half::bf16;
+use std::sync::Arc;
+
+const POISON_F32: f32 = f32::from_bits(0x7fa5_a5a5);
+const POISON_BF16: u16 = 0x7fa5;
+const POISON_BYTE: u8 = 0xa5;
+
+/// D partial results [D, T, H, 512] and their lse [D, T, H] (the all-gathered layout).
+struct Partials {
+    d: usize,
+    t: usize,
+    h: usize,
+    /// f32; exactly representable in bf16 when made with `bf16_values`.
+    out: Vec<f32>,
+    lse: Vec<f32>,
+}
+
+fn special_lse(rng: &mut Rng) -> f32 {
+    [f32::NAN, f32::INFINITY, f32::NEG_INFINITY][rng.below(3) as usize]
+}
+
+/// Random partials: about 1 in 7 (row, rank) pairs is an empty shard (NaN, +inf or −inf lse) with
+/// a NaN out; about 1 in 16 rows has every shard empty; the rest have lse in [−16, 16).
+fn partials(rng: &mut Rng, d: usize, t: usize, h: usize, bf16_values: bool) -> Partials {
+    let n = t * h;
+    let mut lse = vec![0.0f32; d * n];
+    let mut out = vec![0.0f32; d * n * D_V];
+    for i in 0..n {
+        let all_empty = rng.below(16) == 0;
+        for r in 0..d {
+            let l = if all_empty || rng.below(7) == 0 { special_lse(rng) } else { rng.unit() * 16.0 };
+            lse[r * n + i] = l;
+            let row = &mut out[(r * n + i) * D_V..][..D_V];
+            if l.is_finite() {
+                for x in row.iter_mut() {
+                    let v = rng.unit() * 2.0;
+                    *x = if bf16_values { bf16::from_f32(v).to_f32() } else { v };
+                }
+            } else {
+                row.fill(f32::NAN);
+            }
+        }
+    }
+    Partials { d, t, h, out, lse }
+}
+
+impl Partials {
+    fn rank_out(&self, r: usize) -> &[f32] {
+        let n = self.t * self.h * D_V;
+        &self.out[r * n..(r + 1) * n]
+    }
+    fn rank_lse(&self, r: usize) -> &[f32] {
+        let n = self.t * self.h;
+        &self.lse[r * n..(r + 1) * n]
+    }
+}
+
+/// The fp64 merge of all D partials: out [T·H, 512], mag [T·H, 512] (the merge of |out|) and lse [T·H].
+struct Oracle {
+    out: Vec<f64>,
+    mag: Vec<f64>,
+    lse: Vec<f64>,
+}
+
+fn oracle(p: &Partials, base: LseBase) -> Oracle {
+    let n = p.t * p.h;
+    let (out, lse) = merge_f64(&p.out, &p.lse, p.d, n, base);
+    let abs: Vec<f32> = p.out.iter().map(|x| x.abs()).collect();
+    let (mag, _) = merge_f64(&abs, &p.lse, p.d, n, base);
+    Oracle { out, mag, lse }
+}
+
+impl Oracle {
+    /// The rows of heads [rank·H_l, (rank+1)·H_l), as [T, H_l, width] from [T, H, width].
+    fn heads(v: &[f64], t: usize, h: usize, h_l: usize, rank: usize, width: usize) -> Vec<f64> {
+        (0..t).flat_map(|ti| v[(ti * h + rank * h_l) * width..][..h_l * width].iter().copied()).collect()
+    }
+    fn for_rank(&self, t: usize, h: usize, h_l: usize, rank: usize) -> Oracle {
+        Oracle {
+            out: Self::heads(&self.out, t, h, h_l, rank, D_V),
+            mag: Self::heads(&self.mag, t, h, h_l, rank, D_V),
+            lse: Self::heads(&self.lse, t, h, h_l, rank, 1),
+        }
+    }
+}
+
+fn report(what: &str, bad: usize, total: usize, first: Option<String>) {
+    assert!(bad == 0, "{what}: {bad} of {total} values out of tolerance; first: {}", first.unwrap_or_default());
+}
+
+/// fp32 out within 1e-5·mag of the fp64 merge (exactly 0 where every shard is empty).
+fn check_out_f32(what: &str, got: &[f32], want: &Oracle) {
+    assert_eq!(got.len(), want.out.len(), "{what}: length");
+    let (mut bad, mut first) = (0, None);
+    for (i, &g) in got.iter().enumerate() {
+        if !((g as f64 - want.out[i]).abs() <= 1e-5 * want.mag[i]) {
+            bad += 1;
+            first.get_or_insert_with(|| format!("[{i}] got {g:e}, want {:e} (mag {:e})", want.out[i], want.mag[i]));
+        }
+    }
+    report(what, bad, got.len(), first);
+}
+
+fn bf16_ulp(x: bf16) -> f64 {
+    let a = bf16::from_bits(x.to_bits() & 0x7fff);
+    bf16::from_bits(a.to_bits() + 1).to_f64() - a.to_f64()
+}
+
+/// bf16 out within 1 ulp of the fp64 merge rounded to bf16 (plus 1e-6·mag under cancellation).
+fn check_out_bf16(what: &str, got: &[bf16], want: &Oracle) {
+    assert_eq!(got.len(), want.out.len(), "{what}: length");
+    let (mut bad, mut first) = (0, None);
+    for (i, &g) in got.iter().enumerate() {
+        let w = bf16::from_f64(want.out[i]);
+        if !((g.to_f64() - w.to_f64()).abs() <= bf16_ulp(w) + 1e-6 * want.mag[i]) {
+            bad += 1;
+            first.get_or_insert_with(|| format!("[{i}] got {g}, want {w} ({:e}, mag {:e})", want.out[i], want.mag[i]));
+        }
+    }
+    report(what, bad, got.len(), first);
+}
+
+/// lse within 1e-5 (relative above 1) of `want`; −inf exactly where `want` is −inf.
+fn check_lse<W: Copy + Into<f64>>(what: &str, got: &[f32], want: &[W]) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let (mut bad, mut first) = (0, None);
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        let w: f64 = w.into();
+        let ok = if w == f64::NEG_INFINITY {
+            g == f32::NEG_INFINITY
+        } else {
+            w.is_finite() && (g as f64 - w).abs() <= 1e-5 * w.abs().max(1.0)
+        };
+        if !ok {
+            bad += 1;
+            first.get_or_insert_with(|| format!("[{i}] got {g:e}, want {w:e}"));
+        }
+    }
+    report(what, bad, got.len(), first);
+}
+
+/// Elementwise rel 1e-5 (exact where `want` is 0 or where both are NaN).
+fn check_close(what: &str, got: &[f32], want: &[f32]) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let (mut bad, mut first) = (0, None);
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        let ok = (g.is_nan() && w.is_nan()) || (g - w).abs() <= 1e-5 * w.abs();
+        if !ok {
+            bad += 1;
+            first.get_or_insert_with(|| format!("[{i}] got {g:e}, want {w:e}"));
+        }
+    }
+    report(what, bad, got.len(), first);
+}
+
+fn assert_bits_eq(what: &str, got: &[bf16], want: &[bf16]) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let bad = got.iter().zip(want).position(|(g, w)| g.to_bits() != w.to_bits());
+    assert!(bad.is_none(), "{what}: first difference at {bad:?}");
+}
+
+fn assert_f32_bits_eq(what: &str, got: &[f32], want: &[f32]) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let bad = got.iter().zip(want).position(|(g, w)| g.to_bits() != w.to_bits());
+    assert!(bad.is_none(), "{what}: first difference at {bad:?}");
+}
+
+/// A device output of bf16 or fp32 rows, poisoned with NaN.
+enum DevRows {
+    Bf16(CudaSlice<bf16>),
+    F32(CudaSlice<f32>),
+}
+
+impl DevRows {
+    fn poisoned(s: &Arc<CudaStream>, n: usize, f32_out: bool) -> Self {
+        if f32_out {
+            DevRows::F32(upload(s, &vec![POISON_F32; n]))
+        } else {
+            DevRows::Bf16(upload(s, &vec![bf16::from_bits(POISON_BF16); n]))
+        }
+    }
+    /// Uploads f32 values as bf16 (exact for `bf16_values` partials) or f32.
+    fn from_f32(s: &Arc<CudaStream>, v: &[f32], as_f32: bool) -> Self {
+        if as_f32 {
+            DevRows::F32(upload(s, v))
+        } else {
+            DevRows::Bf16(upload(s, &to_bf16(v)))
+        }
+    }
+    fn view(&self, s: &Arc<CudaStream>) -> CombineRows {
+        match self {
+            DevRows::Bf16(b) => CombineRows::Bf16(view(s, b)),
+            DevRows::F32(b) => CombineRows::F32(view(s, b)),
+        }
+    }
+    /// Checks against the oracle: fp32 rel 1e-5, bf16 within 1 ulp.
+    fn check(&self, s: &Arc<CudaStream>, what: &str, want: &Oracle) {
+        match self {
+            DevRows::Bf16(b) => check_out_bf16(what, &download(s, b), want),
+            DevRows::F32(b) => check_out_f32(what, &download(s, b), want),
+        }
+    }
+    /// Checks bit for bit against a reference fp32 result (rounded to nearest even for bf16).
+    fn check_bits(&self, s: &Arc<CudaStream>, what: &str, want: &[f32]) {
+        match self {
+            DevRows::Bf16(b) => assert_bits_eq(what, &download(s, b), &to_bf16(want)),
+            DevRows::F32(b) => assert_f32_bits_eq(what, &download(s, b), want),
+        }
+    }
+}
+
+struct AgRsCase {
+    d: usize,
+    t: usize,
+    h_l: usize,
+    base: LseBase,
+    f32_in: bool,
+    f32_out: bool,
+}
+
+/// The whole ag_rs path: every rank's contribution vs the reference, the reduce-scatter on the
+/// host, every rank's final cast vs the reference (bit for bit given the same sum) and vs the fp64
+/// merge of all partials.
+fn run_ag_rs(c: &AgRsCase, rng: &mut Rng) {
+    let (s, dev) = (stream(), gpu());
+    let (d, t, h_l) = (c.d, c.t, c.h_l);
+    let h = d * h_l;
+    let p = partials(rng, d, t, h, !c.f32_in);
+    let want = oracle(&p, c.base);
+    let tag = format!("ag_rs D={d} T={t} H_l={h_l} {:?} f32_in={} f32_out={}", c.base, c.f32_in, c.f32_out);
+
+    let d_lse = upload(&s, &p.lse);
+    let mut contribs = Vec::with_capacity(d);
+    for r in 0..d {
+        let d_out = DevRows::from_f32(&s, p.rank_out(r), c.f32_in);
+        let d_contrib = upload(&s, &vec![POISON_F32; h * t * D_V]);
+        let args = AgRsCorrect {
+            out: d_out.view(&s),
+            lse_all: view(&s, &d_lse),
+            lse_base: c.base,
+            contrib: view(&s, &d_contrib),
+            num_tokens: t,
+            local_heads: h_l,
+            dcp_size: d,
+            rank: r,
+        };
+        ag_rs_correct(dev, raw(&s), &args).expect("ag_rs_correct");
+        let got = download(&s, &d_contrib);
+        let reference = ag_rs_contribution(r, p.rank_out(r), &p.lse, d, t, h, c.base);
+        check_close(&format!("{tag}: contribution of rank {r}"), &got, &reference);
+        contribs.push(got);
+    }
+    for rank in 0..d {
+        let summed = reduce_scatter(&contribs, rank, h_l, t);
+        let d_summed = upload(&s, &summed);
+        let d_out = DevRows::poisoned(&s, t * h_l * D_V, c.f32_out);
+        let d_lse_out = upload(&s, &vec![POISON_F32; t * h_l]);
+        let args = AgRsFinish {
+            summed: view(&s, &d_summed),
+            lse_all: view(&s, &d_lse),
+            lse_base: c.base,
+            out: d_out.view(&s),
+            lse: view(&s, &d_lse_out),
+            num_tokens: t,
+            local_heads: h_l,
+            dcp_size: d,
+            rank,
+        };
+        ag_rs_finish(dev, raw(&s), &args).expect("ag_rs_finish");
+        let (ref_out, ref_lse) = ref_ag_rs_finish(&summed, &p.lse, d, t, h_l, c.base, rank * h_l);
+        d_out.check_bits(&s, &format!("{tag}: finish out of rank {rank} vs reference"), &ref_out);
+        let got_lse = download(&s, &d_lse_out);
+        check_lse(&format!("{tag}: finish lse of rank {rank} vs reference"), &got_lse, &ref_lse);
+        let mine = want.for_rank(t, h, h_l, rank);
+        d_out.check(&s, &format!("{tag}: out of rank {rank} vs fp64 merge"), &mine);
+        check_lse(&format!("{tag}: lse of rank {rank} vs fp64 merge"), &got_lse, &mine.lse);
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn ag_rs_matches_reference() {
+    let mut rng = Rng::new(seed());
+    let cases = [
+        AgRsCase { d: 2, t: 1, h_l: 16, base: LseBase::E, f32_in: false, f32_out: false },
+        AgRsCase { d: 4, t: 128, h_l: 16, base: LseBase::Two, f32_in: true, f32_out: true },
+        AgRsCase { d: 8, t: 128, h_l: 4, base: LseBase::E, f32_in: false, f32_out: true },
+        AgRsCase { d: 8, t: 1, h_l: 16, base: LseBase::Two, f32_in: true, f32_out: false },
+        AgRsCase { d: 2, t: 4096, h_l: 2, base: LseBase::E, f32_in: false, f32_out: false },
+        AgRsCase { d: 4, t: 4096, h_l: 1, base: LseBase::Two, f32_in: false, f32_out: true },
+        AgRsCase { d: 1, t: 5, h_l: 8, base: LseBase::E, f32_in: true, f32_out: true },
+    ];
+    for c in &cases {
+        run_ag_rs(c, &mut rng);
+    }
+}
+
+/// The first differing byte of two tight slots of `rows` rows: the lse bytes must be equal, the
+/// bf16 values equal or both NaN (an fp32 NaN packed to bf16 may come out with another payload).
+fn slot_difference(got: &[u8], want: &[u8], rows: usize) -> Option<usize> {
+    assert_eq!(got.len(), want.len());
+    let split = rows * D_V * 2;
+    let value = |b: &[u8], i: usize| bf16::from_bits(u16::from_le_bytes([b[i], b[i + 1]]));
+    (0..split)
+        .step_by(2)
+        .find(|&i| {
+            let (g, w) = (value(got, i), value(want, i));
+            g.to_bits() != w.to_bits() && !(g.is_nan() && w.is_nan())
+        })
+        .or_else(|| (split..got.len()).find(|&i| got[i] != want[i]))
+}
+
+struct A2aCase {
+    d: usize,
+    t: usize,
+    h_l: usize,
+    base: LseBase,
+    f32_in: bool,
+    f32_out: bool,
+}
+
+/// The whole a2a path: every source's pack vs the reference byte for byte (padding untouched),
+/// the all-to-all on the host, every destination's combine vs the reference and the fp64 merge.
+fn run_a2a(c: &A2aCase, rng: &mut Rng) {
+    let (s, dev) = (stream(), gpu());
+    let (d, t, h_l) = (c.d, c.t, c.h_l);
+    let h = d * h_l;
+    // The a2a carries bf16: the partials are bf16 values even when packed from fp32.
+    let p = partials(rng, d, t, h, true);
+    let want = oracle(&p, c.base);
+    let tag = format!("a2a D={d} T={t} H_l={h_l} {:?} f32_in={} f32_out={}", c.base, c.f32_in, c.f32_out);
+    let tight = a2a_slot_bytes(t, h_l);
+    let slot = a2a_aligned_slot_bytes(t, h_l);
+
+    let mut sends = Vec::with_capacity(d);
+    let mut ref_sends = Vec::with_capacity(d);
+    for r in 0..d {
+        let d_out = DevRows::from_f32(&s, p.rank_out(r), c.f32_in);
+        let d_lse = upload(&s, p.rank_lse(r));
+        let d_send = upload(&s, &vec![POISON_BYTE; d * slot]);
+        let args = A2aPack {
+            out: d_out.view(&s),
+            lse: view(&s, &d_lse),
+            send: view(&s, &d_send),
+            slot_bytes: slot,
+            num_tokens: t,
+            local_heads: h_l,
+            dcp_size: d,
+        };
+        a2a_pack(dev, raw(&s), &args).expect("a2a_pack");
+        let got = download(&s, &d_send);
+        let reference = ref_a2a_pack(&to_bf16(p.rank_out(r)), p.rank_lse(r), d, t, h);
+        for dst in 0..d {
+            let g = &got[dst * slot..(dst + 1) * slot];
+            let bad = slot_difference(&g[..tight], &reference[dst * tight..(dst + 1) * tight], t * h_l);
+            assert!(bad.is_none(), "{tag}: pack of rank {r}, slot {dst} differs at byte {bad:?}");
+            assert!(g[tight..].iter().all(|&b| b == POISON_BYTE), "{tag}: pack of rank {r} wrote slot {dst}'s padding");
+        }
+        sends.push(got);
+        ref_sends.push(reference);
+    }
+    for rank in 0..d {
+        let recv: Vec<u8> = sends.iter().flat_map(|sb| sb[rank * slot..(rank + 1) * slot].iter().copied()).collect();
+        let ref_recv: Vec<u8> =
+            ref_sends.iter().flat_map(|sb| sb[rank * tight..(rank + 1) * tight].iter().copied()).collect();
+        let d_recv = upload(&s, &recv);
+        let d_out = DevRows::poisoned(&s, t * h_l * D_V, c.f32_out);
+        let d_lse_out = upload(&s, &vec![POISON_F32; t * h_l]);
+        let args = A2aCombine {
+            recv: view(&s, &d_recv),
+            slot_bytes: slot,
+            lse_base: c.base,
+            out: d_out.view(&s),
+            lse: view(&s, &d_lse_out),
+            num_tokens: t,
+            local_heads: h_l,
+            dcp_size: d,
+        };
+        a2a_combine(dev, raw(&s), &args).expect("a2a_combine");
+        let (ref_out, ref_lse) = ref_a2a_combine(&ref_recv, d, t, h_l, c.base);
+        let got_lse = download(&s, &d_lse_out);
+        check_lse(&format!("{tag}: lse of rank {rank} vs reference"), &got_lse, &ref_lse);
+        if let DevRows::F32(b) = &d_out {
+            check_close(&format!("{tag}: out of rank {rank} vs reference"), &download(&s, b), &ref_out);
+        }
+        let mine = want.for_rank(t, h, h_l, rank);
+        d_out.check(&s, &format!("{tag}: out of rank {rank} vs fp64 merge"), &mine);
+        check_lse(&format!("{tag}: lse of rank {rank} vs fp64 merge"), &got_lse, &mine.lse);
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a2a_matches_reference() {
+    let mut rng = Rng::new(seed());
+    let cases = [
+        A2aCase { d: 2, t: 1, h_l: 16, base: LseBase::E, f32_in: false, f32_out: false },
+        A2aCase { d: 4, t: 128, h_l: 16, base: LseBase::Two, f32_in: true, f32_out: true },
+        A2aCase { d: 8, t: 128, h_l: 8, base: LseBase::E, f32_in: false, f32_out: false },
+        A2aCase { d: 8, t: 1, h_l: 16, base: LseBase::Two, f32_in: false, f32_out: true },
+        A2aCase { d: 2, t: 4096, h_l: 4, base: LseBase::E, f32_in: false, f32_out: true },
+        A2aCase { d: 4, t: 4096, h_l: 1, base: LseBase::Two, f32_in: true, f32_out: false },
+        // T·H_l = 2: the tight slot (2056 bytes) is padded to 2064.
+        A2aCase { d: 2, t: 1, h_l: 2, base: LseBase::E, f32_in: false, f32_out: true },
+    ];
+    for c in &cases {
+        run_a2a(c, &mut rng);
+    }
+}
+
+/// Two-way merge of `rows` rows; `in_place` writes out over out_a and lse over lse_b.
+fn run_merge_two(rows: usize, base: LseBase, f32_out: bool, in_place: bool, rng: &mut Rng) {
+    let (s, dev) = (stream(), gpu());
+    let p = partials(rng, 2, rows, 1, false);
+    let want = oracle(&p, base);
+    let tag = format!("merge_two rows={rows} {base:?} f32_out={f32_out} in_place={in_place}");
+    let (ref_out, ref_lse) = ref_merge_two(p.rank_out(0), p.rank_lse(0), p.rank_out(1), p.rank_lse(1), base);
+
+    let d_out_a = upload(&s, p.rank_out(0));
+    let d_lse_a = upload(&s, p.rank_lse(0));
+    let d_out_b = upload(&s, p.rank_out(1));
+    let d_lse_b = upload(&s, p.rank_lse(1));
+    let d_out = DevRows::poisoned(&s, rows * D_V, f32_out);
+    let d_lse = upload(&s, &vec![POISON_F32; rows]);
+    let args = MergeTwo {
+        out_a: view(&s, &d_out_a),
+        lse_a: view(&s, &d_lse_a),
+        out_b: view(&s, &d_out_b),
+        lse_b: view(&s, &d_lse_b),
+        lse_base: base,
+        out: if in_place { CombineRows::F32(view(&s, &d_out_a)) } else { d_out.view(&s) },
+        lse: if in_place { view(&s, &d_lse_b) } else { view(&s, &d_lse) },
+        rows,
+    };
+    merge_two(dev, raw(&s), &args).expect("merge_two");
+    let (got_lse, got_out) =
+        if in_place { (download(&s, &d_lse_b), DevRows::F32(d_out_a)) } else { (download(&s, &d_lse), d_out) };
+    check_lse(&format!("{tag}: lse vs reference"), &got_lse, &ref_lse);
+    check_lse(&format!("{tag}: lse vs fp64 merge"), &got_lse, &want.lse);
+    if let DevRows::F32(b) = &got_out {
+        check_close(&format!("{tag}: out vs reference"), &download(&s, b), &ref_out);
+    }
+    got_out.check(&s, &format!("{tag}: out vs fp64 merge"), &want);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn merge_two_matches_reference() {
+    let mut rng = Rng::new(seed());
+    run_merge_two(16, LseBase::E, true, false, &mut rng);
+    run_merge_two(16, LseBase::Two, false, false, &mut rng);
+    run_merge_two(128 * 64, LseBase::Two, false, false, &mut rng);
+    run_merge_two(128 * 64, LseBase::E, true, false, &mut rng);
+    run_merge_two(4096 * 8, LseBase::E, true, false, &mut rng);
+    run_merge_two(4096 * 8, LseBase::Two, false, false, &mut rng);
+    run_merge_two(128 * 16, LseBase::E, true, true, &mut rng);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn launchers_reject_bad_arguments_before_launching() {
+    let (s, dev) = (stream(), gpu());
+    let buf = upload(&s, &vec![0.0f32; 4 * 512]);
+    let lse = upload(&s, &vec![0.0f32; 4]);
+    let m = MergeTwo {
+        out_a: view(&s, &buf),
+        lse_a: view(&s, &lse),
+        out_b: view(&s, &buf),
+        lse_b: view(&s, &lse),
+        lse_base: LseBase::E,
+        out: CombineRows::F32(view(&s, &buf)),
+        lse: view(&s, &lse),
+        rows: 5,
+    };
+    let e = merge_two(dev, raw(&s), &m).unwrap_err();
+    assert!(matches!(e, dcp_mla::Error::InvalidArgument { arg: "out_a", .. }), "{e}");
+}
+
+/// One CUDA graph holding an ag_rs correction, an a2a combine and a two-way merge, replayed with
+/// new lse values (and outs) written into the same device buffers between replays.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn graph_replay_reads_new_lse() {
+    let dev = gpu();
+    let s = dev.context().new_stream().expect("stream");
+    let mut rng = Rng::new(seed());
+    let (d, t, h_l) = (4, 32, 8);
+    let h = d * h_l;
+    let rows = t * h_l;
+    let slot = a2a_aligned_slot_bytes(t, h_l);
+    assert_eq!(slot, a2a_slot_bytes(t, h_l));
+
+    let mut d_ag_out = upload(&s, &vec![bf16::ZERO; t * h * D_V]);
+    let mut d_ag_lse = upload(&s, &vec![0.0f32; d * t * h]);
+    let mut d_contrib = upload(&s, &vec![POISON_F32; h * t * D_V]);
+    let mut d_recv = upload(&s, &vec![0u8; d * slot]);
+    let mut d_a2a_out = upload(&s, &vec![bf16::from_bits(POISON_BF16); rows * D_V]);
+    let mut d_a2a_lse = upload(&s, &vec![POISON_F32; rows]);
+    let mut d_m_a = upload(&s, &vec![0.0f32; rows * D_V]);
+    let mut d_m_lse_a = upload(&s, &vec![0.0f32; rows]);
+    let mut d_m_b = upload(&s, &vec![0.0f32; rows * D_V]);
+    let mut d_m_lse_b = upload(&s, &vec![0.0f32; rows]);
+    let mut d_m_out = upload(&s, &vec![POISON_F32; rows * D_V]);
+    let mut d_m_lse = upload(&s, &vec![POISON_F32; rows]);
+
+    let rank = 2;
+    let correct = AgRsCorrect {
+        out: CombineRows::Bf16(view(&s, &d_ag_out)),
+        lse_all: view(&s, &d_ag_lse),
+        lse_base: LseBase::Two,
+        contrib: view(&s, &d_contrib),
+        num_tokens: t,
+        local_heads: h_l,
+        dcp_size: d,
+        rank,
+    };
+    let combine = A2aCombine {
+        recv: view(&s, &d_recv),
+        slot_bytes: slot,
+        lse_base: LseBase::E,
+        out: CombineRows::Bf16(view(&s, &d_a2a_out)),
+        lse: view(&s, &d_a2a_lse),
+        num_tokens: t,
+        local_heads: h_l,
+        dcp_size: d,
+    };
+    let merge = MergeTwo {
+        out_a: view(&s, &d_m_a),
+        lse_a: view(&s, &d_m_lse_a),
+        out_b: view(&s, &d_m_b),
+        lse_b: view(&s, &d_m_lse_b),
+        lse_base: LseBase::E,
+        out: CombineRows::F32(view(&s, &d_m_out)),
+        lse: view(&s, &d_m_lse),
+        rows,
+    };
+    s.synchronize().unwrap();
+    s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).expect("begin_capture");
+    let launched = ag_rs_correct(dev, raw(&s), &correct)
+        .and_then(|_| a2a_combine(dev, raw(&s), &combine))
+        .and_then(|_| merge_two(dev, raw(&s), &merge));
+    let graph = s.end_capture(CUgraphInstantiate_flags(0)).expect("end_capture").expect("a graph");
+    launched.expect("launch during capture");
+
+    for replay in 0..3 {
+        let tag = format!("graph replay {replay}");
+        // ag_rs inputs
+        let ag = partials(&mut rng, d, t, h, true);
+        s.memcpy_htod(&to_bf16(ag.rank_out(rank)), &mut d_ag_out).unwrap();
+        s.memcpy_htod(&ag.lse, &mut d_ag_lse).unwrap();
+        s.memcpy_htod(&vec![POISON_F32; h * t * D_V], &mut d_contrib).unwrap();
+        // a2a inputs: what the D sources packed for this rank
+        let a2a = partials(&mut rng, d, t, h, true);
+        let recv: Vec<u8> = (0..d)
+            .flat_map(|r| {
+                let packed = ref_a2a_pack(&to_bf16(a2a.rank_out(r)), a2a.rank_lse(r), d, t, h);
+                packed[rank * slot..(rank + 1) * slot].to_vec()
+            })
+            .collect();
+        s.memcpy_htod(&recv, &mut d_recv).unwrap();
+        s.memcpy_htod(&vec![bf16::from_bits(POISON_BF16); rows * D_V], &mut d_a2a_out).unwrap();
+        s.memcpy_htod(&vec![POISON_F32; rows], &mut d_a2a_lse).unwrap();
+        // two-way inputs
+        let two = partials(&mut rng, 2, rows, 1, false);
+        s.memcpy_htod(two.rank_out(0), &mut d_m_a).unwrap();
+        s.memcpy_htod(two.rank_lse(0), &mut d_m_lse_a).unwrap();
+        s.memcpy_htod(two.rank_out(1), &mut d_m_b).unwrap();
+        s.memcpy_htod(two.rank_lse(1), &mut d_m_lse_b).unwrap();
+        s.memcpy_htod(&vec![POISON_F32; rows * D_V], &mut d_m_out).unwrap();
+        s.memcpy_htod(&vec![POISON_F32; rows], &mut d_m_lse).unwrap();
+
+        graph.launch().expect("graph launch");
+        s.synchronize().unwrap();
+
+        let reference = ag_rs_contribution(rank, ag.rank_out(rank), &ag.lse, d, t, h, LseBase::Two);
+        check_close(&format!("{tag}: ag_rs contribution"), &download(&s, &d_contrib), &reference);
+
+        let want = oracle(&a2a, LseBase::E).for_rank(t, h, h_l, rank);
+        check_out_bf16(&format!("{tag}: a2a out"), &download(&s, &d_a2a_out), &want);
+        check_lse(&format!("{tag}: a2a lse"), &download(&s, &d_a2a_lse), &want.lse);
+
+        let want = oracle(&two, LseBase::E);
+        check_out_f32(&format!("{tag}: merge_two out"), &download(&s, &d_m_out), &want);
+        check_lse(&format!("{tag}: merge_two lse"), &download(&s, &d_m_lse), &want.lse);
+    }
+}
