@@ -118,7 +118,8 @@ fn check_out_f32(what: &str, got: &[f32], want: &Oracle) {
     assert_eq!(got.len(), want.out.len(), "{what}: length");
     let (mut bad, mut first) = (0, None);
     for (i, &g) in got.iter().enumerate() {
-        if !((g as f64 - want.out[i]).abs() <= 1e-5 * want.mag[i]) {
+        let ok = (g as f64 - want.out[i]).abs() <= 1e-5 * want.mag[i]; // false for NaN
+        if !ok {
             bad += 1;
             first.get_or_insert_with(|| format!("[{i}] got {g:e}, want {:e} (mag {:e})", want.out[i], want.mag[i]));
         }
@@ -137,7 +138,8 @@ fn check_out_bf16(what: &str, got: &[bf16], want: &Oracle) {
     let (mut bad, mut first) = (0, None);
     for (i, &g) in got.iter().enumerate() {
         let w = bf16::from_f64(want.out[i]);
-        if !((g.to_f64() - w.to_f64()).abs() <= bf16_ulp(w) + 1e-6 * want.mag[i]) {
+        let ok = (g.to_f64() - w.to_f64()).abs() <= bf16_ulp(w) + 1e-6 * want.mag[i]; // false for NaN
+        if !ok {
             bad += 1;
             first.get_or_insert_with(|| format!("[{i}] got {g}, want {w} ({:e}, mag {:e})", want.out[i], want.mag[i]));
         }
@@ -486,7 +488,7 @@ fn merge_two_matches_reference() {
 fn launchers_reject_bad_arguments_before_launching() {
     let (s, dev) = (stream(), gpu());
     let buf = upload(&s, &vec![0.0f32; 4 * 512]);
-    let lse = upload(&s, &vec![0.0f32; 4]);
+    let lse = upload(&s, &[0.0f32; 4]);
     let m = MergeTwo {
         out_a: view(&s, &buf),
         lse_a: view(&s, &lse),
