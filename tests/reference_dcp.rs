@@ -1,0 +1,439 @@
+//! The DCP identities of the CPU reference (SPEC.md §2-§5, §7, §9): for D ∈ {1, 2, 4, 8} and
+//! I ∈ {1, 2, B}, attention over the D shards merged in each of the three merge shapes equals
+//! attention over all tokens, dense and sparse; fill → flatten → reorder returns every token bit
+//! for bit. Caches are poisoned with NaN before the fill, block tables are permuted.
+
+use dcp_mla::formats::{decode_fp8_row_bf16, encode_fp8_row, KvFormat, D_LATENT, D_QK, D_ROPE, D_V};
+use dcp_mla::planner::{causal_local_lens, plan_prefill_chunks, prefill_chunk_bytes};
+use dcp_mla::reference::attention::{decode_f32, decode_f64, default_scale, QueryShape, Selection};
+use dcp_mla::reference::fill::{fill, FillInput, PagedCache};
+use dcp_mla::reference::merge::{
+    a2a_combine, a2a_pack, a2a_slot_bytes, ag_rs_contribution, ag_rs_finish, merge, reduce_scatter, to_bf16,
+};
+use dcp_mla::reference::prefill::{flatten_chunk, reorder_chunk};
+use dcp_mla::reference::topk::{compact, PageTranslate};
+use dcp_mla::{DcpLayout, LseBase};
+use half::bf16;
+use proptest::prelude::*;
+
+struct Rng(u64);
+impl Rng {
+    fn new(seed: u64) -> Self {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+    fn unit(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+}
+
+/// The tokens of a batch, every position of every request, as the fill reads them.
+struct Tokens {
+    lens: Vec<u64>,
+    ckv: Vec<bf16>,
+    kpe: Vec<bf16>,
+    req_idx: Vec<i32>,
+    positions: Vec<i32>,
+}
+
+impl Tokens {
+    fn new(lens: Vec<u64>, rng: &mut Rng) -> Self {
+        let n: u64 = lens.iter().sum();
+        // FP8 groups get different magnitudes so the group scales differ
+        let ckv =
+            (0..n as usize * D_LATENT).map(|i| bf16::from_f32(rng.unit() * (1 + (i / 128) % 4 * 3) as f32)).collect();
+        let kpe = (0..n as usize * D_ROPE).map(|_| bf16::from_f32(rng.unit())).collect();
+        let mut req_idx = Vec::new();
+        let mut positions = Vec::new();
+        for (i, &l) in lens.iter().enumerate() {
+            req_idx.extend(std::iter::repeat_n(i as i32, l as usize));
+            positions.extend(0..l as i32);
+        }
+        Tokens { lens, ckv, kpe, req_idx, positions }
+    }
+
+    fn token(&self, req: usize, pos: usize) -> usize {
+        self.lens[..req].iter().sum::<u64>() as usize + pos
+    }
+
+    /// The 576 values attention and flatten must see for a token, as bf16 bits.
+    fn expected_row(&self, format: KvFormat, req: usize, pos: usize) -> Vec<u16> {
+        let t = self.token(req, pos);
+        let (ckv, kpe) = (&self.ckv[t * D_LATENT..][..D_LATENT], &self.kpe[t * D_ROPE..][..D_ROPE]);
+        match format {
+            KvFormat::Bf16 => ckv.iter().chain(kpe).map(|v| v.to_bits()).collect(),
+            KvFormat::Fp8_656 => {
+                let mut row = [0u8; 656];
+                encode_fp8_row(ckv, kpe, &mut row);
+                decode_fp8_row_bf16(&row).iter().map(|v| v.to_bits()).collect()
+            }
+        }
+    }
+}
+
+/// One rank's cache: NaN-poisoned bytes, filled with the tokens it owns, and its permuted table.
+struct RankCache {
+    bytes: Vec<u8>,
+    table: Vec<i32>,
+    max_pages: usize,
+    num_pages: usize,
+    block_size: usize,
+    format: KvFormat,
+    batch: usize,
+}
+
+impl RankCache {
+    fn build(tok: &Tokens, dcp: DcpLayout, rank: usize, block_size: usize, format: KvFormat, rng: &mut Rng) -> Self {
+        let batch = tok.lens.len();
+        let max_pages = tok.lens.iter().map(|&l| dcp.pages_for(l, block_size)).max().unwrap_or(0).max(1) as usize;
+        let num_pages = batch * max_pages + 1; // one page no request maps
+        let mut perm: Vec<i32> = (0..num_pages as i32).collect();
+        for i in (1..perm.len()).rev() {
+            perm.swap(i, rng.below(i as u64 + 1) as usize);
+        }
+        let table = perm[..batch * max_pages].to_vec();
+        // 0xff: NaN as bf16, as e4m3 and as an fp32 scale
+        let mut bytes = vec![0xffu8; num_pages * block_size * format.token_bytes()];
+        let rc = RankCache { bytes: Vec::new(), table, max_pages, num_pages, block_size, format, batch };
+        let input = FillInput {
+            ckv: &tok.ckv,
+            ckv_stride: D_LATENT,
+            kpe: &tok.kpe,
+            kpe_stride: D_ROPE,
+            req_idx: &tok.req_idx,
+            positions: &tok.positions,
+        };
+        fill(&input, &rc.paged(), dcp, rank, &mut bytes);
+        RankCache { bytes, ..rc }
+    }
+
+    fn paged(&self) -> PagedCache<'_> {
+        PagedCache {
+            block_table: &self.table,
+            block_table_stride: self.max_pages,
+            batch: self.batch,
+            max_pages: self.max_pages,
+            num_pages: self.num_pages,
+            block_size: self.block_size,
+            format: self.format,
+        }
+    }
+
+    fn translate(&self, q: usize) -> PageTranslate<'_> {
+        PageTranslate {
+            block_table: &self.table,
+            stride: self.max_pages,
+            block_size: self.block_size,
+            rows_per_request: q,
+        }
+    }
+}
+
+/// SPEC.md §9's elementwise attention tolerance: abs 8e-4 or rel 2/128; inf/NaN positions exact.
+fn assert_close(what: &str, got: &[f32], want: &[f64], abs: f64, rel: f64) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        let g = g as f64;
+        if !w.is_finite() || !g.is_finite() {
+            assert!(g == w || (g.is_nan() && w.is_nan()), "{what}[{i}]: {g} vs {w}");
+            continue;
+        }
+        assert!((g - w).abs() <= abs || (g - w).abs() <= rel * w.abs(), "{what}[{i}]: {g} vs {w}");
+    }
+}
+
+fn rel_l2(got: &[f32], want: &[f64]) -> f64 {
+    let (mut num, mut den) = (0.0, 0.0);
+    for (&g, &w) in got.iter().zip(want) {
+        num += (g as f64 - w).powi(2);
+        den += w * w;
+    }
+    if den == 0.0 {
+        num.sqrt()
+    } else {
+        (num / den).sqrt()
+    }
+}
+
+/// Rows of heads [h0, h0 + h_l) of a [T, H, w] tensor.
+fn heads<T: Copy>(x: &[T], t: usize, h: usize, h0: usize, h_l: usize, w: usize) -> Vec<T> {
+    (0..t).flat_map(|ti| x[(ti * h + h0) * w..(ti * h + h0 + h_l) * w].to_vec()).collect()
+}
+
+#[derive(Debug, Clone)]
+struct Case {
+    dcp: DcpLayout,
+    block_size: usize,
+    format: KvFormat,
+    q: usize,
+    h_l: usize,
+    lens: Vec<u64>,
+    sparse: bool,
+    base: LseBase,
+    seed: u64,
+}
+
+/// Runs one case: the full-cache oracle (D = 1, f64) against the D shards merged three ways.
+fn check_identity(c: &Case) {
+    let mut rng = Rng::new(c.seed);
+    let (d, q, h_l) = (c.dcp.size, c.q, c.h_l);
+    let h = d * h_l;
+    let b = c.lens.len();
+    let t = b * q;
+    let tok = Tokens::new(c.lens.clone(), &mut rng);
+    let one = DcpLayout { size: 1, interleave: 1 };
+    let full = RankCache::build(&tok, one, 0, c.block_size, c.format, &mut rng);
+    let shards: Vec<RankCache> =
+        (0..d).map(|r| RankCache::build(&tok, c.dcp, r, c.block_size, c.format, &mut rng)).collect();
+    let query: Vec<bf16> = (0..t * h * D_QK).map(|_| bf16::from_f32(rng.unit() * 2.0)).collect();
+    let shape = QueryShape { batch: b, rows: q, heads: h };
+    let qs = vec![q; b];
+    let sigma = default_scale();
+
+    // sparse: each row picks up to kk global positions it may see (c_j), with -1 entries between
+    let kk = 12;
+    let mut ids = vec![-1i32; t * kk];
+    if c.sparse {
+        for i in 0..b {
+            for j in 0..q {
+                let c_j = c.lens[i] - q as u64 + 1 + j as u64;
+                for e in &mut ids[(i * q + j) * kk..][..kk] {
+                    if c_j > 0 && rng.below(4) != 0 {
+                        *e = rng.below(c_j) as i32;
+                    }
+                }
+            }
+        }
+    }
+    let run_f64 = |dcp: DcpLayout, rank: usize, rc: &RankCache| -> (Vec<f64>, Vec<f64>) {
+        if c.sparse {
+            let (idx, counts) = compact(&ids, kk, dcp, rank, Some(rc.translate(q)));
+            decode_f64(
+                &query,
+                shape,
+                &rc.paged(),
+                &rc.bytes,
+                &Selection::Sparse { indices: &idx, k: kk, topk_len: Some(&counts) },
+                sigma,
+            )
+        } else {
+            let lens = causal_local_lens(&c.lens, &qs, dcp, rank).unwrap();
+            decode_f64(&query, shape, &rc.paged(), &rc.bytes, &Selection::Dense { lens: &lens }, sigma)
+        }
+    };
+    let run_f32 = |rank: usize, rc: &RankCache| -> (Vec<f32>, Vec<f32>) {
+        if c.sparse {
+            let (idx, counts) = compact(&ids, kk, c.dcp, rank, Some(rc.translate(q)));
+            decode_f32(
+                &query,
+                shape,
+                &rc.paged(),
+                &rc.bytes,
+                &Selection::Sparse { indices: &idx, k: kk, topk_len: Some(&counts) },
+                sigma,
+            )
+        } else {
+            let lens = causal_local_lens(&c.lens, &qs, c.dcp, rank).unwrap();
+            decode_f32(&query, shape, &rc.paged(), &rc.bytes, &Selection::Dense { lens: &lens }, sigma)
+        }
+    };
+    let (want_out, want_lse) = run_f64(one, 0, &full);
+    assert!(want_out.iter().all(|x| !x.is_nan()), "the oracle never reads a poisoned slot");
+
+    // f64 shards merged in f64: the identity itself, to rounding
+    let parts64: Vec<_> = (0..d).map(|r| run_f64(c.dcp, r, &shards[r])).collect();
+    let (o, l) = merge(
+        &parts64.iter().flat_map(|p| p.0.clone()).collect::<Vec<_>>(),
+        &parts64.iter().flat_map(|p| p.1.clone()).collect::<Vec<_>>(),
+        d,
+        t * h,
+        LseBase::E,
+    );
+    let o32: Vec<f32> = o.iter().map(|&x| x as f32).collect();
+    let l32: Vec<f32> = l.iter().map(|&x| x as f32).collect();
+    assert_close("f64 identity out", &o32, &want_out, 1e-6, 1e-6);
+    assert_close("f64 identity lse", &l32, &want_lse, 1e-6, 0.0);
+
+    // f32 shards, as the kernels produce them
+    let parts: Vec<_> = (0..d).map(|r| run_f32(r, &shards[r])).collect();
+    let outs: Vec<f32> = parts.iter().flat_map(|p| p.0.clone()).collect();
+    let lse_e: Vec<f32> = parts.iter().flat_map(|p| p.1.clone()).collect();
+    // the producer's base: base 2 lse is lse / ln 2
+    let lse_in: Vec<f32> = match c.base {
+        LseBase::E => lse_e.clone(),
+        LseBase::Two => lse_e.iter().map(|&x| x / std::f32::consts::LN_2).collect(),
+    };
+    let lse_tol = 1e-5 + 1e-6 * want_lse.iter().filter(|x| x.is_finite()).fold(0.0f64, |m, x| m.max(x.abs()));
+
+    // shape 1: the plain merge
+    let (o, l) = merge(&outs, &lse_in, d, t * h, c.base);
+    assert_close("merge out", &o, &want_out, 8e-4, 2.0 / 128.0);
+    assert_close("merge lse", &l, &want_lse, lse_tol, 0.0);
+
+    // shape 2: ag_rs. Contribution, reduce-scatter over heads, finish, cast to bf16
+    let contribs: Vec<Vec<f32>> =
+        (0..d).map(|r| ag_rs_contribution(r, &parts[r].0, &lse_in, d, t, h, c.base)).collect();
+    for rank in 0..d {
+        let summed = reduce_scatter(&contribs, rank, h_l, t);
+        let (o, l) = ag_rs_finish(&summed, &lse_in, d, t, h_l, c.base, rank * h_l);
+        let want_o = heads(&want_out, t, h, rank * h_l, h_l, D_V);
+        let want_l = heads(&want_lse, t, h, rank * h_l, h_l, 1);
+        assert_close("ag_rs out", &o, &want_o, 8e-4, 2.0 / 128.0);
+        assert_close("ag_rs lse", &l, &want_l, lse_tol, 0.0);
+        let cast: Vec<f32> = to_bf16(&o).iter().map(|v| v.to_f32()).collect();
+        assert_close("ag_rs bf16 out", &cast, &want_o, 8e-4, 2.0 / 128.0);
+        assert!(rel_l2(&cast, &want_o) <= 2e-3, "ag_rs bf16 rel L2 {}", rel_l2(&cast, &want_o));
+    }
+
+    // shape 3: a2a with bf16 partials; empty shards report FlashMLA's +inf and a NaN out
+    let slot = a2a_slot_bytes(t, h_l);
+    let packed: Vec<Vec<u8>> = (0..d)
+        .map(|r| {
+            let mut out = to_bf16(&parts[r].0);
+            let mut lse = lse_in[r * t * h..(r + 1) * t * h].to_vec();
+            for (row, l) in lse.iter_mut().enumerate() {
+                if *l == f32::NEG_INFINITY {
+                    *l = f32::INFINITY;
+                    out[row * D_V..(row + 1) * D_V].fill(bf16::NAN);
+                }
+            }
+            a2a_pack(&out, &lse, d, t, h)
+        })
+        .collect();
+    // bf16 partials carry a rounding error of up to 2^-9·|out_r| each, which cancellation between
+    // ranks does not shrink: the bound adds it to the attention tolerance
+    let partial_max: Vec<f32> = (0..t * h * D_V)
+        .map(|e| (0..d).map(|r| parts[r].0[e].abs()).filter(|x| x.is_finite()).fold(0.0, f32::max))
+        .collect();
+    for rank in 0..d {
+        let recv: Vec<u8> = packed.iter().flat_map(|p| p[rank * slot..(rank + 1) * slot].to_vec()).collect();
+        let (o, l) = a2a_combine(&recv, d, t, h_l, c.base);
+        let want_o = heads(&want_out, t, h, rank * h_l, h_l, D_V);
+        let bound = heads(&partial_max, t, h, rank * h_l, h_l, D_V);
+        for (e, ((&g, &w), &m)) in o.iter().zip(&want_o).zip(&bound).enumerate() {
+            let tol = 8e-4 + m as f64 / 256.0;
+            assert!((g as f64 - w).abs() <= tol.max(2.0 / 128.0 * w.abs()), "a2a out[{e}]: {g} vs {w} (bound {tol})");
+        }
+        assert_close("a2a lse", &l, &heads(&want_lse, t, h, rank * h_l, h_l, 1), lse_tol, 0.0);
+    }
+}
+
+fn case_strategy(sparse: bool) -> impl Strategy<Value = Case> {
+    (
+        prop::sample::select(vec![1usize, 2, 4, 8]),
+        0usize..3,
+        prop::sample::select(vec![4usize, 8]),
+        any::<bool>(),
+        1usize..=3,
+        1usize..=2,
+        prop::collection::vec((0usize..6, 0u64..200), 1..=2),
+        any::<bool>(),
+        any::<u64>(),
+    )
+        .prop_map(move |(d, i, block_size, fp8, q, h_l, lens, base2, seed)| {
+            let interleave = [1, 2, block_size][i];
+            let special = |(k, r): (usize, u64)| -> u64 {
+                let l = [0, 1, block_size as u64 - 1, block_size as u64, block_size as u64 + 1, r][k];
+                l.max(q as u64) // at least q: the request's own new tokens
+            };
+            Case {
+                dcp: DcpLayout { size: d, interleave },
+                block_size,
+                format: if fp8 { KvFormat::Fp8_656 } else { KvFormat::Bf16 },
+                q,
+                h_l,
+                lens: lens.into_iter().map(special).collect(),
+                sparse,
+                base: if base2 { LseBase::Two } else { LseBase::E },
+                seed,
+            }
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+
+    #[test]
+    fn dense_dcp_identity(c in case_strategy(false)) {
+        check_identity(&c);
+    }
+
+    #[test]
+    fn sparse_dcp_identity(c in case_strategy(true)) {
+        check_identity(&c);
+    }
+
+    #[test]
+    fn fill_flatten_reorder_roundtrip(
+        d in prop::sample::select(vec![1usize, 2, 4, 8]),
+        i in 0usize..3,
+        block_size in prop::sample::select(vec![4usize, 8, 16]),
+        fp8 in any::<bool>(),
+        lens in prop::collection::vec(prop_oneof![Just(0u64), 0u64..300], 1..4),
+        blocks in 1u64..6,
+        seed in any::<u64>(),
+    ) {
+        let mut rng = Rng::new(seed);
+        let dcp = DcpLayout { size: d, interleave: [1, 2, block_size][i] };
+        let format = if fp8 { KvFormat::Fp8_656 } else { KvFormat::Bf16 };
+        let tok = Tokens::new(lens.clone(), &mut rng);
+        let shards: Vec<RankCache> = (0..d).map(|r| RankCache::build(&tok, dcp, r, block_size, format, &mut rng)).collect();
+        let budget = prefill_chunk_bytes((block_size * d) as u64, d) * blocks;
+        let plan = plan_prefill_chunks(&lens, dcp, block_size, budget).unwrap();
+        let mut seen = 0u64;
+        for ci in 0..plan.chunks.len() {
+            let flat: Vec<Vec<bf16>> = (0..d)
+                .map(|r| flatten_chunk(&plan, ci, r, &shards[r].bytes, format, block_size, &shards[r].table, shards[r].max_pages))
+                .collect();
+            for (r, f) in flat.iter().enumerate() {
+                prop_assert_eq!(f.len(), plan.cap_rows * D_QK);
+                // rows a piece reserves beyond its local length, and rows no piece uses, are zero
+                let mut used = vec![false; plan.cap_rows];
+                for p in &plan.chunks[ci].pieces {
+                    used[p.row_offset..p.row_offset + p.local_len[r]].iter_mut().for_each(|u| *u = true);
+                }
+                for (row, u) in used.iter().enumerate() {
+                    if !u {
+                        prop_assert!(f[row * D_QK..(row + 1) * D_QK].iter().all(|v| v.to_bits() == 0), "rank {} row {} not zero", r, row);
+                    }
+                }
+            }
+            let gathered: Vec<bf16> = flat.concat();
+            let out = reorder_chunk(&plan, ci, &gathered, dcp);
+            for p in &plan.chunks[ci].pieces {
+                for g in 0..p.global_len {
+                    let got: Vec<u16> = out[(p.out_offset + g) * D_QK..][..D_QK].iter().map(|v| v.to_bits()).collect();
+                    prop_assert_eq!(got, tok.expected_row(format, p.request, p.global_start + g), "request {} token {}", p.request, p.global_start + g);
+                }
+                seen += p.global_len as u64;
+            }
+        }
+        prop_assert_eq!(seen, lens.iter().sum::<u64>());
+    }
+}
+
+/// A fixed case where every rank but one is empty for the first rows (L = q = 1 at D = 8).
+#[test]
+fn one_token_at_d8_leaves_seven_ranks_empty() {
+    for sparse in [false, true] {
+        check_identity(&Case {
+            dcp: DcpLayout { size: 8, interleave: 1 },
+            block_size: 4,
+            format: KvFormat::Fp8_656,
+            q: 1,
+            h_l: 1,
+            lens: vec![1, 2],
+            sparse,
+            base: LseBase::E,
+            seed: 7,
+        });
+    }
+}
