@@ -193,3 +193,38 @@ typedef struct DcpTopkCompactParams {
     int32_t max_pages;       /* valid columns of the block table */
     int32_t reserved;
 } DcpTopkCompactParams;
+
+/* Prefill chunk pieces (SPEC.md §7), shared by flatten and reorder: int32 [max_pieces, 8] with
+ * fields {request, local_start, row_offset, rows, global_len, out_offset, 0, 0} per piece (the
+ * planner's Piece); an entry with rows = global_len = 0 is empty. */
+
+/* Prefix flatten: row i of this rank's [cap_rows, 576] bf16 buffer is the piece's local token
+ * local_start + (i - row_offset) if that is below the piece's n_r(global_len), else zero. */
+typedef struct DcpPrefillFlattenParams {
+    uint64_t cache;          /* bytes [num_pages, block_size, 1152 (bf16) or 656 (fp8)] */
+    uint64_t block_table;    /* int32 [batch, block_table_stride] */
+    uint64_t pieces;         /* int32 [max_pieces, 8] */
+    uint64_t out;            /* bf16 [cap_rows, 576] */
+    int64_t block_table_stride; /* columns of a block-table row; a column beyond it gives zeros */
+    int32_t batch;
+    int32_t num_pages;
+    int32_t block_size;      /* B */
+    int32_t cap_rows;
+    int32_t max_pieces;
+    int32_t dcp_size;        /* D */
+    int32_t dcp_rank;        /* r */
+    int32_t interleave;      /* I */
+} DcpPrefillFlattenParams;
+
+/* Prefix reorder: the all-gathered [D, cap_rows, 576] buffer into [out_rows, 576] global order. */
+typedef struct DcpPrefillReorderParams {
+    uint64_t gathered;       /* bf16 [D, cap_rows, 576] */
+    uint64_t pieces;         /* int32 [max_pieces, 8] */
+    uint64_t out;            /* bf16 [out_rows, 576] */
+    int32_t cap_rows;
+    int32_t out_rows;
+    int32_t max_pieces;
+    int32_t dcp_size;
+    int32_t interleave;
+    int32_t reserved;
+} DcpPrefillReorderParams;
