@@ -51,7 +51,7 @@ pub fn version(nvcc: &Path) -> Result<String, String> {
         return Err(format!("{} --version failed", nvcc.display()));
     }
     let text = String::from_utf8_lossy(&out.stdout);
-    Ok(text.lines().filter(|l| !l.trim().is_empty()).last().unwrap_or("").trim().to_string())
+    Ok(text.lines().rfind(|l| !l.trim().is_empty()).unwrap_or("").trim().to_string())
 }
 
 /// ptxas's report for one entry point on one architecture.
@@ -68,7 +68,7 @@ pub struct PtxasEntry {
 
 fn number_before(s: &str, unit: &str) -> Option<u32> {
     let i = s.find(unit)?;
-    s[..i].split(|c: char| !c.is_ascii_digit()).filter(|t| !t.is_empty()).last()?.parse().ok()
+    s[..i].split(|c: char| !c.is_ascii_digit()).rfind(|t| !t.is_empty())?.parse().ok()
 }
 
 /// Parses `nvcc -Xptxas -v` output into (entry point, report) pairs.
