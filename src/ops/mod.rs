@@ -5,6 +5,7 @@
 pub mod combine;
 pub mod decode;
 pub mod fill;
+pub mod prefill;
 pub mod topk;
 
 use crate::error::{Error, Result};

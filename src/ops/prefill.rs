@@ -1,0 +1,257 @@
+//! Prefill over a cached prefix (SPEC.md §7): [`flatten`] one rank's rows of a chunk into its
+//! uniform bf16 buffer (dequantising FP8-656), and [`reorder`] the all-gathered buffer into
+//! global order. Reference: [`crate::reference::prefill`]; kernels: `kernels-src/prefill.cuh`.
+//!
+//! Both kernels read the chunk's layout from a device-side piece table (see [`piece_table`]),
+//! so a captured CUDA graph replays correctly when the plan of the next chunk differs: the
+//! caller uploads the new table into the same buffer.
+
+use super::to_i32;
+use crate::abi::{DcpPrefillFlattenParams, DcpPrefillReorderParams};
+use crate::error::{Error, Result};
+use crate::formats::{KvFormat, D_QK};
+use crate::planner::{Chunk, DcpLayout};
+use crate::runtime::registry::{self, axes, KernelId};
+use crate::runtime::{Device, DeviceSlice, Stream};
+use half::bf16;
+
+/// int32 fields per piece-table entry: request, local_start, row_offset, rows, global_len,
+/// out_offset, then two zeros.
+pub const PIECE_FIELDS: usize = 8;
+
+/// Encodes a planned chunk's pieces as the kernels' int32 [max_pieces, 8] table, padding with
+/// empty entries (all zero: they cover no row) so that one buffer serves every chunk.
+pub fn piece_table(chunk: &Chunk, max_pieces: usize) -> Result<Vec<i32>> {
+    ensure_arg!(
+        chunk.pieces.len() <= max_pieces,
+        "max_pieces",
+        "the chunk has {} pieces but the table holds {max_pieces}",
+        chunk.pieces.len()
+    );
+    let mut t = vec![0i32; max_pieces * PIECE_FIELDS];
+    for (e, p) in t.chunks_mut(PIECE_FIELDS).zip(&chunk.pieces) {
+        e[0] = to_i32("piece.request", p.request)?;
+        e[1] = to_i32("piece.local_start", p.local_start)?;
+        e[2] = to_i32("piece.row_offset", p.row_offset)?;
+        e[3] = to_i32("piece.rows", p.rows)?;
+        e[4] = to_i32("piece.global_len", p.global_len)?;
+        e[5] = to_i32("piece.out_offset", p.out_offset)?;
+    }
+    Ok(t)
+}
+
+/// Arguments of [`flatten`].
+#[derive(Debug, Clone, Copy)]
+pub struct Flatten {
+    /// This rank's cache as bytes: [num_pages, block_size, format.token_bytes()].
+    pub cache: DeviceSlice<u8>,
+    pub format: KvFormat,
+    pub num_pages: usize,
+    pub block_size: usize,
+    /// int32 [batch, block_table_stride]; a page column at or beyond the stride gives zeros.
+    pub block_table: DeviceSlice<i32>,
+    pub block_table_stride: usize,
+    pub batch: usize,
+    /// int32 [max_pieces, PIECE_FIELDS] from [`piece_table`].
+    pub pieces: DeviceSlice<i32>,
+    pub max_pieces: usize,
+    /// bf16 [cap_rows, 576]: every row is written.
+    pub out: DeviceSlice<bf16>,
+    pub cap_rows: usize,
+    pub dcp: DcpLayout,
+    pub rank: usize,
+}
+
+/// Writes this rank's rows of the chunk: row `row_offset + j` of a piece is its local token
+/// `local_start + j` for j < n_rank(global_len), as 576 bf16 (FP8 dequantised exactly as
+/// [`crate::formats::decode_fp8_row_bf16`]); every other row, and a row whose request, page
+/// column or page is out of range, is zero. Bit-identical to
+/// [`crate::reference::prefill::flatten_chunk`].
+pub fn flatten(dev: &Device, stream: Stream, a: &Flatten) -> Result<()> {
+    let params = flatten_params(a)?;
+    let format = match a.format {
+        KvFormat::Bf16 => axes::Format::Bf16,
+        KvFormat::Fp8_656 => axes::Format::Fp8_656,
+    };
+    let id = registry::prefill_flatten(format)
+        .ok_or_else(|| Error::Unsupported(format!("prefill_flatten for {:?}", a.format)))?;
+    launch_warp_rows(dev, stream, id, a.cap_rows, &params)
+}
+
+fn flatten_params(a: &Flatten) -> Result<DcpPrefillFlattenParams> {
+    check_layout(a.dcp, a.rank)?;
+    ensure_arg!(a.block_size >= 1, "block_size", "must be at least 1");
+    let need = a.num_pages.checked_mul(a.block_size).and_then(|n| n.checked_mul(a.format.token_bytes()));
+    ensure_arg!(
+        need.is_some_and(|n| a.cache.len() >= n),
+        "cache",
+        "holds {} bytes but {} pages of {} tokens need {need:?}",
+        a.cache.len(),
+        a.num_pages,
+        a.block_size
+    );
+    ensure_arg!(a.cache.ptr() % 16 == 0, "cache", "pointer {:#x} is not 16-byte aligned", a.cache.ptr());
+    check_len("block_table", &a.block_table, a.batch * a.block_table_stride)?;
+    check_len("pieces", &a.pieces, a.max_pieces * PIECE_FIELDS)?;
+    check_rows_out("out", &a.out, a.cap_rows)?;
+    Ok(DcpPrefillFlattenParams {
+        cache: a.cache.ptr(),
+        block_table: a.block_table.ptr(),
+        pieces: a.pieces.ptr(),
+        out: a.out.ptr(),
+        block_table_stride: a.block_table_stride as i64,
+        batch: to_i32("batch", a.batch)?,
+        num_pages: to_i32("num_pages", a.num_pages)?,
+        block_size: to_i32("block_size", a.block_size)?,
+        cap_rows: to_i32("cap_rows", a.cap_rows)?,
+        max_pieces: to_i32("max_pieces", a.max_pieces)?,
+        dcp_size: to_i32("dcp.size", a.dcp.size)?,
+        dcp_rank: to_i32("rank", a.rank)?,
+        interleave: to_i32("dcp.interleave", a.dcp.interleave)?,
+    })
+}
+
+/// Arguments of [`reorder`].
+#[derive(Debug, Clone, Copy)]
+pub struct Reorder {
+    /// bf16 [D, cap_rows, 576]: rank r's flatten buffer at [r].
+    pub gathered: DeviceSlice<bf16>,
+    pub cap_rows: usize,
+    /// int32 [max_pieces, PIECE_FIELDS] from [`piece_table`].
+    pub pieces: DeviceSlice<i32>,
+    pub max_pieces: usize,
+    /// bf16 [out_rows, 576]: rows [out_offset, out_offset + global_len) of each piece are written,
+    /// other rows are left as they are.
+    pub out: DeviceSlice<bf16>,
+    pub out_rows: usize,
+    pub dcp: DcpLayout,
+}
+
+/// Writes every token of every piece to its global row: token g of a piece comes from rank
+/// owner(g), row row_offset + local(g) of the gathered buffer (zeros if that row is beyond
+/// cap_rows). Bit-identical to [`crate::reference::prefill::reorder_chunk`].
+pub fn reorder(dev: &Device, stream: Stream, a: &Reorder) -> Result<()> {
+    let params = reorder_params(a)?;
+    let id = registry::prefill_reorder().ok_or_else(|| Error::Unsupported("prefill_reorder".into()))?;
+    launch_warp_rows(dev, stream, id, a.out_rows, &params)
+}
+
+fn reorder_params(a: &Reorder) -> Result<DcpPrefillReorderParams> {
+    check_layout(a.dcp, 0)?;
+    let rows = a.dcp.size.checked_mul(a.cap_rows).ok_or_else(|| Error::arg("cap_rows", "D·cap_rows overflows"))?;
+    check_rows_out("gathered", &a.gathered, rows)?;
+    check_len("pieces", &a.pieces, a.max_pieces * PIECE_FIELDS)?;
+    check_rows_out("out", &a.out, a.out_rows)?;
+    Ok(DcpPrefillReorderParams {
+        gathered: a.gathered.ptr(),
+        pieces: a.pieces.ptr(),
+        out: a.out.ptr(),
+        cap_rows: to_i32("cap_rows", a.cap_rows)?,
+        out_rows: to_i32("out_rows", a.out_rows)?,
+        max_pieces: to_i32("max_pieces", a.max_pieces)?,
+        dcp_size: to_i32("dcp.size", a.dcp.size)?,
+        interleave: to_i32("dcp.interleave", a.dcp.interleave)?,
+        reserved: 0,
+    })
+}
+
+/// One warp per 576-value row.
+fn launch_warp_rows<P: Copy>(dev: &Device, stream: Stream, id: KernelId, rows: usize, params: &P) -> Result<()> {
+    if rows == 0 {
+        return Ok(());
+    }
+    let warps_per_block = (id.info().block / 32) as usize;
+    let grid = u32::try_from(rows.div_ceil(warps_per_block))
+        .map_err(|_| Error::arg("rows", format!("{rows} rows exceed the grid limit")))?;
+    // SAFETY: the callers validated every buffer the kernel addresses against `params`.
+    unsafe { dev.launch(id, (grid, 1, 1), 0, stream, params) }
+}
+
+fn check_layout(dcp: DcpLayout, rank: usize) -> Result<()> {
+    ensure_arg!(dcp.size >= 1, "dcp.size", "must be at least 1");
+    ensure_arg!(dcp.interleave >= 1, "dcp.interleave", "must be at least 1");
+    ensure_arg!(rank < dcp.size, "rank", "{rank} is not below the group size {}", dcp.size);
+    Ok(())
+}
+
+fn check_len<T>(arg: &'static str, buf: &DeviceSlice<T>, need: usize) -> Result<()> {
+    ensure_arg!(buf.len() >= need, arg, "holds {} elements but {need} are needed", buf.len());
+    Ok(())
+}
+
+/// `rows` dense rows of 576 bf16, 16-byte aligned (the kernels move 16-byte vectors).
+fn check_rows_out(arg: &'static str, buf: &DeviceSlice<bf16>, rows: usize) -> Result<()> {
+    super::check_rows(arg, buf, rows, D_QK, D_QK)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::planner::plan_prefill_chunks;
+
+    fn fake<T>(len: usize) -> DeviceSlice<T> {
+        // SAFETY: validation only reads the pointer and length; nothing is launched.
+        unsafe { DeviceSlice::from_raw(0x1000, len) }
+    }
+
+    fn arg_of(e: Error) -> &'static str {
+        match e {
+            Error::InvalidArgument { arg, .. } => arg,
+            other => panic!("expected an invalid argument, got {other}"),
+        }
+    }
+
+    #[test]
+    fn piece_table_encodes_the_plan() {
+        let dcp = DcpLayout { size: 2, interleave: 1 };
+        let plan = plan_prefill_chunks(&[100, 0, 300], dcp, 4, 1 << 30).unwrap();
+        let c = &plan.chunks[0];
+        let t = piece_table(c, c.pieces.len() + 2).unwrap();
+        assert_eq!(t.len(), (c.pieces.len() + 2) * PIECE_FIELDS);
+        for (e, p) in t.chunks(PIECE_FIELDS).zip(&c.pieces) {
+            let want = [p.request, p.local_start, p.row_offset, p.rows, p.global_len, p.out_offset, 0, 0];
+            assert_eq!(e, want.map(|x| x as i32));
+        }
+        assert!(t[c.pieces.len() * PIECE_FIELDS..].iter().all(|&x| x == 0));
+        assert_eq!(arg_of(piece_table(c, c.pieces.len() - 1).unwrap_err()), "max_pieces");
+    }
+
+    #[test]
+    fn flatten_and_reorder_validate() {
+        let f = Flatten {
+            cache: fake(10 * 64 * 656),
+            format: KvFormat::Fp8_656,
+            num_pages: 10,
+            block_size: 64,
+            block_table: fake(2 * 5),
+            block_table_stride: 5,
+            batch: 2,
+            pieces: fake(4 * PIECE_FIELDS),
+            max_pieces: 4,
+            out: fake(128 * D_QK),
+            cap_rows: 128,
+            dcp: DcpLayout { size: 4, interleave: 1 },
+            rank: 3,
+        };
+        assert!(flatten_params(&f).is_ok());
+        assert_eq!(arg_of(flatten_params(&Flatten { format: KvFormat::Bf16, ..f }).unwrap_err()), "cache");
+        assert_eq!(arg_of(flatten_params(&Flatten { batch: 3, ..f }).unwrap_err()), "block_table");
+        assert_eq!(arg_of(flatten_params(&Flatten { max_pieces: 5, ..f }).unwrap_err()), "pieces");
+        assert_eq!(arg_of(flatten_params(&Flatten { cap_rows: 129, ..f }).unwrap_err()), "out");
+        assert_eq!(arg_of(flatten_params(&Flatten { rank: 4, ..f }).unwrap_err()), "rank");
+        assert_eq!(arg_of(flatten_params(&Flatten { block_size: 0, ..f }).unwrap_err()), "block_size");
+
+        let r = Reorder {
+            gathered: fake(4 * 128 * D_QK),
+            cap_rows: 128,
+            pieces: fake(4 * PIECE_FIELDS),
+            max_pieces: 4,
+            out: fake(512 * D_QK),
+            out_rows: 512,
+            dcp: DcpLayout { size: 4, interleave: 1 },
+        };
+        assert!(reorder_params(&r).is_ok());
+        assert_eq!(arg_of(reorder_params(&Reorder { cap_rows: 129, ..r }).unwrap_err()), "gathered");
+        assert_eq!(arg_of(reorder_params(&Reorder { out_rows: 513, ..r }).unwrap_err()), "out");
+    }
+}
