@@ -1,0 +1,148 @@
+//! The merge in isolation (SPEC.md §5) and the FP8 quantisation bounds (SPEC.md §3): the fp32
+//! merge against its fp64 oracle, the three shapes against the plain merge bit for bit, empty
+//! shards (−inf, +inf, NaN lse with NaN outputs) never leaking, base 2 against base e.
+
+use dcp_mla::formats::{decode_fp8_row, encode_fp8_row, fp8_group_scale, D_V, FP8_GROUP};
+use dcp_mla::reference::merge::{
+    a2a_combine, a2a_pack, a2a_slot_bytes, ag_rs_contribution, ag_rs_finish, merge, merge_f64, merge_two,
+    reduce_scatter, to_bf16,
+};
+use dcp_mla::LseBase;
+use half::bf16;
+use proptest::prelude::*;
+
+/// One partial's lse: finite, or an empty shard in one of its three spellings.
+fn lse_value() -> impl Strategy<Value = f32> {
+    prop_oneof![6 => -30.0f32..30.0, 1 => Just(f32::NEG_INFINITY), 1 => Just(f32::INFINITY), 1 => Just(f32::NAN)]
+}
+
+fn partials(d: usize, n: usize) -> impl Strategy<Value = (Vec<f32>, Vec<f32>)> {
+    (prop::collection::vec(-4.0f32..4.0, d * n * D_V), prop::collection::vec(lse_value(), d * n)).prop_map(
+        move |(mut out, lse)| {
+            // an empty shard's output is garbage: NaN
+            for (row, l) in lse.iter().enumerate() {
+                if !l.is_finite() {
+                    out[row * D_V..(row + 1) * D_V].fill(f32::NAN);
+                }
+            }
+            (out, lse)
+        },
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
+
+    #[test]
+    fn fp32_merge_against_fp64_oracle((out, lse) in (1usize..=8).prop_flat_map(|d| partials(d, 3)), base2 in any::<bool>()) {
+        let d = out.len() / (3 * D_V);
+        let base = if base2 { LseBase::Two } else { LseBase::E };
+        let (o, l) = merge(&out, &lse, d, 3, base);
+        let (o64, l64) = merge_f64(&out, &lse, d, 3, base);
+        for i in 0..3 {
+            let empty = (0..d).all(|r| !lse[r * 3 + i].is_finite() || lse[r * 3 + i] == f32::NEG_INFINITY);
+            if empty {
+                prop_assert_eq!(l[i], f32::NEG_INFINITY);
+                prop_assert!(o[i * D_V..(i + 1) * D_V].iter().all(|&x| x == 0.0));
+                continue;
+            }
+            prop_assert!((l[i] as f64 - l64[i]).abs() <= 1e-5 * l64[i].abs().max(1.0));
+            // |Σ c_r x_r| can cancel: relative to the largest term
+            let scale = (0..d).filter(|&r| lse[r * 3 + i].is_finite()).map(|r| out[(r * 3 + i) * D_V..][..D_V].iter().fold(0f32, |m, x| m.max(x.abs()))).fold(0f32, f32::max) as f64;
+            for e in 0..D_V {
+                let (g, w) = (o[i * D_V + e] as f64, o64[i * D_V + e]);
+                prop_assert!(!g.is_nan(), "no NaN leaks from an empty shard");
+                prop_assert!((g - w).abs() <= 1e-5 * w.abs() + 1e-6 * scale, "{} vs {}", g, w);
+            }
+        }
+    }
+
+    #[test]
+    fn shapes_equal_the_plain_merge(dh in (1usize..=4, 1usize..=2, 1usize..=3), seed_out in prop::collection::vec(-4.0f32..4.0, 64), lse in prop::collection::vec(lse_value(), 4 * 3 * 8), base2 in any::<bool>()) {
+        let (d, h_l, t) = dh;
+        let h = d * h_l;
+        let base = if base2 { LseBase::Two } else { LseBase::E };
+        // bf16-exact partials so the a2a path sees the same values
+        let out: Vec<f32> = (0..d * t * h * D_V).map(|i| bf16::from_f32(seed_out[(i * 7 + i / 64) % 64]).to_f32()).collect();
+        let lse = lse[..d * t * h].to_vec();
+        let (m_out, m_lse) = merge(&out, &lse, d, t * h, base);
+        let contribs: Vec<Vec<f32>> = (0..d).map(|r| ag_rs_contribution(r, &out[r * t * h * D_V..][..t * h * D_V], &lse, d, t, h, base)).collect();
+        let slot = a2a_slot_bytes(t, h_l);
+        let packed: Vec<Vec<u8>> = (0..d).map(|r| a2a_pack(&to_bf16(&out[r * t * h * D_V..][..t * h * D_V]), &lse[r * t * h..][..t * h], d, t, h)).collect();
+        for rank in 0..d {
+            let (o, l) = ag_rs_finish(&reduce_scatter(&contribs, rank, h_l, t), &lse, d, t, h_l, base, rank * h_l);
+            let recv: Vec<u8> = packed.iter().flat_map(|p| p[rank * slot..(rank + 1) * slot].to_vec()).collect();
+            let (ao, al) = a2a_combine(&recv, d, t, h_l, base);
+            for ti in 0..t {
+                for hl in 0..h_l {
+                    let (row, mine) = (ti * h + rank * h_l + hl, ti * h_l + hl);
+                    let want: Vec<u32> = m_out[row * D_V..][..D_V].iter().map(|x| x.to_bits()).collect();
+                    let bits = |v: &[f32]| v[mine * D_V..][..D_V].iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+                    prop_assert_eq!(l[mine].to_bits(), m_lse[row].to_bits());
+                    prop_assert_eq!(al[mine].to_bits(), m_lse[row].to_bits());
+                    prop_assert_eq!(bits(&o), want.clone(), "ag_rs");
+                    prop_assert_eq!(bits(&ao), want, "a2a");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn two_way_merge_is_the_d2_merge_and_chains((out, lse) in partials(3, 2)) {
+        let n = 2;
+        let part = |r: usize| (&out[r * n * D_V..(r + 1) * n * D_V], &lse[r * n..(r + 1) * n]);
+        let (a, b, c) = (part(0), part(1), part(2));
+        let (o2, l2) = merge_two(a.0, a.1, b.0, b.1, LseBase::E);
+        let (m2, ml2) = merge(&out[..2 * n * D_V], &lse[..2 * n], 2, n, LseBase::E);
+        prop_assert_eq!(o2.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), m2.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+        prop_assert_eq!(l2.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), ml2.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+        // chunk by chunk (fp32 intermediates) equals merging all three at once, to fp32 rounding
+        let (o3, l3) = merge_two(&o2, &l2, c.0, c.1, LseBase::E);
+        let (m3, ml3) = merge_f64(&out, &lse, 3, n, LseBase::E);
+        for i in 0..n {
+            prop_assert!(l3[i] as f64 == ml3[i] || (l3[i] as f64 - ml3[i]).abs() <= 1e-5 * ml3[i].abs().max(1.0));
+            for e in 0..D_V {
+                let (g, w) = (o3[i * D_V + e] as f64, m3[i * D_V + e]);
+                prop_assert!((g - w).abs() <= 1e-5 * w.abs() + 1e-5, "{} vs {}", g, w);
+            }
+        }
+    }
+
+    #[test]
+    fn base_two_equals_base_e((out, lse) in partials(4, 1)) {
+        let lse2: Vec<f32> = lse.iter().map(|&x| x / std::f32::consts::LN_2).collect();
+        let (o, l) = merge_f64(&out, &lse, 4, 1, LseBase::E);
+        let (o2, l2) = merge_f64(&out, &lse2, 4, 1, LseBase::Two);
+        prop_assert!(l[0] == l2[0] || (l[0] - l2[0]).abs() <= 1e-5 * l[0].abs().max(1.0));
+        for (x, y) in o.iter().zip(&o2) {
+            prop_assert!((x - y).abs() <= 1e-4 * x.abs().max(1.0));
+        }
+    }
+
+    #[test]
+    fn fp8_quantisation_error_bounds(vals in prop::collection::vec(-1.0f32..1.0, 512), mags in prop::collection::vec(-20i32..12, 4)) {
+        let ckv: Vec<bf16> = vals.iter().enumerate().map(|(i, &v)| bf16::from_f32(v * 2f32.powi(mags[i / FP8_GROUP]))).collect();
+        let kpe: Vec<bf16> = (0..64).map(|i| bf16::from_f32(i as f32 - 30.5)).collect();
+        let mut row = [0u8; 656];
+        encode_fp8_row(&ckv, &kpe, &mut row);
+        let dec = decode_fp8_row(&row);
+        for g in 0..4 {
+            let group = &ckv[g * FP8_GROUP..(g + 1) * FP8_GROUP];
+            let amax = group.iter().fold(0f32, |m, x| m.max(x.to_f32().abs()));
+            let scale = fp8_group_scale(amax);
+            prop_assert_eq!(f32::from_le_bytes(row[512 + 4 * g..516 + 4 * g].try_into().unwrap()), scale);
+            // the smallest power of two ≥ max(amax / 448, 1e-4)
+            let floor = (amax / 448.0).max(1e-4);
+            prop_assert!(scale >= floor && scale / 2.0 < floor && scale.to_bits() & 0x7f_ffff == 0);
+            for (i, x) in group.iter().enumerate() {
+                let (x, y) = (x.to_f32(), dec[g * FP8_GROUP + i]);
+                // e4m3: half an ulp of 3 mantissa bits for normals, 2^-10·scale in the subnormals
+                prop_assert!((x - y).abs() <= (x.abs() / 16.0).max(scale * 2f32.powi(-10)), "{} vs {}", x, y);
+                prop_assert!(y.abs() <= 448.0 * scale);
+            }
+        }
+        for i in 0..64 {
+            prop_assert_eq!(dec[512 + i], kpe[i].to_f32(), "k_pe is stored unquantised");
+        }
+    }
+}
