@@ -391,7 +391,7 @@ proptest! {
         let mut seen = 0u64;
         for ci in 0..plan.chunks.len() {
             let flat: Vec<Vec<bf16>> = (0..d)
-                .map(|r| flatten_chunk(&plan, ci, r, &shards[r].bytes, format, block_size, &shards[r].table, shards[r].max_pages))
+                .map(|r| flatten_chunk(&plan, ci, r, &shards[r].paged(), &shards[r].bytes))
                 .collect();
             for (r, f) in flat.iter().enumerate() {
                 prop_assert_eq!(f.len(), plan.cap_rows * D_QK);

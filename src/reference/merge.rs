@@ -221,7 +221,7 @@ pub fn ag_rs_finish(
 ) -> (Vec<f32>, Vec<f32>) {
     assert_eq!(summed.len(), h_l * t * D_V, "summed is [H_l, T, 512]");
     assert_eq!(lse_all.len() % (d * t).max(1), 0, "lse_all is [D, T, H]");
-    let h = if d * t == 0 { 0 } else { lse_all.len() / (d * t) };
+    let h = lse_all.len().checked_div(d * t).unwrap_or(0);
     assert!(head_offset + h_l <= h, "heads [head_offset, head_offset + H_l) lie within H");
     let mut out = vec![0.0f32; t * h_l * D_V];
     let mut lse = vec![0.0f32; t * h_l];

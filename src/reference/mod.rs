@@ -4,5 +4,5 @@
 pub mod attention;
 pub mod fill;
 pub mod merge;
-pub mod topk;
 pub mod prefill;
+pub mod topk;

@@ -6,6 +6,7 @@
 //! multiple of B·D), so its local rows on every rank start at `global_start / D` and the chunk's
 //! token g (relative to its start) sits on rank owner(g), row local(g) of that rank's part.
 
+use super::fill::PagedCache;
 use crate::formats::{decode_fp8_row_bf16, KvFormat, D_QK};
 use crate::planner::{ChunkPlan, DcpLayout};
 use half::bf16;
@@ -79,22 +80,15 @@ pub fn reorder(gathered: &[bf16], dcp: DcpLayout, global_len: usize) -> Vec<bf16
 
 /// Flatten of a whole planned chunk on rank `rank`: [cap_rows, 576] where the plan's piece p
 /// occupies rows [p.row_offset, p.row_offset + p.local_len[rank]) (zero up to the next piece).
-/// `block_table` is [batch, stride].
-pub fn flatten_chunk(
-    plan: &ChunkPlan,
-    chunk: usize,
-    rank: usize,
-    cache: &[u8],
-    format: KvFormat,
-    block_size: usize,
-    block_table: &[i32],
-    stride: usize,
-) -> Vec<bf16> {
+/// `cache` describes the rank's cache `bytes` and its block table [batch, stride]; columns
+/// beyond `max_pages` are not read.
+pub fn flatten_chunk(plan: &ChunkPlan, chunk: usize, rank: usize, cache: &PagedCache, bytes: &[u8]) -> Vec<bf16> {
     let mut out = vec![bf16::ZERO; plan.cap_rows * D_QK];
+    let used = &bytes[..cache.num_pages * cache.block_size * cache.format.token_bytes()];
     for p in &plan.chunks[chunk].pieces {
-        let row = &block_table[p.request * stride..(p.request + 1) * stride];
+        let row = &cache.block_table[p.request * cache.block_table_stride..][..cache.max_pages];
         let dst = &mut out[p.row_offset * D_QK..(p.row_offset + p.rows) * D_QK];
-        flatten_into(cache, format, block_size, row, p.local_start, p.local_len[rank], dst);
+        flatten_into(used, cache.format, cache.block_size, row, p.local_start, p.local_len[rank], dst);
     }
     out
 }

@@ -130,7 +130,7 @@ pub fn compact(
     translate: Option<PageTranslate>,
 ) -> (Vec<i32>, Vec<i32>) {
     assert_eq!(ids.len() % k.max(1), 0, "ids is [rows, K]");
-    let rows = if k == 0 { 0 } else { ids.len() / k };
+    let rows = ids.len().checked_div(k).unwrap_or(0);
     let mut out = vec![-1i32; ids.len()];
     let mut counts = vec![0i32; rows];
     for row in 0..rows {
