@@ -4,7 +4,10 @@
 //
 // Every kernel is memory-bound: one warp per (token, head) row of 512 values, each lane moving
 // 16 values with 16-byte vector accesses, no shared memory, no atomics. The merge weights of a
-// row are computed redundantly by every lane from a handful of broadcast lse loads.
+// row are computed redundantly by every lane from a handful of broadcast lse loads. A row's
+// values are loaded before its weights are known, so the lse and value loads overlap (one memory
+// round trip, not two, which matters at small T); a shard whose coefficient is 0 may so be read,
+// but its values are never used (an empty shard's NaN never leaks).
 #pragma once
 #include "common.cuh"
 
@@ -141,8 +144,7 @@ __device__ __forceinline__ int64_t combine_row_index() {
 }
 
 // ag_rs step 1 (SPEC.md §5.1) on rank p.dcp_rank: contrib[h, t, :] = coef_rank · out[t, h, :] in
-// fp32, head-major, from the all-gathered lse [D, T, H]; exactly 0 where coef_rank = 0, in which
-// case out is not read (an empty shard's NaN never leaks).
+// fp32, head-major, from the all-gathered lse [D, T, H]; exactly 0 where coef_rank = 0.
 template <CombineDtype In>
 __device__ __forceinline__ void combine_ag_rs_correct(const DcpAgRsCorrectParams& p) {
     using T = typename CombineElem<In>::type;
@@ -153,6 +155,11 @@ __device__ __forceinline__ void combine_ag_rs_correct(const DcpAgRsCorrectParams
     if (row >= rows) return;
     const int64_t t = row / p.num_heads;
     const int64_t h = row - t * p.num_heads;
+
+    const T* src = (const T*)p.out + row * kCombineRow;
+    float v[kCombinePerLane / E][E];
+#pragma unroll
+    for (int g = 0; g < kCombinePerLane / E; ++g) combine_load<E>(src + combine_offset<E>(g, lane), v[g]);
 
     const float* lse_all = (const float*)p.lse_all;
     float lse[kCombineMaxRanks], m, s;
@@ -167,10 +174,6 @@ __device__ __forceinline__ void combine_ag_rs_correct(const DcpAgRsCorrectParams
         combine_zero_row(dst, lane);
         return;
     }
-    const T* src = (const T*)p.out + row * kCombineRow;
-    float v[kCombinePerLane / E][E];
-#pragma unroll
-    for (int g = 0; g < kCombinePerLane / E; ++g) combine_load<E>(src + combine_offset<E>(g, lane), v[g]);
 #pragma unroll
     for (int g = 0; g < kCombinePerLane / E; ++g) {
 #pragma unroll
@@ -195,6 +198,11 @@ __device__ __forceinline__ void combine_ag_rs_finish(const DcpAgRsFinishParams& 
     const int64_t heads = (int64_t)p.dcp_size * p.local_heads;
     const int64_t rank_stride = p.num_tokens * heads;
 
+    const float* src = (const float*)p.summed + (hl * p.num_tokens + t) * kCombineRow;
+    float v[kCombinePerLane / E][E];
+#pragma unroll
+    for (int g = 0; g < kCombinePerLane / E; ++g) combine_load<E>(src + combine_offset<E>(g, lane), v[g]);
+
     const float* lse_all = (const float*)p.lse_all + t * heads + (int64_t)p.dcp_rank * p.local_heads + hl;
     float lse[kCombineMaxRanks], m, s;
 #pragma unroll
@@ -208,10 +216,6 @@ __device__ __forceinline__ void combine_ag_rs_finish(const DcpAgRsFinishParams& 
         combine_zero_row(dst, lane);
         return;
     }
-    const float* src = (const float*)p.summed + (hl * p.num_tokens + t) * kCombineRow;
-    float v[kCombinePerLane / E][E];
-#pragma unroll
-    for (int g = 0; g < kCombinePerLane / E; ++g) combine_load<E>(src + combine_offset<E>(g, lane), v[g]);
 #pragma unroll
     for (int g = 0; g < kCombinePerLane / E; ++g) combine_store<E>(dst + combine_offset<E>(g, lane), v[g]);
 }
@@ -257,7 +261,7 @@ __device__ __forceinline__ void combine_a2a_pack(const DcpA2aPackParams& p) {
 
 // a2a receive side: recv [D sources, slot_bytes], each slot [T·H_l rows of 512 bf16][T·H_l fp32
 // lse]; the full merge over the D sources, accumulated in fp32 in rank order, skipping sources
-// whose coefficient is 0 (their out is not read).
+// whose coefficient is 0.
 template <int D, CombineDtype Out>
 __device__ __forceinline__ void combine_a2a_combine(const DcpA2aCombineParams& p) {
     using T = typename CombineElem<Out>::type;
@@ -269,6 +273,14 @@ __device__ __forceinline__ void combine_a2a_combine(const DcpA2aCombineParams& p
     if (row >= rows) return;
 
     const uint8_t* recv = (const uint8_t*)p.recv;
+    // Every source's values and lse are loaded before the first use: D·G 16-byte loads in flight.
+    uint4 raw[D][G];
+#pragma unroll
+    for (int r = 0; r < D; ++r) {
+        const uint4* src = (const uint4*)(recv + r * p.slot_bytes + row * (kCombineRow * 2));
+#pragma unroll
+        for (int g = 0; g < G; ++g) raw[r][g] = src[g * 32 + lane];
+    }
     const int64_t lse_offset = rows * kCombineRow * 2;
     float lse[D], coef[D];
 #pragma unroll
@@ -276,14 +288,6 @@ __device__ __forceinline__ void combine_a2a_combine(const DcpA2aCombineParams& p
     const float merged = combine_weights<D>(lse, D, p.lse_base2, coef);
     if (lane == 0) ((float*)p.lse_out)[row] = merged;
 
-    // Issue every source's loads before the first use, so D·G 16-byte loads are in flight.
-    uint4 raw[D][G];
-#pragma unroll
-    for (int r = 0; r < D; ++r) {
-        const uint4* src = (const uint4*)(recv + r * p.slot_bytes + row * (kCombineRow * 2));
-#pragma unroll
-        for (int g = 0; g < G; ++g) raw[r][g] = coef[r] != 0.0f ? src[g * 32 + lane] : make_uint4(0, 0, 0, 0);
-    }
     float acc[G][E];
 #pragma unroll
     for (int g = 0; g < G; ++g)
@@ -317,18 +321,17 @@ __device__ __forceinline__ void combine_merge_two(const DcpMergeTwoParams& p) {
     const int64_t row = combine_row_index();
     if (row >= p.rows) return;
 
-    float lse[2] = {((const float*)p.lse_a)[row], ((const float*)p.lse_b)[row]};
-    float coef[2];
-    const float merged = combine_weights<2>(lse, 2, p.lse_base2, coef);
-
     const float* a = (const float*)p.out_a + row * kCombineRow;
     const float* b = (const float*)p.out_b + row * kCombineRow;
     float va[G][E], vb[G][E];
 #pragma unroll
     for (int g = 0; g < G; ++g) {
-        if (coef[0] != 0.0f) combine_load<E>(a + combine_offset<E>(g, lane), va[g]);
-        if (coef[1] != 0.0f) combine_load<E>(b + combine_offset<E>(g, lane), vb[g]);
+        combine_load<E>(a + combine_offset<E>(g, lane), va[g]);
+        combine_load<E>(b + combine_offset<E>(g, lane), vb[g]);
     }
+    float lse[2] = {((const float*)p.lse_a)[row], ((const float*)p.lse_b)[row]};
+    float coef[2];
+    const float merged = combine_weights<2>(lse, 2, p.lse_base2, coef);
     // Every lane has read its share of the row (and lse) before any lane of the warp writes.
     __syncwarp();
     if (lane == 0) ((float*)p.lse_out)[row] = merged;

@@ -163,7 +163,7 @@ pub struct MergeTwo {
 }
 
 /// ag_rs step 1 (SPEC.md §5.1): `contrib[h, t, :] = (w_rank / S) · out[t, h, :]` in fp32, exactly 0
-/// where w_rank / S = 0 (`out` is then not read, so an empty shard's NaN never leaks). Matches
+/// where w_rank / S = 0 (an empty shard's NaN never leaks). Matches
 /// [`crate::reference::merge::ag_rs_contribution`].
 pub fn ag_rs_correct(dev: &Device, stream: Stream, a: &AgRsCorrect) -> Result<()> {
     let (params, rows) = validate_ag_rs_correct(a)?;
@@ -264,8 +264,8 @@ fn validate_a2a_pack(a: &A2aPack) -> Result<(DcpA2aPackParams, usize)> {
 }
 
 /// a2a receive side: the full merge (SPEC.md §5) of the D received slots into out [T, H_l, 512]
-/// and lse [T, H_l], accumulated in fp32 in rank order; a source whose coefficient is 0 is not
-/// read. Matches [`crate::reference::merge::a2a_combine`]. D must be one of [`A2A_RANKS`].
+/// and lse [T, H_l], accumulated in fp32 in rank order; a source whose coefficient is 0 is
+/// skipped. Matches [`crate::reference::merge::a2a_combine`]. D must be one of [`A2A_RANKS`].
 pub fn a2a_combine(dev: &Device, stream: Stream, a: &A2aCombine) -> Result<()> {
     let (params, rows) = validate_a2a_combine(a)?;
     let id = lookup(registry::combine_a2a(a.dcp_size as u32, a.out.dtype()), "combine_a2a")?;
@@ -302,7 +302,7 @@ fn validate_a2a_combine(a: &A2aCombine) -> Result<(DcpA2aCombineParams, usize)> 
 }
 
 /// The two-way merge of chunked prefill (SPEC.md §5.3): (out_a, lse_a) + (out_b, lse_b) → out, lse,
-/// fp32 accumulation, a part with coefficient 0 not read. Matches
+/// fp32 accumulation, a part with coefficient 0 skipped. Matches
 /// [`crate::reference::merge::merge_two`] (followed by `to_bf16` for bf16 output).
 pub fn merge_two(dev: &Device, stream: Stream, a: &MergeTwo) -> Result<()> {
     let (params, rows) = validate_merge_two(a)?;
