@@ -1,0 +1,530 @@
+//! Sparse top-k under DCP (SPEC.md §6) on the GPU against the CPU reference
+//! (`dcp_mla::reference::topk`), bit for bit: local top-k, candidate packing, the global merge and
+//! the compaction with and without page translation.
+//!
+//! Inputs are fresh random rows of several characters (distinct scores, a few levels so that
+//! ties dominate, all zeros, a narrow band sharing the top key bits, NaN/±inf/−0 mixed in, all
+//! NaN), lengths 0, 1, K−1, K, K+1, long rows, negative and over-long lengths, ids above 2^24,
+//! permuted block tables with holes, a score buffer of more than 2^31 elements, and one CUDA
+//! graph replayed with new device-side lengths, scores and candidates. Outputs are poisoned first.
+
+mod common;
+
+use common::*;
+use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::CudaSlice;
+use dcp_mla::ops::topk::*;
+use dcp_mla::reference::topk as reference;
+use dcp_mla::runtime::DeviceSlice;
+use dcp_mla::DcpLayout;
+
+const POISON: i32 = -0x2152_4111;
+const KS: [usize; 2] = [512, 2048];
+const ROW_KINDS: usize = 8;
+
+/// One row of `n` scores of character `kind` (0..ROW_KINDS).
+fn score_row(rng: &mut Rng, kind: usize, n: usize) -> Vec<f32> {
+    let specials = [f32::NAN, f32::NEG_INFINITY, f32::INFINITY, -0.0, 0.0, -f32::NAN];
+    (0..n)
+        .map(|_| match kind {
+            0 => rng.unit() * 100.0,
+            1 => rng.below(5) as f32 - 2.0,
+            2 => 0.0,
+            // one binade, few mantissa values: every key shares its top 12 bits
+            3 => 1.0 + rng.below(3000) as f32 * f32::powi(2.0, -20),
+            4 => {
+                if rng.below(4) == 0 {
+                    specials[rng.below(specials.len() as u64) as usize]
+                } else {
+                    rng.unit()
+                }
+            }
+            // almost all equal, a few larger ones
+            5 => {
+                if rng.below(100) == 0 {
+                    2.0 + rng.unit()
+                } else {
+                    1.0
+                }
+            }
+            6 => f32::NAN,
+            _ => {
+                if rng.below(2) == 0 {
+                    -0.0
+                } else {
+                    0.0
+                }
+            }
+        })
+        .collect()
+}
+
+fn check_i32(what: &str, got: &[i32], want: &[i32], width: usize) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    if let Some(i) = (0..got.len()).find(|&i| got[i] != want[i]) {
+        let row = i / width;
+        panic!(
+            "{what}: first mismatch at row {row} column {}: got {} want {}\n got row:  {:?}\n want row: {:?}",
+            i % width,
+            got[i],
+            want[i],
+            &got[row * width..(row * width + width).min(got.len())].iter().take(64).collect::<Vec<_>>(),
+            &want[row * width..(row * width + width).min(want.len())].iter().take(64).collect::<Vec<_>>()
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn local_topk_matches_reference() {
+    let s = stream();
+    let dev = gpu();
+    let mut rng = Rng::new(seed());
+    for k in KS {
+        // Not a multiple of 4: rows start misaligned.
+        let row_stride = 40_003;
+        let lens_of_kind = [0, 1, k as i32 - 1, k as i32, k as i32 + 1, 2 * k as i32 + 3, 5_000, 40_003, 50_000, -3];
+        let mut scores = Vec::new();
+        let mut lens = Vec::new();
+        let mut kinds = Vec::new();
+        for kind in 0..ROW_KINDS {
+            for &len in &lens_of_kind {
+                scores.extend(score_row(&mut rng, kind, row_stride));
+                lens.push(len);
+                kinds.push(kind);
+            }
+        }
+        // a row with a random length
+        scores.extend(score_row(&mut rng, 0, row_stride));
+        lens.push(k as i32 + 1 + rng.below(30_000) as i32);
+        kinds.push(0);
+        let rows = lens.len();
+
+        let d_scores = upload(&s, &scores);
+        let d_lens = upload(&s, &lens);
+        let d_out = upload(&s, &vec![POISON; rows * k]);
+        let args = LocalTopk {
+            scores: view(&s, &d_scores),
+            row_stride,
+            cols: row_stride,
+            lens: view(&s, &d_lens),
+            rows,
+            k,
+            out: view(&s, &d_out),
+        };
+        local_topk(dev, raw(&s), &args).expect("local_topk");
+        let got = download(&s, &d_out);
+        let want = reference::local_topk(&scores, rows, row_stride, &lens, k);
+        for r in 0..rows {
+            check_i32(
+                &format!("local top-k K = {k}, row {r} (kind {}, len {})", kinds[r], lens[r]),
+                &got[r * k..(r + 1) * k],
+                &want[r * k..(r + 1) * k],
+                k,
+            );
+        }
+    }
+}
+
+/// A score buffer of 2^31 + 2^20 elements: row 1 starts at 2^31 − 2^20 and crosses 2^31, so a
+/// 32-bit row offset or index would read the wrong scores. Runs local top-k and pack on it.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn local_topk_and_pack_beyond_2_pow_31_elements() {
+    let s = stream();
+    let dev = gpu();
+    let mut rng = Rng::new(seed());
+    let k = 2048;
+    let cols = 1usize << 21;
+    let row_stride = (1usize << 31) - (1 << 20);
+    let rows = 2;
+    let mut big: CudaSlice<f32> = s.alloc_zeros(row_stride + cols).expect("8.6 GB score buffer");
+    let host: Vec<Vec<f32>> = (0..rows).map(|r| score_row(&mut rng, [0, 4][r], cols)).collect();
+    for (r, row) in host.iter().enumerate() {
+        s.memcpy_htod(row, &mut big.slice_mut(r * row_stride..r * row_stride + cols)).unwrap();
+    }
+    let lens = vec![cols as i32, cols as i32 - 7];
+    let d_lens = upload(&s, &lens);
+    let d_out = upload(&s, &vec![POISON; rows * k]);
+    let args =
+        LocalTopk { scores: view(&s, &big), row_stride, cols, lens: view(&s, &d_lens), rows, k, out: view(&s, &d_out) };
+    local_topk(dev, raw(&s), &args).expect("local_topk");
+    let got = download(&s, &d_out);
+    let dcp = DcpLayout { size: 8, interleave: 2 };
+    let rank = 5;
+    let d_cs = upload(&s, &vec![f32::from_bits(POISON as u32); rows * k]);
+    let d_ci = upload(&s, &vec![POISON; rows * k]);
+    let pack = PackCandidates {
+        local_idx: view(&s, &d_out),
+        scores: view(&s, &big),
+        row_stride,
+        cols,
+        rows,
+        k,
+        dcp,
+        rank,
+        cand_scores: view(&s, &d_cs),
+        cand_ids: view(&s, &d_ci),
+    };
+    pack_candidates(dev, raw(&s), &pack).expect("pack_candidates");
+    let (got_s, got_i) = (download(&s, &d_cs), download(&s, &d_ci));
+    for r in 0..rows {
+        let want = reference::local_topk(&host[r], 1, cols, &lens[r..r + 1], k);
+        check_i32(&format!("2^31 buffer, row {r}"), &got[r * k..(r + 1) * k], &want, k);
+        let (ws, wi) = reference::pack_candidates(&want, &host[r], cols, k, dcp, rank);
+        check_i32(&format!("2^31 buffer pack ids, row {r}"), &got_i[r * k..(r + 1) * k], &wi, k);
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits() as i32).collect::<Vec<_>>();
+        check_i32(&format!("2^31 buffer pack scores, row {r}"), &bits(&got_s[r * k..(r + 1) * k]), &bits(&ws), k);
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn pack_matches_reference_with_large_ids() {
+    let s = stream();
+    let dev = gpu();
+    let mut rng = Rng::new(seed());
+    for (d, i) in [(1, 1), (2, 1), (4, 3), (8, 1), (8, 4)] {
+        let dcp = DcpLayout { size: d, interleave: i };
+        let rank = rng.below(d as u64) as usize;
+        let (rows, k) = (5, 512);
+        // 2.5M local positions: global ids up to ~2·10^7 > 2^24 at D = 8
+        let cols = 2_500_000 + rng.below(1000) as usize;
+        let row_stride = cols + 3;
+        let scores: Vec<f32> = (0..rows).flat_map(|r| score_row(&mut rng, [0, 4, 1, 6, 3][r], row_stride)).collect();
+        let idx: Vec<i32> = (0..rows * k)
+            .map(|j| match rng.below(8) {
+                0 => -1,
+                1 => (cols - 1 - (j % 7)) as i32,
+                _ => rng.below(cols as u64) as i32,
+            })
+            .collect();
+        let d_scores = upload(&s, &scores);
+        let d_idx = upload(&s, &idx);
+        let d_cs = upload(&s, &vec![f32::from_bits(POISON as u32); rows * k]);
+        let d_ci = upload(&s, &vec![POISON; rows * k]);
+        let args = PackCandidates {
+            local_idx: view(&s, &d_idx),
+            scores: view(&s, &d_scores),
+            row_stride,
+            cols,
+            rows,
+            k,
+            dcp,
+            rank,
+            cand_scores: view(&s, &d_cs),
+            cand_ids: view(&s, &d_ci),
+        };
+        pack_candidates(dev, raw(&s), &args).expect("pack_candidates");
+        let (ws, wi) = reference::pack_candidates(&idx, &scores, row_stride, k, dcp, rank);
+        let got_i = download(&s, &d_ci);
+        check_i32(&format!("pack ids D = {d} I = {i} rank {rank}"), &got_i, &wi, k);
+        assert!(wi.iter().any(|&x| x > 1 << 24) || d < 8, "the case must produce ids above 2^24");
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits() as i32).collect::<Vec<_>>();
+        check_i32(&format!("pack scores D = {d} I = {i}"), &bits(&download(&s, &d_cs)), &bits(&ws), k);
+    }
+}
+
+/// Candidates [D, rows, K] with rows of different character. Ids are distinct (an odd multiple
+/// of the candidate index modulo 2^30, plus an offset), up to 2^30.
+fn candidates(rng: &mut Rng, d: usize, rows: usize, k: usize) -> (Vec<f32>, Vec<i32>) {
+    let n = d * k;
+    let mut cs = vec![f32::NEG_INFINITY; d * rows * k];
+    let mut ci = vec![-1i32; d * rows * k];
+    let off = rng.below(1 << 30);
+    for row in 0..rows {
+        let kind = row % 10;
+        let at = |c: usize| ((c / k) * rows + row) * k + c % k;
+        let valid_count = match kind {
+            0 => 0,
+            1 => 1 + rng.below(k as u64 / 2) as usize,
+            2 => k.min(n),
+            3 => (k + 1).min(n),
+            _ => n - rng.below(n as u64 / 4) as usize,
+        };
+        let mut slots: Vec<usize> = (0..n).collect();
+        rng.shuffle(&mut slots);
+        for &c in &slots[..valid_count] {
+            let id = ((c as u64 * 2_654_435_761 + off + row as u64 * 977) % (1 << 30)) as i32;
+            let score = match kind {
+                4 => rng.below(3) as f32,
+                5 => 0.5,
+                6 => [f32::NAN, f32::NEG_INFINITY, -0.0, 0.0, 1.0][rng.below(5) as usize],
+                _ => rng.unit(),
+            };
+            cs[at(c)] = score;
+            ci[at(c)] = id;
+        }
+        // invalid candidates with garbage scores must not count
+        for &c in &slots[valid_count..] {
+            if rng.below(2) == 0 {
+                cs[at(c)] = 1e30;
+            }
+        }
+        if kind == 7 && valid_count > 4 {
+            // duplicate (score, id) pairs: the earlier candidate wins a tie on both
+            for j in 0..valid_count / 4 {
+                let (a, b) = (slots[j], slots[valid_count - 1 - j]);
+                cs[at(b)] = cs[at(a)];
+                ci[at(b)] = ci[at(a)];
+            }
+        }
+    }
+    (cs, ci)
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn global_merge_matches_reference() {
+    let s = stream();
+    let dev = gpu();
+    let mut rng = Rng::new(seed());
+    for d in [1, 2, 4, 8] {
+        for k in KS {
+            let rows = 23;
+            let (cs, ci) = candidates(&mut rng, d, rows, k);
+            let d_cs = upload(&s, &cs);
+            let d_ci = upload(&s, &ci);
+            let d_out = upload(&s, &vec![POISON; rows * k]);
+            let args = GlobalMerge {
+                cand_scores: view(&s, &d_cs),
+                cand_ids: view(&s, &d_ci),
+                dcp_size: d,
+                rows,
+                k,
+                out: view(&s, &d_out),
+            };
+            global_merge(dev, raw(&s), &args).expect("global_merge");
+            let want = reference::global_merge(&cs, &ci, d, rows, k);
+            check_i32(&format!("global merge D = {d} K = {k}"), &download(&s, &d_out), &want, k);
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn compact_matches_reference() {
+    let s = stream();
+    let dev = gpu();
+    let mut rng = Rng::new(seed());
+    for (d, i) in [(1, 1), (2, 1), (4, 1), (4, 2), (8, 4)] {
+        let dcp = DcpLayout { size: d, interleave: i };
+        for k in KS {
+            let (q, requests, block_size) = (2, 3, 16);
+            let rows = q * requests;
+            let span = 200 * block_size * d; // global positions drawn below this
+            let ids: Vec<i32> =
+                (0..rows * k).map(|_| if rng.below(5) == 0 { -1 } else { rng.below(span as u64) as i32 }).collect();
+            // Pages for 150 of the 200 columns a request may need: a column beyond the stride gives -1.
+            let stride = 150;
+            let mut pages: Vec<i32> = (0..(requests * stride) as i32).collect();
+            rng.shuffle(&mut pages);
+            for p in pages.iter_mut() {
+                if rng.below(20) == 0 {
+                    *p = -1;
+                }
+            }
+            let d_ids = upload(&s, &ids);
+            let d_table = upload(&s, &pages);
+            for rank in 0..d {
+                for translate in [false, true] {
+                    let d_out = upload(&s, &vec![POISON; rows * k]);
+                    let d_counts = upload(&s, &vec![POISON; rows]);
+                    let args = Compact {
+                        ids: view(&s, &d_ids),
+                        rows,
+                        k,
+                        dcp,
+                        rank,
+                        translate: translate.then(|| PageTranslate {
+                            block_table: view(&s, &d_table),
+                            stride,
+                            block_size,
+                            rows_per_request: q,
+                        }),
+                        out: view(&s, &d_out),
+                        counts: view(&s, &d_counts),
+                    };
+                    compact(dev, raw(&s), &args).expect("compact");
+                    let t = reference::PageTranslate { block_table: &pages, stride, block_size, rows_per_request: q };
+                    let (want, want_counts) = reference::compact(&ids, k, dcp, rank, translate.then_some(t));
+                    let tag = format!("compact D = {d} I = {i} K = {k} rank {rank} translate {translate}");
+                    check_i32(&tag, &download(&s, &d_out), &want, k);
+                    check_i32(&format!("{tag}: counts"), &download(&s, &d_counts), &want_counts, rows);
+                }
+            }
+        }
+    }
+}
+
+/// Local top-k → pack into rank 0's slot of a D = 2 candidate buffer (rank 1's slot is written
+/// by the host, standing in for the all-gather) → global merge → compaction with translation,
+/// captured once in a CUDA graph and replayed with new lengths, scores, candidates and tables.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn graph_replay_reads_new_lengths_and_indices() {
+    let dev = gpu();
+    let s = dev.context().new_stream().expect("stream");
+    let mut rng = Rng::new(seed());
+    let dcp = DcpLayout { size: 2, interleave: 1 };
+    let (rows, k, row_stride, q, block_size) = (6, 512, 9_000, 2, 64);
+    let requests = rows / q;
+    let stride = 9_000usize.div_ceil(block_size) * 2 + 1;
+
+    let mut d_scores = upload(&s, &vec![0.0f32; rows * row_stride]);
+    let mut d_lens = upload(&s, &vec![0i32; rows]);
+    let d_idx = upload(&s, &vec![POISON; rows * k]);
+    let mut d_cs = upload(&s, &vec![0.0f32; 2 * rows * k]);
+    let mut d_ci = upload(&s, &vec![0i32; 2 * rows * k]);
+    let d_merged = upload(&s, &vec![POISON; rows * k]);
+    let mut d_table = upload(&s, &vec![0i32; requests * stride]);
+    let mut d_out = upload(&s, &vec![POISON; rows * k]);
+    let mut d_counts = upload(&s, &vec![POISON; rows]);
+
+    let topk = LocalTopk {
+        scores: view(&s, &d_scores),
+        row_stride,
+        cols: row_stride,
+        lens: view(&s, &d_lens),
+        rows,
+        k,
+        out: view(&s, &d_idx),
+    };
+    // SAFETY: rank 0's slot is the first rows·k elements of the [2, rows, k] buffers.
+    let (slot_s, slot_i) = unsafe {
+        (
+            DeviceSlice::<f32>::from_raw(view(&s, &d_cs).ptr(), rows * k),
+            DeviceSlice::<i32>::from_raw(view(&s, &d_ci).ptr(), rows * k),
+        )
+    };
+    let pack = PackCandidates {
+        local_idx: view(&s, &d_idx),
+        scores: view(&s, &d_scores),
+        row_stride,
+        cols: row_stride,
+        rows,
+        k,
+        dcp,
+        rank: 0,
+        cand_scores: slot_s,
+        cand_ids: slot_i,
+    };
+    let merge = GlobalMerge {
+        cand_scores: view(&s, &d_cs),
+        cand_ids: view(&s, &d_ci),
+        dcp_size: 2,
+        rows,
+        k,
+        out: view(&s, &d_merged),
+    };
+    let comp = Compact {
+        ids: view(&s, &d_merged),
+        rows,
+        k,
+        dcp,
+        rank: 0,
+        translate: Some(PageTranslate { block_table: view(&s, &d_table), stride, block_size, rows_per_request: q }),
+        out: view(&s, &d_out),
+        counts: view(&s, &d_counts),
+    };
+    s.synchronize().unwrap();
+    s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).expect("begin_capture");
+    let launched = local_topk(dev, raw(&s), &topk)
+        .and_then(|_| pack_candidates(dev, raw(&s), &pack))
+        .and_then(|_| global_merge(dev, raw(&s), &merge))
+        .and_then(|_| compact(dev, raw(&s), &comp));
+    let graph = s.end_capture(CUgraphInstantiate_flags(0)).expect("end_capture").expect("a graph");
+    launched.expect("launch during capture");
+
+    for replay in 0..3 {
+        let scores: Vec<f32> =
+            (0..rows).flat_map(|r| score_row(&mut rng, (r + replay) % ROW_KINDS, row_stride)).collect();
+        let lens: Vec<i32> = (0..rows)
+            .map(|r| match (r + replay) % 3 {
+                0 => rng.below(k as u64 + 1) as i32,
+                _ => rng.below(row_stride as u64 + 1) as i32,
+            })
+            .collect();
+        // rank 1's candidates: its own local top-k of fresh scores, packed
+        let other: Vec<f32> = (0..rows).flat_map(|_| score_row(&mut rng, 0, row_stride)).collect();
+        let other_lens: Vec<i32> = (0..rows).map(|_| rng.below(row_stride as u64 + 1) as i32).collect();
+        let other_idx = reference::local_topk(&other, rows, row_stride, &other_lens, k);
+        let (os, oi) = reference::pack_candidates(&other_idx, &other, row_stride, k, dcp, 1);
+        let mut table: Vec<i32> = (0..(requests * stride) as i32).collect();
+        rng.shuffle(&mut table);
+
+        s.memcpy_htod(&scores, &mut d_scores).unwrap();
+        s.memcpy_htod(&lens, &mut d_lens).unwrap();
+        s.memcpy_htod(&os, &mut d_cs.slice_mut(rows * k..)).unwrap();
+        s.memcpy_htod(&oi, &mut d_ci.slice_mut(rows * k..)).unwrap();
+        s.memcpy_htod(&table, &mut d_table).unwrap();
+        s.memcpy_htod(&vec![POISON; rows * k], &mut d_out).unwrap();
+        s.memcpy_htod(&vec![POISON; rows], &mut d_counts).unwrap();
+        graph.launch().expect("graph launch");
+        s.synchronize().unwrap();
+
+        let tag = format!("graph replay {replay}");
+        let idx = reference::local_topk(&scores, rows, row_stride, &lens, k);
+        check_i32(&format!("{tag}: local top-k"), &download(&s, &d_idx), &idx, k);
+        let (ms, mi) = reference::pack_candidates(&idx, &scores, row_stride, k, dcp, 0);
+        let cs = [ms, os].concat();
+        let ci = [mi, oi].concat();
+        let merged = reference::global_merge(&cs, &ci, 2, rows, k);
+        check_i32(&format!("{tag}: global merge"), &download(&s, &d_merged), &merged, k);
+        let t = reference::PageTranslate { block_table: &table, stride, block_size, rows_per_request: q };
+        let (want, counts) = reference::compact(&merged, k, dcp, 0, Some(t));
+        check_i32(&format!("{tag}: compact"), &download(&s, &d_out), &want, k);
+        check_i32(&format!("{tag}: counts"), &download(&s, &d_counts), &counts, rows);
+    }
+}
+
+/// A coarse timing of the PERF.md shapes (not a benchmark: the lead's criterion benches are):
+/// local top-k 128 × 32,768, K = 2048 (target ≤ 40 µs) and the global merge of 128 rows, D = 4,
+/// K = 2048 (target ≤ 15 µs). Prints the figures; fails only if a launch fails.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn timing_smoke() {
+    let s = stream();
+    let dev = gpu();
+    let mut rng = Rng::new(seed());
+    let (rows, n, k) = (128, 32_768, 2048);
+    let scores: Vec<f32> = (0..rows * n).map(|_| rng.unit()).collect();
+    let d_scores = upload(&s, &scores);
+    let d_lens = upload(&s, &vec![n as i32; rows]);
+    let d_out = upload(&s, &vec![0i32; rows * k]);
+    let topk = LocalTopk {
+        scores: view(&s, &d_scores),
+        row_stride: n,
+        cols: n,
+        lens: view(&s, &d_lens),
+        rows,
+        k,
+        out: view(&s, &d_out),
+    };
+    let (cs, ci) = candidates(&mut rng, 4, rows, k);
+    let d_cs = upload(&s, &cs);
+    let d_ci = upload(&s, &ci);
+    let d_merged = upload(&s, &vec![0i32; rows * k]);
+    let merge = GlobalMerge {
+        cand_scores: view(&s, &d_cs),
+        cand_ids: view(&s, &d_ci),
+        dcp_size: 4,
+        rows,
+        k,
+        out: view(&s, &d_merged),
+    };
+    let time = |f: &dyn Fn()| {
+        f();
+        s.synchronize().unwrap();
+        let iters = 200;
+        let t0 = std::time::Instant::now();
+        for _ in 0..iters {
+            f();
+        }
+        s.synchronize().unwrap();
+        t0.elapsed().as_secs_f64() * 1e6 / iters as f64
+    };
+    let t_topk = time(&|| local_topk(dev, raw(&s), &topk).unwrap());
+    let t_merge = time(&|| global_merge(dev, raw(&s), &merge).unwrap());
+    eprintln!("local top-k 128 x 32768 K=2048: {t_topk:.1} us (target <= 40); global merge 128 rows D=4 K=2048: {t_merge:.1} us (target <= 15)");
+}
