@@ -10,6 +10,7 @@
 //! - [`reference`]: the CPU reference of every operation (SPEC.md's executable form).
 
 pub mod abi;
+pub mod bench;
 #[macro_use]
 pub mod error;
 pub mod formats;

@@ -1,0 +1,767 @@
+//! Benchmark definitions shared by `benches/kernels.rs` (criterion) and `dcp-mla bench`: CUDA-event
+//! timing after warm-up, the same run's device-to-device copy ceiling, and one [`BenchRow`] per
+//! shape of `PERF.md` with its target.
+//!
+//! Targets are ratios measured in one run (PERF.md): a fraction of the copy bandwidth measured
+//! just before, FlashMLA's TFLOP/s on the same card, or a time against a baseline. Every timed
+//! launch is preceded by an untimed write of a buffer larger than the L2 cache, as Triton's
+//! `do_bench` does, so memory-bound rows do not read their inputs from L2.
+
+use crate::error::{Error, Result};
+use crate::formats::{KvFormat, D_LATENT, D_QK, D_ROPE, D_V};
+use crate::ops::combine::{self, a2a_aligned_slot_bytes, A2aCombine, AgRsCorrect, CombineRows, MergeTwo};
+use crate::ops::decode::{self, DecodeCommon, DecodeOut, DenseDecode, SparseDecode};
+use crate::ops::fill::{kv_fill, KvFill};
+use crate::ops::prefill::{self, piece_table, Flatten, Reorder};
+use crate::ops::topk::{self, Compact, GlobalMerge, LocalTopk, PackCandidates, PageTranslate};
+use crate::planner::{plan_prefill_chunks, prefill_chunk_bytes, DcpLayout};
+use crate::runtime::{Device, DeviceSlice, Stream};
+use crate::LseBase;
+use cudarc::driver::{sys, CudaSlice, CudaStream, DeviceRepr, DriverError};
+use half::bf16;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Bytes of the copy that measures the ceiling (read once, written once).
+pub const COPY_BYTES: usize = 1 << 31;
+/// Bytes written between timed launches to evict the L2 cache (H200: 60 MiB).
+pub const L2_FLUSH_BYTES: usize = 256 << 20;
+
+/// Maps a cudarc error to the library's.
+pub(crate) fn drv<T>(call: &'static str, r: std::result::Result<T, DriverError>) -> Result<T> {
+    r.map_err(|source| Error::Driver { call, source })
+}
+
+/// Milliseconds between two events recorded around `f` on `s`.
+fn event_ms(s: &Arc<CudaStream>, iters: u64, f: &mut dyn FnMut() -> Result<()>) -> Result<f64> {
+    let ctx = s.context();
+    // cudarc's default (None) disables timing.
+    let timed = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
+    let a = drv("cuEventCreate", ctx.new_event(timed))?;
+    let b = drv("cuEventCreate", ctx.new_event(timed))?;
+    drv("cuEventRecord", a.record(s))?;
+    for _ in 0..iters {
+        f()?;
+    }
+    drv("cuEventRecord", b.record(s))?;
+    drv("cuEventSynchronize", b.synchronize())?;
+    Ok(drv("cuEventElapsedTime", a.elapsed_ms(&b))? as f64)
+}
+
+/// The timer of one run: a stream and an L2-eviction buffer.
+pub struct Timer {
+    stream: Arc<CudaStream>,
+    flush: CudaSlice<u8>,
+    /// Untimed launches before measuring.
+    pub warmup: usize,
+    /// Timed launches; the median is reported.
+    pub reps: usize,
+}
+
+impl Timer {
+    pub fn new(stream: Arc<CudaStream>, warmup: usize, reps: usize) -> Result<Self> {
+        let flush = drv("cuMemAlloc", stream.alloc_zeros::<u8>(L2_FLUSH_BYTES))?;
+        Ok(Timer { stream, flush, warmup, reps: reps.max(1) })
+    }
+
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// Median milliseconds of one call of `f` (timed with CUDA events, one launch per sample,
+    /// the L2 cache evicted before each), after `warmup` untimed calls.
+    pub fn median_ms(&mut self, f: &mut dyn FnMut() -> Result<()>) -> Result<f64> {
+        for _ in 0..self.warmup {
+            f()?;
+        }
+        let mut v = Vec::with_capacity(self.reps);
+        for _ in 0..self.reps {
+            drv("cuMemsetD8Async", self.stream.memset_zeros(&mut self.flush))?;
+            v.push(event_ms(&self.stream, 1, f)?);
+        }
+        Ok(median(&mut v))
+    }
+
+    /// The ceiling of this run: GB/s of a [`COPY_BYTES`] device-to-device copy, bytes read plus
+    /// bytes written, median of the timed copies.
+    pub fn copy_gbs(&mut self) -> Result<f64> {
+        let s = self.stream.clone();
+        let src = drv("cuMemAlloc", s.alloc_zeros::<u8>(COPY_BYTES))?;
+        let mut dst = drv("cuMemAlloc", s.alloc_zeros::<u8>(COPY_BYTES))?;
+        let ms = self.median_ms(&mut || drv("cuMemcpyDtoDAsync", s.memcpy_dtod(&src, &mut dst)))?;
+        Ok(2.0 * COPY_BYTES as f64 / ms / 1e6)
+    }
+}
+
+/// Criterion's `iter_custom` body: `iters` back-to-back calls between two events.
+pub fn events_elapsed(s: &Arc<CudaStream>, iters: u64, f: &mut dyn FnMut() -> Result<()>) -> Result<Duration> {
+    Ok(Duration::from_secs_f64(event_ms(s, iters, f)? / 1e3))
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+/// What a row must reach (PERF.md "Targets").
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Target {
+    /// At least this fraction of the same run's copy bandwidth.
+    CopyFraction(f64),
+    /// At least this many TFLOP/s (FlashMLA's figure on the H200).
+    Tflops(f64),
+    /// At most this many µs.
+    MaxUs(f64),
+    /// At most `baseline_us / factor` µs (a baseline measured on the H200, e.g. torch or Triton).
+    FasterThan { baseline_us: f64, factor: f64 },
+    /// No target: measured for the record.
+    None,
+}
+
+impl Target {
+    pub fn describe(&self) -> String {
+        match *self {
+            Target::CopyFraction(f) => format!("≥ {:.0}% of copy", f * 100.0),
+            Target::Tflops(t) => format!("≥ {t:.0} TFLOP/s"),
+            Target::MaxUs(u) => format!("≤ {u} µs"),
+            Target::FasterThan { baseline_us, factor } if factor == 1.0 => format!("≤ {baseline_us} µs (baseline)"),
+            Target::FasterThan { baseline_us, factor } => format!("≤ {baseline_us} µs / {factor}"),
+            Target::None => "-".into(),
+        }
+    }
+
+    /// Achieved over required: 1 or more meets the target; None without a target.
+    pub fn ratio(&self, m: &Measurement, copy_gbs: f64) -> Option<f64> {
+        match *self {
+            Target::CopyFraction(f) => Some(m.gbs() / copy_gbs / f),
+            Target::Tflops(t) => Some(m.tflops() / t),
+            Target::MaxUs(u) => Some(u / m.us),
+            Target::FasterThan { baseline_us, factor } => Some(baseline_us / factor / m.us),
+            Target::None => None,
+        }
+    }
+}
+
+/// One timed row.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Measurement {
+    pub us: f64,
+    /// Bytes the kernel must move at least (PERF.md's byte counts).
+    pub bytes: f64,
+    pub flops: f64,
+}
+
+impl Measurement {
+    pub fn gbs(&self) -> f64 {
+        self.bytes / self.us / 1e3
+    }
+    pub fn tflops(&self) -> f64 {
+        self.flops / self.us / 1e6
+    }
+}
+
+/// The shape of one benchmark row.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Case {
+    /// KV fill of `tokens` new tokens into a D = 1 cache.
+    Fill { format: KvFormat, tokens: usize },
+    /// Dense decode: b requests of s_k tokens, q rows, H heads, BF16 cache, automatic splits.
+    Dense { b: usize, q: usize, h: usize, sk: usize },
+    /// Sparse decode over `k` distinct random slots of each request's 8192-token cache.
+    Sparse { format: KvFormat, b: usize, q: usize, h: usize, k: usize },
+    /// Two-way merge of T·H rows, fp32 in, bf16 out.
+    MergeTwo { t: usize, h: usize },
+    /// ag_rs step 1 on one rank: bf16 partials [T, H, 512] → fp32 contribution.
+    AgRsCorrect { d: usize, t: usize, h: usize },
+    /// a2a receive side: D slots of T·(H/D) rows → bf16 out.
+    A2aCombine { d: usize, t: usize, h: usize },
+    /// Local top-k of `rows` rows of `n` random scores.
+    TopkLocal { rows: usize, n: usize, k: usize },
+    /// Packing one rank's local top-k of `rows` rows into candidates.
+    TopkPack { rows: usize, k: usize, d: usize },
+    /// Global merge of D·K candidates per row.
+    TopkMerge { rows: usize, d: usize, k: usize },
+    /// Compaction of merged ids for one rank, with page translation.
+    TopkCompact { rows: usize, d: usize, k: usize },
+    /// Prefix flatten of one rank's rows of a `prefix`-token chunk.
+    Flatten { format: KvFormat, prefix: usize, d: usize },
+    /// Reorder of the all-gathered [D, prefix/D, 576] buffer.
+    Reorder { prefix: usize, d: usize },
+}
+
+/// One benchmark row: a named shape, its byte and FLOP counts, and its target.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BenchRow {
+    /// Kernel family (as in kernels.toml).
+    pub family: &'static str,
+    /// Short shape description.
+    pub shape: String,
+    pub case: Case,
+    pub target: Target,
+}
+
+impl BenchRow {
+    fn new(family: &'static str, case: Case, target: Target) -> Self {
+        BenchRow { family, shape: describe(&case), case, target }
+    }
+
+    /// `family shape`, unique per row.
+    pub fn name(&self) -> String {
+        format!("{} {}", self.family, self.shape)
+    }
+
+    /// Bytes the operation must move at least, and its FLOPs.
+    pub fn work(&self) -> (f64, f64) {
+        work(&self.case)
+    }
+}
+
+fn describe(c: &Case) -> String {
+    match *c {
+        Case::Fill { format, tokens } => format!("{format:?} tokens={tokens}"),
+        Case::Dense { b, q, h, sk } => format!("b={b} q={q} H={h} s_k={sk}"),
+        Case::Sparse { format, b, q, h, k } => format!("{format:?} b={b} q={q} H={h} K={k}"),
+        Case::MergeTwo { t, h } => format!("T={t} H={h}"),
+        Case::AgRsCorrect { d, t, h } | Case::A2aCombine { d, t, h } => format!("D={d} T={t} H={h}"),
+        Case::TopkLocal { rows, n, k } => format!("{rows}x{n} K={k}"),
+        Case::TopkPack { rows, k, d } | Case::TopkMerge { rows, d, k } | Case::TopkCompact { rows, d, k } => {
+            format!("rows={rows} D={d} K={k}")
+        }
+        Case::Flatten { format, prefix, d } => format!("{format:?} prefix={prefix} D={d}"),
+        Case::Reorder { prefix, d } => format!("prefix={prefix} D={d}"),
+    }
+}
+
+fn work(c: &Case) -> (f64, f64) {
+    let attn_flops = |rows: usize, keys: usize| 2.0 * rows as f64 * keys as f64 * (D_QK + D_V) as f64;
+    let (bytes, flops) = match *c {
+        Case::Fill { format, tokens } => (tokens * ((D_LATENT + D_ROPE) * 2 + format.token_bytes()), 0.0),
+        Case::Dense { b, q, h, sk } => (b * sk * D_QK * 2 + b * q * h * (D_QK + D_V) * 2, attn_flops(b * q * h, sk)),
+        Case::Sparse { format, b, q, h, k } => {
+            (b * q * k * format.token_bytes() + b * q * h * (D_QK + D_V) * 2, attn_flops(b * q * h, k))
+        }
+        // fp32 inputs and lse read, bf16 out and fp32 lse written
+        Case::MergeTwo { t, h } => (t * h * (2 * (D_V * 4 + 4) + D_V * 2 + 4), 0.0),
+        // bf16 partial and the D lse of each row read, fp32 contribution written
+        Case::AgRsCorrect { d, t, h } => (t * h * (D_V * 2 + d * 4 + D_V * 4), 0.0),
+        // the D slots (bf16 + lse) read, bf16 out and lse written
+        Case::A2aCombine { d, t, h } => (t * h * (D_V * 2 + 4) + t * (h / d) * (D_V * 2 + 4), 0.0),
+        Case::TopkLocal { rows, n, k } => (rows * n * 4 + rows * k * 4, 0.0),
+        Case::TopkPack { rows, k, .. } => (rows * k * (4 + 4 + 8), 0.0),
+        Case::TopkMerge { rows, d, k } => (d * rows * k * 8 + rows * k * 4, 0.0),
+        Case::TopkCompact { rows, k, .. } => (rows * k * 8 + rows * 4, 0.0),
+        Case::Flatten { format, prefix, d } => ((prefix / d) * (format.token_bytes() + D_QK * 2), 0.0),
+        Case::Reorder { prefix, .. } => (prefix * D_QK * 2 * 2, 0.0),
+    };
+    (bytes as f64, flops)
+}
+
+/// Every row of PERF.md's tables, with its target; a shape PERF.md gives a baseline but no
+/// target for is held to the baseline itself.
+pub fn rows() -> Vec<BenchRow> {
+    use KvFormat::{Bf16, Fp8_656};
+    let faster = |baseline_us: f64, factor: f64| Target::FasterThan { baseline_us, factor };
+    let mut v = Vec::new();
+    for format in [Bf16, Fp8_656] {
+        v.push(BenchRow::new("kv_fill", Case::Fill { format, tokens: 128 }, Target::MaxUs(5.0)));
+        v.push(BenchRow::new("kv_fill", Case::Fill { format, tokens: 8192 }, Target::CopyFraction(0.7)));
+    }
+    // FlashMLA on the H200: (b, q, H, s_k, µs, TFLOP/s); memory-bound rows are held to 90% of copy.
+    for (b, q, h, sk, target) in [
+        (128, 1, 16, 8192, faster(317.0, 1.0)),
+        (128, 1, 64, 8192, Target::CopyFraction(0.9)),
+        (128, 1, 128, 8192, Target::Tflops(567.0)),
+        (128, 1, 64, 32768, Target::CopyFraction(0.9)),
+        (128, 2, 64, 8192, Target::Tflops(489.0)),
+        (128, 6, 64, 8192, Target::Tflops(629.0)),
+    ] {
+        v.push(BenchRow::new("mla_decode", Case::Dense { b, q, h, sk }, target));
+    }
+    for (q, h, k, tflops) in
+        [(1, 64, 2048, 302.0), (2, 64, 2048, 333.0), (2, 128, 2048, 404.0), (6, 64, 2048, 353.0), (2, 64, 512, 255.0)]
+    {
+        v.push(BenchRow::new("mla_decode", Case::Sparse { format: Fp8_656, b: 128, q, h, k }, Target::Tflops(tflops)));
+    }
+    // vLLM's Triton kernels: at T ≤ 768 twice as fast; at T = 4096, 85% of copy.
+    for (t, h, us) in [(128, 64, 14.1), (128, 128, 21.8), (768, 64, 53.1)] {
+        v.push(BenchRow::new("combine_merge_two", Case::MergeTwo { t, h }, faster(us, 2.0)));
+    }
+    v.push(BenchRow::new("combine_merge_two", Case::MergeTwo { t: 4096, h: 128 }, Target::CopyFraction(0.85)));
+    for (d, t, h, us) in [(4, 128, 64, 10.4), (8, 128, 128, 17.0), (4, 768, 64, 38.1)] {
+        v.push(BenchRow::new("combine_ag_rs_correct", Case::AgRsCorrect { d, t, h }, faster(us, 2.0)));
+        v.push(BenchRow::new("combine_a2a", Case::A2aCombine { d, t, h }, faster(us, 2.0)));
+    }
+    // torch.topk: the local top-k target is a third of its time at 128 × 32768.
+    for (rows, n, k, us, factor) in
+        [(128, 32768, 2048, 121.0, 3.0), (128, 131072, 2048, 278.0, 1.0), (512, 32768, 512, 278.0, 1.0)]
+    {
+        v.push(BenchRow::new("topk_local", Case::TopkLocal { rows, n, k }, faster(us, factor)));
+    }
+    v.push(BenchRow::new("topk_pack", Case::TopkPack { rows: 128, k: 2048, d: 4 }, Target::None));
+    v.push(BenchRow::new("topk_merge", Case::TopkMerge { rows: 128, d: 4, k: 2048 }, Target::MaxUs(15.0)));
+    v.push(BenchRow::new("topk_merge", Case::TopkMerge { rows: 128, d: 8, k: 2048 }, faster(92.0, 1.0)));
+    v.push(BenchRow::new("topk_compact", Case::TopkCompact { rows: 128, d: 4, k: 2048 }, Target::None));
+    for format in [Bf16, Fp8_656] {
+        v.push(BenchRow::new(
+            "prefill_flatten",
+            Case::Flatten { format, prefix: 32768, d: 4 },
+            Target::CopyFraction(0.7),
+        ));
+    }
+    v.push(BenchRow::new("prefill_reorder", Case::Reorder { prefix: 32768, d: 4 }, Target::CopyFraction(0.7)));
+    v
+}
+
+/// A prepared row: its buffers live inside the closure, each call launches once.
+pub type Launch<'a> = Box<dyn FnMut() -> Result<()> + 'a>;
+
+fn up<T: DeviceRepr>(s: &Arc<CudaStream>, host: &[T]) -> Result<CudaSlice<T>> {
+    drv("cuMemcpyHtoDAsync", s.clone_htod(host))
+}
+
+fn zeros<T: DeviceRepr + cudarc::driver::ValidAsZeroBits>(s: &Arc<CudaStream>, n: usize) -> Result<CudaSlice<T>> {
+    drv("cuMemAlloc", s.alloc_zeros::<T>(n.max(1)))
+}
+
+fn sl<T>(s: &Arc<CudaStream>, b: &CudaSlice<T>) -> DeviceSlice<T> {
+    DeviceSlice::of(b, s)
+}
+
+/// Deterministic pseudo-random values (xorshift64*), so every run times the same data.
+struct Lcg(u64);
+impl Lcg {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn unit(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+}
+
+/// The number of SMs of the device (sizes the decode's KV splits).
+pub fn num_sms(dev: &Device) -> Result<usize> {
+    let n = drv(
+        "cuDeviceGetAttribute",
+        dev.context().attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT),
+    )?;
+    Ok(n as usize)
+}
+
+/// Allocates and initialises the buffers of `row` and returns its launch.
+pub fn prepare<'a>(dev: &'a Device, s: &Arc<CudaStream>, row: &BenchRow) -> Result<Launch<'a>> {
+    let st = Stream::from_cudarc(s);
+    let mut rng = Lcg(0x5eed_1234_abcd_0001);
+    let block = 64usize;
+    Ok(match row.case {
+        Case::Fill { format, tokens } => {
+            let pages = tokens.div_ceil(block);
+            let ckv = up(s, &(0..tokens * D_LATENT).map(|_| bf16::from_f32(rng.unit())).collect::<Vec<_>>())?;
+            let kpe = up(s, &(0..tokens * D_ROPE).map(|_| bf16::from_f32(rng.unit())).collect::<Vec<_>>())?;
+            let req = zeros::<i32>(s, tokens)?;
+            let pos = up(s, &(0..tokens as i32).collect::<Vec<_>>())?;
+            let table = up(s, &(0..pages as i32).collect::<Vec<_>>())?;
+            let cache = zeros::<u8>(s, pages * block * format.token_bytes())?;
+            let args = KvFill {
+                ckv: sl(s, &ckv),
+                ckv_stride: D_LATENT,
+                kpe: sl(s, &kpe),
+                kpe_stride: D_ROPE,
+                req_idx: sl(s, &req),
+                positions: sl(s, &pos),
+                block_table: sl(s, &table),
+                block_table_stride: pages,
+                batch: 1,
+                max_pages: pages,
+                cache: sl(s, &cache),
+                num_pages: pages,
+                block_size: block,
+                format,
+                dcp: DcpLayout { size: 1, interleave: 1 },
+                rank: 0,
+            };
+            let keep = (ckv, kpe, req, pos, table, cache);
+            Box::new(move || {
+                let _ = &keep;
+                kv_fill(dev, st, &args)
+            })
+        }
+        Case::Dense { b, q, h, sk } => {
+            let pages = sk.div_ceil(block);
+            let rows = b * q * h;
+            let splits = decode::decode_num_splits(b, q, h, false, num_sms(dev)?);
+            let qv = up(s, &(0..rows * D_QK).map(|_| bf16::from_f32(rng.unit())).collect::<Vec<_>>())?;
+            let cache = random_cache(s, &mut rng, KvFormat::Bf16, b * pages * block)?;
+            let table = up(s, &(0..(b * pages) as i32).collect::<Vec<_>>())?;
+            let lens = up(s, &vec![sk as i32; b * q])?;
+            let out = zeros::<bf16>(s, rows * D_V)?;
+            let lse = zeros::<f32>(s, rows)?;
+            let ws = zeros::<u8>(s, decode::decode_workspace_bytes(b, q, h, splits))?;
+            let args = DenseDecode {
+                common: DecodeCommon {
+                    q: sl(s, &qv),
+                    batch: b,
+                    nq: q,
+                    heads: h,
+                    scale: decode::default_scale(),
+                    out: DecodeOut::Bf16(sl(s, &out)),
+                    lse: sl(s, &lse),
+                    num_splits: splits,
+                    workspace: sl(s, &ws),
+                },
+                cache: sl(s, &cache),
+                num_pages: b * pages,
+                block_size: block,
+                block_table: sl(s, &table),
+                block_table_stride: pages,
+                max_pages: pages,
+                lens: sl(s, &lens),
+            };
+            let keep = (qv, cache, table, lens, out, lse, ws);
+            Box::new(move || {
+                let _ = &keep;
+                decode::mla_decode_dense(dev, st, &args)
+            })
+        }
+        Case::Sparse { format, b, q, h, k } => {
+            let per_req = 8192usize;
+            let rows = b * q * h;
+            let splits = decode::decode_num_splits(b, q, h, true, num_sms(dev)?);
+            let qv = up(s, &(0..rows * D_QK).map(|_| bf16::from_f32(rng.unit())).collect::<Vec<_>>())?;
+            let cache = random_cache(s, &mut rng, format, b * per_req)?;
+            // k distinct slots of the request's own pages, in random order
+            let mut idx = Vec::with_capacity(b * q * k);
+            let mut slots: Vec<i32> = (0..per_req as i32).collect();
+            for i in 0..b * q {
+                for j in 0..k {
+                    let pick = j + (rng.next() % (per_req - j) as u64) as usize;
+                    slots.swap(j, pick);
+                }
+                idx.extend(slots[..k].iter().map(|&x| x + ((i / q) * per_req) as i32));
+            }
+            let idx = up(s, &idx)?;
+            let out = zeros::<bf16>(s, rows * D_V)?;
+            let lse = zeros::<f32>(s, rows)?;
+            let ws = zeros::<u8>(s, decode::decode_workspace_bytes(b, q, h, splits))?;
+            let args = SparseDecode {
+                common: DecodeCommon {
+                    q: sl(s, &qv),
+                    batch: b,
+                    nq: q,
+                    heads: h,
+                    scale: decode::default_scale(),
+                    out: DecodeOut::Bf16(sl(s, &out)),
+                    lse: sl(s, &lse),
+                    num_splits: splits,
+                    workspace: sl(s, &ws),
+                },
+                cache: sl(s, &cache),
+                format,
+                num_pages: b * per_req / block,
+                block_size: block,
+                indices: sl(s, &idx),
+                topk: k,
+                topk_len: None,
+            };
+            let keep = (qv, cache, idx, out, lse, ws);
+            Box::new(move || {
+                let _ = &keep;
+                decode::mla_decode_sparse(dev, st, &args)
+            })
+        }
+        Case::MergeTwo { t, h } => {
+            let rows = t * h;
+            let out_a = up(s, &(0..rows * D_V).map(|_| rng.unit()).collect::<Vec<_>>())?;
+            let out_b = up(s, &(0..rows * D_V).map(|_| rng.unit()).collect::<Vec<_>>())?;
+            let lse_a = up(s, &(0..rows).map(|_| rng.unit() * 4.0).collect::<Vec<_>>())?;
+            let lse_b = up(s, &(0..rows).map(|_| rng.unit() * 4.0).collect::<Vec<_>>())?;
+            let out = zeros::<bf16>(s, rows * D_V)?;
+            let lse = zeros::<f32>(s, rows)?;
+            let args = MergeTwo {
+                out_a: sl(s, &out_a),
+                lse_a: sl(s, &lse_a),
+                out_b: sl(s, &out_b),
+                lse_b: sl(s, &lse_b),
+                lse_base: LseBase::E,
+                out: CombineRows::Bf16(sl(s, &out)),
+                lse: sl(s, &lse),
+                rows,
+            };
+            let keep = (out_a, out_b, lse_a, lse_b, out, lse);
+            Box::new(move || {
+                let _ = &keep;
+                combine::merge_two(dev, st, &args)
+            })
+        }
+        Case::AgRsCorrect { d, t, h } => {
+            let out = up(s, &(0..t * h * D_V).map(|_| bf16::from_f32(rng.unit())).collect::<Vec<_>>())?;
+            let lse_all = up(s, &(0..d * t * h).map(|_| rng.unit() * 4.0).collect::<Vec<_>>())?;
+            let contrib = zeros::<f32>(s, t * h * D_V)?;
+            let args = AgRsCorrect {
+                out: CombineRows::Bf16(sl(s, &out)),
+                lse_all: sl(s, &lse_all),
+                lse_base: LseBase::E,
+                contrib: sl(s, &contrib),
+                num_tokens: t,
+                local_heads: h / d,
+                dcp_size: d,
+                rank: 0,
+            };
+            let keep = (out, lse_all, contrib);
+            Box::new(move || {
+                let _ = &keep;
+                combine::ag_rs_correct(dev, st, &args)
+            })
+        }
+        Case::A2aCombine { d, t, h } => {
+            let h_l = h / d;
+            let slot = a2a_aligned_slot_bytes(t, h_l);
+            // each slot: [T·H_l·512 bf16 out][T·H_l fp32 lse] (reference::merge::a2a_pack's layout)
+            let mut recv = vec![0u8; d * slot];
+            for r in 0..d {
+                let (outs, lses) = recv[r * slot..].split_at_mut(t * h_l * D_V * 2);
+                for o in outs.chunks_mut(2) {
+                    o.copy_from_slice(&bf16::from_f32(rng.unit()).to_bits().to_le_bytes());
+                }
+                for l in lses[..t * h_l * 4].chunks_mut(4) {
+                    l.copy_from_slice(&(rng.unit() * 4.0).to_le_bytes());
+                }
+            }
+            let recv = up(s, &recv)?;
+            let out = zeros::<bf16>(s, t * h_l * D_V)?;
+            let lse = zeros::<f32>(s, t * h_l)?;
+            let args = A2aCombine {
+                recv: sl(s, &recv),
+                slot_bytes: slot,
+                lse_base: LseBase::E,
+                out: CombineRows::Bf16(sl(s, &out)),
+                lse: sl(s, &lse),
+                num_tokens: t,
+                local_heads: h_l,
+                dcp_size: d,
+            };
+            let keep = (recv, out, lse);
+            Box::new(move || {
+                let _ = &keep;
+                combine::a2a_combine(dev, st, &args)
+            })
+        }
+        Case::TopkLocal { rows, n, k } => {
+            let scores = up(s, &(0..rows * n).map(|_| rng.unit()).collect::<Vec<_>>())?;
+            let lens = up(s, &vec![n as i32; rows])?;
+            let out = zeros::<i32>(s, rows * k)?;
+            let args = LocalTopk {
+                scores: sl(s, &scores),
+                row_stride: n,
+                cols: n,
+                lens: sl(s, &lens),
+                rows,
+                k,
+                out: sl(s, &out),
+            };
+            let keep = (scores, lens, out);
+            Box::new(move || {
+                let _ = &keep;
+                topk::local_topk(dev, st, &args)
+            })
+        }
+        Case::TopkPack { rows, k, d } => {
+            let n = 32768 / d;
+            let scores = up(s, &(0..rows * n).map(|_| rng.unit()).collect::<Vec<_>>())?;
+            let idx = up(s, &(0..rows * k).map(|i| (i % k * (n / k)) as i32).collect::<Vec<_>>())?;
+            let cs = zeros::<f32>(s, rows * k)?;
+            let ci = zeros::<i32>(s, rows * k)?;
+            let args = PackCandidates {
+                local_idx: sl(s, &idx),
+                scores: sl(s, &scores),
+                row_stride: n,
+                cols: n,
+                rows,
+                k,
+                dcp: DcpLayout { size: d, interleave: 1 },
+                rank: 1,
+                cand_scores: sl(s, &cs),
+                cand_ids: sl(s, &ci),
+            };
+            let keep = (scores, idx, cs, ci);
+            Box::new(move || {
+                let _ = &keep;
+                topk::pack_candidates(dev, st, &args)
+            })
+        }
+        Case::TopkMerge { rows, d, k } => {
+            let (cs, ci) = candidates(&mut rng, rows, d, k);
+            let (cs, ci) = (up(s, &cs)?, up(s, &ci)?);
+            let out = zeros::<i32>(s, rows * k)?;
+            let args =
+                GlobalMerge { cand_scores: sl(s, &cs), cand_ids: sl(s, &ci), dcp_size: d, rows, k, out: sl(s, &out) };
+            let keep = (cs, ci, out);
+            Box::new(move || {
+                let _ = &keep;
+                topk::global_merge(dev, st, &args)
+            })
+        }
+        Case::TopkCompact { rows, d, k } => {
+            let ctx = 32768usize;
+            let ids = up(s, &(0..rows * k).map(|_| (rng.next() % ctx as u64) as i32).collect::<Vec<_>>())?;
+            let stride = ctx / d / block;
+            let table = up(s, &(0..(rows * stride) as i32).collect::<Vec<_>>())?;
+            let out = zeros::<i32>(s, rows * k)?;
+            let counts = zeros::<i32>(s, rows)?;
+            let args = Compact {
+                ids: sl(s, &ids),
+                rows,
+                k,
+                dcp: DcpLayout { size: d, interleave: 1 },
+                rank: 0,
+                translate: Some(PageTranslate {
+                    block_table: sl(s, &table),
+                    stride,
+                    block_size: block,
+                    rows_per_request: 1,
+                }),
+                out: sl(s, &out),
+                counts: sl(s, &counts),
+            };
+            let keep = (ids, table, out, counts);
+            Box::new(move || {
+                let _ = &keep;
+                topk::compact(dev, st, &args)
+            })
+        }
+        Case::Flatten { format, prefix, d } => {
+            let dcp = DcpLayout { size: d, interleave: 1 };
+            let plan = plan_prefill_chunks(&[prefix as u64], dcp, block, prefill_chunk_bytes(prefix as u64, d))?;
+            let chunk = &plan.chunks[0];
+            let pieces = up(s, &piece_table(chunk, chunk.pieces.len())?)?;
+            let pages = (prefix / d).div_ceil(block);
+            let cache = random_cache(s, &mut rng, format, pages * block)?;
+            let table = up(s, &(0..pages as i32).collect::<Vec<_>>())?;
+            let out = zeros::<bf16>(s, plan.cap_rows * D_QK)?;
+            let args = Flatten {
+                cache: sl(s, &cache),
+                format,
+                num_pages: pages,
+                block_size: block,
+                block_table: sl(s, &table),
+                block_table_stride: pages,
+                batch: 1,
+                pieces: sl(s, &pieces),
+                max_pieces: chunk.pieces.len(),
+                out: sl(s, &out),
+                cap_rows: plan.cap_rows,
+                dcp,
+                rank: 0,
+            };
+            let keep = (pieces, cache, table, out);
+            Box::new(move || {
+                let _ = &keep;
+                prefill::flatten(dev, st, &args)
+            })
+        }
+        Case::Reorder { prefix, d } => {
+            let dcp = DcpLayout { size: d, interleave: 1 };
+            let plan = plan_prefill_chunks(&[prefix as u64], dcp, block, prefill_chunk_bytes(prefix as u64, d))?;
+            let chunk = &plan.chunks[0];
+            let pieces = up(s, &piece_table(chunk, chunk.pieces.len())?)?;
+            let gathered =
+                up(s, &(0..d * plan.cap_rows * D_QK).map(|_| bf16::from_f32(rng.unit())).collect::<Vec<_>>())?;
+            let out = zeros::<bf16>(s, chunk.tokens * D_QK)?;
+            let args = Reorder {
+                gathered: sl(s, &gathered),
+                cap_rows: plan.cap_rows,
+                pieces: sl(s, &pieces),
+                max_pieces: chunk.pieces.len(),
+                out: sl(s, &out),
+                out_rows: chunk.tokens,
+                dcp,
+            };
+            let keep = (pieces, gathered, out);
+            Box::new(move || {
+                let _ = &keep;
+                prefill::reorder(dev, st, &args)
+            })
+        }
+    })
+}
+
+/// Token rows encoded on the host before the pattern repeats across the cache.
+const PATTERN_TOKENS: usize = 1 << 16;
+
+/// A cache of `tokens` random token rows in `format` (FP8 rows encoded exactly as the fill
+/// does): [`PATTERN_TOKENS`] random rows, repeated by device copies (generating gigabytes on the
+/// host would take longer than the benchmark).
+fn random_cache(s: &Arc<CudaStream>, rng: &mut Lcg, format: KvFormat, tokens: usize) -> Result<CudaSlice<u8>> {
+    let n = format.token_bytes();
+    let mut bytes = vec![0u8; tokens.min(PATTERN_TOKENS) * n];
+    let mut ckv = [bf16::ZERO; D_LATENT];
+    let mut kpe = [bf16::ZERO; D_ROPE];
+    for row in bytes.chunks_mut(n) {
+        ckv.iter_mut().chain(kpe.iter_mut()).for_each(|x| *x = bf16::from_f32(rng.unit()));
+        match format {
+            KvFormat::Bf16 => {
+                for (d, v) in row.chunks_mut(2).zip(ckv.iter().chain(&kpe)) {
+                    d.copy_from_slice(&v.to_bits().to_le_bytes());
+                }
+            }
+            KvFormat::Fp8_656 => crate::formats::encode_fp8_row(&ckv, &kpe, row),
+        }
+    }
+    let pattern = up(s, &bytes)?;
+    let mut cache = zeros::<u8>(s, tokens * n)?;
+    let mut at = 0;
+    while at < tokens * n {
+        let len = bytes.len().min(tokens * n - at);
+        drv("cuMemcpyDtoDAsync", s.memcpy_dtod(&pattern.slice(..len), &mut cache.slice_mut(at..at + len)))?;
+        at += len;
+    }
+    Ok(cache)
+}
+
+/// All-gathered candidates [D, rows, K]: distinct global ids (rank r holds ids ≡ r mod D, as
+/// with I = 1) with random scores.
+fn candidates(rng: &mut Lcg, rows: usize, d: usize, k: usize) -> (Vec<f32>, Vec<i32>) {
+    let mut scores = Vec::with_capacity(d * rows * k);
+    let mut ids = Vec::with_capacity(d * rows * k);
+    for r in 0..d {
+        for _ in 0..rows {
+            for j in 0..k {
+                scores.push(rng.unit());
+                ids.push((j * 4 * d + r) as i32);
+            }
+        }
+    }
+    (scores, ids)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_are_unique_and_targets_meaningful() {
+        let rows = rows();
+        let mut names: Vec<String> = rows.iter().map(|r| r.name()).collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), rows.len(), "row names are unique");
+        // a FlashMLA row: b=128 q=2 H=64 K=2048 sparse is 2·128·2·64·2048·1088 FLOPs
+        let sparse = rows.iter().find(|r| r.shape == "Fp8_656 b=128 q=2 H=64 K=2048").unwrap();
+        assert_eq!(sparse.work().1, 2.0 * 128.0 * 2.0 * 64.0 * 2048.0 * 1088.0);
+        // FlashMLA's 333 TFLOP/s there means 219 µs: the ratio at 219 µs is about 1
+        let m = Measurement { us: 219.0, bytes: sparse.work().0, flops: sparse.work().1 };
+        let r = sparse.target.ratio(&m, 4000.0).unwrap();
+        assert!((r - 1.0).abs() < 0.01, "{r}");
+    }
+
+    #[test]
+    fn ratios_follow_the_target_kind() {
+        let m = Measurement { us: 10.0, bytes: 30e6, flops: 0.0 }; // 3000 GB/s
+        assert!((Target::CopyFraction(0.75).ratio(&m, 4000.0).unwrap() - 1.0).abs() < 1e-12);
+        assert_eq!(Target::MaxUs(5.0).ratio(&m, 1.0), Some(0.5));
+        assert_eq!(Target::FasterThan { baseline_us: 40.0, factor: 2.0 }.ratio(&m, 1.0), Some(2.0));
+        assert_eq!(Target::None.ratio(&m, 1.0), None);
+    }
+}
