@@ -152,17 +152,15 @@ fn check_out_bf16(what: &str, got: &[bf16], want: &Oracle) {
     report(what, bad, got.len(), first);
 }
 
-/// lse within 1e-5 (relative above 1) of `want`; −inf exactly where `want` is −inf.
+/// lse within abs 1e-5 of `want` (the inputs keep |lse| below 19, where fp32 is good to ~2e-6);
+/// −inf exactly where `want` is −inf.
 fn check_lse<W: Copy + Into<f64>>(what: &str, got: &[f32], want: &[W]) {
     assert_eq!(got.len(), want.len(), "{what}: length");
     let (mut bad, mut first) = (0, None);
     for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
         let w: f64 = w.into();
-        let ok = if w == f64::NEG_INFINITY {
-            g == f32::NEG_INFINITY
-        } else {
-            w.is_finite() && (g as f64 - w).abs() <= 1e-5 * w.abs().max(1.0)
-        };
+        let ok =
+            if w == f64::NEG_INFINITY { g == f32::NEG_INFINITY } else { w.is_finite() && (g as f64 - w).abs() <= 1e-5 };
         if !ok {
             bad += 1;
             first.get_or_insert_with(|| format!("[{i}] got {g:e}, want {w:e}"));
