@@ -21,6 +21,12 @@ pub enum Error {
     /// A CUDA driver call failed.
     #[error("CUDA driver error in {call}: {source}")]
     Driver { call: &'static str, source: cudarc::driver::DriverError },
+    /// No NCCL library could be loaded: multi-GPU DCP groups need libnccl (2.x) at run time.
+    #[error("no NCCL library found (libnccl could not be loaded): put libnccl.so.2 on the library path")]
+    NoNccl,
+    /// An NCCL call failed.
+    #[error("NCCL error in {call}: {code}")]
+    Nccl { call: &'static str, code: String },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

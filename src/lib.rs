@@ -13,6 +13,7 @@ pub mod abi;
 pub mod bench;
 #[macro_use]
 pub mod error;
+pub mod dcp;
 pub mod formats;
 pub mod ops;
 pub mod planner;

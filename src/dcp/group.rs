@@ -1,0 +1,401 @@
+//! The DCP group over NCCL: one communicator of D ranks (one process or thread per GPU) and the
+//! collectives of a decode step. Every collective is enqueued on the caller's stream, allocates
+//! nothing and never synchronises, so a step that uses them can be captured in a CUDA graph.
+
+use crate::error::{Error, Result};
+use crate::formats::D_QK;
+use crate::runtime::{Device, DeviceSlice, Stream};
+use cudarc::driver::{sys as cu_sys, CudaContext};
+use cudarc::nccl::{result as nccl, sys, NcclType};
+use half::bf16;
+use std::ffi::c_void;
+use std::sync::Arc;
+
+/// Whether an NCCL library can be loaded on this machine (cudarc panics on the first NCCL call
+/// without one; every constructor here checks first and returns [`Error::NoNccl`]).
+pub fn nccl_present() -> bool {
+    std::panic::catch_unwind(|| unsafe { sys::is_culib_present() }).unwrap_or(false)
+}
+
+fn nccl_err(call: &'static str) -> impl FnOnce(nccl::NcclError) -> Error {
+    move |e| Error::Nccl { call, code: format!("{:?}", e.0) }
+}
+
+/// The NCCL unique id that rank 0 (or a launcher) creates and every rank passes to
+/// [`DcpGroup::from_unique_id`]; 128 opaque bytes, safe to ship through a file or a socket.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct UniqueId(pub [u8; 128]);
+
+impl std::fmt::Debug for UniqueId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "UniqueId(..)")
+    }
+}
+
+impl UniqueId {
+    /// A fresh id. The process that creates it hosts NCCL's bootstrap root, so it must live
+    /// until every rank has joined.
+    pub fn new() -> Result<Self> {
+        if !nccl_present() {
+            return Err(Error::NoNccl);
+        }
+        let id = nccl::get_uniqueid().map_err(nccl_err("ncclGetUniqueId"))?;
+        Ok(UniqueId(id.internal.map(|c| c as u8)))
+    }
+
+    /// Reads an id back from the 128 bytes of [`UniqueId::0`].
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
+        let b: [u8; 128] =
+            bytes.try_into().map_err(|_| Error::arg("unique_id", format!("holds {} bytes, not 128", bytes.len())))?;
+        Ok(UniqueId(b))
+    }
+}
+
+/// One rank of a DCP group: an NCCL communicator of `size` ranks on the device it was created on.
+pub struct DcpGroup {
+    comm: sys::ncclComm_t,
+    ctx: Arc<CudaContext>,
+    rank: usize,
+    size: usize,
+    /// Whether this object created the communicator (and destroys it when dropped).
+    owned: bool,
+}
+
+// SAFETY: an NCCL communicator may be used from any thread, one call at a time; &self methods
+// only enqueue work and the driver context is bound before every call.
+unsafe impl Send for DcpGroup {}
+unsafe impl Sync for DcpGroup {}
+
+impl std::fmt::Debug for DcpGroup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DcpGroup").field("rank", &self.rank).field("size", &self.size).finish()
+    }
+}
+
+impl Drop for DcpGroup {
+    fn drop(&mut self) {
+        if self.owned {
+            let _ = self.ctx.bind_to_thread();
+            // SAFETY: the communicator was created by this object and is destroyed once.
+            let _ = unsafe { nccl::comm_destroy(self.comm) };
+        }
+    }
+}
+
+impl DcpGroup {
+    /// Joins rank `rank` of a group of `size` on `dev` (one process per GPU, as engines run).
+    /// Blocks until all `size` ranks have joined. Without libnccl: [`Error::NoNccl`].
+    pub fn from_unique_id(dev: &Device, id: &UniqueId, rank: usize, size: usize) -> Result<Self> {
+        ensure_arg!(size >= 1, "size", "must be at least 1");
+        ensure_arg!(rank < size, "rank", "{rank} is not below the group size {size}");
+        if !nccl_present() {
+            return Err(Error::NoNccl);
+        }
+        let ctx = dev.context().clone();
+        ctx.bind_to_thread().map_err(|source| Error::Driver { call: "cuCtxSetCurrent", source })?;
+        let uid = sys::ncclUniqueId { internal: id.0.map(|b| b as std::ffi::c_char) };
+        let mut comm: sys::ncclComm_t = std::ptr::null_mut();
+        // SAFETY: `comm` is a valid out pointer; the id came from ncclGetUniqueId.
+        unsafe { nccl::comm_init_rank(&mut comm, size as i32, uid, rank as i32) }
+            .map_err(nccl_err("ncclCommInitRank"))?;
+        Ok(DcpGroup { comm, ctx, rank, size, owned: true })
+    }
+
+    /// Wraps an existing communicator (an engine's DCP process group). It is borrowed: never
+    /// destroyed here. Its rank and size are read from NCCL.
+    ///
+    /// # Safety
+    /// `comm` must be a live `ncclComm_t` whose device is `dev`, and must outlive the group.
+    pub unsafe fn from_raw_comm(dev: &Device, comm: *mut c_void) -> Result<Self> {
+        ensure_arg!(!comm.is_null(), "comm", "is null");
+        if !nccl_present() {
+            return Err(Error::NoNccl);
+        }
+        let comm = comm as sys::ncclComm_t;
+        let size = nccl::comm_count(comm).map_err(nccl_err("ncclCommCount"))? as usize;
+        let rank = nccl::comm_user_rank(comm).map_err(nccl_err("ncclCommUserRank"))? as usize;
+        let device = nccl::comm_cu_device(comm).map_err(nccl_err("ncclCommCuDevice"))? as usize;
+        let ordinal = dev.context().ordinal();
+        ensure_arg!(device == ordinal, "comm", "lives on device {device}, not on device {ordinal}");
+        Ok(DcpGroup { comm, ctx: dev.context().clone(), rank, size, owned: false })
+    }
+
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// D.
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    fn bind(&self) -> Result<()> {
+        self.ctx.bind_to_thread().map_err(|source| Error::Driver { call: "cuCtxSetCurrent", source })
+    }
+
+    /// All-gather: `recv` [D, n] receives every rank's `send` [n] in rank order. `send` may be
+    /// exactly this rank's slot of `recv` (in place).
+    pub fn all_gather<T: NcclType>(
+        &self,
+        stream: Stream,
+        send: DeviceSlice<T>,
+        recv: DeviceSlice<T>,
+        n: usize,
+    ) -> Result<()> {
+        ensure_arg!(send.len() >= n, "send", "holds {} elements but {n} are sent", send.len());
+        let need = n * self.size;
+        ensure_arg!(recv.len() >= need, "recv", "holds {} elements but [D, n] needs {need}", recv.len());
+        let size = std::mem::size_of::<T>() as u64;
+        let (send_end, recv_end) = (send.ptr() + n as u64 * size, recv.ptr() + need as u64 * size);
+        let own = recv.ptr() + (self.rank * n) as u64 * size;
+        ensure_arg!(
+            send.ptr() == own || send_end <= recv.ptr() || recv_end <= send.ptr(),
+            "send",
+            "overlaps `recv` without being this rank's slot of it"
+        );
+        if n == 0 {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: both buffers were checked to hold what NCCL reads and writes.
+        unsafe {
+            nccl::all_gather(
+                send.ptr() as *const c_void,
+                recv.ptr() as *mut c_void,
+                n,
+                T::as_nccl_type(),
+                self.comm,
+                stream.0 as _,
+            )
+        }
+        .map_err(nccl_err("ncclAllGather"))?;
+        Ok(())
+    }
+
+    /// All-gather in place: rank r's data is already at slot r of `buf` [D, n].
+    pub fn all_gather_in_place<T: NcclType>(&self, stream: Stream, buf: DeviceSlice<T>, n: usize) -> Result<()> {
+        ensure_arg!(
+            buf.len() >= n * self.size,
+            "buf",
+            "holds {} elements but [D, n] needs {}",
+            buf.len(),
+            n * self.size
+        );
+        // SAFETY: the slot lies inside `buf`, checked above.
+        let own = unsafe { DeviceSlice::from_raw(buf.ptr() + (self.rank * n * std::mem::size_of::<T>()) as u64, n) };
+        self.all_gather(stream, own, buf, n)
+    }
+
+    /// fp32 sum reduce-scatter: `send` [D, n] (block d destined to rank d), `recv` [n] receives
+    /// the sum over ranks of block `rank`.
+    pub fn reduce_scatter_sum(
+        &self,
+        stream: Stream,
+        send: DeviceSlice<f32>,
+        recv: DeviceSlice<f32>,
+        n: usize,
+    ) -> Result<()> {
+        let need = n * self.size;
+        ensure_arg!(send.len() >= need, "send", "holds {} values but [D, n] needs {need}", send.len());
+        ensure_arg!(recv.len() >= n, "recv", "holds {} values but {n} are received", recv.len());
+        if n == 0 {
+            return Ok(());
+        }
+        self.bind()?;
+        // SAFETY: both buffers were checked to hold what NCCL reads and writes.
+        unsafe {
+            nccl::reduce_scatter(
+                send.ptr() as *const c_void,
+                recv.ptr() as *mut c_void,
+                n,
+                sys::ncclDataType_t::ncclFloat32,
+                sys::ncclRedOp_t::ncclSum,
+                self.comm,
+                stream.0 as _,
+            )
+        }
+        .map_err(nccl_err("ncclReduceScatter"))?;
+        Ok(())
+    }
+
+    /// All-to-all of byte slots: slot d of `send` [D, slot_bytes] goes to rank d, and slot r of
+    /// `recv` [D, slot_bytes] receives what rank r sent here. NCCL has no all-to-all primitive:
+    /// this is one group of D sends and D receives (one fused launch).
+    pub fn all_to_all_bytes(
+        &self,
+        stream: Stream,
+        send: DeviceSlice<u8>,
+        recv: DeviceSlice<u8>,
+        slot_bytes: usize,
+    ) -> Result<()> {
+        let need = slot_bytes * self.size;
+        ensure_arg!(send.len() >= need, "send", "holds {} bytes but [D, slot] needs {need}", send.len());
+        ensure_arg!(recv.len() >= need, "recv", "holds {} bytes but [D, slot] needs {need}", recv.len());
+        let disjoint = send.ptr() + need as u64 <= recv.ptr() || recv.ptr() + need as u64 <= send.ptr();
+        ensure_arg!(disjoint, "recv", "overlaps `send`");
+        if slot_bytes == 0 {
+            return Ok(());
+        }
+        self.bind()?;
+        nccl::group_start().map_err(nccl_err("ncclGroupStart"))?;
+        let mut result = Ok(());
+        for peer in 0..self.size {
+            let off = (peer * slot_bytes) as u64;
+            // SAFETY: slot `peer` lies inside both buffers (checked above).
+            let r = unsafe {
+                nccl::send(
+                    (send.ptr() + off) as *const c_void,
+                    slot_bytes,
+                    sys::ncclDataType_t::ncclUint8,
+                    peer as i32,
+                    self.comm,
+                    stream.0 as _,
+                )
+                .map_err(nccl_err("ncclSend"))
+                .and_then(|_| {
+                    nccl::recv(
+                        (recv.ptr() + off) as *mut c_void,
+                        slot_bytes,
+                        sys::ncclDataType_t::ncclUint8,
+                        peer as i32,
+                        self.comm,
+                        stream.0 as _,
+                    )
+                    .map_err(nccl_err("ncclRecv"))
+                })
+            };
+            if r.is_err() {
+                result = r.map(|_| ());
+                break;
+            }
+        }
+        // The group must be closed whatever happened inside it.
+        let end = nccl::group_end().map_err(nccl_err("ncclGroupEnd"));
+        result?;
+        end?;
+        Ok(())
+    }
+
+    /// The query-head all-gather of a decode step: every rank's `q_local` [T, H_l, 576] lands in
+    /// `staging` [D, T, H_l, 576], then D strided copies interleave it into `q_all` [T, D·H_l, 576]
+    /// (head r·H_l + h of the gathered queries is head h of rank r), the layout attention reads.
+    pub fn gather_query_heads(
+        &self,
+        stream: Stream,
+        q_local: DeviceSlice<bf16>,
+        staging: DeviceSlice<bf16>,
+        q_all: DeviceSlice<bf16>,
+        rows: usize,
+        local_heads: usize,
+    ) -> Result<()> {
+        let n = rows * local_heads * D_QK;
+        ensure_arg!(
+            q_all.len() >= n * self.size,
+            "q_all",
+            "holds {} values but [T, H, 576] needs {}",
+            q_all.len(),
+            n * self.size
+        );
+        self.all_gather(stream, q_local, staging, n)?;
+        if n == 0 {
+            return Ok(());
+        }
+        let width = local_heads * D_QK * 2;
+        for r in 0..self.size {
+            let copy = cu_sys::CUDA_MEMCPY2D {
+                srcXInBytes: 0,
+                srcY: 0,
+                srcMemoryType: cu_sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+                srcHost: std::ptr::null(),
+                srcDevice: staging.ptr() + (r * n * 2) as u64,
+                srcArray: std::ptr::null_mut(),
+                srcPitch: width,
+                dstXInBytes: 0,
+                dstY: 0,
+                dstMemoryType: cu_sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+                dstHost: std::ptr::null_mut(),
+                dstDevice: q_all.ptr() + (r * width) as u64,
+                dstArray: std::ptr::null_mut(),
+                dstPitch: width * self.size,
+                WidthInBytes: width,
+                Height: rows,
+            };
+            // SAFETY: rows × width bytes at pitch `width` lie inside slot r of `staging`, and at
+            // pitch D·width inside `q_all` (both checked above).
+            unsafe { cu_sys::cuMemcpy2DAsync_v2(&copy, stream.0) }
+                .result()
+                .map_err(|source| Error::Driver { call: "cuMemcpy2DAsync", source })?;
+        }
+        Ok(())
+    }
+
+    /// The prefix all-gather of a prefill chunk (SPEC.md §7): every rank's flattened rows
+    /// `local` [cap, 576] bf16 land in `gathered` [D, cap, 576], ready for the reorder kernel.
+    pub fn gather_prefix(
+        &self,
+        stream: Stream,
+        local: DeviceSlice<bf16>,
+        gathered: DeviceSlice<bf16>,
+        cap_rows: usize,
+    ) -> Result<()> {
+        self.all_gather(stream, local, gathered, cap_rows * D_QK)
+    }
+
+    /// The candidate all-gather of distributed top-k (SPEC.md §6): this rank's packed candidates
+    /// are already in slot `rank` of `scores` [D, rows, k] fp32 and `ids` [D, rows, k] int32;
+    /// both gathers run as one NCCL group.
+    pub fn gather_candidates(
+        &self,
+        stream: Stream,
+        scores: DeviceSlice<f32>,
+        ids: DeviceSlice<i32>,
+        rows: usize,
+        k: usize,
+    ) -> Result<()> {
+        let n = rows * k;
+        ensure_arg!(
+            ids.len() >= n * self.size,
+            "ids",
+            "holds {} values but [D, rows, k] needs {}",
+            ids.len(),
+            n * self.size
+        );
+        ensure_arg!(
+            scores.len() >= n * self.size,
+            "scores",
+            "holds {} values but [D, rows, k] needs {}",
+            scores.len(),
+            n * self.size
+        );
+        self.bind()?;
+        nccl::group_start().map_err(nccl_err("ncclGroupStart"))?;
+        let a = self.all_gather_in_place(stream, scores, n);
+        let b = if a.is_ok() { self.all_gather_in_place(stream, ids, n) } else { Ok(()) };
+        let end = nccl::group_end().map_err(nccl_err("ncclGroupEnd"));
+        a?;
+        b?;
+        end?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unique_id_round_trips_through_bytes() {
+        let id = UniqueId([7u8; 128]);
+        assert_eq!(UniqueId::from_bytes(&id.0).unwrap(), id);
+        assert!(matches!(UniqueId::from_bytes(&[0u8; 12]), Err(Error::InvalidArgument { arg: "unique_id", .. })));
+    }
+
+    #[test]
+    fn missing_nccl_is_a_typed_error_not_a_panic() {
+        if !nccl_present() {
+            assert!(matches!(UniqueId::new(), Err(Error::NoNccl)));
+        } else {
+            assert!(UniqueId::new().is_ok());
+        }
+    }
+}
