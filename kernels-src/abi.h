@@ -205,8 +205,9 @@ typedef struct DcpPrefillFlattenParams {
     uint64_t block_table;    /* int32 [batch, block_table_stride] */
     uint64_t pieces;         /* int32 [max_pieces, 8] */
     uint64_t out;            /* bf16 [cap_rows, 576] */
-    int64_t block_table_stride; /* columns of a block-table row; a column beyond it gives zeros */
+    int64_t block_table_stride;
     int32_t batch;
+    int32_t max_pages;       /* valid columns of the block table; a column beyond gives zeros */
     int32_t num_pages;
     int32_t block_size;      /* B */
     int32_t cap_rows;
@@ -214,6 +215,7 @@ typedef struct DcpPrefillFlattenParams {
     int32_t dcp_size;        /* D */
     int32_t dcp_rank;        /* r */
     int32_t interleave;      /* I */
+    int32_t reserved;
 } DcpPrefillFlattenParams;
 
 /* Prefix reorder: the all-gathered [D, cap_rows, 576] buffer into [out_rows, 576] global order. */

@@ -648,6 +648,7 @@ pub fn prepare<'a>(dev: &'a Device, s: &Arc<CudaStream>, row: &BenchRow) -> Resu
                 block_table: sl(s, &table),
                 block_table_stride: pages,
                 batch: 1,
+                max_pages: pages,
                 pieces: sl(s, &pieces),
                 max_pieces: chunk.pieces.len(),
                 out: sl(s, &out),

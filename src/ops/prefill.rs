@@ -48,10 +48,12 @@ pub struct Flatten {
     pub format: KvFormat,
     pub num_pages: usize,
     pub block_size: usize,
-    /// int32 [batch, block_table_stride]; a page column at or beyond the stride gives zeros.
+    /// int32 [batch, block_table_stride]; only the first `max_pages` columns are read, a page
+    /// column at or beyond it gives zeros.
     pub block_table: DeviceSlice<i32>,
     pub block_table_stride: usize,
     pub batch: usize,
+    pub max_pages: usize,
     /// int32 [max_pieces, PIECE_FIELDS] from [`piece_table`].
     pub pieces: DeviceSlice<i32>,
     pub max_pieces: usize,
@@ -91,7 +93,15 @@ fn flatten_params(a: &Flatten) -> Result<DcpPrefillFlattenParams> {
         a.block_size
     );
     ensure_arg!(a.cache.ptr() % 16 == 0, "cache", "pointer {:#x} is not 16-byte aligned", a.cache.ptr());
-    check_len("block_table", &a.block_table, a.batch * a.block_table_stride)?;
+    ensure_arg!(
+        a.max_pages <= a.block_table_stride,
+        "max_pages",
+        "{} exceeds the block-table stride {}",
+        a.max_pages,
+        a.block_table_stride
+    );
+    let bt_need = if a.batch == 0 { 0 } else { (a.batch - 1) * a.block_table_stride + a.max_pages };
+    check_len("block_table", &a.block_table, bt_need)?;
     check_len("pieces", &a.pieces, a.max_pieces * PIECE_FIELDS)?;
     check_rows_out("out", &a.out, a.cap_rows)?;
     Ok(DcpPrefillFlattenParams {
@@ -101,6 +111,7 @@ fn flatten_params(a: &Flatten) -> Result<DcpPrefillFlattenParams> {
         out: a.out.ptr(),
         block_table_stride: a.block_table_stride as i64,
         batch: to_i32("batch", a.batch)?,
+        max_pages: to_i32("max_pages", a.max_pages)?,
         num_pages: to_i32("num_pages", a.num_pages)?,
         block_size: to_i32("block_size", a.block_size)?,
         cap_rows: to_i32("cap_rows", a.cap_rows)?,
@@ -108,6 +119,7 @@ fn flatten_params(a: &Flatten) -> Result<DcpPrefillFlattenParams> {
         dcp_size: to_i32("dcp.size", a.dcp.size)?,
         dcp_rank: to_i32("rank", a.rank)?,
         interleave: to_i32("dcp.interleave", a.dcp.interleave)?,
+        reserved: 0,
     })
 }
 
@@ -226,6 +238,7 @@ mod tests {
             block_table: fake(2 * 5),
             block_table_stride: 5,
             batch: 2,
+            max_pages: 5,
             pieces: fake(4 * PIECE_FIELDS),
             max_pieces: 4,
             out: fake(128 * D_QK),
@@ -236,6 +249,7 @@ mod tests {
         assert!(flatten_params(&f).is_ok());
         assert_eq!(arg_of(flatten_params(&Flatten { format: KvFormat::Bf16, ..f }).unwrap_err()), "cache");
         assert_eq!(arg_of(flatten_params(&Flatten { batch: 3, ..f }).unwrap_err()), "block_table");
+        assert_eq!(arg_of(flatten_params(&Flatten { max_pages: 6, ..f }).unwrap_err()), "max_pages");
         assert_eq!(arg_of(flatten_params(&Flatten { max_pieces: 5, ..f }).unwrap_err()), "pieces");
         assert_eq!(arg_of(flatten_params(&Flatten { cap_rows: 129, ..f }).unwrap_err()), "out");
         assert_eq!(arg_of(flatten_params(&Flatten { rank: 4, ..f }).unwrap_err()), "rank");
