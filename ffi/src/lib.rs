@@ -1,9 +1,689 @@
-//! C ABI of dcp-mla (work in progress: see the C-ABI issue). For now it exports the version.
+//! The C ABI of dcp-mla for inference engines (header: `ffi/include/dcp_mla.h`, generated from
+//! this crate by cbindgen; `tests/header.rs` fails when it drifts).
+//!
+//! Conventions of every entry point:
+//! - it returns a [`DcpMlaStatus`]; on failure [`dcp_mla_last_error`] gives a message naming the
+//!   argument and the reason, and nothing was written or launched;
+//! - no panic crosses the boundary: each body runs inside `catch_unwind` and a panic becomes
+//!   `DCP_MLA_STATUS_INTERNAL`;
+//! - device buffers are [`DcpMlaTensor`]s (pointer, element count, dtype code); the stream is the
+//!   caller's `cudaStream_t`/`CUstream` as `void*` (null: the legacy default stream); workspaces
+//!   are the caller's, sized by the planner queries; launchers never allocate and never
+//!   synchronise;
+//! - argument checks (null pointers, dtype and format codes, alignment, supported variants,
+//!   planner constraints such as D·K % 512 == 0) run before the device handle is looked at.
 
-use std::ffi::c_char;
+mod ops;
+mod planner;
+
+use dcp_mla::runtime::registry::KERNELS;
+use dcp_mla::runtime::{Device, DeviceSlice, Stream};
+use std::cell::RefCell;
+use std::ffi::{c_char, c_void, CString};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::OnceLock;
+
+pub use ops::*;
+pub use planner::*;
+
+/// What a call did. Every failure comes with a message from [`dcp_mla_last_error`].
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DcpMlaStatus {
+    /// The call succeeded (a launch was queued on the stream).
+    Success = 0,
+    /// An argument has a wrong size, shape, stride, range or overlap.
+    InvalidArgument = 1,
+    /// A required pointer (device buffer, handle or output) is null.
+    NullPointer = 2,
+    /// A pointer or stride is not aligned as the kernel needs.
+    Misaligned = 3,
+    /// A dtype, KV-format or lse-base code is unknown or not accepted for that argument.
+    BadDtype = 4,
+    /// The planner rejects the configuration (e.g. D·K not a multiple of 512, D not dividing tp).
+    InvalidConfig = 5,
+    /// The kernel variant is not compiled into this build, or cannot run on this device.
+    Unsupported = 6,
+    /// No CUDA driver or no device with that ordinal on this machine.
+    NoDevice = 7,
+    /// A CUDA driver call failed.
+    CudaError = 8,
+    /// A bug in dcp-mla (a panic was caught at the boundary).
+    Internal = 9,
+}
+
+/// The ABI revision of this header: bumped whenever a signature or a struct changes.
+pub const DCP_MLA_ABI_VERSION: u32 = 1;
+
+/// Dtype code: bytes (caches, workspaces, a2a buffers).
+pub const DCP_MLA_DTYPE_U8: i32 = 1;
+/// Dtype code: bfloat16.
+pub const DCP_MLA_DTYPE_BF16: i32 = 2;
+/// Dtype code: float32.
+pub const DCP_MLA_DTYPE_F32: i32 = 3;
+/// Dtype code: int32.
+pub const DCP_MLA_DTYPE_I32: i32 = 4;
+
+/// KV-cache format code: 576 bf16 per token, [512 c_kv | 64 k_pe].
+pub const DCP_MLA_KV_BF16: i32 = 1;
+/// KV-cache format code: FlashMLA's FP8 "656" row (512 e4m3, 4 fp32 scales, 64 bf16 k_pe).
+pub const DCP_MLA_KV_FP8_656: i32 = 2;
+
+/// LSE base code: natural log (dcp-mla's and FlashMLA's kernels).
+pub const DCP_MLA_LSE_BASE_E: i32 = 1;
+/// LSE base code: base 2 (FlashInfer-style kernels).
+pub const DCP_MLA_LSE_BASE_2: i32 = 2;
+
+/// A device buffer: `numel` elements of dtype `dtype` (a `DCP_MLA_DTYPE_*` code) at `data`.
+/// Launchers check every kernel access against `numel`. Byte buffers (caches, workspaces, a2a
+/// slots) accept any dtype and count `numel` times its size.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct DcpMlaTensor {
+    /// Device pointer (CUDA unified addressing), or null for an absent optional buffer.
+    pub data: *mut c_void,
+    /// Number of elements.
+    pub numel: usize,
+    /// One of the `DCP_MLA_DTYPE_*` codes.
+    pub dtype: i32,
+}
+
+/// An open CUDA device with every kernel of this build loaded (opaque).
+pub struct DcpMlaDevice {
+    dev: Device,
+}
+
+/// A failed call: its status and message.
+#[derive(Debug)]
+pub(crate) struct FfiError {
+    pub status: DcpMlaStatus,
+    pub message: String,
+}
+
+pub(crate) type R<T> = Result<T, FfiError>;
+
+pub(crate) fn fail(status: DcpMlaStatus, message: impl Into<String>) -> FfiError {
+    FfiError { status, message: message.into() }
+}
+
+pub(crate) fn bad_arg(arg: &str, reason: impl std::fmt::Display) -> FfiError {
+    fail(DcpMlaStatus::InvalidArgument, format!("invalid argument `{arg}`: {reason}"))
+}
+
+impl From<dcp_mla::Error> for FfiError {
+    fn from(e: dcp_mla::Error) -> Self {
+        use dcp_mla::Error as E;
+        let status = match &e {
+            // The launchers' alignment checks all say "... is not N-byte aligned".
+            E::InvalidArgument { reason, .. } if reason.contains("aligned") => DcpMlaStatus::Misaligned,
+            E::InvalidArgument { .. } => DcpMlaStatus::InvalidArgument,
+            E::InvalidConfig(_) => DcpMlaStatus::InvalidConfig,
+            E::Unsupported(_) => DcpMlaStatus::Unsupported,
+            E::NoDriver | E::NoDevice { .. } => DcpMlaStatus::NoDevice,
+            E::Driver { .. } => DcpMlaStatus::CudaError,
+            // Multi-GPU groups need libnccl: like a missing driver, the machine lacks it.
+            E::NoNccl => DcpMlaStatus::NoDevice,
+            E::Nccl { .. } => DcpMlaStatus::CudaError,
+            #[allow(unreachable_patterns)]
+            _ => DcpMlaStatus::Internal,
+        };
+        fail(status, e.to_string())
+    }
+}
+
+thread_local! {
+    static LAST_ERROR: RefCell<CString> = RefCell::new(CString::default());
+}
+
+fn set_last_error(message: &str) {
+    // A NUL inside a message would truncate it in C: replace it.
+    let c = CString::new(message.replace('\0', "\\0")).unwrap_or_default();
+    LAST_ERROR.with(|e| *e.borrow_mut() = c);
+}
+
+/// Runs an entry point's body: a panic becomes `Internal`, an error sets the thread's last
+/// error, success clears it.
+pub(crate) fn guard(body: impl FnOnce() -> R<()>) -> DcpMlaStatus {
+    match catch_unwind(AssertUnwindSafe(body)) {
+        Ok(Ok(())) => {
+            set_last_error("");
+            DcpMlaStatus::Success
+        }
+        Ok(Err(e)) => {
+            set_last_error(&e.message);
+            e.status
+        }
+        Err(payload) => {
+            let what = payload
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic payload".into());
+            set_last_error(&format!("internal error (a bug in dcp-mla, please report it): {what}"));
+            DcpMlaStatus::Internal
+        }
+    }
+}
+
+/// Writes `v` through a caller's out-pointer, or fails naming it when it is null.
+///
+/// # Safety
+/// `out` must be null or valid for a write of `T`.
+pub(crate) unsafe fn put<T>(arg: &str, out: *mut T, v: T) -> R<()> {
+    if out.is_null() {
+        return Err(fail(DcpMlaStatus::NullPointer, format!("`{arg}` is a null output pointer")));
+    }
+    out.write(v);
+    Ok(())
+}
+
+/// A dtype code's element size and name, or None for an unknown code.
+fn dtype_info(code: i32) -> Option<(usize, &'static str)> {
+    match code {
+        DCP_MLA_DTYPE_U8 => Some((1, "u8")),
+        DCP_MLA_DTYPE_BF16 => Some((2, "bf16")),
+        DCP_MLA_DTYPE_F32 => Some((4, "f32")),
+        DCP_MLA_DTYPE_I32 => Some((4, "i32")),
+        _ => None,
+    }
+}
+
+/// Element types of the typed views, with their dtype codes.
+pub(crate) trait Elem {
+    const DTYPE: i32;
+}
+impl Elem for half::bf16 {
+    const DTYPE: i32 = DCP_MLA_DTYPE_BF16;
+}
+impl Elem for f32 {
+    const DTYPE: i32 = DCP_MLA_DTYPE_F32;
+}
+impl Elem for i32 {
+    const DTYPE: i32 = DCP_MLA_DTYPE_I32;
+}
+
+impl DcpMlaTensor {
+    fn is_absent(&self) -> bool {
+        self.data.is_null()
+    }
+
+    /// Checks the dtype code against `allowed`, the pointer for null and element alignment;
+    /// returns the element size.
+    fn check(&self, arg: &str, allowed: &[i32]) -> R<usize> {
+        let Some((size, name)) = dtype_info(self.dtype) else {
+            return Err(fail(DcpMlaStatus::BadDtype, format!("`{arg}`: unknown dtype code {}", self.dtype)));
+        };
+        if !allowed.is_empty() && !allowed.contains(&self.dtype) {
+            let want: Vec<_> = allowed.iter().filter_map(|&c| dtype_info(c)).map(|(_, n)| n).collect();
+            return Err(fail(
+                DcpMlaStatus::BadDtype,
+                format!("`{arg}`: dtype {name} is not accepted here (want {})", want.join(" or ")),
+            ));
+        }
+        if self.data.is_null() {
+            return Err(fail(DcpMlaStatus::NullPointer, format!("`{arg}` is a null device pointer")));
+        }
+        if (self.data as usize) % size != 0 {
+            return Err(fail(
+                DcpMlaStatus::Misaligned,
+                format!("`{arg}`: pointer {:p} is not aligned to its {size}-byte {name} elements", self.data),
+            ));
+        }
+        if self.numel.checked_mul(size).is_none() {
+            return Err(bad_arg(arg, format!("{} elements overflow the address space", self.numel)));
+        }
+        Ok(size)
+    }
+
+    /// A typed view of a required buffer.
+    pub(crate) fn typed<T: Elem>(&self, arg: &str) -> R<DeviceSlice<T>> {
+        self.check(arg, &[T::DTYPE])?;
+        // SAFETY: the caller of the entry point promises `numel` valid elements at `data`.
+        Ok(unsafe { DeviceSlice::from_raw(self.data as u64, self.numel) })
+    }
+
+    /// A typed view of an optional buffer: None when `data` is null.
+    pub(crate) fn typed_opt<T: Elem>(&self, arg: &str) -> R<Option<DeviceSlice<T>>> {
+        if self.is_absent() {
+            return Ok(None);
+        }
+        self.typed(arg).map(Some)
+    }
+
+    /// A byte view of a required buffer of any dtype.
+    pub(crate) fn bytes(&self, arg: &str) -> R<DeviceSlice<u8>> {
+        let size = self.check(arg, &[])?;
+        // SAFETY: as in `typed`; numel·size was checked not to overflow.
+        Ok(unsafe { DeviceSlice::from_raw(self.data as u64, self.numel * size) })
+    }
+
+    /// The dtype code, for buffers that take bf16 or f32; checked like `typed`.
+    pub(crate) fn bf16_or_f32(&self, arg: &str) -> R<Rows> {
+        self.check(arg, &[DCP_MLA_DTYPE_BF16, DCP_MLA_DTYPE_F32])?;
+        // SAFETY: as in `typed`.
+        Ok(unsafe {
+            if self.dtype == DCP_MLA_DTYPE_BF16 {
+                Rows::Bf16(DeviceSlice::from_raw(self.data as u64, self.numel))
+            } else {
+                Rows::F32(DeviceSlice::from_raw(self.data as u64, self.numel))
+            }
+        })
+    }
+}
+
+/// A bf16 or f32 buffer, before it becomes the launcher's own enum.
+pub(crate) enum Rows {
+    Bf16(DeviceSlice<half::bf16>),
+    F32(DeviceSlice<f32>),
+}
+
+/// The device behind a handle, or NullPointer.
+///
+/// # Safety
+/// `h` must be null or a handle from [`dcp_mla_device_open`] that was not closed.
+pub(crate) unsafe fn device<'a>(h: *const DcpMlaDevice) -> R<&'a Device> {
+    h.as_ref()
+        .map(|d| &d.dev)
+        .ok_or_else(|| fail(DcpMlaStatus::NullPointer, "`device` is null (open one with dcp_mla_device_open)"))
+}
+
+/// The caller's stream.
+///
+/// # Safety
+/// `s` must be null or a live stream of the device's (primary) context.
+pub(crate) unsafe fn stream(s: *mut c_void) -> Stream {
+    Stream::from_raw(s)
+}
+
+pub(crate) fn kv_format(arg: &str, code: i32) -> R<dcp_mla::KvFormat> {
+    match code {
+        DCP_MLA_KV_BF16 => Ok(dcp_mla::KvFormat::Bf16),
+        DCP_MLA_KV_FP8_656 => Ok(dcp_mla::KvFormat::Fp8_656),
+        _ => Err(fail(
+            DcpMlaStatus::BadDtype,
+            format!("`{arg}`: unknown KV format code {code} (DCP_MLA_KV_BF16 = 1, DCP_MLA_KV_FP8_656 = 2)"),
+        )),
+    }
+}
+
+pub(crate) fn lse_base(arg: &str, code: i32) -> R<dcp_mla::LseBase> {
+    match code {
+        DCP_MLA_LSE_BASE_E => Ok(dcp_mla::LseBase::E),
+        DCP_MLA_LSE_BASE_2 => Ok(dcp_mla::LseBase::Two),
+        _ => Err(fail(
+            DcpMlaStatus::BadDtype,
+            format!("`{arg}`: unknown lse base code {code} (DCP_MLA_LSE_BASE_E = 1, DCP_MLA_LSE_BASE_2 = 2)"),
+        )),
+    }
+}
+
+fn driver(call: &'static str) -> impl FnOnce(cudarc::driver::DriverError) -> FfiError {
+    move |source| dcp_mla::Error::Driver { call, source }.into()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Errors, version and capabilities
+// ---------------------------------------------------------------------------------------------
+
+/// The message of the last failed call on this thread ("" after a successful call): names the
+/// argument and the reason. The pointer stays valid until the next dcp_mla call on this thread.
+#[no_mangle]
+pub extern "C" fn dcp_mla_last_error() -> *const c_char {
+    LAST_ERROR.with(|e| e.borrow().as_ptr())
+}
+
+/// The name of a status code, e.g. "DCP_MLA_STATUS_NO_DEVICE" (a static string).
+#[no_mangle]
+pub extern "C" fn dcp_mla_status_name(status: DcpMlaStatus) -> *const c_char {
+    let s: &'static str = match status {
+        DcpMlaStatus::Success => "DCP_MLA_STATUS_SUCCESS\0",
+        DcpMlaStatus::InvalidArgument => "DCP_MLA_STATUS_INVALID_ARGUMENT\0",
+        DcpMlaStatus::NullPointer => "DCP_MLA_STATUS_NULL_POINTER\0",
+        DcpMlaStatus::Misaligned => "DCP_MLA_STATUS_MISALIGNED\0",
+        DcpMlaStatus::BadDtype => "DCP_MLA_STATUS_BAD_DTYPE\0",
+        DcpMlaStatus::InvalidConfig => "DCP_MLA_STATUS_INVALID_CONFIG\0",
+        DcpMlaStatus::Unsupported => "DCP_MLA_STATUS_UNSUPPORTED\0",
+        DcpMlaStatus::NoDevice => "DCP_MLA_STATUS_NO_DEVICE\0",
+        DcpMlaStatus::CudaError => "DCP_MLA_STATUS_CUDA_ERROR\0",
+        DcpMlaStatus::Internal => "DCP_MLA_STATUS_INTERNAL\0",
+    };
+    s.as_ptr().cast()
+}
 
 /// The library version as a NUL-terminated string, e.g. "0.1.0".
 #[no_mangle]
 pub extern "C" fn dcp_mla_version() -> *const c_char {
     concat!(env!("CARGO_PKG_VERSION"), "\0").as_ptr().cast()
+}
+
+/// The ABI revision this library implements (compare with DCP_MLA_ABI_VERSION of the header).
+#[no_mangle]
+pub extern "C" fn dcp_mla_abi_version() -> u32 {
+    DCP_MLA_ABI_VERSION
+}
+
+fn variant_names() -> &'static [CString] {
+    static NAMES: OnceLock<Vec<CString>> = OnceLock::new();
+    NAMES.get_or_init(|| KERNELS.iter().map(|k| CString::new(k.symbol).unwrap_or_default()).collect())
+}
+
+/// The number of kernel variants compiled into this build.
+#[no_mangle]
+pub extern "C" fn dcp_mla_variant_count() -> usize {
+    KERNELS.len()
+}
+
+/// The entry-point symbol of compiled variant `index` (its family and axis values, e.g.
+/// "dcp_topk_merge__d_4__k_2048"), a static string; null when `index` is out of range.
+#[no_mangle]
+pub extern "C" fn dcp_mla_variant_name(index: usize) -> *const c_char {
+    variant_names().get(index).map_or(std::ptr::null(), |c| c.as_ptr())
+}
+
+/// Opt-in shared memory per block (bytes) of the compute capabilities this build knows.
+fn max_shared_per_block(major: i32, minor: i32) -> Option<usize> {
+    let kib = match (major, minor) {
+        (8, 0) | (8, 7) => 163,
+        (8, 6) | (8, 9) => 99,
+        (9, 0) | (10, _) | (11, 0) => 227,
+        (12, _) => 99,
+        _ => return None,
+    };
+    Some(kib * 1024)
+}
+
+/// Whether the embedded code runs on `major.minor`: machine code for it (an arch-specific
+/// `sm_XYa` only on X.Y exactly, a plain `sm_XY` on X.y with y ≥ Y) or PTX to JIT (`compute_XY`
+/// on ≥ X.Y).
+fn has_code(major: i32, minor: i32) -> bool {
+    let cc = |s: &str| -> Option<(i32, i32, bool)> {
+        let digits = s.trim_start_matches(|c: char| !c.is_ascii_digit());
+        let specific = digits.ends_with('a');
+        let n: i32 = digits.trim_end_matches('a').parse().ok()?;
+        Some((n / 10, n % 10, specific))
+    };
+    let sass = env!("DCP_MLA_SASS_TARGETS").split(',').filter_map(cc).any(|(ma, mi, specific)| {
+        if specific {
+            (ma, mi) == (major, minor)
+        } else {
+            ma == major && minor >= mi
+        }
+    });
+    let ptx = cc(env!("DCP_MLA_PTX_TARGET")).is_some_and(|(ma, mi, _)| (major, minor) >= (ma, mi));
+    sass || ptx
+}
+
+pub(crate) fn compute_capability_supported(major: i32, minor: i32) -> bool {
+    use dcp_mla::ops::decode::decode_shared_bytes;
+    let smem = decode_shared_bytes(dcp_mla::KvFormat::Bf16).max(decode_shared_bytes(dcp_mla::KvFormat::Fp8_656));
+    has_code(major, minor) && max_shared_per_block(major, minor).is_some_and(|m| m >= smem)
+}
+
+/// Whether every kernel of this build can run on a GPU of compute capability `major.minor`:
+/// the library embeds machine code or PTX for it, and the GPU has the shared memory the decode
+/// kernels need. Writes 1 or 0 to `supported`.
+///
+/// # Safety
+/// `supported` must be valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn dcp_mla_compute_capability_supported(
+    major: i32,
+    minor: i32,
+    supported: *mut i32,
+) -> DcpMlaStatus {
+    guard(|| put("supported", supported, compute_capability_supported(major, minor) as i32))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Device handle
+// ---------------------------------------------------------------------------------------------
+
+/// Opens CUDA device `ordinal` (its primary context, which becomes current on this thread) and
+/// loads every kernel. On a machine without a driver or without that device it returns
+/// DCP_MLA_STATUS_NO_DEVICE and leaves `*device` null.
+///
+/// # Safety
+/// `device` must be valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn dcp_mla_device_open(ordinal: i32, device: *mut *mut DcpMlaDevice) -> DcpMlaStatus {
+    guard(|| {
+        put("device", device, std::ptr::null_mut())?;
+        let ordinal = usize::try_from(ordinal).map_err(|_| bad_arg("ordinal", format!("{ordinal} is negative")))?;
+        let dev = Device::open(ordinal)?;
+        let h = Box::into_raw(Box::new(DcpMlaDevice { dev }));
+        device.write(h);
+        Ok(())
+    })
+}
+
+/// Closes a handle from dcp_mla_device_open (null is accepted and ignored). Work queued on the
+/// caller's streams must be finished first.
+///
+/// # Safety
+/// `device` must be null or an open handle, not used afterwards.
+#[no_mangle]
+pub unsafe extern "C" fn dcp_mla_device_close(device: *mut DcpMlaDevice) -> DcpMlaStatus {
+    guard(|| {
+        if !device.is_null() {
+            drop(Box::from_raw(device));
+        }
+        Ok(())
+    })
+}
+
+/// The device's compute capability and number of SMs (for dcp_mla_decode_num_splits).
+///
+/// # Safety
+/// `device` must be an open handle; the out-pointers must be valid for writes.
+#[no_mangle]
+pub unsafe extern "C" fn dcp_mla_device_info(
+    device: *const DcpMlaDevice,
+    major: *mut i32,
+    minor: *mut i32,
+    num_sms: *mut i32,
+) -> DcpMlaStatus {
+    guard(|| {
+        let dev = self::device(device)?;
+        let (ma, mi) = dev.compute_capability();
+        let sms = dev
+            .context()
+            .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(driver("cuDeviceGetAttribute"))?;
+        put("major", major, ma)?;
+        put("minor", minor, mi)?;
+        put("num_sms", num_sms, sms)
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Memory helpers for programs without the CUDA toolkit (examples, tests). Synchronous; the
+// launchers never call them.
+// ---------------------------------------------------------------------------------------------
+
+fn bind(dev: &Device) -> R<()> {
+    dev.context().bind_to_thread().map_err(driver("cuCtxSetCurrent"))
+}
+
+/// Allocates `bytes` of device memory (cuMemAlloc, 256-byte aligned) into `*ptr`.
+///
+/// # Safety
+/// `device` must be an open handle; `ptr` valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn dcp_mla_malloc(
+    device: *const DcpMlaDevice,
+    bytes: usize,
+    ptr: *mut *mut c_void,
+) -> DcpMlaStatus {
+    guard(|| {
+        put("ptr", ptr, std::ptr::null_mut())?;
+        bind(self::device(device)?)?;
+        let p = cudarc::driver::result::malloc_sync(bytes.max(1)).map_err(driver("cuMemAlloc"))?;
+        ptr.write(p as *mut c_void);
+        Ok(())
+    })
+}
+
+/// Frees memory from dcp_mla_malloc (null is ignored).
+///
+/// # Safety
+/// `ptr` must be null or from dcp_mla_malloc on this device, with no work still using it.
+#[no_mangle]
+pub unsafe extern "C" fn dcp_mla_free(device: *const DcpMlaDevice, ptr: *mut c_void) -> DcpMlaStatus {
+    guard(|| {
+        bind(self::device(device)?)?;
+        if !ptr.is_null() {
+            cudarc::driver::result::free_sync(ptr as u64).map_err(driver("cuMemFree"))?;
+        }
+        Ok(())
+    })
+}
+
+/// Copies `bytes` from host `src` to device `dst` (synchronous).
+///
+/// # Safety
+/// `src` must hold `bytes` readable host bytes, `dst` `bytes` writable device bytes.
+#[no_mangle]
+pub unsafe extern "C" fn dcp_mla_memcpy_htod(
+    device: *const DcpMlaDevice,
+    dst: *mut c_void,
+    src: *const c_void,
+    bytes: usize,
+) -> DcpMlaStatus {
+    guard(|| {
+        bind(self::device(device)?)?;
+        if bytes == 0 {
+            return Ok(());
+        }
+        nonnull("dst", dst)?;
+        nonnull("src", src)?;
+        let host = std::slice::from_raw_parts(src as *const u8, bytes);
+        cudarc::driver::result::memcpy_htod_sync(dst as u64, host).map_err(driver("cuMemcpyHtoD"))
+    })
+}
+
+/// Copies `bytes` from device `src` to host `dst` (synchronous; waits for the legacy default
+/// stream's work).
+///
+/// # Safety
+/// `dst` must hold `bytes` writable host bytes, `src` `bytes` readable device bytes.
+#[no_mangle]
+pub unsafe extern "C" fn dcp_mla_memcpy_dtoh(
+    device: *const DcpMlaDevice,
+    dst: *mut c_void,
+    src: *const c_void,
+    bytes: usize,
+) -> DcpMlaStatus {
+    guard(|| {
+        bind(self::device(device)?)?;
+        if bytes == 0 {
+            return Ok(());
+        }
+        nonnull("dst", dst)?;
+        nonnull("src", src)?;
+        let host = std::slice::from_raw_parts_mut(dst as *mut u8, bytes);
+        cudarc::driver::result::memcpy_dtoh_sync(host, src as u64).map_err(driver("cuMemcpyDtoH"))
+    })
+}
+
+/// Sets `bytes` device bytes at `ptr` to `value` (synchronous).
+///
+/// # Safety
+/// `ptr` must hold `bytes` writable device bytes.
+#[no_mangle]
+pub unsafe extern "C" fn dcp_mla_memset(
+    device: *const DcpMlaDevice,
+    ptr: *mut c_void,
+    value: u8,
+    bytes: usize,
+) -> DcpMlaStatus {
+    guard(|| {
+        bind(self::device(device)?)?;
+        if bytes == 0 {
+            return Ok(());
+        }
+        nonnull("ptr", ptr)?;
+        cudarc::driver::result::memset_d8_sync(ptr as u64, value, bytes).map_err(driver("cuMemsetD8"))
+    })
+}
+
+/// Waits for all work on the device's context.
+///
+/// # Safety
+/// `device` must be an open handle.
+#[no_mangle]
+pub unsafe extern "C" fn dcp_mla_synchronize(device: *const DcpMlaDevice) -> DcpMlaStatus {
+    guard(|| {
+        let dev = self::device(device)?;
+        dev.context().synchronize().map_err(driver("cuCtxSynchronize"))
+    })
+}
+
+fn nonnull<T>(arg: &str, p: *const T) -> R<()> {
+    if p.is_null() {
+        return Err(fail(DcpMlaStatus::NullPointer, format!("`{arg}` is a null pointer")));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::CStr;
+
+    fn last() -> String {
+        // SAFETY: the pointer is valid until the next call on this thread.
+        unsafe { CStr::from_ptr(dcp_mla_last_error()) }.to_string_lossy().into_owned()
+    }
+
+    #[test]
+    fn a_panic_becomes_internal_with_its_message() {
+        let s = guard(|| panic!("boom {}", 7));
+        assert_eq!(s, DcpMlaStatus::Internal);
+        assert!(last().contains("boom 7"), "{}", last());
+        assert_eq!(guard(|| Ok(())), DcpMlaStatus::Success);
+        assert_eq!(last(), "");
+    }
+
+    #[test]
+    fn library_errors_map_to_statuses() {
+        use dcp_mla::Error as E;
+        let map = |e: E| FfiError::from(e).status;
+        assert_eq!(
+            map(E::InvalidArgument { arg: "q", reason: "pointer 0x2 is not 16-byte aligned".into() }),
+            DcpMlaStatus::Misaligned
+        );
+        assert_eq!(
+            map(E::InvalidArgument { arg: "q", reason: "holds 3 elements".into() }),
+            DcpMlaStatus::InvalidArgument
+        );
+        assert_eq!(map(E::InvalidConfig("D·K".into())), DcpMlaStatus::InvalidConfig);
+        assert_eq!(map(E::Unsupported("x".into())), DcpMlaStatus::Unsupported);
+        assert_eq!(map(E::NoDriver), DcpMlaStatus::NoDevice);
+        let cuda = E::Driver {
+            call: "cuLaunchKernel",
+            source: cudarc::driver::DriverError(cudarc::driver::sys::CUresult::CUDA_ERROR_INVALID_VALUE),
+        };
+        let e = FfiError::from(cuda);
+        assert_eq!(e.status, DcpMlaStatus::CudaError);
+        assert!(e.message.contains("cuLaunchKernel"), "{}", e.message);
+    }
+
+    #[test]
+    fn capability_follows_the_compiled_targets_and_shared_memory() {
+        assert!(compute_capability_supported(9, 0));
+        assert!(compute_capability_supported(8, 0));
+        // sm_86 has the code (sm_80 SASS) but only 99 KiB of shared memory per block.
+        assert!(has_code(8, 6) && !compute_capability_supported(8, 6));
+        assert!(has_code(10, 0) && compute_capability_supported(10, 0));
+        assert!(!has_code(7, 5) && !compute_capability_supported(7, 5));
+    }
+
+    #[test]
+    fn every_status_has_a_name() {
+        for s in [DcpMlaStatus::Success, DcpMlaStatus::Internal, DcpMlaStatus::NoDevice] {
+            // SAFETY: static NUL-terminated strings.
+            let n = unsafe { CStr::from_ptr(dcp_mla_status_name(s)) }.to_str().unwrap();
+            assert!(n.starts_with("DCP_MLA_STATUS_"), "{n}");
+        }
+    }
 }

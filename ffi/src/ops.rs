@@ -1,0 +1,658 @@
+//! One entry point per operation of SPEC.md, each a thin shell around a launcher of
+//! `dcp_mla::ops`: convert the C arguments (checking null pointers, dtype codes and element
+//! alignment), check what can be checked without a device (variants, planner constraints), then
+//! call the launcher, which validates every extent before it launches.
+
+use crate::{device, fail, guard, kv_format, lse_base, stream, DcpMlaDevice, DcpMlaStatus, DcpMlaTensor, Rows, R};
+use dcp_mla::ops::combine::{self, A2aCombine, A2aPack, AgRsCorrect, AgRsFinish, CombineRows, MergeTwo};
+use dcp_mla::ops::decode::{self, DecodeCommon, DecodeOut, DenseDecode, SparseDecode};
+use dcp_mla::ops::fill::{kv_fill, KvFill};
+use dcp_mla::ops::prefill::{self, Flatten, Reorder};
+use dcp_mla::ops::topk::{self, Compact, GlobalMerge, LocalTopk, PackCandidates, PageTranslate};
+use dcp_mla::planner::{check_topk, DcpLayout};
+use dcp_mla::runtime::registry::{self, axes};
+use std::ffi::c_void;
+
+fn combine_rows(r: Rows) -> CombineRows {
+    match r {
+        Rows::Bf16(s) => CombineRows::Bf16(s),
+        Rows::F32(s) => CombineRows::F32(s),
+    }
+}
+
+fn output_axis(r: &CombineRows) -> axes::Output {
+    match r {
+        CombineRows::Bf16(_) => axes::Output::Bf16,
+        CombineRows::F32(_) => axes::Output::F32,
+    }
+}
+
+fn layout(dcp_size: usize, interleave: usize) -> DcpLayout {
+    DcpLayout { size: dcp_size, interleave }
+}
+
+/// Writes each new token's KV into this rank's paged cache if this rank owns it (SPEC.md §2-3);
+/// bit-identical to the CPU reference. A token whose position is negative, whose request index
+/// is outside [0, batch) or whose page is out of range is skipped.
+///
+/// - `ckv`: bf16 [num_tokens, ckv_stride] (c_kv in the first 512 values of a row);
+///   `kpe`: bf16 [num_tokens, kpe_stride] (k_pe in the first 64); strides in elements.
+/// - `req_idx`, `positions`: int32 [num_tokens]: block-table row and global position per token.
+/// - `block_table`: int32 [batch, block_table_stride], first `max_pages` columns used.
+/// - `cache`: this rank's cache [num_pages, block_size, row] in `format` (DCP_MLA_KV_*), any dtype.
+/// - `dcp_size`, `interleave`, `rank`: D, I and this rank r.
+///
+/// # Safety
+/// Every tensor must describe live device memory of its `numel`; `device` an open handle;
+/// `stream` null or a live stream of the device's context.
+#[no_mangle]
+pub unsafe extern "C" fn dcp_mla_kv_fill(
+    device: *const DcpMlaDevice,
+    stream: *mut c_void,
+    ckv: DcpMlaTensor,
+    ckv_stride: usize,
+    kpe: DcpMlaTensor,
+    kpe_stride: usize,
+    req_idx: DcpMlaTensor,
+    positions: DcpMlaTensor,
+    block_table: DcpMlaTensor,
+    block_table_stride: usize,
+    batch: usize,
+    max_pages: usize,
+    cache: DcpMlaTensor,
+    num_pages: usize,
+    block_size: usize,
+    format: i32,
+    dcp_size: usize,
+    interleave: usize,
+    rank: usize,
+) -> DcpMlaStatus {
+    guard(|| {
+        let a = KvFill {
+            ckv: ckv.typed("ckv")?,
+            ckv_stride,
+            kpe: kpe.typed("kpe")?,
+            kpe_stride,
+            req_idx: req_idx.typed("req_idx")?,
+            positions: positions.typed("positions")?,
+            block_table: block_table.typed("block_table")?,
+            block_table_stride,
+            batch,
+            max_pages,
+            cache: cache.bytes("cache")?,
+            num_pages,
+            block_size,
+            format: kv_format("format", format)?,
+            dcp: layout(dcp_size, interleave),
+            rank,
+        };
+        Ok(kv_fill(self::device(device)?, self::stream(stream), &a)?)
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn decode_common(
+    q: DcpMlaTensor,
+    batch: usize,
+    nq: usize,
+    heads: usize,
+    scale: f32,
+    out: DcpMlaTensor,
+    lse: DcpMlaTensor,
+    num_splits: usize,
+    workspace: DcpMlaTensor,
+) -> R<DecodeCommon> {
+    let out = match out.bf16_or_f32("out")? {
+        Rows::Bf16(s) => DecodeOut::Bf16(s),
+        Rows::F32(s) => DecodeOut::F32(s),
+    };
+    // The workspace is only touched with more than one split: an absent one is 0 bytes.
+    let workspace = if workspace.data.is_null() && num_splits <= 1 {
+        // SAFETY: an empty view is never dereferenced.
+        unsafe { dcp_mla::runtime::DeviceSlice::from_raw(0, 0) }
+    } else {
+        workspace.bytes("workspace")?
+    };
+    Ok(DecodeCommon { q: q.typed("q")?, batch, nq, heads, scale, out, lse: lse.typed("lse")?, num_splits, workspace })
+}
+
+/// Dense MLA decode over the BF16 paged cache (SPEC.md §4): row (i, j) attends to the first
+/// `lens[i][j]` local tokens of request i.
+///
+/// - `q`: bf16 [batch, nq, heads, 576]; `scale`: softmax scale σ (dcp_mla_default_scale()).
+/// - `out`: bf16 or f32 [batch, nq, heads, 512]; `lse`: f32 [batch, nq, heads], natural log,
+///   −inf for a row that sees no token.
+/// - `num_splits`: KV splits (dcp_mla_decode_num_splits); with more than 1, `workspace` must hold
+///   dcp_mla_decode_workspace_bytes bytes (16-byte aligned); with 1 it may be null.
+/// - `cache`: [num_pages, block_size, 576] bf16 (any dtype); `block_table`: int32
+///   [batch, block_table_stride], first `max_pages` columns used; `lens`: int32 [batch, nq].
+///
+/// # Safety
+/// As for dcp_mla_kv_fill.
+#[no_mangle]
+pub unsafe extern "C" fn dcp_mla_decode_dense(
+    device: *const DcpMlaDevice,
+    stream: *mut c_void,
+    q: DcpMlaTensor,
+    batch: usize,
+    nq: usize,
+    heads: usize,
+    scale: f32,
+    out: DcpMlaTensor,
+    lse: DcpMlaTensor,
+    num_splits: usize,
+    workspace: DcpMlaTensor,
+    cache: DcpMlaTensor,
+    num_pages: usize,
+    block_size: usize,
+    block_table: DcpMlaTensor,
+    block_table_stride: usize,
+    max_pages: usize,
+    lens: DcpMlaTensor,
+) -> DcpMlaStatus {
+    guard(|| {
+        let a = DenseDecode {
+            common: decode_common(q, batch, nq, heads, scale, out, lse, num_splits, workspace)?,
+            cache: cache.bytes("cache")?,
+            num_pages,
+            block_size,
+            block_table: block_table.typed("block_table")?,
+            block_table_stride,
+            max_pages,
+            lens: lens.typed("lens")?,
+        };
+        Ok(decode::mla_decode_dense(self::device(device)?, self::stream(stream), &a)?)
+    })
+}
+
+/// Sparse MLA decode (SPEC.md §4) over the BF16 or FP8-656 cache: row (i, j) attends to the
+/// cache rows page·block_size + slot listed in `indices[i][j]` (−1 or out of range: unused).
+///
+/// - `q`, `scale`, `out`, `lse`, `num_splits`, `workspace`: as for dcp_mla_decode_dense.
+/// - `cache`: [num_pages, block_size, row] in `format` (DCP_MLA_KV_*), any dtype.
+/// - `indices`: int32 [batch, nq, topk]; `topk_len`: optional int32 [batch, nq] (null data:
+///   every entry counts), only the first topk_len[i][j] entries count.
+///
+/// # Safety
+/// As for dcp_mla_kv_fill.
+#[no_mangle]
+pub unsafe extern "C" fn dcp_mla_decode_sparse(
+    device: *const DcpMlaDevice,
+    stream: *mut c_void,
+    q: DcpMlaTensor,
+    batch: usize,
+    nq: usize,
+    heads: usize,
+    scale: f32,
+    out: DcpMlaTensor,
+    lse: DcpMlaTensor,
+    num_splits: usize,
+    workspace: DcpMlaTensor,
+    cache: DcpMlaTensor,
+    format: i32,
+    num_pages: usize,
+    block_size: usize,
+    indices: DcpMlaTensor,
+    topk: usize,
+    topk_len: DcpMlaTensor,
+) -> DcpMlaStatus {
+    guard(|| {
+        let a = SparseDecode {
+            common: decode_common(q, batch, nq, heads, scale, out, lse, num_splits, workspace)?,
+            cache: cache.bytes("cache")?,
+            format: kv_format("format", format)?,
+            num_pages,
+            block_size,
+            indices: indices.typed("indices")?,
+            topk,
+            topk_len: topk_len.typed_opt("topk_len")?,
+        };
+        Ok(decode::mla_decode_sparse(self::device(device)?, self::stream(stream), &a)?)
+    })
+}
+
+/// ag_rs combine, step 1 (SPEC.md §5.1) on rank `rank` of D = `dcp_size` (H = D·local_heads):
+/// contrib[h, t, :] = (w_rank / S) · out[t, h, :] in f32, head-major for a reduce-scatter.
+///
+/// - `out`: bf16 or f32 [num_tokens, H, 512], this rank's partial attention output.
+/// - `lse_all`: f32 [D, num_tokens, H], every rank's lse (all-gathered), base `lse_base_code`.
+/// - `contrib`: f32 [H, num_tokens, 512], written.
+///
+/// # Safety
+/// As for dcp_mla_kv_fill.
+#[no_mangle]
+pub unsafe extern "C" fn dcp_mla_ag_rs_correct(
+    device: *const DcpMlaDevice,
+    stream: *mut c_void,
+    out: DcpMlaTensor,
+    lse_all: DcpMlaTensor,
+    lse_base_code: i32,
+    contrib: DcpMlaTensor,
+    num_tokens: usize,
+    local_heads: usize,
+    dcp_size: usize,
+    rank: usize,
+) -> DcpMlaStatus {
+    guard(|| {
+        let a = AgRsCorrect {
+            out: combine_rows(out.bf16_or_f32("out")?),
+            lse_all: lse_all.typed("lse_all")?,
+            lse_base: lse_base("lse_base", lse_base_code)?,
+            contrib: contrib.typed("contrib")?,
+            num_tokens,
+            local_heads,
+            dcp_size,
+            rank,
+        };
+        Ok(combine::ag_rs_correct(self::device(device)?, self::stream(stream), &a)?)
+    })
+}
+
+/// ag_rs combine, step 2: casts this rank's reduce-scattered heads to the output dtype and
+/// writes their merged lse (natural log; −inf with out = 0 where every shard is empty).
+///
+/// - `summed`: f32 [local_heads, num_tokens, 512], the reduce-scattered contributions.
+/// - `lse_all`: f32 [D, num_tokens, D·local_heads], the same all-gathered lse, base `lse_base_code`.
+/// - `out`: bf16 or f32 [num_tokens, local_heads, 512]; `lse`: f32 [num_tokens, local_heads].
+///
+/// # Safety
+/// As for dcp_mla_kv_fill.
+#[no_mangle]
+pub unsafe extern "C" fn dcp_mla_ag_rs_finish(
+    device: *const DcpMlaDevice,
+    stream: *mut c_void,
+    summed: DcpMlaTensor,
+    lse_all: DcpMlaTensor,
+    lse_base_code: i32,
+    out: DcpMlaTensor,
+    lse: DcpMlaTensor,
+    num_tokens: usize,
+    local_heads: usize,
+    dcp_size: usize,
+    rank: usize,
+) -> DcpMlaStatus {
+    guard(|| {
+        let a = AgRsFinish {
+            summed: summed.typed("summed")?,
+            lse_all: lse_all.typed("lse_all")?,
+            lse_base: lse_base("lse_base", lse_base_code)?,
+            out: combine_rows(out.bf16_or_f32("out")?),
+            lse: lse.typed("lse")?,
+            num_tokens,
+            local_heads,
+            dcp_size,
+            rank,
+        };
+        Ok(combine::ag_rs_finish(self::device(device)?, self::stream(stream), &a)?)
+    })
+}
+
+/// a2a combine, send side (SPEC.md §5.2): packs this rank's out (as bf16) and lse into one slot
+/// per destination rank d (heads [d·H_l, (d+1)·H_l)), so one all-to-all moves both.
+///
+/// - `out`: bf16 or f32 [num_tokens, D·local_heads, 512]; `lse`: f32 [num_tokens, D·local_heads].
+/// - `send`: bytes [D, slot_bytes] (any dtype), slot_bytes from dcp_mla_a2a_slot_bytes.
+///
+/// # Safety
+/// As for dcp_mla_kv_fill.
+#[no_mangle]
+pub unsafe extern "C" fn dcp_mla_a2a_pack(
+    device: *const DcpMlaDevice,
+    stream: *mut c_void,
+    out: DcpMlaTensor,
+    lse: DcpMlaTensor,
+    send: DcpMlaTensor,
+    slot_bytes: usize,
+    num_tokens: usize,
+    local_heads: usize,
+    dcp_size: usize,
+) -> DcpMlaStatus {
+    guard(|| {
+        let a = A2aPack {
+            out: combine_rows(out.bf16_or_f32("out")?),
+            lse: lse.typed("lse")?,
+            send: send.bytes("send")?,
+            slot_bytes,
+            num_tokens,
+            local_heads,
+            dcp_size,
+        };
+        Ok(combine::a2a_pack(self::device(device)?, self::stream(stream), &a)?)
+    })
+}
+
+/// a2a combine, receive side: the full merge (SPEC.md §5) of the D received slots, in f32, rank
+/// order, a source with coefficient 0 skipped. Compiled for D in {2, 4, 8}.
+///
+/// - `recv`: bytes [D, slot_bytes]: slot r as source rank r packed it for this rank.
+/// - `out`: bf16 or f32 [num_tokens, local_heads, 512]; `lse`: f32 [num_tokens, local_heads].
+///
+/// # Safety
+/// As for dcp_mla_kv_fill.
+#[no_mangle]
+pub unsafe extern "C" fn dcp_mla_a2a_combine(
+    device: *const DcpMlaDevice,
+    stream: *mut c_void,
+    recv: DcpMlaTensor,
+    slot_bytes: usize,
+    lse_base_code: i32,
+    out: DcpMlaTensor,
+    lse: DcpMlaTensor,
+    num_tokens: usize,
+    local_heads: usize,
+    dcp_size: usize,
+) -> DcpMlaStatus {
+    guard(|| {
+        let a = A2aCombine {
+            recv: recv.bytes("recv")?,
+            slot_bytes,
+            lse_base: lse_base("lse_base", lse_base_code)?,
+            out: combine_rows(out.bf16_or_f32("out")?),
+            lse: lse.typed("lse")?,
+            num_tokens,
+            local_heads,
+            dcp_size,
+        };
+        let d = u32::try_from(dcp_size).unwrap_or(u32::MAX);
+        if registry::combine_a2a(d, output_axis(&a.out)).is_none() {
+            return Err(fail(
+                DcpMlaStatus::Unsupported,
+                format!("a2a combine for D = {dcp_size} is not compiled (D in {:?})", combine::A2A_RANKS),
+            ));
+        }
+        Ok(combine::a2a_combine(self::device(device)?, self::stream(stream), &a)?)
+    })
+}
+
+/// The two-way merge of chunked prefill (SPEC.md §5.3): (out_a, lse_a) + (out_b, lse_b) over
+/// `rows` rows, f32 accumulation. An f32 `out` may be exactly `out_a` or `out_b` (in place).
+///
+/// - `out_a`, `out_b`: f32 [rows, 512]; `lse_a`, `lse_b`: f32 [rows] in base `lse_base_code`.
+/// - `out`: bf16 or f32 [rows, 512]; `lse`: f32 [rows], natural log.
+///
+/// # Safety
+/// As for dcp_mla_kv_fill.
+#[no_mangle]
+pub unsafe extern "C" fn dcp_mla_merge_two(
+    device: *const DcpMlaDevice,
+    stream: *mut c_void,
+    out_a: DcpMlaTensor,
+    lse_a: DcpMlaTensor,
+    out_b: DcpMlaTensor,
+    lse_b: DcpMlaTensor,
+    lse_base_code: i32,
+    out: DcpMlaTensor,
+    lse: DcpMlaTensor,
+    rows: usize,
+) -> DcpMlaStatus {
+    guard(|| {
+        let a = MergeTwo {
+            out_a: out_a.typed("out_a")?,
+            lse_a: lse_a.typed("lse_a")?,
+            out_b: out_b.typed("out_b")?,
+            lse_b: lse_b.typed("lse_b")?,
+            lse_base: lse_base("lse_base", lse_base_code)?,
+            out: combine_rows(out.bf16_or_f32("out")?),
+            lse: lse.typed("lse")?,
+            rows,
+        };
+        Ok(combine::merge_two(self::device(device)?, self::stream(stream), &a)?)
+    })
+}
+
+/// Local top-k (SPEC.md §6): per row the K best of the first lens[row] scores by (score
+/// descending, index ascending; NaN as −inf), as ascending indices, −1 padded.
+///
+/// - `scores`: f32 [rows, row_stride], the first `cols` columns usable.
+/// - `lens`: int32 [rows]; `k`: 512 or 2048; `out`: int32 [rows, k].
+///
+/// # Safety
+/// As for dcp_mla_kv_fill.
+#[no_mangle]
+pub unsafe extern "C" fn dcp_mla_topk_local(
+    device: *const DcpMlaDevice,
+    stream: *mut c_void,
+    scores: DcpMlaTensor,
+    row_stride: usize,
+    cols: usize,
+    lens: DcpMlaTensor,
+    rows: usize,
+    k: usize,
+    out: DcpMlaTensor,
+) -> DcpMlaStatus {
+    guard(|| {
+        let a = LocalTopk {
+            scores: scores.typed("scores")?,
+            row_stride,
+            cols,
+            lens: lens.typed("lens")?,
+            rows,
+            k,
+            out: out.typed("out")?,
+        };
+        if registry::topk_local(u32::try_from(k).unwrap_or(u32::MAX)).is_none() {
+            return Err(fail(
+                DcpMlaStatus::Unsupported,
+                format!("local top-k for K = {k} is not compiled (K in 512, 2048)"),
+            ));
+        }
+        Ok(topk::local_topk(self::device(device)?, self::stream(stream), &a)?)
+    })
+}
+
+/// Packs this rank's local top-k into candidates: (scores[row, l] bit for bit, global(l, rank))
+/// per entry, (−inf, −1) for an unused one.
+///
+/// - `local_idx`: int32 [rows, k]; `scores`: f32 [rows, row_stride], `cols` columns used.
+/// - `cand_scores`: f32 [rows, k], `cand_ids`: int32 [rows, k]: written (usually this rank's slot
+///   of the [D, rows, k] buffers the all-gather fills).
+///
+/// # Safety
+/// As for dcp_mla_kv_fill.
+#[no_mangle]
+pub unsafe extern "C" fn dcp_mla_topk_pack(
+    device: *const DcpMlaDevice,
+    stream: *mut c_void,
+    local_idx: DcpMlaTensor,
+    scores: DcpMlaTensor,
+    row_stride: usize,
+    cols: usize,
+    rows: usize,
+    k: usize,
+    dcp_size: usize,
+    interleave: usize,
+    rank: usize,
+    cand_scores: DcpMlaTensor,
+    cand_ids: DcpMlaTensor,
+) -> DcpMlaStatus {
+    guard(|| {
+        let a = PackCandidates {
+            local_idx: local_idx.typed("local_idx")?,
+            scores: scores.typed("scores")?,
+            row_stride,
+            cols,
+            rows,
+            k,
+            dcp: layout(dcp_size, interleave),
+            rank,
+            cand_scores: cand_scores.typed("cand_scores")?,
+            cand_ids: cand_ids.typed("cand_ids")?,
+        };
+        Ok(topk::pack_candidates(self::device(device)?, self::stream(stream), &a)?)
+    })
+}
+
+/// Global merge (SPEC.md §6): the exact top-K of the D·K all-gathered candidates per row by
+/// (score descending, id ascending), in candidate order, −1 padded. D·K must be a multiple of
+/// 512 (DCP_MLA_STATUS_INVALID_CONFIG otherwise, naming D and K).
+///
+/// - `cand_scores`: f32 [D, rows, k], `cand_ids`: int32 [D, rows, k], rank-major.
+/// - `out`: int32 [rows, k], global ids.
+///
+/// # Safety
+/// As for dcp_mla_kv_fill.
+#[no_mangle]
+pub unsafe extern "C" fn dcp_mla_topk_merge(
+    device: *const DcpMlaDevice,
+    stream: *mut c_void,
+    cand_scores: DcpMlaTensor,
+    cand_ids: DcpMlaTensor,
+    dcp_size: usize,
+    rows: usize,
+    k: usize,
+    out: DcpMlaTensor,
+) -> DcpMlaStatus {
+    guard(|| {
+        let a = GlobalMerge {
+            cand_scores: cand_scores.typed("cand_scores")?,
+            cand_ids: cand_ids.typed("cand_ids")?,
+            dcp_size,
+            rows,
+            k,
+            out: out.typed("out")?,
+        };
+        check_topk(dcp_size, k)?;
+        let id = registry::topk_merge(u32::try_from(dcp_size).unwrap_or(u32::MAX), k as u32);
+        if id.is_none() {
+            return Err(fail(
+                DcpMlaStatus::Unsupported,
+                format!("global top-k merge for D = {dcp_size}, K = {k} is not compiled (D in 1, 2, 4, 8)"),
+            ));
+        }
+        Ok(topk::global_merge(self::device(device)?, self::stream(stream), &a)?)
+    })
+}
+
+/// Compaction for rank `rank` (SPEC.md §6): keeps the ids this rank owns, as local positions
+/// (or page·block_size + slot when `block_table` is given), compacted to the front, −1 padded,
+/// with per-row counts.
+///
+/// - `ids`: int32 [rows, k], merged global ids; `out`: int32 [rows, k]; `counts`: int32 [rows].
+/// - `block_table`: optional int32 [ceil(rows / rows_per_request), block_table_stride] (null data:
+///   no translation); `block_size` B; row i belongs to request i / rows_per_request.
+///
+/// # Safety
+/// As for dcp_mla_kv_fill.
+#[no_mangle]
+pub unsafe extern "C" fn dcp_mla_topk_compact(
+    device: *const DcpMlaDevice,
+    stream: *mut c_void,
+    ids: DcpMlaTensor,
+    rows: usize,
+    k: usize,
+    dcp_size: usize,
+    interleave: usize,
+    rank: usize,
+    block_table: DcpMlaTensor,
+    block_table_stride: usize,
+    block_size: usize,
+    rows_per_request: usize,
+    out: DcpMlaTensor,
+    counts: DcpMlaTensor,
+) -> DcpMlaStatus {
+    guard(|| {
+        let translate = block_table.typed_opt::<i32>("block_table")?.map(|t| PageTranslate {
+            block_table: t,
+            stride: block_table_stride,
+            block_size,
+            rows_per_request,
+        });
+        let a = Compact {
+            ids: ids.typed("ids")?,
+            rows,
+            k,
+            dcp: layout(dcp_size, interleave),
+            rank,
+            translate,
+            out: out.typed("out")?,
+            counts: counts.typed("counts")?,
+        };
+        Ok(topk::compact(self::device(device)?, self::stream(stream), &a)?)
+    })
+}
+
+/// Prefill prefix flatten (SPEC.md §7): writes this rank's rows of one chunk into its uniform
+/// bf16 buffer (FP8-656 dequantised), zeros elsewhere; the chunk's layout is read from the
+/// device-side piece table (dcp_mla_prefill_piece_table).
+///
+/// - `cache`: [num_pages, block_size, row] in `format`; `block_table`: int32
+///   [batch, block_table_stride], the first `max_pages` columns read.
+/// - `pieces`: int32 [max_pieces, 8]; `out`: bf16 [cap_rows, 576], every row written.
+///
+/// # Safety
+/// As for dcp_mla_kv_fill.
+#[no_mangle]
+pub unsafe extern "C" fn dcp_mla_prefill_flatten(
+    device: *const DcpMlaDevice,
+    stream: *mut c_void,
+    cache: DcpMlaTensor,
+    format: i32,
+    num_pages: usize,
+    block_size: usize,
+    block_table: DcpMlaTensor,
+    block_table_stride: usize,
+    batch: usize,
+    max_pages: usize,
+    pieces: DcpMlaTensor,
+    max_pieces: usize,
+    out: DcpMlaTensor,
+    cap_rows: usize,
+    dcp_size: usize,
+    interleave: usize,
+    rank: usize,
+) -> DcpMlaStatus {
+    guard(|| {
+        let a = Flatten {
+            cache: cache.bytes("cache")?,
+            format: kv_format("format", format)?,
+            num_pages,
+            block_size,
+            block_table: block_table.typed("block_table")?,
+            block_table_stride,
+            batch,
+            max_pages,
+            pieces: pieces.typed("pieces")?,
+            max_pieces,
+            out: out.typed("out")?,
+            cap_rows,
+            dcp: layout(dcp_size, interleave),
+            rank,
+        };
+        Ok(prefill::flatten(self::device(device)?, self::stream(stream), &a)?)
+    })
+}
+
+/// Prefill reorder: writes every token of every piece from the all-gathered flatten buffers
+/// to its global row.
+///
+/// - `gathered`: bf16 [D, cap_rows, 576]; `pieces`: int32 [max_pieces, 8] (the flatten's table).
+/// - `out`: bf16 [out_rows, 576]; rows of other chunks are left as they are.
+///
+/// # Safety
+/// As for dcp_mla_kv_fill.
+#[no_mangle]
+pub unsafe extern "C" fn dcp_mla_prefill_reorder(
+    device: *const DcpMlaDevice,
+    stream: *mut c_void,
+    gathered: DcpMlaTensor,
+    cap_rows: usize,
+    pieces: DcpMlaTensor,
+    max_pieces: usize,
+    out: DcpMlaTensor,
+    out_rows: usize,
+    dcp_size: usize,
+    interleave: usize,
+) -> DcpMlaStatus {
+    guard(|| {
+        let a = Reorder {
+            gathered: gathered.typed("gathered")?,
+            cap_rows,
+            pieces: pieces.typed("pieces")?,
+            max_pieces,
+            out: out.typed("out")?,
+            out_rows,
+            dcp: layout(dcp_size, interleave),
+        };
+        Ok(prefill::reorder(self::device(device)?, self::stream(stream), &a)?)
+    })
+}
