@@ -1,0 +1,173 @@
+//! `dcp-mla bench`: every row of `dcp_mla::bench::rows` on the GPU, with the same run's copy
+//! ceiling, each row's ratio to its PERF.md target, and JSON / CSV outputs.
+
+use dcp_mla::bench::{prepare, rows, BenchRow, Measurement, Timer};
+use dcp_mla::runtime::Device;
+use std::io::Write;
+use std::path::PathBuf;
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct BenchArgs {
+    /// Write the results as JSON to this file.
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// Write the results as CSV to this file.
+    #[arg(long, value_name = "FILE")]
+    pub csv: Option<PathBuf>,
+    /// Only rows whose name contains this text (e.g. `mla_decode`, `topk`).
+    #[arg(long)]
+    pub filter: Option<String>,
+    /// Untimed launches before each row is measured.
+    #[arg(long, default_value_t = 5)]
+    pub warmup: usize,
+    /// Timed launches per row (the median is reported).
+    #[arg(long, default_value_t = 30)]
+    pub reps: usize,
+}
+
+struct Result_ {
+    row: BenchRow,
+    m: Measurement,
+    ratio: Option<f64>,
+}
+
+/// Exit code: 0 when every row ran, 1 when a row failed, 2 without a GPU.
+pub fn run(a: &BenchArgs) -> i32 {
+    let dev = match Device::open(0) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("dcp-mla bench needs a CUDA GPU: {e}");
+            return 2;
+        }
+    };
+    let s = dev.context().default_stream();
+    let selected: Vec<BenchRow> =
+        rows().into_iter().filter(|r| a.filter.as_deref().is_none_or(|f| r.name().contains(f))).collect();
+    let mut timer = match Timer::new(s.clone(), a.warmup, a.reps) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return 1;
+        }
+    };
+    eprint!("measuring the copy ceiling ...");
+    let copy_gbs = match timer.copy_gbs() {
+        Ok(g) => g,
+        Err(e) => {
+            eprintln!("\nerror: copy ceiling: {e}");
+            return 1;
+        }
+    };
+    eprintln!(" {copy_gbs:.0} GB/s");
+    let mut results = Vec::new();
+    let mut failed = Vec::new();
+    let n = selected.len();
+    for (i, row) in selected.into_iter().enumerate() {
+        eprint!("\r\x1b[2K[{:>2}/{n}] {}", i + 1, row.name());
+        let _ = std::io::stderr().flush();
+        let measured = prepare(&dev, &s, &row).and_then(|mut launch| {
+            let us = timer.median_ms(&mut launch)? * 1e3;
+            Ok(us)
+        });
+        match measured {
+            Ok(us) => {
+                let (bytes, flops) = row.work();
+                let m = Measurement { us, bytes, flops };
+                let ratio = row.target.ratio(&m, copy_gbs);
+                results.push(Result_ { row, m, ratio });
+            }
+            Err(e) => {
+                eprintln!("\n{}: {e}", row.name());
+                failed.push(row.name());
+            }
+        }
+    }
+    eprintln!("\r\x1b[2K{} rows measured", results.len());
+    print_table(&results, copy_gbs);
+    if let Some(path) = &a.json {
+        if let Err(e) = std::fs::write(path, to_json(&dev, &results, copy_gbs, &failed)) {
+            eprintln!("error: cannot write {}: {e}", path.display());
+            return 1;
+        }
+    }
+    if let Some(path) = &a.csv {
+        if let Err(e) = std::fs::write(path, to_csv(&results, copy_gbs)) {
+            eprintln!("error: cannot write {}: {e}", path.display());
+            return 1;
+        }
+    }
+    if failed.is_empty() {
+        0
+    } else {
+        eprintln!("{} rows failed: {}", failed.len(), failed.join(", "));
+        1
+    }
+}
+
+fn print_table(results: &[Result_], copy_gbs: f64) {
+    println!("copy ceiling: {copy_gbs:.0} GB/s (2 GiB device-to-device, read + write)");
+    println!("{:<52} {:>10} {:>9} {:>9} {:>8} {:>7}  target", "row", "µs", "GB/s", "TFLOP/s", "of copy", "ratio");
+    for r in results {
+        println!(
+            "{:<52} {:>10.2} {:>9.0} {:>9.1} {:>7.1}% {:>7}  {}",
+            r.row.name(),
+            r.m.us,
+            r.m.gbs(),
+            r.m.tflops(),
+            100.0 * r.m.gbs() / copy_gbs,
+            r.ratio.map_or("-".into(), |x| format!("{x:.2}")),
+            r.row.target.describe()
+        );
+    }
+    let met = results.iter().filter(|r| r.ratio.is_some_and(|x| x >= 1.0)).count();
+    let with = results.iter().filter(|r| r.ratio.is_some()).count();
+    println!("{met} of {with} targets met (ratio ≥ 1)");
+}
+
+fn to_json(dev: &Device, results: &[Result_], copy_gbs: f64, failed: &[String]) -> String {
+    let rows: Vec<serde_json::Value> = results
+        .iter()
+        .map(|r| {
+            serde_json::json!({
+                "name": r.row.name(),
+                "family": r.row.family,
+                "shape": r.row.shape,
+                "us": r.m.us,
+                "bytes": r.m.bytes,
+                "flops": r.m.flops,
+                "gbs": r.m.gbs(),
+                "tflops": r.m.tflops(),
+                "of_copy": r.m.gbs() / copy_gbs,
+                "target": r.row.target.describe(),
+                "ratio": r.ratio,
+                "met": r.ratio.map(|x| x >= 1.0),
+            })
+        })
+        .collect();
+    let v = serde_json::json!({
+        "compute_capability": format!("{:?}", dev.compute_capability()),
+        "copy_gbs": copy_gbs,
+        "rows": rows,
+        "failed": failed,
+    });
+    serde_json::to_string_pretty(&v).expect("json")
+}
+
+fn to_csv(results: &[Result_], copy_gbs: f64) -> String {
+    let mut s = String::from("name,family,shape,us,gbs,tflops,of_copy,target,ratio\n");
+    for r in results {
+        s += &format!(
+            "\"{}\",{},\"{}\",{:.3},{:.1},{:.2},{:.4},\"{}\",{}\n",
+            r.row.name(),
+            r.row.family,
+            r.row.shape,
+            r.m.us,
+            r.m.gbs(),
+            r.m.tflops(),
+            r.m.gbs() / copy_gbs,
+            r.row.target.describe(),
+            r.ratio.map_or(String::new(), |x| format!("{x:.3}"))
+        );
+    }
+    s
+}

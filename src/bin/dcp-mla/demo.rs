@@ -1,0 +1,692 @@
+//! `dcp-mla demo`: one DCP decode step end to end, the dense BF16 path and the sparse path with
+//! distributed top-k, D ranks simulated on one device (or on the CPU reference), checked against
+//! full attention computed in fp64 without DCP (SPEC.md §9 tolerances).
+
+use super::plan::{FormatArg, PlanArgs};
+use clap::{Args, FromArgMatches};
+use dcp_mla::formats::{D_LATENT, D_QK, D_ROPE, D_V};
+use dcp_mla::planner::{self, causal_local_lens, DcpConfig, DcpLayout, MAX_Q_ROWS};
+use dcp_mla::reference::attention::{decode_f32, decode_f64, default_scale, QueryShape, Selection};
+use dcp_mla::reference::fill::{fill, FillInput, PagedCache};
+use dcp_mla::reference::merge::{ag_rs_contribution, ag_rs_finish, reduce_scatter, to_bf16};
+use dcp_mla::reference::topk::{compact, global_merge, local_topk, pack_candidates, PageTranslate};
+use dcp_mla::runtime::Device;
+use dcp_mla::{KvFormat, LseBase};
+use half::bf16;
+use std::time::Instant;
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct DemoArgs {
+    /// DCP size D: ranks that split the KV by token (simulated on one device).
+    #[arg(long, short = 'd', default_value_t = 4)]
+    pub dcp: usize,
+    /// Interleave I: runs of I consecutive tokens per rank (must divide the block size).
+    #[arg(long, short = 'i', default_value_t = 1)]
+    pub interleave: usize,
+    /// Tensor-parallel size (D must divide it).
+    #[arg(long, default_value_t = 8)]
+    pub tp: usize,
+    /// Requests in the batch [default: 64 on a GPU, 2 on the CPU].
+    #[arg(long)]
+    pub batch: Option<usize>,
+    /// Tokens of the longest request; the others are up to a quarter shorter [default: 32768 on a
+    /// GPU, 4096 on the CPU].
+    #[arg(long)]
+    pub context: Option<u64>,
+    /// Query heads per TP rank H_l; attention sees H = D·H_l gathered heads.
+    #[arg(long, default_value_t = 16)]
+    pub local_heads: usize,
+    /// Query rows per request (1 + MTP draft tokens).
+    #[arg(long, default_value_t = 1)]
+    pub q: usize,
+    /// KV-cache format of the sparse path (the dense path is BF16).
+    #[arg(long, value_enum, default_value = "fp8")]
+    pub kv_format: FormatArg,
+    /// Sparse top-k K (512 or 2048; D·K must be a multiple of 512).
+    #[arg(long, default_value_t = 2048)]
+    pub topk: usize,
+    /// Tokens per page B.
+    #[arg(long, default_value_t = 64)]
+    pub block_size: usize,
+    /// Requests checked against the fp64 reference on the GPU (the CPU run checks all).
+    #[arg(long, default_value_t = 2)]
+    pub check_requests: usize,
+    /// Seed of the random inputs.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Run the CPU reference even when a GPU is present.
+    #[arg(long)]
+    pub cpu: bool,
+}
+
+/// A small deterministic generator (xorshift64*).
+struct Rng(u64);
+impl Rng {
+    fn new(seed: u64) -> Self {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+    /// Uniform in [-1, 1).
+    fn unit(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+    }
+}
+
+/// `n` values `f(rng, index)`, generated on every core in chunks seeded by position, so the
+/// result does not depend on the number of threads.
+fn generate<T: Copy + Default + Send>(n: usize, seed: u64, f: impl Fn(&mut Rng, usize) -> T + Sync) -> Vec<T> {
+    const CHUNK: usize = 1 << 20;
+    let mut v = vec![T::default(); n];
+    let threads = std::thread::available_parallelism().map_or(1, |x| x.get());
+    let mut chunks: Vec<(usize, &mut [T])> = v.chunks_mut(CHUNK).enumerate().collect();
+    let per = chunks.len().div_ceil(threads).max(1);
+    std::thread::scope(|sc| {
+        while !chunks.is_empty() {
+            let group: Vec<(usize, &mut [T])> = chunks.drain(..per.min(chunks.len())).collect();
+            let f = &f;
+            sc.spawn(move || {
+                for (ci, c) in group {
+                    let mut rng = Rng::new(seed ^ (ci as u64 + 1).wrapping_mul(0xD1B5_4A32_D192_ED03));
+                    for (j, x) in c.iter_mut().enumerate() {
+                        *x = f(&mut rng, ci * CHUNK + j);
+                    }
+                }
+            });
+        }
+    });
+    v
+}
+
+/// The inputs of one decode step, in global (non-DCP) order.
+pub struct Problem {
+    pub dcp: DcpLayout,
+    pub tp: usize,
+    pub block_size: usize,
+    pub local_heads: usize,
+    pub heads: usize,
+    pub q: usize,
+    pub k: usize,
+    pub format: KvFormat,
+    /// Total length of each request, its q new tokens included.
+    pub lens: Vec<u64>,
+    /// Token rows of every request, concatenated: c_kv [n, 512] and k_pe [n, 64].
+    pub ckv: Vec<bf16>,
+    pub kpe: Vec<bf16>,
+    pub req_idx: Vec<i32>,
+    pub positions: Vec<i32>,
+    /// [b, q, H, 576].
+    pub query: Vec<bf16>,
+    /// Indexer scores of every row over the global tokens: [b·q, score_stride].
+    pub scores: Vec<f32>,
+    pub score_stride: usize,
+    /// The block table all ranks share: [b, max_pages], permuted pages.
+    pub table: Vec<i32>,
+    pub max_pages: usize,
+    pub num_pages: usize,
+}
+
+impl Problem {
+    pub fn new(a: &DemoArgs, batch: usize, context: u64) -> Result<Self, String> {
+        let cfg = DcpConfig::new(a.tp, a.dcp, a.interleave, a.block_size).map_err(|e| e.to_string())?;
+        let heads = planner::check_heads(a.dcp, a.local_heads).map_err(|e| e.to_string())?;
+        planner::check_topk(a.dcp, a.topk).map_err(|e| e.to_string())?;
+        if a.q == 0 || a.q > MAX_Q_ROWS {
+            return Err(format!("--q {} must be between 1 and {MAX_Q_ROWS}", a.q));
+        }
+        if batch == 0 {
+            return Err("--batch must be at least 1".into());
+        }
+        if context < a.q as u64 {
+            return Err(format!("--context {context} is shorter than the q = {} new tokens", a.q));
+        }
+        planner::check_i32("context", context as u128).map_err(|e| e.to_string())?;
+        let mut rng = Rng::new(a.seed);
+        let lens: Vec<u64> = (0..batch)
+            .map(|i| if i == 0 { context } else { (context - rng.below(context / 4 + 1)).max(a.q as u64) })
+            .collect();
+        let n: usize = lens.iter().sum::<u64>() as usize;
+        // c_kv groups of 128 channels get magnitudes 1..4 so the FP8 group scales differ
+        let ckv =
+            generate(n * D_LATENT, rng.next(), |r, e| bf16::from_f32(r.unit() * (1 + (e % D_LATENT) / 128) as f32));
+        let kpe = generate(n * D_ROPE, rng.next(), |r, _| bf16::from_f32(r.unit()));
+        let mut req_idx = Vec::with_capacity(n);
+        let mut positions = Vec::with_capacity(n);
+        for (i, &l) in lens.iter().enumerate() {
+            req_idx.extend(std::iter::repeat_n(i as i32, l as usize));
+            positions.extend(0..l as i32);
+        }
+        let query = generate(batch * a.q * heads * D_QK, rng.next(), |r, _| bf16::from_f32(r.unit()));
+        let score_stride = context as usize;
+        let scores = generate(batch * a.q * score_stride, rng.next(), |r, _| r.unit() * 8.0);
+        let max_pages = lens.iter().map(|&l| cfg.dcp.pages_for(l, a.block_size)).max().unwrap_or(1).max(1) as usize;
+        let num_pages = batch * max_pages + 1; // a page no request maps
+        let mut table: Vec<i32> = (0..num_pages as i32).collect();
+        for i in (1..table.len()).rev() {
+            table.swap(i, rng.below(i as u64 + 1) as usize);
+        }
+        table.truncate(batch * max_pages);
+        Ok(Problem {
+            dcp: cfg.dcp,
+            tp: a.tp,
+            block_size: a.block_size,
+            local_heads: a.local_heads,
+            heads,
+            q: a.q,
+            k: a.topk,
+            format: a.kv_format.into(),
+            lens,
+            ckv,
+            kpe,
+            req_idx,
+            positions,
+            query,
+            scores,
+            score_stride,
+            table,
+            max_pages,
+            num_pages,
+        })
+    }
+
+    pub fn batch(&self) -> usize {
+        self.lens.len()
+    }
+
+    /// Query rows T = b·q.
+    pub fn rows(&self) -> usize {
+        self.batch() * self.q
+    }
+
+    pub fn shape(&self) -> QueryShape {
+        QueryShape { batch: self.batch(), rows: self.q, heads: self.heads }
+    }
+
+    pub fn fill_input(&self) -> FillInput<'_> {
+        FillInput {
+            ckv: &self.ckv,
+            ckv_stride: D_LATENT,
+            kpe: &self.kpe,
+            kpe_stride: D_ROPE,
+            req_idx: &self.req_idx,
+            positions: &self.positions,
+        }
+    }
+
+    pub fn paged(&self, format: KvFormat) -> PagedCache<'_> {
+        PagedCache {
+            block_table: &self.table,
+            block_table_stride: self.max_pages,
+            batch: self.batch(),
+            max_pages: self.max_pages,
+            num_pages: self.num_pages,
+            block_size: self.block_size,
+            format,
+        }
+    }
+
+    pub fn translate(&self) -> PageTranslate<'_> {
+        PageTranslate {
+            block_table: &self.table,
+            stride: self.max_pages,
+            block_size: self.block_size,
+            rows_per_request: self.q,
+        }
+    }
+
+    /// Causal local lengths of every row on rank r (SPEC.md §2).
+    pub fn local_lens(&self, r: usize) -> Vec<i32> {
+        causal_local_lens(&self.lens, &vec![self.q; self.batch()], self.dcp, r).expect("lengths checked")
+    }
+
+    /// Global lengths of every row: c_j = L − q + 1 + j.
+    pub fn row_lens(&self) -> Vec<i32> {
+        causal_local_lens(&self.lens, &vec![self.q; self.batch()], DcpLayout { size: 1, interleave: 1 }, 0)
+            .expect("lengths checked")
+    }
+
+    /// Row stride of every rank's local scores: the most tokens a rank holds.
+    pub fn local_stride(&self) -> usize {
+        (self.dcp.local_len(self.score_stride as u64, 0) as usize).max(1)
+    }
+
+    /// Rank r's indexer scores over its local tokens [T, local_stride] and their lengths.
+    pub fn local_scores(&self, r: usize) -> (Vec<f32>, Vec<i32>) {
+        let stride = self.local_stride();
+        let lens = self.local_lens(r);
+        let mut s = vec![f32::NAN; self.rows() * stride];
+        for (row, &n) in lens.iter().enumerate() {
+            for l in 0..n as usize {
+                let g = self.dcp.global(l as u64, r) as usize;
+                s[row * stride + l] = self.scores[row * self.score_stride + g];
+            }
+        }
+        (s, lens)
+    }
+}
+
+/// The combined output of one path: out [T, H, 512] (bf16 values as f32) and lse [T, H].
+pub struct PathOutput {
+    pub out: Vec<f32>,
+    pub lse: Vec<f32>,
+}
+
+/// What a backend returns: both paths, the merged top-k ids [T, K], and per-stage times.
+pub struct Outputs {
+    pub dense: PathOutput,
+    pub sparse: PathOutput,
+    pub merged_ids: Vec<i32>,
+    /// (stage, total milliseconds over the D simulated ranks).
+    pub stages: Vec<(&'static str, f64)>,
+}
+
+pub fn add_time(stages: &mut Vec<(&'static str, f64)>, name: &'static str, ms: f64) {
+    match stages.iter_mut().find(|(n, _)| *n == name) {
+        Some(s) => s.1 += ms,
+        None => stages.push((name, ms)),
+    }
+}
+
+pub const STAGE_FILL: &str = "KV fill (BF16 + sparse cache)";
+pub const STAGE_DENSE: &str = "dense decode (BF16)";
+pub const STAGE_TOPK: &str = "top-k (local, pack, merge, compact)";
+pub const STAGE_SPARSE: &str = "sparse decode";
+pub const STAGE_COMBINE: &str = "combine (ag_rs correct + finish)";
+
+/// The whole step on the CPU reference: every rank's fill, attention, top-k and combine.
+pub fn run_cpu(p: &Problem) -> Outputs {
+    let (d, t, k) = (p.dcp.size, p.rows(), p.k);
+    let mut stages = Vec::new();
+    let mut clock = |name, f: &mut dyn FnMut()| {
+        let t0 = Instant::now();
+        f();
+        add_time(&mut stages, name, t0.elapsed().as_secs_f64() * 1e3);
+    };
+    let input = p.fill_input();
+    let mut dense_caches = Vec::new();
+    let mut sparse_caches = Vec::new();
+    for r in 0..d {
+        // 0xff: NaN as bf16, e4m3 and fp32 scale, so a read of an unwritten slot shows
+        let mut dense = vec![0xffu8; p.num_pages * p.block_size * KvFormat::Bf16.token_bytes()];
+        let mut sparse = vec![0xffu8; p.num_pages * p.block_size * p.format.token_bytes()];
+        clock(STAGE_FILL, &mut || {
+            fill(&input, &p.paged(KvFormat::Bf16), p.dcp, r, &mut dense);
+            fill(&input, &p.paged(p.format), p.dcp, r, &mut sparse);
+        });
+        dense_caches.push(dense);
+        sparse_caches.push(sparse);
+    }
+    let sigma = default_scale();
+    let mut parts = Vec::new();
+    for (r, cache) in dense_caches.iter().enumerate() {
+        let lens = p.local_lens(r);
+        let mut res = (Vec::new(), Vec::new());
+        clock(STAGE_DENSE, &mut || {
+            res = decode_f32(
+                &p.query,
+                p.shape(),
+                &p.paged(KvFormat::Bf16),
+                cache,
+                &Selection::Dense { lens: &lens },
+                sigma,
+            )
+        });
+        parts.push(res);
+    }
+    let dense = combine_cpu(p, &parts, &mut clock);
+
+    let stride = p.local_stride();
+    let (mut cand_s, mut cand_i) = (Vec::with_capacity(d * t * k), Vec::with_capacity(d * t * k));
+    let mut merged = Vec::new();
+    for r in 0..d {
+        let (scores, lens) = p.local_scores(r);
+        clock(STAGE_TOPK, &mut || {
+            let idx = local_topk(&scores, t, stride, &lens, k);
+            let (s, i) = pack_candidates(&idx, &scores, stride, k, p.dcp, r);
+            cand_s.extend(s);
+            cand_i.extend(i);
+        });
+    }
+    for _ in 0..d {
+        // every rank merges the same all-gathered candidates
+        clock(STAGE_TOPK, &mut || merged = global_merge(&cand_s, &cand_i, d, t, k));
+    }
+    let mut parts = Vec::new();
+    for (r, cache) in sparse_caches.iter().enumerate() {
+        let mut sel = (Vec::new(), Vec::new());
+        clock(STAGE_TOPK, &mut || sel = compact(&merged, k, p.dcp, r, Some(p.translate())));
+        let mut res = (Vec::new(), Vec::new());
+        clock(STAGE_SPARSE, &mut || {
+            let s = Selection::Sparse { indices: &sel.0, k, topk_len: Some(&sel.1) };
+            res = decode_f32(&p.query, p.shape(), &p.paged(p.format), cache, &s, sigma);
+        });
+        parts.push(res);
+    }
+    let sparse = combine_cpu(p, &parts, &mut clock);
+    Outputs { dense, sparse, merged_ids: merged, stages }
+}
+
+/// The ag_rs combine on the reference: every rank's contribution from the all-gathered lse, the
+/// reduce-scatter over heads, and the final cast of each rank's heads.
+fn combine_cpu(
+    p: &Problem,
+    parts: &[(Vec<f32>, Vec<f32>)],
+    clock: &mut impl FnMut(&'static str, &mut dyn FnMut()),
+) -> PathOutput {
+    let (d, t, h, h_l) = (p.dcp.size, p.rows(), p.heads, p.local_heads);
+    let lse_all: Vec<f32> = parts.iter().flat_map(|(_, l)| l.iter().copied()).collect();
+    let mut contribs = Vec::new();
+    for (r, (out, _)) in parts.iter().enumerate() {
+        clock(STAGE_COMBINE, &mut || contribs.push(ag_rs_contribution(r, out, &lse_all, d, t, h, LseBase::E)));
+    }
+    let mut res = PathOutput { out: vec![0.0; t * h * D_V], lse: vec![0.0; t * h] };
+    for r in 0..d {
+        let summed = reduce_scatter(&contribs, r, h_l, t);
+        let mut fin = (Vec::new(), Vec::new());
+        clock(STAGE_COMBINE, &mut || {
+            let (o, l) = ag_rs_finish(&summed, &lse_all, d, t, h_l, LseBase::E, r * h_l);
+            fin = (to_bf16(&o), l);
+        });
+        place(&mut res, r, h, h_l, t, &fin.0, &fin.1);
+    }
+    res
+}
+
+/// Writes rank r's heads [T, H_l, 512] into the full [T, H, 512] output.
+pub fn place(res: &mut PathOutput, r: usize, h: usize, h_l: usize, t: usize, out: &[bf16], lse: &[f32]) {
+    for ti in 0..t {
+        for hl in 0..h_l {
+            let dst = ti * h + r * h_l + hl;
+            let src = ti * h_l + hl;
+            for (o, v) in res.out[dst * D_V..][..D_V].iter_mut().zip(&out[src * D_V..][..D_V]) {
+                *o = v.to_f32();
+            }
+            res.lse[dst] = lse[src];
+        }
+    }
+}
+
+/// Errors of one path against the fp64 reference.
+#[derive(Debug, Default)]
+pub struct PathCheck {
+    pub max_abs: f64,
+    pub rel_l2: f64,
+    pub max_lse: f64,
+    pub failures: Vec<String>,
+}
+
+/// SPEC.md §9: out within abs 8e-4 or rel 2/128 elementwise, relative L2 ≤ 2e-3; lse within
+/// abs 1e-5; inf/NaN positions identical.
+fn compare(
+    what: &str,
+    got_out: &[f32],
+    got_lse: &[f32],
+    want_out: &[f64],
+    want_lse: &[f64],
+    c: &mut PathCheck,
+) -> (f64, f64) {
+    let (mut err2, mut ref2) = (0.0f64, 0.0f64);
+    for (e, (&g, &w)) in got_out.iter().zip(want_out).enumerate() {
+        let g = g as f64;
+        if g.is_nan() || g.is_finite() != w.is_finite() {
+            c.failures.push(format!("{what}: out[{e}] = {g}, want {w}"));
+            continue;
+        }
+        let diff = (g - w).abs();
+        c.max_abs = c.max_abs.max(diff);
+        if diff > 8e-4 && diff > 2.0 / 128.0 * w.abs() {
+            c.failures.push(format!("{what}: out[{e}] = {g}, want {w}"));
+        }
+        err2 += diff * diff;
+        ref2 += w * w;
+    }
+    for (e, (&g, &w)) in got_lse.iter().zip(want_lse).enumerate() {
+        let g = g as f64;
+        if w.is_finite() {
+            let diff = (g - w).abs();
+            c.max_lse = c.max_lse.max(if diff.is_nan() { f64::INFINITY } else { diff });
+            if !(diff <= 1e-5) {
+                c.failures.push(format!("{what}: lse[{e}] = {g}, want {w}"));
+            }
+        } else if g != w {
+            c.failures.push(format!("{what}: lse[{e}] = {g}, want {w}"));
+        }
+    }
+    (err2, ref2)
+}
+
+/// The fp64 reference without DCP of request i (one rank holds every token), dense and sparse
+/// over the reference's global top-k ids `ids` [q, K] of its rows.
+fn reference_request(p: &Problem, i: usize, ids: &[i32]) -> [(Vec<f64>, Vec<f64>); 2] {
+    let one = DcpLayout { size: 1, interleave: 1 };
+    let len = p.lens[i] as usize;
+    let first = p.lens[..i].iter().sum::<u64>() as usize;
+    let pages = len.div_ceil(p.block_size);
+    let table: Vec<i32> = (0..pages as i32).collect();
+    let req = vec![0i32; len];
+    let input = FillInput {
+        ckv: &p.ckv[first * D_LATENT..(first + len) * D_LATENT],
+        ckv_stride: D_LATENT,
+        kpe: &p.kpe[first * D_ROPE..(first + len) * D_ROPE],
+        kpe_stride: D_ROPE,
+        req_idx: &req,
+        positions: &p.positions[first..first + len],
+    };
+    let paged = |format| PagedCache {
+        block_table: &table,
+        block_table_stride: pages,
+        batch: 1,
+        max_pages: pages,
+        num_pages: pages,
+        block_size: p.block_size,
+        format,
+    };
+    let shape = QueryShape { batch: 1, rows: p.q, heads: p.heads };
+    let query = &p.query[i * p.q * p.heads * D_QK..(i + 1) * p.q * p.heads * D_QK];
+    let sigma = default_scale();
+    let mut dense_bytes = vec![0xffu8; pages * p.block_size * KvFormat::Bf16.token_bytes()];
+    fill(&input, &paged(KvFormat::Bf16), one, 0, &mut dense_bytes);
+    let lens = causal_local_lens(&[p.lens[i]], &[p.q], one, 0).expect("lengths checked");
+    let dense =
+        decode_f64(query, shape, &paged(KvFormat::Bf16), &dense_bytes, &Selection::Dense { lens: &lens }, sigma);
+    drop(dense_bytes);
+    let mut sparse_bytes = vec![0xffu8; pages * p.block_size * p.format.token_bytes()];
+    fill(&input, &paged(p.format), one, 0, &mut sparse_bytes);
+    let tr = PageTranslate { block_table: &table, stride: pages, block_size: p.block_size, rows_per_request: p.q };
+    let (slots, counts) = compact(ids, p.k, one, 0, Some(tr));
+    let sel = Selection::Sparse { indices: &slots, k: p.k, topk_len: Some(&counts) };
+    let sparse = decode_f64(query, shape, &paged(p.format), &sparse_bytes, &sel, sigma);
+    [dense, sparse]
+}
+
+/// The check of one run: both paths on the sampled requests, the top-k ids on every row.
+pub struct Check {
+    pub paths: [PathCheck; 2],
+    pub topk_rows_exact: usize,
+    pub requests_checked: usize,
+}
+
+pub fn check(p: &Problem, o: &Outputs, sample: &[usize]) -> (Check, bool) {
+    let (t, k, q, h) = (p.rows(), p.k, p.q, p.heads);
+    // the global top-K of every row without DCP: local top-k over all tokens (ascending ids)
+    let want_ids = local_topk(&p.scores, t, p.score_stride, &p.row_lens(), k);
+    let mut exact = 0;
+    for row in 0..t {
+        let mut got: Vec<i32> = o.merged_ids[row * k..(row + 1) * k].iter().copied().filter(|&x| x >= 0).collect();
+        got.sort_unstable();
+        let want: Vec<i32> = want_ids[row * k..(row + 1) * k].iter().copied().filter(|&x| x >= 0).collect();
+        exact += (got == want) as usize;
+    }
+    let refs: Vec<[(Vec<f64>, Vec<f64>); 2]> = std::thread::scope(|sc| {
+        let handles: Vec<_> = sample
+            .iter()
+            .map(|&i| {
+                let ids = &want_ids[i * q * k..(i + 1) * q * k];
+                sc.spawn(move || reference_request(p, i, ids))
+            })
+            .collect();
+        handles.into_iter().map(|hd| hd.join().expect("reference thread")).collect()
+    });
+    let mut paths = [PathCheck::default(), PathCheck::default()];
+    for (pi, (c, got)) in paths.iter_mut().zip([&o.dense, &o.sparse]).enumerate() {
+        let (mut err2, mut ref2) = (0.0, 0.0);
+        for (&i, r) in sample.iter().zip(&refs) {
+            let rows = i * q * h..(i + 1) * q * h;
+            let (want_out, want_lse) = &r[pi];
+            let (e, w) = compare(
+                &format!("request {i}"),
+                &got.out[rows.start * D_V..rows.end * D_V],
+                &got.lse[rows.clone()],
+                want_out,
+                want_lse,
+                c,
+            );
+            err2 += e;
+            ref2 += w;
+        }
+        c.rel_l2 = if ref2 > 0.0 { (err2 / ref2).sqrt() } else { err2.sqrt() };
+        if !(c.rel_l2 <= 2e-3) {
+            c.failures.push(format!("relative L2 error {:.2e} exceeds 2e-3", c.rel_l2));
+        }
+    }
+    let ok = paths.iter().all(|c| c.failures.is_empty()) && exact == t;
+    (Check { paths, topk_rows_exact: exact, requests_checked: sample.len() }, ok)
+}
+
+/// Evenly spaced requests, the first and the last included.
+pub fn sample_requests(batch: usize, n: usize) -> Vec<usize> {
+    let n = n.clamp(1, batch);
+    if n == 1 {
+        return vec![0];
+    }
+    let mut v: Vec<usize> = (0..n).map(|j| j * (batch - 1) / (n - 1)).collect();
+    v.dedup();
+    v
+}
+
+/// KV capacity with and without DCP from `dcp-mla plan`'s defaults (H200, 61 layers).
+fn capacity(a: &DemoArgs) -> Option<(serde_json::Value, String)> {
+    let argv = [
+        "plan".to_string(),
+        format!("--tp={}", a.tp),
+        format!("--dcp={}", a.dcp),
+        format!("--interleave={}", a.interleave),
+        format!("--block-size={}", a.block_size),
+        format!("--local-heads={}", a.local_heads),
+        format!("--topk={}", a.topk),
+        format!("--kv-format={}", if a.kv_format == FormatArg::Fp8 { "fp8" } else { "bf16" }),
+    ];
+    let m = PlanArgs::augment_args(clap::Command::new("plan")).try_get_matches_from(argv).ok()?;
+    let pa = PlanArgs::from_arg_matches(&m).ok()?;
+    let v = super::plan::plan(&pa).ok()?;
+    let what = format!(
+        "{:.0} GB × {} over {} layers, {:?}",
+        pa.gpu_mem as f64 / 1e9,
+        pa.cache_fraction,
+        pa.layers,
+        KvFormat::from(pa.kv_format)
+    );
+    Some((v, what))
+}
+
+/// Runs the demo; returns the process exit code (0 when the check passes).
+pub fn run(a: &DemoArgs) -> i32 {
+    let device = if a.cpu { Err("--cpu was given".to_string()) } else { Device::open(0).map_err(|e| e.to_string()) };
+    let on_gpu = device.is_ok();
+    let batch = a.batch.unwrap_or(if on_gpu { 64 } else { 2 });
+    let context = a.context.unwrap_or(if on_gpu { 32768 } else { 4096 });
+    let t0 = Instant::now();
+    let p = match Problem::new(a, batch, context) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return 1;
+        }
+    };
+    let gen_s = t0.elapsed().as_secs_f64();
+    match &device {
+        Ok(dev) => println!(
+            "dcp-mla demo: one DCP decode step on the GPU (compute capability {}.{}), D = {} ranks simulated on one device",
+            dev.compute_capability().0,
+            dev.compute_capability().1,
+            p.dcp.size
+        ),
+        Err(why) => println!(
+            "dcp-mla demo: no GPU ({why}): running the CPU reference at a small size, D = {} ranks simulated",
+            p.dcp.size
+        ),
+    }
+    let (lmin, lmax) = (p.lens.iter().min().unwrap(), p.lens.iter().max().unwrap());
+    println!(
+        "shape: batch {batch}, q {}, lengths {lmin}..{lmax}, H = D·H_l = {}·{} = {} heads, d_qk {D_QK}, d_v {D_V}, \
+         B {}, I {}, tp {}, top-k {}, sparse cache {:?} (inputs generated in {gen_s:.1} s)",
+        p.q, p.dcp.size, p.local_heads, p.heads, p.block_size, p.dcp.interleave, p.tp, p.k, p.format
+    );
+    let outputs = match &device {
+        Ok(dev) => match super::demo_gpu::run_gpu(dev, &p) {
+            Ok(o) => o,
+            Err(e) => {
+                eprintln!("error: the GPU run failed: {e}");
+                return 1;
+            }
+        },
+        Err(_) => run_cpu(&p),
+    };
+    println!("\n{:<40} {:>12}", "stage (mean per simulated rank)", if on_gpu { "µs" } else { "ms" });
+    for (name, ms) in &outputs.stages {
+        let per_rank = ms / p.dcp.size as f64;
+        println!("  {:<38} {:>12.1}", name, if on_gpu { per_rank * 1e3 } else { per_rank });
+    }
+    let sample = if on_gpu { sample_requests(batch, a.check_requests) } else { (0..batch).collect() };
+    let t1 = Instant::now();
+    let (c, ok) = check(&p, &outputs, &sample);
+    println!(
+        "\ncheck against full attention without DCP (fp64 reference, SPEC.md §9), {} of {batch} requests, {:.1} s:",
+        c.requests_checked,
+        t1.elapsed().as_secs_f64()
+    );
+    println!("  {:<22} {:>11} {:>10} {:>12}  result", "path", "max |err|", "rel L2", "max lse err");
+    let names = ["dense BF16".to_string(), format!("sparse {:?} K={}", p.format, p.k)];
+    for (name, pc) in names.iter().zip(&c.paths) {
+        println!(
+            "  {:<22} {:>11.2e} {:>10.2e} {:>12.2e}  {}",
+            name,
+            pc.max_abs,
+            pc.rel_l2,
+            pc.max_lse,
+            if pc.failures.is_empty() { "pass" } else { "FAIL" }
+        );
+        for f in pc.failures.iter().take(5) {
+            println!("      {f}");
+        }
+    }
+    println!(
+        "  top-k ids: {} of {} rows equal the global top-{} without DCP{}",
+        c.topk_rows_exact,
+        p.rows(),
+        p.k,
+        if c.topk_rows_exact == p.rows() { " (exact)" } else { "  FAIL" }
+    );
+    if let Some((v, what)) = capacity(a) {
+        println!(
+            "\nKV capacity (planner; {what}): {} tokens without DCP → {} with D = {} (×{:.0})",
+            v["tokens_without_dcp"],
+            v["tokens_with_dcp"],
+            p.dcp.size,
+            v["capacity_gain"].as_f64().unwrap_or(0.0)
+        );
+    }
+    println!("\ncheck: {}", if ok { "PASS" } else { "FAIL" });
+    if ok {
+        0
+    } else {
+        1
+    }
+}

@@ -1,0 +1,311 @@
+//! The demo's GPU run: the D ranks' kernels launched one rank after another on one device, the
+//! collectives (all-gather of the lse, reduce-scatter of the contributions) simulated by copies.
+
+use super::demo::{add_time, place, Outputs, PathOutput, Problem};
+use super::demo::{STAGE_COMBINE, STAGE_DENSE, STAGE_FILL, STAGE_SPARSE, STAGE_TOPK};
+use cudarc::driver::{sys, CudaSlice, CudaStream, DevicePtr, DeviceRepr, DriverError, ValidAsZeroBits};
+use dcp_mla::bench::num_sms;
+use dcp_mla::formats::{D_LATENT, D_ROPE, D_V};
+use dcp_mla::ops::combine::{ag_rs_correct, ag_rs_finish, AgRsCorrect, AgRsFinish, CombineRows};
+use dcp_mla::ops::decode::{
+    decode_num_splits, decode_workspace_bytes, mla_decode_dense, mla_decode_sparse, DecodeCommon, DecodeOut,
+    DenseDecode, SparseDecode,
+};
+use dcp_mla::ops::fill::{kv_fill, KvFill};
+use dcp_mla::ops::topk::{compact, global_merge, local_topk, pack_candidates, Compact, GlobalMerge, LocalTopk};
+use dcp_mla::ops::topk::{PackCandidates, PageTranslate};
+use dcp_mla::reference::attention::default_scale;
+use dcp_mla::reference::merge::reduce_scatter;
+use dcp_mla::runtime::{Device, DeviceSlice, Stream};
+use dcp_mla::{Error, KvFormat, LseBase, Result};
+use half::bf16;
+use std::sync::Arc;
+
+fn drv<T>(call: &'static str, r: std::result::Result<T, DriverError>) -> Result<T> {
+    r.map_err(|source| Error::Driver { call, source })
+}
+
+fn up<T: DeviceRepr>(s: &Arc<CudaStream>, host: &[T]) -> Result<CudaSlice<T>> {
+    drv("cuMemcpyHtoDAsync", s.clone_htod(host))
+}
+
+fn down<T: DeviceRepr + ValidAsZeroBits + Clone + Default>(s: &Arc<CudaStream>, d: &CudaSlice<T>) -> Result<Vec<T>> {
+    drv("cuMemcpyDtoHAsync", s.clone_dtoh(d))
+}
+
+/// A buffer of n elements with every byte set to `byte` (0xff: NaN in bf16 and fp32, so an
+/// output a kernel fails to write, or a cache slot it should not read, shows in the check).
+fn poisoned<T: DeviceRepr + ValidAsZeroBits>(s: &Arc<CudaStream>, n: usize, byte: u8) -> Result<CudaSlice<T>> {
+    let buf = drv("cuMemAlloc", s.alloc_zeros::<T>(n.max(1)))?;
+    {
+        let (ptr, _sync) = buf.device_ptr(s);
+        // SAFETY: the allocation holds n.max(1) elements of T on this stream's context.
+        let r = unsafe {
+            cudarc::driver::result::memset_d8_async(ptr, byte, n.max(1) * std::mem::size_of::<T>(), s.cu_stream())
+        };
+        drv("cuMemsetD8Async", r)?;
+    }
+    Ok(buf)
+}
+
+fn sl<T>(s: &Arc<CudaStream>, b: &CudaSlice<T>) -> DeviceSlice<T> {
+    DeviceSlice::of(b, s)
+}
+
+/// Per-stage totals timed with CUDA events.
+struct Clock {
+    s: Arc<CudaStream>,
+    stages: Vec<(&'static str, f64)>,
+}
+
+impl Clock {
+    fn time(&mut self, name: &'static str, f: impl FnOnce() -> Result<()>) -> Result<()> {
+        let ctx = self.s.context();
+        let timed = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let a = drv("cuEventCreate", ctx.new_event(timed))?;
+        let b = drv("cuEventCreate", ctx.new_event(timed))?;
+        drv("cuEventRecord", a.record(&self.s))?;
+        f()?;
+        drv("cuEventRecord", b.record(&self.s))?;
+        let ms = drv("cuEventElapsedTime", a.elapsed_ms(&b))? as f64;
+        add_time(&mut self.stages, name, ms);
+        Ok(())
+    }
+}
+
+pub fn run_gpu(dev: &Device, p: &Problem) -> Result<Outputs> {
+    let s = dev.context().default_stream();
+    let st = Stream::from_cudarc(&s);
+    let mut clock = Clock { s: s.clone(), stages: Vec::new() };
+    let (d, b, q, h, k, t) = (p.dcp.size, p.batch(), p.q, p.heads, p.k, p.rows());
+    let sms = num_sms(dev)?;
+    let sigma = default_scale();
+
+    let d_ckv = up(&s, &p.ckv)?;
+    let d_kpe = up(&s, &p.kpe)?;
+    let d_req = up(&s, &p.req_idx)?;
+    let d_pos = up(&s, &p.positions)?;
+    let d_table = up(&s, &p.table)?;
+    let d_query = up(&s, &p.query)?;
+
+    // every rank fills its caches from the same new tokens, keeping only those it owns
+    let mut dense_caches = Vec::new();
+    let mut sparse_caches = Vec::new();
+    for r in 0..d {
+        let mut pair = Vec::new();
+        for format in [KvFormat::Bf16, p.format] {
+            let cache = poisoned::<u8>(&s, p.num_pages * p.block_size * format.token_bytes(), 0xff)?;
+            let args = KvFill {
+                ckv: sl(&s, &d_ckv),
+                ckv_stride: D_LATENT,
+                kpe: sl(&s, &d_kpe),
+                kpe_stride: D_ROPE,
+                req_idx: sl(&s, &d_req),
+                positions: sl(&s, &d_pos),
+                block_table: sl(&s, &d_table),
+                block_table_stride: p.max_pages,
+                batch: b,
+                max_pages: p.max_pages,
+                cache: sl(&s, &cache),
+                num_pages: p.num_pages,
+                block_size: p.block_size,
+                format,
+                dcp: p.dcp,
+                rank: r,
+            };
+            clock.time(STAGE_FILL, || kv_fill(dev, st, &args))?;
+            pair.push(cache);
+        }
+        sparse_caches.push(pair.pop().expect("two caches"));
+        dense_caches.push(pair.pop().expect("two caches"));
+    }
+
+    let dense_splits = decode_num_splits(b, q, h, false, sms);
+    let sparse_splits = decode_num_splits(b, q, h, true, sms);
+    let ws_bytes = decode_workspace_bytes(b, q, h, dense_splits).max(decode_workspace_bytes(b, q, h, sparse_splits));
+    let ws = poisoned::<u8>(&s, ws_bytes, 0xff)?;
+    let common = |out: &CudaSlice<f32>, lse: &CudaSlice<f32>, splits: usize| DecodeCommon {
+        q: sl(&s, &d_query),
+        batch: b,
+        nq: q,
+        heads: h,
+        scale: sigma,
+        out: DecodeOut::F32(sl(&s, out)),
+        lse: sl(&s, lse),
+        num_splits: splits,
+        workspace: sl(&s, &ws),
+    };
+
+    let mut outs = Vec::new();
+    let mut lses = Vec::new();
+    for (r, cache) in dense_caches.iter().enumerate() {
+        let lens = up(&s, &p.local_lens(r))?;
+        let out = poisoned::<f32>(&s, t * h * D_V, 0xff)?;
+        let lse = poisoned::<f32>(&s, t * h, 0xff)?;
+        let args = DenseDecode {
+            common: common(&out, &lse, dense_splits),
+            cache: sl(&s, cache),
+            num_pages: p.num_pages,
+            block_size: p.block_size,
+            block_table: sl(&s, &d_table),
+            block_table_stride: p.max_pages,
+            max_pages: p.max_pages,
+            lens: sl(&s, &lens),
+        };
+        clock.time(STAGE_DENSE, || mla_decode_dense(dev, st, &args))?;
+        drv("cuStreamSynchronize", s.synchronize())?;
+        outs.push(out);
+        lses.push(lse);
+    }
+    let dense = combine_gpu(dev, &s, &mut clock, p, &outs, &lses)?;
+
+    // distributed top-k: local top-k and pack on every rank into its slot of the all-gathered
+    // candidate buffers (one device: the all-gather is the shared buffer), then merge and compact
+    let stride = p.local_stride();
+    let cand_s = poisoned::<f32>(&s, d * t * k, 0xff)?;
+    let cand_i = poisoned::<i32>(&s, d * t * k, 0x7f)?;
+    let mut keep = Vec::new();
+    for r in 0..d {
+        let (scores, lens) = p.local_scores(r);
+        let (scores, lens) = (up(&s, &scores)?, up(&s, &lens)?);
+        let local = poisoned::<i32>(&s, t * k, 0x7f)?;
+        let topk_args = LocalTopk {
+            scores: sl(&s, &scores),
+            row_stride: stride,
+            cols: stride,
+            lens: sl(&s, &lens),
+            rows: t,
+            k,
+            out: sl(&s, &local),
+        };
+        let slot = r * t * k..(r + 1) * t * k;
+        let pack_args = PackCandidates {
+            local_idx: sl(&s, &local),
+            scores: sl(&s, &scores),
+            row_stride: stride,
+            cols: stride,
+            rows: t,
+            k,
+            dcp: p.dcp,
+            rank: r,
+            cand_scores: DeviceSlice::of(&cand_s.slice(slot.clone()), &s),
+            cand_ids: DeviceSlice::of(&cand_i.slice(slot), &s),
+        };
+        clock.time(STAGE_TOPK, || {
+            local_topk(dev, st, &topk_args)?;
+            pack_candidates(dev, st, &pack_args)
+        })?;
+        keep.push((scores, lens, local));
+    }
+    let merged = poisoned::<i32>(&s, t * k, 0x7f)?;
+    let merge_args = GlobalMerge {
+        cand_scores: sl(&s, &cand_s),
+        cand_ids: sl(&s, &cand_i),
+        dcp_size: d,
+        rows: t,
+        k,
+        out: sl(&s, &merged),
+    };
+    let mut outs = Vec::new();
+    let mut lses = Vec::new();
+    for (r, cache) in sparse_caches.iter().enumerate() {
+        let idx = poisoned::<i32>(&s, t * k, 0x7f)?;
+        let counts = poisoned::<i32>(&s, t, 0x7f)?;
+        let compact_args = Compact {
+            ids: sl(&s, &merged),
+            rows: t,
+            k,
+            dcp: p.dcp,
+            rank: r,
+            translate: Some(PageTranslate {
+                block_table: sl(&s, &d_table),
+                stride: p.max_pages,
+                block_size: p.block_size,
+                rows_per_request: q,
+            }),
+            out: sl(&s, &idx),
+            counts: sl(&s, &counts),
+        };
+        // every rank merges the same candidates, then keeps the ids it owns
+        clock.time(STAGE_TOPK, || {
+            global_merge(dev, st, &merge_args)?;
+            compact(dev, st, &compact_args)
+        })?;
+        let out = poisoned::<f32>(&s, t * h * D_V, 0xff)?;
+        let lse = poisoned::<f32>(&s, t * h, 0xff)?;
+        let args = SparseDecode {
+            common: common(&out, &lse, sparse_splits),
+            cache: sl(&s, cache),
+            format: p.format,
+            num_pages: p.num_pages,
+            block_size: p.block_size,
+            indices: sl(&s, &idx),
+            topk: k,
+            topk_len: Some(sl(&s, &counts)),
+        };
+        clock.time(STAGE_SPARSE, || mla_decode_sparse(dev, st, &args))?;
+        drv("cuStreamSynchronize", s.synchronize())?;
+        outs.push(out);
+        lses.push(lse);
+    }
+    let sparse = combine_gpu(dev, &s, &mut clock, p, &outs, &lses)?;
+    let merged_ids = down(&s, &merged)?;
+    drop(keep);
+    Ok(Outputs { dense, sparse, merged_ids, stages: clock.stages })
+}
+
+/// The ag_rs combine: all-gather of the lse (device copies), every rank's fp32 contribution,
+/// the reduce-scatter over heads (summed on the host in rank order, in fp32), and the final
+/// cast of each rank's heads to bf16.
+fn combine_gpu(
+    dev: &Device,
+    s: &Arc<CudaStream>,
+    clock: &mut Clock,
+    p: &Problem,
+    outs: &[CudaSlice<f32>],
+    lses: &[CudaSlice<f32>],
+) -> Result<PathOutput> {
+    let st = Stream::from_cudarc(s);
+    let (d, t, h, h_l) = (p.dcp.size, p.rows(), p.heads, p.local_heads);
+    let n = t * h;
+    let mut lse_all = poisoned::<f32>(s, d * n, 0xff)?;
+    for (r, l) in lses.iter().enumerate() {
+        drv("cuMemcpyDtoDAsync", s.memcpy_dtod(&l.slice(..n), &mut lse_all.slice_mut(r * n..(r + 1) * n)))?;
+    }
+    let mut contribs = Vec::new();
+    for (r, out) in outs.iter().enumerate() {
+        let contrib = poisoned::<f32>(s, n * D_V, 0xff)?;
+        let args = AgRsCorrect {
+            out: CombineRows::F32(sl(s, out)),
+            lse_all: sl(s, &lse_all),
+            lse_base: LseBase::E,
+            contrib: sl(s, &contrib),
+            num_tokens: t,
+            local_heads: h_l,
+            dcp_size: d,
+            rank: r,
+        };
+        clock.time(STAGE_COMBINE, || ag_rs_correct(dev, st, &args))?;
+        contribs.push(down(s, &contrib)?);
+    }
+    let mut res = PathOutput { out: vec![0.0; n * D_V], lse: vec![0.0; n] };
+    for r in 0..d {
+        let summed = up(s, &reduce_scatter(&contribs, r, h_l, t))?;
+        let out = poisoned::<bf16>(s, t * h_l * D_V, 0xff)?;
+        let lse = poisoned::<f32>(s, t * h_l, 0xff)?;
+        let args = AgRsFinish {
+            summed: sl(s, &summed),
+            lse_all: sl(s, &lse_all),
+            lse_base: LseBase::E,
+            out: CombineRows::Bf16(sl(s, &out)),
+            lse: sl(s, &lse),
+            num_tokens: t,
+            local_heads: h_l,
+            dcp_size: d,
+            rank: r,
+        };
+        clock.time(STAGE_COMBINE, || ag_rs_finish(dev, st, &args))?;
+        place(&mut res, r, h, h_l, t, &down(s, &out)?, &down(s, &lse)?);
+    }
+    Ok(res)
+}
