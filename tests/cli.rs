@@ -1,0 +1,222 @@
+//! The `dcp-mla` command: help, `plan` against the planner's functions, bad input, the CPU demo's
+//! check, and `bench` without a GPU.
+
+use dcp_mla::formats::KvFormat;
+use dcp_mla::ops::decode::{decode_num_splits, decode_workspace_bytes};
+use dcp_mla::planner::{self, workspace, DcpLayout};
+use dcp_mla::runtime::Device;
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+/// The binary cargo built for this test; in a staged GPU run (scripts/gpu-stage.sh) the tests sit
+/// in `tests/` beside `bin/dcp-mla`.
+fn bin() -> PathBuf {
+    if let Ok(p) = std::env::var("DCP_MLA_BIN") {
+        return p.into();
+    }
+    let built = PathBuf::from(env!("CARGO_BIN_EXE_dcp-mla"));
+    if built.exists() {
+        return built;
+    }
+    let exe = std::env::current_exe().expect("test executable");
+    exe.parent().and_then(|d| d.parent()).map(|d| d.join("bin").join("dcp-mla")).expect("a staged bin/dcp-mla")
+}
+
+fn run(args: &[&str]) -> Output {
+    Command::new(bin()).args(args).output().expect("run dcp-mla")
+}
+
+fn text(o: &Output) -> (String, String) {
+    (String::from_utf8_lossy(&o.stdout).into_owned(), String::from_utf8_lossy(&o.stderr).into_owned())
+}
+
+#[test]
+fn help_explains_every_command_and_default() {
+    let o = run(&["--help"]);
+    let (out, _) = text(&o);
+    assert!(o.status.success());
+    for cmd in ["demo", "plan", "bench", "kernels"] {
+        assert!(out.contains(cmd), "--help lists `{cmd}`:\n{out}");
+    }
+    let o = run(&["demo", "--help"]);
+    let (out, _) = text(&o);
+    assert!(o.status.success());
+    for opt in
+        ["--dcp", "--interleave", "--batch", "--context", "--local-heads", "--kv-format", "--cpu", "[default: 4]"]
+    {
+        assert!(out.contains(opt), "demo --help shows `{opt}`:\n{out}");
+    }
+    let (out, _) = text(&run(&["plan", "--help"]));
+    for opt in ["--gpu-mem", "--cache-fraction", "--layers", "--block-size", "--json", "[default: 141GB]"] {
+        assert!(out.contains(opt), "plan --help shows `{opt}`:\n{out}");
+    }
+}
+
+#[test]
+fn plan_prints_capacity_and_workspace() {
+    let o = run(&["plan"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    for s in ["without DCP (D = 1)", "with DCP    (D = 4)", "per-rank workspace", "smallest D"] {
+        assert!(out.contains(s), "`{s}` in:\n{out}");
+    }
+}
+
+#[test]
+fn plan_json_agrees_with_the_planner() {
+    for (fmt, format, d, i, q, context) in
+        [("bf16", KvFormat::Bf16, 2usize, 1usize, 2usize, 300_000u64), ("fp8", KvFormat::Fp8_656, 8, 4, 1, 5_000_000)]
+    {
+        let (d_s, i_s, q_s, ctx_s) = (d.to_string(), i.to_string(), q.to_string(), context.to_string());
+        let args = [
+            "plan",
+            "--json",
+            "--gpu-mem",
+            "80GiB",
+            "--cache-fraction",
+            "0.4",
+            "--layers",
+            "47",
+            "--tp",
+            "8",
+            "--dcp",
+            &d_s,
+            "--interleave",
+            &i_s,
+            "--kv-format",
+            fmt,
+            "--block-size",
+            "64",
+            "--max-batch",
+            "48",
+            "--q",
+            &q_s,
+            "--local-heads",
+            "16",
+            "--topk",
+            "2048",
+            "--sms",
+            "132",
+            "--context",
+            &ctx_s,
+        ];
+        let o = run(&args);
+        let (out, err) = text(&o);
+        assert!(o.status.success(), "{err}");
+        let v: serde_json::Value = serde_json::from_str(&out).expect("plan --json prints JSON");
+        let per_layer = (80u64 << 30) as f64 * 0.4;
+        let per_layer = per_layer as u64 / 47;
+        assert_eq!(v["cache_bytes_per_layer"], per_layer);
+        let pages = planner::pages_per_rank(per_layer, format, 64);
+        assert_eq!(v["pages_per_rank"], pages);
+        let without = planner::capacity_tokens(per_layer, format, 64, 1);
+        let with = planner::capacity_tokens(per_layer, format, 64, d);
+        assert_eq!(v["tokens_without_dcp"], without);
+        assert_eq!(v["tokens_with_dcp"], with);
+        assert_eq!(with, d as u64 * without, "capacity grows D-fold");
+        let (b, h_l) = (48, 16);
+        let h = d * h_l;
+        let w = &v["workspace"];
+        assert_eq!(w["heads"], h);
+        assert_eq!(w["partial_out"], workspace::decode_split_bytes(b, q, h, 1));
+        assert_eq!(w["merge_ag_rs"], workspace::merge_ag_rs_bytes(d, b * q, h_l));
+        assert_eq!(w["merge_a2a"], workspace::merge_a2a_bytes(d, b * q, h_l));
+        assert_eq!(w["topk_bytes"], workspace::topk_bytes(d, b * q, 2048));
+        let split = [false, true]
+            .map(|sparse| decode_workspace_bytes(b, q, h, decode_num_splits(b, q, h, sparse, 132)))
+            .into_iter()
+            .max()
+            .unwrap() as u64;
+        assert_eq!(w["decode_split"], split);
+        // the smallest D dividing tp whose pages hold the context; none of the smaller ones do
+        let fits = |dd: usize| DcpLayout { size: dd, interleave: i }.pages_for(context, 64) <= pages;
+        match v["min_dcp_for_context"].as_u64() {
+            Some(m) => {
+                let m = m as usize;
+                assert!(8 % m == 0 && fits(m), "D = {m} fits {context} tokens");
+                assert!([1, 2, 4, 8].iter().filter(|&&x| x < m).all(|&x| !fits(x)));
+            }
+            None => assert!(![1, 2, 4, 8].into_iter().any(fits), "some D fits {context} tokens"),
+        }
+    }
+}
+
+#[test]
+fn plan_rejects_bad_input_with_a_message() {
+    for (args, needle) in [
+        (&["plan", "--tp", "8", "--dcp", "3"][..], "tp = 8 is not divisible by the DCP size D = 3"),
+        (&["plan", "--gpu-mem", "1MB"][..], "below one block"),
+        (&["plan", "--cache-fraction", "1.5"][..], "--cache-fraction"),
+        (&["plan", "--interleave", "3"][..], "interleave I = 3"),
+        (&["plan", "--kv-lora-rank", "256"][..], "not supported"),
+        (&["plan", "--dcp", "8", "--local-heads", "32"][..], "heads"),
+    ] {
+        let o = run(args);
+        let (_, err) = text(&o);
+        assert!(!o.status.success(), "{args:?} must fail");
+        assert!(err.contains(needle), "{args:?}: `{needle}` in {err}");
+    }
+    let o = run(&["plan", "--gpu-mem", "lots"]);
+    assert!(!o.status.success());
+    assert!(text(&o).1.contains("not a size"));
+}
+
+#[test]
+fn cpu_demo_passes_its_check() {
+    for args in [
+        &["demo", "--cpu", "--batch", "2", "--context", "2500", "--local-heads", "4", "--topk", "512"][..],
+        &[
+            "demo",
+            "--cpu",
+            "--dcp",
+            "2",
+            "--interleave",
+            "2",
+            "--q",
+            "2",
+            "--batch",
+            "3",
+            "--context",
+            "1500",
+            "--local-heads",
+            "8",
+            "--topk",
+            "512",
+            "--kv-format",
+            "bf16",
+        ][..],
+    ] {
+        let o = run(args);
+        let (out, err) = text(&o);
+        assert!(o.status.success(), "{args:?}:\n{out}\n{err}");
+        assert!(out.contains("CPU reference") && out.contains("check: PASS"), "{out}");
+        assert!(out.contains("dense BF16") && out.contains("tokens without DCP"), "{out}");
+    }
+}
+
+#[test]
+fn demo_rejects_bad_configurations() {
+    let o = run(&["demo", "--cpu", "--dcp", "4", "--topk", "1024"]);
+    assert!(!o.status.success());
+    assert!(text(&o).1.contains("K = 1024"), "{}", text(&o).1);
+}
+
+#[test]
+fn bench_without_a_gpu_exits_2() {
+    if Device::open(0).is_ok() {
+        eprintln!("a GPU is present: `bench` runs there, nothing to check here");
+        return;
+    }
+    let o = run(&["bench"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(text(&o).1.contains("needs a CUDA GPU"));
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn gpu_demo_passes_its_check() {
+    let o = run(&["demo", "--batch", "4", "--context", "8192", "--check-requests", "4"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{out}\n{err}");
+    assert!(out.contains("on the GPU") && out.contains("check: PASS"), "{out}");
+}
