@@ -1,0 +1,288 @@
+//! Every status code through the exported functions. Argument checks run before the device
+//! handle is looked at, so most need no GPU; the GPU ones are #[ignore]d.
+
+use dcp_mla_ffi::*;
+use std::ffi::{c_void, CStr};
+use std::ptr::{null, null_mut};
+
+fn last() -> String {
+    // SAFETY: valid until the next call on this thread.
+    unsafe { CStr::from_ptr(dcp_mla_last_error()) }.to_string_lossy().into_owned()
+}
+
+/// A tensor at a fake device address: never dereferenced, because every case fails before a
+/// launch (or passes no device).
+fn t(addr: usize, numel: usize, dtype: i32) -> DcpMlaTensor {
+    DcpMlaTensor { data: addr as *mut c_void, numel, dtype }
+}
+
+const BF16: i32 = DCP_MLA_DTYPE_BF16;
+const I32: i32 = DCP_MLA_DTYPE_I32;
+const F32: i32 = DCP_MLA_DTYPE_F32;
+const U8: i32 = DCP_MLA_DTYPE_U8;
+
+/// kv_fill of 4 tokens with one tensor replaced and the format code given.
+unsafe fn fill(dev: *const DcpMlaDevice, ckv: DcpMlaTensor, format: i32) -> DcpMlaStatus {
+    dcp_mla_kv_fill(
+        dev,
+        null_mut(),
+        ckv,
+        512,
+        t(0x2000_0000, 4 * 64, BF16),
+        64,
+        t(0x3000_0000, 4, I32),
+        t(0x3100_0000, 4, I32),
+        t(0x3200_0000, 8, I32),
+        8,
+        1,
+        8,
+        t(0x4000_0000, 8 * 64 * 1152, U8),
+        8,
+        64,
+        format,
+        2,
+        1,
+        0,
+    )
+}
+
+fn assert_status(got: DcpMlaStatus, want: DcpMlaStatus, needle: &str) {
+    let msg = last();
+    assert_eq!(got, want, "message: {msg}");
+    assert!(msg.contains(needle), "{want:?}: {msg:?} should mention {needle:?}");
+}
+
+#[test]
+fn success_clears_the_last_error_and_planner_queries_answer() {
+    let mut n = 0u64;
+    // SAFETY: valid out-pointers.
+    unsafe {
+        assert_eq!(dcp_mla_local_len(4, 1, 3, 10, null_mut()), DcpMlaStatus::NullPointer);
+        assert_eq!(dcp_mla_local_len(4, 1, 3, 10, &mut n), DcpMlaStatus::Success);
+    }
+    assert_eq!(last(), "");
+    assert_eq!(n, dcp_mla::DcpLayout { size: 4, interleave: 1 }.local_len(10, 3));
+    let (mut tokens, mut pages) = (0u64, 0u64);
+    // SAFETY: valid out-pointers.
+    let s = unsafe { dcp_mla_capacity(1 << 30, DCP_MLA_KV_FP8_656, 64, 4, &mut tokens, &mut pages) };
+    assert_eq!(s, DcpMlaStatus::Success);
+    assert_eq!(pages, (1u64 << 30) / (64 * 656));
+    assert_eq!(tokens, pages * 64 * 4);
+    let lens = [10u64, 3];
+    let qs = [2u32, 2];
+    let mut rows = [0i32; 4];
+    // SAFETY: two requests, four output rows.
+    let s = unsafe { dcp_mla_causal_local_lens(lens.as_ptr(), qs.as_ptr(), 2, 2, 1, 1, rows.as_mut_ptr(), 4) };
+    assert_eq!(s, DcpMlaStatus::Success);
+    let want = dcp_mla::planner::causal_local_lens(&lens, &[2, 2], dcp_mla::DcpLayout { size: 2, interleave: 1 }, 1);
+    assert_eq!(rows.to_vec(), want.unwrap());
+    // SAFETY: too short an output is refused before anything is written.
+    let s = unsafe { dcp_mla_causal_local_lens(lens.as_ptr(), qs.as_ptr(), 2, 2, 1, 1, rows.as_mut_ptr(), 3) };
+    assert_status(s, DcpMlaStatus::InvalidArgument, "out_len");
+}
+
+#[test]
+fn invalid_argument_names_the_argument() {
+    let mut n = 0u64;
+    // SAFETY: valid out-pointer.
+    let s = unsafe { dcp_mla_local_len(4, 1, 4, 10, &mut n) };
+    assert_status(s, DcpMlaStatus::InvalidArgument, "`rank`");
+    // SAFETY: valid out-pointer.
+    let s = unsafe { dcp_mla_device_open(-1, &mut null_mut()) };
+    assert_status(s, DcpMlaStatus::InvalidArgument, "`ordinal`");
+}
+
+#[test]
+fn null_pointers_are_refused_before_the_device() {
+    // SAFETY: nothing is dereferenced: the null ckv is refused first.
+    let s = unsafe { fill(null(), t(0, 4 * 512, BF16), DCP_MLA_KV_BF16) };
+    assert_status(s, DcpMlaStatus::NullPointer, "`ckv`");
+    // With every argument well formed, the null handle is what is refused.
+    // SAFETY: as above; no device means no launch.
+    let s = unsafe { fill(null(), t(0x1000_0000, 4 * 512, BF16), DCP_MLA_KV_BF16) };
+    assert_status(s, DcpMlaStatus::NullPointer, "`device`");
+    // SAFETY: null out-pointer.
+    let s = unsafe { dcp_mla_device_open(0, null_mut()) };
+    assert_status(s, DcpMlaStatus::NullPointer, "`device`");
+}
+
+#[test]
+fn misaligned_pointers_are_refused() {
+    // SAFETY: refused before any use.
+    let s = unsafe { fill(null(), t(0x1000_0001, 4 * 512, BF16), DCP_MLA_KV_BF16) };
+    assert_status(s, DcpMlaStatus::Misaligned, "`ckv`");
+}
+
+#[test]
+fn bad_dtype_and_format_codes_are_refused() {
+    // SAFETY: refused before any use.
+    unsafe {
+        assert_status(fill(null(), t(0x1000_0000, 4 * 512, F32), DCP_MLA_KV_BF16), DcpMlaStatus::BadDtype, "`ckv`");
+        assert_status(fill(null(), t(0x1000_0000, 4 * 512, 99), DCP_MLA_KV_BF16), DcpMlaStatus::BadDtype, "99");
+        assert_status(fill(null(), t(0x1000_0000, 4 * 512, BF16), 7), DcpMlaStatus::BadDtype, "`format`");
+        let s = dcp_mla_merge_two(
+            null(),
+            null_mut(),
+            t(0x1000_0000, 512, F32),
+            t(0x2000_0000, 1, F32),
+            t(0x3000_0000, 512, F32),
+            t(0x4000_0000, 1, F32),
+            0,
+            t(0x5000_0000, 512, F32),
+            t(0x6000_0000, 1, F32),
+            1,
+        );
+        assert_status(s, DcpMlaStatus::BadDtype, "`lse_base`");
+    }
+}
+
+#[test]
+fn topk_constraints_are_invalid_config_naming_d_and_k() {
+    assert_status(dcp_mla_check_topk(3, 1024), DcpMlaStatus::InvalidConfig, "D = 3");
+    assert!(last().contains("1024"));
+    assert_eq!(dcp_mla_check_topk(4, 2048), DcpMlaStatus::Success);
+    // The merge checks D·K before it needs a device.
+    let merge = |d: usize, k: usize| unsafe {
+        // SAFETY: refused before any use.
+        dcp_mla_topk_merge(
+            null(),
+            null_mut(),
+            t(0x1000_0000, d * 2 * k, F32),
+            t(0x2000_0000, d * 2 * k, I32),
+            d,
+            2,
+            k,
+            t(0x3000_0000, 2 * k, I32),
+        )
+    };
+    assert_status(merge(3, 1024), DcpMlaStatus::InvalidConfig, "D = 3");
+    assert_status(merge(16, 512), DcpMlaStatus::Unsupported, "D = 16");
+    assert_status(merge(4, 512), DcpMlaStatus::NullPointer, "`device`");
+    assert_status(dcp_mla_check_config(8, 3, 1, 64), DcpMlaStatus::InvalidConfig, "D = 3");
+}
+
+#[test]
+fn uncompiled_variants_are_unsupported() {
+    // SAFETY: refused before any use.
+    let s = unsafe {
+        dcp_mla_a2a_combine(
+            null(),
+            null_mut(),
+            t(0x1000_0000, 3 * 4096, U8),
+            4096,
+            DCP_MLA_LSE_BASE_E,
+            t(0x2000_0000, 512, BF16),
+            t(0x3000_0000, 1, F32),
+            1,
+            1,
+            3,
+        )
+    };
+    assert_status(s, DcpMlaStatus::Unsupported, "D = 3");
+    let mut supported = 1;
+    // SAFETY: valid out-pointer.
+    assert_eq!(unsafe { dcp_mla_compute_capability_supported(7, 5, &mut supported) }, DcpMlaStatus::Success);
+    assert_eq!(supported, 0);
+    // SAFETY: valid out-pointer.
+    assert_eq!(unsafe { dcp_mla_compute_capability_supported(9, 0, &mut supported) }, DcpMlaStatus::Success);
+    assert_eq!(supported, 1);
+}
+
+#[test]
+fn a_missing_device_is_no_device() {
+    let mut h = null_mut();
+    // SAFETY: valid out-pointer; no machine has device 9999.
+    let s = unsafe { dcp_mla_device_open(9999, &mut h) };
+    assert_eq!(s, DcpMlaStatus::NoDevice, "{}", last());
+    assert!(h.is_null() && !last().is_empty());
+}
+
+#[test]
+fn variants_are_listed() {
+    let n = dcp_mla_variant_count();
+    assert_eq!(n, dcp_mla::runtime::registry::KERNELS.len());
+    let names: Vec<String> = (0..n)
+        // SAFETY: static strings for in-range indices.
+        .map(|i| unsafe { CStr::from_ptr(dcp_mla_variant_name(i)) }.to_string_lossy().into_owned())
+        .collect();
+    assert!(names.iter().any(|s| s.starts_with("dcp_kv_fill")), "{names:?}");
+    assert!(dcp_mla_variant_name(n).is_null());
+}
+
+/// A device for the GPU tests below.
+fn open() -> *mut DcpMlaDevice {
+    let mut h = null_mut();
+    // SAFETY: valid out-pointer.
+    let s = unsafe { dcp_mla_device_open(0, &mut h) };
+    assert_eq!(s, DcpMlaStatus::Success, "this GPU test needs a CUDA device: {}", last());
+    h
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_failing_driver_call_is_cuda_error() {
+    let dev = open();
+    let mut p = null_mut();
+    // SAFETY: an open handle and a valid out-pointer; 2^50 bytes cannot be allocated.
+    let s = unsafe { dcp_mla_malloc(dev, 1 << 50, &mut p) };
+    assert_status(s, DcpMlaStatus::CudaError, "cuMemAlloc");
+    assert!(p.is_null());
+    // SAFETY: closed once.
+    assert_eq!(unsafe { dcp_mla_device_close(dev) }, DcpMlaStatus::Success);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_rejected_launch_writes_nothing() {
+    let dev = open();
+    let poison = vec![0xA5u8; 4 * 512 * 4];
+    let mut out = null_mut();
+    // SAFETY: buffers from dcp_mla_malloc on the open device, sized as passed.
+    unsafe {
+        assert_eq!(dcp_mla_malloc(dev, poison.len(), &mut out), DcpMlaStatus::Success);
+        assert_eq!(dcp_mla_memcpy_htod(dev, out, poison.as_ptr().cast(), poison.len()), DcpMlaStatus::Success);
+        let mut inputs = null_mut();
+        assert_eq!(dcp_mla_malloc(dev, 4 * 513 * 4 * 2, &mut inputs), DcpMlaStatus::Success);
+        let base = inputs as usize;
+        let (out_a, out_b) = (base, base + 4 * 512 * 4);
+        let (lse_a, lse_b) = (base + 8 * 512 * 4, base + 8 * 512 * 4 + 16);
+        let mut lse = null_mut();
+        assert_eq!(dcp_mla_malloc(dev, 16, &mut lse), DcpMlaStatus::Success);
+        // lse_b holds 3 of the 4 rows' values: refused, nothing launched.
+        let s = dcp_mla_merge_two(
+            dev,
+            null_mut(),
+            t(out_a, 4 * 512, F32),
+            t(lse_a, 4, F32),
+            t(out_b, 4 * 512, F32),
+            t(lse_b, 3, F32),
+            DCP_MLA_LSE_BASE_E,
+            t(out as usize, 4 * 512, F32),
+            t(lse as usize, 4, F32),
+            4,
+        );
+        assert_status(s, DcpMlaStatus::InvalidArgument, "`lse_b`");
+        // A misaligned output row (4-byte aligned, not 16): the library's own check.
+        let s = dcp_mla_merge_two(
+            dev,
+            null_mut(),
+            t(out_a, 4 * 512, F32),
+            t(lse_a, 4, F32),
+            t(out_b, 4 * 512, F32),
+            t(lse_b, 4, F32),
+            DCP_MLA_LSE_BASE_E,
+            t(out as usize + 4, 3 * 512, F32),
+            t(lse as usize, 3, F32),
+            3,
+        );
+        assert_status(s, DcpMlaStatus::Misaligned, "`out`");
+        assert_eq!(dcp_mla_synchronize(dev), DcpMlaStatus::Success);
+        let mut back = vec![0u8; poison.len()];
+        assert_eq!(dcp_mla_memcpy_dtoh(dev, back.as_mut_ptr().cast(), out, back.len()), DcpMlaStatus::Success);
+        assert!(back == poison, "a refused launch wrote to its output");
+        for p in [out, inputs, lse] {
+            assert_eq!(dcp_mla_free(dev, p), DcpMlaStatus::Success);
+        }
+        assert_eq!(dcp_mla_device_close(dev), DcpMlaStatus::Success);
+    }
+}
