@@ -137,9 +137,9 @@ fn worker() {
                 let whole = time_us(&ctx, &s, || step.run(shape).expect("step"));
                 s.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
                 let captured = step.run(shape);
-                let graph = s.end_capture(sys::CUgraphInstantiate_flags(0)).unwrap();
+                let graph = s.end_capture(sys::CUgraphInstantiate_flags(0));
                 captured.expect("capture");
-                let graph = graph.expect("a graph");
+                let graph = graph.expect("end capture").expect("a graph");
                 graph.launch().unwrap();
                 let replay = time_us(&ctx, &s, || graph.launch().unwrap());
                 for (label, us) in [("whole step, eager", whole), ("whole step, graph replay", replay)] {
