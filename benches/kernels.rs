@@ -19,7 +19,10 @@ fn main() {
     let s = dev.context().default_stream();
     let mut timer = Timer::new(s.clone(), 5, 30).expect("timer");
     let copy_gbs = timer.copy_gbs().expect("copy ceiling");
-    let mut c = Criterion::default().configure_from_args().warm_up_time(Duration::from_millis(300));
+    let mut c = Criterion::default()
+        .configure_from_args()
+        .warm_up_time(Duration::from_millis(300))
+        .measurement_time(Duration::from_secs(2));
     let mut table = Vec::new();
     for row in rows() {
         let mut launch = prepare(&dev, &s, &row).unwrap_or_else(|e| panic!("{}: {e}", row.name()));

@@ -124,7 +124,7 @@ impl Target {
             Target::CopyFraction(f) => format!("≥ {:.0}% of copy", f * 100.0),
             Target::Tflops(t) => format!("≥ {t:.0} TFLOP/s"),
             Target::MaxUs(u) => format!("≤ {u} µs"),
-            Target::FasterThan { baseline_us, factor } if factor == 1.0 => format!("≤ {baseline_us} µs (baseline)"),
+            Target::FasterThan { baseline_us, factor: 1.0 } => format!("≤ {baseline_us} µs (baseline)"),
             Target::FasterThan { baseline_us, factor } => format!("≤ {baseline_us} µs / {factor}"),
             Target::None => "-".into(),
         }
