@@ -43,6 +43,8 @@ pub fn local_topk(dev: &Device, stream: Stream, a: &LocalTopk) -> Result<()> {
 fn local_topk_params(a: &LocalTopk) -> Result<DcpTopkParams> {
     ensure_arg!(TOPK_SIZES.contains(&a.k), "k", "K = {} is not one of the supported sizes {:?}", a.k, TOPK_SIZES);
     ensure_arg!(a.cols <= a.row_stride, "cols", "{} exceeds the row stride {}", a.cols, a.row_stride);
+    // The kernel walks a row in int32 tiles of 4096 elements: keep a tile's end in range.
+    ensure_arg!(a.cols <= i32::MAX as usize - 4096, "cols", "{} is too long for one row (at most 2^31 - 4097)", a.cols);
     check_extent("scores", &a.scores, a.rows, a.row_stride, a.cols)?;
     check_len("lens", &a.lens, a.rows)?;
     check_len("out", &a.out, a.rows * a.k)?;
