@@ -3,7 +3,7 @@
 
 use dcp_mla::bench::{prepare, rows, BenchRow, Measurement, Timer};
 use dcp_mla::runtime::Device;
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 
 #[derive(Debug, Clone, clap::Args)]
@@ -62,9 +62,15 @@ pub fn run(a: &BenchArgs) -> i32 {
     let mut results = Vec::new();
     let mut failed = Vec::new();
     let n = selected.len();
+    let tty = std::io::stderr().is_terminal();
     for (i, row) in selected.into_iter().enumerate() {
-        eprint!("\r\x1b[2K[{:>2}/{n}] {}", i + 1, row.name());
-        let _ = std::io::stderr().flush();
+        // a terminal gets one progress line rewritten in place, a log one line per row
+        if tty {
+            eprint!("\r\x1b[2K[{:>2}/{n}] {}", i + 1, row.name());
+            let _ = std::io::stderr().flush();
+        } else {
+            eprintln!("[{:>2}/{n}] {}", i + 1, row.name());
+        }
         let measured = prepare(&dev, &s, &row).and_then(|mut launch| {
             let us = timer.median_ms(&mut launch)? * 1e3;
             Ok(us)
@@ -82,7 +88,10 @@ pub fn run(a: &BenchArgs) -> i32 {
             }
         }
     }
-    eprintln!("\r\x1b[2K{} rows measured", results.len());
+    if tty {
+        eprint!("\r\x1b[2K");
+    }
+    eprintln!("{} rows measured", results.len());
     print_table(&results, copy_gbs);
     if let Some(path) = &a.json {
         if let Err(e) = std::fs::write(path, to_json(&dev, &results, copy_gbs, &failed)) {

@@ -690,3 +690,31 @@ pub fn run(a: &DemoArgs) -> i32 {
         1
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn compare_flags_what_spec_9_rejects() {
+        let want_out = vec![0.5f64; D_V];
+        let want_lse = vec![2.0f64, f64::NEG_INFINITY];
+        let mut c = PathCheck::default();
+        let got: Vec<f32> = want_out.iter().map(|&x| x as f32).collect();
+        compare("ok", &got, &[2.0, f32::NEG_INFINITY], &want_out, &want_lse, &mut c);
+        assert!(c.failures.is_empty(), "{:?}", c.failures);
+        // one element off by 2% (beyond abs 8e-4 and rel 2/128), a NaN, an lse off by 1e-4, +inf for -inf
+        let mut bad = got.clone();
+        bad[3] *= 1.02;
+        bad[7] = f32::NAN;
+        compare("bad", &bad, &[2.0001, f32::INFINITY], &want_out, &want_lse, &mut c);
+        assert_eq!(c.failures.len(), 4, "{:?}", c.failures);
+    }
+
+    #[test]
+    fn samples_include_both_ends() {
+        assert_eq!(sample_requests(64, 2), vec![0, 63]);
+        assert_eq!(sample_requests(5, 9), vec![0, 1, 2, 3, 4]);
+        assert_eq!(sample_requests(7, 1), vec![0]);
+    }
+}
