@@ -2,7 +2,8 @@
 # Runs on the GPU machine, from the repo root, with .gpu-stage carried (see scripts/gpu-stage.sh).
 #   tests     every test binary with GPU tests included and required (a missing GPU fails them)
 #   sanitize  the GPU tests under compute-sanitizer memcheck and racecheck
-#   bench     the kernel benchmarks and `dcp-mla bench`
+#   bench     `dcp-mla bench` (every row against its target) and the GPU demo
+#   criterion the criterion benchmarks (benches/*.rs)
 #   all       tests, then sanitize, then bench
 # Logs go to $OUT (when set) so the device tool brings them back.
 set -uo pipefail
@@ -24,8 +25,9 @@ skips=()
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv,noheader || true
 status=0
 run_tests() {
+  local pattern=$1; shift
   local wrap=("$@")
-  for t in "$work"/tests/*; do
+  for t in "$work"/tests/$pattern; do
     name=$(basename "$t")
     echo "=== ${wrap[*]:-} $name"
     log="$logs/$name${wrap:+-${wrap[2]:-x}}.log"
@@ -36,15 +38,18 @@ run_tests() {
   done
 }
 case "$mode" in
-  tests) run_tests ;;
+  tests) run_tests '*' ;;
   sanitize)
     # Timing loops and the 8.6 GB buffer test take far too long under the sanitizer.
     skips+=(--skip timing_smoke --skip beyond_2_pow_31)
-    run_tests compute-sanitizer --tool memcheck --error-exitcode 99
-    run_tests compute-sanitizer --tool racecheck --error-exitcode 99 ;;
+    # Only the binaries that launch kernels.
+    run_tests 'gpu_*' compute-sanitizer --tool memcheck --error-exitcode 99
+    run_tests 'gpu_*' compute-sanitizer --tool racecheck --error-exitcode 99 ;;
   bench)
-    for b in "$work"/bin/bench-*; do "$b" --bench 2>&1 | tee -a "$logs/bench.log"; done
-    "$work/bin/dcp-mla" bench --json "$out/bench.json" 2>&1 | tee -a "$logs/bench.log" || status=1 ;;
+    "$work/bin/dcp-mla" bench --json "$out/bench.json" 2>&1 | tee -a "$logs/bench.log" || status=1
+    "$work/bin/dcp-mla" demo 2>&1 | tee -a "$logs/bench.log" || status=1 ;;
+  criterion)
+    for b in "$work"/bin/bench-*; do "$b" --bench 2>&1 | tee -a "$logs/criterion.log"; done ;;
   all) "$0" tests "$filter" || status=1; "$0" sanitize "$filter" || status=1; "$0" bench || status=1 ;;
   *) echo "unknown mode $mode"; exit 2 ;;
 esac
