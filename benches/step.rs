@@ -7,7 +7,10 @@
 //! 2 when the machine has fewer GPUs. The process spawns itself once per rank.
 
 use cudarc::driver::{sys, CudaContext, CudaStream};
-use dcp_mla::dcp::{visible_devices, Attention, CombineShape, DcpGroup, DecodeStep, StepConfig, UniqueId};
+use dcp_mla::dcp::{
+    exchange_id_via_file, library_path_with_libnccl, visible_devices, Attention, CombineShape, DcpGroup, DecodeStep,
+    StepConfig,
+};
 use dcp_mla::formats::{KvFormat, D_QK};
 use dcp_mla::runtime::Device;
 use dcp_mla::DcpLayout;
@@ -33,15 +36,9 @@ fn main() {
         eprintln!("bench step: needs D = {d} ≥ 2 GPUs, this machine has {have}");
         std::process::exit(2);
     }
-    let id = match UniqueId::new() {
-        Ok(id) => id,
-        Err(e) => {
-            eprintln!("bench step: {e}");
-            std::process::exit(2);
-        }
-    };
     let path = std::env::temp_dir().join(format!("dcp-mla-bench-id-{}", std::process::id()));
-    std::fs::write(&path, id.0).expect("write the id file");
+    let _ = std::fs::remove_file(&path);
+    let lib_path = library_path_with_libnccl();
     let exe = std::env::current_exe().expect("own executable");
     let children: Vec<_> = (0..d)
         .map(|r| {
@@ -50,6 +47,7 @@ fn main() {
                 .env(SIZE, d.to_string())
                 .env(ID_FILE, &path)
                 .env("NCCL_NVLS_ENABLE", "0")
+                .envs(lib_path.iter().map(|p| ("LD_LIBRARY_PATH", p)))
                 .spawn()
                 .expect("spawn a rank")
         })
@@ -85,9 +83,10 @@ fn time_us(ctx: &Arc<CudaContext>, s: &Arc<CudaStream>, mut f: impl FnMut()) -> 
 fn worker() {
     let rank: usize = std::env::var(RANK).unwrap().parse().unwrap();
     let d: usize = std::env::var(SIZE).unwrap().parse().unwrap();
-    let id = std::fs::read(std::env::var(ID_FILE).unwrap()).unwrap();
     let dev = Device::open(rank).unwrap_or_else(|e| panic!("rank {rank}: {e}"));
-    let group = DcpGroup::from_unique_id(&dev, &UniqueId::from_bytes(&id).unwrap(), rank, d).expect("join");
+    let path = std::env::var(ID_FILE).unwrap();
+    let id = exchange_id_via_file(rank, std::path::Path::new(&path)).unwrap_or_else(|e| panic!("rank {rank}: {e}"));
+    let group = DcpGroup::from_unique_id(&dev, &id, rank, d).expect("join");
     let ctx = dev.context().clone();
     let dcp = DcpLayout { size: d, interleave: 1 };
     let print = rank == 0;

@@ -22,7 +22,7 @@ pub enum Error {
     #[error("CUDA driver error in {call}: {source}")]
     Driver { call: &'static str, source: cudarc::driver::DriverError },
     /// No NCCL library could be loaded: multi-GPU DCP groups need libnccl (2.x) at run time.
-    #[error("no NCCL library found (libnccl could not be loaded): put libnccl.so.2 on the library path")]
+    #[error("no NCCL library found: cudarc dlopens `libnccl.so`; link it to a libnccl.so.2 in a directory on LD_LIBRARY_PATH (see dcp::find_libnccl)")]
     NoNccl,
     /// An NCCL call failed.
     #[error("NCCL error in {call}: {code}")]

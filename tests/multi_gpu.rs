@@ -4,14 +4,17 @@
 //! step against the eager one; the prefix all-gather.
 //!
 //! One process per GPU, as engines run: the test spawns itself once per rank
-//! (`std::env::current_exe()` with `DCP_MLA_MGPU_RANK` set and a temp file carrying the NCCL unique
-//! id). It uses every GPU (D = device count, at most 8) and fails with fewer than 2.
+//! (`std::env::current_exe()` with `DCP_MLA_MGPU_RANK` set; rank 0 publishes the NCCL unique id in a
+//! temp file). It uses every GPU (D = device count, at most 8) and fails with fewer than 2.
 
 mod common;
 
 use common::{seed, Rng};
 use cudarc::driver::sys;
-use dcp_mla::dcp::{visible_devices, Attention, CombineShape, DcpGroup, DecodeStep, StepConfig, UniqueId};
+use dcp_mla::dcp::{
+    exchange_id_via_file, library_path_with_libnccl, visible_devices, Attention, CombineShape, DcpGroup, DecodeStep,
+    StepConfig,
+};
 use dcp_mla::formats::{KvFormat, D_LATENT, D_QK, D_ROPE, D_V};
 use dcp_mla::reference::attention::{decode_f64, QueryShape, Selection};
 use dcp_mla::reference::fill::{fill, FillInput, PagedCache};
@@ -29,48 +32,48 @@ const SEED: &str = "DCP_MLA_TEST_SEED";
 /// Query heads per rank (H = D·H_l ≤ 64 at D = 8).
 const H_L: usize = 8;
 
-/// In a child: opens its GPU, joins the group and runs `work`. In the parent: spawns one child
-/// per GPU running only `test`, waits for all of them (with a deadline), prints their output and
-/// fails if any failed.
-fn spawn_or_work(test: &str, work: fn(&Device, &DcpGroup, u64)) {
+/// In a child: opens its GPU, joins the group and runs `work`. In the parent: spawns `d` children
+/// (one per GPU) running only `test`, waits for all of them (with a deadline), prints their
+/// output and fails if any failed.
+fn spawn_or_work(test: &str, d: usize, work: fn(&Device, &DcpGroup, u64)) {
     if let Ok(rank) = std::env::var(RANK) {
         let rank: usize = rank.parse().expect("rank");
         let size: usize = std::env::var(SIZE).expect("size").parse().expect("size");
         let seed: u64 = std::env::var(SEED).expect("seed").parse().expect("seed");
-        let id = std::fs::read(std::env::var(ID_FILE).expect("id file")).expect("read the NCCL id");
         let dev = Device::open(rank).unwrap_or_else(|e| panic!("rank {rank}: {e}"));
+        let id = exchange_id_via_file(rank, std::path::Path::new(&std::env::var(ID_FILE).expect("id file")))
+            .unwrap_or_else(|e| panic!("rank {rank}: {e}"));
         let t0 = Instant::now();
-        let group = DcpGroup::from_unique_id(&dev, &UniqueId::from_bytes(&id).unwrap(), rank, size)
+        let group = DcpGroup::from_unique_id(&dev, &id, rank, size)
             .unwrap_or_else(|e| panic!("rank {rank}: joining the group: {e}"));
         eprintln!("[rank {rank}/{size}] joined the NCCL group in {:.2?}", t0.elapsed());
         work(&dev, &group, seed);
         eprintln!("[rank {rank}/{size}] all checks passed");
         return;
     }
-    let d = visible_devices().min(8);
-    assert!(d >= 2, "this test needs 2 or more CUDA GPUs; this machine has {d}");
     let seed = seed();
-    let id = UniqueId::new().expect("an NCCL unique id (is libnccl on the library path?)");
     let dir = std::env::temp_dir();
     let id_path = dir.join(format!("dcp-mla-nccl-id-{}-{test}", std::process::id()));
-    std::fs::write(&id_path, id.0).expect("write the id file");
+    let _ = std::fs::remove_file(&id_path);
+    let lib_path = library_path_with_libnccl();
     let exe = std::env::current_exe().expect("own executable");
     let mut children = Vec::new();
     for r in 0..d {
         let log = dir.join(format!("dcp-mla-mgpu-{}-{test}-{r}.log", std::process::id()));
         let file = std::fs::File::create(&log).expect("log file");
-        let child = Command::new(&exe)
-            .args([test, "--exact", "--include-ignored", "--nocapture", "--test-threads=1"])
+        let mut cmd = Command::new(&exe);
+        cmd.args([test, "--exact", "--include-ignored", "--nocapture", "--test-threads=1"])
             .env(RANK, r.to_string())
             .env(SIZE, d.to_string())
             .env(ID_FILE, &id_path)
             .env(SEED, seed.to_string())
             .env("NCCL_NVLS_ENABLE", "0")
             .stdout(Stdio::from(file.try_clone().unwrap()))
-            .stderr(Stdio::from(file))
-            .spawn()
-            .expect("spawn a rank");
-        children.push((child, log));
+            .stderr(Stdio::from(file));
+        if let Some(p) = &lib_path {
+            cmd.env("LD_LIBRARY_PATH", p);
+        }
+        children.push((cmd.spawn().expect("spawn a rank"), log));
     }
     let deadline = Instant::now() + Duration::from_secs(300);
     let mut status = vec![None; d];
@@ -107,7 +110,9 @@ fn spawn_or_work(test: &str, work: fn(&Device, &DcpGroup, u64)) {
 #[test]
 #[ignore = "needs 2+ CUDA GPUs"]
 fn decode_step_across_gpus() {
-    spawn_or_work("decode_step_across_gpus", |dev, group, seed| {
+    let d = visible_devices().min(8);
+    assert!(d >= 2, "this test needs 2 or more CUDA GPUs; this machine has {d}");
+    spawn_or_work("decode_step_across_gpus", d, |dev, group, seed| {
         prefix_gather(dev, group);
         run_cases(dev, group, seed, &[CombineShape::AgRs, CombineShape::A2a], true);
     });
@@ -118,10 +123,10 @@ fn decode_step_across_gpus() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn decode_step_group_of_one() {
-    let dev = Device::open(0).unwrap_or_else(|e| panic!("this GPU test needs a CUDA device: {e}"));
-    let id = UniqueId::new().expect("an NCCL unique id (is libnccl on the library path?)");
-    let group = DcpGroup::from_unique_id(&dev, &id, 0, 1).expect("a group of one");
-    run_cases(&dev, &group, seed(), &[CombineShape::AgRs], true);
+    assert!(visible_devices() >= 1, "this GPU test needs a CUDA device");
+    spawn_or_work("decode_step_group_of_one", 1, |dev, group, seed| {
+        run_cases(dev, group, seed, &[CombineShape::AgRs], true);
+    });
 }
 
 /// Each rank's flattened rows all-gathered in rank order.
