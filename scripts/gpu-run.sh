@@ -4,6 +4,8 @@
 #   sanitize  the GPU tests under compute-sanitizer memcheck and racecheck
 #   bench     `dcp-mla bench` (every row against its target) and the GPU demo
 #   criterion the criterion benchmarks (benches/*.rs)
+#   python    the ctypes client's whole DCP step against torch (ffi/python/test_dcp_step.py)
+#   multi     the multi-GPU decode-step test over all GPUs and the step benchmark
 #   all       tests, then sanitize, then bench
 # Logs go to $OUT (when set) so the device tool brings them back.
 set -uo pipefail
@@ -19,6 +21,8 @@ tar -xJf .gpu-stage/bundle.tar.xz -C "$work" || { echo "no .gpu-stage/bundle.tar
 export NCCL_NVLS_ENABLE=0
 # tests/cli.rs runs the staged binary rather than the path it was built at.
 export DCP_MLA_BIN="$work/bin/dcp-mla"
+# The C ABI's staged pieces: the C demo (tests/ffi-c_demo runs it) and the shared library.
+export DCP_MLA_DEMO="$work/bin/dcp_mla_demo" DCP_MLA_LIB="$work/bin/libdcp_mla_ffi.so"
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 skips=()
 [ "$gpus" -ge 2 ] || skips+=(--skip decode_step_across_gpus)
@@ -48,6 +52,15 @@ case "$mode" in
   bench)
     "$work/bin/dcp-mla" bench --json "$out/bench.json" 2>&1 | tee -a "$logs/bench.log" || status=1
     "$work/bin/dcp-mla" demo 2>&1 | tee -a "$logs/bench.log" || status=1 ;;
+  python)
+    # The ctypes client's whole DCP step against torch; its last line says PASS or FAIL.
+    python3 ffi/python/test_dcp_step.py 2>&1 | tee -a "$logs/python.log"
+    tail -n 1 "$logs/python.log" | grep -q PASS || status=1 ;;
+  multi)
+    # Every GPU of the machine as one DCP group, one process per GPU, then the step benchmark.
+    "$work/tests/multi_gpu" --include-ignored --exact decode_step_across_gpus --nocapture 2>&1 | tee "$logs/multi_gpu.log" | grep -E "rank|test result|panicked|FAIL" | tail -n 60
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+    DCP_MLA_BENCH_D=$gpus "$work/bin/bench-step" 2>&1 | tee "$logs/bench-step.log" | tail -n 40 ;;
   criterion)
     for b in "$work"/bin/bench-*; do "$b" --bench 2>&1 | tee -a "$logs/criterion.log"; done ;;
   all) "$0" tests "$filter" || status=1; "$0" sanitize "$filter" || status=1; "$0" bench || status=1 ;;

@@ -10,7 +10,7 @@ cd "$root"
 stage="$root/.gpu-stage"
 rm -rf "$stage" && mkdir -p "$stage/pack/tests" "$stage/pack/bin"
 list=$(mktemp)
-cargo test --release -p dcp-mla --no-run --message-format=json-render-diagnostics >"$list"
+cargo test --release -p dcp-mla -p dcp-mla-ffi --no-run --message-format=json-render-diagnostics >"$list"
 cargo bench -p dcp-mla --no-run --message-format=json-render-diagnostics >>"$list"
 cargo build --release -p dcp-mla --bin dcp-mla
 python3 - "$list" "$stage/pack" <<'PY'
@@ -28,12 +28,20 @@ for line in open(sys.argv[1]):
     if "bench" in kinds:
         dest = os.path.join(out, "bin", "bench-" + name)
     elif m["profile"]["test"]:
-        dest = os.path.join(out, "tests", ("lib" if "lib" in kinds else name))
+        pkg = m["package_id"]
+        prefix = "ffi-" if "dcp-mla-ffi" in pkg or "/ffi#" in pkg else ""
+        dest = os.path.join(out, "tests", prefix + ("lib" if "lib" in kinds else name))
     else:
         continue
     shutil.copy2(m["executable"], dest)
 PY
-cp "${CARGO_TARGET_DIR:-target}/release/dcp-mla" "$stage/pack/bin/dcp-mla"
+target="${CARGO_TARGET_DIR:-target}"
+cp "$target/release/dcp-mla" "$stage/pack/bin/dcp-mla"
+# The C ABI: the shared library (for the Python client) and the C demo, which the ffi test
+# compiles and links against the staticlib here (the GPU machine has no cargo).
+cargo build --release -p dcp-mla-ffi
+cargo test --release -p dcp-mla-ffi --test c_demo >/dev/null
+cp "$target/release/libdcp_mla_ffi.so" "$target/release/dcp_mla_demo" "$stage/pack/bin/"
 strip "$stage"/pack/tests/* "$stage"/pack/bin/* 2>/dev/null || true
 # xz's large window stores the fatbins that every binary embeds about once.
 tar -C "$stage/pack" -cf - . | xz -T2 -6e >"$stage/bundle.tar.xz"
