@@ -137,7 +137,7 @@ fn fill_matches_reference_bit_for_bit() {
 fn fill_rejects_bad_arguments_without_launching() {
     let s = stream();
     let d_ckv = upload(&s, &vec![bf16::ZERO; 512]);
-    let d_kpe = upload(&s, &vec![bf16::ZERO; 64]);
+    let d_kpe = upload(&s, &[bf16::ZERO; 64]);
     let d_i = upload(&s, &[0i32]);
     let d_cache = upload(&s, &vec![0u8; 64 * 1152]);
     let good = KvFill {
