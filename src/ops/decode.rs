@@ -1,7 +1,8 @@
 //! MLA decode attention on one rank's shard (SPEC.md §4): dense over the BF16 paged cache and
 //! sparse over index lists into the BF16 or FP8-656 cache, with optional split-KV.
 //!
-//! Kernels: `kernels-src/decode.cuh` (families `mla_decode` and `mla_decode_combine`). With
+//! Kernels: `kernels-src/decode.cuh` (families `mla_decode` and `mla_decode_combine`) and, for
+//! dense decode on Hopper, `kernels-src/decode_sm90.cuh` (`mla_decode_sm90`, see [`DecodePath`]). With
 //! `num_splits > 1` each CTA reads the row lengths (or index counts) on the device to find its
 //! share of the tiles, writes an fp32 partial result to the caller's workspace, and a combine
 //! kernel merges the splits (SPEC.md §5), so a captured graph replays correctly when lengths
@@ -153,8 +154,66 @@ pub fn decode_shared_bytes(format: KvFormat) -> usize {
     }
 }
 
+/// Which dense decode kernel runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DecodePath {
+    /// The Hopper wgmma kernel on compute capability 9.0 when built, else mma.sync; the
+    /// environment variable `DCP_MLA_DECODE_PATH=mma|wgmma` overrides it (read once).
+    Auto,
+    /// The mma.sync kernel (sm_80+), `kernels-src/decode.cuh`.
+    Mma,
+    /// The wgmma kernel (sm_90a only), `kernels-src/decode_sm90.cuh`: `tile` KV tokens per
+    /// S = Q·Kᵀ step (32 or 64) and a ring of `stages` buffers; see [`SM90_VARIANTS`].
+    Wgmma { tile: u32, stages: u32 },
+}
+
+/// The (tile, stages) variants of the wgmma dense kernel that kernels.toml ships; the first is
+/// the default.
+pub const SM90_VARIANTS: [(u32, u32); 2] = [(64, 2), (32, 4)];
+
+/// Dynamic shared memory of one wgmma decode CTA; mirrors `decode_sm90::shared_bytes`: 1024
+/// bytes of alignment slack, Q, `stages` KV tiles and a validity flag per token.
+pub fn decode_sm90_shared_bytes(tile: usize, stages: usize) -> usize {
+    1024 + ROWS_PER_CTA * D_QK * 2 + stages * tile * (D_QK * 2 + 4)
+}
+
+fn env_path() -> Option<DecodePath> {
+    static PATH: std::sync::OnceLock<Option<DecodePath>> = std::sync::OnceLock::new();
+    *PATH.get_or_init(|| match std::env::var("DCP_MLA_DECODE_PATH").as_deref() {
+        Ok("mma") => Some(DecodePath::Mma),
+        Ok("wgmma") => Some(DecodePath::Wgmma { tile: SM90_VARIANTS[0].0, stages: SM90_VARIANTS[0].1 }),
+        _ => None,
+    })
+}
+
+/// The kernel and its shared memory for a dense launch on `dev`; `None`: `path` cannot run
+/// here (wgmma asked for on a device that is not compute capability 9.0, or not built).
+fn dense_kernel(dev: &Device, path: DecodePath) -> Option<(KernelId, usize)> {
+    let mma = || registry::mla_decode(axes::Kv::DenseBf16).map(|id| (id, decode_shared_bytes(KvFormat::Bf16)));
+    let wgmma = |tile: u32, stages: u32| {
+        if dev.compute_capability() != (9, 0) {
+            return None;
+        }
+        registry::mla_decode_sm90(tile, stages).map(|id| (id, decode_sm90_shared_bytes(tile as usize, stages as usize)))
+    };
+    match path {
+        DecodePath::Mma => mma(),
+        DecodePath::Wgmma { tile, stages } => wgmma(tile, stages),
+        DecodePath::Auto => match env_path() {
+            Some(p) => dense_kernel(dev, p),
+            None => wgmma(SM90_VARIANTS[0].0, SM90_VARIANTS[0].1).or_else(mma),
+        },
+    }
+}
+
 /// Dense decode (SPEC.md §4). Validates every argument, allocates nothing, never synchronises.
+/// Runs the kernel [`DecodePath::Auto`] picks.
 pub fn mla_decode_dense(dev: &Device, stream: Stream, a: &DenseDecode) -> Result<()> {
+    mla_decode_dense_on(dev, stream, a, DecodePath::Auto)
+}
+
+/// [`mla_decode_dense`] on a chosen kernel; `Error::Unsupported` when it cannot run on `dev`.
+pub fn mla_decode_dense_on(dev: &Device, stream: Stream, a: &DenseDecode, path: DecodePath) -> Result<()> {
     let mut params = validate_common(&a.common)?;
     let c = &a.common;
     let rows = c.batch * c.nq;
@@ -189,8 +248,9 @@ pub fn mla_decode_dense(dev: &Device, stream: Stream, a: &DenseDecode) -> Result
     params.num_pages = to_i32("num_pages", a.num_pages)?;
     params.block_size = to_i32("block_size", a.block_size)?;
     params.max_pages = to_i32("max_pages", a.max_pages)?;
-    let id = registry::mla_decode(axes::Kv::DenseBf16).ok_or_else(|| Error::Unsupported("mla_decode dense".into()))?;
-    launch(dev, stream, id, c, &params, KvFormat::Bf16, false)
+    let (id, smem) =
+        dense_kernel(dev, path).ok_or_else(|| Error::Unsupported(format!("mla_decode dense on {path:?}")))?;
+    launch(dev, stream, id, c, &params, smem, false)
 }
 
 /// Sparse decode (SPEC.md §4) over the BF16 or FP8-656 cache. Validates every argument,
@@ -222,7 +282,7 @@ pub fn mla_decode_sparse(dev: &Device, stream: Stream, a: &SparseDecode) -> Resu
         KvFormat::Fp8_656 => axes::Kv::SparseFp8,
     };
     let id = registry::mla_decode(kv).ok_or_else(|| Error::Unsupported(format!("mla_decode sparse {:?}", a.format)))?;
-    launch(dev, stream, id, c, &params, a.format, true)
+    launch(dev, stream, id, c, &params, decode_shared_bytes(a.format), true)
 }
 
 fn check_cache(
@@ -328,7 +388,7 @@ fn launch(
     id: KernelId,
     c: &DecodeCommon,
     params: &DcpMlaDecodeParams,
-    format: KvFormat,
+    shared_bytes: usize,
     sparse: bool,
 ) -> Result<()> {
     let rows = c.batch * c.nq * c.heads;
@@ -338,7 +398,7 @@ fn launch(
     let grid = (row_blocks(c.nq, c.heads, sparse) as u32, c.batch as u32, c.num_splits as u32);
     // SAFETY: the validate functions checked every buffer against the extents the kernel
     // addresses; lengths and indices are clamped or skipped on the device.
-    unsafe { dev.launch(id, grid, decode_shared_bytes(format) as u32, stream, params)? };
+    unsafe { dev.launch(id, grid, shared_bytes as u32, stream, params)? };
     if c.num_splits > 1 {
         let combine = DcpMlaDecodeCombineParams {
             ws_out: params.ws_out,
@@ -385,5 +445,19 @@ mod tests {
         }
         assert_eq!(decode_shared_bytes(KvFormat::Bf16), 161_024);
         assert_eq!(decode_shared_bytes(KvFormat::Fp8_656), 165_632);
+    }
+
+    #[test]
+    fn sm90_variants_fit_hopper_and_are_built() {
+        // sm_90's opt-in limit is 227 KiB per block.
+        for (tile, stages) in SM90_VARIANTS {
+            let bytes = decode_sm90_shared_bytes(tile as usize, stages as usize);
+            assert!(bytes <= 227 * 1024, "tile {tile} stages {stages}: {bytes}");
+            assert!(
+                registry::mla_decode_sm90(tile, stages).is_some(),
+                "tile {tile} stages {stages} not in kernels.toml"
+            );
+        }
+        assert_eq!(decode_sm90_shared_bytes(64, 2), 1024 + 73_728 + 2 * 64 * 1156);
     }
 }

@@ -1,0 +1,319 @@
+// MLA dense BF16 decode on Hopper (sm_90a) with wgmma: the first step of issue 6.
+//
+// Same contract and CTA shape as the mma.sync kernel in decode.cuh (one CTA = one request × 64
+// consecutive flattened [q, H] rows × one KV split; split results go to the fp32 workspace and
+// mla_decode_combine merges them), so the launcher only swaps the kernel and shared size.
+//
+// Layout: Q (64 × 576) and each KV tile (Tile tokens × 576) sit in shared memory as 9 column
+// blocks of 64 dims; in a block a token's 64 dims are one 128-byte row whose 16-byte chunks are
+// XOR-swizzled by (row mod 8): the 128B-swizzle atom of wgmma. The same tile is K-major for
+// S = Q·Kᵀ and MN-major (transposed B) for O += P·V, so V is never copied again.
+// Warpgroups: both warpgroups (256 threads) compute the whole S = Q·Kᵀ (64 × Tile) with
+// wgmma m64nTile from shared memory: each then owns full rows, so the online softmax needs no
+// exchange between warps. Warpgroup w owns O's columns 256w..256w+255 (128 fp32 registers per
+// thread) and adds P·V with P from registers as two bf16 terms, hi = bf16(p) and
+// lo = bf16(p − hi) (see decode.cuh: bf16 P alone breaks SPEC.md §9's abs 8e-4).
+// Loads: all threads issue cp.async 16-byte copies Stages − 1 tiles ahead (a ring of Stages
+// buffers; unread tokens zero-filled); a proxy fence orders them before the tensor cores read.
+// Cost of this simple schedule: S is computed twice (once per warpgroup) and loads, softmax and
+// matrix work do not overlap across warpgroups; a producer warp with TMA is the next step.
+#pragma once
+#include "decode.cuh"
+
+namespace dcp {
+namespace decode_sm90 {
+
+constexpr int kThreads = 256;
+constexpr int kRows = 64;
+constexpr int kBlocks = kDimQk / 64;  // 9 column blocks of 64 dims
+constexpr int kChunks = kDimQk / 8;   // 72 16-byte chunks per row
+constexpr float kLn2 = 0.6931471805599453f;
+
+// Dynamic shared memory; `decode_sm90_shared_bytes` in src/ops/decode.rs must agree. The extra
+// 1024 bytes let the kernel align its buffers to the 1024-byte swizzle period.
+template <int Tile, int Stages>
+constexpr int shared_bytes() {
+    return 1024 + kRows * kDimQk * 2 + Stages * Tile * kDimQk * 2 + Stages * Tile * 4;
+}
+
+// Byte offset of 16-byte chunk c (0..71) of row r in a [rows × 576] bf16 buffer of 9 blocks.
+__device__ __forceinline__ uint32_t swizzled(int rows, int r, int c) {
+    return (uint32_t)((c >> 3) * rows * 128 + r * 128 + (((c & 7) ^ (r & 7)) << 4));
+}
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// Matrix descriptor, 128B swizzle: start >> 4, leading byte offset >> 4 at bit 16, stride
+// byte offset >> 4 at bit 32, layout 1 (SWIZZLE_128B) at bit 62.
+__device__ __forceinline__ uint64_t make_desc(uint32_t smem_addr, uint32_t lbo, uint32_t sbo) {
+    return (uint64_t)((smem_addr & 0x3FFFF) >> 4) | ((uint64_t)(lbo >> 4) << 16) | ((uint64_t)(sbo >> 4) << 32) |
+           (1ull << 62);
+}
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// Keeps the compiler from moving accesses of accumulator registers across wgmma fences/waits.
+template <int N>
+__device__ __forceinline__ void fence_regs(float (&d)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
+// d[64×32] += A·B, A and B K-major from shared memory (descriptors).
+__device__ __forceinline__ void wgmma_ss_n32(float (&d)[16], uint64_t desc_a, uint64_t desc_b) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n"
+        "}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "l"(desc_a), "l"(desc_b), "n"(1));
+}
+
+// d[64×64] += A·B, A and B K-major from shared memory (descriptors).
+__device__ __forceinline__ void wgmma_ss_n64(float (&d)[32], uint64_t desc_a, uint64_t desc_b) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n"
+        "}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(desc_a), "l"(desc_b), "n"(1));
+}
+
+// d[64×256] += A·B, A from registers (bf16 fragments), B MN-major from shared memory (transposed).
+__device__ __forceinline__ void wgmma_rs_n256(float (&d)[128], const uint32_t (&a)[4], uint64_t desc_b) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, {%128, %129, %130, %131}, %132, p, 1, 1, 1;\n"
+        "}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "n"(1));
+}
+
+
+template <int Tile>
+__device__ __forceinline__ void wgmma_ss(float (&d)[Tile / 2], uint64_t da, uint64_t db) {
+    if constexpr (Tile == 32) wgmma_ss_n32(d, da, db);
+    else wgmma_ss_n64(d, da, db);
+}
+#endif
+
+}  // namespace decode_sm90
+
+template <int Tile, int Stages>
+__device__ __forceinline__ void mla_decode_sm90(const DcpMlaDecodeParams& p) {
+    static_assert(Tile == 32 || Tile == 64, "S tile is one wgmma m64nTile");
+    static_assert(Stages >= 2, "a ring of at least two buffers");
+    static_assert(decode_sm90::shared_bytes<Tile, Stages>() <= 227 * 1024, "fits one H100/H200 CTA");
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    using namespace decode_sm90;
+    constexpr int kTilePerThread = kThreads / Tile;  // threads loading one token row
+    constexpr int kSRegs = Tile / 2;
+    {
+        uint32_t dyn;
+        asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
+        if (dyn < (uint32_t)shared_bytes<Tile, Stages>()) return;  // launched wrongly: write nothing
+    }
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    const uint32_t raw_addr = decode::smem_addr(smem_raw);
+    unsigned char* smem = smem_raw + (((raw_addr + 1023) & ~1023u) - raw_addr);
+    unsigned char* sQ = smem;
+    unsigned char* sKV = smem + kRows * kDimQk * 2;  // Stages × [Tile × 576] bf16
+    int* sValid = (int*)(sKV + Stages * Tile * kDimQk * 2);  // [Stages][Tile]
+    const uint32_t q_addr = decode::smem_addr(sQ), kv_addr = decode::smem_addr(sKV);
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wg = warp >> 2, wr = warp & 3;  // warpgroup (V half), warp in the warpgroup (16 rows)
+    const int g = lane >> 2, t4 = lane & 3;
+    const int req = blockIdx.y, split = blockIdx.z;
+    const int H = p.heads, nq = p.nq;
+    const int row_base = blockIdx.x * kRows;
+    const int row_limit = min(kRows, nq * H - row_base);
+    const int64_t req_rows = (int64_t)req * nq * H;
+
+    const int64_t capacity = (int64_t)p.max_pages * p.block_size;
+    const int32_t* lens = (const int32_t*)p.lens + (int64_t)req * nq;
+    int n_tokens = 0;
+    for (int j = row_base / H; j <= (row_base + row_limit - 1) / H; ++j)
+        n_tokens = max(n_tokens, (int)min((int64_t)max(lens[j], 0), capacity));
+    int row_len[2];
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+        const int r = wr * 16 + g + 8 * k;
+        row_len[k] = r < row_limit ? (int)min((int64_t)max(lens[(row_base + r) / H], 0), capacity) : 0;
+    }
+    const int n_tiles = (n_tokens + Tile - 1) / Tile;
+    const int per_split = (n_tiles + p.num_splits - 1) / p.num_splits;
+    const int tile_begin = min(n_tiles, split * per_split);
+    const int tile_end = min(n_tiles, tile_begin + per_split);
+
+    // ---- loads: Q once (in the first group), tiles Stages − 1 ahead ----
+    for (int c = tid; c < kRows * kChunks; c += kThreads) {
+        const int r = c / kChunks, part = c % kChunks;
+        const bool ok = r < row_limit;
+        const __nv_bfloat16* src =
+            (const __nv_bfloat16*)p.q + (ok ? (req_rows + row_base + r) * kDimQk + part * 8 : 0);
+        decode::cp_async16(sQ + swizzled(kRows, r, part), src, ok);
+    }
+    const int ld_tok = tid / kTilePerThread, ld_part = tid % kTilePerThread;
+    auto issue_tile = [&](int tile, int stage) {
+        const int pos = tile * Tile + ld_tok;
+        int64_t row = -1;  // cache row (page·B + slot) of this thread's token, or -1: unread
+        if (pos < n_tokens) {
+            const int page =
+                ((const int32_t*)p.block_table)[(int64_t)req * p.block_table_stride + pos / p.block_size];
+            if (page >= 0 && page < p.num_pages) row = (int64_t)page * p.block_size + pos % p.block_size;
+        }
+        if (ld_part == 0) sValid[stage * Tile + ld_tok] = row >= 0;
+        const __nv_bfloat16* src = (const __nv_bfloat16*)p.cache + (row >= 0 ? row * kDimQk : 0);
+        unsigned char* dst = sKV + stage * (Tile * kDimQk * 2);
+#pragma unroll
+        for (int k = 0; k < kChunks / kTilePerThread; ++k) {
+            const int c = ld_part + kTilePerThread * k;
+            decode::cp_async16(dst + swizzled(Tile, ld_tok, c), src + 8 * c, row >= 0);
+        }
+    };
+#pragma unroll
+    for (int s = 0; s < Stages - 1; ++s) {
+        if (tile_begin + s < tile_end) issue_tile(tile_begin + s, s);
+        decode::cp_async_commit();
+    }
+
+    const float scale_log2 = p.scale_log2;
+    float o[128];
+#pragma unroll
+    for (int i = 0; i < 128; ++i) o[i] = 0.0f;
+    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+
+    for (int tile = tile_begin; tile < tile_end; ++tile) {
+        const int i = tile - tile_begin, stage = i % Stages;
+        // the buffer refilled here was last read in iteration i − 1, which ended in a barrier
+        if (tile + Stages - 1 < tile_end) issue_tile(tile + Stages - 1, (i + Stages - 1) % Stages);
+        decode::cp_async_commit();
+        decode::cp_async_wait<Stages - 1>();
+        fence_proxy_async();  // this thread's cp.async writes, before wgmma reads them
+        __syncthreads();
+        const uint32_t tile_addr = kv_addr + stage * (Tile * kDimQk * 2);
+
+        // ---- score: S[64 × Tile] = Q·Kᵀ, both operands K-major ----
+        float s[kSRegs];
+#pragma unroll
+        for (int e = 0; e < kSRegs; ++e) s[e] = 0.0f;
+        fence_regs(s);
+        wgmma_fence();
+#pragma unroll
+        for (int ks = 0; ks < kDimQk / 16; ++ks) {
+            const uint32_t koff = (ks & 3) * 32;
+            const uint64_t da = make_desc(q_addr + (ks >> 2) * (kRows * 128) + koff, 16, 1024);
+            const uint64_t db = make_desc(tile_addr + (ks >> 2) * (Tile * 128) + koff, 16, 1024);
+            wgmma_ss<Tile>(s, da, db);
+        }
+        wgmma_commit();
+        wgmma_wait0();
+        fence_regs(s);
+
+        // ---- softmax: each thread holds rows g, g+8 of its warp's 16 rows, columns 8j + 2t4 (+1) ----
+        const int* valid = sValid + stage * Tile;
+        float tmax[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int e = 0; e < kSRegs; ++e) {
+            const int col = 8 * (e >> 2) + 2 * t4 + (e & 1);
+            const int k = (e >> 1) & 1;
+            const bool ok = valid[col] && tile * Tile + col < row_len[k];
+            s[e] = ok ? s[e] * scale_log2 : -INFINITY;  // select: a NaN score never survives
+            tmax[k] = fmaxf(tmax[k], s[e]);
+        }
+        float alpha[2], m_use[2];
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+            tmax[k] = fmaxf(tmax[k], __shfl_xor_sync(0xffffffffu, tmax[k], 1));
+            tmax[k] = fmaxf(tmax[k], __shfl_xor_sync(0xffffffffu, tmax[k], 2));
+            const float m_new = fmaxf(m_run[k], tmax[k]);
+            m_use[k] = m_new == -INFINITY ? 0.0f : m_new;  // all masked so far: p = 0, no NaN
+            alpha[k] = exp2f(m_run[k] - m_use[k]);
+            m_run[k] = m_new;
+            l_run[k] *= alpha[k];
+        }
+        // P as A fragments of m64k16 (the accumulator layout of S, two n8 blocks per k16 block)
+        uint32_t p_hi[Tile / 16][4], p_lo[Tile / 16][4];
+#pragma unroll
+        for (int e = 0; e < kSRegs; e += 2) {
+            const int k = (e >> 1) & 1;
+            const float p0 = exp2f(s[e] - m_use[k]), p1 = exp2f(s[e + 1] - m_use[k]);
+            l_run[k] += p0 + p1;
+            const __nv_bfloat162 hi = __floats2bfloat162_rn(p0, p1);
+            const float2 hf = __bfloat1622float2(hi);
+            // e = 8kk + 4h + 2k: k16 block kk, n8 half h, row half k → register 2h + k
+            const int kk = e >> 3, reg = 2 * ((e >> 2) & 1) + k;
+            p_hi[kk][reg] = *reinterpret_cast<const uint32_t*>(&hi);
+            p_lo[kk][reg] = decode::pack_bf16(p0 - hf.x, p1 - hf.y);  // exact differences
+        }
+#pragma unroll
+        for (int n = 0; n < 32; ++n) {
+            o[4 * n + 0] *= alpha[0];
+            o[4 * n + 1] *= alpha[0];
+            o[4 * n + 2] *= alpha[1];
+            o[4 * n + 3] *= alpha[1];
+        }
+
+        // ---- accumulate: O[64 × 256] += P·V, V = dims 256wg.. of the tile, MN-major ----
+        fence_regs(o);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < Tile / 16; ++kk) {
+            // 4 blocks of 64 dims (leading byte offset: one block), 2 groups of 8 tokens (stride 1024)
+            const uint64_t dv = make_desc(tile_addr + (4 * wg) * (Tile * 128) + kk * 16 * 128, Tile * 128, 1024);
+            wgmma_rs_n256(o, p_hi[kk], dv);
+            wgmma_rs_n256(o, p_lo[kk], dv);
+        }
+        wgmma_commit();
+        wgmma_wait0();
+        fence_regs(o);
+        __syncthreads();  // every warpgroup is done with this buffer before it is refilled
+    }
+    decode::cp_async_wait<0>();
+
+    // ---- write: O / l and lse = (m + log2 l)·ln 2; a row that saw nothing: 0 and −inf ----
+    float inv[2], lse[2];
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+        float l = l_run[k];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        inv[k] = l > 0.0f ? 1.0f / l : 0.0f;
+        lse[k] = l > 0.0f ? (m_run[k] + log2f(l)) * kLn2 : -INFINITY;
+    }
+    const bool to_ws = p.num_splits > 1;
+    const int64_t total_rows = (int64_t)p.batch * nq * H;
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+        const int r = wr * 16 + g + 8 * k;
+        if (r >= row_limit) continue;
+        const int64_t grow = req_rows + row_base + r;
+        if (wg == 0 && t4 == 0) {
+            if (to_ws) ((float*)p.ws_lse)[split * total_rows + grow] = lse[k];
+            else ((float*)p.lse)[grow] = lse[k];
+        }
+        const int col0 = wg * 256 + 2 * t4;
+        if (to_ws || p.out_f32) {
+            float* dst = to_ws ? (float*)p.ws_out + (split * total_rows + grow) * kDimLatent
+                               : (float*)p.out + grow * kDimLatent;
+#pragma unroll
+            for (int n = 0; n < 32; ++n)
+                *(float2*)(dst + col0 + 8 * n) = make_float2(o[4 * n + 2 * k] * inv[k], o[4 * n + 2 * k + 1] * inv[k]);
+        } else {
+            __nv_bfloat16* dst = (__nv_bfloat16*)p.out + grow * kDimLatent;
+#pragma unroll
+            for (int n = 0; n < 32; ++n)
+                *(uint32_t*)(dst + col0 + 8 * n) =
+                    decode::pack_bf16(o[4 * n + 2 * k] * inv[k], o[4 * n + 2 * k + 1] * inv[k]);
+        }
+    }
+#elif defined(__CUDA_ARCH__)
+    __trap();  // sm_90a only: the launcher never picks this family elsewhere
+#endif
+}
+
+}  // namespace dcp
