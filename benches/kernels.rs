@@ -17,7 +17,7 @@ fn main() {
         }
     };
     let s = dev.context().default_stream();
-    let mut timer = Timer::new(s.clone(), 5, 30).expect("timer");
+    let mut timer = Timer::new(&dev, s.clone(), 5, 30).expect("timer");
     let copy_gbs = timer.copy_gbs().expect("copy ceiling");
     let mut c = Criterion::default()
         .configure_from_args()

@@ -230,3 +230,12 @@ typedef struct DcpPrefillReorderParams {
     int32_t interleave;
     int32_t reserved;
 } DcpPrefillReorderParams;
+
+/* Benchmark L2 eviction: a read of `bytes` bytes of `buf` that stores nothing (see bench.cuh). */
+typedef struct DcpL2EvictParams {
+    uint64_t buf;            /* bytes [bytes], 16-byte aligned */
+    uint64_t sink;           /* uint32 [1]: written only if the xor of the buffer equals `never` */
+    int64_t bytes;           /* a multiple of 64 */
+    uint32_t never;
+    uint32_t reserved;
+} DcpL2EvictParams;

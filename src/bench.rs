@@ -4,8 +4,10 @@
 //!
 //! Targets are ratios measured in one run (PERF.md): a fraction of the copy bandwidth measured
 //! just before, FlashMLA's TFLOP/s on the same card, or a time against a baseline. Every timed
-//! launch is preceded by an untimed write of a buffer larger than the L2 cache, as Triton's
-//! `do_bench` does, so memory-bound rows do not read their inputs from L2.
+//! launch is preceded by an untimed *read* of a buffer larger than the L2 cache, so memory-bound
+//! rows do not read their inputs from L2. Triton's `do_bench` writes that buffer instead, which
+//! leaves the L2 full of dirty lines: the timed kernel then pays their write-back, up to doubling
+//! the traffic of a kernel that moves less than the L2 holds.
 
 use crate::error::{Error, Result};
 use crate::formats::{KvFormat, D_LATENT, D_QK, D_ROPE, D_V};
@@ -15,7 +17,7 @@ use crate::ops::fill::{kv_fill, KvFill};
 use crate::ops::prefill::{self, piece_table, Flatten, Reorder};
 use crate::ops::topk::{self, Compact, GlobalMerge, LocalTopk, PackCandidates, PageTranslate};
 use crate::planner::{plan_prefill_chunks, prefill_chunk_bytes, DcpLayout};
-use crate::runtime::{Device, DeviceSlice, Stream};
+use crate::runtime::{registry, Device, DeviceSlice, Stream};
 use crate::LseBase;
 use cudarc::driver::{sys, CudaSlice, CudaStream, DeviceRepr, DriverError};
 use half::bf16;
@@ -24,7 +26,7 @@ use std::time::Duration;
 
 /// Bytes of the copy that measures the ceiling (read once, written once).
 pub const COPY_BYTES: usize = 1 << 31;
-/// Bytes written between timed launches to evict the L2 cache (H200: 60 MiB).
+/// Bytes read between timed launches to evict the L2 cache (H200: 50 MiB).
 pub const L2_FLUSH_BYTES: usize = 256 << 20;
 
 /// Maps a cudarc error to the library's.
@@ -49,19 +51,44 @@ fn event_ms(s: &Arc<CudaStream>, iters: u64, f: &mut dyn FnMut() -> Result<()>) 
 }
 
 /// The timer of one run: a stream and an L2-eviction buffer.
-pub struct Timer {
+pub struct Timer<'a> {
+    dev: &'a Device,
     stream: Arc<CudaStream>,
-    flush: CudaSlice<u8>,
+    /// Read (never written) before each timed launch; `sink` is the eviction kernel's output,
+    /// written only if the all-zero buffer's xor were 1, i.e. never.
+    _flush: CudaSlice<u8>,
+    _sink: CudaSlice<u32>,
+    evict: crate::abi::DcpL2EvictParams,
+    evict_grid: u32,
     /// Untimed launches before measuring.
     pub warmup: usize,
     /// Timed launches; the median is reported.
     pub reps: usize,
 }
 
-impl Timer {
-    pub fn new(stream: Arc<CudaStream>, warmup: usize, reps: usize) -> Result<Self> {
+impl<'a> Timer<'a> {
+    pub fn new(dev: &'a Device, stream: Arc<CudaStream>, warmup: usize, reps: usize) -> Result<Self> {
         let flush = drv("cuMemAlloc", stream.alloc_zeros::<u8>(L2_FLUSH_BYTES))?;
-        Ok(Timer { stream, flush, warmup, reps: reps.max(1) })
+        let sink = drv("cuMemAlloc", stream.alloc_zeros::<u32>(1))?;
+        let evict = crate::abi::DcpL2EvictParams {
+            buf: DeviceSlice::of(&flush, &stream).ptr(),
+            sink: DeviceSlice::of(&sink, &stream).ptr(),
+            bytes: L2_FLUSH_BYTES as i64,
+            never: 1,
+            reserved: 0,
+        };
+        let evict_grid = 8 * num_sms(dev)? as u32;
+        Ok(Timer { dev, stream, _flush: flush, _sink: sink, evict, evict_grid, warmup, reps: reps.max(1) })
+    }
+
+    /// Reads the whole flush buffer on the timer's stream: one launch of ~70 µs on an H200, so
+    /// the host queues the timed launch while the GPU is still busy (launch latency stays out of
+    /// the timed window).
+    fn evict_l2(&self) -> Result<()> {
+        let id = registry::bench_l2_evict().ok_or_else(|| Error::Unsupported("bench_l2_evict".into()))?;
+        // SAFETY: the kernel reads the `bytes` bytes of `buf` (allocated with that size, alive as
+        // long as the timer) and writes at most the one u32 of `sink`.
+        unsafe { self.dev.launch(id, (self.evict_grid, 1, 1), 0, Stream::from_cudarc(&self.stream), &self.evict) }
     }
 
     pub fn stream(&self) -> &Arc<CudaStream> {
@@ -76,7 +103,7 @@ impl Timer {
         }
         let mut v = Vec::with_capacity(self.reps);
         for _ in 0..self.reps {
-            drv("cuMemsetD8Async", self.stream.memset_zeros(&mut self.flush))?;
+            self.evict_l2()?;
             v.push(event_ms(&self.stream, 1, f)?);
         }
         Ok(median(&mut v))

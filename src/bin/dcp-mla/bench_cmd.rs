@@ -43,7 +43,7 @@ pub fn run(a: &BenchArgs) -> i32 {
     let s = dev.context().default_stream();
     let selected: Vec<BenchRow> =
         rows().into_iter().filter(|r| a.filter.as_deref().is_none_or(|f| r.name().contains(f))).collect();
-    let mut timer = match Timer::new(s.clone(), a.warmup, a.reps) {
+    let mut timer = match Timer::new(&dev, s.clone(), a.warmup, a.reps) {
         Ok(t) => t,
         Err(e) => {
             eprintln!("error: {e}");
