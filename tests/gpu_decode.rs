@@ -190,7 +190,19 @@ fn dense_cache(rng: &mut Rng, format: KvFormat, block_size: usize, tokens: &[usi
     hc
 }
 
+/// The dense kernels this device runs: mma.sync everywhere, and on compute capability 9.0 each
+/// shipped wgmma variant too.
+fn dense_paths() -> Vec<DecodePath> {
+    let mut v = vec![DecodePath::Mma];
+    if gpu().compute_capability() == (9, 0) {
+        v.extend(SM90_VARIANTS.iter().map(|&(tile, stages)| DecodePath::Wgmma { tile, stages }));
+    }
+    v
+}
+
+#[allow(clippy::too_many_arguments)]
 fn launch_dense(
+    path: DecodePath,
     hc: &HostCache,
     q: &[bf16],
     shape: QueryShape,
@@ -212,7 +224,7 @@ fn launch_dense(
         max_pages: hc.max_pages,
         lens: view(&s, &d_lens),
     };
-    mla_decode_dense(gpu(), raw(&s), &args).expect("dense launch");
+    mla_decode_dense_on(gpu(), raw(&s), &args, path).expect("dense launch");
     outs.read()
 }
 
@@ -258,9 +270,12 @@ fn dense_bf16_matches_reference() {
         let (want_out, want_lse) =
             decode_f64(&q, shape, &hc.paged(), &hc.bytes, &Selection::Dense { lens: &lens }, default_scale());
         let auto = decode_num_splits(shape.batch, nq, heads, false, sms);
-        for (splits, f32_out) in [(1, n % 2 == 0), (auto, n % 2 == 1), (7, false)] {
-            let (out, lse) = launch_dense(&hc, &q, shape, &lens, splits, f32_out);
-            check(&format!("case {n} {totals:?} q={nq} H={heads} splits={splits}"), &out, &lse, &want_out, &want_lse);
+        for path in dense_paths() {
+            for (splits, f32_out) in [(1, n % 2 == 0), (auto, n % 2 == 1), (7, false)] {
+                let (out, lse) = launch_dense(path, &hc, &q, shape, &lens, splits, f32_out);
+                let what = format!("{path:?} case {n} {totals:?} q={nq} H={heads} splits={splits}");
+                check(&what, &out, &lse, &want_out, &want_lse);
+            }
         }
     }
 }
@@ -410,7 +425,7 @@ fn dcp_identity_dense() {
     }
     let (want_out, want_lse) =
         decode_f64(&q, shape, &full.paged(), &full.bytes, &Selection::Dense { lens: &full_lens }, default_scale());
-    for (d, interleave) in [(2, 1), (4, 1), (4, 2)] {
+    for (path, (d, interleave)) in dense_paths().into_iter().flat_map(|p| [(2, 1), (4, 1), (4, 2)].map(|c| (p, c))) {
         let dcp = DcpLayout { size: d, interleave };
         let mut outs = Vec::new();
         let mut lses = Vec::new();
@@ -428,14 +443,14 @@ fn dcp_identity_dense() {
                 }
             }
             let splits = if r % 2 == 0 { 1 } else { 3 };
-            let (out, lse) = launch_dense(&hc, &q, shape, &lens, splits, true);
+            let (out, lse) = launch_dense(path, &hc, &q, shape, &lens, splits, true);
             outs.extend(out);
             lses.extend(lse);
         }
         let (out, lse) = merge_f64(&outs, &lses, d, n_rows, LseBase::E);
         let out: Vec<f32> = out.iter().map(|&x| x as f32).collect();
         let lse: Vec<f32> = lse.iter().map(|&x| x as f32).collect();
-        check(&format!("D={d} I={interleave}"), &out, &lse, &want_out, &want_lse);
+        check(&format!("{path:?} D={d} I={interleave}"), &out, &lse, &want_out, &want_lse);
     }
 }
 
@@ -444,6 +459,12 @@ fn dcp_identity_dense() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn graph_replay_with_changed_lengths_and_indices() {
+    for path in dense_paths() {
+        graph_replay_case(path);
+    }
+}
+
+fn graph_replay_case(path: DecodePath) {
     let mut rng = Rng::new(seed());
     let s = gpu().context().new_stream().expect("stream");
     let shape = QueryShape { batch: 2, rows: 2, heads: 32 };
@@ -515,11 +536,11 @@ fn graph_replay_with_changed_lengths_and_indices() {
     };
     let rs = Stream::from_cudarc(&s);
     // A first eager launch (outside capture) opts the kernels into their shared memory.
-    mla_decode_dense(gpu(), rs, &dense).unwrap();
+    mla_decode_dense_on(gpu(), rs, &dense, path).unwrap();
     mla_decode_sparse(gpu(), rs, &sparse).unwrap();
     s.synchronize().unwrap();
     s.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
-    mla_decode_dense(gpu(), rs, &dense).unwrap();
+    mla_decode_dense_on(gpu(), rs, &dense, path).unwrap();
     mla_decode_sparse(gpu(), rs, &sparse).unwrap();
     let graph = s.end_capture(sys::CUgraphInstantiate_flags(0)).unwrap().expect("a graph");
 
@@ -532,7 +553,7 @@ fn graph_replay_with_changed_lengths_and_indices() {
         let out: Vec<f32> = s.clone_dtoh(&d_out).unwrap().iter().map(|x| x.to_f32()).collect();
         let lse = s.clone_dtoh(&d_lse).unwrap();
         let (wo, wl) = decode_f64(&q, shape, &hc.paged(), &hc.bytes, &Selection::Dense { lens }, default_scale());
-        check(&format!("graph dense lens {lens:?}"), &out, &lse, &wo, &wl);
+        check(&format!("{path:?} graph dense lens {lens:?}"), &out, &lse, &wo, &wl);
         let out = s.clone_dtoh(&d_sout).unwrap();
         let lse = s.clone_dtoh(&d_slse).unwrap();
         let sel = Selection::Sparse { indices: idx, k, topk_len: None };
