@@ -20,16 +20,19 @@ __device__ __forceinline__ void kv_fill(const DcpKvFillParams& p) {
     const int64_t local = local_of(pos, p.dcp_size, p.interleave);
     const int64_t page_col = local / p.block_size;
     if (page_col >= p.max_pages) return;
-    const int page = ((const int32_t*)p.block_table)[req * p.block_table_stride + page_col];
-    if (page < 0 || page >= p.num_pages) return;
-    const int64_t slot = (int64_t)page * p.block_size + local % p.block_size;
 
     // c_kv: lane owns values [16·lane, 16·lane + 16) as two 16-byte vectors; k_pe: lanes 0..7
-    // own one 16-byte vector each.
+    // own one 16-byte vector each. Loaded before the block-table entry is known, so the two
+    // loads overlap (two dependent memory round trips per token, not three); a token whose page
+    // turns out invalid has been read for nothing, which only a bad table causes.
     const uint4* ckv = (const uint4*)((const __nv_bfloat16*)p.ckv + token * p.ckv_stride);
     const uint4* kpe = (const uint4*)((const __nv_bfloat16*)p.kpe + token * p.kpe_stride);
     uint4 c0 = ckv[2 * lane], c1 = ckv[2 * lane + 1];
     uint4 r = lane < 8 ? kpe[lane] : make_uint4(0, 0, 0, 0);
+
+    const int page = ((const int32_t*)p.block_table)[req * p.block_table_stride + page_col];
+    if (page < 0 || page >= p.num_pages) return;
+    const int64_t slot = (int64_t)page * p.block_size + local % p.block_size;
 
     if constexpr (Format == KvFormat::Bf16) {
         uint4* row = (uint4*)((__nv_bfloat16*)p.cache + slot * kDimQk);
@@ -38,32 +41,35 @@ __device__ __forceinline__ void kv_fill(const DcpKvFillParams& p) {
         if (lane < 8) row[kDimLatent / 8 + lane] = r;
     } else {
         uint8_t* row = (uint8_t*)p.cache + slot * kFp8RowBytes;
-        float x[16];
+        // k_pe first: its registers are free before the quantisation needs its own.
+        if (lane < 8) ((uint4*)(row + kFp8RopeOffset))[lane] = r;
+        // The 16 values are widened from c0/c1 where used rather than kept as 16 floats, which
+        // keeps the kernel at 8 blocks of 256 per SM (one wave for 8192 tokens on an H200).
         const __nv_bfloat16* h0 = (const __nv_bfloat16*)&c0;
         const __nv_bfloat16* h1 = (const __nv_bfloat16*)&c1;
         float amax = 0.0f;
 #pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            x[i] = __bfloat162float(h0[i]);
-            x[8 + i] = __bfloat162float(h1[i]);
-            amax = fmaxf(amax, fmaxf(fabsf(x[i]), fabsf(x[8 + i])));
-        }
+        for (int i = 0; i < 8; ++i)
+            amax = fmaxf(amax, fmaxf(fabsf(__bfloat162float(h0[i])), fabsf(__bfloat162float(h1[i]))));
         // group g = channels [128g, 128g + 128) = lanes [8g, 8g + 8)
 #pragma unroll
         for (int m = 1; m < 8; m <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
         const float scale = fp8_group_scale(amax);
+        // The scale is a power of two (or +inf), so 1/scale is exact and x · (1/scale) is the
+        // correctly rounded x / scale: the same bits as the division, without its slow path.
+        const float inv_scale = __frcp_rn(scale);
         uint32_t packed[4];
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
+            const __nv_bfloat16* h = i < 2 ? h0 : h1;
             uint32_t w = 0;
 #pragma unroll
             for (int j = 0; j < 4; ++j)
-                w |= (uint32_t)fp8_e4m3_encode(__fdiv_rn(x[4 * i + j], scale)) << (8 * j);
+                w |= (uint32_t)fp8_e4m3_encode(__fmul_rn(__bfloat162float(h[4 * (i & 1) + j]), inv_scale)) << (8 * j);
             packed[i] = w;
         }
         ((uint4*)row)[lane] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
         if ((lane & 7) == 0) ((float*)(row + kFp8ScaleOffset))[lane >> 3] = scale;
-        if (lane < 8) ((uint4*)(row + kFp8RopeOffset))[lane] = r;
     }
 }
 
