@@ -156,10 +156,14 @@ __device__ __forceinline__ void combine_ag_rs_correct(const DcpAgRsCorrectParams
     const int64_t t = row / p.num_heads;
     const int64_t h = row - t * p.num_heads;
 
-    const T* src = (const T*)p.out + row * kCombineRow;
-    float v[kCombinePerLane / E][E];
+    // The row is held as loaded (16 bytes per group) and widened to fp32 only when scaled: a
+    // bf16 row then takes 8 registers, not 16, which keeps 8 blocks of 256 resident per SM.
+    constexpr int G = kCombinePerLane / E;
+    static_assert(E * sizeof(T) == 16, "one 16-byte vector per group");
+    const uint4* src = (const uint4*)((const T*)p.out + row * kCombineRow);
+    uint4 raw[G];
 #pragma unroll
-    for (int g = 0; g < kCombinePerLane / E; ++g) combine_load<E>(src + combine_offset<E>(g, lane), v[g]);
+    for (int g = 0; g < G; ++g) raw[g] = src[g * 32 + lane];
 
     const float* lse_all = (const float*)p.lse_all;
     float lse[kCombineMaxRanks], m, s;
@@ -175,10 +179,12 @@ __device__ __forceinline__ void combine_ag_rs_correct(const DcpAgRsCorrectParams
         return;
     }
 #pragma unroll
-    for (int g = 0; g < kCombinePerLane / E; ++g) {
+    for (int g = 0; g < G; ++g) {
+        float v[E];
+        combine_load<E>((const T*)&raw[g], v);
 #pragma unroll
-        for (int i = 0; i < E; ++i) v[g][i] *= c;
-        combine_store<E>(dst + combine_offset<E>(g, lane), v[g]);
+        for (int i = 0; i < E; ++i) v[i] *= c;
+        combine_store<E>(dst + combine_offset<E>(g, lane), v);
     }
 }
 
