@@ -24,7 +24,11 @@ fn demo() -> PathBuf {
     }
     let dir = profile_dir();
     let lib = dir.join("libdcp_mla_ffi.a");
-    assert!(lib.exists(), "{} is missing: cargo builds it with this test's library", lib.display());
+    assert!(
+        lib.exists(),
+        "{} is missing: run `cargo build --workspace` first (cargo test does not build staticlibs)",
+        lib.display()
+    );
     let ffi = Path::new(env!("CARGO_MANIFEST_DIR"));
     let out = dir.join("dcp_mla_demo");
     let target = env!("DCP_MLA_FFI_TARGET");
