@@ -244,6 +244,27 @@ fn mtp_lens(totals: &[usize], nq: usize, dcp: DcpLayout, r: usize) -> Vec<i32> {
 /// (request totals, q, H, block size, layout, rank).
 type DenseCase = (&'static [usize], usize, usize, usize, DcpLayout, usize);
 
+/// A batch of 64 short requests of varied lengths (0, 1, block edges and up to 180), so b = 64
+/// stays cheap for the fp64 reference.
+static BATCH_64_TOTALS: [usize; 64] = batch_64_totals();
+
+const fn batch_64_totals() -> [usize; 64] {
+    let mut t = [0usize; 64];
+    let mut i = 0;
+    while i < 64 {
+        t[i] = (i * 37 + 11) % 181;
+        i += 1;
+    }
+    t[0] = 0;
+    t[1] = 1;
+    t[2] = 15;
+    t[3] = 16;
+    t[4] = 17;
+    t[5] = 64;
+    t[6] = 65;
+    t
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn dense_bf16_matches_reference() {
@@ -259,6 +280,9 @@ fn dense_bf16_matches_reference() {
         (&[70], 6, 128, 64, one, 0),
         (&[4096], 1, 64, 64, one, 0),
         (&[4096, 17], 2, 32, 64, two, 0),
+        (&BATCH_64_TOTALS, 2, 16, 16, one, 0),
+        // the longest context of the matrix; b = 1 keeps the fp64 reference near 0.6 s
+        (&[16384], 1, 32, 64, one, 0),
     ];
     let sms = num_sms();
     for (n, &(totals, nq, heads, block_size, dcp, rank)) in cases.iter().enumerate() {
@@ -365,6 +389,7 @@ fn sparse_matches_reference() {
         (KvFormat::Fp8_656, 1, 4, 32, 2048, true, &[]),
         (KvFormat::Bf16, 2, 6, 16, 512, true, &[5]),
         (KvFormat::Fp8_656, 1, 1, 16, 512, false, &[0]),
+        (KvFormat::Bf16, 2, 2, 32, 2048, true, &[2]),
     ];
     for (n, &(format, batch, nq, heads, k, with_len, empty)) in cases.iter().enumerate() {
         let shape = QueryShape { batch, rows: nq, heads };
@@ -399,9 +424,9 @@ fn sparse_matches_reference() {
     }
 }
 
-/// Shards sequences over D ranks (each rank's cache holds only its tokens, NaN elsewhere), runs
-/// the per-shard dense kernel with fp32 output, merges with the reference merge, and compares
-/// with attention over the whole sequence.
+/// Shards sequences over D ∈ {2, 4, 8} ranks on one GPU (each rank's cache holds only its
+/// tokens, NaN elsewhere), runs the per-shard dense kernel with fp32 output, merges with the
+/// reference merge, and compares with attention over the whole sequence.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn dcp_identity_dense() {
@@ -425,7 +450,9 @@ fn dcp_identity_dense() {
     }
     let (want_out, want_lse) =
         decode_f64(&q, shape, &full.paged(), &full.bytes, &Selection::Dense { lens: &full_lens }, default_scale());
-    for (path, (d, interleave)) in dense_paths().into_iter().flat_map(|p| [(2, 1), (4, 1), (4, 2)].map(|c| (p, c))) {
+    for (path, (d, interleave)) in
+        dense_paths().into_iter().flat_map(|p| [(2, 1), (4, 1), (4, 2), (8, 1), (8, 2)].map(|c| (p, c)))
+    {
         let dcp = DcpLayout { size: d, interleave };
         let mut outs = Vec::new();
         let mut lses = Vec::new();
