@@ -102,15 +102,22 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[Tile / 2], uint64_t da, uint
 
 }  // namespace decode_sm90
 
-template <int Tile, int Stages>
+// Overlap = 1: P·V of tile i stays in flight (no wait) across the next iteration's barrier, S
+// issue and refill; the single wait after S completes both, so the tensor cores are not idle while
+// threads drain P·V, meet at the barrier, fetch the block-table entry and issue the next S. No
+// accumulator is read while a wgmma is open (ptxas C7514). A buffer is then free only once the
+// next iteration has waited, so the refill runs Stages − 2 tiles ahead (needs Stages ≥ 3).
+template <int Tile, int Stages, int Overlap>
 __device__ __forceinline__ void mla_decode_sm90(const DcpMlaDecodeParams& p) {
     static_assert(Tile == 32 || Tile == 64, "S tile is one wgmma m64nTile");
     static_assert(Stages >= 2, "a ring of at least two buffers");
+    static_assert(Overlap == 0 || Stages >= 3, "the overlapped schedule refills Stages - 2 tiles ahead");
     static_assert(decode_sm90::shared_bytes<Tile, Stages>() <= 227 * 1024, "fits one H100/H200 CTA");
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using namespace decode_sm90;
     constexpr int kTilePerThread = kThreads / Tile;  // threads loading one token row
     constexpr int kSRegs = Tile / 2;
+    constexpr int kAhead = Overlap ? Stages - 2 : Stages - 1;  // tiles loaded ahead of the one in use
     {
         uint32_t dyn;
         asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
@@ -176,7 +183,7 @@ __device__ __forceinline__ void mla_decode_sm90(const DcpMlaDecodeParams& p) {
         }
     };
 #pragma unroll
-    for (int s = 0; s < Stages - 1; ++s) {
+    for (int s = 0; s < kAhead; ++s) {
         if (tile_begin + s < tile_end) issue_tile(tile_begin + s, s);
         decode::cp_async_commit();
     }
@@ -189,10 +196,16 @@ __device__ __forceinline__ void mla_decode_sm90(const DcpMlaDecodeParams& p) {
 
     for (int tile = tile_begin; tile < tile_end; ++tile) {
         const int i = tile - tile_begin, stage = i % Stages;
-        // the buffer refilled here was last read in iteration i − 1, which ended in a barrier
-        if (tile + Stages - 1 < tile_end) issue_tile(tile + Stages - 1, (i + Stages - 1) % Stages);
-        decode::cp_async_commit();
-        decode::cp_async_wait<Stages - 1>();
+        if constexpr (Overlap) {
+            // groups committed so far cover tiles up to i + Stages − 3: all but the newest
+            // Stages − 3 are complete, so tile i is
+            decode::cp_async_wait<Stages - 3>();
+        } else {
+            // the buffer refilled here was last read in iteration i − 1, which ended in a barrier
+            if (tile + Stages - 1 < tile_end) issue_tile(tile + Stages - 1, (i + Stages - 1) % Stages);
+            decode::cp_async_commit();
+            decode::cp_async_wait<Stages - 1>();
+        }
         fence_proxy_async();  // this thread's cp.async writes, before wgmma reads them
         __syncthreads();
         const uint32_t tile_addr = kv_addr + stage * (Tile * kDimQk * 2);
@@ -211,8 +224,15 @@ __device__ __forceinline__ void mla_decode_sm90(const DcpMlaDecodeParams& p) {
             wgmma_ss<Tile>(s, da, db);
         }
         wgmma_commit();
-        wgmma_wait0();
+        if constexpr (Overlap) {
+            // buffer (i − 2) mod Stages: its S and P·V were complete in every thread before the
+            // barrier above (each waited in iteration i − 1); filled while S and P·V run
+            if (tile + Stages - 2 < tile_end) issue_tile(tile + Stages - 2, (i + Stages - 2) % Stages);
+            decode::cp_async_commit();
+        }
+        wgmma_wait0();  // Overlap: also completes P·V of tile i − 1 before o is rescaled
         fence_regs(s);
+        if constexpr (Overlap) fence_regs(o);
 
         // ---- softmax: each thread holds rows g, g+8 of its warp's 16 rows, columns 8j + 2t4 (+1) ----
         const int* valid = sValid + stage * Tile;
@@ -269,9 +289,15 @@ __device__ __forceinline__ void mla_decode_sm90(const DcpMlaDecodeParams& p) {
             wgmma_rs_n256(o, p_lo[kk], dv);
         }
         wgmma_commit();
-        wgmma_wait0();
+        if constexpr (!Overlap) {
+            wgmma_wait0();
+            fence_regs(o);
+            __syncthreads();  // every warpgroup is done with this buffer before it is refilled
+        }
+    }
+    if constexpr (Overlap) {
+        wgmma_wait0();  // the last P·V
         fence_regs(o);
-        __syncthreads();  // every warpgroup is done with this buffer before it is refilled
     }
     decode::cp_async_wait<0>();
 

@@ -168,8 +168,17 @@ pub enum DecodePath {
 }
 
 /// The (tile, stages) variants of the wgmma dense kernel that kernels.toml ships; the first is
-/// the default.
-pub const SM90_VARIANTS: [(u32, u32); 2] = [(64, 2), (32, 4)];
+/// the default. Each pair names one kernel; its schedule (the `overlap` axis) is
+/// [`SM90_OVERLAP`] at the same index.
+pub const SM90_VARIANTS: [(u32, u32); 3] = [(64, 2), (32, 4), (32, 3)];
+
+/// The `overlap` axis of each [`SM90_VARIANTS`] entry: 1 keeps tile i's P·V in flight across
+/// tile i + 1's barrier, S issue and refill (decode_sm90.cuh).
+pub const SM90_OVERLAP: [u32; 3] = [0, 0, 1];
+
+fn sm90_overlap(tile: u32, stages: u32) -> Option<u32> {
+    SM90_VARIANTS.iter().position(|&v| v == (tile, stages)).map(|i| SM90_OVERLAP[i])
+}
 
 /// Dynamic shared memory of one wgmma decode CTA; mirrors `decode_sm90::shared_bytes`: 1024
 /// bytes of alignment slack, Q, `stages` KV tiles and a validity flag per token.
@@ -182,8 +191,17 @@ fn env_path() -> Option<DecodePath> {
     *PATH.get_or_init(|| match std::env::var("DCP_MLA_DECODE_PATH").as_deref() {
         Ok("mma") => Some(DecodePath::Mma),
         Ok("wgmma") => Some(DecodePath::Wgmma { tile: SM90_VARIANTS[0].0, stages: SM90_VARIANTS[0].1 }),
+        Ok(s) => parse_wgmma_variant(s),
         _ => None,
     })
+}
+
+/// `wgmma-<tile>x<stages>` (e.g. `wgmma-32x3`), one of [`SM90_VARIANTS`], for benchmarking a
+/// variant that is not the default.
+fn parse_wgmma_variant(s: &str) -> Option<DecodePath> {
+    let (tile, stages) = s.strip_prefix("wgmma-")?.split_once('x')?;
+    let (tile, stages) = (tile.parse().ok()?, stages.parse().ok()?);
+    sm90_overlap(tile, stages).map(|_| DecodePath::Wgmma { tile, stages })
 }
 
 /// The kernel and its shared memory for a dense launch on `dev`; `None`: `path` cannot run
@@ -194,7 +212,9 @@ fn dense_kernel(dev: &Device, path: DecodePath) -> Option<(KernelId, usize)> {
         if dev.compute_capability() != (9, 0) {
             return None;
         }
-        registry::mla_decode_sm90(tile, stages).map(|id| (id, decode_sm90_shared_bytes(tile as usize, stages as usize)))
+        let overlap = sm90_overlap(tile, stages)?;
+        registry::mla_decode_sm90(tile, stages, overlap)
+            .map(|id| (id, decode_sm90_shared_bytes(tile as usize, stages as usize)))
     };
     match path {
         DecodePath::Mma => mma(),
@@ -450,14 +470,23 @@ mod tests {
     #[test]
     fn sm90_variants_fit_hopper_and_are_built() {
         // sm_90's opt-in limit is 227 KiB per block.
-        for (tile, stages) in SM90_VARIANTS {
+        for ((tile, stages), overlap) in SM90_VARIANTS.into_iter().zip(SM90_OVERLAP) {
             let bytes = decode_sm90_shared_bytes(tile as usize, stages as usize);
             assert!(bytes <= 227 * 1024, "tile {tile} stages {stages}: {bytes}");
             assert!(
-                registry::mla_decode_sm90(tile, stages).is_some(),
-                "tile {tile} stages {stages} not in kernels.toml"
+                registry::mla_decode_sm90(tile, stages, overlap).is_some(),
+                "tile {tile} stages {stages} overlap {overlap} not in kernels.toml"
             );
         }
         assert_eq!(decode_sm90_shared_bytes(64, 2), 1024 + 73_728 + 2 * 64 * 1156);
+    }
+
+    #[test]
+    fn wgmma_variant_names_parse() {
+        assert_eq!(parse_wgmma_variant("wgmma-32x3"), Some(DecodePath::Wgmma { tile: 32, stages: 3 }));
+        assert_eq!(parse_wgmma_variant("wgmma-64x2"), Some(DecodePath::Wgmma { tile: 64, stages: 2 }));
+        assert_eq!(parse_wgmma_variant("wgmma-64x3"), None, "not shipped");
+        assert_eq!(parse_wgmma_variant("wgmma-32"), None);
+        assert_eq!(parse_wgmma_variant("mma"), None);
     }
 }
