@@ -102,22 +102,23 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[Tile / 2], uint64_t da, uint
 
 }  // namespace decode_sm90
 
-// Overlap = 1: P·V of tile i stays in flight (no wait) across the next iteration's barrier, S
-// issue and refill; the single wait after S completes both, so the tensor cores are not idle while
-// threads drain P·V, meet at the barrier, fetch the block-table entry and issue the next S. No
-// accumulator is read while a wgmma is open (ptxas C7514). A buffer is then free only once the
-// next iteration has waited, so the refill runs Stages − 2 tiles ahead (needs Stages ≥ 3).
+// Overlap = 1: P·V of tile i stays in flight (no wait) across the next iteration's barrier and S
+// issue; the single wait after S completes both, so the tensor cores are not idle while threads
+// drain P·V, meet at the barrier and issue the next S. No accumulator is read while a wgmma is
+// open (ptxas C7514). Once its wait is over, a warpgroup alone refills the part of buffer
+// (i − 1) mod Stages that only it still read (its 4 V blocks; block 8, the rope dims, is read by
+// S only, done before the barrier: its chunks are split between the warpgroups), so no CTA
+// barrier is added and the ring still runs Stages − 1 tiles ahead; the block-table entries of
+// that refill are read while S runs.
 template <int Tile, int Stages, int Overlap>
 __device__ __forceinline__ void mla_decode_sm90(const DcpMlaDecodeParams& p) {
     static_assert(Tile == 32 || Tile == 64, "S tile is one wgmma m64nTile");
     static_assert(Stages >= 2, "a ring of at least two buffers");
-    static_assert(Overlap == 0 || Stages >= 3, "the overlapped schedule refills Stages - 2 tiles ahead");
     static_assert(decode_sm90::shared_bytes<Tile, Stages>() <= 227 * 1024, "fits one H100/H200 CTA");
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using namespace decode_sm90;
     constexpr int kTilePerThread = kThreads / Tile;  // threads loading one token row
     constexpr int kSRegs = Tile / 2;
-    constexpr int kAhead = Overlap ? Stages - 2 : Stages - 1;  // tiles loaded ahead of the one in use
     {
         uint32_t dyn;
         asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
@@ -165,14 +166,19 @@ __device__ __forceinline__ void mla_decode_sm90(const DcpMlaDecodeParams& p) {
         decode::cp_async16(sQ + swizzled(kRows, r, part), src, ok);
     }
     const int ld_tok = tid / kTilePerThread, ld_part = tid % kTilePerThread;
-    auto issue_tile = [&](int tile, int stage) {
-        const int pos = tile * Tile + ld_tok;
-        int64_t row = -1;  // cache row (page·B + slot) of this thread's token, or -1: unread
+    // cache row (page·B + slot) of token `tok` of `tile`, or -1: unread
+    auto token_row = [&](int tile, int tok) -> int64_t {
+        const int pos = tile * Tile + tok;
+        int64_t row = -1;
         if (pos < n_tokens) {
             const int page =
                 ((const int32_t*)p.block_table)[(int64_t)req * p.block_table_stride + pos / p.block_size];
             if (page >= 0 && page < p.num_pages) row = (int64_t)page * p.block_size + pos % p.block_size;
         }
+        return row;
+    };
+    auto issue_tile = [&](int tile, int stage) {
+        const int64_t row = token_row(tile, ld_tok);
         if (ld_part == 0) sValid[stage * Tile + ld_tok] = row >= 0;
         const __nv_bfloat16* src = (const __nv_bfloat16*)p.cache + (row >= 0 ? row * kDimQk : 0);
         unsigned char* dst = sKV + stage * (Tile * kDimQk * 2);
@@ -182,8 +188,22 @@ __device__ __forceinline__ void mla_decode_sm90(const DcpMlaDecodeParams& p) {
             decode::cp_async16(dst + swizzled(Tile, ld_tok, c), src + 8 * c, row >= 0);
         }
     };
+    // Overlap: the warpgroup's share of a tile, 36 of a token's 72 chunks, kWgPerTok threads per token
+    constexpr int kWgPerTok = 128 / Tile;
+    const int wg_tok = (tid & 127) / kWgPerTok, wg_part = (tid & 127) % kWgPerTok;
+    auto issue_tile_half = [&](int64_t row, int stage) {
+        if (wg == 0 && wg_part == 0) sValid[stage * Tile + wg_tok] = row >= 0;
+        const __nv_bfloat16* src = (const __nv_bfloat16*)p.cache + (row >= 0 ? row * kDimQk : 0);
+        unsigned char* dst = sKV + stage * (Tile * kDimQk * 2);
 #pragma unroll
-    for (int s = 0; s < kAhead; ++s) {
+        for (int k = 0; k < 36 / kWgPerTok; ++k) {
+            const int j = wg_part + kWgPerTok * k;  // 0..35
+            const int c = j < 32 ? 32 * wg + j : 64 + 4 * wg + (j - 32);
+            decode::cp_async16(dst + swizzled(Tile, wg_tok, c), src + 8 * c, row >= 0);
+        }
+    };
+#pragma unroll
+    for (int s = 0; s < Stages - 1; ++s) {
         if (tile_begin + s < tile_end) issue_tile(tile_begin + s, s);
         decode::cp_async_commit();
     }
@@ -197,9 +217,9 @@ __device__ __forceinline__ void mla_decode_sm90(const DcpMlaDecodeParams& p) {
     for (int tile = tile_begin; tile < tile_end; ++tile) {
         const int i = tile - tile_begin, stage = i % Stages;
         if constexpr (Overlap) {
-            // groups committed so far cover tiles up to i + Stages − 3: all but the newest
-            // Stages − 3 are complete, so tile i is
-            decode::cp_async_wait<Stages - 3>();
+            // groups committed so far cover tiles up to i + Stages − 2: all but the newest
+            // Stages − 2 are complete, so tile i is
+            decode::cp_async_wait<Stages - 2>();
         } else {
             // the buffer refilled here was last read in iteration i − 1, which ended in a barrier
             if (tile + Stages - 1 < tile_end) issue_tile(tile + Stages - 1, (i + Stages - 1) % Stages);
@@ -224,15 +244,19 @@ __device__ __forceinline__ void mla_decode_sm90(const DcpMlaDecodeParams& p) {
             wgmma_ss<Tile>(s, da, db);
         }
         wgmma_commit();
-        if constexpr (Overlap) {
-            // buffer (i − 2) mod Stages: its S and P·V were complete in every thread before the
-            // barrier above (each waited in iteration i − 1); filled while S and P·V run
-            if (tile + Stages - 2 < tile_end) issue_tile(tile + Stages - 2, (i + Stages - 2) % Stages);
-            decode::cp_async_commit();
-        }
+        const bool refill = Overlap && tile + Stages - 1 < tile_end;
+        int64_t refill_row = -1;
+        if (refill) refill_row = token_row(tile + Stages - 1, wg_tok);  // read while S runs
         wgmma_wait0();  // Overlap: also completes P·V of tile i − 1 before o is rescaled
         fence_regs(s);
-        if constexpr (Overlap) fence_regs(o);
+        if constexpr (Overlap) {
+            fence_regs(o);
+            // every warp of this warpgroup is past its wait: its P·V of tile i − 1 no longer reads
+            // buffer (i − 1) mod Stages (in iteration 0 that buffer was never used)
+            asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
+            if (refill) issue_tile_half(refill_row, (i + Stages - 1) % Stages);
+            decode::cp_async_commit();
+        }
 
         // ---- softmax: each thread holds rows g, g+8 of its warp's 16 rows, columns 8j + 2t4 (+1) ----
         const int* valid = sValid + stage * Tile;

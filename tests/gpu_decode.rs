@@ -196,6 +196,7 @@ fn dense_paths() -> Vec<DecodePath> {
     let mut v = vec![DecodePath::Mma];
     if gpu().compute_capability() == (9, 0) {
         v.extend(SM90_VARIANTS.iter().map(|&(tile, stages)| DecodePath::Wgmma { tile, stages }));
+        v.extend(SM90_OVERLAP_VARIANTS.iter().map(|&(tile, stages)| DecodePath::WgmmaOverlap { tile, stages }));
     }
     v
 }

@@ -165,20 +165,17 @@ pub enum DecodePath {
     /// The wgmma kernel (sm_90a only), `kernels-src/decode_sm90.cuh`: `tile` KV tokens per
     /// S = Q·Kᵀ step (32 or 64) and a ring of `stages` buffers; see [`SM90_VARIANTS`].
     Wgmma { tile: u32, stages: u32 },
+    /// The wgmma kernel with the overlapped schedule (`overlap = 1` in kernels.toml): tile i's
+    /// P·V stays in flight across tile i + 1's barrier and S; see [`SM90_OVERLAP_VARIANTS`].
+    WgmmaOverlap { tile: u32, stages: u32 },
 }
 
-/// The (tile, stages) variants of the wgmma dense kernel that kernels.toml ships; the first is
-/// the default. Each pair names one kernel; its schedule (the `overlap` axis) is
-/// [`SM90_OVERLAP`] at the same index.
-pub const SM90_VARIANTS: [(u32, u32); 3] = [(64, 2), (32, 4), (32, 3)];
+/// The (tile, stages) variants of the wgmma dense kernel that kernels.toml ships with the
+/// plain schedule (`overlap = 0`); the first is the default.
+pub const SM90_VARIANTS: [(u32, u32); 2] = [(64, 2), (32, 4)];
 
-/// The `overlap` axis of each [`SM90_VARIANTS`] entry: 1 keeps tile i's P·V in flight across
-/// tile i + 1's barrier, S issue and refill (decode_sm90.cuh).
-pub const SM90_OVERLAP: [u32; 3] = [0, 0, 1];
-
-fn sm90_overlap(tile: u32, stages: u32) -> Option<u32> {
-    SM90_VARIANTS.iter().position(|&v| v == (tile, stages)).map(|i| SM90_OVERLAP[i])
-}
+/// The (tile, stages) variants shipped with the overlapped schedule (`overlap = 1`).
+pub const SM90_OVERLAP_VARIANTS: [(u32, u32); 2] = [(64, 2), (32, 3)];
 
 /// Dynamic shared memory of one wgmma decode CTA; mirrors `decode_sm90::shared_bytes`: 1024
 /// bytes of alignment slack, Q, `stages` KV tiles and a validity flag per token.
@@ -196,32 +193,41 @@ fn env_path() -> Option<DecodePath> {
     })
 }
 
-/// `wgmma-<tile>x<stages>` (e.g. `wgmma-32x3`), one of [`SM90_VARIANTS`], for benchmarking a
-/// variant that is not the default.
+/// `wgmma-<tile>x<stages>` (one of [`SM90_VARIANTS`]) or `wgmma-overlap-<tile>x<stages>` (one
+/// of [`SM90_OVERLAP_VARIANTS`]), for benchmarking a variant that is not the default.
 fn parse_wgmma_variant(s: &str) -> Option<DecodePath> {
-    let (tile, stages) = s.strip_prefix("wgmma-")?.split_once('x')?;
-    let (tile, stages) = (tile.parse().ok()?, stages.parse().ok()?);
-    sm90_overlap(tile, stages).map(|_| DecodePath::Wgmma { tile, stages })
+    let rest = s.strip_prefix("wgmma-")?;
+    let (overlap, rest) = match rest.strip_prefix("overlap-") {
+        Some(r) => (true, r),
+        None => (false, rest),
+    };
+    let (tile, stages) = rest.split_once('x')?;
+    let pair = (tile.parse().ok()?, stages.parse().ok()?);
+    let (tile, stages) = pair;
+    match overlap {
+        false => SM90_VARIANTS.contains(&pair).then_some(DecodePath::Wgmma { tile, stages }),
+        true => SM90_OVERLAP_VARIANTS.contains(&pair).then_some(DecodePath::WgmmaOverlap { tile, stages }),
+    }
 }
 
 /// The kernel and its shared memory for a dense launch on `dev`; `None`: `path` cannot run
 /// here (wgmma asked for on a device that is not compute capability 9.0, or not built).
 fn dense_kernel(dev: &Device, path: DecodePath) -> Option<(KernelId, usize)> {
     let mma = || registry::mla_decode(axes::Kv::DenseBf16).map(|id| (id, decode_shared_bytes(KvFormat::Bf16)));
-    let wgmma = |tile: u32, stages: u32| {
+    let wgmma = |tile: u32, stages: u32, overlap: u32| {
         if dev.compute_capability() != (9, 0) {
             return None;
         }
-        let overlap = sm90_overlap(tile, stages)?;
         registry::mla_decode_sm90(tile, stages, overlap)
             .map(|id| (id, decode_sm90_shared_bytes(tile as usize, stages as usize)))
     };
     match path {
         DecodePath::Mma => mma(),
-        DecodePath::Wgmma { tile, stages } => wgmma(tile, stages),
+        DecodePath::Wgmma { tile, stages } => wgmma(tile, stages, 0),
+        DecodePath::WgmmaOverlap { tile, stages } => wgmma(tile, stages, 1),
         DecodePath::Auto => match env_path() {
             Some(p) => dense_kernel(dev, p),
-            None => wgmma(SM90_VARIANTS[0].0, SM90_VARIANTS[0].1).or_else(mma),
+            None => wgmma(SM90_VARIANTS[0].0, SM90_VARIANTS[0].1, 0).or_else(mma),
         },
     }
 }
@@ -470,7 +476,8 @@ mod tests {
     #[test]
     fn sm90_variants_fit_hopper_and_are_built() {
         // sm_90's opt-in limit is 227 KiB per block.
-        for ((tile, stages), overlap) in SM90_VARIANTS.into_iter().zip(SM90_OVERLAP) {
+        let plain = SM90_VARIANTS.into_iter().map(|v| (v, 0));
+        for ((tile, stages), overlap) in plain.chain(SM90_OVERLAP_VARIANTS.into_iter().map(|v| (v, 1))) {
             let bytes = decode_sm90_shared_bytes(tile as usize, stages as usize);
             assert!(bytes <= 227 * 1024, "tile {tile} stages {stages}: {bytes}");
             assert!(
@@ -483,8 +490,11 @@ mod tests {
 
     #[test]
     fn wgmma_variant_names_parse() {
-        assert_eq!(parse_wgmma_variant("wgmma-32x3"), Some(DecodePath::Wgmma { tile: 32, stages: 3 }));
+        assert_eq!(parse_wgmma_variant("wgmma-32x4"), Some(DecodePath::Wgmma { tile: 32, stages: 4 }));
         assert_eq!(parse_wgmma_variant("wgmma-64x2"), Some(DecodePath::Wgmma { tile: 64, stages: 2 }));
+        let overlap = Some(DecodePath::WgmmaOverlap { tile: 32, stages: 3 });
+        assert_eq!(parse_wgmma_variant("wgmma-overlap-32x3"), overlap);
+        assert_eq!(parse_wgmma_variant("wgmma-32x3"), None, "shipped with the overlapped schedule only");
         assert_eq!(parse_wgmma_variant("wgmma-64x3"), None, "not shipped");
         assert_eq!(parse_wgmma_variant("wgmma-32"), None);
         assert_eq!(parse_wgmma_variant("mma"), None);
