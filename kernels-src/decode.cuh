@@ -102,6 +102,42 @@ __device__ __forceinline__ uint4 dequant8(uint2 raw, float scale) {
     return make_uint4(out[0], out[1], out[2], out[3]);
 }
 
+// The epilogue of both decode kernels: a thread's two rows (row0 and row0 + 8 of its 16-row
+// group) of O / l and lse = (m + log2 l)·ln 2, to out/lse, or with several splits to the fp32
+// workspace. `o(n, e)` is the accumulator of column col0 + 8n + e (e = 0, 1) of row k = e >> 1
+// pairs: o(n, 2k) and o(n, 2k + 1). A row that saw nothing (l = 0) writes 0 and −inf.
+template <typename Acc>
+__device__ __forceinline__ void write_rows(const DcpMlaDecodeParams& p, int split, int64_t req_rows, int row_base,
+                                           int row_limit, int row0, int col0, bool writes_lse, const float (&l)[2],
+                                           const float (&m)[2], Acc o) {
+    const bool to_ws = p.num_splits > 1;
+    const int64_t total_rows = (int64_t)p.batch * p.nq * p.heads;
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+        const int r = row0 + 8 * k;
+        if (r >= row_limit) continue;
+        const float inv = l[k] > 0.0f ? 1.0f / l[k] : 0.0f;
+        const float lse = l[k] > 0.0f ? (m[k] + log2f(l[k])) * kLn2 : -INFINITY;
+        const int64_t grow = req_rows + row_base + r;
+        if (writes_lse) {
+            if (to_ws) ((float*)p.ws_lse)[split * total_rows + grow] = lse;
+            else ((float*)p.lse)[grow] = lse;
+        }
+        if (to_ws || p.out_f32) {
+            float* dst = to_ws ? (float*)p.ws_out + (split * total_rows + grow) * kDimLatent
+                               : (float*)p.out + grow * kDimLatent;
+#pragma unroll
+            for (int n = 0; n < 32; ++n)
+                *(float2*)(dst + col0 + 8 * n) = make_float2(o(n, 2 * k) * inv, o(n, 2 * k + 1) * inv);
+        } else {
+            __nv_bfloat16* dst = (__nv_bfloat16*)p.out + grow * kDimLatent;
+#pragma unroll
+            for (int n = 0; n < 32; ++n)
+                *(uint32_t*)(dst + col0 + 8 * n) = pack_bf16(o(n, 2 * k) * inv, o(n, 2 * k + 1) * inv);
+        }
+    }
+}
+
 }  // namespace decode
 
 template <DecodeKv Kv>
@@ -350,39 +386,14 @@ __device__ __forceinline__ void mla_decode(const DcpMlaDecodeParams& p) {
         if (t4 == 0) sSum[half * kRows + rg * 16 + g + 8 * k] = l_run[k];
     }
     __syncthreads();
-    float inv[2], lse[2];
+    float l_row[2];
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
         const int r = rg * 16 + g + 8 * k;
-        const float l = sSum[r] + sSum[kRows + r];
-        inv[k] = l > 0.0f ? 1.0f / l : 0.0f;
-        lse[k] = l > 0.0f ? (m_run[k] + log2f(l)) * kLn2 : -INFINITY;
+        l_row[k] = sSum[r] + sSum[kRows + r];
     }
-    const bool to_ws = p.num_splits > 1;
-    const int64_t total_rows = (int64_t)p.batch * nq * H;
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-        const int r = rg * 16 + g + 8 * k;
-        if (r >= row_limit) continue;
-        const int64_t grow = req_rows + row_base + r;
-        if (half == 0 && t4 == 0) {
-            if (to_ws) ((float*)p.ws_lse)[split * total_rows + grow] = lse[k];
-            else ((float*)p.lse)[grow] = lse[k];
-        }
-        const int col0 = half * 256 + 2 * t4;
-        if (to_ws || p.out_f32) {
-            float* dst = to_ws ? (float*)p.ws_out + (split * total_rows + grow) * kDimLatent
-                               : (float*)p.out + grow * kDimLatent;
-#pragma unroll
-            for (int n = 0; n < 32; ++n)
-                *(float2*)(dst + col0 + 8 * n) = make_float2(o[n][2 * k] * inv[k], o[n][2 * k + 1] * inv[k]);
-        } else {
-            __nv_bfloat16* dst = (__nv_bfloat16*)p.out + grow * kDimLatent;
-#pragma unroll
-            for (int n = 0; n < 32; ++n)
-                *(uint32_t*)(dst + col0 + 8 * n) = pack_bf16(o[n][2 * k] * inv[k], o[n][2 * k + 1] * inv[k]);
-        }
-    }
+    write_rows(p, split, req_rows, row_base, row_limit, rg * 16 + g, half * 256 + 2 * t4, half == 0 && t4 == 0, l_row,
+               m_run, [&](int n, int e) { return o[n][e]; });
 }
 
 // Merges the splits of each row (SPEC.md §5 with natural-log lse): one CTA of 128 threads per

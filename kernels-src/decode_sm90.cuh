@@ -326,41 +326,16 @@ __device__ __forceinline__ void mla_decode_sm90(const DcpMlaDecodeParams& p) {
     decode::cp_async_wait<0>();
 
     // ---- write: O / l and lse = (m + log2 l)·ln 2; a row that saw nothing: 0 and −inf ----
-    float inv[2], lse[2];
+    float l_row[2];
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
         float l = l_run[k];
         l += __shfl_xor_sync(0xffffffffu, l, 1);
         l += __shfl_xor_sync(0xffffffffu, l, 2);
-        inv[k] = l > 0.0f ? 1.0f / l : 0.0f;
-        lse[k] = l > 0.0f ? (m_run[k] + log2f(l)) * kLn2 : -INFINITY;
+        l_row[k] = l;
     }
-    const bool to_ws = p.num_splits > 1;
-    const int64_t total_rows = (int64_t)p.batch * nq * H;
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-        const int r = wr * 16 + g + 8 * k;
-        if (r >= row_limit) continue;
-        const int64_t grow = req_rows + row_base + r;
-        if (wg == 0 && t4 == 0) {
-            if (to_ws) ((float*)p.ws_lse)[split * total_rows + grow] = lse[k];
-            else ((float*)p.lse)[grow] = lse[k];
-        }
-        const int col0 = wg * 256 + 2 * t4;
-        if (to_ws || p.out_f32) {
-            float* dst = to_ws ? (float*)p.ws_out + (split * total_rows + grow) * kDimLatent
-                               : (float*)p.out + grow * kDimLatent;
-#pragma unroll
-            for (int n = 0; n < 32; ++n)
-                *(float2*)(dst + col0 + 8 * n) = make_float2(o[4 * n + 2 * k] * inv[k], o[4 * n + 2 * k + 1] * inv[k]);
-        } else {
-            __nv_bfloat16* dst = (__nv_bfloat16*)p.out + grow * kDimLatent;
-#pragma unroll
-            for (int n = 0; n < 32; ++n)
-                *(uint32_t*)(dst + col0 + 8 * n) =
-                    decode::pack_bf16(o[4 * n + 2 * k] * inv[k], o[4 * n + 2 * k + 1] * inv[k]);
-        }
-    }
+    decode::write_rows(p, split, req_rows, row_base, row_limit, wr * 16 + g, wg * 256 + 2 * t4, wg == 0 && t4 == 0,
+                       l_row, m_run, [&](int n, int e) { return o[4 * n + e]; });
 #elif defined(__CUDA_ARCH__)
     __trap();  // sm_90a only: the launcher never picks this family elsewhere
 #endif
