@@ -202,9 +202,13 @@ fn demo_rejects_bad_configurations() {
 }
 
 #[test]
-fn bench_without_a_gpu_exits_2() {
+fn bench_exits_2_without_a_gpu_and_measures_with_one() {
     if Device::open(0).is_ok() {
-        eprintln!("a GPU is present: `bench` runs there, nothing to check here");
+        // With a GPU: one small row, measured against the same run's copy ceiling.
+        let o = run(&["bench", "--filter", "kv_fill Bf16 tokens=128", "--warmup", "1", "--reps", "3"]);
+        let (out, err) = text(&o);
+        assert!(o.status.success(), "{out}\n{err}");
+        assert!(out.contains("copy ceiling") && out.contains("kv_fill Bf16 tokens=128"), "{out}");
         return;
     }
     let o = run(&["bench"]);
