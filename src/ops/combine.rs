@@ -14,7 +14,6 @@ use super::to_i32;
 use crate::abi::{DcpA2aCombineParams, DcpA2aPackParams, DcpAgRsCorrectParams, DcpAgRsFinishParams, DcpMergeTwoParams};
 use crate::error::{Error, Result};
 use crate::formats::{LseBase, D_V};
-use crate::reference::merge::a2a_slot_bytes;
 use crate::runtime::registry::{self, axes, KernelId};
 use crate::runtime::{Device, DeviceSlice, Stream};
 use half::bf16;
@@ -69,10 +68,10 @@ impl CombineRows {
     }
 }
 
-/// The a2a slot size rounded up to 16 bytes, so that every slot of a [D, slot] buffer starts
-/// 16-byte aligned. Equals the tight [`a2a_slot_bytes`] whenever T·H_l is a multiple of 4.
+/// The a2a slot size the launchers accept: the planner's
+/// [`crate::planner::workspace::a2a_slot_bytes_aligned`].
 pub fn a2a_aligned_slot_bytes(num_tokens: usize, local_heads: usize) -> usize {
-    a2a_slot_bytes(num_tokens, local_heads).next_multiple_of(16)
+    crate::planner::workspace::a2a_slot_bytes_aligned(num_tokens, local_heads)
 }
 
 /// Arguments of [`ag_rs_correct`] on rank `rank` of a group of `dcp_size`, H = dcp_size·local_heads.
@@ -119,7 +118,7 @@ pub struct A2aPack {
     /// Bytes [D, slot_bytes]: slot d = [T·H_l·512 bf16 out][T·H_l fp32 lse] of heads
     /// [d·H_l, (d+1)·H_l); written (bytes past the tight slot size are left alone).
     pub send: DeviceSlice<u8>,
-    /// At least [`a2a_slot_bytes`], a multiple of 16 (see [`a2a_aligned_slot_bytes`]).
+    /// At least [`crate::reference::merge::a2a_slot_bytes`], a multiple of 16 (see [`a2a_aligned_slot_bytes`]).
     pub slot_bytes: usize,
     pub num_tokens: usize,
     pub local_heads: usize,
@@ -466,6 +465,7 @@ fn launch_rows<P: Copy>(dev: &Device, stream: Stream, id: KernelId, rows: usize,
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::reference::merge::a2a_slot_bytes;
 
     fn slice<T>(ptr: u64, len: usize) -> DeviceSlice<T> {
         // SAFETY: never dereferenced; validation only reads the pointer and length.

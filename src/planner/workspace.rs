@@ -13,10 +13,17 @@ pub fn merge_ag_rs_bytes(d: usize, t: usize, h_l: usize) -> u64 {
     d * t * h * 4 + h * t * D_V as u64 * 4 + h_l * t * D_V as u64 * 4
 }
 
-/// a2a merge: a send and a receive buffer of [D, slot_bytes] each, slot_bytes = T·H_l·(1024 + 4);
+/// One a2a slot as the launchers take it: [`a2a_slot_bytes`] (T·H_l·(1024 + 4)) rounded up to a
+/// multiple of 16 bytes, so that every slot of a [D, slot] buffer starts 16-byte aligned (the
+/// combine kernels use 16-byte vectors). Equals the tight size whenever T·H_l is a multiple of 4.
+pub fn a2a_slot_bytes_aligned(t: usize, h_l: usize) -> usize {
+    a2a_slot_bytes(t, h_l).next_multiple_of(16)
+}
+
+/// a2a merge: a send and a receive buffer of [D, slot] each, slot = [`a2a_slot_bytes_aligned`];
 /// the D slots together carry the gathered D·H_l heads.
 pub fn merge_a2a_bytes(d: usize, t: usize, h_l: usize) -> u64 {
-    2 * d as u64 * a2a_slot_bytes(t, h_l) as u64
+    2 * d as u64 * a2a_slot_bytes_aligned(t, h_l) as u64
 }
 
 /// The plain merge of D gathered partials of T rows of H_l heads: out [D, T, H_l, 512] fp32 and
