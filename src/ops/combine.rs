@@ -467,16 +467,10 @@ mod tests {
     use super::*;
     use crate::reference::merge::a2a_slot_bytes;
 
-    fn slice<T>(ptr: u64, len: usize) -> DeviceSlice<T> {
-        // SAFETY: never dereferenced; validation only reads the pointer and length.
-        unsafe { DeviceSlice::from_raw(ptr, len) }
-    }
+    use crate::ops::test_util::{arg_of, fake_at as slice};
 
     fn err_arg(r: Result<()>) -> &'static str {
-        match r {
-            Err(Error::InvalidArgument { arg, .. }) => arg,
-            other => panic!("expected an invalid argument, got {other:?}"),
-        }
+        arg_of(r.expect_err("expected an invalid argument"))
     }
 
     #[test]

@@ -33,3 +33,29 @@ pub(crate) fn check_rows<T>(
 pub(crate) fn to_i32(arg: &'static str, v: usize) -> Result<i32> {
     i32::try_from(v).map_err(|_| Error::arg(arg, format!("{v} exceeds the kernels' int32 range")))
 }
+
+/// Helpers for the launchers' host-side validation tests.
+#[cfg(test)]
+pub(crate) mod test_util {
+    use crate::error::Error;
+    use crate::runtime::DeviceSlice;
+
+    /// A view at `ptr` that is never dereferenced: validation only reads the pointer and length.
+    pub fn fake_at<T>(ptr: u64, len: usize) -> DeviceSlice<T> {
+        // SAFETY: nothing is launched with it.
+        unsafe { DeviceSlice::from_raw(ptr, len) }
+    }
+
+    /// A 16-byte-aligned fake view of `len` elements.
+    pub fn fake<T>(len: usize) -> DeviceSlice<T> {
+        fake_at(0x1000, len)
+    }
+
+    /// The argument an `Error::InvalidArgument` names; panics on any other error.
+    pub fn arg_of(e: Error) -> &'static str {
+        match e {
+            Error::InvalidArgument { arg, .. } => arg,
+            other => panic!("expected an invalid argument, got {other}"),
+        }
+    }
+}

@@ -201,17 +201,7 @@ mod tests {
     use super::*;
     use crate::planner::plan_prefill_chunks;
 
-    fn fake<T>(len: usize) -> DeviceSlice<T> {
-        // SAFETY: validation only reads the pointer and length; nothing is launched.
-        unsafe { DeviceSlice::from_raw(0x1000, len) }
-    }
-
-    fn arg_of(e: Error) -> &'static str {
-        match e {
-            Error::InvalidArgument { arg, .. } => arg,
-            other => panic!("expected an invalid argument, got {other}"),
-        }
-    }
+    use crate::ops::test_util::{arg_of, fake};
 
     #[test]
     fn piece_table_encodes_the_plan() {

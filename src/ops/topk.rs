@@ -295,17 +295,7 @@ fn check_extent<T>(arg: &'static str, buf: &DeviceSlice<T>, rows: usize, stride:
 mod tests {
     use super::*;
 
-    fn fake<T>(len: usize) -> DeviceSlice<T> {
-        // SAFETY: validation only reads the pointer and length; nothing is launched.
-        unsafe { DeviceSlice::from_raw(0x1000, len) }
-    }
-
-    fn arg_of(e: Error) -> &'static str {
-        match e {
-            Error::InvalidArgument { arg, .. } => arg,
-            other => panic!("expected an invalid argument, got {other}"),
-        }
-    }
+    use crate::ops::test_util::{arg_of, fake};
 
     #[test]
     fn extents_name_the_buffer() {
