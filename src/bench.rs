@@ -17,6 +17,7 @@ use crate::ops::fill::{kv_fill, KvFill};
 use crate::ops::prefill::{self, piece_table, Flatten, Reorder};
 use crate::ops::topk::{self, Compact, GlobalMerge, LocalTopk, PackCandidates, PageTranslate};
 use crate::planner::{plan_prefill_chunks, prefill_chunk_bytes, DcpLayout};
+use crate::rng::Rng;
 use crate::runtime::{registry, Device, DeviceSlice, Stream};
 use crate::LseBase;
 use cudarc::driver::{sys, CudaSlice, CudaStream, DeviceRepr, DriverError};
@@ -354,20 +355,6 @@ fn sl<T>(s: &Arc<CudaStream>, b: &CudaSlice<T>) -> DeviceSlice<T> {
     DeviceSlice::of(b, s)
 }
 
-/// Deterministic pseudo-random values (xorshift64*), so every run times the same data.
-struct Lcg(u64);
-impl Lcg {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn unit(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-    }
-}
-
 /// The number of SMs of the device (sizes the decode's KV splits).
 pub fn num_sms(dev: &Device) -> Result<usize> {
     let n = drv(
@@ -380,7 +367,7 @@ pub fn num_sms(dev: &Device) -> Result<usize> {
 /// Allocates and initialises the buffers of `row` and returns its launch.
 pub fn prepare<'a>(dev: &'a Device, s: &Arc<CudaStream>, row: &BenchRow) -> Result<Launch<'a>> {
     let st = Stream::from_cudarc(s);
-    let mut rng = Lcg(0x5eed_1234_abcd_0001);
+    let mut rng = Rng::new(0x5eed_1234_abcd_0001);
     let block = 64usize;
     Ok(match row.case {
         Case::Fill { format, tokens } => {
@@ -463,7 +450,7 @@ pub fn prepare<'a>(dev: &'a Device, s: &Arc<CudaStream>, row: &BenchRow) -> Resu
             let mut slots: Vec<i32> = (0..per_req as i32).collect();
             for i in 0..b * q {
                 for j in 0..k {
-                    let pick = j + (rng.next() % (per_req - j) as u64) as usize;
+                    let pick = j + (rng.next_u64() % (per_req - j) as u64) as usize;
                     slots.swap(j, pick);
                 }
                 idx.extend(slots[..k].iter().map(|&x| x + ((i / q) * per_req) as i32));
@@ -632,7 +619,7 @@ pub fn prepare<'a>(dev: &'a Device, s: &Arc<CudaStream>, row: &BenchRow) -> Resu
         }
         Case::TopkCompact { rows, d, k } => {
             let ctx = 32768usize;
-            let ids = up(s, &(0..rows * k).map(|_| (rng.next() % ctx as u64) as i32).collect::<Vec<_>>())?;
+            let ids = up(s, &(0..rows * k).map(|_| (rng.next_u64() % ctx as u64) as i32).collect::<Vec<_>>())?;
             let stride = ctx / d / block;
             let table = up(s, &(0..(rows * stride) as i32).collect::<Vec<_>>())?;
             let out = zeros::<i32>(s, rows * k)?;
@@ -721,7 +708,7 @@ const PATTERN_TOKENS: usize = 1 << 16;
 /// A cache of `tokens` random token rows in `format` (FP8 rows encoded exactly as the fill
 /// does): [`PATTERN_TOKENS`] random rows, repeated by device copies (generating gigabytes on the
 /// host would take longer than the benchmark).
-fn random_cache(s: &Arc<CudaStream>, rng: &mut Lcg, format: KvFormat, tokens: usize) -> Result<CudaSlice<u8>> {
+fn random_cache(s: &Arc<CudaStream>, rng: &mut Rng, format: KvFormat, tokens: usize) -> Result<CudaSlice<u8>> {
     let n = format.token_bytes();
     let mut bytes = vec![0u8; tokens.min(PATTERN_TOKENS) * n];
     let mut ckv = [bf16::ZERO; D_LATENT];
@@ -750,7 +737,7 @@ fn random_cache(s: &Arc<CudaStream>, rng: &mut Lcg, format: KvFormat, tokens: us
 
 /// All-gathered candidates [D, rows, K]: distinct global ids (rank r holds ids ≡ r mod D, as
 /// with I = 1) with random scores.
-fn candidates(rng: &mut Lcg, rows: usize, d: usize, k: usize) -> (Vec<f32>, Vec<i32>) {
+fn candidates(rng: &mut Rng, rows: usize, d: usize, k: usize) -> (Vec<f32>, Vec<i32>) {
     let mut scores = Vec::with_capacity(d * rows * k);
     let mut ids = Vec::with_capacity(d * rows * k);
     for r in 0..d {

@@ -18,6 +18,7 @@ pub mod formats;
 pub mod ops;
 pub mod planner;
 pub mod reference;
+pub mod rng;
 pub mod runtime;
 
 pub use error::{Error, Result};

@@ -10,6 +10,7 @@ use dcp_mla::reference::attention::{decode_f32, decode_f64, default_scale, Query
 use dcp_mla::reference::fill::{fill, FillInput, PagedCache};
 use dcp_mla::reference::merge::{ag_rs_contribution, ag_rs_finish, reduce_scatter, to_bf16};
 use dcp_mla::reference::topk::{compact, global_merge, local_topk, pack_candidates, PageTranslate};
+use dcp_mla::rng::Rng;
 use dcp_mla::runtime::Device;
 use dcp_mla::{KvFormat, LseBase};
 use half::bf16;
@@ -57,27 +58,6 @@ pub struct DemoArgs {
     /// Run the CPU reference even when a GPU is present.
     #[arg(long)]
     pub cpu: bool,
-}
-
-/// A small deterministic generator (xorshift64*).
-struct Rng(u64);
-impl Rng {
-    fn new(seed: u64) -> Self {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-    /// Uniform in [-1, 1).
-    fn unit(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-    }
 }
 
 /// `n` values `f(rng, index)`, generated on every core in chunks seeded by position, so the
@@ -155,17 +135,17 @@ impl Problem {
         let n: usize = lens.iter().sum::<u64>() as usize;
         // c_kv groups of 128 channels get magnitudes 1..4 so the FP8 group scales differ
         let ckv =
-            generate(n * D_LATENT, rng.next(), |r, e| bf16::from_f32(r.unit() * (1 + (e % D_LATENT) / 128) as f32));
-        let kpe = generate(n * D_ROPE, rng.next(), |r, _| bf16::from_f32(r.unit()));
+            generate(n * D_LATENT, rng.next_u64(), |r, e| bf16::from_f32(r.unit() * (1 + (e % D_LATENT) / 128) as f32));
+        let kpe = generate(n * D_ROPE, rng.next_u64(), |r, _| bf16::from_f32(r.unit()));
         let mut req_idx = Vec::with_capacity(n);
         let mut positions = Vec::with_capacity(n);
         for (i, &l) in lens.iter().enumerate() {
             req_idx.extend(std::iter::repeat_n(i as i32, l as usize));
             positions.extend(0..l as i32);
         }
-        let query = generate(batch * a.q * heads * D_QK, rng.next(), |r, _| bf16::from_f32(r.unit()));
+        let query = generate(batch * a.q * heads * D_QK, rng.next_u64(), |r, _| bf16::from_f32(r.unit()));
         let score_stride = context as usize;
-        let scores = generate(batch * a.q * score_stride, rng.next(), |r, _| r.unit() * 8.0);
+        let scores = generate(batch * a.q * score_stride, rng.next_u64(), |r, _| r.unit() * 8.0);
         let max_pages = lens.iter().map(|&l| cfg.dcp.pages_for(l, a.block_size)).max().unwrap_or(1).max(1) as usize;
         let num_pages = batch * max_pages + 1; // a page no request maps
         let mut table: Vec<i32> = (0..num_pages as i32).collect();
