@@ -14,6 +14,9 @@ pub struct Device {
     ctx: Arc<CudaContext>,
     /// Per entry point (indexed like [`KERNELS`]): its function handle, or why it is unavailable.
     functions: Vec<std::result::Result<sys::CUfunction, String>>,
+    /// Per entry point: the dynamic shared memory it has been opted into (0: the default 48 KiB),
+    /// so the driver call happens once per size rather than on every launch.
+    shared_opt_in: Vec<std::sync::atomic::AtomicU32>,
     compute_capability: (i32, i32),
 }
 
@@ -61,7 +64,8 @@ impl Device {
                 unsafe { cu::module::get_function(*module, name) }.map_err(|e| format!("{}: {e}", k.symbol))
             })
             .collect();
-        Ok(Device { ctx, functions, compute_capability })
+        let shared_opt_in = KERNELS.iter().map(|_| std::sync::atomic::AtomicU32::new(0)).collect();
+        Ok(Device { ctx, functions, shared_opt_in, compute_capability })
     }
 
     /// The cudarc context, for allocations and streams in Rust callers and tests.
@@ -91,14 +95,17 @@ impl Device {
             .as_ref()
             .map_err(|e| Error::Unsupported(format!("kernel {} cannot run on this device: {e}", info.symbol)))?;
         self.ctx.bind_to_thread().map_err(|source| Error::Driver { call: "cuCtxSetCurrent", source })?;
-        // More than 48 KiB of dynamic shared memory must be opted into per function.
-        if shared_bytes > 48 * 1024 {
+        // More than 48 KiB of dynamic shared memory must be opted into per function (once per
+        // size: a larger opt-in covers every smaller launch).
+        let opted = &self.shared_opt_in[id.0];
+        if shared_bytes > 48 * 1024 && shared_bytes > opted.load(std::sync::atomic::Ordering::Relaxed) {
             cu::function::set_function_attribute(
                 f,
                 sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                 shared_bytes as i32,
             )
             .map_err(|source| Error::Driver { call: "cuFuncSetAttribute", source })?;
+            opted.fetch_max(shared_bytes, std::sync::atomic::Ordering::Relaxed);
         }
         // cuLaunchKernel takes an array of pointers to the arguments; the one argument is the
         // params struct, passed by value.
