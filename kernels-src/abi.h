@@ -34,8 +34,12 @@ typedef struct DcpKvFillParams {
 } DcpKvFillParams;
 
 /* MLA decode attention on one rank's shard (SPEC.md §4): dense over the BF16 paged cache, or
- * sparse over index lists into the BF16 or FP8-656 cache. With num_splits > 1 each CTA writes a
- * split's partial result to the workspace and mla_decode_combine merges them. */
+ * sparse over index lists into the BF16 or FP8-656 cache. A sequence is a request (dense, its
+ * nq·heads rows) or one query row of a request (sparse, its heads rows). With num_splits = P > 1
+ * mla_decode_schedule first writes sched, the sequences' unit prefix (src/planner/schedule.rs);
+ * part z of the decode grid takes units [z·W, (z + 1)·W), W = ceil(sched[seqs] / P), across
+ * sequences; a sequence spread over several parts leaves fp32 partials in workspace slots
+ * that mla_decode_combine merges. */
 typedef struct DcpMlaDecodeParams {
     uint64_t q;              /* bf16 [batch, nq, heads, 576], contiguous */
     uint64_t cache;          /* bf16 [num_pages, block_size, 576] or bytes [num_pages, block_size, 656] */
@@ -45,8 +49,9 @@ typedef struct DcpMlaDecodeParams {
     uint64_t topk_len;       /* sparse: int32 [batch, nq] valid entries per row, or 0: all topk */
     uint64_t out;            /* bf16 or fp32 [batch, nq, heads, 512] */
     uint64_t lse;            /* fp32 [batch, nq, heads], natural log */
-    uint64_t ws_out;         /* num_splits > 1: fp32 [num_splits, batch·nq·heads, 512] */
-    uint64_t ws_lse;         /* num_splits > 1: fp32 [num_splits, batch·nq·heads] */
+    uint64_t sched;          /* num_splits > 1: int64 [seqs + 1] unit prefix (written by the schedule) */
+    uint64_t ws_out;         /* num_splits > 1: fp32 [2·num_splits, rows per sequence, 512] */
+    uint64_t ws_lse;         /* num_splits > 1: fp32 [2·num_splits, rows per sequence] */
     int64_t block_table_stride;
     float scale_log2;        /* softmax scale σ · log2(e) */
     int32_t batch;
@@ -56,17 +61,21 @@ typedef struct DcpMlaDecodeParams {
     int32_t block_size;
     int32_t max_pages;       /* dense: valid block-table columns; lengths are clamped to max_pages·B */
     int32_t topk;            /* sparse: K, entries per index row */
-    int32_t num_splits;
+    int32_t num_splits;      /* P: parts (CTAs per row block) sharing the batch's KV tiles; 1: a CTA per sequence */
+    int32_t sched_tile;      /* KV tokens per tile of the decode kernel the schedule is for */
     int32_t out_f32;         /* 1: out is fp32, 0: bf16 */
 } DcpMlaDecodeParams;
 
-/* Merge of a split decode's partial results (SPEC.md §5, natural-log lse). */
+/* Merge of a split decode's partial results (SPEC.md §5, natural-log lse): the rows of every
+ * sequence spread over several parts; the others were written by the decode kernel. */
 typedef struct DcpMlaDecodeCombineParams {
-    uint64_t ws_out;         /* fp32 [num_splits, rows, 512] */
-    uint64_t ws_lse;         /* fp32 [num_splits, rows] */
-    uint64_t out;            /* bf16 or fp32 [rows, 512] */
-    uint64_t lse;            /* fp32 [rows] */
-    int64_t rows;
+    uint64_t sched;          /* int64 [seqs + 1] unit prefix */
+    uint64_t ws_out;         /* fp32 [2·num_splits, rows_per_seq, 512] */
+    uint64_t ws_lse;         /* fp32 [2·num_splits, rows_per_seq] */
+    uint64_t out;            /* bf16 or fp32 [seqs, rows_per_seq, 512] */
+    uint64_t lse;            /* fp32 [seqs, rows_per_seq] */
+    int32_t seqs;
+    int32_t rows_per_seq;
     int32_t num_splits;
     int32_t out_f32;
 } DcpMlaDecodeCombineParams;

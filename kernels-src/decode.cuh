@@ -103,29 +103,26 @@ __device__ __forceinline__ uint4 dequant8(uint2 raw, float scale) {
 }
 
 // The epilogue of both decode kernels: a thread's two rows (row0 and row0 + 8 of its 16-row
-// group) of O / l and lse = (m + log2 l)·ln 2, to out/lse, or with several splits to the fp32
-// workspace. `o(n, e)` is the accumulator of column col0 + 8n + e (e = 0, 1) of row k = e >> 1
-// pairs: o(n, 2k) and o(n, 2k + 1). A row that saw nothing (l = 0) writes 0 and −inf.
+// group) of O / l and lse = (m + log2 l)·ln 2. Row r of the CTA is row row_base + r of its
+// sequence: out row seq_row0 + row_base + r, or with slot >= 0 row row_base + r of workspace
+// slot `slot` (rows_per_seq rows each). `o(n, e)` is the accumulator of column col0 + 8n + e
+// (e = 0, 1) of row k = e >> 1 pairs: o(n, 2k) and o(n, 2k + 1). A row that saw nothing
+// (l = 0) writes 0 and −inf.
 template <typename Acc>
-__device__ __forceinline__ void write_rows(const DcpMlaDecodeParams& p, int split, int64_t req_rows, int row_base,
-                                           int row_limit, int row0, int col0, bool writes_lse, const float (&l)[2],
-                                           const float (&m)[2], Acc o) {
-    const bool to_ws = p.num_splits > 1;
-    const int64_t total_rows = (int64_t)p.batch * p.nq * p.heads;
+__device__ __forceinline__ void write_rows(const DcpMlaDecodeParams& p, int slot, int64_t seq_row0, int rows_per_seq,
+                                           int row_base, int row_limit, int row0, int col0, bool writes_lse,
+                                           const float (&l)[2], const float (&m)[2], Acc o) {
+    const bool to_ws = slot >= 0;
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
         const int r = row0 + 8 * k;
         if (r >= row_limit) continue;
         const float inv = l[k] > 0.0f ? 1.0f / l[k] : 0.0f;
         const float lse = l[k] > 0.0f ? (m[k] + log2f(l[k])) * kLn2 : -INFINITY;
-        const int64_t grow = req_rows + row_base + r;
-        if (writes_lse) {
-            if (to_ws) ((float*)p.ws_lse)[split * total_rows + grow] = lse;
-            else ((float*)p.lse)[grow] = lse;
-        }
+        const int64_t grow = to_ws ? (int64_t)slot * rows_per_seq + row_base + r : seq_row0 + row_base + r;
+        if (writes_lse) ((float*)(to_ws ? p.ws_lse : p.lse))[grow] = lse;
         if (to_ws || p.out_f32) {
-            float* dst = to_ws ? (float*)p.ws_out + (split * total_rows + grow) * kDimLatent
-                               : (float*)p.out + grow * kDimLatent;
+            float* dst = (float*)(to_ws ? p.ws_out : p.out) + grow * kDimLatent;
 #pragma unroll
             for (int n = 0; n < 32; ++n)
                 *(float2*)(dst + col0 + 8 * n) = make_float2(o(n, 2 * k) * inv, o(n, 2 * k + 1) * inv);
@@ -138,7 +135,125 @@ __device__ __forceinline__ void write_rows(const DcpMlaDecodeParams& p, int spli
     }
 }
 
+// ---- split-KV schedule (issue 5; src/planner/schedule.rs is the host mirror and says why) ----
+// Sequences: requests (dense: nq·heads rows each) or query rows of requests (sparse: heads rows).
+__device__ __forceinline__ int num_seqs(const DcpMlaDecodeParams& p, bool sparse) {
+    return sparse ? p.batch * p.nq : p.batch;
+}
+__device__ __forceinline__ int rows_per_seq(const DcpMlaDecodeParams& p, bool sparse) {
+    return sparse ? p.heads : p.nq * p.heads;
+}
+
+// Tokens sequence s attends to at most: dense, the longest of its rows' clamped lengths; sparse,
+// its clamped index count.
+__device__ __forceinline__ int seq_tokens(const DcpMlaDecodeParams& p, bool sparse, int s) {
+    if (sparse) {
+        int n = p.topk;
+        if (p.topk_len) n = max(0, min(n, ((const int32_t*)p.topk_len)[s]));
+        return n;
+    }
+    const int64_t capacity = (int64_t)p.max_pages * p.block_size;
+    const int32_t* lens = (const int32_t*)p.lens + (int64_t)s * p.nq;
+    int n = 0;
+    for (int j = 0; j < p.nq; ++j) n = max(n, (int)min((int64_t)max(lens[j], 0), capacity));
+    return n;
+}
+
+// threadIdx.x, read by an instruction the compiler cannot move out of a loop.
+__device__ __forceinline__ int thread_index() {
+    int t;
+    asm volatile("mov.u32 %0, %%tid.x;" : "=r"(t));
+    return t;
+}
+
+// One sequence's share of this CTA: tiles [tile_begin, tile_end), written to workspace slot
+// `slot`, or directly to out/lse when slot < 0.
+struct Piece {
+    int seq, tile_begin, tile_end, slot;
+};
+
+// Calls f(piece) for each piece of this CTA, in order. One part: the whole of `block_seq`. Else
+// part blockIdx.z's units [z·W, (z + 1)·W) of the prefix that mla_decode_schedule wrote. Only the
+// sequence index lives across f (the rest is re-read from the prefix), so the piece loop costs
+// the decode body no registers.
+struct PartRange {
+    int64_t w, b, e;  // units per part, this part's [b, e)
+};
+__device__ __forceinline__ PartRange part_range(const DcpMlaDecodeParams& p, const int64_t* u, int seqs) {
+    const int64_t total = u[seqs];
+    const int64_t w = (total + p.num_splits - 1) / p.num_splits;
+    const int64_t b = (int64_t)blockIdx.z * w;
+    return PartRange{w, b, min(total, b + w)};
+}
+
+template <typename F>
+__device__ __forceinline__ void for_each_piece(const DcpMlaDecodeParams& p, int seqs, int block_seq, F&& f) {
+    if (p.num_splits <= 1) {
+        f(Piece{block_seq, 0, INT_MAX, -1});
+        return;
+    }
+    const int64_t* u = (const int64_t*)p.sched;
+    int s;
+    {
+        const PartRange r = part_range(p, u, seqs);
+        if (r.b >= r.e) return;
+        int lo = 0, hi = seqs;  // u[lo] <= b < u[hi]
+        while (hi - lo > 1) {
+            const int mid = (lo + hi) / 2;
+            if (u[mid] <= r.b) lo = mid;
+            else hi = mid;
+        }
+        s = lo;
+    }
+    for (; s < seqs; ++s) {
+        const PartRange r = part_range(p, u, seqs);
+        const int64_t a = u[s], z = u[s + 1];
+        if (a >= r.e) break;
+        const int64_t first = a + 1;  // unit of tile 0; unit a is the sequence's fixed cost
+        const int tb = (int)(max(r.b, first) - first);
+        const int te = max(tb, (int)(min(r.e, z) - first));
+        const bool split = a / r.w != (z - 1) / r.w;
+        f(Piece{s, tb, te, split ? 2 * (int)blockIdx.z + (a > r.b ? 1 : 0) : -1});
+    }
+}
+
 }  // namespace decode
+
+// The schedule of a split launch: sched[s] = Σ_{s' < s} (1 + ceil(tokens(s') / sched_tile)), one
+// CTA; each thread sums a run of consecutive sequences, then a block scan.
+template <int Unused = 0>
+__device__ __forceinline__ void mla_decode_schedule(const DcpMlaDecodeParams& p) {
+    using namespace decode;
+    const bool sparse = p.indices != 0;
+    const int seqs = num_seqs(p, sparse), tile = p.sched_tile;
+    const int per = (seqs + blockDim.x - 1) / blockDim.x;
+    const int s0 = min(seqs, (int)threadIdx.x * per), s1 = min(seqs, s0 + per);
+    int64_t own = 0;
+    for (int s = s0; s < s1; ++s) own += 1 + (seq_tokens(p, sparse, s) + tile - 1) / tile;
+    // inclusive scan: within each warp, then over the warps' totals
+    __shared__ int64_t warp_total[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    int64_t incl = own;
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+        const int64_t v = __shfl_up_sync(0xffffffffu, incl, d);
+        if (lane >= d) incl += v;
+    }
+    if (lane == 31) warp_total[warp] = incl;
+    __syncthreads();
+    int64_t before = 0, total = 0;
+    for (int i = 0; i < warps; ++i) {
+        if (i < warp) before += warp_total[i];
+        total += warp_total[i];
+    }
+    int64_t* u = (int64_t*)p.sched;
+    int64_t acc = before + incl - own;
+    for (int s = s0; s < s1; ++s) {
+        u[s] = acc;
+        acc += 1 + (seq_tokens(p, sparse, s) + tile - 1) / tile;
+    }
+    if (threadIdx.x == 0) u[seqs] = total;
+}
 
 template <DecodeKv Kv>
 __device__ __forceinline__ void mla_decode(const DcpMlaDecodeParams& p) {
@@ -162,250 +277,262 @@ __device__ __forceinline__ void mla_decode(const DcpMlaDecodeParams& p) {
     float* sSum = sMax + 2 * kRows;              // [2][kRows]
     int* sValid = (int*)(sSum + 2 * kRows);      // [2][kTile]
 
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int rg = warp & 3, half = warp >> 2;  // row group, token half (S) / V half (O)
-    const int g = lane >> 2, t4 = lane & 3;
-    const int req = blockIdx.y, split = blockIdx.z;
-    const int H = p.heads, nq = p.nq;
-
-    // This CTA's rows: flattened indices row_base + r (r < row_limit) of the request's [q, H].
-    int row_base, row_limit, sparse_row = 0;
-    if constexpr (kSparse) {
-        const int hblocks = (H + kRows - 1) / kRows;
-        const int j = blockIdx.x / hblocks, hb = blockIdx.x % hblocks;
-        sparse_row = req * nq + j;
-        row_base = j * H + hb * kRows;
-        row_limit = min(kRows, H - hb * kRows);
-    } else {
-        row_base = blockIdx.x * kRows;
-        row_limit = min(kRows, nq * H - row_base);
-    }
-    const int64_t req_rows = (int64_t)req * nq * H;
-
-    // Token range of the CTA (dense: local positions; sparse: positions in the index list).
-    const int64_t capacity = (int64_t)p.max_pages * p.block_size;
-    int n_tokens;
-    int row_len[2] = {INT_MAX, INT_MAX};  // dense: this thread's rows g and g+8
-    const int32_t* idx_row = nullptr;
-    if constexpr (kSparse) {
-        n_tokens = p.topk;
-        if (p.topk_len) n_tokens = max(0, min(n_tokens, ((const int32_t*)p.topk_len)[sparse_row]));
-        idx_row = (const int32_t*)p.indices + (int64_t)sparse_row * p.topk;
-    } else {
-        const int32_t* lens = (const int32_t*)p.lens + (int64_t)req * nq;
-        n_tokens = 0;
-        for (int j = row_base / H; j <= (row_base + row_limit - 1) / H; ++j)
-            n_tokens = max(n_tokens, (int)min((int64_t)max(lens[j], 0), capacity));
-#pragma unroll
-        for (int k = 0; k < 2; ++k) {
-            const int r = rg * 16 + g + 8 * k;
-            row_len[k] = r < row_limit ? (int)min((int64_t)max(lens[(row_base + r) / H], 0), capacity) : 0;
-        }
-    }
-    const int n_tiles = (n_tokens + kTile - 1) / kTile;
-    const int per_split = (n_tiles + p.num_splits - 1) / p.num_splits;
-    const int tile_begin = min(n_tiles, split * per_split);
-    const int tile_end = min(n_tiles, tile_begin + per_split);
-
-    // ---- load: Q once; then a tile's tokens, 8 threads per token ----
-    for (int c = tid; c < kRows * kChunks; c += kThreads) {
-        const int r = c / kChunks, part = c % kChunks;
-        const bool ok = r < row_limit;
-        const __nv_bfloat16* src =
-            (const __nv_bfloat16*)p.q + (ok ? (req_rows + row_base + r) * kDimQk + part * 8 : 0);
-        cp_async16(sQ + r * kPitch + part * 8, src, ok);
-    }
-    const int ld_tok = tid >> 3, ld_part = tid & 7;
-    auto issue_tile = [&](int tile, int stage) {
-        const int pos = tile * kTile + ld_tok;
-        int64_t row = -1;  // cache row (page·B + slot) of this thread's token, or -1: unread
-        if (pos < n_tokens) {
-            if constexpr (kSparse) {
-                const int v = idx_row[pos];
-                if (v >= 0 && (int64_t)v < (int64_t)p.num_pages * p.block_size) row = v;
-            } else {
-                const int page =
-                    ((const int32_t*)p.block_table)[(int64_t)req * p.block_table_stride + pos / p.block_size];
-                if (page >= 0 && page < p.num_pages) row = (int64_t)page * p.block_size + pos % p.block_size;
-            }
-        }
-        if (ld_part == 0) sValid[stage * kTile + ld_tok] = row >= 0;
-        if constexpr (kFp8) {
-            const unsigned char* src = (const unsigned char*)p.cache + (row >= 0 ? row * kFp8RowBytes : 0);
-            unsigned char* dst = sRaw + stage * kRawTileBytes + ld_tok * kFp8RowBytes;
-            for (int c = ld_part; c < kFp8Chunks; c += 8) cp_async16(dst + 16 * c, src + 16 * c, row >= 0);
-        } else {
-            const __nv_bfloat16* src = (const __nv_bfloat16*)p.cache + (row >= 0 ? row * kDimQk : 0);
-            __nv_bfloat16* dst = sK + stage * (kTile * kPitch) + ld_tok * kPitch;
-#pragma unroll
-            for (int k = 0; k < kChunks / 8; ++k) {
-                const int c = ld_part + 8 * k;
-                cp_async16(dst + 8 * c, src + 8 * c, row >= 0);
-            }
-        }
+    // Row block of the CTA within its sequence's rows and, with one part, its sequence (sparse
+    // CTAs of one part hold a (query row, head block) pair in blockIdx.x).
+    auto row_block = [&]() -> int {
+        const int hblocks = (p.heads + kRows - 1) / kRows;
+        return kSparse && p.num_splits <= 1 ? blockIdx.x % hblocks : blockIdx.x;
     };
-    if (tile_begin < tile_end) issue_tile(tile_begin, 0);
-    cp_async_commit();
+    const int block_seq = kSparse ? blockIdx.y * p.nq + blockIdx.x / ((p.heads + kRows - 1) / kRows) : blockIdx.y;
 
-    const float scale_log2 = p.scale_log2;
-    float o[32][4];
-#pragma unroll
-    for (int n = 0; n < 32; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+    for_each_piece(p, num_seqs(p, kSparse), block_seq, [&](const Piece pc) {
+        __syncthreads();  // the previous piece is done with shared memory
+        // Sparse: thread indices are read inside the piece so that nothing derived from them
+        // (shared memory addresses) is hoisted out of the piece loop and kept live across it;
+        // without it the FP8 kernel spills on sm_90a, with it the dense one spills on sm_80.
+        const int tid = kSparse ? thread_index() : (int)threadIdx.x, lane = tid & 31, warp = tid >> 5;
+        const int rg = warp & 3, half = warp >> 2;  // row group, token half (S) / V half (O)
+        const int g = lane >> 2, t4 = lane & 3;
+        // (recomputed per piece from blockIdx and p rather than kept live: registers are tight)
+        const int H = p.heads, nq = p.nq, seq_rows = rows_per_seq(p, kSparse);
+        // This CTA's rows: rows row_base + r (r < row_limit) of its sequence's rows.
+        const int row_base = row_block() * kRows;
+        const int row_limit = min(kRows, seq_rows - row_base);
+        const int seq = pc.seq;
+        const int64_t seq_row0 = (int64_t)seq * seq_rows;
 
-    for (int tile = tile_begin; tile < tile_end; ++tile) {
-        const int stage = (tile - tile_begin) & 1;
-        const bool has_next = tile + 1 < tile_end;
-        if (has_next) issue_tile(tile + 1, stage ^ 1);
-        cp_async_commit();
-        if (has_next) cp_async_wait<1>(); else cp_async_wait<0>();
-        __syncthreads();
-        const __nv_bfloat16* kv = sK + (kFp8 ? 0 : stage * (kTile * kPitch));
-        if constexpr (kFp8) {
-            // dequantise the raw stage into the one bf16 tile: 72 chunks of 8 values per token
-            const unsigned char* raw = sRaw + stage * kRawTileBytes + ld_tok * kFp8RowBytes;
-            __nv_bfloat16* dst = sK + ld_tok * kPitch;
+        // Token range of the piece (dense: local positions; sparse: positions in the index list).
+        const int64_t capacity = (int64_t)p.max_pages * p.block_size;
+        int n_tokens;
+        int row_len[2] = {INT_MAX, INT_MAX};  // dense: this thread's rows g and g+8
+        if constexpr (kSparse) {
+            n_tokens = seq_tokens(p, true, seq);
+        } else {
+            const int32_t* lens = (const int32_t*)p.lens + (int64_t)seq * nq;
+            n_tokens = 0;
+            for (int j = row_base / H; j <= (row_base + row_limit - 1) / H; ++j)
+                n_tokens = max(n_tokens, (int)min((int64_t)max(lens[j], 0), capacity));
 #pragma unroll
-            for (int k = 0; k < kChunks / 8; ++k) {
-                const int c = ld_part + 8 * k;
-                uint4 v;
-                if (c < kDimLatent / 8) {
-                    const float scale = *(const float*)(raw + kFp8ScaleOffset + 4 * (c / 16));
-                    v = dequant8(*(const uint2*)(raw + 8 * c), scale);
+            for (int k = 0; k < 2; ++k) {
+                const int r = rg * 16 + g + 8 * k;
+                row_len[k] = r < row_limit ? (int)min((int64_t)max(lens[(row_base + r) / H], 0), capacity) : 0;
+            }
+        }
+        const int n_tiles = (n_tokens + kTile - 1) / kTile;
+        const int tile_end = min(n_tiles, pc.tile_end);
+        const int tile_begin = min(tile_end, pc.tile_begin);
+
+        // ---- load: Q once; then a tile's tokens, 8 threads per token ----
+        for (int c = tid; c < kRows * kChunks; c += kThreads) {
+            const int r = c / kChunks, part = c % kChunks;
+            const bool ok = r < row_limit;
+            const __nv_bfloat16* src =
+                (const __nv_bfloat16*)p.q + (ok ? (seq_row0 + row_base + r) * kDimQk + part * 8 : 0);
+            cp_async16(sQ + r * kPitch + part * 8, src, ok);
+        }
+        const int ld_tok = tid >> 3, ld_part = tid & 7;
+        auto issue_tile = [&](int tile, int stage) {
+            const int pos = tile * kTile + ld_tok;
+            int64_t row = -1;  // cache row (page·B + slot) of this thread's token, or -1: unread
+            if (pos < n_tokens) {
+                if constexpr (kSparse) {
+                    const int v = ((const int32_t*)p.indices)[(int64_t)seq * p.topk + pos];
+                    if (v >= 0 && (int64_t)v < (int64_t)p.num_pages * p.block_size) row = v;
                 } else {
-                    v = *(const uint4*)(raw + kFp8RopeOffset + 16 * (c - kDimLatent / 8));
+                    const int page =
+                        ((const int32_t*)p.block_table)[(int64_t)seq * p.block_table_stride + pos / p.block_size];
+                    if (page >= 0 && page < p.num_pages) row = (int64_t)page * p.block_size + pos % p.block_size;
                 }
-                *(uint4*)(dst + 8 * c) = v;
             }
+            if (ld_part == 0) sValid[stage * kTile + ld_tok] = row >= 0;
+            if constexpr (kFp8) {
+                const unsigned char* src = (const unsigned char*)p.cache + (row >= 0 ? row * kFp8RowBytes : 0);
+                unsigned char* dst = sRaw + stage * kRawTileBytes + ld_tok * kFp8RowBytes;
+                for (int c = ld_part; c < kFp8Chunks; c += 8) cp_async16(dst + 16 * c, src + 16 * c, row >= 0);
+            } else {
+                const __nv_bfloat16* src = (const __nv_bfloat16*)p.cache + (row >= 0 ? row * kDimQk : 0);
+                __nv_bfloat16* dst = sK + stage * (kTile * kPitch) + ld_tok * kPitch;
+#pragma unroll
+                for (int k = 0; k < kChunks / 8; ++k) {
+                    const int c = ld_part + 8 * k;
+                    cp_async16(dst + 8 * c, src + 8 * c, row >= 0);
+                }
+            }
+        };
+        if (tile_begin < tile_end) issue_tile(tile_begin, 0);
+        cp_async_commit();
+
+        const float scale_log2 = p.scale_log2;
+        float o[32][4];
+#pragma unroll
+        for (int n = 0; n < 32; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+        float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+
+        for (int tile = tile_begin; tile < tile_end; ++tile) {
+            const int stage = (tile - tile_begin) & 1;
+            const bool has_next = tile + 1 < tile_end;
+            if (has_next) issue_tile(tile + 1, stage ^ 1);
+            cp_async_commit();
+            if (has_next) cp_async_wait<1>(); else cp_async_wait<0>();
             __syncthreads();
-        }
+            const __nv_bfloat16* kv = sK + (kFp8 ? 0 : stage * (kTile * kPitch));
+            if constexpr (kFp8) {
+                // dequantise the raw stage into the one bf16 tile: 72 chunks of 8 values per token
+                const unsigned char* raw = sRaw + stage * kRawTileBytes + ld_tok * kFp8RowBytes;
+                __nv_bfloat16* dst = sK + ld_tok * kPitch;
+#pragma unroll
+                for (int k = 0; k < kChunks / 8; ++k) {
+                    const int c = ld_part + 8 * k;
+                    uint4 v;
+                    if (c < kDimLatent / 8) {
+                        const float scale = *(const float*)(raw + kFp8ScaleOffset + 4 * (c / 16));
+                        v = dequant8(*(const uint2*)(raw + 8 * c), scale);
+                    } else {
+                        v = *(const uint4*)(raw + kFp8RopeOffset + 16 * (c - kDimLatent / 8));
+                    }
+                    *(uint4*)(dst + 8 * c) = v;
+                }
+                __syncthreads();
+            }
 
-        // ---- score: S[16 rows, 16 tokens] = Q·Kᵀ ----
-        float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-        {
-            const __nv_bfloat16* qa = sQ + (rg * 16 + (lane & 7) + 8 * ((lane >> 3) & 1)) * kPitch + 8 * (lane >> 4);
-            const __nv_bfloat16* kb = kv + (half * 16 + (lane & 7) + 8 * (lane >> 4)) * kPitch + 8 * ((lane >> 3) & 1);
+            // ---- score: S[16 rows, 16 tokens] = Q·Kᵀ ----
+            float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+            {
+                const __nv_bfloat16* qa = sQ + (rg * 16 + (lane & 7) + 8 * ((lane >> 3) & 1)) * kPitch + 8 * (lane >> 4);
+                const __nv_bfloat16* kb = kv + (half * 16 + (lane & 7) + 8 * (lane >> 4)) * kPitch + 8 * ((lane >> 3) & 1);
 #pragma unroll 4
-            for (int k0 = 0; k0 < kDimQk; k0 += 16) {
-                uint32_t a[4], b[4];
-                ldmatrix_x4(a, qa + k0);
-                ldmatrix_x4(b, kb + k0);
-                mma_bf16(s[0], a, b[0], b[1]);
-                mma_bf16(s[1], a, b[2], b[3]);
+                for (int k0 = 0; k0 < kDimQk; k0 += 16) {
+                    uint32_t a[4], b[4];
+                    ldmatrix_x4(a, qa + k0);
+                    ldmatrix_x4(b, kb + k0);
+                    mma_bf16(s[0], a, b[0], b[1]);
+                    mma_bf16(s[1], a, b[2], b[3]);
+                }
             }
-        }
 
-        // ---- softmax: mask before the max, exchange row maxima with the partner warp ----
-        const int* valid = sValid + stage * kTile;
-        float tmax[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-        for (int n = 0; n < 2; ++n)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int col = half * 16 + n * 8 + 2 * t4 + (e & 1);
-                const int pos = tile * kTile + col;
-                const bool ok = valid[col] && pos < row_len[e >> 1];
-                s[n][e] = ok ? s[n][e] * scale_log2 : -INFINITY;  // select: a NaN score never survives
-                tmax[e >> 1] = fmaxf(tmax[e >> 1], s[n][e]);
-            }
-#pragma unroll
-        for (int k = 0; k < 2; ++k) {
-            tmax[k] = fmaxf(tmax[k], __shfl_xor_sync(0xffffffffu, tmax[k], 1));
-            tmax[k] = fmaxf(tmax[k], __shfl_xor_sync(0xffffffffu, tmax[k], 2));
-            if (t4 == 0) sMax[half * kRows + rg * 16 + g + 8 * k] = tmax[k];
-        }
-        __syncthreads();
-        float alpha[2];
-#pragma unroll
-        for (int k = 0; k < 2; ++k) {
-            const int r = rg * 16 + g + 8 * k;
-            const float m_new = fmaxf(m_run[k], fmaxf(sMax[r], sMax[kRows + r]));
-            const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // all masked so far: p = 0, no NaN
-            alpha[k] = exp2f(m_run[k] - m_use);
-            m_run[k] = m_new;
-            float sum = 0.0f;
+            // ---- softmax: mask before the max, exchange row maxima with the partner warp ----
+            const int* valid = sValid + stage * kTile;
+            float tmax[2] = {-INFINITY, -INFINITY};
 #pragma unroll
             for (int n = 0; n < 2; ++n)
 #pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    s[n][2 * k + e] = exp2f(s[n][2 * k + e] - m_use);
-                    sum += s[n][2 * k + e];
+                for (int e = 0; e < 4; ++e) {
+                    const int col = half * 16 + n * 8 + 2 * t4 + (e & 1);
+                    const int pos = tile * kTile + col;
+                    const bool ok = valid[col] && pos < row_len[e >> 1];
+                    s[n][e] = ok ? s[n][e] * scale_log2 : -INFINITY;  // select: a NaN score never survives
+                    tmax[e >> 1] = fmaxf(tmax[e >> 1], s[n][e]);
                 }
-            l_run[k] = l_run[k] * alpha[k] + sum;
-        }
-#pragma unroll
-        for (int n = 0; n < 2; ++n) {
-            const int col = half * 16 + n * 8 + 2 * t4;
 #pragma unroll
             for (int k = 0; k < 2; ++k) {
-                const float p0 = s[n][2 * k], p1 = s[n][2 * k + 1];
-                const __nv_bfloat162 hi = __floats2bfloat162_rn(p0, p1);
-                const float2 hf = __bfloat1622float2(hi);
-                const int off = (rg * 16 + g + 8 * k) * kPPitch + col;
-                *(__nv_bfloat162*)(sP + off) = hi;
-                *(uint32_t*)(sPlo + off) = pack_bf16(p0 - hf.x, p1 - hf.y);  // exact differences
+                tmax[k] = fmaxf(tmax[k], __shfl_xor_sync(0xffffffffu, tmax[k], 1));
+                tmax[k] = fmaxf(tmax[k], __shfl_xor_sync(0xffffffffu, tmax[k], 2));
+                if (t4 == 0) sMax[half * kRows + rg * 16 + g + 8 * k] = tmax[k];
             }
-        }
+            __syncthreads();
+            float alpha[2];
 #pragma unroll
-        for (int n = 0; n < 32; ++n) {
-            o[n][0] *= alpha[0];
-            o[n][1] *= alpha[0];
-            o[n][2] *= alpha[1];
-            o[n][3] *= alpha[1];
+            for (int k = 0; k < 2; ++k) {
+                const int r = rg * 16 + g + 8 * k;
+                const float m_new = fmaxf(m_run[k], fmaxf(sMax[r], sMax[kRows + r]));
+                const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // all masked so far: p = 0, no NaN
+                alpha[k] = exp2f(m_run[k] - m_use);
+                m_run[k] = m_new;
+                float sum = 0.0f;
+#pragma unroll
+                for (int n = 0; n < 2; ++n)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        s[n][2 * k + e] = exp2f(s[n][2 * k + e] - m_use);
+                        sum += s[n][2 * k + e];
+                    }
+                l_run[k] = l_run[k] * alpha[k] + sum;
+            }
+#pragma unroll
+            for (int n = 0; n < 2; ++n) {
+                const int col = half * 16 + n * 8 + 2 * t4;
+#pragma unroll
+                for (int k = 0; k < 2; ++k) {
+                    const float p0 = s[n][2 * k], p1 = s[n][2 * k + 1];
+                    const __nv_bfloat162 hi = __floats2bfloat162_rn(p0, p1);
+                    const float2 hf = __bfloat1622float2(hi);
+                    const int off = (rg * 16 + g + 8 * k) * kPPitch + col;
+                    *(__nv_bfloat162*)(sP + off) = hi;
+                    *(uint32_t*)(sPlo + off) = pack_bf16(p0 - hf.x, p1 - hf.y);  // exact differences
+                }
+            }
+#pragma unroll
+            for (int n = 0; n < 32; ++n) {
+                o[n][0] *= alpha[0];
+                o[n][1] *= alpha[0];
+                o[n][2] *= alpha[1];
+                o[n][3] *= alpha[1];
+            }
+            __syncthreads();
+
+            // ---- accumulate: O[16 rows, 256 cols] += P[16, 32]·V[32, 256] ----
+#pragma unroll
+            for (int k0 = 0; k0 < kTile; k0 += 16) {
+                uint32_t a[4], alo[4];
+                const int p_off = (rg * 16 + (lane & 7) + 8 * ((lane >> 3) & 1)) * kPPitch + k0 + 8 * (lane >> 4);
+                ldmatrix_x4(a, sP + p_off);
+                ldmatrix_x4(alo, sPlo + p_off);
+                const __nv_bfloat16* vb =
+                    kv + (k0 + (lane & 7) + 8 * ((lane >> 3) & 1)) * kPitch + half * 256 + 8 * (lane >> 4);
+#pragma unroll
+                for (int n = 0; n < 16; ++n) {
+                    uint32_t b[4];
+                    ldmatrix_x4_trans(b, vb + 16 * n);
+                    mma_bf16(o[2 * n], a, b[0], b[1]);
+                    mma_bf16(o[2 * n + 1], a, b[2], b[3]);
+                    mma_bf16(o[2 * n], alo, b[0], b[1]);
+                    mma_bf16(o[2 * n + 1], alo, b[2], b[3]);
+                }
+            }
+            __syncthreads();
+        }
+        cp_async_wait<0>();
+
+        // ---- write: O / l and lse = (m + log2 l)·ln 2; a row that saw nothing: 0 and −inf ----
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+            l_run[k] += __shfl_xor_sync(0xffffffffu, l_run[k], 1);
+            l_run[k] += __shfl_xor_sync(0xffffffffu, l_run[k], 2);
+            if (t4 == 0) sSum[half * kRows + rg * 16 + g + 8 * k] = l_run[k];
         }
         __syncthreads();
-
-        // ---- accumulate: O[16 rows, 256 cols] += P[16, 32]·V[32, 256] ----
+        float l_row[2];
 #pragma unroll
-        for (int k0 = 0; k0 < kTile; k0 += 16) {
-            uint32_t a[4], alo[4];
-            const int p_off = (rg * 16 + (lane & 7) + 8 * ((lane >> 3) & 1)) * kPPitch + k0 + 8 * (lane >> 4);
-            ldmatrix_x4(a, sP + p_off);
-            ldmatrix_x4(alo, sPlo + p_off);
-            const __nv_bfloat16* vb =
-                kv + (k0 + (lane & 7) + 8 * ((lane >> 3) & 1)) * kPitch + half * 256 + 8 * (lane >> 4);
-#pragma unroll
-            for (int n = 0; n < 16; ++n) {
-                uint32_t b[4];
-                ldmatrix_x4_trans(b, vb + 16 * n);
-                mma_bf16(o[2 * n], a, b[0], b[1]);
-                mma_bf16(o[2 * n + 1], a, b[2], b[3]);
-                mma_bf16(o[2 * n], alo, b[0], b[1]);
-                mma_bf16(o[2 * n + 1], alo, b[2], b[3]);
-            }
+        for (int k = 0; k < 2; ++k) {
+            const int r = rg * 16 + g + 8 * k;
+            l_row[k] = sSum[r] + sSum[kRows + r];
         }
-        __syncthreads();
-    }
-    cp_async_wait<0>();
-
-    // ---- write: O / l and lse = (m + log2 l)·ln 2; a row that saw nothing: 0 and −inf ----
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-        l_run[k] += __shfl_xor_sync(0xffffffffu, l_run[k], 1);
-        l_run[k] += __shfl_xor_sync(0xffffffffu, l_run[k], 2);
-        if (t4 == 0) sSum[half * kRows + rg * 16 + g + 8 * k] = l_run[k];
-    }
-    __syncthreads();
-    float l_row[2];
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-        const int r = rg * 16 + g + 8 * k;
-        l_row[k] = sSum[r] + sSum[kRows + r];
-    }
-    write_rows(p, split, req_rows, row_base, row_limit, rg * 16 + g, half * 256 + 2 * t4, half == 0 && t4 == 0, l_row,
-               m_run, [&](int n, int e) { return o[n][e]; });
+        write_rows(p, pc.slot, seq_row0, seq_rows, row_base, row_limit, rg * 16 + g, half * 256 + 2 * t4,
+                   half == 0 && t4 == 0, l_row, m_run, [&](int n, int e) { return o[n][e]; });
+    });
 }
 
-// Merges the splits of each row (SPEC.md §5 with natural-log lse): one CTA of 128 threads per
-// row, 4 output values per thread. A split with weight 0 is skipped, so its out is never read.
+// Merges the partials of each row of a sequence spread over several parts (SPEC.md §5 with
+// natural-log lse): one CTA of 128 threads per row, 4 output values per thread; the rows of a
+// sequence inside one part were written by the decode kernel and are left alone. The slots are
+// the parts fp..lp holding the sequence: slot 2q, except 2fp + 1 where the sequence starts
+// after part fp's first unit (see decode::for_each_piece). A partial with weight 0 is skipped,
+// so its out is never read.
 template <int Unused = 0>
 __device__ __forceinline__ void mla_decode_combine(const DcpMlaDecodeCombineParams& p) {
     const int64_t row = blockIdx.x;
-    if (row >= p.rows) return;
-    const float* lse = (const float*)p.ws_lse + row;
+    const int seq = (int)(row / p.rows_per_seq), r = (int)(row % p.rows_per_seq);
+    if (seq >= p.seqs) return;
+    const int64_t* u = (const int64_t*)p.sched;
+    const int64_t total = u[p.seqs];
+    const int64_t w = (total + p.num_splits - 1) / p.num_splits;
+    const int64_t a = u[seq], fp = a / w, lp = (u[seq + 1] - 1) / w;
+    if (fp == lp) return;
+    auto slot_row = [&](int64_t q) { return (2 * q + (q == fp && a > fp * w ? 1 : 0)) * p.rows_per_seq + r; };
+    const float* lse = (const float*)p.ws_lse;
     float m = -INFINITY;
-    for (int s = 0; s < p.num_splits; ++s) {
-        const float v = lse[s * p.rows];
+    for (int64_t q = fp; q <= lp; ++q) {
+        const float v = lse[slot_row(q)];
         if (!isnan(v) && v != INFINITY) m = fmaxf(m, v);
     }
     const int d = 4 * threadIdx.x;
@@ -413,20 +540,20 @@ __device__ __forceinline__ void mla_decode_combine(const DcpMlaDecodeCombinePara
     float out_lse = -INFINITY;
     if (m != -INFINITY) {
         float sum = 0.0f;
-        for (int s = 0; s < p.num_splits; ++s) {
-            const float v = lse[s * p.rows];
+        for (int64_t q = fp; q <= lp; ++q) {
+            const float v = lse[slot_row(q)];
             if (!isnan(v) && v != INFINITY) sum += expf(v - m);
         }
-        for (int s = 0; s < p.num_splits; ++s) {
-            const float v = lse[s * p.rows];
+        for (int64_t q = fp; q <= lp; ++q) {
+            const float v = lse[slot_row(q)];
             if (isnan(v) || v == INFINITY) continue;
-            const float w = expf(v - m) / sum;
-            if (w == 0.0f) continue;
-            const float4 x = *(const float4*)((const float*)p.ws_out + (s * p.rows + row) * kDimLatent + d);
-            acc.x += w * x.x;
-            acc.y += w * x.y;
-            acc.z += w * x.z;
-            acc.w += w * x.w;
+            const float wt = expf(v - m) / sum;
+            if (wt == 0.0f) continue;
+            const float4 x = *(const float4*)((const float*)p.ws_out + slot_row(q) * kDimLatent + d);
+            acc.x += wt * x.x;
+            acc.y += wt * x.y;
+            acc.z += wt * x.z;
+            acc.w += wt * x.w;
         }
         out_lse = m + logf(sum);
     }

@@ -135,207 +135,210 @@ __device__ __forceinline__ void mla_decode_sm90(const DcpMlaDecodeParams& p) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wg = warp >> 2, wr = warp & 3;  // warpgroup (V half), warp in the warpgroup (16 rows)
     const int g = lane >> 2, t4 = lane & 3;
-    const int req = blockIdx.y, split = blockIdx.z;
     const int H = p.heads, nq = p.nq;
+    const int seqs = decode::num_seqs(p, false), seq_rows = decode::rows_per_seq(p, false);
     const int row_base = blockIdx.x * kRows;
-    const int row_limit = min(kRows, nq * H - row_base);
-    const int64_t req_rows = (int64_t)req * nq * H;
+    const int row_limit = min(kRows, seq_rows - row_base);
 
-    const int64_t capacity = (int64_t)p.max_pages * p.block_size;
-    const int32_t* lens = (const int32_t*)p.lens + (int64_t)req * nq;
-    int n_tokens = 0;
-    for (int j = row_base / H; j <= (row_base + row_limit - 1) / H; ++j)
-        n_tokens = max(n_tokens, (int)min((int64_t)max(lens[j], 0), capacity));
-    int row_len[2];
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-        const int r = wr * 16 + g + 8 * k;
-        row_len[k] = r < row_limit ? (int)min((int64_t)max(lens[(row_base + r) / H], 0), capacity) : 0;
-    }
-    const int n_tiles = (n_tokens + Tile - 1) / Tile;
-    const int per_split = (n_tiles + p.num_splits - 1) / p.num_splits;
-    const int tile_begin = min(n_tiles, split * per_split);
-    const int tile_end = min(n_tiles, tile_begin + per_split);
-
-    // ---- loads: Q once (in the first group), tiles Stages − 1 ahead ----
-    for (int c = tid; c < kRows * kChunks; c += kThreads) {
-        const int r = c / kChunks, part = c % kChunks;
-        const bool ok = r < row_limit;
-        const __nv_bfloat16* src =
-            (const __nv_bfloat16*)p.q + (ok ? (req_rows + row_base + r) * kDimQk + part * 8 : 0);
-        decode::cp_async16(sQ + swizzled(kRows, r, part), src, ok);
-    }
-    const int ld_tok = tid / kTilePerThread, ld_part = tid % kTilePerThread;
-    // cache row (page·B + slot) of token `tok` of `tile`, or -1: unread
-    auto token_row = [&](int tile, int tok) -> int64_t {
-        const int pos = tile * Tile + tok;
-        int64_t row = -1;
-        if (pos < n_tokens) {
-            const int page =
-                ((const int32_t*)p.block_table)[(int64_t)req * p.block_table_stride + pos / p.block_size];
-            if (page >= 0 && page < p.num_pages) row = (int64_t)page * p.block_size + pos % p.block_size;
-        }
-        return row;
-    };
-    auto issue_tile = [&](int tile, int stage) {
-        const int64_t row = token_row(tile, ld_tok);
-        if (ld_part == 0) sValid[stage * Tile + ld_tok] = row >= 0;
-        const __nv_bfloat16* src = (const __nv_bfloat16*)p.cache + (row >= 0 ? row * kDimQk : 0);
-        unsigned char* dst = sKV + stage * (Tile * kDimQk * 2);
-#pragma unroll
-        for (int k = 0; k < kChunks / kTilePerThread; ++k) {
-            const int c = ld_part + kTilePerThread * k;
-            decode::cp_async16(dst + swizzled(Tile, ld_tok, c), src + 8 * c, row >= 0);
-        }
-    };
-    // Overlap: the warpgroup's share of a tile, 36 of a token's 72 chunks, kWgPerTok threads per token
-    constexpr int kWgPerTok = 128 / Tile;
-    const int wg_tok = (tid & 127) / kWgPerTok, wg_part = (tid & 127) % kWgPerTok;
-    auto issue_tile_half = [&](int64_t row, int stage) {
-        if (wg == 0 && wg_part == 0) sValid[stage * Tile + wg_tok] = row >= 0;
-        const __nv_bfloat16* src = (const __nv_bfloat16*)p.cache + (row >= 0 ? row * kDimQk : 0);
-        unsigned char* dst = sKV + stage * (Tile * kDimQk * 2);
-#pragma unroll
-        for (int k = 0; k < 36 / kWgPerTok; ++k) {
-            const int j = wg_part + kWgPerTok * k;  // 0..35
-            const int c = j < 32 ? 32 * wg + j : 64 + 4 * wg + (j - 32);
-            decode::cp_async16(dst + swizzled(Tile, wg_tok, c), src + 8 * c, row >= 0);
-        }
-    };
-#pragma unroll
-    for (int s = 0; s < Stages - 1; ++s) {
-        if (tile_begin + s < tile_end) issue_tile(tile_begin + s, s);
-        decode::cp_async_commit();
-    }
-
-    const float scale_log2 = p.scale_log2;
-    float o[128];
-#pragma unroll
-    for (int i = 0; i < 128; ++i) o[i] = 0.0f;
-    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
-
-    for (int tile = tile_begin; tile < tile_end; ++tile) {
-        const int i = tile - tile_begin, stage = i % Stages;
-        if constexpr (Overlap) {
-            // groups committed so far cover tiles up to i + Stages − 2: all but the newest
-            // Stages − 2 are complete, so tile i is
-            decode::cp_async_wait<Stages - 2>();
-        } else {
-            // the buffer refilled here was last read in iteration i − 1, which ended in a barrier
-            if (tile + Stages - 1 < tile_end) issue_tile(tile + Stages - 1, (i + Stages - 1) % Stages);
-            decode::cp_async_commit();
-            decode::cp_async_wait<Stages - 1>();
-        }
-        fence_proxy_async();  // this thread's cp.async writes, before wgmma reads them
-        __syncthreads();
-        const uint32_t tile_addr = kv_addr + stage * (Tile * kDimQk * 2);
-
-        // ---- score: S[64 × Tile] = Q·Kᵀ, both operands K-major ----
-        float s[kSRegs];
-#pragma unroll
-        for (int e = 0; e < kSRegs; ++e) s[e] = 0.0f;
-        fence_regs(s);
-        wgmma_fence();
-#pragma unroll
-        for (int ks = 0; ks < kDimQk / 16; ++ks) {
-            const uint32_t koff = (ks & 3) * 32;
-            const uint64_t da = make_desc(q_addr + (ks >> 2) * (kRows * 128) + koff, 16, 1024);
-            const uint64_t db = make_desc(tile_addr + (ks >> 2) * (Tile * 128) + koff, 16, 1024);
-            wgmma_ss<Tile>(s, da, db);
-        }
-        wgmma_commit();
-        const bool refill = Overlap && tile + Stages - 1 < tile_end;
-        int64_t refill_row = -1;
-        if (refill) refill_row = token_row(tile + Stages - 1, wg_tok);  // read while S runs
-        wgmma_wait0();  // Overlap: also completes P·V of tile i − 1 before o is rescaled
-        fence_regs(s);
-        if constexpr (Overlap) {
-            fence_regs(o);
-            // every warp of this warpgroup is past its wait: its P·V of tile i − 1 no longer reads
-            // buffer (i − 1) mod Stages (in iteration 0 that buffer was never used)
-            asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
-            if (refill) issue_tile_half(refill_row, (i + Stages - 1) % Stages);
-            decode::cp_async_commit();
-        }
-
-        // ---- softmax: each thread holds rows g, g+8 of its warp's 16 rows, columns 8j + 2t4 (+1) ----
-        const int* valid = sValid + stage * Tile;
-        float tmax[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-        for (int e = 0; e < kSRegs; ++e) {
-            const int col = 8 * (e >> 2) + 2 * t4 + (e & 1);
-            const int k = (e >> 1) & 1;
-            const bool ok = valid[col] && tile * Tile + col < row_len[k];
-            s[e] = ok ? s[e] * scale_log2 : -INFINITY;  // select: a NaN score never survives
-            tmax[k] = fmaxf(tmax[k], s[e]);
-        }
-        float alpha[2], m_use[2];
+    decode::for_each_piece(p, seqs, blockIdx.y, [&](const decode::Piece pc) {
+        __syncthreads();  // the previous piece is done with shared memory
+        const int seq = pc.seq;
+        const int64_t seq_row0 = (int64_t)seq * seq_rows;
+        const int64_t capacity = (int64_t)p.max_pages * p.block_size;
+        const int32_t* lens = (const int32_t*)p.lens + (int64_t)seq * nq;
+        int n_tokens = 0;
+        for (int j = row_base / H; j <= (row_base + row_limit - 1) / H; ++j)
+            n_tokens = max(n_tokens, (int)min((int64_t)max(lens[j], 0), capacity));
+        int row_len[2];
 #pragma unroll
         for (int k = 0; k < 2; ++k) {
-            tmax[k] = fmaxf(tmax[k], __shfl_xor_sync(0xffffffffu, tmax[k], 1));
-            tmax[k] = fmaxf(tmax[k], __shfl_xor_sync(0xffffffffu, tmax[k], 2));
-            const float m_new = fmaxf(m_run[k], tmax[k]);
-            m_use[k] = m_new == -INFINITY ? 0.0f : m_new;  // all masked so far: p = 0, no NaN
-            alpha[k] = exp2f(m_run[k] - m_use[k]);
-            m_run[k] = m_new;
-            l_run[k] *= alpha[k];
+            const int r = wr * 16 + g + 8 * k;
+            row_len[k] = r < row_limit ? (int)min((int64_t)max(lens[(row_base + r) / H], 0), capacity) : 0;
         }
-        // P as A fragments of m64k16 (the accumulator layout of S, two n8 blocks per k16 block)
-        uint32_t p_hi[Tile / 16][4], p_lo[Tile / 16][4];
-#pragma unroll
-        for (int e = 0; e < kSRegs; e += 2) {
-            const int k = (e >> 1) & 1;
-            const float p0 = exp2f(s[e] - m_use[k]), p1 = exp2f(s[e + 1] - m_use[k]);
-            l_run[k] += p0 + p1;
-            const __nv_bfloat162 hi = __floats2bfloat162_rn(p0, p1);
-            const float2 hf = __bfloat1622float2(hi);
-            // e = 8kk + 4h + 2k: k16 block kk, n8 half h, row half k → register 2h + k
-            const int kk = e >> 3, reg = 2 * ((e >> 2) & 1) + k;
-            p_hi[kk][reg] = *reinterpret_cast<const uint32_t*>(&hi);
-            p_lo[kk][reg] = decode::pack_bf16(p0 - hf.x, p1 - hf.y);  // exact differences
+        const int n_tiles = (n_tokens + Tile - 1) / Tile;
+        const int tile_end = min(n_tiles, pc.tile_end);
+        const int tile_begin = min(tile_end, pc.tile_begin);
+
+        // ---- loads: Q once (in the first group), tiles Stages − 1 ahead ----
+        for (int c = tid; c < kRows * kChunks; c += kThreads) {
+            const int r = c / kChunks, part = c % kChunks;
+            const bool ok = r < row_limit;
+            const __nv_bfloat16* src =
+                (const __nv_bfloat16*)p.q + (ok ? (seq_row0 + row_base + r) * kDimQk + part * 8 : 0);
+            decode::cp_async16(sQ + swizzled(kRows, r, part), src, ok);
         }
+        const int ld_tok = tid / kTilePerThread, ld_part = tid % kTilePerThread;
+        // cache row (page·B + slot) of token `tok` of `tile`, or -1: unread
+        auto token_row = [&](int tile, int tok) -> int64_t {
+            const int pos = tile * Tile + tok;
+            int64_t row = -1;
+            if (pos < n_tokens) {
+                const int page =
+                    ((const int32_t*)p.block_table)[(int64_t)seq * p.block_table_stride + pos / p.block_size];
+                if (page >= 0 && page < p.num_pages) row = (int64_t)page * p.block_size + pos % p.block_size;
+            }
+            return row;
+        };
+        auto issue_tile = [&](int tile, int stage) {
+            const int64_t row = token_row(tile, ld_tok);
+            if (ld_part == 0) sValid[stage * Tile + ld_tok] = row >= 0;
+            const __nv_bfloat16* src = (const __nv_bfloat16*)p.cache + (row >= 0 ? row * kDimQk : 0);
+            unsigned char* dst = sKV + stage * (Tile * kDimQk * 2);
 #pragma unroll
-        for (int n = 0; n < 32; ++n) {
-            o[4 * n + 0] *= alpha[0];
-            o[4 * n + 1] *= alpha[0];
-            o[4 * n + 2] *= alpha[1];
-            o[4 * n + 3] *= alpha[1];
+            for (int k = 0; k < kChunks / kTilePerThread; ++k) {
+                const int c = ld_part + kTilePerThread * k;
+                decode::cp_async16(dst + swizzled(Tile, ld_tok, c), src + 8 * c, row >= 0);
+            }
+        };
+        // Overlap: the warpgroup's share of a tile, 36 of a token's 72 chunks, kWgPerTok threads per token
+        constexpr int kWgPerTok = 128 / Tile;
+        const int wg_tok = (tid & 127) / kWgPerTok, wg_part = (tid & 127) % kWgPerTok;
+        auto issue_tile_half = [&](int64_t row, int stage) {
+            if (wg == 0 && wg_part == 0) sValid[stage * Tile + wg_tok] = row >= 0;
+            const __nv_bfloat16* src = (const __nv_bfloat16*)p.cache + (row >= 0 ? row * kDimQk : 0);
+            unsigned char* dst = sKV + stage * (Tile * kDimQk * 2);
+#pragma unroll
+            for (int k = 0; k < 36 / kWgPerTok; ++k) {
+                const int j = wg_part + kWgPerTok * k;  // 0..35
+                const int c = j < 32 ? 32 * wg + j : 64 + 4 * wg + (j - 32);
+                decode::cp_async16(dst + swizzled(Tile, wg_tok, c), src + 8 * c, row >= 0);
+            }
+        };
+#pragma unroll
+        for (int s = 0; s < Stages - 1; ++s) {
+            if (tile_begin + s < tile_end) issue_tile(tile_begin + s, s);
+            decode::cp_async_commit();
         }
 
-        // ---- accumulate: O[64 × 256] += P·V, V = dims 256wg.. of the tile, MN-major ----
-        fence_regs(o);
-        wgmma_fence();
+        const float scale_log2 = p.scale_log2;
+        float o[128];
 #pragma unroll
-        for (int kk = 0; kk < Tile / 16; ++kk) {
-            // 4 blocks of 64 dims (leading byte offset: one block), 2 groups of 8 tokens (stride 1024)
-            const uint64_t dv = make_desc(tile_addr + (4 * wg) * (Tile * 128) + kk * 16 * 128, Tile * 128, 1024);
-            wgmma_rs_n256(o, p_hi[kk], dv);
-            wgmma_rs_n256(o, p_lo[kk], dv);
-        }
-        wgmma_commit();
-        if constexpr (!Overlap) {
-            wgmma_wait0();
+        for (int i = 0; i < 128; ++i) o[i] = 0.0f;
+        float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+
+        for (int tile = tile_begin; tile < tile_end; ++tile) {
+            const int i = tile - tile_begin, stage = i % Stages;
+            if constexpr (Overlap) {
+                // groups committed so far cover tiles up to i + Stages − 2: all but the newest
+                // Stages − 2 are complete, so tile i is
+                decode::cp_async_wait<Stages - 2>();
+            } else {
+                // the buffer refilled here was last read in iteration i − 1, which ended in a barrier
+                if (tile + Stages - 1 < tile_end) issue_tile(tile + Stages - 1, (i + Stages - 1) % Stages);
+                decode::cp_async_commit();
+                decode::cp_async_wait<Stages - 1>();
+            }
+            fence_proxy_async();  // this thread's cp.async writes, before wgmma reads them
+            __syncthreads();
+            const uint32_t tile_addr = kv_addr + stage * (Tile * kDimQk * 2);
+
+            // ---- score: S[64 × Tile] = Q·Kᵀ, both operands K-major ----
+            float s[kSRegs];
+#pragma unroll
+            for (int e = 0; e < kSRegs; ++e) s[e] = 0.0f;
+            fence_regs(s);
+            wgmma_fence();
+#pragma unroll
+            for (int ks = 0; ks < kDimQk / 16; ++ks) {
+                const uint32_t koff = (ks & 3) * 32;
+                const uint64_t da = make_desc(q_addr + (ks >> 2) * (kRows * 128) + koff, 16, 1024);
+                const uint64_t db = make_desc(tile_addr + (ks >> 2) * (Tile * 128) + koff, 16, 1024);
+                wgmma_ss<Tile>(s, da, db);
+            }
+            wgmma_commit();
+            const bool refill = Overlap && tile + Stages - 1 < tile_end;
+            int64_t refill_row = -1;
+            if (refill) refill_row = token_row(tile + Stages - 1, wg_tok);  // read while S runs
+            wgmma_wait0();  // Overlap: also completes P·V of tile i − 1 before o is rescaled
+            fence_regs(s);
+            if constexpr (Overlap) {
+                fence_regs(o);
+                // every warp of this warpgroup is past its wait: its P·V of tile i − 1 no longer reads
+                // buffer (i − 1) mod Stages (in iteration 0 that buffer was never used)
+                asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
+                if (refill) issue_tile_half(refill_row, (i + Stages - 1) % Stages);
+                decode::cp_async_commit();
+            }
+
+            // ---- softmax: each thread holds rows g, g+8 of its warp's 16 rows, columns 8j + 2t4 (+1) ----
+            const int* valid = sValid + stage * Tile;
+            float tmax[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+            for (int e = 0; e < kSRegs; ++e) {
+                const int col = 8 * (e >> 2) + 2 * t4 + (e & 1);
+                const int k = (e >> 1) & 1;
+                const bool ok = valid[col] && tile * Tile + col < row_len[k];
+                s[e] = ok ? s[e] * scale_log2 : -INFINITY;  // select: a NaN score never survives
+                tmax[k] = fmaxf(tmax[k], s[e]);
+            }
+            float alpha[2], m_use[2];
+#pragma unroll
+            for (int k = 0; k < 2; ++k) {
+                tmax[k] = fmaxf(tmax[k], __shfl_xor_sync(0xffffffffu, tmax[k], 1));
+                tmax[k] = fmaxf(tmax[k], __shfl_xor_sync(0xffffffffu, tmax[k], 2));
+                const float m_new = fmaxf(m_run[k], tmax[k]);
+                m_use[k] = m_new == -INFINITY ? 0.0f : m_new;  // all masked so far: p = 0, no NaN
+                alpha[k] = exp2f(m_run[k] - m_use[k]);
+                m_run[k] = m_new;
+                l_run[k] *= alpha[k];
+            }
+            // P as A fragments of m64k16 (the accumulator layout of S, two n8 blocks per k16 block)
+            uint32_t p_hi[Tile / 16][4], p_lo[Tile / 16][4];
+#pragma unroll
+            for (int e = 0; e < kSRegs; e += 2) {
+                const int k = (e >> 1) & 1;
+                const float p0 = exp2f(s[e] - m_use[k]), p1 = exp2f(s[e + 1] - m_use[k]);
+                l_run[k] += p0 + p1;
+                const __nv_bfloat162 hi = __floats2bfloat162_rn(p0, p1);
+                const float2 hf = __bfloat1622float2(hi);
+                // e = 8kk + 4h + 2k: k16 block kk, n8 half h, row half k → register 2h + k
+                const int kk = e >> 3, reg = 2 * ((e >> 2) & 1) + k;
+                p_hi[kk][reg] = *reinterpret_cast<const uint32_t*>(&hi);
+                p_lo[kk][reg] = decode::pack_bf16(p0 - hf.x, p1 - hf.y);  // exact differences
+            }
+#pragma unroll
+            for (int n = 0; n < 32; ++n) {
+                o[4 * n + 0] *= alpha[0];
+                o[4 * n + 1] *= alpha[0];
+                o[4 * n + 2] *= alpha[1];
+                o[4 * n + 3] *= alpha[1];
+            }
+
+            // ---- accumulate: O[64 × 256] += P·V, V = dims 256wg.. of the tile, MN-major ----
             fence_regs(o);
-            __syncthreads();  // every warpgroup is done with this buffer before it is refilled
-        }
-    }
-    if constexpr (Overlap) {
-        wgmma_wait0();  // the last P·V
-        fence_regs(o);
-    }
-    decode::cp_async_wait<0>();
-
-    // ---- write: O / l and lse = (m + log2 l)·ln 2; a row that saw nothing: 0 and −inf ----
-    float l_row[2];
+            wgmma_fence();
 #pragma unroll
-    for (int k = 0; k < 2; ++k) {
-        float l = l_run[k];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
-        l_row[k] = l;
-    }
-    decode::write_rows(p, split, req_rows, row_base, row_limit, wr * 16 + g, wg * 256 + 2 * t4, wg == 0 && t4 == 0,
-                       l_row, m_run, [&](int n, int e) { return o[4 * n + e]; });
+            for (int kk = 0; kk < Tile / 16; ++kk) {
+                // 4 blocks of 64 dims (leading byte offset: one block), 2 groups of 8 tokens (stride 1024)
+                const uint64_t dv = make_desc(tile_addr + (4 * wg) * (Tile * 128) + kk * 16 * 128, Tile * 128, 1024);
+                wgmma_rs_n256(o, p_hi[kk], dv);
+                wgmma_rs_n256(o, p_lo[kk], dv);
+            }
+            wgmma_commit();
+            if constexpr (!Overlap) {
+                wgmma_wait0();
+                fence_regs(o);
+                __syncthreads();  // every warpgroup is done with this buffer before it is refilled
+            }
+        }
+        if constexpr (Overlap) {
+            wgmma_wait0();  // the last P·V
+            fence_regs(o);
+        }
+        decode::cp_async_wait<0>();
+
+        // ---- write: O / l and lse = (m + log2 l)·ln 2; a row that saw nothing: 0 and −inf ----
+        float l_row[2];
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+            float l = l_run[k];
+            l += __shfl_xor_sync(0xffffffffu, l, 1);
+            l += __shfl_xor_sync(0xffffffffu, l, 2);
+            l_row[k] = l;
+        }
+        decode::write_rows(p, pc.slot, seq_row0, seq_rows, row_base, row_limit, wr * 16 + g, wg * 256 + 2 * t4,
+                           wg == 0 && t4 == 0, l_row, m_run, [&](int n, int e) { return o[4 * n + e]; });
+    });
 #elif defined(__CUDA_ARCH__)
     __trap();  // sm_90a only: the launcher never picks this family elsewhere
 #endif

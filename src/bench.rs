@@ -195,6 +195,9 @@ pub enum Case {
     Fill { format: KvFormat, tokens: usize },
     /// Dense decode: b requests of s_k tokens, q rows, H heads, BF16 cache, automatic splits.
     Dense { b: usize, q: usize, h: usize, sk: usize },
+    /// Dense decode, q = 1, of a ramp of lengths: request i has s_k·(i + 1)/b tokens, with the
+    /// automatic split-KV schedule (`split`) or one CTA per request: what balancing buys.
+    DenseRamp { b: usize, h: usize, sk: usize, split: bool },
     /// Sparse decode over `k` distinct random slots of each request's 8192-token cache.
     Sparse { format: KvFormat, b: usize, q: usize, h: usize, k: usize },
     /// Two-way merge of T·H rows, fp32 in, bf16 out.
@@ -244,10 +247,18 @@ impl BenchRow {
     }
 }
 
+/// Lengths of [`Case::DenseRamp`]: s_k·(i + 1)/b for request i.
+fn ramp_lens(b: usize, sk: usize) -> Vec<usize> {
+    (0..b).map(|i| sk * (i + 1) / b).collect()
+}
+
 fn describe(c: &Case) -> String {
     match *c {
         Case::Fill { format, tokens } => format!("{format:?} tokens={tokens}"),
         Case::Dense { b, q, h, sk } => format!("b={b} q={q} H={h} s_k={sk}"),
+        Case::DenseRamp { b, h, sk, split } => {
+            format!("b={b} q=1 H={h} s_k=ramp..{sk} {}", if split { "split=auto" } else { "split=1" })
+        }
         Case::Sparse { format, b, q, h, k } => format!("{format:?} b={b} q={q} H={h} K={k}"),
         Case::MergeTwo { t, h } => format!("T={t} H={h}"),
         Case::AgRsCorrect { d, t, h } | Case::A2aCombine { d, t, h } => format!("D={d} T={t} H={h}"),
@@ -265,6 +276,10 @@ fn work(c: &Case) -> (f64, f64) {
     let (bytes, flops) = match *c {
         Case::Fill { format, tokens } => (tokens * ((D_LATENT + D_ROPE) * 2 + format.token_bytes()), 0.0),
         Case::Dense { b, q, h, sk } => (b * sk * D_QK * 2 + b * q * h * (D_QK + D_V) * 2, attn_flops(b * q * h, sk)),
+        Case::DenseRamp { b, h, sk, .. } => {
+            let tokens: usize = ramp_lens(b, sk).iter().sum();
+            (tokens * D_QK * 2 + b * h * (D_QK + D_V) * 2, attn_flops(h, tokens))
+        }
         Case::Sparse { format, b, q, h, k } => {
             (b * q * k * format.token_bytes() + b * q * h * (D_QK + D_V) * 2, attn_flops(b * q * h, k))
         }
@@ -304,6 +319,10 @@ pub fn rows() -> Vec<BenchRow> {
         (128, 6, 64, 8192, Target::Tflops(629.0)),
     ] {
         v.push(BenchRow::new("mla_decode", Case::Dense { b, q, h, sk }, target));
+    }
+    // not in PERF.md: uneven lengths, with and without the split schedule
+    for split in [true, false] {
+        v.push(BenchRow::new("mla_decode", Case::DenseRamp { b: 128, h: 64, sk: 32768, split }, Target::None));
     }
     for (q, h, k, tflops) in
         [(1, 64, 2048, 302.0), (2, 64, 2048, 333.0), (2, 128, 2048, 404.0), (6, 64, 2048, 353.0), (2, 64, 512, 255.0)]
@@ -402,17 +421,24 @@ pub fn prepare<'a>(dev: &'a Device, s: &Arc<CudaStream>, row: &BenchRow) -> Resu
                 kv_fill(dev, st, &args)
             })
         }
-        Case::Dense { b, q, h, sk } => {
+        Case::Dense { .. } | Case::DenseRamp { .. } => {
+            let (b, q, h, sk, lens, split) = match row.case {
+                Case::Dense { b, q, h, sk } => (b, q, h, sk, vec![sk as i32; b * q], true),
+                Case::DenseRamp { b, h, sk, split } => {
+                    (b, 1, h, sk, ramp_lens(b, sk).into_iter().map(|l| l as i32).collect(), split)
+                }
+                _ => unreachable!(),
+            };
             let pages = sk.div_ceil(block);
             let rows = b * q * h;
-            let splits = decode::decode_num_splits(b, q, h, false, num_sms(dev)?);
+            let splits = if split { decode::decode_num_splits(b, q, h, false, num_sms(dev)?) } else { 1 };
             let qv = up(s, &(0..rows * D_QK).map(|_| bf16::from_f32(rng.unit())).collect::<Vec<_>>())?;
             let cache = random_cache(s, &mut rng, KvFormat::Bf16, b * pages * block)?;
             let table = up(s, &(0..(b * pages) as i32).collect::<Vec<_>>())?;
-            let lens = up(s, &vec![sk as i32; b * q])?;
+            let lens = up(s, &lens)?;
             let out = zeros::<bf16>(s, rows * D_V)?;
             let lse = zeros::<f32>(s, rows)?;
-            let ws = zeros::<u8>(s, decode::decode_workspace_bytes(b, q, h, splits))?;
+            let ws = zeros::<u8>(s, decode::decode_workspace_bytes(b, q, h, false, splits))?;
             let args = DenseDecode {
                 common: DecodeCommon {
                     q: sl(s, &qv),
@@ -458,7 +484,7 @@ pub fn prepare<'a>(dev: &'a Device, s: &Arc<CudaStream>, row: &BenchRow) -> Resu
             let idx = up(s, &idx)?;
             let out = zeros::<bf16>(s, rows * D_V)?;
             let lse = zeros::<f32>(s, rows)?;
-            let ws = zeros::<u8>(s, decode::decode_workspace_bytes(b, q, h, splits))?;
+            let ws = zeros::<u8>(s, decode::decode_workspace_bytes(b, q, h, true, splits))?;
             let args = SparseDecode {
                 common: DecodeCommon {
                     q: sl(s, &qv),

@@ -123,7 +123,7 @@ fn plan_json_agrees_with_the_planner() {
         assert_eq!(w["merge_a2a"], workspace::merge_a2a_bytes(d, b * q, h_l));
         assert_eq!(w["topk_bytes"], workspace::topk_bytes(d, b * q, 2048));
         let split = [false, true]
-            .map(|sparse| decode_workspace_bytes(b, q, h, decode_num_splits(b, q, h, sparse, 132)))
+            .map(|sparse| decode_workspace_bytes(b, q, h, sparse, decode_num_splits(b, q, h, sparse, 132)))
             .into_iter()
             .max()
             .unwrap() as u64;

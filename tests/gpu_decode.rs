@@ -8,6 +8,7 @@ use common::*;
 use cudarc::driver::sys;
 use dcp_mla::formats::{encode_fp8_row, KvFormat, D_LATENT, D_QK, D_V};
 use dcp_mla::ops::decode::*;
+use dcp_mla::planner::schedule;
 use dcp_mla::reference::attention::{decode_f64, QueryShape, Selection};
 use dcp_mla::reference::fill::PagedCache;
 use dcp_mla::reference::merge::merge_f64;
@@ -110,7 +111,8 @@ impl DevOut {
     fn new(shape: QueryShape, splits: usize, f32_out: bool) -> Self {
         let s = stream();
         let rows = shape.batch * shape.rows * shape.heads;
-        let ws_bytes = decode_workspace_bytes(shape.batch, shape.rows, shape.heads, splits).max(16);
+        let ws = |sparse| decode_workspace_bytes(shape.batch, shape.rows, shape.heads, sparse, splits);
+        let ws_bytes = ws(false).max(ws(true)).max(16);
         DevOut {
             out_bf16: upload(&s, &vec![bf16::NAN; rows * D_V]),
             out_f32: upload(&s, &vec![f32::NAN; rows * D_V]),
@@ -149,6 +151,18 @@ impl DevOut {
             download(&s, &self.out_bf16).iter().map(|x| x.to_f32()).collect()
         };
         (out, download(&s, &self.lse))
+    }
+
+    /// With a split launch, asserts that the unit prefix the schedule kernel wrote at the start
+    /// of the workspace is the host mirror's for these sequence lengths and KV tile.
+    fn check_schedule(&self, what: &str, splits: usize, seq_tokens: &[u64], tile: u64) {
+        if splits <= 1 {
+            return;
+        }
+        let bytes = download(&stream(), &self.ws);
+        let got: Vec<i64> =
+            bytes[..(seq_tokens.len() + 1) * 8].chunks(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect();
+        assert_eq!(got, schedule::schedule_units(seq_tokens, tile), "{what}: split schedule");
     }
 }
 
@@ -226,7 +240,17 @@ fn launch_dense(
         lens: view(&s, &d_lens),
     };
     mla_decode_dense_on(gpu(), raw(&s), &args, path).expect("dense launch");
-    outs.read()
+    let res = outs.read();
+    // the schedule counts a request's longest row, clamped to the block table's capacity
+    let cap = (hc.max_pages * hc.block_size) as i64;
+    let seq_tokens: Vec<u64> =
+        lens.chunks(shape.rows).map(|r| r.iter().map(|&l| (l as i64).clamp(0, cap)).max().unwrap() as u64).collect();
+    let tile = match path {
+        DecodePath::Wgmma { tile, .. } | DecodePath::WgmmaOverlap { tile, .. } => tile as u64,
+        _ => 32,
+    };
+    outs.check_schedule(&format!("{path:?}"), splits, &seq_tokens, tile);
+    res
 }
 
 /// Row lengths of MTP rows: row j of a request of total length L sees L − q + 1 + j global
@@ -281,6 +305,8 @@ fn dense_bf16_matches_reference() {
         (&[70], 6, 128, 64, one, 0),
         (&[4096], 1, 64, 64, one, 0),
         (&[4096, 17], 2, 32, 64, two, 0),
+        // uneven lengths: the split schedule spreads the long rows over many parts
+        (&[6000, 0, 3, 64, 2000, 65, 1], 2, 32, 64, one, 0),
         (&BATCH_64_TOTALS, 2, 16, 16, one, 0),
         // the longest context of the matrix; b = 1 keeps the fp64 reference near 0.6 s
         (&[16384], 1, 32, 64, one, 0),
@@ -371,7 +397,12 @@ fn launch_sparse(
         topk_len: d_tl.as_ref().map(|t| view(&s, t)),
     };
     mla_decode_sparse(gpu(), raw(&s), &args).expect("sparse launch");
-    outs.read()
+    let res = outs.read();
+    let rows = shape.batch * shape.rows;
+    let seq_tokens: Vec<u64> =
+        (0..rows).map(|i| topk_len.map_or(k as i64, |t| (t[i] as i64).clamp(0, k as i64)) as u64).collect();
+    outs.check_schedule("sparse", splits, &seq_tokens, 32);
+    res
 }
 
 /// (format, b, q, H, K, with topk_len, rows that are all −1).
@@ -412,7 +443,7 @@ fn sparse_matches_reference() {
             assert!(want_lse[r * heads] == f64::NEG_INFINITY);
         }
         let auto = decode_num_splits(batch, nq, heads, true, sms);
-        for (splits, f32_out) in [(1, n % 2 == 1), (auto, n % 2 == 0)] {
+        for (splits, f32_out) in [(1, n % 2 == 1), (auto, n % 2 == 0), (3, false)] {
             let (out, lse) = launch_sparse(&hc, &q, shape, &idx, k, tl, splits, f32_out);
             check(
                 &format!("case {n} {format:?} b={batch} q={nq} H={heads} K={k} splits={splits}"),
@@ -516,13 +547,14 @@ fn graph_replay_case(path: DecodePath) {
     let d_scache = s.clone_htod(&shc.bytes).unwrap();
     let mut d_idx = s.clone_htod(&idx_a).unwrap();
     let rows = shape.batch * shape.rows * shape.heads;
-    let ws_bytes = decode_workspace_bytes(shape.batch, shape.rows, shape.heads, splits);
+    let ws_bytes = decode_workspace_bytes(shape.batch, shape.rows, shape.heads, false, splits);
+    let sws_bytes = decode_workspace_bytes(shape.batch, shape.rows, shape.heads, true, splits);
     let mut d_out = s.clone_htod(&vec![bf16::NAN; rows * D_V]).unwrap();
     let d_lse = s.clone_htod(&vec![f32::NAN; rows]).unwrap();
     let d_sout = s.clone_htod(&vec![f32::NAN; rows * D_V]).unwrap();
     let d_slse = s.clone_htod(&vec![f32::NAN; rows]).unwrap();
     let d_ws = s.clone_htod(&vec![0xffu8; ws_bytes]).unwrap();
-    let d_sws = s.clone_htod(&vec![0xffu8; ws_bytes]).unwrap();
+    let d_sws = s.clone_htod(&vec![0xffu8; sws_bytes]).unwrap();
     let common = |out: DecodeOut, lse, ws| DecodeCommon {
         q: DeviceSlice::of(&d_q, &s),
         batch: shape.batch,

@@ -580,8 +580,9 @@ enum DcpMlaStatus dcp_mla_capacity(uint64_t bytes_per_rank,
                                    uint64_t *tokens,
                                    uint64_t *pages_per_rank);
 
-// KV splits that fill `num_sms` SMs with about one wave of decode CTAs (1 when the batch alone
-// does); a function of the shapes only, so a captured graph stays valid for any lengths.
+// Split-KV parts that make one wave of `num_sms` decode CTAs (the parts share the batch's KV
+// tiles evenly whatever the lengths; 1 when a sequence's row blocks alone fill the machine); a
+// function of the shapes only, so a captured graph stays valid for any lengths.
 //
 // # Safety
 // `out` must be valid for a write.
@@ -592,13 +593,15 @@ enum DcpMlaStatus dcp_mla_decode_num_splits(size_t batch,
                                             size_t num_sms,
                                             size_t *out);
 
-// Bytes of the decode split-KV workspace (0 for one split); `heads` is the gathered H = D·H_l.
+// Bytes of the decode split-KV workspace (0 for one split) for dense (`sparse` = 0) or sparse
+// decode; `heads` is the gathered H = D·H_l.
 //
 // # Safety
 // `out` must be valid for a write.
 enum DcpMlaStatus dcp_mla_decode_workspace_bytes(size_t batch,
                                                  size_t nq,
                                                  size_t heads,
+                                                 int32_t sparse,
                                                  size_t num_splits,
                                                  size_t *out);
 

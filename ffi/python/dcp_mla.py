@@ -78,7 +78,7 @@ SIGNATURES = {
     "dcp_mla_pages_for": [_Z, _Z, _U64, POINTER(c_uint64)],
     "dcp_mla_capacity": [_U64, _I, _Z, _Z, POINTER(c_uint64), POINTER(c_uint64)],
     "dcp_mla_decode_num_splits": [_Z, _Z, _Z, _I, _Z, POINTER(c_size_t)],
-    "dcp_mla_decode_workspace_bytes": [_Z, _Z, _Z, _Z, POINTER(c_size_t)],
+    "dcp_mla_decode_workspace_bytes": [_Z, _Z, _Z, _I, _Z, POINTER(c_size_t)],
     "dcp_mla_a2a_slot_bytes": [_Z, _Z, POINTER(c_size_t)],
     "dcp_mla_ag_rs_workspace_bytes": [_Z, _Z, _Z, POINTER(c_uint64)],
     "dcp_mla_topk_workspace_bytes": [_Z, _Z, _Z, POINTER(c_uint64)],
@@ -195,8 +195,9 @@ class DcpMla:
         return self.query("dcp_mla_decode_num_splits", batch, nq, heads, int(sparse), num_sms,
                           out_types=(c_size_t,))[0]
 
-    def decode_workspace_bytes(self, batch, nq, heads, num_splits):
-        return self.query("dcp_mla_decode_workspace_bytes", batch, nq, heads, num_splits, out_types=(c_size_t,))[0]
+    def decode_workspace_bytes(self, batch, nq, heads, sparse, num_splits):
+        return self.query("dcp_mla_decode_workspace_bytes", batch, nq, heads, int(sparse), num_splits,
+                          out_types=(c_size_t,))[0]
 
     def a2a_slot_bytes(self, num_tokens, local_heads):
         return self.query("dcp_mla_a2a_slot_bytes", num_tokens, local_heads, out_types=(c_size_t,))[0]

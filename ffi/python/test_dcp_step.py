@@ -118,7 +118,7 @@ def dense_step(m, num_sms):
     q = torch.randn(b, NQ, H, 576, device=DEV).to(torch.bfloat16)
     scale = m.default_scale()
     splits = m.decode_num_splits(b, NQ, H, False, num_sms)
-    ws = torch.empty(max(m.decode_workspace_bytes(b, NQ, H, splits), 16), dtype=torch.uint8, device=DEV)
+    ws = torch.empty(max(m.decode_workspace_bytes(b, NQ, H, False, splits), 16), dtype=torch.uint8, device=DEV)
     outs, lses = [], []
     for r in range(D):
         cache = torch.full((pages, B, 576), float("nan"), dtype=torch.bfloat16, device=DEV)
@@ -196,7 +196,7 @@ def sparse_step(m, num_sms):
     m.topk_merge(cand_scores, cand_ids, ids)
 
     splits = m.decode_num_splits(b, NQ, H, True, num_sms)
-    ws = torch.empty(max(m.decode_workspace_bytes(b, NQ, H, splits), 16), dtype=torch.uint8, device=DEV)
+    ws = torch.empty(max(m.decode_workspace_bytes(b, NQ, H, True, splits), 16), dtype=torch.uint8, device=DEV)
     outs, lses = [], []
     for r in range(D):
         slots = torch.empty(rows, K, dtype=torch.int32, device=DEV)

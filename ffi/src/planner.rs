@@ -180,8 +180,9 @@ pub unsafe extern "C" fn dcp_mla_capacity(
     })
 }
 
-/// KV splits that fill `num_sms` SMs with about one wave of decode CTAs (1 when the batch alone
-/// does); a function of the shapes only, so a captured graph stays valid for any lengths.
+/// Split-KV parts that make one wave of `num_sms` decode CTAs (the parts share the batch's KV
+/// tiles evenly whatever the lengths; 1 when a sequence's row blocks alone fill the machine); a
+/// function of the shapes only, so a captured graph stays valid for any lengths.
 ///
 /// # Safety
 /// `out` must be valid for a write.
@@ -197,7 +198,8 @@ pub unsafe extern "C" fn dcp_mla_decode_num_splits(
     guard(|| put("out", out, decode_num_splits(batch, nq, heads, sparse != 0, num_sms)))
 }
 
-/// Bytes of the decode split-KV workspace (0 for one split); `heads` is the gathered H = D·H_l.
+/// Bytes of the decode split-KV workspace (0 for one split) for dense (`sparse` = 0) or sparse
+/// decode; `heads` is the gathered H = D·H_l.
 ///
 /// # Safety
 /// `out` must be valid for a write.
@@ -206,10 +208,11 @@ pub unsafe extern "C" fn dcp_mla_decode_workspace_bytes(
     batch: usize,
     nq: usize,
     heads: usize,
+    sparse: i32,
     num_splits: usize,
     out: *mut usize,
 ) -> DcpMlaStatus {
-    guard(|| put("out", out, decode_workspace_bytes(batch, nq, heads, num_splits)))
+    guard(|| put("out", out, decode_workspace_bytes(batch, nq, heads, sparse != 0, num_splits)))
 }
 
 /// Bytes of one a2a slot (one destination's share of a [D, slot] send or receive buffer) for

@@ -333,7 +333,7 @@ impl<'a> DecodeStep<'a> {
             q_all: scratch::<bf16>(s, t * h * D_QK, sc)?,
             attn_out: scratch::<f32>(s, t * h * D_V, sc)?,
             attn_lse: scratch::<f32>(s, t * h, sc)?,
-            split_ws: scratch::<u8>(s, decode::decode_workspace_bytes(cfg.batch, cfg.nq, h, num_splits), sc)?,
+            split_ws: scratch::<u8>(s, decode::decode_workspace_bytes(cfg.batch, cfg.nq, h, sparse, num_splits), sc)?,
             local_idx: scratch::<i32>(s, t * k, sc)?,
             cand_scores: scratch::<f32>(s, d * t * k, sc)?,
             cand_ids: scratch::<i32>(s, d * t * k, sc)?,

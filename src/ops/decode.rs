@@ -1,12 +1,17 @@
 //! MLA decode attention on one rank's shard (SPEC.md §4): dense over the BF16 paged cache and
 //! sparse over index lists into the BF16 or FP8-656 cache, with optional split-KV.
 //!
-//! Kernels: `kernels-src/decode.cuh` (families `mla_decode` and `mla_decode_combine`) and, for
-//! dense decode on Hopper, `kernels-src/decode_sm90.cuh` (`mla_decode_sm90`, see [`DecodePath`]). With
-//! `num_splits > 1` each CTA reads the row lengths (or index counts) on the device to find its
-//! share of the tiles, writes an fp32 partial result to the caller's workspace, and a combine
-//! kernel merges the splits (SPEC.md §5), so a captured graph replays correctly when lengths
-//! or indices change.
+//! Kernels: `kernels-src/decode.cuh` (families `mla_decode`, `mla_decode_schedule` and
+//! `mla_decode_combine`) and, for dense decode on Hopper, `kernels-src/decode_sm90.cuh`
+//! (`mla_decode_sm90`, see [`DecodePath`]).
+//!
+//! Split-KV (`num_splits = P > 1`): a schedule kernel reads the row lengths (or index counts) on
+//! the device and writes the sequences' unit prefix into the workspace; each of the P parts of
+//! a row block then takes an equal share of the batch's (sequence, KV tile) units, across
+//! sequences, so SMs stay balanced when lengths differ; a sequence spread over several parts
+//! leaves fp32 partials that a combine kernel merges (SPEC.md §5). Everything the split depends
+//! on is computed on the device, so a captured graph replays correctly when lengths or indices
+//! change. [`crate::planner::schedule`] is the host mirror and explains the partition.
 
 use super::to_i32;
 use crate::abi::{DcpMlaDecodeCombineParams, DcpMlaDecodeParams};
@@ -18,8 +23,8 @@ use half::bf16;
 
 /// Query rows (flattened [q, H] rows of one request) per CTA.
 pub const ROWS_PER_CTA: usize = 64;
-/// Most KV splits a launch may use.
-pub const MAX_SPLITS: usize = 128;
+/// Most split-KV parts a launch may use.
+pub const MAX_SPLITS: usize = 1024;
 
 // Shared memory of one decode CTA; mirrors `decode::shared_bytes` in decode.cuh (the kernel
 // checks its dynamic shared size and writes nothing if it is short).
@@ -117,33 +122,46 @@ pub struct SparseDecode {
     pub topk_len: Option<DeviceSlice<i32>>,
 }
 
-/// CTAs per split of a launch: request × row block.
-fn row_blocks(nq: usize, heads: usize, sparse: bool) -> usize {
+/// Sequences of a launch: requests (dense) or query rows of requests (sparse, each has its own
+/// index list), and the rows each holds.
+fn seq_shape(batch: usize, nq: usize, heads: usize, sparse: bool) -> (usize, usize) {
     if sparse {
-        nq * heads.div_ceil(ROWS_PER_CTA)
+        (batch * nq, heads)
     } else {
-        (nq * heads).div_ceil(ROWS_PER_CTA)
+        (batch, nq * heads)
     }
 }
 
-/// The number of KV splits that fills `num_sms` SMs with about one wave of CTAs: 1 when the
-/// batch alone does, at most [`MAX_SPLITS`]. A host-side function of the shapes only, so a
-/// captured graph stays valid for any lengths.
+/// CTAs (row blocks of [`ROWS_PER_CTA`] rows) per sequence.
+fn row_blocks_per_seq(nq: usize, heads: usize, sparse: bool) -> usize {
+    seq_shape(1, nq, heads, sparse).1.div_ceil(ROWS_PER_CTA)
+}
+
+/// The split-KV part count that makes one wave of `num_sms` CTAs: P parts per row block share
+/// the batch's KV tiles evenly whatever the lengths (1 when a row block alone fills the machine),
+/// at most [`MAX_SPLITS`]. A host-side function of the shapes only, so a captured graph stays
+/// valid for any lengths.
 pub fn decode_num_splits(batch: usize, nq: usize, heads: usize, sparse: bool, num_sms: usize) -> usize {
-    let ctas = batch * row_blocks(nq, heads, sparse);
-    if ctas == 0 {
+    if batch == 0 {
         return 1;
     }
-    (num_sms / ctas).clamp(1, MAX_SPLITS)
+    (num_sms / row_blocks_per_seq(nq, heads, sparse)).clamp(1, MAX_SPLITS)
 }
 
-/// Bytes of the split-KV workspace: fp32 partial out [splits, rows, 512] and lse [splits, rows]
-/// for rows = batch·nq·heads; 0 when `num_splits <= 1`.
-pub fn decode_workspace_bytes(batch: usize, nq: usize, heads: usize, num_splits: usize) -> usize {
+/// Bytes of the int64 unit prefix at the start of the workspace (16-byte aligned).
+fn sched_bytes(seqs: usize) -> usize {
+    ((seqs + 1) * 8).next_multiple_of(16)
+}
+
+/// Bytes of the split-KV workspace: the schedule's int64 unit prefix [sequences + 1], then fp32
+/// partial out [2·num_splits, rows per sequence, 512] and lse [2·num_splits, rows per sequence];
+/// 0 when `num_splits <= 1`. `sparse`: for [`mla_decode_sparse`] (a sequence is one query row).
+pub fn decode_workspace_bytes(batch: usize, nq: usize, heads: usize, sparse: bool, num_splits: usize) -> usize {
     if num_splits <= 1 {
         return 0;
     }
-    num_splits * batch * nq * heads * (D_V + 1) * 4
+    let (seqs, rows) = seq_shape(batch, nq, heads, sparse);
+    sched_bytes(seqs) + 2 * num_splits * rows * (D_V + 1) * 4
 }
 
 /// Dynamic shared memory of one decode CTA for a cache format.
@@ -210,16 +228,35 @@ fn parse_wgmma_variant(s: &str) -> Option<DecodePath> {
     }
 }
 
-/// The kernel and its shared memory for a dense launch on `dev`; `None`: `path` cannot run
-/// here (wgmma asked for on a device that is not compute capability 9.0, or not built).
-fn dense_kernel(dev: &Device, path: DecodePath) -> Option<(KernelId, usize)> {
-    let mma = || registry::mla_decode(axes::Kv::DenseBf16).map(|id| (id, decode_shared_bytes(KvFormat::Bf16)));
+/// KV tokens per tile of the mma.sync kernels (`decode::kTile` in decode.cuh).
+const MMA_TILE: u32 = 32;
+
+/// A decode kernel, its dynamic shared memory and its KV tile (what the split schedule counts).
+struct Kernel {
+    id: KernelId,
+    shared_bytes: usize,
+    tile: u32,
+}
+
+/// The kernel for a dense launch on `dev`; `None`: `path` cannot run here (wgmma asked for on
+/// a device that is not compute capability 9.0, or not built).
+fn dense_kernel(dev: &Device, path: DecodePath) -> Option<Kernel> {
+    let mma = || {
+        registry::mla_decode(axes::Kv::DenseBf16).map(|id| Kernel {
+            id,
+            shared_bytes: decode_shared_bytes(KvFormat::Bf16),
+            tile: MMA_TILE,
+        })
+    };
     let wgmma = |tile: u32, stages: u32, overlap: u32| {
         if dev.compute_capability() != (9, 0) {
             return None;
         }
-        registry::mla_decode_sm90(tile, stages, overlap)
-            .map(|id| (id, decode_sm90_shared_bytes(tile as usize, stages as usize)))
+        registry::mla_decode_sm90(tile, stages, overlap).map(|id| Kernel {
+            id,
+            shared_bytes: decode_sm90_shared_bytes(tile as usize, stages as usize),
+            tile,
+        })
     };
     match path {
         DecodePath::Mma => mma(),
@@ -240,7 +277,7 @@ pub fn mla_decode_dense(dev: &Device, stream: Stream, a: &DenseDecode) -> Result
 
 /// [`mla_decode_dense`] on a chosen kernel; `Error::Unsupported` when it cannot run on `dev`.
 pub fn mla_decode_dense_on(dev: &Device, stream: Stream, a: &DenseDecode, path: DecodePath) -> Result<()> {
-    let mut params = validate_common(&a.common)?;
+    let mut params = validate_common(&a.common, false)?;
     let c = &a.common;
     let rows = c.batch * c.nq;
     check_cache("cache", &a.cache, a.num_pages, a.block_size, KvFormat::Bf16)?;
@@ -274,15 +311,14 @@ pub fn mla_decode_dense_on(dev: &Device, stream: Stream, a: &DenseDecode, path: 
     params.num_pages = to_i32("num_pages", a.num_pages)?;
     params.block_size = to_i32("block_size", a.block_size)?;
     params.max_pages = to_i32("max_pages", a.max_pages)?;
-    let (id, smem) =
-        dense_kernel(dev, path).ok_or_else(|| Error::Unsupported(format!("mla_decode dense on {path:?}")))?;
-    launch(dev, stream, id, c, &params, smem, false)
+    let kernel = dense_kernel(dev, path).ok_or_else(|| Error::Unsupported(format!("mla_decode dense on {path:?}")))?;
+    launch(dev, stream, &kernel, c, &mut params, false)
 }
 
 /// Sparse decode (SPEC.md §4) over the BF16 or FP8-656 cache. Validates every argument,
 /// allocates nothing, never synchronises.
 pub fn mla_decode_sparse(dev: &Device, stream: Stream, a: &SparseDecode) -> Result<()> {
-    let mut params = validate_common(&a.common)?;
+    let mut params = validate_common(&a.common, true)?;
     let c = &a.common;
     let rows = c.batch * c.nq;
     check_cache("cache", &a.cache, a.num_pages, a.block_size, a.format)?;
@@ -308,7 +344,8 @@ pub fn mla_decode_sparse(dev: &Device, stream: Stream, a: &SparseDecode) -> Resu
         KvFormat::Fp8_656 => axes::Kv::SparseFp8,
     };
     let id = registry::mla_decode(kv).ok_or_else(|| Error::Unsupported(format!("mla_decode sparse {:?}", a.format)))?;
-    launch(dev, stream, id, c, &params, decode_shared_bytes(a.format), true)
+    let kernel = Kernel { id, shared_bytes: decode_shared_bytes(a.format), tile: MMA_TILE };
+    launch(dev, stream, &kernel, c, &mut params, true)
 }
 
 fn check_cache(
@@ -336,7 +373,7 @@ fn check_cache(
     Ok(())
 }
 
-fn validate_common(c: &DecodeCommon) -> Result<DcpMlaDecodeParams> {
+fn validate_common(c: &DecodeCommon, sparse: bool) -> Result<DcpMlaDecodeParams> {
     ensure_arg!(c.nq >= 1, "nq", "must be at least 1");
     ensure_arg!(c.heads >= 1, "heads", "must be at least 1");
     ensure_arg!(c.batch <= 65535, "batch", "{} exceeds the grid limit 65535", c.batch);
@@ -367,7 +404,7 @@ fn validate_common(c: &DecodeCommon) -> Result<DcpMlaDecodeParams> {
     ensure_arg!(c.out.ptr() % 16 == 0, "out", "pointer {:#x} is not 16-byte aligned", c.out.ptr());
     ensure_arg!(c.lse.len() >= rows, "lse", "holds {} elements but [batch, nq, heads] needs {rows}", c.lse.len());
     ensure_arg!(c.lse.ptr() % 4 == 0, "lse", "pointer {:#x} is not 4-byte aligned", c.lse.ptr());
-    let ws_need = decode_workspace_bytes(c.batch, c.nq, c.heads, c.num_splits);
+    let ws_need = decode_workspace_bytes(c.batch, c.nq, c.heads, sparse, c.num_splits);
     ensure_arg!(
         c.workspace.len() >= ws_need,
         "workspace",
@@ -381,8 +418,11 @@ fn validate_common(c: &DecodeCommon) -> Result<DcpMlaDecodeParams> {
         "pointer {:#x} is not 16-byte aligned",
         c.workspace.ptr()
     );
-    let ws_out = c.workspace.ptr();
-    let ws_lse = ws_out + (c.num_splits * rows * D_V * 4) as u64;
+    // workspace: unit prefix, then partial out and lse of 2·num_splits slots
+    let (seqs, seq_rows) = seq_shape(c.batch, c.nq, c.heads, sparse);
+    let sched = c.workspace.ptr();
+    let ws_out = sched + sched_bytes(seqs) as u64;
+    let ws_lse = ws_out + (2 * c.num_splits * seq_rows * D_V * 4) as u64;
     Ok(DcpMlaDecodeParams {
         q: c.q.ptr(),
         cache: 0,
@@ -392,6 +432,7 @@ fn validate_common(c: &DecodeCommon) -> Result<DcpMlaDecodeParams> {
         topk_len: 0,
         out: c.out.ptr(),
         lse: c.lse.ptr(),
+        sched: if ws_need > 0 { sched } else { 0 },
         ws_out: if ws_need > 0 { ws_out } else { 0 },
         ws_lse: if ws_need > 0 { ws_lse } else { 0 },
         block_table_stride: 0,
@@ -404,6 +445,7 @@ fn validate_common(c: &DecodeCommon) -> Result<DcpMlaDecodeParams> {
         max_pages: 0,
         topk: 0,
         num_splits: c.num_splits as i32,
+        sched_tile: 0,
         out_f32: c.out.is_f32() as i32,
     })
 }
@@ -411,33 +453,44 @@ fn validate_common(c: &DecodeCommon) -> Result<DcpMlaDecodeParams> {
 fn launch(
     dev: &Device,
     stream: Stream,
-    id: KernelId,
+    kernel: &Kernel,
     c: &DecodeCommon,
-    params: &DcpMlaDecodeParams,
-    shared_bytes: usize,
+    params: &mut DcpMlaDecodeParams,
     sparse: bool,
 ) -> Result<()> {
     let rows = c.batch * c.nq * c.heads;
     if rows == 0 {
         return Ok(());
     }
-    let grid = (row_blocks(c.nq, c.heads, sparse) as u32, c.batch as u32, c.num_splits as u32);
-    // SAFETY: the validate functions checked every buffer against the extents the kernel
-    // addresses; lengths and indices are clamped or skipped on the device.
-    unsafe { dev.launch(id, grid, shared_bytes as u32, stream, params)? };
-    if c.num_splits > 1 {
-        let combine = DcpMlaDecodeCombineParams {
+    let rb = row_blocks_per_seq(c.nq, c.heads, sparse) as u32;
+    if c.num_splits <= 1 {
+        // a CTA per (sequence, row block); sparse sequences are (request, query row) pairs
+        let grid = if sparse { (rb * c.nq as u32, c.batch as u32, 1) } else { (rb, c.batch as u32, 1) };
+        // SAFETY: the validate functions checked every buffer against the extents the kernel
+        // addresses; lengths and indices are clamped or skipped on the device.
+        return unsafe { dev.launch(kernel.id, grid, kernel.shared_bytes as u32, stream, params) };
+    }
+    params.sched_tile = kernel.tile as i32;
+    let schedule = registry::mla_decode_schedule().ok_or_else(|| Error::Unsupported("mla_decode_schedule".into()))?;
+    let combine = registry::mla_decode_combine().ok_or_else(|| Error::Unsupported("mla_decode_combine".into()))?;
+    let (seqs, seq_rows) = seq_shape(c.batch, c.nq, c.heads, sparse);
+    // SAFETY: as above; the workspace holds the unit prefix and 2·num_splits slots (validated),
+    // which the schedule writes and the decode and combine kernels read and write.
+    unsafe {
+        dev.launch(schedule, (1, 1, 1), 0, stream, params)?;
+        dev.launch(kernel.id, (rb, 1, c.num_splits as u32), kernel.shared_bytes as u32, stream, params)?;
+        let merge = DcpMlaDecodeCombineParams {
+            sched: params.sched,
             ws_out: params.ws_out,
             ws_lse: params.ws_lse,
             out: params.out,
             lse: params.lse,
-            rows: rows as i64,
+            seqs: seqs as i32,
+            rows_per_seq: seq_rows as i32,
             num_splits: params.num_splits,
             out_f32: params.out_f32,
         };
-        let id = registry::mla_decode_combine().ok_or_else(|| Error::Unsupported("mla_decode_combine".into()))?;
-        // SAFETY: the workspace holds num_splits × rows partial rows (validated above).
-        unsafe { dev.launch(id, (rows as u32, 1, 1), 0, stream, &combine)? };
+        dev.launch(combine, (rows as u32, 1, 1), 0, stream, &merge)?;
     }
     Ok(())
 }
@@ -447,20 +500,27 @@ mod tests {
     use super::*;
 
     #[test]
-    fn splits_fill_the_machine_and_stay_bounded() {
-        // batch 1, H = 64, q = 1: one row block, so the splits alone fill 132 SMs (capped).
-        assert_eq!(decode_num_splits(1, 1, 64, false, 132), MAX_SPLITS.min(132));
-        // a large batch fills the machine on its own
-        assert_eq!(decode_num_splits(128, 1, 64, false, 132), 1);
-        // sparse CTAs hold one query row: q = 2, H = 128 -> 4 row blocks per request
-        assert_eq!(decode_num_splits(4, 2, 128, true, 132), 132 / 16);
+    fn parts_make_one_wave() {
+        // H = 64, q = 1: one row block per sequence, so 132 parts of it fill 132 SMs
+        assert_eq!(decode_num_splits(1, 1, 64, false, 132), 132);
+        assert_eq!(decode_num_splits(128, 1, 64, false, 132), 132);
+        // dense q = 6, H = 64: 6 row blocks per request
+        assert_eq!(decode_num_splits(128, 6, 64, false, 132), 22);
+        // sparse sequences are one query row: q = 2, H = 128 -> 2 row blocks per sequence
+        assert_eq!(decode_num_splits(4, 2, 128, true, 132), 66);
+        // more row blocks than SMs: no split
+        assert_eq!(decode_num_splits(1, 8, 128, false, 8), 1);
         assert_eq!(decode_num_splits(0, 1, 16, false, 132), 1);
+        assert_eq!(decode_num_splits(1, 1, 16, false, 100_000), MAX_SPLITS);
     }
 
     #[test]
-    fn workspace_counts_every_split_row() {
-        assert_eq!(decode_workspace_bytes(2, 3, 16, 1), 0);
-        assert_eq!(decode_workspace_bytes(2, 3, 16, 5), 5 * 2 * 3 * 16 * 513 * 4);
+    fn workspace_holds_the_prefix_and_two_slots_per_part() {
+        assert_eq!(decode_workspace_bytes(2, 3, 16, false, 1), 0);
+        // dense: 2 sequences of 48 rows; prefix of 3 int64 rounded up to 32 bytes
+        assert_eq!(decode_workspace_bytes(2, 3, 16, false, 5), 32 + 10 * 48 * 513 * 4);
+        // sparse: 6 sequences of 16 rows; prefix of 7 int64 = 56 -> 64 bytes
+        assert_eq!(decode_workspace_bytes(2, 3, 16, true, 5), 64 + 10 * 16 * 513 * 4);
     }
 
     #[test]

@@ -4,6 +4,7 @@
 //! [`PlanError`]s, converted into [`crate::Error::InvalidConfig`].
 
 mod chunks;
+pub mod schedule;
 pub mod workspace;
 
 pub use chunks::{plan_prefill_chunks, prefill_chunk_bytes, Chunk, ChunkPlan, Piece};

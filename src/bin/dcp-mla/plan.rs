@@ -155,9 +155,13 @@ pub fn plan(a: &PlanArgs) -> Result<Value, String> {
     let t = b * q;
     let dense_splits = decode_num_splits(b, q, heads, false, a.sms);
     let sparse_splits = decode_num_splits(b, q, heads, true, a.sms);
-    let split_ws =
-        decode_workspace_bytes(b, q, heads, dense_splits).max(decode_workspace_bytes(b, q, heads, sparse_splits))
-            as u64;
+    let split_ws = decode_workspace_bytes(b, q, heads, false, dense_splits).max(decode_workspace_bytes(
+        b,
+        q,
+        heads,
+        true,
+        sparse_splits,
+    )) as u64;
     let partial_out = workspace::decode_split_bytes(b, q, heads, 1);
     let ag_rs = workspace::merge_ag_rs_bytes(d, t, h_l);
     let a2a = workspace::merge_a2a_bytes(d, t, h_l);

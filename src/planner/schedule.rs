@@ -1,0 +1,155 @@
+//! The split-KV decode schedule (issue 5): how `P` parts (CTAs per row block) share a batch's
+//! (sequence, KV tile) work so every SM gets about the same number of tiles, whatever the
+//! sequences' lengths. This is the host mirror of `mla_decode_schedule` and of the piece loop of
+//! the decode kernels (`kernels-src/decode.cuh`, `decode::Schedule`); the GPU tests compare the
+//! device's unit prefix with [`schedule_units`] bit for bit.
+//!
+//! The work is a line of units. Sequence `s` owns `1 + ceil(len_s / tile)` consecutive units:
+//! one for its fixed cost (loading Q, writing its rows, the combine) and one per tile; `U` is the
+//! exclusive prefix, `U[s]..U[s + 1]`. Part `p` takes units `[p·W, (p + 1)·W)` with
+//! `W = ceil(U[seqs] / P)`: a piece per sequence it touches. A sequence inside one part writes
+//! its rows directly; a sequence spread over several parts writes one fp32 partial per part to
+//! a workspace slot and the combine merges them. A part holds at most two such pieces (its first
+//! and last sequence), so the workspace has `2·P` slots: slot `2p` for a piece that starts the
+//! part, `2p + 1` for the one that ends it.
+
+/// A sequence's share of one part: tiles `[tile_begin, tile_end)` of sequence `seq`, written to
+/// workspace slot `slot`, or directly to out/lse when `slot` is `None`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Piece {
+    pub seq: usize,
+    pub tile_begin: u64,
+    pub tile_end: u64,
+    pub slot: Option<usize>,
+}
+
+/// Units of a sequence of `len` tokens with KV tiles of `tile` tokens.
+pub fn seq_units(len: u64, tile: u64) -> u64 {
+    1 + len.div_ceil(tile)
+}
+
+/// The exclusive prefix `U` (length `lens.len() + 1`) the device scheduler writes.
+pub fn schedule_units(lens: &[u64], tile: u64) -> Vec<i64> {
+    let mut u = Vec::with_capacity(lens.len() + 1);
+    let mut acc = 0i64;
+    u.push(0);
+    for &l in lens {
+        acc += seq_units(l, tile) as i64;
+        u.push(acc);
+    }
+    u
+}
+
+/// Units per part: `ceil(U[seqs] / parts)`.
+pub fn units_per_part(u: &[i64], parts: usize) -> i64 {
+    let total = *u.last().unwrap_or(&0);
+    (total + parts as i64 - 1) / parts as i64
+}
+
+/// The pieces of part `part`, in the order the kernel runs them.
+pub fn part_pieces(u: &[i64], parts: usize, part: usize) -> Vec<Piece> {
+    let seqs = u.len() - 1;
+    let total = u[seqs];
+    let w = units_per_part(u, parts);
+    let (b, e) = (part as i64 * w, ((part as i64 + 1) * w).min(total));
+    let mut out = Vec::new();
+    if b >= e {
+        return out;
+    }
+    // the sequence holding unit b: the last s with U[s] <= b
+    let mut s = u.partition_point(|&x| x <= b) - 1;
+    while s < seqs && u[s] < e {
+        let (a, z) = (u[s], u[s + 1]);
+        let first = a + 1; // unit of tile 0
+        let tile_begin = (b.max(first) - first).max(0) as u64;
+        let tile_end = (e.min(z) - first).max(0) as u64;
+        let (fp, lp) = (a / w, (z - 1) / w);
+        let slot = (fp != lp).then(|| 2 * part + usize::from(part as i64 == fp && a > b));
+        out.push(Piece { seq: s, tile_begin, tile_end: tile_end.max(tile_begin), slot });
+        s += 1;
+    }
+    out
+}
+
+/// The workspace slots holding sequence `seq`'s partials, in part order; empty when the
+/// sequence lies inside one part (it wrote its rows directly).
+pub fn seq_slots(u: &[i64], parts: usize, seq: usize) -> Vec<usize> {
+    let w = units_per_part(u, parts);
+    let (a, z) = (u[seq], u[seq + 1]);
+    let (fp, lp) = (a / w, (z - 1) / w);
+    if fp == lp {
+        return Vec::new();
+    }
+    (fp..=lp).map(|q| 2 * q as usize + usize::from(q == fp && a > fp * w)).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every tile of every sequence is in exactly one piece, every sequence has a piece, slots
+    /// are unique, and the combine's slot list is the pieces' slots.
+    fn check(lens: &[u64], tile: u64, parts: usize) {
+        let u = schedule_units(lens, tile);
+        let mut seen: Vec<Vec<(u64, u64)>> = vec![Vec::new(); lens.len()];
+        let mut slots_of: Vec<Vec<usize>> = vec![Vec::new(); lens.len()];
+        let mut used = std::collections::HashSet::new();
+        for p in 0..parts {
+            for pc in part_pieces(&u, parts, p) {
+                seen[pc.seq].push((pc.tile_begin, pc.tile_end));
+                if let Some(sl) = pc.slot {
+                    assert!(sl / 2 == p, "slot {sl} of part {p}");
+                    assert!(used.insert(sl), "slot {sl} used twice");
+                    slots_of[pc.seq].push(sl);
+                }
+            }
+        }
+        for (s, &len) in lens.iter().enumerate() {
+            let tiles = len.div_ceil(tile);
+            let mut r = seen[s].clone();
+            assert!(!r.is_empty(), "sequence {s} has no piece");
+            r.sort();
+            let mut next = 0;
+            for (b, e) in r.into_iter().filter(|(b, e)| b < e) {
+                assert_eq!(b, next, "gap or overlap in sequence {s}");
+                assert!(e <= tiles);
+                next = e;
+            }
+            assert_eq!(next, tiles, "sequence {s}: tiles covered");
+            let covered: u64 = seen[s].iter().map(|(b, e)| e - b).sum();
+            assert_eq!(covered, tiles, "sequence {s}: a tile covered twice");
+            assert_eq!(seen[s].len() > 1, !slots_of[s].is_empty(), "sequence {s}: direct iff one piece");
+            assert_eq!(seq_slots(&u, parts, s), slots_of[s], "sequence {s}: combine slots");
+        }
+    }
+
+    #[test]
+    fn every_tile_once_every_sequence_written() {
+        check(&[8192; 128], 64, 132);
+        check(&[8192; 128], 64, 1);
+        check(&[0, 1, 0, 0], 32, 8);
+        check(&[100_000], 64, 132);
+        check(&[0], 64, 132);
+        check(&[65, 0, 4096, 1, 33, 32, 31, 20000, 0, 7], 32, 5);
+        let mut rng = crate::rng::Rng::new(7);
+        for _ in 0..300 {
+            let n = 1 + rng.below(40) as usize;
+            let lens: Vec<u64> = (0..n).map(|_| if rng.below(4) == 0 { 0 } else { rng.below(5000) }).collect();
+            let tile = if rng.below(2) == 0 { 32 } else { 64 };
+            check(&lens, tile, 1 + rng.below(140) as usize);
+        }
+    }
+
+    #[test]
+    fn parts_are_balanced() {
+        // 128 equal sequences over 132 parts: no part takes more than W units.
+        let u = schedule_units(&[8192; 128], 64);
+        let w = units_per_part(&u, 132);
+        assert_eq!(w, (128 * 129 + 131) / 132);
+        // one long and many short sequences: the long one is spread over many parts
+        let mut lens = vec![64u64; 100];
+        lens.push(1 << 20);
+        let u = schedule_units(&lens, 64);
+        assert!(seq_slots(&u, 132, 100).len() > 100);
+    }
+}
