@@ -118,7 +118,7 @@ fn plan_json_agrees_with_the_planner() {
         let h = d * h_l;
         let w = &v["workspace"];
         assert_eq!(w["heads"], h);
-        assert_eq!(w["partial_out"], workspace::decode_split_bytes(b, q, h, 1));
+        assert_eq!(w["partial_out"], workspace::decode_out_f32_bytes(b, q, h));
         assert_eq!(w["merge_ag_rs"], workspace::merge_ag_rs_bytes(d, b * q, h_l));
         assert_eq!(w["merge_a2a"], workspace::merge_a2a_bytes(d, b * q, h_l));
         assert_eq!(w["topk_bytes"], workspace::topk_bytes(d, b * q, 2048));

@@ -137,15 +137,28 @@ fn row_blocks_per_seq(nq: usize, heads: usize, sparse: bool) -> usize {
     seq_shape(1, nq, heads, sparse).1.div_ceil(ROWS_PER_CTA)
 }
 
-/// The split-KV part count that makes one wave of `num_sms` CTAs: P parts per row block share
-/// the batch's KV tiles evenly whatever the lengths (1 when a row block alone fills the machine),
-/// at most [`MAX_SPLITS`]. A host-side function of the shapes only, so a captured graph stays
-/// valid for any lengths.
+/// The split-KV part count for a launch on `num_sms` SMs, a host-side function of the shapes
+/// only (so a captured graph stays valid for any lengths), at most [`MAX_SPLITS`].
+///
+/// Dense: P = num_sms / (row blocks per request), one wave whose parts share the batch's KV
+/// tiles evenly whatever the lengths. Uneven lengths are the common case under DCP, and there
+/// balancing pays (H200, b = 128, lengths ramping to 32K: 1,239 µs vs 2,400 µs unsplit); with
+/// equal lengths and a batch that fills the machine it costs the combine (b = 128, 8K: +2%).
+/// Sparse: a sequence attends to at most K tokens, so lengths cannot be far apart; P = 1 when
+/// one CTA per (query row, head block) fills at least 80% of its last wave, else balanced parts.
 pub fn decode_num_splits(batch: usize, nq: usize, heads: usize, sparse: bool, num_sms: usize) -> usize {
-    if batch == 0 {
+    if batch == 0 || num_sms == 0 {
         return 1;
     }
-    (num_sms / row_blocks_per_seq(nq, heads, sparse)).clamp(1, MAX_SPLITS)
+    let rb = row_blocks_per_seq(nq, heads, sparse);
+    if sparse {
+        let ctas = batch * nq * rb;
+        let waves = ctas.div_ceil(num_sms);
+        if ctas * 5 >= waves * num_sms * 4 {
+            return 1;
+        }
+    }
+    (num_sms / rb).clamp(1, MAX_SPLITS)
 }
 
 /// Bytes of the int64 unit prefix at the start of the workspace (16-byte aligned).
@@ -153,15 +166,12 @@ fn sched_bytes(seqs: usize) -> usize {
     ((seqs + 1) * 8).next_multiple_of(16)
 }
 
-/// Bytes of the split-KV workspace: the schedule's int64 unit prefix [sequences + 1], then fp32
-/// partial out [2·num_splits, rows per sequence, 512] and lse [2·num_splits, rows per sequence];
-/// 0 when `num_splits <= 1`. `sparse`: for [`mla_decode_sparse`] (a sequence is one query row).
+/// Bytes of the split-KV workspace ([`crate::planner::workspace::decode_split_bytes`]): the
+/// schedule's int64 unit prefix [sequences + 1], then fp32 partial out [2·num_splits, rows per
+/// sequence, 512] and lse [2·num_splits, rows per sequence]; 0 when `num_splits <= 1`.
+/// `sparse`: for [`mla_decode_sparse`] (a sequence is one query row).
 pub fn decode_workspace_bytes(batch: usize, nq: usize, heads: usize, sparse: bool, num_splits: usize) -> usize {
-    if num_splits <= 1 {
-        return 0;
-    }
-    let (seqs, rows) = seq_shape(batch, nq, heads, sparse);
-    sched_bytes(seqs) + 2 * num_splits * rows * (D_V + 1) * 4
+    crate::planner::workspace::decode_split_bytes(batch, nq, heads, sparse, num_splits) as usize
 }
 
 /// Dynamic shared memory of one decode CTA for a cache format.
@@ -506,8 +516,14 @@ mod tests {
         assert_eq!(decode_num_splits(128, 1, 64, false, 132), 132);
         // dense q = 6, H = 64: 6 row blocks per request
         assert_eq!(decode_num_splits(128, 6, 64, false, 132), 22);
-        // sparse sequences are one query row: q = 2, H = 128 -> 2 row blocks per sequence
+        // sparse sequences are one query row: q = 2, H = 128 -> 2 row blocks per sequence;
+        // 16 CTAs are 12% of a wave: split
         assert_eq!(decode_num_splits(4, 2, 128, true, 132), 66);
+        // 128 query rows × 1 head block = 97% of a wave, 768 = 97% of 6 waves: no split
+        assert_eq!(decode_num_splits(128, 1, 64, true, 132), 1);
+        assert_eq!(decode_num_splits(128, 6, 64, true, 132), 1);
+        // 140 CTAs would leave the second wave 6% full: split
+        assert_eq!(decode_num_splits(140, 1, 64, true, 132), 132);
         // more row blocks than SMs: no split
         assert_eq!(decode_num_splits(1, 8, 128, false, 8), 1);
         assert_eq!(decode_num_splits(0, 1, 16, false, 132), 1);

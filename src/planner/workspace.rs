@@ -40,8 +40,21 @@ pub fn topk_bytes(d: usize, rows: usize, k: usize) -> u64 {
     rk * 4 + rk * 8 + d as u64 * rk * 8 + rk * 4
 }
 
-/// Split-KV decode: partial out [splits, b, q, H, 512] fp32 and lse [splits, b, q, H] fp32,
-/// H being the gathered heads D·H_l.
-pub fn decode_split_bytes(b: usize, q: usize, h: usize, splits: usize) -> u64 {
-    splits as u64 * b as u64 * q as u64 * h as u64 * (D_V as u64 * 4 + 4)
+/// A rank's decode result in fp32 (what the ag_rs combine reads): out [b, q, H, 512] and lse
+/// [b, q, H], H being the gathered heads D·H_l.
+pub fn decode_out_f32_bytes(b: usize, q: usize, h: usize) -> u64 {
+    b as u64 * q as u64 * h as u64 * (D_V as u64 * 4 + 4)
+}
+
+/// The split-KV decode workspace (src/planner/schedule.rs): the int64 unit prefix of the
+/// sequences (16-byte aligned), then fp32 partial out [2·parts, rows per sequence, 512] and lse
+/// [2·parts, rows per sequence]; 0 for one part. A sequence is a request (dense: q·H rows) or
+/// one query row of a request (sparse: H rows).
+pub fn decode_split_bytes(b: usize, q: usize, h: usize, sparse: bool, parts: usize) -> u64 {
+    if parts <= 1 {
+        return 0;
+    }
+    let (seqs, rows) = if sparse { (b * q, h) } else { (b, q * h) };
+    let prefix = ((seqs as u64 + 1) * 8).next_multiple_of(16);
+    prefix + 2 * parts as u64 * rows as u64 * (D_V as u64 * 4 + 4)
 }

@@ -162,7 +162,7 @@ pub fn plan(a: &PlanArgs) -> Result<Value, String> {
         true,
         sparse_splits,
     )) as u64;
-    let partial_out = workspace::decode_split_bytes(b, q, heads, 1);
+    let partial_out = workspace::decode_out_f32_bytes(b, q, heads);
     let ag_rs = workspace::merge_ag_rs_bytes(d, t, h_l);
     let a2a = workspace::merge_a2a_bytes(d, t, h_l);
     let topk = workspace::topk_bytes(d, t, a.topk);
