@@ -168,19 +168,23 @@ __device__ __forceinline__ void mla_decode_sm90(const DcpMlaDecodeParams& p) {
             decode::cp_async16(sQ + swizzled(kRows, r, part), src, ok);
         }
         const int ld_tok = tid / kTilePerThread, ld_part = tid % kTilePerThread;
-        // cache row (page·B + slot) of token `tok` of `tile`, or -1: unread
-        auto token_row = [&](int tile, int tok) -> int64_t {
+        // The block-table entry of token `tok` of `tile` (-1: past the sequence), and from it the
+        // cache row (page·B + slot) or -1: unread. Split in two so the plain schedule can read the
+        // entry one iteration before it issues the tile's copies: the table load's latency then
+        // hides behind a tile of math instead of stalling every thread before the barrier.
+        auto token_page = [&](int tile, int tok) -> int {
             const int pos = tile * Tile + tok;
-            int64_t row = -1;
-            if (pos < n_tokens) {
-                const int page =
-                    ((const int32_t*)p.block_table)[(int64_t)seq * p.block_table_stride + pos / p.block_size];
-                if (page >= 0 && page < p.num_pages) row = (int64_t)page * p.block_size + pos % p.block_size;
-            }
-            return row;
+            if (pos >= n_tokens) return -1;
+            return ((const int32_t*)p.block_table)[(int64_t)seq * p.block_table_stride + pos / p.block_size];
         };
-        auto issue_tile = [&](int tile, int stage) {
-            const int64_t row = token_row(tile, ld_tok);
+        auto page_row = [&](int tile, int tok, int page) -> int64_t {
+            const int pos = tile * Tile + tok;
+            return pos < n_tokens && page >= 0 && page < p.num_pages
+                       ? (int64_t)page * p.block_size + pos % p.block_size
+                       : (int64_t)-1;
+        };
+        auto token_row = [&](int tile, int tok) { return page_row(tile, tok, token_page(tile, tok)); };
+        auto issue_tile_row = [&](int64_t row, int stage) {
             if (ld_part == 0) sValid[stage * Tile + ld_tok] = row >= 0;
             const __nv_bfloat16* src = (const __nv_bfloat16*)p.cache + (row >= 0 ? row * kDimQk : 0);
             unsigned char* dst = sKV + stage * (Tile * kDimQk * 2);
@@ -190,6 +194,7 @@ __device__ __forceinline__ void mla_decode_sm90(const DcpMlaDecodeParams& p) {
                 decode::cp_async16(dst + swizzled(Tile, ld_tok, c), src + 8 * c, row >= 0);
             }
         };
+        auto issue_tile = [&](int tile, int stage) { issue_tile_row(token_row(tile, ld_tok), stage); };
         // Overlap: the warpgroup's share of a tile, 36 of a token's 72 chunks, kWgPerTok threads per token
         constexpr int kWgPerTok = 128 / Tile;
         const int wg_tok = (tid & 127) / kWgPerTok, wg_part = (tid & 127) % kWgPerTok;
@@ -216,6 +221,8 @@ __device__ __forceinline__ void mla_decode_sm90(const DcpMlaDecodeParams& p) {
         for (int i = 0; i < 128; ++i) o[i] = 0.0f;
         float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
 
+        // plain schedule: the table entry of the next tile to issue, read an iteration ahead
+        int next_page = Overlap ? -1 : token_page(tile_begin + Stages - 1, ld_tok);
         for (int tile = tile_begin; tile < tile_end; ++tile) {
             const int i = tile - tile_begin, stage = i % Stages;
             if constexpr (Overlap) {
@@ -224,7 +231,9 @@ __device__ __forceinline__ void mla_decode_sm90(const DcpMlaDecodeParams& p) {
                 decode::cp_async_wait<Stages - 2>();
             } else {
                 // the buffer refilled here was last read in iteration i − 1, which ended in a barrier
-                if (tile + Stages - 1 < tile_end) issue_tile(tile + Stages - 1, (i + Stages - 1) % Stages);
+                if (tile + Stages - 1 < tile_end)
+                    issue_tile_row(page_row(tile + Stages - 1, ld_tok, next_page), (i + Stages - 1) % Stages);
+                next_page = token_page(tile + Stages, ld_tok);  // used next iteration
                 decode::cp_async_commit();
                 decode::cp_async_wait<Stages - 1>();
             }
