@@ -29,11 +29,20 @@ constexpr int kBlocks = kDimQk / 64;  // 9 column blocks of 64 dims
 constexpr int kChunks = kDimQk / 8;   // 72 16-byte chunks per row
 constexpr float kLn2 = 0.6931471805599453f;
 
+// Validity flags per token: a slot per ring buffer; FP8 keeps two (tile parity), as its next
+// tile's raw copies (and flags) are issued while the current tile's softmax reads its flags.
+template <DecodeKv Kv, int Stages>
+constexpr int valid_slots() {
+    return Kv == DecodeKv::SparseFp8 ? 2 : Stages;
+}
+
 // Dynamic shared memory; `decode_sm90_shared_bytes` in src/ops/decode.rs must agree. The extra
-// 1024 bytes let the kernel align its buffers to the 1024-byte swizzle period.
-template <int Tile, int Stages>
+// 1024 bytes let the kernel align its buffers to the 1024-byte swizzle period. FP8 adds one
+// staging buffer of raw 656-byte rows.
+template <DecodeKv Kv, int Tile, int Stages>
 constexpr int shared_bytes() {
-    return 1024 + kRows * kDimQk * 2 + Stages * Tile * kDimQk * 2 + Stages * Tile * 4;
+    return 1024 + kRows * kDimQk * 2 + Stages * Tile * kDimQk * 2 + valid_slots<Kv, Stages>() * Tile * 4 +
+           (Kv == DecodeKv::SparseFp8 ? Tile * kFp8RowBytes : 0);
 }
 
 // Byte offset of 16-byte chunk c (0..71) of row r in a [rows × 576] bf16 buffer of 9 blocks.
@@ -110,50 +119,66 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[Tile / 2], uint64_t da, uint
 // S only, done before the barrier: its chunks are split between the warpgroups), so no CTA
 // barrier is added and the ring still runs Stages − 1 tiles ahead; the block-table entries of
 // that refill are read while S runs.
-template <int Tile, int Stages, int Overlap>
+template <DecodeKv Kv, int Tile, int Stages, int Overlap>
 __device__ __forceinline__ void mla_decode_sm90(const DcpMlaDecodeParams& p) {
+    constexpr bool kSparse = Kv != DecodeKv::DenseBf16;
+    constexpr bool kFp8 = Kv == DecodeKv::SparseFp8;
     static_assert(Tile == 32 || Tile == 64, "S tile is one wgmma m64nTile");
-    static_assert(Stages >= 2, "a ring of at least two buffers");
-    static_assert(decode_sm90::shared_bytes<Tile, Stages>() <= 227 * 1024, "fits one H100/H200 CTA");
+    static_assert(kFp8 ? Stages == 1 : Stages >= 2, "a ring of at least two buffers (FP8: one, fed by dequant)");
+    static_assert(!(kSparse && Overlap), "the overlapped schedule is dense only");
+    static_assert(decode_sm90::shared_bytes<Kv, Tile, Stages>() <= 227 * 1024, "fits one H100/H200 CTA");
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using namespace decode_sm90;
     constexpr int kTilePerThread = kThreads / Tile;  // threads loading one token row
+    static_assert(32 % kTilePerThread == 0, "a token's loading threads are lanes of one warp");
     constexpr int kSRegs = Tile / 2;
     {
         uint32_t dyn;
         asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
-        if (dyn < (uint32_t)shared_bytes<Tile, Stages>()) return;  // launched wrongly: write nothing
+        if (dyn < (uint32_t)shared_bytes<Kv, Tile, Stages>()) return;  // launched wrongly: write nothing
     }
     extern __shared__ __align__(16) unsigned char smem_raw[];
     const uint32_t raw_addr = decode::smem_addr(smem_raw);
     unsigned char* smem = smem_raw + (((raw_addr + 1023) & ~1023u) - raw_addr);
     unsigned char* sQ = smem;
     unsigned char* sKV = smem + kRows * kDimQk * 2;  // Stages × [Tile × 576] bf16
-    int* sValid = (int*)(sKV + Stages * Tile * kDimQk * 2);  // [Stages][Tile]
+    int* sValid = (int*)(sKV + Stages * Tile * kDimQk * 2);  // [valid_slots][Tile]
+    unsigned char* sRaw = (unsigned char*)(sValid + valid_slots<Kv, Stages>() * Tile);  // FP8: [Tile][656]
     const uint32_t q_addr = decode::smem_addr(sQ), kv_addr = decode::smem_addr(sKV);
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wg = warp >> 2, wr = warp & 3;  // warpgroup (V half), warp in the warpgroup (16 rows)
     const int g = lane >> 2, t4 = lane & 3;
     const int H = p.heads, nq = p.nq;
-    const int seqs = decode::num_seqs(p, false), seq_rows = decode::rows_per_seq(p, false);
-    const int row_base = blockIdx.x * kRows;
+    const int seqs = decode::num_seqs(p, kSparse), seq_rows = decode::rows_per_seq(p, kSparse);
+    // Row block within the sequence's rows and, with one part, the sequence (sparse CTAs of one
+    // part hold a (query row, head block) pair in blockIdx.x, as in decode.cuh).
+    const int hblocks = (H + kRows - 1) / kRows;
+    const int rb = kSparse && p.num_splits <= 1 ? blockIdx.x % hblocks : blockIdx.x;
+    const int block_seq = kSparse ? blockIdx.y * nq + blockIdx.x / hblocks : blockIdx.y;
+    const int row_base = rb * kRows;
     const int row_limit = min(kRows, seq_rows - row_base);
 
-    decode::for_each_piece(p, seqs, blockIdx.y, [&](const decode::Piece pc) {
+    decode::for_each_piece(p, seqs, block_seq, [&](const decode::Piece pc) {
         __syncthreads();  // the previous piece is done with shared memory
         const int seq = pc.seq;
         const int64_t seq_row0 = (int64_t)seq * seq_rows;
         const int64_t capacity = (int64_t)p.max_pages * p.block_size;
-        const int32_t* lens = (const int32_t*)p.lens + (int64_t)seq * nq;
         int n_tokens = 0;
-        for (int j = row_base / H; j <= (row_base + row_limit - 1) / H; ++j)
-            n_tokens = max(n_tokens, (int)min((int64_t)max(lens[j], 0), capacity));
         int row_len[2];
+        if constexpr (kSparse) {
+            n_tokens = decode::seq_tokens(p, true, seq);
 #pragma unroll
-        for (int k = 0; k < 2; ++k) {
-            const int r = wr * 16 + g + 8 * k;
-            row_len[k] = r < row_limit ? (int)min((int64_t)max(lens[(row_base + r) / H], 0), capacity) : 0;
+            for (int k = 0; k < 2; ++k) row_len[k] = wr * 16 + g + 8 * k < row_limit ? n_tokens : 0;
+        } else {
+            const int32_t* lens = (const int32_t*)p.lens + (int64_t)seq * nq;
+            for (int j = row_base / H; j <= (row_base + row_limit - 1) / H; ++j)
+                n_tokens = max(n_tokens, (int)min((int64_t)max(lens[j], 0), capacity));
+#pragma unroll
+            for (int k = 0; k < 2; ++k) {
+                const int r = wr * 16 + g + 8 * k;
+                row_len[k] = r < row_limit ? (int)min((int64_t)max(lens[(row_base + r) / H], 0), capacity) : 0;
+            }
         }
         const int n_tiles = (n_tokens + Tile - 1) / Tile;
         const int tile_end = min(n_tiles, pc.tile_end);
@@ -172,13 +197,19 @@ __device__ __forceinline__ void mla_decode_sm90(const DcpMlaDecodeParams& p) {
         // cache row (page·B + slot) or -1: unread. Split in two so the plain schedule can read the
         // entry one iteration before it issues the tile's copies: the table load's latency then
         // hides behind a tile of math instead of stalling every thread before the barrier.
+        // Sparse: the "entry" is the index (page·B + slot) itself.
         auto token_page = [&](int tile, int tok) -> int {
             const int pos = tile * Tile + tok;
             if (pos >= n_tokens) return -1;
+            if constexpr (kSparse) return ((const int32_t*)p.indices)[(int64_t)seq * p.topk + pos];
             return ((const int32_t*)p.block_table)[(int64_t)seq * p.block_table_stride + pos / p.block_size];
         };
         auto page_row = [&](int tile, int tok, int page) -> int64_t {
             const int pos = tile * Tile + tok;
+            if constexpr (kSparse)
+                return pos < n_tokens && page >= 0 && (int64_t)page < (int64_t)p.num_pages * p.block_size
+                           ? (int64_t)page
+                           : (int64_t)-1;
             return pos < n_tokens && page >= 0 && page < p.num_pages
                        ? (int64_t)page * p.block_size + pos % p.block_size
                        : (int64_t)-1;
@@ -195,6 +226,33 @@ __device__ __forceinline__ void mla_decode_sm90(const DcpMlaDecodeParams& p) {
             }
         };
         auto issue_tile = [&](int tile, int stage) { issue_tile_row(token_row(tile, ld_tok), stage); };
+        // FP8: a token's raw 656-byte row into the staging buffer (41 chunks over kTilePerThread
+        // threads; unread tokens zero-filled, which dequantises to 0), its flag into `slot`.
+        auto issue_raw_row = [&](int64_t row, int slot) {
+            if (ld_part == 0) sValid[slot * Tile + ld_tok] = row >= 0;
+            const unsigned char* src = (const unsigned char*)p.cache + (row >= 0 ? row * kFp8RowBytes : 0);
+            unsigned char* dst = sRaw + ld_tok * kFp8RowBytes;
+            for (int c = ld_part; c < kFp8RowBytes / 16; c += kTilePerThread)
+                decode::cp_async16(dst + 16 * c, src + 16 * c, row >= 0);
+        };
+        // FP8: the staged raw tile → the bf16 tile, swizzled as the cp.async path writes it:
+        // 64 chunks of 8 latent values (e4m3 × the group's power-of-two scale: exact in bf16)
+        // and 8 chunks of bf16 rope copied.
+        auto dequant_tile = [&]() {
+            const unsigned char* raw = sRaw + ld_tok * kFp8RowBytes;
+#pragma unroll
+            for (int k = 0; k < kChunks / kTilePerThread; ++k) {
+                const int c = ld_part + kTilePerThread * k;
+                uint4 v;
+                if (c < kDimLatent / 8) {
+                    const float scale = *(const float*)(raw + kFp8ScaleOffset + 4 * (c / 16));
+                    v = decode::dequant8(*(const uint2*)(raw + 8 * c), scale);
+                } else {
+                    v = *(const uint4*)(raw + kFp8RopeOffset + 16 * (c - kDimLatent / 8));
+                }
+                *(uint4*)(sKV + swizzled(Tile, ld_tok, c)) = v;
+            }
+        };
         // Overlap: the warpgroup's share of a tile, 36 of a token's 72 chunks, kWgPerTok threads per token
         constexpr int kWgPerTok = 128 / Tile;
         const int wg_tok = (tid & 127) / kWgPerTok, wg_part = (tid & 127) % kWgPerTok;
@@ -209,10 +267,15 @@ __device__ __forceinline__ void mla_decode_sm90(const DcpMlaDecodeParams& p) {
                 decode::cp_async16(dst + swizzled(Tile, wg_tok, c), src + 8 * c, row >= 0);
             }
         };
-#pragma unroll
-        for (int s = 0; s < Stages - 1; ++s) {
-            if (tile_begin + s < tile_end) issue_tile(tile_begin + s, s);
+        if constexpr (kFp8) {
+            if (tile_begin < tile_end) issue_raw_row(token_row(tile_begin, ld_tok), 0);
             decode::cp_async_commit();
+        } else {
+#pragma unroll
+            for (int s = 0; s < Stages - 1; ++s) {
+                if (tile_begin + s < tile_end) issue_tile(tile_begin + s, s);
+                decode::cp_async_commit();
+            }
         }
 
         const float scale_log2 = p.scale_log2;
@@ -222,10 +285,24 @@ __device__ __forceinline__ void mla_decode_sm90(const DcpMlaDecodeParams& p) {
         float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
 
         // plain schedule: the table entry of the next tile to issue, read an iteration ahead
-        int next_page = Overlap ? -1 : token_page(tile_begin + Stages - 1, ld_tok);
+        int next_page = Overlap ? -1 : token_page(tile_begin + (kFp8 ? 1 : Stages - 1), ld_tok);
         for (int tile = tile_begin; tile < tile_end; ++tile) {
             const int i = tile - tile_begin, stage = i % Stages;
-            if constexpr (Overlap) {
+            const int vslot = kFp8 ? (i & 1) : stage;
+            if constexpr (kFp8) {
+                // Raw tile i landed. A token's raw row is copied and dequantised by the same
+                // kTilePerThread (4) consecutive lanes of one warp, so a warp barrier orders the
+                // copies before the dequant and the dequant's reads before the next copies. The
+                // bf16 tile was last read by P·V of tile i − 1, which ended in a CTA barrier; the
+                // proxy fence and barrier below publish the dequantised tile to wgmma.
+                decode::cp_async_wait<0>();
+                __syncwarp();
+                dequant_tile();
+                __syncwarp();
+                if (tile + 1 < tile_end) issue_raw_row(page_row(tile + 1, ld_tok, next_page), (i + 1) & 1);
+                next_page = token_page(tile + 2, ld_tok);
+                decode::cp_async_commit();
+            } else if constexpr (Overlap) {
                 // groups committed so far cover tiles up to i + Stages − 2: all but the newest
                 // Stages − 2 are complete, so tile i is
                 decode::cp_async_wait<Stages - 2>();
@@ -270,7 +347,7 @@ __device__ __forceinline__ void mla_decode_sm90(const DcpMlaDecodeParams& p) {
             }
 
             // ---- softmax: each thread holds rows g, g+8 of its warp's 16 rows, columns 8j + 2t4 (+1) ----
-            const int* valid = sValid + stage * Tile;
+            const int* valid = sValid + vslot * Tile;
             float tmax[2] = {-INFINITY, -INFINITY};
 #pragma unroll
             for (int e = 0; e < kSRegs; ++e) {

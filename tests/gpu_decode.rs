@@ -371,8 +371,20 @@ fn sparse_case(
     (hc, idx)
 }
 
+/// The sparse kernels this device runs for a format: mma.sync everywhere, and on compute
+/// capability 9.0 the shipped wgmma variant too.
+fn sparse_paths(format: KvFormat) -> Vec<DecodePath> {
+    let mut v = vec![DecodePath::Mma];
+    if gpu().compute_capability() == (9, 0) {
+        let &(_, tile, stages) = SM90_SPARSE_VARIANTS.iter().find(|x| x.0 == format).expect("a wgmma variant");
+        v.push(DecodePath::Wgmma { tile, stages });
+    }
+    v
+}
+
 #[allow(clippy::too_many_arguments)]
 fn launch_sparse(
+    path: DecodePath,
     hc: &HostCache,
     q: &[bf16],
     shape: QueryShape,
@@ -396,12 +408,16 @@ fn launch_sparse(
         topk: k,
         topk_len: d_tl.as_ref().map(|t| view(&s, t)),
     };
-    mla_decode_sparse(gpu(), raw(&s), &args).expect("sparse launch");
+    mla_decode_sparse_on(gpu(), raw(&s), &args, path).expect("sparse launch");
     let res = outs.read();
     let rows = shape.batch * shape.rows;
     let seq_tokens: Vec<u64> =
         (0..rows).map(|i| topk_len.map_or(k as i64, |t| (t[i] as i64).clamp(0, k as i64)) as u64).collect();
-    outs.check_schedule("sparse", splits, &seq_tokens, 32);
+    let tile = match path {
+        DecodePath::Wgmma { tile, .. } => tile as u64,
+        _ => 32,
+    };
+    outs.check_schedule(&format!("sparse {path:?}"), splits, &seq_tokens, tile);
     res
 }
 
@@ -443,10 +459,13 @@ fn sparse_matches_reference() {
             assert!(want_lse[r * heads] == f64::NEG_INFINITY);
         }
         let auto = decode_num_splits(batch, nq, heads, true, sms);
-        for (splits, f32_out) in [(1, n % 2 == 1), (auto, n % 2 == 0), (3, false)] {
-            let (out, lse) = launch_sparse(&hc, &q, shape, &idx, k, tl, splits, f32_out);
+        for (path, (splits, f32_out)) in sparse_paths(format)
+            .into_iter()
+            .flat_map(|p| [(1, n % 2 == 1), (auto, n % 2 == 0), (3, false)].map(|x| (p, x)))
+        {
+            let (out, lse) = launch_sparse(path, &hc, &q, shape, &idx, k, tl, splits, f32_out);
             check(
-                &format!("case {n} {format:?} b={batch} q={nq} H={heads} K={k} splits={splits}"),
+                &format!("{path:?} case {n} {format:?} b={batch} q={nq} H={heads} K={k} splits={splits}"),
                 &out,
                 &lse,
                 &want_out,

@@ -205,10 +205,18 @@ pub const SM90_VARIANTS: [(u32, u32); 2] = [(64, 2), (32, 4)];
 /// The (tile, stages) variants shipped with the overlapped schedule (`overlap = 1`).
 pub const SM90_OVERLAP_VARIANTS: [(u32, u32); 2] = [(64, 2), (32, 3)];
 
+/// The (format, tile, stages) of the wgmma sparse kernel kernels.toml ships per cache format:
+/// BF16 rows go straight into a two-tile cp.async ring; FP8 rows are staged raw and dequantised
+/// into one bf16 tile.
+pub const SM90_SPARSE_VARIANTS: [(KvFormat, u32, u32); 2] = [(KvFormat::Bf16, 64, 2), (KvFormat::Fp8_656, 64, 1)];
+
 /// Dynamic shared memory of one wgmma decode CTA; mirrors `decode_sm90::shared_bytes`: 1024
-/// bytes of alignment slack, Q, `stages` KV tiles and a validity flag per token.
-pub fn decode_sm90_shared_bytes(tile: usize, stages: usize) -> usize {
-    1024 + ROWS_PER_CTA * D_QK * 2 + stages * tile * (D_QK * 2 + 4)
+/// bytes of alignment slack, Q, `stages` KV tiles, validity flags per token (FP8: two slots) and,
+/// for FP8, one tile of raw 656-byte rows.
+pub fn decode_sm90_shared_bytes(tile: usize, stages: usize, fp8: bool) -> usize {
+    let flags = if fp8 { 2 } else { stages } * tile * 4;
+    let raw = if fp8 { tile * crate::formats::FP8_ROW_BYTES } else { 0 };
+    1024 + ROWS_PER_CTA * D_QK * 2 + stages * tile * D_QK * 2 + flags + raw
 }
 
 fn env_path() -> Option<DecodePath> {
@@ -262,9 +270,9 @@ fn dense_kernel(dev: &Device, path: DecodePath) -> Option<Kernel> {
         if dev.compute_capability() != (9, 0) {
             return None;
         }
-        registry::mla_decode_sm90(tile, stages, overlap).map(|id| Kernel {
+        registry::mla_decode_sm90(axes::Kv::DenseBf16, tile, stages, overlap).map(|id| Kernel {
             id,
-            shared_bytes: decode_sm90_shared_bytes(tile as usize, stages as usize),
+            shared_bytes: decode_sm90_shared_bytes(tile as usize, stages as usize, false),
             tile,
         })
     };
@@ -325,9 +333,46 @@ pub fn mla_decode_dense_on(dev: &Device, stream: Stream, a: &DenseDecode, path: 
     launch(dev, stream, &kernel, c, &mut params, false)
 }
 
+/// The kernel for a sparse launch on `dev`; `None`: `path` cannot run here. `Auto` is the wgmma
+/// kernel on compute capability 9.0 when built (unless `DCP_MLA_DECODE_PATH=mma`), else mma.sync;
+/// `Wgmma` must name the format's variant in [`SM90_SPARSE_VARIANTS`].
+fn sparse_kernel(dev: &Device, format: KvFormat, path: DecodePath) -> Option<Kernel> {
+    let kv = match format {
+        KvFormat::Bf16 => axes::Kv::SparseBf16,
+        KvFormat::Fp8_656 => axes::Kv::SparseFp8,
+    };
+    let mma =
+        || registry::mla_decode(kv).map(|id| Kernel { id, shared_bytes: decode_shared_bytes(format), tile: MMA_TILE });
+    let wgmma = |tile: u32, stages: u32| {
+        if dev.compute_capability() != (9, 0) || !SM90_SPARSE_VARIANTS.contains(&(format, tile, stages)) {
+            return None;
+        }
+        registry::mla_decode_sm90(kv, tile, stages, 0).map(|id| Kernel {
+            id,
+            shared_bytes: decode_sm90_shared_bytes(tile as usize, stages as usize, format == KvFormat::Fp8_656),
+            tile,
+        })
+    };
+    let shipped = || SM90_SPARSE_VARIANTS.iter().find(|v| v.0 == format).and_then(|&(_, t, st)| wgmma(t, st));
+    match path {
+        DecodePath::Mma => mma(),
+        DecodePath::Wgmma { tile, stages } => wgmma(tile, stages),
+        DecodePath::WgmmaOverlap { .. } => None,
+        DecodePath::Auto => match env_path() {
+            Some(DecodePath::Mma) => mma(),
+            _ => shipped().or_else(mma),
+        },
+    }
+}
+
 /// Sparse decode (SPEC.md §4) over the BF16 or FP8-656 cache. Validates every argument,
-/// allocates nothing, never synchronises.
+/// allocates nothing, never synchronises. Runs the kernel [`DecodePath::Auto`] picks.
 pub fn mla_decode_sparse(dev: &Device, stream: Stream, a: &SparseDecode) -> Result<()> {
+    mla_decode_sparse_on(dev, stream, a, DecodePath::Auto)
+}
+
+/// [`mla_decode_sparse`] on a chosen kernel; `Error::Unsupported` when it cannot run on `dev`.
+pub fn mla_decode_sparse_on(dev: &Device, stream: Stream, a: &SparseDecode, path: DecodePath) -> Result<()> {
     let mut params = validate_common(&a.common, true)?;
     let c = &a.common;
     let rows = c.batch * c.nq;
@@ -349,12 +394,8 @@ pub fn mla_decode_sparse(dev: &Device, stream: Stream, a: &SparseDecode) -> Resu
     params.topk = to_i32("topk", a.topk)?;
     params.num_pages = to_i32("num_pages", a.num_pages)?;
     params.block_size = to_i32("block_size", a.block_size)?;
-    let kv = match a.format {
-        KvFormat::Bf16 => axes::Kv::SparseBf16,
-        KvFormat::Fp8_656 => axes::Kv::SparseFp8,
-    };
-    let id = registry::mla_decode(kv).ok_or_else(|| Error::Unsupported(format!("mla_decode sparse {:?}", a.format)))?;
-    let kernel = Kernel { id, shared_bytes: decode_shared_bytes(a.format), tile: MMA_TILE };
+    let kernel = sparse_kernel(dev, a.format, path)
+        .ok_or_else(|| Error::Unsupported(format!("mla_decode sparse {:?} on {path:?}", a.format)))?;
     launch(dev, stream, &kernel, c, &mut params, true)
 }
 
@@ -554,14 +595,22 @@ mod tests {
         // sm_90's opt-in limit is 227 KiB per block.
         let plain = SM90_VARIANTS.into_iter().map(|v| (v, 0));
         for ((tile, stages), overlap) in plain.chain(SM90_OVERLAP_VARIANTS.into_iter().map(|v| (v, 1))) {
-            let bytes = decode_sm90_shared_bytes(tile as usize, stages as usize);
+            let bytes = decode_sm90_shared_bytes(tile as usize, stages as usize, false);
             assert!(bytes <= 227 * 1024, "tile {tile} stages {stages}: {bytes}");
             assert!(
-                registry::mla_decode_sm90(tile, stages, overlap).is_some(),
+                registry::mla_decode_sm90(axes::Kv::DenseBf16, tile, stages, overlap).is_some(),
                 "tile {tile} stages {stages} overlap {overlap} not in kernels.toml"
             );
         }
-        assert_eq!(decode_sm90_shared_bytes(64, 2), 1024 + 73_728 + 2 * 64 * 1156);
+        for (format, tile, stages) in SM90_SPARSE_VARIANTS {
+            let fp8 = format == KvFormat::Fp8_656;
+            let bytes = decode_sm90_shared_bytes(tile as usize, stages as usize, fp8);
+            assert!(bytes <= 227 * 1024, "{format:?}: {bytes}");
+            let kv = if fp8 { axes::Kv::SparseFp8 } else { axes::Kv::SparseBf16 };
+            assert!(registry::mla_decode_sm90(kv, tile, stages, 0).is_some(), "{format:?} not in kernels.toml");
+        }
+        assert_eq!(decode_sm90_shared_bytes(64, 2, false), 1024 + 73_728 + 2 * 64 * 1156);
+        assert_eq!(decode_sm90_shared_bytes(64, 1, true), 1024 + 73_728 + 64 * 1152 + 2 * 64 * 4 + 64 * 656);
     }
 
     #[test]
