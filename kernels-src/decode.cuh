@@ -172,6 +172,17 @@ struct Piece {
     int seq, tile_begin, tile_end, slot;
 };
 
+// A share of a split sequence with no tiles for this row block (a part holding only the
+// sequence's fixed-cost unit, or tiles past this row block's rows): its partial has weight 0, so
+// only lse = −inf is written (the combine then never reads its out) and Q is not loaded.
+__device__ __forceinline__ bool skip_empty_share(const DcpMlaDecodeParams& p, const Piece& pc, int tile_begin,
+                                                 int tile_end, int seq_rows, int row_base, int row_limit, int tid) {
+    if (pc.slot < 0 || tile_begin < tile_end) return false;
+    for (int r = tid; r < row_limit; r += blockDim.x)
+        ((float*)p.ws_lse)[(int64_t)pc.slot * seq_rows + row_base + r] = -INFINITY;
+    return true;
+}
+
 // Calls f(piece) for each piece of this CTA, in order. One part: the whole of `block_seq`. Else
 // part blockIdx.z's units [z·W, (z + 1)·W) of the prefix that mla_decode_schedule wrote. Only the
 // sequence index lives across f (the rest is re-read from the prefix), so the piece loop costs
@@ -192,6 +203,10 @@ __device__ __forceinline__ void for_each_piece(const DcpMlaDecodeParams& p, int 
         f(Piece{block_seq, 0, INT_MAX, -1});
         return;
     }
+    // launched as a dependent of the schedule kernel: wait for its prefix; the combine (our
+    // dependent) may be launched from here on (its CTAs wait for this grid before reading)
+    griddep_wait();
+    griddep_launch_dependents();
     const int64_t* u = (const int64_t*)p.sched;
     int s;
     {
@@ -224,6 +239,7 @@ __device__ __forceinline__ void for_each_piece(const DcpMlaDecodeParams& p, int 
 template <int Unused = 0>
 __device__ __forceinline__ void mla_decode_schedule(const DcpMlaDecodeParams& p) {
     using namespace decode;
+    griddep_launch_dependents();  // the decode grid may be launched now; it waits for this one
     const bool sparse = p.indices != 0;
     const int seqs = num_seqs(p, sparse), tile = p.sched_tile;
     const int per = (seqs + blockDim.x - 1) / blockDim.x;
@@ -321,6 +337,7 @@ __device__ __forceinline__ void mla_decode(const DcpMlaDecodeParams& p) {
         const int n_tiles = (n_tokens + kTile - 1) / kTile;
         const int tile_end = min(n_tiles, pc.tile_end);
         const int tile_begin = min(tile_end, pc.tile_begin);
+        if (decode::skip_empty_share(p, pc, tile_begin, tile_end, seq_rows, row_base, row_limit, tid)) return;
 
         // ---- load: Q once; then a tile's tokens, 8 threads per token ----
         for (int c = tid; c < kRows * kChunks; c += kThreads) {
@@ -520,6 +537,7 @@ __device__ __forceinline__ void mla_decode(const DcpMlaDecodeParams& p) {
 // so its out is never read.
 template <int Unused = 0>
 __device__ __forceinline__ void mla_decode_combine(const DcpMlaDecodeCombineParams& p) {
+    griddep_wait();  // launched as a dependent of the decode kernel: its partials and rows
     const int64_t row = blockIdx.x;
     const int seq = (int)(row / p.rows_per_seq), r = (int)(row % p.rows_per_seq);
     if (seq >= p.seqs) return;

@@ -183,6 +183,7 @@ __device__ __forceinline__ void mla_decode_sm90(const DcpMlaDecodeParams& p) {
         const int n_tiles = (n_tokens + Tile - 1) / Tile;
         const int tile_end = min(n_tiles, pc.tile_end);
         const int tile_begin = min(tile_end, pc.tile_begin);
+        if (decode::skip_empty_share(p, pc, tile_begin, tile_end, seq_rows, row_base, row_limit, tid)) return;
 
         // ---- loads: Q once (in the first group), tiles Stages − 1 ahead ----
         for (int c = tid; c < kRows * kChunks; c += kThreads) {

@@ -528,8 +528,10 @@ fn launch(
     // SAFETY: as above; the workspace holds the unit prefix and 2·num_splits slots (validated),
     // which the schedule writes and the decode and combine kernels read and write.
     unsafe {
+        // schedule → decode → combine as programmatic dependents (Hopper): each launch's setup
+        // overlaps the previous kernel, which it waits for on the device before reading
         dev.launch(schedule, (1, 1, 1), 0, stream, params)?;
-        dev.launch(kernel.id, (rb, 1, c.num_splits as u32), kernel.shared_bytes as u32, stream, params)?;
+        dev.launch_dependent(kernel.id, (rb, 1, c.num_splits as u32), kernel.shared_bytes as u32, stream, params)?;
         let merge = DcpMlaDecodeCombineParams {
             sched: params.sched,
             ws_out: params.ws_out,
@@ -541,7 +543,7 @@ fn launch(
             num_splits: params.num_splits,
             out_f32: params.out_f32,
         };
-        dev.launch(combine, (rows as u32, 1, 1), 0, stream, &merge)?;
+        dev.launch_dependent(combine, (rows as u32, 1, 1), 0, stream, &merge)?;
     }
     Ok(())
 }

@@ -77,18 +77,15 @@ impl Device {
         self.compute_capability
     }
 
-    /// Launches `id` with `params` passed by value as its single argument.
-    ///
-    /// # Safety
-    /// `params` must be the struct the entry point expects, and every device pointer in it
-    /// must be valid for what the kernel reads and writes.
-    pub(crate) unsafe fn launch<P: Copy>(
+    /// The launch behind [`Device::launch`] and [`Device::launch_dependent`].
+    unsafe fn launch_with<P: Copy>(
         &self,
         id: KernelId,
         grid: (u32, u32, u32),
         shared_bytes: u32,
         stream: Stream,
         params: &P,
+        dependent: bool,
     ) -> Result<()> {
         let info = id.info();
         let f = *self.functions[id.0]
@@ -110,9 +107,72 @@ impl Device {
         // cuLaunchKernel takes an array of pointers to the arguments; the one argument is the
         // params struct, passed by value.
         let mut args = [params as *const P as *mut std::ffi::c_void];
-        cu::launch_kernel(f, grid, (info.block, 1, 1), shared_bytes, stream.0, &mut args)
-            .map_err(|source| Error::Driver { call: "cuLaunchKernel", source })
+        if !dependent || self.compute_capability.0 < 9 || !pdl_enabled() {
+            return cu::launch_kernel(f, grid, (info.block, 1, 1), shared_bytes, stream.0, &mut args)
+                .map_err(|source| Error::Driver { call: "cuLaunchKernel", source });
+        }
+        // Programmatic dependent launch: the kernel may start while the stream's previous kernel
+        // runs and waits for it with griddepcontrol.wait (kernels-src/common.cuh). Captured
+        // into a graph as a programmatic edge.
+        let mut attr: sys::CUlaunchAttribute = std::mem::zeroed();
+        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        let config = sys::CUlaunchConfig {
+            gridDimX: grid.0,
+            gridDimY: grid.1,
+            gridDimZ: grid.2,
+            blockDimX: info.block,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: shared_bytes,
+            hStream: stream.0,
+            attrs: &mut attr,
+            numAttrs: 1,
+        };
+        sys::cuLaunchKernelEx(&config, f, args.as_mut_ptr(), std::ptr::null_mut())
+            .result()
+            .map_err(|source| Error::Driver { call: "cuLaunchKernelEx", source })
     }
+
+    /// Launches `id` with `params` passed by value as its single argument.
+    ///
+    /// # Safety
+    /// `params` must be the struct the entry point expects, and every device pointer in it
+    /// must be valid for what the kernel reads and writes.
+    pub(crate) unsafe fn launch<P: Copy>(
+        &self,
+        id: KernelId,
+        grid: (u32, u32, u32),
+        shared_bytes: u32,
+        stream: Stream,
+        params: &P,
+    ) -> Result<()> {
+        self.launch_with(id, grid, shared_bytes, stream, params, false)
+    }
+
+    /// Launches `id` as a programmatic dependent of the stream's previous kernel (compute
+    /// capability 9.0+; a plain launch elsewhere): it may start before that kernel ends, and
+    /// must `griddep_wait()` before reading anything that kernel writes.
+    ///
+    /// # Safety
+    /// As for [`Device::launch`], and the kernel must wait as above.
+    pub(crate) unsafe fn launch_dependent<P: Copy>(
+        &self,
+        id: KernelId,
+        grid: (u32, u32, u32),
+        shared_bytes: u32,
+        stream: Stream,
+        params: &P,
+    ) -> Result<()> {
+        self.launch_with(id, grid, shared_bytes, stream, params, true)
+    }
+}
+
+/// Whether dependent launches use programmatic dependent launch; `DCP_MLA_PDL=0` turns it off
+/// (read once), to measure what it saves.
+fn pdl_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("DCP_MLA_PDL").map_or(true, |v| v != "0"))
 }
 
 /// A CUDA stream handle owned by the caller (the engine). Null is the legacy default stream.
