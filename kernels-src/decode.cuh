@@ -203,10 +203,8 @@ __device__ __forceinline__ void for_each_piece(const DcpMlaDecodeParams& p, int 
         f(Piece{block_seq, 0, INT_MAX, -1});
         return;
     }
-    // launched as a dependent of the schedule kernel: wait for its prefix; the combine (our
-    // dependent) may be launched from here on (its CTAs wait for this grid before reading)
+    // launched as a dependent of the schedule kernel: wait for its prefix
     griddep_wait();
-    griddep_launch_dependents();
     const int64_t* u = (const int64_t*)p.sched;
     int s;
     {
@@ -239,7 +237,6 @@ __device__ __forceinline__ void for_each_piece(const DcpMlaDecodeParams& p, int 
 template <int Unused = 0>
 __device__ __forceinline__ void mla_decode_schedule(const DcpMlaDecodeParams& p) {
     using namespace decode;
-    griddep_launch_dependents();  // the decode grid may be launched now; it waits for this one
     const bool sparse = p.indices != 0;
     const int seqs = num_seqs(p, sparse), tile = p.sched_tile;
     const int per = (seqs + blockDim.x - 1) / blockDim.x;
