@@ -23,7 +23,7 @@ use half::bf16;
 
 /// Query rows (flattened [q, H] rows of one request) per CTA.
 pub const ROWS_PER_CTA: usize = 64;
-/// Most split-KV parts a launch may use.
+/// Most split-KV parts a launch may use (the combine keeps a weight per part in shared memory).
 pub const MAX_SPLITS: usize = 1024;
 
 // Shared memory of one decode CTA; mirrors `decode::shared_bytes` in decode.cuh (the kernel
