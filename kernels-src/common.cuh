@@ -38,18 +38,13 @@ __device__ __forceinline__ uint8_t fp8_e4m3_encode(float x) {
 }
 
 // Programmatic dependent launch (sm_90+): a kernel launched as a dependent of the previous one
-// in its stream (Device::launch_dependent) may start before that one ends; it must wait before
-// reading what that kernel writes. Both are no-ops on sm_80 and without a dependent launch.
+// in its stream (Device::launch_dependent) is set up while that one runs and must wait before
+// reading what it writes. A no-op on sm_80 and without a dependent launch. (No kernel triggers
+// its dependents early with griddepcontrol.launch_dependents: measured, it made a small split
+// launch 1.7× slower; NOTES.md.)
 __device__ __forceinline__ void griddep_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
 }
-// Lets the dependent kernel be launched now rather than when this one exits.
-__device__ __forceinline__ void griddep_launch_dependents() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
-
 }  // namespace dcp
