@@ -47,4 +47,5 @@ __device__ __forceinline__ void griddep_wait() {
     asm volatile("griddepcontrol.wait;\n" ::: "memory");
 #endif
 }
+
 }  // namespace dcp
