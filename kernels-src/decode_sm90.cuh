@@ -308,15 +308,20 @@ __device__ __forceinline__ void mla_decode_sm90(const DcpMlaDecodeParams& p) {
                 // Stages − 2 are complete, so tile i is
                 decode::cp_async_wait<Stages - 2>();
             } else {
-                // the buffer refilled here was last read in iteration i − 1, which ended in a barrier
+                // tile i's group is the oldest of the Stages − 1 in flight
+                decode::cp_async_wait<Stages - 2>();
+            }
+            fence_proxy_async();  // this thread's cp.async writes, before wgmma reads them
+            __syncthreads();
+            if constexpr (!kFp8 && !Overlap) {
+                // Every warp is past iteration i − 1 (the barrier above), so the buffer it read,
+                // (i − 1) mod Stages, is free: refill it here, and the plain schedule needs no
+                // second barrier at the end of the tile.
                 if (tile + Stages - 1 < tile_end)
                     issue_tile_row(page_row(tile + Stages - 1, ld_tok, next_page), (i + Stages - 1) % Stages);
                 next_page = token_page(tile + Stages, ld_tok);  // used next iteration
                 decode::cp_async_commit();
-                decode::cp_async_wait<Stages - 1>();
             }
-            fence_proxy_async();  // this thread's cp.async writes, before wgmma reads them
-            __syncthreads();
             const uint32_t tile_addr = kv_addr + stage * (Tile * kDimQk * 2);
 
             // ---- score: S[64 × Tile] = Q·Kᵀ, both operands K-major ----
@@ -405,7 +410,8 @@ __device__ __forceinline__ void mla_decode_sm90(const DcpMlaDecodeParams& p) {
             if constexpr (!Overlap) {
                 wgmma_wait0();
                 fence_regs(o);
-                __syncthreads();  // every warpgroup is done with this buffer before it is refilled
+                // FP8: the next tile is dequantised into this one bf16 tile before any barrier
+                if constexpr (kFp8) __syncthreads();
             }
         }
         if constexpr (Overlap) {
