@@ -388,12 +388,16 @@ __device__ __forceinline__ void mla_decode_sm90(const DcpMlaDecodeParams& p) {
                 p_hi[kk][reg] = *reinterpret_cast<const uint32_t*>(&hi);
                 p_lo[kk][reg] = decode::pack_bf16(p0 - hf.x, p1 - hf.y);  // exact differences
             }
+            // Once a row's running max settles (most tiles of a long row), alpha = 1: a warp whose
+            // 16 rows all keep their max skips the 128 multiplications.
+            if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
 #pragma unroll
-            for (int n = 0; n < 32; ++n) {
-                o[4 * n + 0] *= alpha[0];
-                o[4 * n + 1] *= alpha[0];
-                o[4 * n + 2] *= alpha[1];
-                o[4 * n + 3] *= alpha[1];
+                for (int n = 0; n < 32; ++n) {
+                    o[4 * n + 0] *= alpha[0];
+                    o[4 * n + 1] *= alpha[0];
+                    o[4 * n + 2] *= alpha[1];
+                    o[4 * n + 3] *= alpha[1];
+                }
             }
 
             // ---- accumulate: O[64 × 256] += P·V, V = dims 256wg.. of the tile, MN-major ----
