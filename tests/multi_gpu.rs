@@ -270,16 +270,27 @@ fn reference(inp: &Inputs, c: &Case, cfg: &StepConfig, rank: usize) -> (Vec<f64>
     }
 }
 
-/// SPEC.md §9: out elementwise abs 8e-4 or rel 2/128, relative L2 ≤ `l2`; lse abs 1e-5; inf/NaN
-/// positions identical. Returns the relative L2 error.
-fn check(what: &str, out: &[bf16], lse: &[f32], want_out: &[f64], want_lse: &[f64], l2: f64) -> f64 {
+/// The a2a shape sends each rank's partial out as bf16 (SPEC.md §5.2), rounded before the merge:
+/// a partial is a convex combination of V rows (|v| < 2 here), so rounding moves it by at most
+/// half a bf16 ulp of 2, 2^-9·2, and the merge's weights sum to 1. End to end, a2a can therefore
+/// differ from fp64 attention by that much more than the kernel's own SPEC.md §9 bound.
+const A2A_ROUNDING: f64 = 2.0 / 512.0;
+
+/// SPEC.md §9: out elementwise abs 8e-4 (+ `abs_extra`) or rel 2/128, relative L2 ≤ `l2`; lse
+/// abs 1e-5; inf/NaN positions identical. Returns the relative L2 error.
+#[allow(clippy::too_many_arguments)]
+fn check(what: &str, out: &[bf16], lse: &[f32], want_out: &[f64], want_lse: &[f64], l2: f64, abs_extra: f64) -> f64 {
     assert_eq!(out.len(), want_out.len(), "{what}: output length");
     let (mut err2, mut ref2) = (0.0f64, 0.0f64);
     for (k, (&g, &w)) in out.iter().zip(want_out).enumerate() {
         let g = g.to_f64();
         assert!(!g.is_nan() && g.is_finite() == w.is_finite(), "{what}: out[{k}] = {g}, want {w}");
         let d = (g - w).abs();
-        assert!(d <= 8e-4 || d <= 2.0 / 128.0 * w.abs(), "{what}: out[{k}] (row {}) = {g}, want {w}", k / D_V);
+        assert!(
+            d <= 8e-4 + abs_extra || d <= 2.0 / 128.0 * w.abs(),
+            "{what}: out[{k}] (row {}) = {g}, want {w}",
+            k / D_V
+        );
         err2 += d * d;
         ref2 += w * w;
     }
@@ -305,12 +316,13 @@ fn bits_equal(what: &str, a: &(Vec<bf16>, Vec<f32>), b: &(Vec<bf16>, Vec<f32>)) 
 
 /// Within the SPEC elementwise tolerance of each other (the ag_rs reduce-scatter may sum in
 /// another order than a later run when D > 2, and a2a carries bf16 partials).
+/// ag_rs (fp32 partials) against a2a (bf16 partials): SPEC.md §9's bound plus the a2a rounding.
 fn close(what: &str, a: &(Vec<bf16>, Vec<f32>), b: &(Vec<bf16>, Vec<f32>)) {
     for (k, (x, y)) in a.0.iter().zip(&b.0).enumerate() {
         let (x, y) = (x.to_f64(), y.to_f64());
         let d = (x - y).abs();
         assert!(!x.is_nan() && !y.is_nan(), "{what}: NaN at out[{k}]");
-        assert!(d <= 8e-4 || d <= 2.0 / 128.0 * y.abs(), "{what}: out[{k}] = {x} vs {y}");
+        assert!(d <= 8e-4 + A2A_ROUNDING || d <= 2.0 / 128.0 * y.abs(), "{what}: out[{k}] = {x} vs {y}");
     }
     for (k, (&x, &y)) in a.1.iter().zip(&b.1).enumerate() {
         assert!(x == y || (x - y).abs() <= 1e-5, "{what}: lse[{k}] = {x} vs {y}");
@@ -388,9 +400,9 @@ fn run_cases(dev: &Device, group: &DcpGroup, seed: u64, shapes: &[CombineShape],
         for &shape in shapes {
             let got = eager(&mut step, shape);
             // a2a rounds the partial outputs to bf16 before the merge (SPEC.md §5.2): a second
-            // rounding, so its L2 bound is wider than attention's 2e-3.
-            let l2 = if shape == CombineShape::A2a { 3e-3 } else { 2e-3 };
-            let rel = check(&what(&format!("{shape:?} vs reference")), &got.0, &got.1, &want_out, &want_lse, l2);
+            // rounding, so its bounds are wider than attention's (see A2A_ROUNDING).
+            let (l2, extra) = if shape == CombineShape::A2a { (3e-3, A2A_ROUNDING) } else { (2e-3, 0.0) };
+            let rel = check(&what(&format!("{shape:?} vs reference")), &got.0, &got.1, &want_out, &want_lse, l2, extra);
             eprintln!(
                 "{}: ok (relative L2 {rel:.2e}, {} splits)",
                 what(&format!("{shape:?} vs reference")),
