@@ -1,5 +1,8 @@
 // MLA decode attention on one rank's shard (SPEC.md §4), on tensor cores with mma.sync
-// m16n8k16 bf16 (sm_80+). One CTA = one request × one block of 64 query rows × one KV split.
+// m16n8k16 bf16 (sm_80+). One CTA = one block of 64 rows of a sequence (a request, dense; one
+// query row of a request, sparse) × one split-KV part: with one part the CTA does its sequence
+// whole; with several it runs the pieces of the schedule (decode::for_each_piece), possibly of
+// several sequences, one after the other.
 //
 // Rows: dense CTAs take 64 consecutive rows of the request's flattened [q, H] rows, so the MTP
 // rows of a request share every KV tile read; sparse CTAs take 64 heads of one query row (each
@@ -15,8 +18,8 @@
 //          of P instead of 8: one bf16 P alone errs by up to 2^-9·p·|v| per token, which breaks
 //          SPEC.md §9's abs 8e-4 on short or peaked rows. It costs a second P·V mma (+47% of
 //          the tensor work) but no extra memory traffic.
-// Then O / l and lse = ln Σ exp(s) go to out/lse, or with several splits to the fp32 workspace
-// that `mla_decode_combine` merges (SPEC.md §5).
+// Then O / l and lse = ln Σ exp(s) go to out/lse, or for a piece of a sequence spread over
+// several parts to a slot of the fp32 workspace that `mla_decode_combine` merges (SPEC.md §5).
 #pragma once
 #include "common.cuh"
 

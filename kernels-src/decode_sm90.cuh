@@ -1,8 +1,11 @@
-// MLA dense BF16 decode on Hopper (sm_90a) with wgmma: the first step of issue 6.
+// MLA decode on Hopper (sm_90a) with wgmma: dense BF16, sparse BF16 and sparse FP8-656.
 //
-// Same contract and CTA shape as the mma.sync kernel in decode.cuh (one CTA = one request × 64
-// consecutive flattened [q, H] rows × one KV split; split results go to the fp32 workspace and
-// mla_decode_combine merges them), so the launcher only swaps the kernel and shared size.
+// Same contract, CTA shape and split-KV pieces as the mma.sync kernels in decode.cuh (one CTA =
+// 64 rows of a sequence × one part; pieces of split sequences go to the fp32 workspace and
+// mla_decode_combine merges them), so the launcher only swaps the kernel, shared size and tile.
+// Sparse differs in where a tile's tokens come from (the index list instead of the block table)
+// and, for FP8, in how they arrive: raw 656-byte rows are staged with cp.async and dequantised
+// by the warp that copied them into the one bf16 tile (Stages = 1).
 //
 // Layout: Q (64 × 576) and each KV tile (Tile tokens × 576) sit in shared memory as 9 column
 // blocks of 64 dims; in a block a token's 64 dims are one 128-byte row whose 16-byte chunks are
@@ -15,8 +18,9 @@
 // lo = bf16(p − hi) (see decode.cuh: bf16 P alone breaks SPEC.md §9's abs 8e-4).
 // Loads: all threads issue cp.async 16-byte copies Stages − 1 tiles ahead (a ring of Stages
 // buffers; unread tokens zero-filled); a proxy fence orders them before the tensor cores read.
-// Cost of this simple schedule: S is computed twice (once per warpgroup) and loads, softmax and
-// matrix work do not overlap across warpgroups; a producer warp with TMA is the next step.
+// Cost of this simple schedule: S is computed twice (once per warpgroup) and the warpgroups run
+// in lockstep, so the tensor cores idle during every softmax and barrier (ncu: active 49% of the
+// time; NOTES.md); warpgroups out of phase with S split between them is the next step.
 #pragma once
 #include "decode.cuh"
 
@@ -39,10 +43,18 @@ constexpr int valid_slots() {
 // Dynamic shared memory; `decode_sm90_shared_bytes` in src/ops/decode.rs must agree. The extra
 // 1024 bytes let the kernel align its buffers to the 1024-byte swizzle period. FP8 adds one
 // staging buffer of raw 656-byte rows.
-template <DecodeKv Kv, int Tile, int Stages>
+// S shared between the warpgroups (plain schedule): warpgroup 0 computes S and hands its fp32
+// fragments to warpgroup 1 through the current tile's rope block (Tile × 128 bytes, read by S
+// only) and this many more bytes.
+template <int Tile, int Overlap>
+constexpr int s_share_extra_bytes() {
+    return Overlap ? 0 : kRows * Tile * 4 - Tile * 128;
+}
+
+template <DecodeKv Kv, int Tile, int Stages, int Overlap>
 constexpr int shared_bytes() {
     return 1024 + kRows * kDimQk * 2 + Stages * Tile * kDimQk * 2 + valid_slots<Kv, Stages>() * Tile * 4 +
-           (Kv == DecodeKv::SparseFp8 ? Tile * kFp8RowBytes : 0);
+           (Kv == DecodeKv::SparseFp8 ? Tile * kFp8RowBytes : 0) + s_share_extra_bytes<Tile, Overlap>();
 }
 
 // Byte offset of 16-byte chunk c (0..71) of row r in a [rows × 576] bf16 buffer of 9 blocks.
@@ -126,7 +138,7 @@ __device__ __forceinline__ void mla_decode_sm90(const DcpMlaDecodeParams& p) {
     static_assert(Tile == 32 || Tile == 64, "S tile is one wgmma m64nTile");
     static_assert(kFp8 ? Stages == 1 : Stages >= 2, "a ring of at least two buffers (FP8: one, fed by dequant)");
     static_assert(!(kSparse && Overlap), "the overlapped schedule is dense only");
-    static_assert(decode_sm90::shared_bytes<Kv, Tile, Stages>() <= 227 * 1024, "fits one H100/H200 CTA");
+    static_assert(decode_sm90::shared_bytes<Kv, Tile, Stages, Overlap>() <= 227 * 1024, "fits one H100/H200 CTA");
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using namespace decode_sm90;
     constexpr int kTilePerThread = kThreads / Tile;  // threads loading one token row
@@ -135,7 +147,7 @@ __device__ __forceinline__ void mla_decode_sm90(const DcpMlaDecodeParams& p) {
     {
         uint32_t dyn;
         asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
-        if (dyn < (uint32_t)shared_bytes<Kv, Tile, Stages>()) return;  // launched wrongly: write nothing
+        if (dyn < (uint32_t)shared_bytes<Kv, Tile, Stages, Overlap>()) return;  // launched wrongly: write nothing
     }
     extern __shared__ __align__(16) unsigned char smem_raw[];
     const uint32_t raw_addr = decode::smem_addr(smem_raw);
@@ -144,6 +156,7 @@ __device__ __forceinline__ void mla_decode_sm90(const DcpMlaDecodeParams& p) {
     unsigned char* sKV = smem + kRows * kDimQk * 2;  // Stages × [Tile × 576] bf16
     int* sValid = (int*)(sKV + Stages * Tile * kDimQk * 2);  // [valid_slots][Tile]
     unsigned char* sRaw = (unsigned char*)(sValid + valid_slots<Kv, Stages>() * Tile);  // FP8: [Tile][656]
+    float4* sSx = (float4*)(sRaw + (kFp8 ? Tile * kFp8RowBytes : 0));  // the S hand-over beyond the rope block
     const uint32_t q_addr = decode::smem_addr(sQ), kv_addr = decode::smem_addr(sKV);
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -325,24 +338,51 @@ __device__ __forceinline__ void mla_decode_sm90(const DcpMlaDecodeParams& p) {
             const uint32_t tile_addr = kv_addr + stage * (Tile * kDimQk * 2);
 
             // ---- score: S[64 × Tile] = Q·Kᵀ, both operands K-major ----
+            // Plain schedule: warpgroup 0 alone computes S (the tensor cores' shared-memory reads
+            // of Q and K are then not doubled) and hands its fragments to warpgroup 1, whose
+            // threads own the same rows and columns: thread t's 16-byte group q goes to float4
+            // q·128 + t of the rope block (free once S is done) or of sSx, conflict-free.
+            constexpr bool kShareS = !Overlap;
             float s[kSRegs];
 #pragma unroll
             for (int e = 0; e < kSRegs; ++e) s[e] = 0.0f;
-            fence_regs(s);
-            wgmma_fence();
+            if (!kShareS || wg == 0) {
+                fence_regs(s);
+                wgmma_fence();
 #pragma unroll
-            for (int ks = 0; ks < kDimQk / 16; ++ks) {
-                const uint32_t koff = (ks & 3) * 32;
-                const uint64_t da = make_desc(q_addr + (ks >> 2) * (kRows * 128) + koff, 16, 1024);
-                const uint64_t db = make_desc(tile_addr + (ks >> 2) * (Tile * 128) + koff, 16, 1024);
-                wgmma_ss<Tile>(s, da, db);
+                for (int ks = 0; ks < kDimQk / 16; ++ks) {
+                    const uint32_t koff = (ks & 3) * 32;
+                    const uint64_t da = make_desc(q_addr + (ks >> 2) * (kRows * 128) + koff, 16, 1024);
+                    const uint64_t db = make_desc(tile_addr + (ks >> 2) * (Tile * 128) + koff, 16, 1024);
+                    wgmma_ss<Tile>(s, da, db);
+                }
+                wgmma_commit();
             }
-            wgmma_commit();
             const bool refill = Overlap && tile + Stages - 1 < tile_end;
             int64_t refill_row = -1;
             if (refill) refill_row = token_row(tile + Stages - 1, wg_tok);  // read while S runs
             wgmma_wait0();  // Overlap: also completes P·V of tile i − 1 before o is rescaled
             fence_regs(s);
+            if constexpr (kShareS) {
+                float4* rope = (float4*)(sKV + stage * (Tile * kDimQk * 2) + (kBlocks - 1) * (Tile * 128));
+                const int t = tid & 127;
+                auto slot = [&](int q) { return q < kSRegs / 8 ? rope + q * 128 + t : sSx + (q - kSRegs / 8) * 128 + t; };
+                if (wg == 0) {
+#pragma unroll
+                    for (int q = 0; q < kSRegs / 4; ++q) *slot(q) = make_float4(s[4 * q], s[4 * q + 1], s[4 * q + 2], s[4 * q + 3]);
+                }
+                __syncthreads();
+                if (wg == 1) {
+#pragma unroll
+                    for (int q = 0; q < kSRegs / 4; ++q) {
+                        const float4 v = *slot(q);
+                        s[4 * q] = v.x;
+                        s[4 * q + 1] = v.y;
+                        s[4 * q + 2] = v.z;
+                        s[4 * q + 3] = v.w;
+                    }
+                }
+            }
             if constexpr (Overlap) {
                 fence_regs(o);
                 // every warp of this warpgroup is past its wait: its P·V of tile i − 1 no longer reads

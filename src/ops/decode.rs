@@ -211,12 +211,14 @@ pub const SM90_OVERLAP_VARIANTS: [(u32, u32); 2] = [(64, 2), (32, 3)];
 pub const SM90_SPARSE_VARIANTS: [(KvFormat, u32, u32); 2] = [(KvFormat::Bf16, 64, 2), (KvFormat::Fp8_656, 64, 1)];
 
 /// Dynamic shared memory of one wgmma decode CTA; mirrors `decode_sm90::shared_bytes`: 1024
-/// bytes of alignment slack, Q, `stages` KV tiles, validity flags per token (FP8: two slots) and,
-/// for FP8, one tile of raw 656-byte rows.
-pub fn decode_sm90_shared_bytes(tile: usize, stages: usize, fp8: bool) -> usize {
+/// bytes of alignment slack, Q, `stages` KV tiles, validity flags per token (FP8: two slots),
+/// for FP8 one tile of raw 656-byte rows, and with the plain schedule (`overlap` false) the part
+/// of the S hand-over between warpgroups that the tile's rope block does not hold.
+pub fn decode_sm90_shared_bytes(tile: usize, stages: usize, fp8: bool, overlap: bool) -> usize {
     let flags = if fp8 { 2 } else { stages } * tile * 4;
     let raw = if fp8 { tile * crate::formats::FP8_ROW_BYTES } else { 0 };
-    1024 + ROWS_PER_CTA * D_QK * 2 + stages * tile * D_QK * 2 + flags + raw
+    let s_share = if overlap { 0 } else { ROWS_PER_CTA * tile * 4 - tile * 128 };
+    1024 + ROWS_PER_CTA * D_QK * 2 + stages * tile * D_QK * 2 + flags + raw + s_share
 }
 
 fn env_path() -> Option<DecodePath> {
@@ -272,7 +274,7 @@ fn dense_kernel(dev: &Device, path: DecodePath) -> Option<Kernel> {
         }
         registry::mla_decode_sm90(axes::Kv::DenseBf16, tile, stages, overlap).map(|id| Kernel {
             id,
-            shared_bytes: decode_sm90_shared_bytes(tile as usize, stages as usize, false),
+            shared_bytes: decode_sm90_shared_bytes(tile as usize, stages as usize, false, overlap == 1),
             tile,
         })
     };
@@ -349,7 +351,7 @@ fn sparse_kernel(dev: &Device, format: KvFormat, path: DecodePath) -> Option<Ker
         }
         registry::mla_decode_sm90(kv, tile, stages, 0).map(|id| Kernel {
             id,
-            shared_bytes: decode_sm90_shared_bytes(tile as usize, stages as usize, format == KvFormat::Fp8_656),
+            shared_bytes: decode_sm90_shared_bytes(tile as usize, stages as usize, format == KvFormat::Fp8_656, false),
             tile,
         })
     };
@@ -597,7 +599,7 @@ mod tests {
         // sm_90's opt-in limit is 227 KiB per block.
         let plain = SM90_VARIANTS.into_iter().map(|v| (v, 0));
         for ((tile, stages), overlap) in plain.chain(SM90_OVERLAP_VARIANTS.into_iter().map(|v| (v, 1))) {
-            let bytes = decode_sm90_shared_bytes(tile as usize, stages as usize, false);
+            let bytes = decode_sm90_shared_bytes(tile as usize, stages as usize, false, overlap == 1);
             assert!(bytes <= 227 * 1024, "tile {tile} stages {stages}: {bytes}");
             assert!(
                 registry::mla_decode_sm90(axes::Kv::DenseBf16, tile, stages, overlap).is_some(),
@@ -606,13 +608,17 @@ mod tests {
         }
         for (format, tile, stages) in SM90_SPARSE_VARIANTS {
             let fp8 = format == KvFormat::Fp8_656;
-            let bytes = decode_sm90_shared_bytes(tile as usize, stages as usize, fp8);
+            let bytes = decode_sm90_shared_bytes(tile as usize, stages as usize, fp8, false);
             assert!(bytes <= 227 * 1024, "{format:?}: {bytes}");
             let kv = if fp8 { axes::Kv::SparseFp8 } else { axes::Kv::SparseBf16 };
             assert!(registry::mla_decode_sm90(kv, tile, stages, 0).is_some(), "{format:?} not in kernels.toml");
         }
-        assert_eq!(decode_sm90_shared_bytes(64, 2, false), 1024 + 73_728 + 2 * 64 * 1156);
-        assert_eq!(decode_sm90_shared_bytes(64, 1, true), 1024 + 73_728 + 64 * 1152 + 2 * 64 * 4 + 64 * 656);
+        assert_eq!(decode_sm90_shared_bytes(64, 2, false, true), 1024 + 73_728 + 2 * 64 * 1156);
+        assert_eq!(decode_sm90_shared_bytes(64, 2, false, false), 1024 + 73_728 + 2 * 64 * 1156 + 8192);
+        assert_eq!(
+            decode_sm90_shared_bytes(64, 1, true, false),
+            1024 + 73_728 + 64 * 1152 + 2 * 64 * 4 + 64 * 656 + 8192
+        );
     }
 
     #[test]
