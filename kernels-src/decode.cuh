@@ -147,6 +147,12 @@ __device__ __forceinline__ int rows_per_seq(const DcpMlaDecodeParams& p, bool sp
     return sparse ? p.heads : p.nq * p.heads;
 }
 
+// Dense: local length of row j (of nq) of request s, clamped to [0, max_pages·B].
+__device__ __forceinline__ int dense_row_len(const DcpMlaDecodeParams& p, int s, int j) {
+    const int64_t capacity = (int64_t)p.max_pages * p.block_size;
+    return (int)min((int64_t)max(((const int32_t*)p.lens)[(int64_t)s * p.nq + j], 0), capacity);
+}
+
 // Tokens sequence s attends to at most: dense, the longest of its rows' clamped lengths; sparse,
 // its clamped index count.
 __device__ __forceinline__ int seq_tokens(const DcpMlaDecodeParams& p, bool sparse, int s) {
@@ -155,11 +161,33 @@ __device__ __forceinline__ int seq_tokens(const DcpMlaDecodeParams& p, bool spar
         if (p.topk_len) n = max(0, min(n, ((const int32_t*)p.topk_len)[s]));
         return n;
     }
-    const int64_t capacity = (int64_t)p.max_pages * p.block_size;
-    const int32_t* lens = (const int32_t*)p.lens + (int64_t)s * p.nq;
     int n = 0;
-    for (int j = 0; j < p.nq; ++j) n = max(n, (int)min((int64_t)max(lens[j], 0), capacity));
+    for (int j = 0; j < p.nq; ++j) n = max(n, dense_row_len(p, s, j));
     return n;
+}
+
+// What a CTA's rows row_base.. (row_limit of them) of sequence `seq` attend to: returns the
+// tokens of the longest of them (sparse: the sequence's index count) and sets row_len[k] for the
+// thread's rows r0 and r0 + 8 (0 for a row past row_limit). Shared by both decode kernels.
+template <bool Sparse>
+__device__ __forceinline__ int piece_rows(const DcpMlaDecodeParams& p, int seq, int row_base, int row_limit, int r0,
+                                          int (&row_len)[2]) {
+    if constexpr (Sparse) {
+        const int n = seq_tokens(p, true, seq);
+#pragma unroll
+        for (int k = 0; k < 2; ++k) row_len[k] = r0 + 8 * k < row_limit ? n : 0;
+        return n;
+    } else {
+        const int H = p.heads;
+        int n = 0;
+        for (int j = row_base / H; j <= (row_base + row_limit - 1) / H; ++j) n = max(n, dense_row_len(p, seq, j));
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+            const int r = r0 + 8 * k;
+            row_len[k] = r < row_limit ? dense_row_len(p, seq, (row_base + r) / H) : 0;
+        }
+        return n;
+    }
 }
 
 // threadIdx.x, read by an instruction the compiler cannot move out of a loop.
@@ -244,8 +272,13 @@ __device__ __forceinline__ void mla_decode_schedule(const DcpMlaDecodeParams& p)
     const int seqs = num_seqs(p, sparse), tile = p.sched_tile;
     const int per = (seqs + blockDim.x - 1) / blockDim.x;
     const int s0 = min(seqs, (int)threadIdx.x * per), s1 = min(seqs, s0 + per);
+    // pass 1: each sequence's units into u[s] (read back by the same thread in pass 2)
+    int64_t* u = (int64_t*)p.sched;
     int64_t own = 0;
-    for (int s = s0; s < s1; ++s) own += 1 + (seq_tokens(p, sparse, s) + tile - 1) / tile;
+    for (int s = s0; s < s1; ++s) {
+        u[s] = 1 + (seq_tokens(p, sparse, s) + tile - 1) / tile;
+        own += u[s];
+    }
     // inclusive scan: within each warp, then over the warps' totals
     __shared__ int64_t warp_total[32];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
@@ -262,11 +295,11 @@ __device__ __forceinline__ void mla_decode_schedule(const DcpMlaDecodeParams& p)
         if (i < warp) before += warp_total[i];
         total += warp_total[i];
     }
-    int64_t* u = (int64_t*)p.sched;
     int64_t acc = before + incl - own;
-    for (int s = s0; s < s1; ++s) {
+    for (int s = s0; s < s1; ++s) {  // pass 2: units → exclusive prefix
+        const int64_t units = u[s];
         u[s] = acc;
-        acc += 1 + (seq_tokens(p, sparse, s) + tile - 1) / tile;
+        acc += units;
     }
     if (threadIdx.x == 0) u[seqs] = total;
 }
@@ -310,7 +343,7 @@ __device__ __forceinline__ void mla_decode(const DcpMlaDecodeParams& p) {
         const int rg = warp & 3, half = warp >> 2;  // row group, token half (S) / V half (O)
         const int g = lane >> 2, t4 = lane & 3;
         // (recomputed per piece from blockIdx and p rather than kept live: registers are tight)
-        const int H = p.heads, nq = p.nq, seq_rows = rows_per_seq(p, kSparse);
+        const int seq_rows = rows_per_seq(p, kSparse);
         // This CTA's rows: rows row_base + r (r < row_limit) of its sequence's rows.
         const int row_base = row_block() * kRows;
         const int row_limit = min(kRows, seq_rows - row_base);
@@ -318,22 +351,8 @@ __device__ __forceinline__ void mla_decode(const DcpMlaDecodeParams& p) {
         const int64_t seq_row0 = (int64_t)seq * seq_rows;
 
         // Token range of the piece (dense: local positions; sparse: positions in the index list).
-        const int64_t capacity = (int64_t)p.max_pages * p.block_size;
-        int n_tokens;
-        int row_len[2] = {INT_MAX, INT_MAX};  // dense: this thread's rows g and g+8
-        if constexpr (kSparse) {
-            n_tokens = seq_tokens(p, true, seq);
-        } else {
-            const int32_t* lens = (const int32_t*)p.lens + (int64_t)seq * nq;
-            n_tokens = 0;
-            for (int j = row_base / H; j <= (row_base + row_limit - 1) / H; ++j)
-                n_tokens = max(n_tokens, (int)min((int64_t)max(lens[j], 0), capacity));
-#pragma unroll
-            for (int k = 0; k < 2; ++k) {
-                const int r = rg * 16 + g + 8 * k;
-                row_len[k] = r < row_limit ? (int)min((int64_t)max(lens[(row_base + r) / H], 0), capacity) : 0;
-            }
-        }
+        int row_len[2];  // this thread's rows g and g+8
+        const int n_tokens = piece_rows<kSparse>(p, seq, row_base, row_limit, rg * 16 + g, row_len);
         const int n_tiles = (n_tokens + kTile - 1) / kTile;
         const int tile_end = min(n_tiles, pc.tile_end);
         const int tile_begin = min(tile_end, pc.tile_begin);

@@ -176,23 +176,8 @@ __device__ __forceinline__ void mla_decode_sm90(const DcpMlaDecodeParams& p) {
         __syncthreads();  // the previous piece is done with shared memory
         const int seq = pc.seq;
         const int64_t seq_row0 = (int64_t)seq * seq_rows;
-        const int64_t capacity = (int64_t)p.max_pages * p.block_size;
-        int n_tokens = 0;
-        int row_len[2];
-        if constexpr (kSparse) {
-            n_tokens = decode::seq_tokens(p, true, seq);
-#pragma unroll
-            for (int k = 0; k < 2; ++k) row_len[k] = wr * 16 + g + 8 * k < row_limit ? n_tokens : 0;
-        } else {
-            const int32_t* lens = (const int32_t*)p.lens + (int64_t)seq * nq;
-            for (int j = row_base / H; j <= (row_base + row_limit - 1) / H; ++j)
-                n_tokens = max(n_tokens, (int)min((int64_t)max(lens[j], 0), capacity));
-#pragma unroll
-            for (int k = 0; k < 2; ++k) {
-                const int r = wr * 16 + g + 8 * k;
-                row_len[k] = r < row_limit ? (int)min((int64_t)max(lens[(row_base + r) / H], 0), capacity) : 0;
-            }
-        }
+        int row_len[2];  // this thread's rows g and g+8 of its warp's 16
+        const int n_tokens = decode::piece_rows<kSparse>(p, seq, row_base, row_limit, wr * 16 + g, row_len);
         const int n_tiles = (n_tokens + Tile - 1) / Tile;
         const int tile_end = min(n_tiles, pc.tile_end);
         const int tile_begin = min(tile_end, pc.tile_begin);

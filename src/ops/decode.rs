@@ -17,6 +17,7 @@ use super::to_i32;
 use crate::abi::{DcpMlaDecodeCombineParams, DcpMlaDecodeParams};
 use crate::error::{Error, Result};
 use crate::formats::{KvFormat, D_QK, D_V};
+use crate::planner::schedule::{self, seq_shape};
 use crate::runtime::registry::{self, axes, KernelId};
 use crate::runtime::{Device, DeviceSlice, Stream};
 use half::bf16;
@@ -122,16 +123,6 @@ pub struct SparseDecode {
     pub topk_len: Option<DeviceSlice<i32>>,
 }
 
-/// Sequences of a launch: requests (dense) or query rows of requests (sparse, each has its own
-/// index list), and the rows each holds.
-fn seq_shape(batch: usize, nq: usize, heads: usize, sparse: bool) -> (usize, usize) {
-    if sparse {
-        (batch * nq, heads)
-    } else {
-        (batch, nq * heads)
-    }
-}
-
 /// CTAs (row blocks of [`ROWS_PER_CTA`] rows) per sequence.
 fn row_blocks_per_seq(nq: usize, heads: usize, sparse: bool) -> usize {
     seq_shape(1, nq, heads, sparse).1.div_ceil(ROWS_PER_CTA)
@@ -159,11 +150,6 @@ pub fn decode_num_splits(batch: usize, nq: usize, heads: usize, sparse: bool, nu
         }
     }
     (num_sms / rb).clamp(1, MAX_SPLITS)
-}
-
-/// Bytes of the int64 unit prefix at the start of the workspace (16-byte aligned).
-fn sched_bytes(seqs: usize) -> usize {
-    ((seqs + 1) * 8).next_multiple_of(16)
 }
 
 /// Bytes of the split-KV workspace ([`crate::planner::workspace::decode_split_bytes`]): the
@@ -474,7 +460,7 @@ fn validate_common(c: &DecodeCommon, sparse: bool) -> Result<DcpMlaDecodeParams>
     // workspace: unit prefix, then partial out and lse of 2·num_splits slots
     let (seqs, seq_rows) = seq_shape(c.batch, c.nq, c.heads, sparse);
     let sched = c.workspace.ptr();
-    let ws_out = sched + sched_bytes(seqs) as u64;
+    let ws_out = sched + schedule::prefix_bytes(seqs) as u64;
     let ws_lse = ws_out + (2 * c.num_splits * seq_rows * D_V * 4) as u64;
     Ok(DcpMlaDecodeParams {
         q: c.q.ptr(),

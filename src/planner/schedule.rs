@@ -13,6 +13,22 @@
 //! and last sequence), so the workspace has `2·P` slots: slot `2p` for a piece that starts the
 //! part, `2p + 1` for the one that ends it.
 
+/// The sequences of a decode launch and the query rows each holds: requests with their q·H rows
+/// (dense) or single query rows with their H heads (sparse: each has its own index list).
+pub fn seq_shape(batch: usize, nq: usize, heads: usize, sparse: bool) -> (usize, usize) {
+    if sparse {
+        (batch * nq, heads)
+    } else {
+        (batch, nq * heads)
+    }
+}
+
+/// Bytes of the unit prefix `U` (int64, `seqs + 1` entries) at the start of the split
+/// workspace, rounded up to 16 so the partials after it stay 16-byte aligned.
+pub fn prefix_bytes(seqs: usize) -> usize {
+    ((seqs + 1) * 8).next_multiple_of(16)
+}
+
 /// A sequence's share of one part: tiles `[tile_begin, tile_end)` of sequence `seq`, written to
 /// workspace slot `slot`, or directly to out/lse when `slot` is `None`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -54,7 +54,6 @@ pub fn decode_split_bytes(b: usize, q: usize, h: usize, sparse: bool, parts: usi
     if parts <= 1 {
         return 0;
     }
-    let (seqs, rows) = if sparse { (b * q, h) } else { (b, q * h) };
-    let prefix = ((seqs as u64 + 1) * 8).next_multiple_of(16);
-    prefix + 2 * parts as u64 * rows as u64 * (D_V as u64 * 4 + 4)
+    let (seqs, rows) = super::schedule::seq_shape(b, q, h, sparse);
+    super::schedule::prefix_bytes(seqs) as u64 + 2 * parts as u64 * rows as u64 * (D_V as u64 * 4 + 4)
 }
