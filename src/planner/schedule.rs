@@ -158,10 +158,26 @@ mod tests {
 
     #[test]
     fn parts_are_balanced() {
-        // 128 equal sequences over 132 parts: no part takes more than W units.
-        let u = schedule_units(&[8192; 128], 64);
-        let w = units_per_part(&u, 132);
-        assert_eq!(w, (128 * 129 + 131) / 132);
+        // Whatever the lengths, no part gets more KV tiles than ceil(total units / parts), and
+        // every part's units are tiles but for one per sequence: what the SMs' balance rests on.
+        for lens in [vec![8192u64; 128], (1..=128).map(|i| 256 * i).collect(), vec![0, 1 << 20, 3, 0, 77]] {
+            for parts in [1, 7, 132] {
+                let u = schedule_units(&lens, 64);
+                let w = units_per_part(&u, parts) as u64;
+                let total = *u.last().unwrap() as u64;
+                for p in 0..parts as u64 {
+                    let load: u64 =
+                        part_pieces(&u, parts, p as usize).iter().map(|pc| pc.tile_end - pc.tile_begin).sum();
+                    assert!(load <= w, "{lens:?}: part {p} of {parts} holds {load} tiles > {w}");
+                    // its units minus at most one fixed-cost unit per sequence are tiles
+                    let units = total.min((p + 1) * w).saturating_sub(p * w);
+                    assert!(
+                        load >= units.saturating_sub(lens.len() as u64),
+                        "{lens:?}: part {p} of {parts}: {load} tiles"
+                    );
+                }
+            }
+        }
         // one long and many short sequences: the long one is spread over many parts
         let mut lens = vec![64u64; 100];
         lens.push(1 << 20);
