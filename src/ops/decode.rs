@@ -133,7 +133,7 @@ fn row_blocks_per_seq(nq: usize, heads: usize, sparse: bool) -> usize {
 ///
 /// Dense: P = num_sms / (row blocks per request), one wave whose parts share the batch's KV
 /// tiles evenly whatever the lengths. Uneven lengths are the common case under DCP, and there
-/// balancing pays (H200, b = 128, lengths ramping to 32K: 1,239 µs vs 2,400 µs unsplit); with
+/// balancing pays (H200, b = 128, lengths ramping to 32K: 1,145 µs vs 2,168 µs unsplit); with
 /// equal lengths and a batch that fills the machine it costs the combine (b = 128, 8K: +2%).
 /// Sparse: a sequence attends to at most K tokens, so lengths cannot be far apart; P = 1 when
 /// one CTA per (query row, head block) fills at least 80% of its last wave, else balanced parts.
