@@ -22,9 +22,20 @@
 // in lockstep, so the tensor cores idle during every softmax and barrier (ncu: active 49% of the
 // time; NOTES.md); warpgroups out of phase with S split between them is the next step.
 #pragma once
+#include <type_traits>
 #include "decode.cuh"
 
 namespace dcp {
+
+// Schedules of the wgmma kernel (the `schedule` axis of kernels.toml):
+// Plain: warpgroups in lockstep, one CTA barrier per tile, warpgroup 0 computes S for both.
+// Overlap: Plain with P·V of tile i left in flight across tile i + 1's barrier (dense only).
+// Roles: warpgroup 0 computes S, the softmax and its half of P·V, queueing S of tile i behind
+//   its P·V of tile i − 1; warpgroup 1 loads the tiles and does the other half of P·V with P
+//   handed over through shared memory. Tiles are handed over by full/empty mbarriers, P by
+//   named barriers, so neither warpgroup waits for the other at a CTA barrier (BF16 only).
+enum class Sm90Schedule { Plain, Overlap, Roles };
+
 namespace decode_sm90 {
 
 constexpr int kThreads = 256;
@@ -46,15 +57,23 @@ constexpr int valid_slots() {
 // S shared between the warpgroups (plain schedule): warpgroup 0 computes S and hands its fp32
 // fragments to warpgroup 1 through the current tile's rope block (Tile × 128 bytes, read by S
 // only) and this many more bytes.
-template <int Tile, int Overlap>
+template <int Tile, Sm90Schedule Sched>
 constexpr int s_share_extra_bytes() {
-    return Overlap ? 0 : kRows * Tile * 4 - Tile * 128;
+    return Sched == Sm90Schedule::Plain ? kRows * Tile * 4 - Tile * 128 : 0;
 }
 
-template <DecodeKv Kv, int Tile, int Stages, int Overlap>
+// Roles schedule: P's low bf16 terms (the high ones go to the tile's rope block), the rows'
+// rescale factors, their final (l, m), and the full/empty mbarriers of the two buffers.
+template <int Tile, Sm90Schedule Sched>
+constexpr int roles_extra_bytes() {
+    return Sched == Sm90Schedule::Roles ? kRows * Tile * 2 + kRows * 4 + kRows * 8 + 4 * 8 : 0;
+}
+
+template <DecodeKv Kv, int Tile, int Stages, Sm90Schedule Sched>
 constexpr int shared_bytes() {
     return 1024 + kRows * kDimQk * 2 + Stages * Tile * kDimQk * 2 + valid_slots<Kv, Stages>() * Tile * 4 +
-           (Kv == DecodeKv::SparseFp8 ? Tile * kFp8RowBytes : 0) + s_share_extra_bytes<Tile, Overlap>();
+           (Kv == DecodeKv::SparseFp8 ? Tile * kFp8RowBytes : 0) + s_share_extra_bytes<Tile, Sched>() +
+           roles_extra_bytes<Tile, Sched>();
 }
 
 // Byte offset of 16-byte chunk c (0..71) of row r in a [rows × 576] bf16 buffer of 9 blocks.
@@ -80,26 +99,37 @@ __device__ __forceinline__ void fence_regs(float (&d)[N]) {
 }
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
-// d[64×32] += A·B, A and B K-major from shared memory (descriptors).
-__device__ __forceinline__ void wgmma_ss_n32(float (&d)[16], uint64_t desc_a, uint64_t desc_b) {
+// d[64×32] (+)= A·B, A and B K-major from shared memory (descriptors); acc = 0: d = A·B.
+__device__ __forceinline__ void wgmma_ss_n32(float (&d)[16], uint64_t desc_a, uint64_t desc_b, int acc) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
         "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n"
         "}\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
-        : "l"(desc_a), "l"(desc_b), "n"(1));
+        : "l"(desc_a), "l"(desc_b), "r"(acc));
 }
 
-// d[64×64] += A·B, A and B K-major from shared memory (descriptors).
-__device__ __forceinline__ void wgmma_ss_n64(float (&d)[32], uint64_t desc_a, uint64_t desc_b) {
+// d[64×64] (+)= A·B, A and B K-major from shared memory (descriptors); acc = 0: d = A·B.
+__device__ __forceinline__ void wgmma_ss_n64(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int acc) {
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
         "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n"
         "}\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-        : "l"(desc_a), "l"(desc_b), "n"(1));
+        : "l"(desc_a), "l"(desc_b), "r"(acc));
+}
+
+// d[64×64] = A·B (d is write-only: its old values need not be kept live), A and B K-major.
+__device__ __forceinline__ void wgmma_ss_n64_first(float (&d)[32], uint64_t desc_a, uint64_t desc_b) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, 0, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n"
+        "}\n"
+        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]), "=f"(d[7]), "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]), "=f"(d[14]), "=f"(d[15]), "=f"(d[16]), "=f"(d[17]), "=f"(d[18]), "=f"(d[19]), "=f"(d[20]), "=f"(d[21]), "=f"(d[22]), "=f"(d[23]), "=f"(d[24]), "=f"(d[25]), "=f"(d[26]), "=f"(d[27]), "=f"(d[28]), "=f"(d[29]), "=f"(d[30]), "=f"(d[31])
+        : "l"(desc_a), "l"(desc_b));
 }
 
 // d[64×256] += A·B, A from registers (bf16 fragments), B MN-major from shared memory (transposed).
@@ -113,12 +143,49 @@ __device__ __forceinline__ void wgmma_rs_n256(float (&d)[128], const uint32_t (&
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "n"(1));
 }
 
+// d[64×256] += A·B, A K-major and B MN-major (transposed) from shared memory.
+__device__ __forceinline__ void wgmma_ss_n256(float (&d)[128], uint64_t desc_a, uint64_t desc_b) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, %129, p, 1, 1, 0, 1;\n"
+        "}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+        : "l"(desc_a), "l"(desc_b), "n"(1));
+}
+
 
 template <int Tile>
-__device__ __forceinline__ void wgmma_ss(float (&d)[Tile / 2], uint64_t da, uint64_t db) {
-    if constexpr (Tile == 32) wgmma_ss_n32(d, da, db);
-    else wgmma_ss_n64(d, da, db);
+__device__ __forceinline__ void wgmma_ss(float (&d)[Tile / 2], uint64_t da, uint64_t db, int acc = 1) {
+    if constexpr (Tile == 32) wgmma_ss_n32(d, da, db, acc);
+    else wgmma_ss_n64(d, da, db, acc);
 }
+
+// mbarriers and named barriers of the roles schedule.
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+// One arrival (release: the thread's earlier shared-memory writes are seen by a waiter).
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(bar) : "memory");
+}
+// One arrival once every cp.async this thread has issued so far has landed.
+__device__ __forceinline__ void mbar_arrive_cp_async(uint32_t bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+// Until the phase of parity `parity` has completed.
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+    asm volatile(
+        "{\n.reg .pred done;\nWAIT:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        "@!done bra WAIT;\n}\n" ::"r"(bar),
+        "r"(parity)
+        : "memory");
+}
+// Named barriers over both warpgroups (id 0 is __syncthreads): one side arrives, the other syncs.
+__device__ __forceinline__ void named_arrive(int id) { asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory"); }
+__device__ __forceinline__ void named_sync(int id) { asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory"); }
+__device__ __forceinline__ void wgmma_wait1() { asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory"); }
 #endif
 
 }  // namespace decode_sm90
@@ -131,14 +198,15 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[Tile / 2], uint64_t da, uint
 // S only, done before the barrier: its chunks are split between the warpgroups), so no CTA
 // barrier is added and the ring still runs Stages − 1 tiles ahead; the block-table entries of
 // that refill are read while S runs.
-template <DecodeKv Kv, int Tile, int Stages, int Overlap>
-__device__ __forceinline__ void mla_decode_sm90(const DcpMlaDecodeParams& p) {
+template <DecodeKv Kv, int Tile, int Stages, Sm90Schedule Sched>
+__device__ __forceinline__ void mla_decode_sm90_lockstep(const DcpMlaDecodeParams& p) {
+    constexpr bool Overlap = Sched == Sm90Schedule::Overlap;
     constexpr bool kSparse = Kv != DecodeKv::DenseBf16;
     constexpr bool kFp8 = Kv == DecodeKv::SparseFp8;
     static_assert(Tile == 32 || Tile == 64, "S tile is one wgmma m64nTile");
     static_assert(kFp8 ? Stages == 1 : Stages >= 2, "a ring of at least two buffers (FP8: one, fed by dequant)");
     static_assert(!(kSparse && Overlap), "the overlapped schedule is dense only");
-    static_assert(decode_sm90::shared_bytes<Kv, Tile, Stages, Overlap>() <= 227 * 1024, "fits one H100/H200 CTA");
+    static_assert(decode_sm90::shared_bytes<Kv, Tile, Stages, Sched>() <= 227 * 1024, "fits one H100/H200 CTA");
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using namespace decode_sm90;
     constexpr int kTilePerThread = kThreads / Tile;  // threads loading one token row
@@ -147,7 +215,7 @@ __device__ __forceinline__ void mla_decode_sm90(const DcpMlaDecodeParams& p) {
     {
         uint32_t dyn;
         asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
-        if (dyn < (uint32_t)shared_bytes<Kv, Tile, Stages, Overlap>()) return;  // launched wrongly: write nothing
+        if (dyn < (uint32_t)shared_bytes<Kv, Tile, Stages, Sched>()) return;  // launched wrongly: write nothing
     }
     extern __shared__ __align__(16) unsigned char smem_raw[];
     const uint32_t raw_addr = decode::smem_addr(smem_raw);
@@ -464,6 +532,353 @@ __device__ __forceinline__ void mla_decode_sm90(const DcpMlaDecodeParams& p) {
 #elif defined(__CUDA_ARCH__)
     __trap();  // sm_90a only: the launcher never picks this family elsewhere
 #endif
+}
+
+// The roles schedule (Sm90Schedule::Roles; BF16 tiles of 64 tokens in two buffers).
+// Warpgroup 0, per tile i: queue its half of P·V(i − 1) and S(i) back to back; once P·V is done
+// (tile i − 1's buffer is then free for warpgroup 1 to refill) and S(i) is, the softmax; then P(i)
+// as bf16 hi (into the tile's rope block, which only S reads) and lo (sPlo), in the K-major
+// swizzled layout of a wgmma A operand, plus the rows' rescale factors (sAlpha), for both
+// warpgroups' P·V. Warpgroup 1: the cp.async loads (Q with the first tile) and the other half
+// of P·V, issued as soon as P(i) is handed over, so it runs beside warpgroup 0's S(i + 1).
+// Buffer b's full mbarrier completes when its copies have landed (128 asynchronous arrivals)
+// and its validity flags are written (128 arrivals); its empty mbarrier when the 8 warps have
+// finished P·V of it (S finished earlier). P's hand-over is guarded by named barriers:
+// kBarPFull (warpgroup 0 arrives, 1 syncs) and kBarPEmpty (1 arrives once its P·V has read P,
+// 0 syncs before writing the next).
+template <DecodeKv Kv, int Tile, int Stages>
+__device__ __forceinline__ void mla_decode_sm90_roles(const DcpMlaDecodeParams& p) {
+    constexpr bool kSparse = Kv != DecodeKv::DenseBf16;
+    constexpr Sm90Schedule Sched = Sm90Schedule::Roles;
+    static_assert(Kv != DecodeKv::SparseFp8, "roles schedule: BF16 tiles only");
+    static_assert(Tile == 64 && Stages == 2, "roles schedule: P's hi terms fill a 64-token rope block; two buffers");
+    static_assert(decode_sm90::shared_bytes<Kv, Tile, Stages, Sched>() <= 227 * 1024, "fits one H100/H200 CTA");
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    using namespace decode_sm90;
+    constexpr int kSRegs = Tile / 2;
+    constexpr int kTileBytes = Tile * kDimQk * 2;
+    constexpr int kLdPerTok = 128 / Tile;  // warpgroup 1's threads per token of a tile
+    constexpr int kBarPFull = 1, kBarPEmpty = 2, kBarStats = 3, kBarPWritten = 4;
+    // P(i) (hi in tile i's rope block, lo in sPlo) as the K-major 128B-swizzled A operand of
+    // P·V: [64 rows × 64 tokens] bf16, the layout of one column block of Q
+    auto p_desc = [&](uint32_t base, int kk) { return make_desc(base + kk * 32, 16, 1024); };
+    {
+        uint32_t dyn;
+        asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
+        if (dyn < (uint32_t)shared_bytes<Kv, Tile, Stages, Sched>()) return;  // launched wrongly: write nothing
+    }
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    const uint32_t raw_addr = decode::smem_addr(smem_raw);
+    unsigned char* smem = smem_raw + (((raw_addr + 1023) & ~1023u) - raw_addr);
+    unsigned char* sQ = smem;
+    unsigned char* sKV = smem + kRows * kDimQk * 2;       // 2 × [Tile × 576] bf16
+    unsigned char* sPlo = sKV + Stages * kTileBytes;      // P's lo terms, [64 × Tile] bf16, swizzled
+    int* sValid = (int*)(sPlo + kRows * Tile * 2);        // [2][Tile]
+    float* sAlpha = (float*)(sValid + Stages * Tile);     // [64] rescale factors of P(i)
+    float2* sStats = (float2*)(sAlpha + kRows);           // [64] final (l, m) of the rows
+    const uint32_t bars = decode::smem_addr(sStats + kRows);  // full[2], empty[2]
+    auto full = [&](int b) { return bars + 8 * b; };
+    auto empty = [&](int b) { return bars + 16 + 8 * b; };
+    const uint32_t q_addr = decode::smem_addr(sQ), kv_addr = decode::smem_addr(sKV);
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wg = warp >> 2, wr = warp & 3, t = tid & 127;
+    const int g = lane >> 2, t4 = lane & 3;
+    if (tid == 0) {
+        for (int b = 0; b < 2; ++b) {
+            mbar_init(full(b), 256);
+            mbar_init(empty(b), 8);
+        }
+        fence_proxy_async();
+    }
+    const int H = p.heads;
+    const int seqs = decode::num_seqs(p, kSparse), seq_rows = decode::rows_per_seq(p, kSparse);
+    const int hblocks = (H + kRows - 1) / kRows;
+    const int rb = kSparse && p.num_splits <= 1 ? blockIdx.x % hblocks : blockIdx.x;
+    const int block_seq = kSparse ? blockIdx.y * p.nq + blockIdx.x / hblocks : blockIdx.y;
+    const int row_base = rb * kRows;
+    const int row_limit = min(kRows, seq_rows - row_base);
+    const int r0 = wr * 16 + g;  // this thread's rows r0 and r0 + 8
+    uint32_t uses = 0;           // tiles consumed before this piece: buffer uses & 1, phase uses >> 1
+
+    decode::for_each_piece(p, seqs, block_seq, [&](const decode::Piece pc) {
+        __syncthreads();  // the previous piece is done with shared memory (and the mbarriers are set up)
+        const int seq = pc.seq;
+        const int64_t seq_row0 = (int64_t)seq * seq_rows;
+        int row_len[2];
+        const int n_tokens = decode::piece_rows<kSparse>(p, seq, row_base, row_limit, r0, row_len);
+        const int n_tiles = (n_tokens + Tile - 1) / Tile;
+        const int tile_end = min(n_tiles, pc.tile_end);
+        const int tile_begin = min(tile_end, pc.tile_begin);
+        if (decode::skip_empty_share(p, pc, tile_begin, tile_end, seq_rows, row_base, row_limit, tid)) return;
+        const int n = tile_end - tile_begin;
+
+        float o[128];
+#pragma unroll
+        for (int i = 0; i < 128; ++i) o[i] = 0.0f;
+        float m_run[2] = {-INFINITY, -INFINITY}, l_row[2] = {0.0f, 0.0f};
+
+        if (wg == 1) {
+            // ---- loads and the right half of P·V ----
+            const int ld_tok = t / kLdPerTok, ld_part = t % kLdPerTok;
+            auto token_page = [&](int tile) -> int {
+                const int pos = tile * Tile + ld_tok;
+                if (pos >= n_tokens) return -1;
+                if constexpr (kSparse) return ((const int32_t*)p.indices)[(int64_t)seq * p.topk + pos];
+                return ((const int32_t*)p.block_table)[(int64_t)seq * p.block_table_stride + pos / p.block_size];
+            };
+            // tile's token ld_tok into buffer b: its flag, its share of the 72 chunks, two arrivals
+            auto fill = [&](int tile, int page, int b) {
+                const int pos = tile * Tile + ld_tok;
+                int64_t row = -1;
+                if constexpr (kSparse) {
+                    if (pos < n_tokens && page >= 0 && (int64_t)page < (int64_t)p.num_pages * p.block_size) row = page;
+                } else {
+                    if (pos < n_tokens && page >= 0 && page < p.num_pages)
+                        row = (int64_t)page * p.block_size + pos % p.block_size;
+                }
+                if (ld_part == 0) sValid[b * Tile + ld_tok] = row >= 0;
+                const __nv_bfloat16* src = (const __nv_bfloat16*)p.cache + (row >= 0 ? row * kDimQk : 0);
+                unsigned char* dst = sKV + b * kTileBytes;
+#pragma unroll
+                for (int k = 0; k < kChunks / kLdPerTok; ++k) {
+                    const int c = ld_part + kLdPerTok * k;
+                    decode::cp_async16(dst + swizzled(Tile, ld_tok, c), src + 8 * c, row >= 0);
+                }
+                mbar_arrive_cp_async(full(b));
+                mbar_arrive(full(b));
+            };
+            uint32_t fills = uses;
+            // fill f reuses the buffer of use f − 2: wait until its P·V is done
+            auto wait_free = [&](uint32_t f) {
+                if (f >= 2) mbar_wait(empty(f & 1), ((f >> 1) - 1) & 1);
+            };
+            int page = token_page(tile_begin);
+            for (int k = 0; k < 2 && k < n; ++k) {
+                wait_free(fills);
+                if (k == 0) {
+                    for (int c = t; c < kRows * kChunks; c += 128) {
+                        const int r = c / kChunks, part = c % kChunks;
+                        const bool ok = r < row_limit;
+                        const __nv_bfloat16* src =
+                            (const __nv_bfloat16*)p.q + (ok ? (seq_row0 + row_base + r) * kDimQk + part * 8 : 0);
+                        decode::cp_async16(sQ + swizzled(kRows, r, part), src, ok);
+                    }
+                }
+                fill(tile_begin + k, page, fills & 1);  // tile 0's arrivals also cover Q
+                page = token_page(tile_begin + k + 1);
+                ++fills;
+            }
+            for (int i = 0; i < n; ++i) {
+                const uint32_t u = uses + i;
+                const int b = u & 1;
+                named_sync(kBarPFull);
+                const float alpha0 = sAlpha[r0], alpha1 = sAlpha[r0 + 8];
+                if (__any_sync(0xffffffffu, alpha0 != 1.0f || alpha1 != 1.0f)) {
+#pragma unroll
+                    for (int c = 0; c < 32; ++c) {
+                        o[4 * c + 0] *= alpha0;
+                        o[4 * c + 1] *= alpha0;
+                        o[4 * c + 2] *= alpha1;
+                        o[4 * c + 3] *= alpha1;
+                    }
+                }
+                mbar_wait(full(b), (u >> 1) & 1);  // landed long ago: this is the acquire
+                fence_proxy_async();
+                const uint32_t tile_addr = kv_addr + b * kTileBytes;
+                const uint32_t hi_addr = tile_addr + (kBlocks - 1) * (Tile * 128), lo_addr = decode::smem_addr(sPlo);
+                fence_regs(o);
+                wgmma_fence();
+#pragma unroll
+                for (int kk = 0; kk < Tile / 16; ++kk) {
+                    const uint64_t dv = make_desc(tile_addr + 4 * (Tile * 128) + kk * 16 * 128, Tile * 128, 1024);
+                    wgmma_ss_n256(o, p_desc(hi_addr, kk), dv);
+                    wgmma_ss_n256(o, p_desc(lo_addr, kk), dv);
+                }
+                wgmma_commit();
+                wgmma_wait0();
+                fence_regs(o);
+                if (i + 1 < n) named_arrive(kBarPEmpty);  // done with sPlo and sAlpha
+                __syncwarp();
+                if (lane == 0) mbar_arrive(empty(b));
+                if (i + 2 < n) {
+                    wait_free(fills);
+                    fill(tile_begin + i + 2, page, fills & 1);
+                    page = token_page(tile_begin + i + 3);
+                    ++fills;
+                }
+            }
+        } else {
+            // ---- S, softmax and the left half of P·V ----
+            // Per tile i ≥ 1: P·V(i − 1) and S(i) are queued back to back; the wait for P·V
+            // frees tile i − 1's buffer (warpgroup 1 refills it with tile i + 1 while S(i) and the
+            // softmax run); then S(i)'s softmax and P(i)'s hand-over. Each iteration waits for
+            // all it issued: no wgmma is in flight across the loop's back edge, which ptxas would
+            // answer by serialising every wgmma (C7514/C7515).
+            const float scale_log2 = p.scale_log2;
+            float l_run[2] = {0.0f, 0.0f}, alpha[2] = {1.0f, 1.0f};
+            // S(tile i, in buffer b) into s, issued and committed (not waited for)
+            auto issue_s = [&](float (&s)[kSRegs], int b) {
+                // Q's address through an opaque copy: else the compiler computes Q's 36 descriptors
+                // once, outside the tile loop, and spills them.
+                uint32_t qa;
+                asm volatile("mov.b32 %0, %1;" : "=r"(qa) : "r"(q_addr));
+                const uint32_t tile_addr = kv_addr + b * kTileBytes;
+                wgmma_fence();
+#pragma unroll
+                for (int ks = 0; ks < kDimQk / 16; ++ks) {
+                    const uint32_t koff = (ks & 3) * 32;
+                    const uint64_t da = make_desc(qa + (ks >> 2) * (kRows * 128) + koff, 16, 1024);
+                    const uint64_t db = make_desc(tile_addr + (ks >> 2) * (Tile * 128) + koff, 16, 1024);
+                    if (ks == 0) wgmma_ss_n64_first(s, da, db);
+                    else wgmma_ss_n64(s, da, db, 1);
+                }
+                wgmma_commit();
+                fence_regs(s);
+            };
+            // O_L ·= alpha (of the P about to be added), then P·V over tile (buffer b)'s left half
+            auto issue_pv = [&](int b) {
+                if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
+#pragma unroll
+                    for (int c = 0; c < 32; ++c) {
+                        o[4 * c + 0] *= alpha[0];
+                        o[4 * c + 1] *= alpha[0];
+                        o[4 * c + 2] *= alpha[1];
+                        o[4 * c + 3] *= alpha[1];
+                    }
+                }
+                const uint32_t tile_addr = kv_addr + b * kTileBytes;
+                const uint32_t hi_addr = tile_addr + (kBlocks - 1) * (Tile * 128), lo_addr = decode::smem_addr(sPlo);
+                fence_regs(o);
+                wgmma_fence();
+#pragma unroll
+                for (int kk = 0; kk < Tile / 16; ++kk) {
+                    const uint64_t dv = make_desc(tile_addr + kk * 16 * 128, Tile * 128, 1024);
+                    wgmma_ss_n256(o, p_desc(hi_addr, kk), dv);
+                    wgmma_ss_n256(o, p_desc(lo_addr, kk), dv);
+                }
+                wgmma_commit();
+                fence_regs(o);
+            };
+            // S(i) is done: softmax; P(i) (hi into tile i's rope block, lo into sPlo) and alpha
+            // handed to warpgroup 1. Needs P·V(i − 1) of both warpgroups done with sPlo.
+            auto softmax_hand_over = [&](float (&s)[kSRegs], int i, int b) {
+                const int tile = tile_begin + i;
+                const int* valid = sValid + b * Tile;
+                float tmax[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+                for (int e = 0; e < kSRegs; ++e) {
+                    const int col = 8 * (e >> 2) + 2 * t4 + (e & 1);
+                    const int k = (e >> 1) & 1;
+                    const bool ok = valid[col] && tile * Tile + col < row_len[k];
+                    s[e] = ok ? s[e] * scale_log2 : -INFINITY;  // select: a NaN score never survives
+                    tmax[k] = fmaxf(tmax[k], s[e]);
+                }
+                float m_use[2];
+#pragma unroll
+                for (int k = 0; k < 2; ++k) {
+                    tmax[k] = fmaxf(tmax[k], __shfl_xor_sync(0xffffffffu, tmax[k], 1));
+                    tmax[k] = fmaxf(tmax[k], __shfl_xor_sync(0xffffffffu, tmax[k], 2));
+                    const float m_new = fmaxf(m_run[k], tmax[k]);
+                    m_use[k] = m_new == -INFINITY ? 0.0f : m_new;  // all masked so far: p = 0, no NaN
+                    alpha[k] = exp2f(m_run[k] - m_use[k]);
+                    m_run[k] = m_new;
+                    l_run[k] *= alpha[k];
+                }
+                if (i > 0) named_sync(kBarPEmpty);  // warpgroup 1's P·V(i − 1) is done with sPlo
+                unsigned char* hi_dst = sKV + b * kTileBytes + (kBlocks - 1) * (Tile * 128);
+                // The thread's place in P, from a fresh read of its index: else the compiler hoists
+                // all 32 store addresses out of the tile loop and spills them.
+                const int tv = decode::thread_index(), gv = (tv & 31) >> 2;
+                const uint32_t row_off = (uint32_t)(((tv >> 5) & 3) * 16 + gv) * 128 + 4 * (tv & 3);
+#pragma unroll
+                for (int e = 0; e < kSRegs; e += 2) {
+                    const int k = (e >> 1) & 1;
+                    const float p0 = exp2f(s[e] - m_use[k]), p1 = exp2f(s[e + 1] - m_use[k]);
+                    l_run[k] += p0 + p1;
+                    const __nv_bfloat162 hi = __floats2bfloat162_rn(p0, p1);
+                    const float2 hf = __bfloat1622float2(hi);
+                    // columns 8(e >> 2) + 2t4, +1 of row r0 + 8k: 16-byte chunk e >> 2, swizzled by
+                    // the row mod 8 (= g for both rows)
+                    const uint32_t off = row_off + k * 1024 + (((e >> 2) ^ gv) << 4);
+                    *(uint32_t*)(hi_dst + off) = *reinterpret_cast<const uint32_t*>(&hi);
+                    *(uint32_t*)(sPlo + off) = decode::pack_bf16(p0 - hf.x, p1 - hf.y);  // exact differences
+                }
+                if (t4 == 0) {
+                    sAlpha[r0] = alpha[0];
+                    sAlpha[r0 + 8] = alpha[1];
+                }
+                fence_proxy_async();  // these writes, before either warpgroup's wgmma reads them
+                named_arrive(kBarPFull);
+                asm volatile("bar.sync %0, 128;\n" ::"r"(kBarPWritten) : "memory");  // all 64 rows written
+            };
+            if (n > 0) {
+                {
+                    const int b = uses & 1;
+                    float s[kSRegs];
+                    mbar_wait(full(b), (uses >> 1) & 1);
+                    fence_proxy_async();
+                    issue_s(s, b);
+                    wgmma_wait0();
+                    fence_regs(s);
+                    softmax_hand_over(s, 0, b);
+                }
+                for (int i = 1; i < n; ++i) {
+                    const uint32_t u = uses + i;
+                    const int b = u & 1;
+                    float s[kSRegs];
+                    issue_pv(b ^ 1);
+                    mbar_wait(full(b), (u >> 1) & 1);
+                    fence_proxy_async();
+                    issue_s(s, b);
+                    wgmma_wait1();  // P·V(i − 1) is done: its buffer may be refilled
+                    fence_regs(o);
+                    __syncwarp();
+                    if (lane == 0) mbar_arrive(empty(b ^ 1));
+                    wgmma_wait0();
+                    fence_regs(s);
+                    softmax_hand_over(s, i, b);
+                }
+                issue_pv((uses + n - 1) & 1);
+                wgmma_wait0();
+                fence_regs(o);
+                __syncwarp();
+                if (lane == 0) mbar_arrive(empty((uses + n - 1) & 1));
+            }
+#pragma unroll
+            for (int k = 0; k < 2; ++k) {
+                float l = l_run[k];
+                l += __shfl_xor_sync(0xffffffffu, l, 1);
+                l += __shfl_xor_sync(0xffffffffu, l, 2);
+                l_row[k] = l;
+                if (t4 == 0) sStats[r0 + 8 * k] = make_float2(l, m_run[k]);
+            }
+        }
+        uses += n;
+
+        // ---- write: warpgroup 1 takes the rows' (l, m) from warpgroup 0 ----
+        named_sync(kBarStats);
+        if (wg == 1) {
+#pragma unroll
+            for (int k = 0; k < 2; ++k) {
+                const float2 v = sStats[r0 + 8 * k];
+                l_row[k] = v.x;
+                m_run[k] = v.y;
+            }
+        }
+        decode::write_rows(p, pc.slot, seq_row0, seq_rows, row_base, row_limit, r0, wg * 256 + 2 * t4,
+                           wg == 0 && t4 == 0, l_row, m_run, [&](int c, int e) { return o[4 * c + e]; });
+    });
+#elif defined(__CUDA_ARCH__)
+    __trap();  // sm_90a only: the launcher never picks this family elsewhere
+#endif
+}
+
+// The kernel family's entry: the schedule picks the body.
+template <DecodeKv Kv, int Tile, int Stages, Sm90Schedule Sched>
+__device__ __forceinline__ void mla_decode_sm90(const DcpMlaDecodeParams& p) {
+    if constexpr (Sched == Sm90Schedule::Roles) mla_decode_sm90_roles<Kv, Tile, Stages>(p);
+    else mla_decode_sm90_lockstep<Kv, Tile, Stages, Sched>(p);
 }
 
 }  // namespace dcp

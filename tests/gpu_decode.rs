@@ -209,8 +209,7 @@ fn dense_cache(rng: &mut Rng, format: KvFormat, block_size: usize, tokens: &[usi
 fn dense_paths() -> Vec<DecodePath> {
     let mut v = vec![DecodePath::Mma];
     if gpu().compute_capability() == (9, 0) {
-        v.extend(SM90_VARIANTS.iter().map(|&(tile, stages)| DecodePath::Wgmma { tile, stages }));
-        v.extend(SM90_OVERLAP_VARIANTS.iter().map(|&(tile, stages)| DecodePath::WgmmaOverlap { tile, stages }));
+        v.extend(SM90_VARIANTS.iter().map(|&(tile, stages, schedule)| DecodePath::Wgmma { tile, stages, schedule }));
     }
     v
 }
@@ -246,7 +245,7 @@ fn launch_dense(
     let seq_tokens: Vec<u64> =
         lens.chunks(shape.rows).map(|r| r.iter().map(|&l| (l as i64).clamp(0, cap)).max().unwrap() as u64).collect();
     let tile = match path {
-        DecodePath::Wgmma { tile, .. } | DecodePath::WgmmaOverlap { tile, .. } => tile as u64,
+        DecodePath::Wgmma { tile, .. } => tile as u64,
         _ => 32,
     };
     outs.check_schedule(&format!("{path:?}"), splits, &seq_tokens, tile);
@@ -372,12 +371,12 @@ fn sparse_case(
 }
 
 /// The sparse kernels this device runs for a format: mma.sync everywhere, and on compute
-/// capability 9.0 the shipped wgmma variant too.
+/// capability 9.0 each wgmma variant shipped for the format too.
 fn sparse_paths(format: KvFormat) -> Vec<DecodePath> {
     let mut v = vec![DecodePath::Mma];
     if gpu().compute_capability() == (9, 0) {
-        let &(_, tile, stages) = SM90_SPARSE_VARIANTS.iter().find(|x| x.0 == format).expect("a wgmma variant");
-        v.push(DecodePath::Wgmma { tile, stages });
+        let shipped = SM90_SPARSE_VARIANTS.iter().filter(|x| x.0 == format);
+        v.extend(shipped.map(|&(_, tile, stages, schedule)| DecodePath::Wgmma { tile, stages, schedule }));
     }
     v
 }

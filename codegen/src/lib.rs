@@ -93,12 +93,15 @@ pub fn build(cfg: &BuildConfig) -> Result<BuildReport, String> {
     let results = nvcc::compile_all(&cfg.nvcc, &cfg.kernels_dir, &flags, jobs, &cfg.cache_dir, cfg.jobs, &runs)?;
 
     let mut ptxas: BTreeMap<String, Vec<nvcc::PtxasEntry>> = BTreeMap::new();
+    let mut serialized = std::collections::BTreeSet::new();
     for r in &results {
         for (sym, e) in nvcc::parse_ptxas(&r.ptxas_log) {
             ptxas.entry(sym).or_default().push(e);
         }
+        serialized.extend(nvcc::wgmma_serialized(&r.ptxas_log));
     }
-    // Every variant must have a report per architecture, and hot kernels must not spill.
+    // Every variant must have a report per architecture, and hot kernels must neither spill nor
+    // have their wgmma instructions serialised by ptxas.
     let mut tsv = String::from("kernel\tarch\tregisters\tshared_bytes\tstack_bytes\tspill_stores\tspill_loads\thot\n");
     let mut spills = Vec::new();
     for f in &fams {
@@ -109,6 +112,9 @@ pub fn build(cfg: &BuildConfig) -> Result<BuildReport, String> {
                 if !entries.iter().any(|e| &e.arch == arch) {
                     return Err(format!("no ptxas report for {sym} on {arch}: was the entry point compiled?"));
                 }
+            }
+            if f.spec.hot && serialized.contains(&sym) {
+                spills.push(format!("{sym}: ptxas serialised its wgmma instructions (C7515)"));
             }
             for e in &entries {
                 tsv.push_str(&format!(
@@ -126,7 +132,10 @@ pub fn build(cfg: &BuildConfig) -> Result<BuildReport, String> {
     }
     write(&cfg.out_dir.join("ptxas-report.tsv"), &tsv)?;
     if !spills.is_empty() {
-        return Err(format!("hot kernels spill registers (see ptxas-report.tsv):\n  {}", spills.join("\n  ")));
+        return Err(format!(
+            "hot kernels spill registers or serialise wgmma (see ptxas-report.tsv):\n  {}",
+            spills.join("\n  ")
+        ));
     }
     write(&cfg.out_dir.join("registry.rs"), &emit::registry(&fams, &ptxas))?;
 

@@ -101,6 +101,18 @@ pub fn parse_ptxas(text: &str) -> Vec<(String, PtxasEntry)> {
     out
 }
 
+/// Entry points whose wgmma instructions ptxas serialised (its C7515-family "Potential
+/// Performance Loss: wgmma.mma_async instructions are serialized ... in the function 'x'"): the
+/// kernel still runs, but every wgmma waits for the one before it.
+pub fn wgmma_serialized(text: &str) -> Vec<String> {
+    text.lines()
+        .filter(|l| l.contains("wgmma.mma_async instructions are serialized"))
+        .filter_map(|l| l.rsplit("in the function '").next().filter(|_| l.contains("in the function '")))
+        .filter_map(|rest| rest.split('\'').next())
+        .map(str::to_string)
+        .collect()
+}
+
 /// One nvcc job: a translation unit and where its fatbin goes.
 pub struct Job {
     pub name: String,
@@ -262,6 +274,15 @@ ptxas info    : Used 38 registers, used 0 barriers, 360 bytes cmem[0]\n";
         assert_eq!(v[1].1.arch, "sm_80");
         assert_eq!(v[1].1.registers, 38);
         assert_eq!(v[1].1.shared_bytes, 0);
+    }
+
+    #[test]
+    fn finds_serialised_wgmma() {
+        let log = "ptxas info    : (C7517) warpgroup.wait is injected in around line 6058 by compiler to allow use of registers defined by GMMA in function 'dcp_b'\n\
+ptxas info    : (C7515) Potential Performance Loss: wgmma.mma_async instructions are serialized due to non wgmma instructions defining accumulator registers of a wgmma between start and end of the pipeline stage in the function 'dcp_a'\n\
+ptxas info    : Compiling entry function 'dcp_a' for 'sm_90a'\n";
+        assert_eq!(wgmma_serialized(log), vec!["dcp_a".to_string()]);
+        assert!(wgmma_serialized("ptxas info    : Used 40 registers\n").is_empty());
     }
 
     #[test]

@@ -168,70 +168,104 @@ pub fn decode_shared_bytes(format: KvFormat) -> usize {
     }
 }
 
-/// Which dense decode kernel runs.
+/// Which decode kernel runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DecodePath {
-    /// The Hopper wgmma kernel on compute capability 9.0 when built, else mma.sync; the
-    /// environment variable `DCP_MLA_DECODE_PATH=mma|wgmma` overrides it (read once).
+    /// The Hopper wgmma kernel's default variant on compute capability 9.0 when built, else
+    /// mma.sync; the environment variable `DCP_MLA_DECODE_PATH` overrides it (read once):
+    /// `mma`, `wgmma` (the default variant) or `wgmma-<schedule>-<tile>x<stages>`.
     Auto,
     /// The mma.sync kernel (sm_80+), `kernels-src/decode.cuh`.
     Mma,
     /// The wgmma kernel (sm_90a only), `kernels-src/decode_sm90.cuh`: `tile` KV tokens per
-    /// S = Q·Kᵀ step (32 or 64) and a ring of `stages` buffers; see [`SM90_VARIANTS`].
-    Wgmma { tile: u32, stages: u32 },
-    /// The wgmma kernel with the overlapped schedule (`overlap = 1` in kernels.toml): tile i's
-    /// P·V stays in flight across tile i + 1's barrier and S; see [`SM90_OVERLAP_VARIANTS`].
-    WgmmaOverlap { tile: u32, stages: u32 },
+    /// S = Q·Kᵀ step (32 or 64), a ring of `stages` buffers and a schedule; one of
+    /// [`SM90_VARIANTS`] (dense) or [`SM90_SPARSE_VARIANTS`] (sparse).
+    Wgmma { tile: u32, stages: u32, schedule: Sm90Schedule },
 }
 
-/// The (tile, stages) variants of the wgmma dense kernel that kernels.toml ships with the
-/// plain schedule (`overlap = 0`); the first is the default.
-pub const SM90_VARIANTS: [(u32, u32); 2] = [(64, 2), (32, 4)];
+/// How the wgmma kernel's two warpgroups share a tile (`schedule` in kernels.toml,
+/// `Sm90Schedule` in decode_sm90.cuh, which describes each).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sm90Schedule {
+    /// Lockstep: one CTA barrier per tile; warpgroup 0 computes S and hands it over.
+    Plain,
+    /// Plain with P·V left in flight across the next tile's barrier (dense only).
+    Overlap,
+    /// Warpgroup 0: S, softmax, half of P·V, and S of the next tile queued behind it;
+    /// warpgroup 1: the loads and the other half of P·V; tiles handed over by mbarriers.
+    Roles,
+}
 
-/// The (tile, stages) variants shipped with the overlapped schedule (`overlap = 1`).
-pub const SM90_OVERLAP_VARIANTS: [(u32, u32); 2] = [(64, 2), (32, 3)];
+impl Sm90Schedule {
+    fn axis(self) -> axes::Schedule {
+        match self {
+            Sm90Schedule::Plain => axes::Schedule::Plain,
+            Sm90Schedule::Overlap => axes::Schedule::Overlap,
+            Sm90Schedule::Roles => axes::Schedule::Roles,
+        }
+    }
+    fn name(self) -> &'static str {
+        match self {
+            Sm90Schedule::Plain => "plain",
+            Sm90Schedule::Overlap => "overlap",
+            Sm90Schedule::Roles => "roles",
+        }
+    }
+}
 
-/// The (format, tile, stages) of the wgmma sparse kernel kernels.toml ships per cache format:
-/// BF16 rows go straight into a two-tile cp.async ring; FP8 rows are staged raw and dequantised
-/// into one bf16 tile.
-pub const SM90_SPARSE_VARIANTS: [(KvFormat, u32, u32); 2] = [(KvFormat::Bf16, 64, 2), (KvFormat::Fp8_656, 64, 1)];
+/// The (tile, stages, schedule) variants of the wgmma dense kernel that kernels.toml ships; the
+/// first is the default.
+pub const SM90_VARIANTS: [(u32, u32, Sm90Schedule); 3] =
+    [(64, 2, Sm90Schedule::Roles), (64, 2, Sm90Schedule::Plain), (32, 4, Sm90Schedule::Plain)];
+
+/// The (format, tile, stages, schedule) variants of the wgmma sparse kernel kernels.toml ships;
+/// a format's first is its default. BF16 rows go straight into a two-tile cp.async ring; FP8
+/// rows are staged raw and dequantised into one bf16 tile.
+pub const SM90_SPARSE_VARIANTS: [(KvFormat, u32, u32, Sm90Schedule); 3] = [
+    (KvFormat::Bf16, 64, 2, Sm90Schedule::Roles),
+    (KvFormat::Bf16, 64, 2, Sm90Schedule::Plain),
+    (KvFormat::Fp8_656, 64, 1, Sm90Schedule::Plain),
+];
 
 /// Dynamic shared memory of one wgmma decode CTA; mirrors `decode_sm90::shared_bytes`: 1024
 /// bytes of alignment slack, Q, `stages` KV tiles, validity flags per token (FP8: two slots),
-/// for FP8 one tile of raw 656-byte rows, and with the plain schedule (`overlap` false) the part
-/// of the S hand-over between warpgroups that the tile's rope block does not hold.
-pub fn decode_sm90_shared_bytes(tile: usize, stages: usize, fp8: bool, overlap: bool) -> usize {
+/// for FP8 one tile of raw 656-byte rows, with the plain schedule the part of the S hand-over
+/// between warpgroups that the tile's rope block does not hold, and with the roles schedule
+/// P's low terms, the rows' rescale factors and (l, m), and four mbarriers.
+pub fn decode_sm90_shared_bytes(tile: usize, stages: usize, fp8: bool, schedule: Sm90Schedule) -> usize {
     let flags = if fp8 { 2 } else { stages } * tile * 4;
     let raw = if fp8 { tile * crate::formats::FP8_ROW_BYTES } else { 0 };
-    let s_share = if overlap { 0 } else { ROWS_PER_CTA * tile * 4 - tile * 128 };
-    1024 + ROWS_PER_CTA * D_QK * 2 + stages * tile * D_QK * 2 + flags + raw + s_share
+    let extra = match schedule {
+        Sm90Schedule::Plain => ROWS_PER_CTA * tile * 4 - tile * 128,
+        Sm90Schedule::Overlap => 0,
+        Sm90Schedule::Roles => ROWS_PER_CTA * tile * 2 + ROWS_PER_CTA * 4 + ROWS_PER_CTA * 8 + 4 * 8,
+    };
+    1024 + ROWS_PER_CTA * D_QK * 2 + stages * tile * D_QK * 2 + flags + raw + extra
 }
 
 fn env_path() -> Option<DecodePath> {
     static PATH: std::sync::OnceLock<Option<DecodePath>> = std::sync::OnceLock::new();
     *PATH.get_or_init(|| match std::env::var("DCP_MLA_DECODE_PATH").as_deref() {
         Ok("mma") => Some(DecodePath::Mma),
-        Ok("wgmma") => Some(DecodePath::Wgmma { tile: SM90_VARIANTS[0].0, stages: SM90_VARIANTS[0].1 }),
-        Ok(s) => parse_wgmma_variant(s),
+        Ok(s) => parse_wgmma_path(s),
         _ => None,
     })
 }
 
-/// `wgmma-<tile>x<stages>` (one of [`SM90_VARIANTS`]) or `wgmma-overlap-<tile>x<stages>` (one
-/// of [`SM90_OVERLAP_VARIANTS`]), for benchmarking a variant that is not the default.
-fn parse_wgmma_variant(s: &str) -> Option<DecodePath> {
-    let rest = s.strip_prefix("wgmma-")?;
-    let (overlap, rest) = match rest.strip_prefix("overlap-") {
-        Some(r) => (true, r),
-        None => (false, rest),
-    };
-    let (tile, stages) = rest.split_once('x')?;
-    let pair = (tile.parse().ok()?, stages.parse().ok()?);
-    let (tile, stages) = pair;
-    match overlap {
-        false => SM90_VARIANTS.contains(&pair).then_some(DecodePath::Wgmma { tile, stages }),
-        true => SM90_OVERLAP_VARIANTS.contains(&pair).then_some(DecodePath::WgmmaOverlap { tile, stages }),
+/// `wgmma` (the default variant) or `wgmma-<schedule>-<tile>x<stages>` naming one of
+/// [`SM90_VARIANTS`] or [`SM90_SPARSE_VARIANTS`] (each launch checks its own list).
+fn parse_wgmma_path(s: &str) -> Option<DecodePath> {
+    let (tile, stages, schedule) = SM90_VARIANTS[0];
+    if s == "wgmma" {
+        return Some(DecodePath::Wgmma { tile, stages, schedule });
     }
+    let rest = s.strip_prefix("wgmma-")?;
+    let (name, shape) = rest.split_once('-')?;
+    let schedule = [Sm90Schedule::Plain, Sm90Schedule::Overlap, Sm90Schedule::Roles].into_iter().find(|x| x.name() == name)?;
+    let (tile, stages) = shape.split_once('x')?;
+    let v = (tile.parse().ok()?, stages.parse().ok()?, schedule);
+    let shipped = SM90_VARIANTS.contains(&v) || SM90_SPARSE_VARIANTS.iter().any(|x| (x.1, x.2, x.3) == v);
+    shipped.then_some(DecodePath::Wgmma { tile: v.0, stages: v.1, schedule })
 }
 
 /// KV tokens per tile of the mma.sync kernels (`decode::kTile` in decode.cuh).
@@ -254,23 +288,25 @@ fn dense_kernel(dev: &Device, path: DecodePath) -> Option<Kernel> {
             tile: MMA_TILE,
         })
     };
-    let wgmma = |tile: u32, stages: u32, overlap: u32| {
-        if dev.compute_capability() != (9, 0) {
+    let wgmma = |tile: u32, stages: u32, schedule: Sm90Schedule| {
+        if dev.compute_capability() != (9, 0) || !SM90_VARIANTS.contains(&(tile, stages, schedule)) {
             return None;
         }
-        registry::mla_decode_sm90(axes::Kv::DenseBf16, tile, stages, overlap).map(|id| Kernel {
+        registry::mla_decode_sm90(axes::Kv::DenseBf16, tile, stages, schedule.axis()).map(|id| Kernel {
             id,
-            shared_bytes: decode_sm90_shared_bytes(tile as usize, stages as usize, false, overlap == 1),
+            shared_bytes: decode_sm90_shared_bytes(tile as usize, stages as usize, false, schedule),
             tile,
         })
     };
     match path {
         DecodePath::Mma => mma(),
-        DecodePath::Wgmma { tile, stages } => wgmma(tile, stages, 0),
-        DecodePath::WgmmaOverlap { tile, stages } => wgmma(tile, stages, 1),
+        DecodePath::Wgmma { tile, stages, schedule } => wgmma(tile, stages, schedule),
         DecodePath::Auto => match env_path() {
             Some(p) => dense_kernel(dev, p),
-            None => wgmma(SM90_VARIANTS[0].0, SM90_VARIANTS[0].1, 0).or_else(mma),
+            None => {
+                let (tile, stages, schedule) = SM90_VARIANTS[0];
+                wgmma(tile, stages, schedule).or_else(mma)
+            }
         },
     }
 }
@@ -331,23 +367,24 @@ fn sparse_kernel(dev: &Device, format: KvFormat, path: DecodePath) -> Option<Ker
     };
     let mma =
         || registry::mla_decode(kv).map(|id| Kernel { id, shared_bytes: decode_shared_bytes(format), tile: MMA_TILE });
-    let wgmma = |tile: u32, stages: u32| {
-        if dev.compute_capability() != (9, 0) || !SM90_SPARSE_VARIANTS.contains(&(format, tile, stages)) {
+    let wgmma = |tile: u32, stages: u32, schedule: Sm90Schedule| {
+        if dev.compute_capability() != (9, 0) || !SM90_SPARSE_VARIANTS.contains(&(format, tile, stages, schedule)) {
             return None;
         }
-        registry::mla_decode_sm90(kv, tile, stages, 0).map(|id| Kernel {
+        registry::mla_decode_sm90(kv, tile, stages, schedule.axis()).map(|id| Kernel {
             id,
-            shared_bytes: decode_sm90_shared_bytes(tile as usize, stages as usize, format == KvFormat::Fp8_656, false),
+            shared_bytes: decode_sm90_shared_bytes(tile as usize, stages as usize, format == KvFormat::Fp8_656, schedule),
             tile,
         })
     };
-    let shipped = || SM90_SPARSE_VARIANTS.iter().find(|v| v.0 == format).and_then(|&(_, t, st)| wgmma(t, st));
+    let shipped = || SM90_SPARSE_VARIANTS.iter().find(|v| v.0 == format).and_then(|&(_, t, st, sc)| wgmma(t, st, sc));
     match path {
         DecodePath::Mma => mma(),
-        DecodePath::Wgmma { tile, stages } => wgmma(tile, stages),
-        DecodePath::WgmmaOverlap { .. } => None,
+        DecodePath::Wgmma { tile, stages, schedule } => wgmma(tile, stages, schedule),
         DecodePath::Auto => match env_path() {
             Some(DecodePath::Mma) => mma(),
+            // a variant this format ships; any other (or the dense default) runs the shipped one
+            Some(DecodePath::Wgmma { tile, stages, schedule }) => wgmma(tile, stages, schedule).or_else(shipped).or_else(mma),
             _ => shipped().or_else(mma),
         },
     }
@@ -583,39 +620,43 @@ mod tests {
     #[test]
     fn sm90_variants_fit_hopper_and_are_built() {
         // sm_90's opt-in limit is 227 KiB per block.
-        let plain = SM90_VARIANTS.into_iter().map(|v| (v, 0));
-        for ((tile, stages), overlap) in plain.chain(SM90_OVERLAP_VARIANTS.into_iter().map(|v| (v, 1))) {
-            let bytes = decode_sm90_shared_bytes(tile as usize, stages as usize, false, overlap == 1);
-            assert!(bytes <= 227 * 1024, "tile {tile} stages {stages}: {bytes}");
+        for (tile, stages, schedule) in SM90_VARIANTS {
+            let bytes = decode_sm90_shared_bytes(tile as usize, stages as usize, false, schedule);
+            assert!(bytes <= 227 * 1024, "tile {tile} stages {stages} {schedule:?}: {bytes}");
             assert!(
-                registry::mla_decode_sm90(axes::Kv::DenseBf16, tile, stages, overlap).is_some(),
-                "tile {tile} stages {stages} overlap {overlap} not in kernels.toml"
+                registry::mla_decode_sm90(axes::Kv::DenseBf16, tile, stages, schedule.axis()).is_some(),
+                "tile {tile} stages {stages} {schedule:?} not in kernels.toml"
             );
         }
-        for (format, tile, stages) in SM90_SPARSE_VARIANTS {
+        for (format, tile, stages, schedule) in SM90_SPARSE_VARIANTS {
             let fp8 = format == KvFormat::Fp8_656;
-            let bytes = decode_sm90_shared_bytes(tile as usize, stages as usize, fp8, false);
-            assert!(bytes <= 227 * 1024, "{format:?}: {bytes}");
+            let bytes = decode_sm90_shared_bytes(tile as usize, stages as usize, fp8, schedule);
+            assert!(bytes <= 227 * 1024, "{format:?} {schedule:?}: {bytes}");
             let kv = if fp8 { axes::Kv::SparseFp8 } else { axes::Kv::SparseBf16 };
-            assert!(registry::mla_decode_sm90(kv, tile, stages, 0).is_some(), "{format:?} not in kernels.toml");
+            let id = registry::mla_decode_sm90(kv, tile, stages, schedule.axis());
+            assert!(id.is_some(), "{format:?} {schedule:?} not in kernels.toml");
         }
-        assert_eq!(decode_sm90_shared_bytes(64, 2, false, true), 1024 + 73_728 + 2 * 64 * 1156);
-        assert_eq!(decode_sm90_shared_bytes(64, 2, false, false), 1024 + 73_728 + 2 * 64 * 1156 + 8192);
+        let base = 1024 + 73_728 + 2 * 64 * 1156;
+        assert_eq!(decode_sm90_shared_bytes(64, 2, false, Sm90Schedule::Overlap), base);
+        assert_eq!(decode_sm90_shared_bytes(64, 2, false, Sm90Schedule::Plain), base + 8192);
+        assert_eq!(decode_sm90_shared_bytes(64, 2, false, Sm90Schedule::Roles), base + 8192 + 256 + 512 + 32);
         assert_eq!(
-            decode_sm90_shared_bytes(64, 1, true, false),
+            decode_sm90_shared_bytes(64, 1, true, Sm90Schedule::Plain),
             1024 + 73_728 + 64 * 1152 + 2 * 64 * 4 + 64 * 656 + 8192
         );
     }
 
     #[test]
-    fn wgmma_variant_names_parse() {
-        assert_eq!(parse_wgmma_variant("wgmma-32x4"), Some(DecodePath::Wgmma { tile: 32, stages: 4 }));
-        assert_eq!(parse_wgmma_variant("wgmma-64x2"), Some(DecodePath::Wgmma { tile: 64, stages: 2 }));
-        let overlap = Some(DecodePath::WgmmaOverlap { tile: 32, stages: 3 });
-        assert_eq!(parse_wgmma_variant("wgmma-overlap-32x3"), overlap);
-        assert_eq!(parse_wgmma_variant("wgmma-32x3"), None, "shipped with the overlapped schedule only");
-        assert_eq!(parse_wgmma_variant("wgmma-64x3"), None, "not shipped");
-        assert_eq!(parse_wgmma_variant("wgmma-32"), None);
-        assert_eq!(parse_wgmma_variant("mma"), None);
+    fn wgmma_path_names_parse() {
+        let w = |tile, stages, schedule| Some(DecodePath::Wgmma { tile, stages, schedule });
+        assert_eq!(parse_wgmma_path("wgmma"), w(64, 2, Sm90Schedule::Roles));
+        assert_eq!(parse_wgmma_path("wgmma-plain-32x4"), w(32, 4, Sm90Schedule::Plain));
+        assert_eq!(parse_wgmma_path("wgmma-roles-64x2"), w(64, 2, Sm90Schedule::Roles));
+        assert_eq!(parse_wgmma_path("wgmma-plain-64x1"), w(64, 1, Sm90Schedule::Plain), "the FP8 sparse variant");
+        assert_eq!(parse_wgmma_path("wgmma-plain-32x3"), None, "not shipped");
+        assert_eq!(parse_wgmma_path("wgmma-roles-32x4"), None, "not shipped");
+        assert_eq!(parse_wgmma_path("wgmma-64x2"), None, "no schedule");
+        assert_eq!(parse_wgmma_path("wgmma-plain-32"), None);
+        assert_eq!(parse_wgmma_path("mma"), None);
     }
 }
