@@ -621,22 +621,31 @@ __device__ __forceinline__ void mla_decode_sm90_roles(const DcpMlaDecodeParams& 
         if (wg == 1) {
             // ---- loads and the right half of P·V ----
             const int ld_tok = t / kLdPerTok, ld_part = t % kLdPerTok;
+            // Dense: a power-of-two block size (the usual case) divides by shifting; the integer
+            // division the general case needs costs warpgroup 1 more than its whole refill.
+            const int bs = p.block_size, bs_log = 31 - __clz(bs);
+            const bool bs_pow2 = (bs & (bs - 1)) == 0;
+            auto div_bs = [&](int pos) { return bs_pow2 ? pos >> bs_log : pos / bs; };
+            auto mod_bs = [&](int pos) { return bs_pow2 ? pos & (bs - 1) : pos % bs; };
             auto token_page = [&](int tile) -> int {
                 const int pos = tile * Tile + ld_tok;
                 if (pos >= n_tokens) return -1;
                 if constexpr (kSparse) return ((const int32_t*)p.indices)[(int64_t)seq * p.topk + pos];
-                return ((const int32_t*)p.block_table)[(int64_t)seq * p.block_table_stride + pos / p.block_size];
+                return ((const int32_t*)p.block_table)[(int64_t)seq * p.block_table_stride + div_bs(pos)];
+            };
+            // the cache row of tile's token ld_tok, or -1 (past the sequence, or an invalid page)
+            auto token_row = [&](int tile, int page) -> int64_t {
+                const int pos = tile * Tile + ld_tok;
+                if constexpr (kSparse) {
+                    if (pos < n_tokens && page >= 0 && (int64_t)page < (int64_t)p.num_pages * bs) return page;
+                } else {
+                    if (pos < n_tokens && page >= 0 && page < p.num_pages) return (int64_t)page * bs + mod_bs(pos);
+                }
+                return -1;
             };
             // tile's token ld_tok into buffer b: its flag, its share of the 72 chunks, two arrivals
             auto fill = [&](int tile, int page, int b) {
-                const int pos = tile * Tile + ld_tok;
-                int64_t row = -1;
-                if constexpr (kSparse) {
-                    if (pos < n_tokens && page >= 0 && (int64_t)page < (int64_t)p.num_pages * p.block_size) row = page;
-                } else {
-                    if (pos < n_tokens && page >= 0 && page < p.num_pages)
-                        row = (int64_t)page * p.block_size + pos % p.block_size;
-                }
+                const int64_t row = token_row(tile, page);
                 if (ld_part == 0) sValid[b * Tile + ld_tok] = row >= 0;
                 const __nv_bfloat16* src = (const __nv_bfloat16*)p.cache + (row >= 0 ? row * kDimQk : 0);
                 unsigned char* dst = sKV + b * kTileBytes;
@@ -648,12 +657,24 @@ __device__ __forceinline__ void mla_decode_sm90_roles(const DcpMlaDecodeParams& 
                 mbar_arrive_cp_async(full(b));
                 mbar_arrive(full(b));
             };
+            // Tile's rows into L2 one fill ahead of their copy into shared memory: with two
+            // buffers a tile's copy can start only once P·V of the tile two back is done, too late
+            // to hide DRAM latency; from L2 it lands in time.
+            auto prefetch_l2 = [&](int tile, int page) {
+                const int64_t row = token_row(tile, page);
+                if (ld_part == 0 && row >= 0)
+                    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(
+                                     (const __nv_bfloat16*)p.cache + row * kDimQk),
+                                 "r"(kDimQk * 2)
+                                 : "memory");
+            };
             uint32_t fills = uses;
             // fill f reuses the buffer of use f − 2: wait until its P·V is done
             auto wait_free = [&](uint32_t f) {
                 if (f >= 2) mbar_wait(empty(f & 1), ((f >> 1) - 1) & 1);
             };
-            int page = token_page(tile_begin);
+            // pages of the next fill's tile and of the one after it (that one is prefetched)
+            int page = token_page(tile_begin), page_next = token_page(tile_begin + 1);
             for (int k = 0; k < 2 && k < n; ++k) {
                 wait_free(fills);
                 if (k == 0) {
@@ -666,7 +687,9 @@ __device__ __forceinline__ void mla_decode_sm90_roles(const DcpMlaDecodeParams& 
                     }
                 }
                 fill(tile_begin + k, page, fills & 1);  // tile 0's arrivals also cover Q
-                page = token_page(tile_begin + k + 1);
+                prefetch_l2(tile_begin + k + 1, page_next);
+                page = page_next;
+                page_next = token_page(tile_begin + k + 2);
                 ++fills;
             }
             for (int i = 0; i < n; ++i) {
@@ -704,7 +727,9 @@ __device__ __forceinline__ void mla_decode_sm90_roles(const DcpMlaDecodeParams& 
                 if (i + 2 < n) {
                     wait_free(fills);
                     fill(tile_begin + i + 2, page, fills & 1);
-                    page = token_page(tile_begin + i + 3);
+                    prefetch_l2(tile_begin + i + 3, page_next);
+                    page = page_next;
+                    page_next = token_page(tile_begin + i + 4);
                     ++fills;
                 }
             }
