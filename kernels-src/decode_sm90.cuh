@@ -66,7 +66,7 @@ constexpr int s_share_extra_bytes() {
 // rescale factors, their final (l, m), and the full/empty mbarriers of the two buffers.
 template <int Tile, Sm90Schedule Sched>
 constexpr int roles_extra_bytes() {
-    return Sched == Sm90Schedule::Roles ? kRows * Tile * 2 + kRows * 4 + kRows * 8 + (2 * kBlocks + 2) * 8 : 0;
+    return Sched == Sm90Schedule::Roles ? kRows * Tile * 2 + kRows * 4 + kRows * 8 + 4 * 8 : 0;
 }
 
 template <DecodeKv Kv, int Tile, int Stages, Sm90Schedule Sched>
@@ -576,11 +576,9 @@ __device__ __forceinline__ void mla_decode_sm90_roles(const DcpMlaDecodeParams& 
     int* sValid = (int*)(sPlo + kRows * Tile * 2);        // [2][Tile]
     float* sAlpha = (float*)(sValid + Stages * Tile);     // [64] rescale factors of P(i)
     float2* sStats = (float2*)(sAlpha + kRows);           // [64] final (l, m) of the rows
-    // full[2][9] (buffer b's column block j has landed; block 0's also covers the flags and, in
-    // a piece's first tile, Q), empty[2]
-    const uint32_t bars = decode::smem_addr(sStats + kRows);
-    auto full = [&](int b, int j) { return bars + 8 * (b * kBlocks + j); };
-    auto empty = [&](int b) { return bars + 8 * (2 * kBlocks + b); };
+    const uint32_t bars = decode::smem_addr(sStats + kRows);  // full[2], empty[2]
+    auto full = [&](int b) { return bars + 8 * b; };
+    auto empty = [&](int b) { return bars + 16 + 8 * b; };
     const uint32_t q_addr = decode::smem_addr(sQ), kv_addr = decode::smem_addr(sKV);
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -588,7 +586,7 @@ __device__ __forceinline__ void mla_decode_sm90_roles(const DcpMlaDecodeParams& 
     const int g = lane >> 2, t4 = lane & 3;
     if (tid == 0) {
         for (int b = 0; b < 2; ++b) {
-            for (int j = 0; j < kBlocks; ++j) mbar_init(full(b, j), j == 0 ? 256 : 128);
+            mbar_init(full(b), 256);
             mbar_init(empty(b), 8);
         }
         fence_proxy_async();
@@ -651,17 +649,13 @@ __device__ __forceinline__ void mla_decode_sm90_roles(const DcpMlaDecodeParams& 
                 if (ld_part == 0) sValid[b * Tile + ld_tok] = row >= 0;
                 const __nv_bfloat16* src = (const __nv_bfloat16*)p.cache + (row >= 0 ? row * kDimQk : 0);
                 unsigned char* dst = sKV + b * kTileBytes;
-                // column block by column block, so S can start on a block as soon as it lands
 #pragma unroll
-                for (int j = 0; j < kBlocks; ++j) {
-#pragma unroll
-                    for (int k = 0; k < 8 / kLdPerTok; ++k) {
-                        const int c = 8 * j + ld_part + kLdPerTok * k;
-                        decode::cp_async16(dst + swizzled(Tile, ld_tok, c), src + 8 * c, row >= 0);
-                    }
-                    mbar_arrive_cp_async(full(b, j));
+                for (int k = 0; k < kChunks / kLdPerTok; ++k) {
+                    const int c = ld_part + kLdPerTok * k;
+                    decode::cp_async16(dst + swizzled(Tile, ld_tok, c), src + 8 * c, row >= 0);
                 }
-                mbar_arrive(full(b, 0));
+                mbar_arrive_cp_async(full(b));
+                mbar_arrive(full(b));
             };
             // Tile's rows into L2 one fill ahead of their copy into shared memory: with two
             // buffers a tile's copy can start only once P·V of the tile two back is done, too late
@@ -712,8 +706,7 @@ __device__ __forceinline__ void mla_decode_sm90_roles(const DcpMlaDecodeParams& 
                         o[4 * c + 3] *= alpha1;
                     }
                 }
-                // landed long ago: this is the acquire (block 8's arrivals follow every copy)
-                mbar_wait(full(b, kBlocks - 1), (u >> 1) & 1);
+                mbar_wait(full(b), (u >> 1) & 1);  // landed long ago: this is the acquire
                 fence_proxy_async();
                 const uint32_t tile_addr = kv_addr + b * kTileBytes;
                 const uint32_t hi_addr = tile_addr + (kBlocks - 1) * (Tile * 128), lo_addr = decode::smem_addr(sPlo);
@@ -749,21 +742,16 @@ __device__ __forceinline__ void mla_decode_sm90_roles(const DcpMlaDecodeParams& 
             // answer by serialising every wgmma (C7514/C7515).
             const float scale_log2 = p.scale_log2;
             float l_run[2] = {0.0f, 0.0f}, alpha[2] = {1.0f, 1.0f};
-            // S(tile in buffer b, use u) into s, issued and committed (not waited for); each column
-            // block's k-steps wait only for that block to land
-            auto issue_s = [&](float (&s)[kSRegs], int b, uint32_t u) {
+            // S(tile i, in buffer b) into s, issued and committed (not waited for)
+            auto issue_s = [&](float (&s)[kSRegs], int b) {
                 // Q's address through an opaque copy: else the compiler computes Q's 36 descriptors
                 // once, outside the tile loop, and spills them.
                 uint32_t qa;
                 asm volatile("mov.b32 %0, %1;" : "=r"(qa) : "r"(q_addr));
                 const uint32_t tile_addr = kv_addr + b * kTileBytes;
+                wgmma_fence();
 #pragma unroll
                 for (int ks = 0; ks < kDimQk / 16; ++ks) {
-                    if ((ks & 3) == 0) {
-                        mbar_wait(full(b, ks >> 2), (u >> 1) & 1);
-                        fence_proxy_async();
-                        wgmma_fence();  // after the wait's branch (else ptxas inserts one and serialises)
-                    }
                     const uint32_t koff = (ks & 3) * 32;
                     const uint64_t da = make_desc(qa + (ks >> 2) * (kRows * 128) + koff, 16, 1024);
                     const uint64_t db = make_desc(tile_addr + (ks >> 2) * (Tile * 128) + koff, 16, 1024);
@@ -853,7 +841,9 @@ __device__ __forceinline__ void mla_decode_sm90_roles(const DcpMlaDecodeParams& 
                 {
                     const int b = uses & 1;
                     float s[kSRegs];
-                    issue_s(s, b, uses);
+                    mbar_wait(full(b), (uses >> 1) & 1);
+                    fence_proxy_async();
+                    issue_s(s, b);
                     wgmma_wait0();
                     fence_regs(s);
                     softmax_hand_over(s, 0, b);
@@ -863,7 +853,9 @@ __device__ __forceinline__ void mla_decode_sm90_roles(const DcpMlaDecodeParams& 
                     const int b = u & 1;
                     float s[kSRegs];
                     issue_pv(b ^ 1);
-                    issue_s(s, b, u);
+                    mbar_wait(full(b), (u >> 1) & 1);
+                    fence_proxy_async();
+                    issue_s(s, b);
                     wgmma_wait1();  // P·V(i − 1) is done: its buffer may be refilled
                     fence_regs(o);
                     __syncwarp();
