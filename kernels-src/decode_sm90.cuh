@@ -11,16 +11,15 @@
 // blocks of 64 dims; in a block a token's 64 dims are one 128-byte row whose 16-byte chunks are
 // XOR-swizzled by (row mod 8): the 128B-swizzle atom of wgmma. The same tile is K-major for
 // S = Q·Kᵀ and MN-major (transposed B) for O += P·V, so V is never copied again.
-// Warpgroups: both warpgroups (256 threads) compute the whole S = Q·Kᵀ (64 × Tile) with
-// wgmma m64nTile from shared memory: each then owns full rows, so the online softmax needs no
-// exchange between warps. Warpgroup w owns O's columns 256w..256w+255 (128 fp32 registers per
-// thread) and adds P·V with P from registers as two bf16 terms, hi = bf16(p) and
-// lo = bf16(p − hi) (see decode.cuh: bf16 P alone breaks SPEC.md §9's abs 8e-4).
-// Loads: all threads issue cp.async 16-byte copies Stages − 1 tiles ahead (a ring of Stages
-// buffers; unread tokens zero-filled); a proxy fence orders them before the tensor cores read.
-// Cost of this simple schedule: S is computed twice (once per warpgroup) and the warpgroups run
-// in lockstep, so the tensor cores idle during every softmax and barrier (ncu: active 49% of the
-// time; NOTES.md); warpgroups out of phase with S split between them is the next step.
+// Warpgroup w owns O's columns 256w..256w+255 (128 fp32 registers per thread) and adds P·V
+// with P as two bf16 terms, hi = bf16(p) and lo = bf16(p − hi) (see decode.cuh: bf16 P alone
+// breaks SPEC.md §9's abs 8e-4). Warpgroup 0 computes S = Q·Kᵀ (64 × Tile, wgmma m64nTile from
+// shared memory) and, with the roles schedule, the softmax; how the two warpgroups share the rest
+// is the schedule (Sm90Schedule below). Loads are cp.async 16-byte copies (unread tokens
+// zero-filled); a proxy fence orders them before the tensor cores read.
+// Where the time goes (ncu, NOTES.md): per 64-token tile ~3,200 cycles of tensor work and as
+// many of shared-memory port traffic (S reads Q and K from shared memory), with warpgroup 0's
+// softmax and P hand-over still on the critical path.
 #pragma once
 #include <type_traits>
 #include "decode.cuh"
@@ -28,13 +27,16 @@
 namespace dcp {
 
 // Schedules of the wgmma kernel (the `schedule` axis of kernels.toml):
-// Plain: warpgroups in lockstep, one CTA barrier per tile, warpgroup 0 computes S for both.
-// Overlap: Plain with P·V of tile i left in flight across tile i + 1's barrier (dense only).
+// Plain: warpgroups in lockstep, one CTA barrier per tile; warpgroup 0 computes S and hands its
+//   fp32 fragments to warpgroup 1 (through the tile's rope block, free once S is done, and 8 KB
+//   more); both run the softmax; all threads issue the loads Stages − 1 tiles ahead.
 // Roles: warpgroup 0 computes S, the softmax and its half of P·V, queueing S of tile i behind
 //   its P·V of tile i − 1; warpgroup 1 loads the tiles and does the other half of P·V with P
 //   handed over through shared memory. Tiles are handed over by full/empty mbarriers, P by
 //   named barriers, so neither warpgroup waits for the other at a CTA barrier (BF16 only).
-enum class Sm90Schedule { Plain, Overlap, Roles };
+// (A third, P·V left in flight across the next tile's barrier, was never faster: ptxas serialised
+// its wgmma, C7514. codegen now rejects a hot kernel whose wgmma ptxas serialises.)
+enum class Sm90Schedule { Plain, Roles };
 
 namespace decode_sm90 {
 
@@ -190,22 +192,14 @@ __device__ __forceinline__ void wgmma_wait1() { asm volatile("wgmma.wait_group.s
 
 }  // namespace decode_sm90
 
-// Overlap = 1: P·V of tile i stays in flight (no wait) across the next iteration's barrier and S
-// issue; the single wait after S completes both, so the tensor cores are not idle while threads
-// drain P·V, meet at the barrier and issue the next S. No accumulator is read while a wgmma is
-// open (ptxas C7514). Once its wait is over, a warpgroup alone refills the part of buffer
-// (i − 1) mod Stages that only it still read (its 4 V blocks; block 8, the rope dims, is read by
-// S only, done before the barrier: its chunks are split between the warpgroups), so no CTA
-// barrier is added and the ring still runs Stages − 1 tiles ahead; the block-table entries of
-// that refill are read while S runs.
+// The plain (lockstep) schedule: both warpgroups meet at one CTA barrier per tile; see the
+// file's head comment. Sparse FP8 runs only this one.
 template <DecodeKv Kv, int Tile, int Stages, Sm90Schedule Sched>
 __device__ __forceinline__ void mla_decode_sm90_lockstep(const DcpMlaDecodeParams& p) {
-    constexpr bool Overlap = Sched == Sm90Schedule::Overlap;
     constexpr bool kSparse = Kv != DecodeKv::DenseBf16;
     constexpr bool kFp8 = Kv == DecodeKv::SparseFp8;
     static_assert(Tile == 32 || Tile == 64, "S tile is one wgmma m64nTile");
     static_assert(kFp8 ? Stages == 1 : Stages >= 2, "a ring of at least two buffers (FP8: one, fed by dequant)");
-    static_assert(!(kSparse && Overlap), "the overlapped schedule is dense only");
     static_assert(decode_sm90::shared_bytes<Kv, Tile, Stages, Sched>() <= 227 * 1024, "fits one H100/H200 CTA");
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using namespace decode_sm90;
@@ -320,20 +314,6 @@ __device__ __forceinline__ void mla_decode_sm90_lockstep(const DcpMlaDecodeParam
                 *(uint4*)(sKV + swizzled(Tile, ld_tok, c)) = v;
             }
         };
-        // Overlap: the warpgroup's share of a tile, 36 of a token's 72 chunks, kWgPerTok threads per token
-        constexpr int kWgPerTok = 128 / Tile;
-        const int wg_tok = (tid & 127) / kWgPerTok, wg_part = (tid & 127) % kWgPerTok;
-        auto issue_tile_half = [&](int64_t row, int stage) {
-            if (wg == 0 && wg_part == 0) sValid[stage * Tile + wg_tok] = row >= 0;
-            const __nv_bfloat16* src = (const __nv_bfloat16*)p.cache + (row >= 0 ? row * kDimQk : 0);
-            unsigned char* dst = sKV + stage * (Tile * kDimQk * 2);
-#pragma unroll
-            for (int k = 0; k < 36 / kWgPerTok; ++k) {
-                const int j = wg_part + kWgPerTok * k;  // 0..35
-                const int c = j < 32 ? 32 * wg + j : 64 + 4 * wg + (j - 32);
-                decode::cp_async16(dst + swizzled(Tile, wg_tok, c), src + 8 * c, row >= 0);
-            }
-        };
         if constexpr (kFp8) {
             if (tile_begin < tile_end) issue_raw_row(token_row(tile_begin, ld_tok), 0);
             decode::cp_async_commit();
@@ -352,7 +332,7 @@ __device__ __forceinline__ void mla_decode_sm90_lockstep(const DcpMlaDecodeParam
         float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
 
         // plain schedule: the table entry of the next tile to issue, read an iteration ahead
-        int next_page = Overlap ? -1 : token_page(tile_begin + (kFp8 ? 1 : Stages - 1), ld_tok);
+        int next_page = token_page(tile_begin + (kFp8 ? 1 : Stages - 1), ld_tok);
         for (int tile = tile_begin; tile < tile_end; ++tile) {
             const int i = tile - tile_begin, stage = i % Stages;
             const int vslot = kFp8 ? (i & 1) : stage;
@@ -369,17 +349,13 @@ __device__ __forceinline__ void mla_decode_sm90_lockstep(const DcpMlaDecodeParam
                 if (tile + 1 < tile_end) issue_raw_row(page_row(tile + 1, ld_tok, next_page), (i + 1) & 1);
                 next_page = token_page(tile + 2, ld_tok);
                 decode::cp_async_commit();
-            } else if constexpr (Overlap) {
-                // groups committed so far cover tiles up to i + Stages − 2: all but the newest
-                // Stages − 2 are complete, so tile i is
-                decode::cp_async_wait<Stages - 2>();
             } else {
                 // tile i's group is the oldest of the Stages − 1 in flight
                 decode::cp_async_wait<Stages - 2>();
             }
             fence_proxy_async();  // this thread's cp.async writes, before wgmma reads them
             __syncthreads();
-            if constexpr (!kFp8 && !Overlap) {
+            if constexpr (!kFp8) {
                 // Every warp is past iteration i − 1 (the barrier above), so the buffer it read,
                 // (i − 1) mod Stages, is free: refill it here, and the plain schedule needs no
                 // second barrier at the end of the tile.
@@ -395,11 +371,10 @@ __device__ __forceinline__ void mla_decode_sm90_lockstep(const DcpMlaDecodeParam
             // of Q and K are then not doubled) and hands its fragments to warpgroup 1, whose
             // threads own the same rows and columns: thread t's 16-byte group q goes to float4
             // q·128 + t of the rope block (free once S is done) or of sSx, conflict-free.
-            constexpr bool kShareS = !Overlap;
             float s[kSRegs];
 #pragma unroll
             for (int e = 0; e < kSRegs; ++e) s[e] = 0.0f;
-            if (!kShareS || wg == 0) {
+            if (wg == 0) {
                 fence_regs(s);
                 wgmma_fence();
 #pragma unroll
@@ -411,12 +386,9 @@ __device__ __forceinline__ void mla_decode_sm90_lockstep(const DcpMlaDecodeParam
                 }
                 wgmma_commit();
             }
-            const bool refill = Overlap && tile + Stages - 1 < tile_end;
-            int64_t refill_row = -1;
-            if (refill) refill_row = token_row(tile + Stages - 1, wg_tok);  // read while S runs
-            wgmma_wait0();  // Overlap: also completes P·V of tile i − 1 before o is rescaled
+            wgmma_wait0();
             fence_regs(s);
-            if constexpr (kShareS) {
+            {
                 float4* rope = (float4*)(sKV + stage * (Tile * kDimQk * 2) + (kBlocks - 1) * (Tile * 128));
                 const int t = tid & 127;
                 auto slot = [&](int q) { return q < kSRegs / 8 ? rope + q * 128 + t : sSx + (q - kSRegs / 8) * 128 + t; };
@@ -435,14 +407,6 @@ __device__ __forceinline__ void mla_decode_sm90_lockstep(const DcpMlaDecodeParam
                         s[4 * q + 3] = v.w;
                     }
                 }
-            }
-            if constexpr (Overlap) {
-                fence_regs(o);
-                // every warp of this warpgroup is past its wait: its P·V of tile i − 1 no longer reads
-                // buffer (i − 1) mod Stages (in iteration 0 that buffer was never used)
-                asm volatile("bar.sync %0, 128;\n" ::"r"(1 + wg) : "memory");
-                if (refill) issue_tile_half(refill_row, (i + Stages - 1) % Stages);
-                decode::cp_async_commit();
             }
 
             // ---- softmax: each thread holds rows g, g+8 of its warp's 16 rows, columns 8j + 2t4 (+1) ----
@@ -504,16 +468,10 @@ __device__ __forceinline__ void mla_decode_sm90_lockstep(const DcpMlaDecodeParam
                 wgmma_rs_n256(o, p_lo[kk], dv);
             }
             wgmma_commit();
-            if constexpr (!Overlap) {
-                wgmma_wait0();
-                fence_regs(o);
-                // FP8: the next tile is dequantised into this one bf16 tile before any barrier
-                if constexpr (kFp8) __syncthreads();
-            }
-        }
-        if constexpr (Overlap) {
-            wgmma_wait0();  // the last P·V
+            wgmma_wait0();
             fence_regs(o);
+            // FP8: the next tile is dequantised into this one bf16 tile before any barrier
+            if constexpr (kFp8) __syncthreads();
         }
         decode::cp_async_wait<0>();
 
@@ -657,24 +615,13 @@ __device__ __forceinline__ void mla_decode_sm90_roles(const DcpMlaDecodeParams& 
                 mbar_arrive_cp_async(full(b));
                 mbar_arrive(full(b));
             };
-            // Tile's rows into L2 one fill ahead of their copy into shared memory: with two
-            // buffers a tile's copy can start only once P·V of the tile two back is done, too late
-            // to hide DRAM latency; from L2 it lands in time.
-            auto prefetch_l2 = [&](int tile, int page) {
-                const int64_t row = token_row(tile, page);
-                if (ld_part == 0 && row >= 0)
-                    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(
-                                     (const __nv_bfloat16*)p.cache + row * kDimQk),
-                                 "r"(kDimQk * 2)
-                                 : "memory");
-            };
             uint32_t fills = uses;
             // fill f reuses the buffer of use f − 2: wait until its P·V is done
             auto wait_free = [&](uint32_t f) {
                 if (f >= 2) mbar_wait(empty(f & 1), ((f >> 1) - 1) & 1);
             };
-            // pages of the next fill's tile and of the one after it (that one is prefetched)
-            int page = token_page(tile_begin), page_next = token_page(tile_begin + 1);
+            // the next fill's page (the block-table load is issued a fill ahead)
+            int page = token_page(tile_begin);
             for (int k = 0; k < 2 && k < n; ++k) {
                 wait_free(fills);
                 if (k == 0) {
@@ -687,9 +634,7 @@ __device__ __forceinline__ void mla_decode_sm90_roles(const DcpMlaDecodeParams& 
                     }
                 }
                 fill(tile_begin + k, page, fills & 1);  // tile 0's arrivals also cover Q
-                prefetch_l2(tile_begin + k + 1, page_next);
-                page = page_next;
-                page_next = token_page(tile_begin + k + 2);
+                page = token_page(tile_begin + k + 1);
                 ++fills;
             }
             for (int i = 0; i < n; ++i) {
@@ -727,9 +672,7 @@ __device__ __forceinline__ void mla_decode_sm90_roles(const DcpMlaDecodeParams& 
                 if (i + 2 < n) {
                     wait_free(fills);
                     fill(tile_begin + i + 2, page, fills & 1);
-                    prefetch_l2(tile_begin + i + 3, page_next);
-                    page = page_next;
-                    page_next = token_page(tile_begin + i + 4);
+                    page = token_page(tile_begin + i + 3);
                     ++fills;
                 }
             }

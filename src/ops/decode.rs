@@ -189,8 +189,6 @@ pub enum DecodePath {
 pub enum Sm90Schedule {
     /// Lockstep: one CTA barrier per tile; warpgroup 0 computes S and hands it over.
     Plain,
-    /// Plain with P·V left in flight across the next tile's barrier (dense only).
-    Overlap,
     /// Warpgroup 0: S, softmax, half of P·V, and S of the next tile queued behind it;
     /// warpgroup 1: the loads and the other half of P·V; tiles handed over by mbarriers.
     Roles,
@@ -200,14 +198,12 @@ impl Sm90Schedule {
     fn axis(self) -> axes::Schedule {
         match self {
             Sm90Schedule::Plain => axes::Schedule::Plain,
-            Sm90Schedule::Overlap => axes::Schedule::Overlap,
             Sm90Schedule::Roles => axes::Schedule::Roles,
         }
     }
     fn name(self) -> &'static str {
         match self {
             Sm90Schedule::Plain => "plain",
-            Sm90Schedule::Overlap => "overlap",
             Sm90Schedule::Roles => "roles",
         }
     }
@@ -237,7 +233,6 @@ pub fn decode_sm90_shared_bytes(tile: usize, stages: usize, fp8: bool, schedule:
     let raw = if fp8 { tile * crate::formats::FP8_ROW_BYTES } else { 0 };
     let extra = match schedule {
         Sm90Schedule::Plain => ROWS_PER_CTA * tile * 4 - tile * 128,
-        Sm90Schedule::Overlap => 0,
         Sm90Schedule::Roles => ROWS_PER_CTA * tile * 2 + ROWS_PER_CTA * 4 + ROWS_PER_CTA * 8 + 4 * 8,
     };
     1024 + ROWS_PER_CTA * D_QK * 2 + stages * tile * D_QK * 2 + flags + raw + extra
@@ -261,7 +256,7 @@ fn parse_wgmma_path(s: &str) -> Option<DecodePath> {
     }
     let rest = s.strip_prefix("wgmma-")?;
     let (name, shape) = rest.split_once('-')?;
-    let schedule = [Sm90Schedule::Plain, Sm90Schedule::Overlap, Sm90Schedule::Roles].into_iter().find(|x| x.name() == name)?;
+    let schedule = [Sm90Schedule::Plain, Sm90Schedule::Roles].into_iter().find(|x| x.name() == name)?;
     let (tile, stages) = shape.split_once('x')?;
     let v = (tile.parse().ok()?, stages.parse().ok()?, schedule);
     let shipped = SM90_VARIANTS.contains(&v) || SM90_SPARSE_VARIANTS.iter().any(|x| (x.1, x.2, x.3) == v);
@@ -373,7 +368,12 @@ fn sparse_kernel(dev: &Device, format: KvFormat, path: DecodePath) -> Option<Ker
         }
         registry::mla_decode_sm90(kv, tile, stages, schedule.axis()).map(|id| Kernel {
             id,
-            shared_bytes: decode_sm90_shared_bytes(tile as usize, stages as usize, format == KvFormat::Fp8_656, schedule),
+            shared_bytes: decode_sm90_shared_bytes(
+                tile as usize,
+                stages as usize,
+                format == KvFormat::Fp8_656,
+                schedule,
+            ),
             tile,
         })
     };
@@ -384,7 +384,9 @@ fn sparse_kernel(dev: &Device, format: KvFormat, path: DecodePath) -> Option<Ker
         DecodePath::Auto => match env_path() {
             Some(DecodePath::Mma) => mma(),
             // a variant this format ships; any other (or the dense default) runs the shipped one
-            Some(DecodePath::Wgmma { tile, stages, schedule }) => wgmma(tile, stages, schedule).or_else(shipped).or_else(mma),
+            Some(DecodePath::Wgmma { tile, stages, schedule }) => {
+                wgmma(tile, stages, schedule).or_else(shipped).or_else(mma)
+            }
             _ => shipped().or_else(mma),
         },
     }
@@ -637,7 +639,6 @@ mod tests {
             assert!(id.is_some(), "{format:?} {schedule:?} not in kernels.toml");
         }
         let base = 1024 + 73_728 + 2 * 64 * 1156;
-        assert_eq!(decode_sm90_shared_bytes(64, 2, false, Sm90Schedule::Overlap), base);
         assert_eq!(decode_sm90_shared_bytes(64, 2, false, Sm90Schedule::Plain), base + 8192);
         assert_eq!(decode_sm90_shared_bytes(64, 2, false, Sm90Schedule::Roles), base + 8192 + 256 + 512 + 32);
         assert_eq!(
