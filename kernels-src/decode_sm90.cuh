@@ -68,7 +68,7 @@ constexpr int s_share_extra_bytes() {
 // rescale factors, their final (l, m), and the full/empty mbarriers of the two buffers.
 template <int Tile, Sm90Schedule Sched>
 constexpr int roles_extra_bytes() {
-    return Sched == Sm90Schedule::Roles ? kRows * Tile * 2 + kRows * 4 + kRows * 8 + 4 * 8 : 0;
+    return Sched == Sm90Schedule::Roles ? kRows * Tile * 2 + kRows * 4 + kRows * 8 + 6 * 8 : 0;
 }
 
 template <DecodeKv Kv, int Tile, int Stages, Sm90Schedule Sched>
@@ -163,7 +163,7 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[Tile / 2], uint64_t da, uint
     else wgmma_ss_n64(d, da, db, acc);
 }
 
-// mbarriers and named barriers of the roles schedule.
+// mbarriers of the roles schedule.
 __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
 }
@@ -184,9 +184,6 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
         "r"(parity)
         : "memory");
 }
-// Named barriers over both warpgroups (id 0 is __syncthreads): one side arrives, the other syncs.
-__device__ __forceinline__ void named_arrive(int id) { asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory"); }
-__device__ __forceinline__ void named_sync(int id) { asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory"); }
 __device__ __forceinline__ void wgmma_wait1() { asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory"); }
 #endif
 
@@ -501,9 +498,10 @@ __device__ __forceinline__ void mla_decode_sm90_lockstep(const DcpMlaDecodeParam
 // of P·V, issued as soon as P(i) is handed over, so it runs beside warpgroup 0's S(i + 1).
 // Buffer b's full mbarrier completes when its copies have landed (128 asynchronous arrivals)
 // and its validity flags are written (128 arrivals); its empty mbarrier when the 8 warps have
-// finished P·V of it (S finished earlier). P's hand-over is guarded by named barriers:
-// kBarPFull (warpgroup 0 arrives, 1 syncs) and kBarPEmpty (1 arrives once its P·V has read P,
-// 0 syncs before writing the next).
+// finished P·V of it (S finished earlier). P's hand-over has two mbarriers too: p_full (128
+// arrivals of warpgroup 0 once P(i) and the factors are written) and p_empty (128 of warpgroup
+// 1 once its P·V(i) is done with them). mbarriers rather than named barriers also let
+// racecheck see the hand-over (it reports data passed across bar.arrive/bar.sync as races).
 template <DecodeKv Kv, int Tile, int Stages>
 __device__ __forceinline__ void mla_decode_sm90_roles(const DcpMlaDecodeParams& p) {
     constexpr bool kSparse = Kv != DecodeKv::DenseBf16;
@@ -516,7 +514,7 @@ __device__ __forceinline__ void mla_decode_sm90_roles(const DcpMlaDecodeParams& 
     constexpr int kSRegs = Tile / 2;
     constexpr int kTileBytes = Tile * kDimQk * 2;
     constexpr int kLdPerTok = 128 / Tile;  // warpgroup 1's threads per token of a tile
-    constexpr int kBarPFull = 1, kBarPEmpty = 2, kBarStats = 3, kBarPWritten = 4;
+    constexpr int kBarPWritten = 1;  // named barrier of warpgroup 0 alone
     // P(i) (hi in tile i's rope block, lo in sPlo) as the K-major 128B-swizzled A operand of
     // P·V: [64 rows × 64 tokens] bf16, the layout of one column block of Q
     auto p_desc = [&](uint32_t base, int kk) { return make_desc(base + kk * 32, 16, 1024); };
@@ -534,9 +532,10 @@ __device__ __forceinline__ void mla_decode_sm90_roles(const DcpMlaDecodeParams& 
     int* sValid = (int*)(sPlo + kRows * Tile * 2);        // [2][Tile]
     float* sAlpha = (float*)(sValid + Stages * Tile);     // [64] rescale factors of P(i)
     float2* sStats = (float2*)(sAlpha + kRows);           // [64] final (l, m) of the rows
-    const uint32_t bars = decode::smem_addr(sStats + kRows);  // full[2], empty[2]
+    const uint32_t bars = decode::smem_addr(sStats + kRows);  // full[2], empty[2], p_full, p_empty
     auto full = [&](int b) { return bars + 8 * b; };
     auto empty = [&](int b) { return bars + 16 + 8 * b; };
+    const uint32_t p_full = bars + 32, p_empty = bars + 40;
     const uint32_t q_addr = decode::smem_addr(sQ), kv_addr = decode::smem_addr(sKV);
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -547,6 +546,8 @@ __device__ __forceinline__ void mla_decode_sm90_roles(const DcpMlaDecodeParams& 
             mbar_init(full(b), 256);
             mbar_init(empty(b), 8);
         }
+        mbar_init(p_full, 128);
+        mbar_init(p_empty, 128);
         fence_proxy_async();
     }
     const int H = p.heads;
@@ -640,7 +641,7 @@ __device__ __forceinline__ void mla_decode_sm90_roles(const DcpMlaDecodeParams& 
             for (int i = 0; i < n; ++i) {
                 const uint32_t u = uses + i;
                 const int b = u & 1;
-                named_sync(kBarPFull);
+                mbar_wait(p_full, u & 1);  // P(u) and its factors are written
                 const float alpha0 = sAlpha[r0], alpha1 = sAlpha[r0 + 8];
                 if (__any_sync(0xffffffffu, alpha0 != 1.0f || alpha1 != 1.0f)) {
 #pragma unroll
@@ -666,7 +667,7 @@ __device__ __forceinline__ void mla_decode_sm90_roles(const DcpMlaDecodeParams& 
                 wgmma_commit();
                 wgmma_wait0();
                 fence_regs(o);
-                if (i + 1 < n) named_arrive(kBarPEmpty);  // done with sPlo and sAlpha
+                mbar_arrive(p_empty);  // done with sPlo and sAlpha
                 __syncwarp();
                 if (lane == 0) mbar_arrive(empty(b));
                 if (i + 2 < n) {
@@ -753,7 +754,10 @@ __device__ __forceinline__ void mla_decode_sm90_roles(const DcpMlaDecodeParams& 
                     m_run[k] = m_new;
                     l_run[k] *= alpha[k];
                 }
-                if (i > 0) named_sync(kBarPEmpty);  // warpgroup 1's P·V(i − 1) is done with sPlo
+                // warpgroup 1's P·V of the previous tile (maybe of the previous piece) is done with
+                // sPlo and sAlpha
+                const uint32_t u = uses + i;
+                if (u > 0) mbar_wait(p_empty, (u - 1) & 1);
                 unsigned char* hi_dst = sKV + b * kTileBytes + (kBlocks - 1) * (Tile * 128);
                 // The thread's place in P, from a fresh read of its index: else the compiler hoists
                 // all 32 store addresses out of the tile loop and spills them.
@@ -777,7 +781,7 @@ __device__ __forceinline__ void mla_decode_sm90_roles(const DcpMlaDecodeParams& 
                     sAlpha[r0 + 8] = alpha[1];
                 }
                 fence_proxy_async();  // these writes, before either warpgroup's wgmma reads them
-                named_arrive(kBarPFull);
+                mbar_arrive(p_full);
                 asm volatile("bar.sync %0, 128;\n" ::"r"(kBarPWritten) : "memory");  // all 64 rows written
             };
             if (n > 0) {
@@ -825,7 +829,7 @@ __device__ __forceinline__ void mla_decode_sm90_roles(const DcpMlaDecodeParams& 
         uses += n;
 
         // ---- write: warpgroup 1 takes the rows' (l, m) from warpgroup 0 ----
-        named_sync(kBarStats);
+        __syncthreads();
         if (wg == 1) {
 #pragma unroll
             for (int k = 0; k < 2; ++k) {

@@ -227,13 +227,13 @@ pub const SM90_SPARSE_VARIANTS: [(KvFormat, u32, u32, Sm90Schedule); 3] = [
 /// bytes of alignment slack, Q, `stages` KV tiles, validity flags per token (FP8: two slots),
 /// for FP8 one tile of raw 656-byte rows, with the plain schedule the part of the S hand-over
 /// between warpgroups that the tile's rope block does not hold, and with the roles schedule
-/// P's low terms, the rows' rescale factors and (l, m), and four mbarriers.
+/// P's low terms, the rows' rescale factors and (l, m), and six mbarriers.
 pub fn decode_sm90_shared_bytes(tile: usize, stages: usize, fp8: bool, schedule: Sm90Schedule) -> usize {
     let flags = if fp8 { 2 } else { stages } * tile * 4;
     let raw = if fp8 { tile * crate::formats::FP8_ROW_BYTES } else { 0 };
     let extra = match schedule {
         Sm90Schedule::Plain => ROWS_PER_CTA * tile * 4 - tile * 128,
-        Sm90Schedule::Roles => ROWS_PER_CTA * tile * 2 + ROWS_PER_CTA * 4 + ROWS_PER_CTA * 8 + 4 * 8,
+        Sm90Schedule::Roles => ROWS_PER_CTA * tile * 2 + ROWS_PER_CTA * 4 + ROWS_PER_CTA * 8 + 6 * 8,
     };
     1024 + ROWS_PER_CTA * D_QK * 2 + stages * tile * D_QK * 2 + flags + raw + extra
 }
@@ -640,7 +640,7 @@ mod tests {
         }
         let base = 1024 + 73_728 + 2 * 64 * 1156;
         assert_eq!(decode_sm90_shared_bytes(64, 2, false, Sm90Schedule::Plain), base + 8192);
-        assert_eq!(decode_sm90_shared_bytes(64, 2, false, Sm90Schedule::Roles), base + 8192 + 256 + 512 + 32);
+        assert_eq!(decode_sm90_shared_bytes(64, 2, false, Sm90Schedule::Roles), base + 8192 + 256 + 512 + 48);
         assert_eq!(
             decode_sm90_shared_bytes(64, 1, true, Sm90Schedule::Plain),
             1024 + 73_728 + 64 * 1152 + 2 * 64 * 4 + 64 * 656 + 8192
