@@ -21,7 +21,6 @@
 // many of shared-memory port traffic (S reads Q and K from shared memory), with warpgroup 0's
 // softmax and P hand-over still on the critical path.
 #pragma once
-#include <type_traits>
 #include "decode.cuh"
 
 namespace dcp {
@@ -185,6 +184,37 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
         : "memory");
 }
 __device__ __forceinline__ void wgmma_wait1() { asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory"); }
+
+// The online softmax's first half, shared by both schedules: masks a tile's scores (a token
+// counts when its flag is set and it lies inside the row; a select, so a NaN score never
+// survives), scales them to log2 units, and moves the thread's two rows' running max m_run:
+// alpha is the factor the rows' earlier sums shrink by, m_use the max this tile's p are taken
+// against (0 while a row has seen nothing, so p = 0 and no NaN). Rows r0, r0 + 8 of the warp's
+// 16, columns 8j + 2t4 (+1).
+template <int kSRegs, int Tile>
+__device__ __forceinline__ void softmax_max(float (&s)[kSRegs], const int* valid, int tile, const int (&row_len)[2],
+                                            int t4, float scale_log2, float (&m_run)[2], float (&l_run)[2],
+                                            float (&alpha)[2], float (&m_use)[2]) {
+    float tmax[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int e = 0; e < kSRegs; ++e) {
+        const int col = 8 * (e >> 2) + 2 * t4 + (e & 1);
+        const int k = (e >> 1) & 1;
+        const bool ok = valid[col] && tile * Tile + col < row_len[k];
+        s[e] = ok ? s[e] * scale_log2 : -INFINITY;
+        tmax[k] = fmaxf(tmax[k], s[e]);
+    }
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+        tmax[k] = fmaxf(tmax[k], __shfl_xor_sync(0xffffffffu, tmax[k], 1));
+        tmax[k] = fmaxf(tmax[k], __shfl_xor_sync(0xffffffffu, tmax[k], 2));
+        const float m_new = fmaxf(m_run[k], tmax[k]);
+        m_use[k] = m_new == -INFINITY ? 0.0f : m_new;
+        alpha[k] = exp2f(m_run[k] - m_use[k]);
+        m_run[k] = m_new;
+        l_run[k] *= alpha[k];
+    }
+}
 #endif
 
 }  // namespace decode_sm90
@@ -407,27 +437,8 @@ __device__ __forceinline__ void mla_decode_sm90_lockstep(const DcpMlaDecodeParam
             }
 
             // ---- softmax: each thread holds rows g, g+8 of its warp's 16 rows, columns 8j + 2t4 (+1) ----
-            const int* valid = sValid + vslot * Tile;
-            float tmax[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-            for (int e = 0; e < kSRegs; ++e) {
-                const int col = 8 * (e >> 2) + 2 * t4 + (e & 1);
-                const int k = (e >> 1) & 1;
-                const bool ok = valid[col] && tile * Tile + col < row_len[k];
-                s[e] = ok ? s[e] * scale_log2 : -INFINITY;  // select: a NaN score never survives
-                tmax[k] = fmaxf(tmax[k], s[e]);
-            }
             float alpha[2], m_use[2];
-#pragma unroll
-            for (int k = 0; k < 2; ++k) {
-                tmax[k] = fmaxf(tmax[k], __shfl_xor_sync(0xffffffffu, tmax[k], 1));
-                tmax[k] = fmaxf(tmax[k], __shfl_xor_sync(0xffffffffu, tmax[k], 2));
-                const float m_new = fmaxf(m_run[k], tmax[k]);
-                m_use[k] = m_new == -INFINITY ? 0.0f : m_new;  // all masked so far: p = 0, no NaN
-                alpha[k] = exp2f(m_run[k] - m_use[k]);
-                m_run[k] = m_new;
-                l_run[k] *= alpha[k];
-            }
+            softmax_max<kSRegs, Tile>(s, sValid + vslot * Tile, tile, row_len, t4, scale_log2, m_run, l_run, alpha, m_use);
             // P as A fragments of m64k16 (the accumulator layout of S, two n8 blocks per k16 block)
             uint32_t p_hi[Tile / 16][4], p_lo[Tile / 16][4];
 #pragma unroll
@@ -732,28 +743,9 @@ __device__ __forceinline__ void mla_decode_sm90_roles(const DcpMlaDecodeParams& 
             // S(i) is done: softmax; P(i) (hi into tile i's rope block, lo into sPlo) and alpha
             // handed to warpgroup 1. Needs P·V(i − 1) of both warpgroups done with sPlo.
             auto softmax_hand_over = [&](float (&s)[kSRegs], int i, int b) {
-                const int tile = tile_begin + i;
-                const int* valid = sValid + b * Tile;
-                float tmax[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-                for (int e = 0; e < kSRegs; ++e) {
-                    const int col = 8 * (e >> 2) + 2 * t4 + (e & 1);
-                    const int k = (e >> 1) & 1;
-                    const bool ok = valid[col] && tile * Tile + col < row_len[k];
-                    s[e] = ok ? s[e] * scale_log2 : -INFINITY;  // select: a NaN score never survives
-                    tmax[k] = fmaxf(tmax[k], s[e]);
-                }
                 float m_use[2];
-#pragma unroll
-                for (int k = 0; k < 2; ++k) {
-                    tmax[k] = fmaxf(tmax[k], __shfl_xor_sync(0xffffffffu, tmax[k], 1));
-                    tmax[k] = fmaxf(tmax[k], __shfl_xor_sync(0xffffffffu, tmax[k], 2));
-                    const float m_new = fmaxf(m_run[k], tmax[k]);
-                    m_use[k] = m_new == -INFINITY ? 0.0f : m_new;  // all masked so far: p = 0, no NaN
-                    alpha[k] = exp2f(m_run[k] - m_use[k]);
-                    m_run[k] = m_new;
-                    l_run[k] *= alpha[k];
-                }
+                softmax_max<kSRegs, Tile>(s, sValid + b * Tile, tile_begin + i, row_len, t4, scale_log2, m_run, l_run,
+                                          alpha, m_use);
                 // warpgroup 1's P·V of the previous tile (maybe of the previous piece) is done with
                 // sPlo and sAlpha
                 const uint32_t u = uses + i;
