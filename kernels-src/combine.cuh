@@ -100,8 +100,7 @@ __device__ __forceinline__ void combine_zero_row(T* row, int lane) {
 // λ of SPEC.md §5: the lse in natural log (a base-2 lse is multiplied by ln 2 in fp32 first),
 // with NaN and +inf (an empty shard) mapped to −inf.
 __device__ __forceinline__ float combine_lambda(float lse, int base2) {
-    const float l = base2 ? lse * kCombineLn2 : lse;
-    return (isnan(l) || l == INFINITY) ? -INFINITY : l;
+    return merge_lse(base2 ? lse * kCombineLn2 : lse);
 }
 
 // The maximum M of λ over the first n ≤ N ranks and S = Σ_r exp(λ_r − M) in rank order; S is

@@ -590,8 +590,7 @@ __device__ __forceinline__ void mla_decode_combine(const DcpMlaDecodeCombinePara
     const float* lse = (const float*)p.ws_lse;
     float mx = -INFINITY;
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
-        float v = lse[slot_row(fp + i)];
-        if (isnan(v) || v == INFINITY) v = -INFINITY;
+        const float v = merge_lse(lse[slot_row(fp + i)]);
         s_weight[i] = v;
         mx = fmaxf(mx, v);
     }

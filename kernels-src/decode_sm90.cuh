@@ -43,7 +43,6 @@ constexpr int kThreads = 256;
 constexpr int kRows = 64;
 constexpr int kBlocks = kDimQk / 64;  // 9 column blocks of 64 dims
 constexpr int kChunks = kDimQk / 8;   // 72 16-byte chunks per row
-constexpr float kLn2 = 0.6931471805599453f;
 
 // Validity flags per token: a slot per ring buffer; FP8 keeps two (tile parity), as its next
 // tile's raw copies (and flags) are issued while the current tile's softmax reads its flags.
@@ -215,6 +214,69 @@ __device__ __forceinline__ void softmax_max(float (&s)[kSRegs], const int* valid
         l_run[k] *= alpha[k];
     }
 }
+
+// O ·= alpha per row (rows r0 and r0 + 8 of the thread's 128 accumulators). Once a row's running
+// max settles (most tiles of a long row), alpha = 1: a warp whose 16 rows all keep their max
+// skips the 128 multiplications.
+__device__ __forceinline__ void rescale_o(float (&o)[128], float alpha0, float alpha1) {
+    if (__any_sync(0xffffffffu, alpha0 != 1.0f || alpha1 != 1.0f)) {
+#pragma unroll
+        for (int n = 0; n < 32; ++n) {
+            o[4 * n + 0] *= alpha0;
+            o[4 * n + 1] *= alpha0;
+            o[4 * n + 2] *= alpha1;
+            o[4 * n + 3] *= alpha1;
+        }
+    }
+}
+
+// The sum of a row's value over the 4 lanes (t4) that hold its columns.
+__device__ __forceinline__ float row_total(float v) {
+    v += __shfl_xor_sync(0xffffffffu, v, 1);
+    v += __shfl_xor_sync(0xffffffffu, v, 2);
+    return v;
+}
+
+// Q's 64 rows (rows row_base.. of the sequence, row_limit of them; the rest zero-filled) into
+// sQ, swizzled, by `threads` threads of which this is number `t`.
+__device__ __forceinline__ void load_q(const DcpMlaDecodeParams& p, unsigned char* sQ, int64_t seq_row0, int row_base,
+                                       int row_limit, int t, int threads) {
+    for (int c = t; c < kRows * kChunks; c += threads) {
+        const int r = c / kChunks, part = c % kChunks;
+        const bool ok = r < row_limit;
+        const __nv_bfloat16* src =
+            (const __nv_bfloat16*)p.q + (ok ? (seq_row0 + row_base + r) * kDimQk + part * 8 : 0);
+        decode::cp_async16(sQ + swizzled(kRows, r, part), src, ok);
+    }
+}
+
+// Part `part` (of Parts) of cache row `row` (-1: zero-filled) as token `tok` of a swizzled
+// [Tile × 576] tile: chunks part, part + Parts, ...
+template <int Tile, int Parts>
+__device__ __forceinline__ void copy_token(unsigned char* tile, int tok, int part, const DcpMlaDecodeParams& p,
+                                           int64_t row) {
+    const __nv_bfloat16* src = (const __nv_bfloat16*)p.cache + (row >= 0 ? row * kDimQk : 0);
+#pragma unroll
+    for (int k = 0; k < kChunks / Parts; ++k) {
+        const int c = part + Parts * k;
+        decode::cp_async16(tile + swizzled(Tile, tok, c), src + 8 * c, row >= 0);
+    }
+}
+
+// This CTA's rows: rows base.. (limit of them) of sequence `seq` when the launch has one part
+// (with several, for_each_piece picks the sequences). Sparse CTAs of one part hold a (query
+// row, head block) pair in blockIdx.x, as in decode.cuh.
+struct CtaRows {
+    int seq, base, limit;
+};
+template <bool Sparse>
+__device__ __forceinline__ CtaRows cta_rows(const DcpMlaDecodeParams& p, int seq_rows) {
+    const int H = p.heads, nq = p.nq;
+    const int hblocks = (H + kRows - 1) / kRows;
+    const int rb = Sparse && p.num_splits <= 1 ? blockIdx.x % hblocks : blockIdx.x;
+    const int seq = Sparse ? blockIdx.y * nq + blockIdx.x / hblocks : blockIdx.y;
+    return CtaRows{seq, rb * kRows, min(kRows, seq_rows - rb * kRows)};
+}
 #endif
 
 }  // namespace decode_sm90
@@ -223,7 +285,7 @@ __device__ __forceinline__ void softmax_max(float (&s)[kSRegs], const int* valid
 // file's head comment. Sparse FP8 runs only this one.
 template <DecodeKv Kv, int Tile, int Stages, Sm90Schedule Sched>
 __device__ __forceinline__ void mla_decode_sm90_lockstep(const DcpMlaDecodeParams& p) {
-    constexpr bool kSparse = Kv != DecodeKv::DenseBf16;
+    [[maybe_unused]] constexpr bool kSparse = Kv != DecodeKv::DenseBf16;  // (unused off sm_90a)
     constexpr bool kFp8 = Kv == DecodeKv::SparseFp8;
     static_assert(Tile == 32 || Tile == 64, "S tile is one wgmma m64nTile");
     static_assert(kFp8 ? Stages == 1 : Stages >= 2, "a ring of at least two buffers (FP8: one, fed by dequant)");
@@ -251,15 +313,9 @@ __device__ __forceinline__ void mla_decode_sm90_lockstep(const DcpMlaDecodeParam
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wg = warp >> 2, wr = warp & 3;  // warpgroup (V half), warp in the warpgroup (16 rows)
     const int g = lane >> 2, t4 = lane & 3;
-    const int H = p.heads, nq = p.nq;
     const int seqs = decode::num_seqs(p, kSparse), seq_rows = decode::rows_per_seq(p, kSparse);
-    // Row block within the sequence's rows and, with one part, the sequence (sparse CTAs of one
-    // part hold a (query row, head block) pair in blockIdx.x, as in decode.cuh).
-    const int hblocks = (H + kRows - 1) / kRows;
-    const int rb = kSparse && p.num_splits <= 1 ? blockIdx.x % hblocks : blockIdx.x;
-    const int block_seq = kSparse ? blockIdx.y * nq + blockIdx.x / hblocks : blockIdx.y;
-    const int row_base = rb * kRows;
-    const int row_limit = min(kRows, seq_rows - row_base);
+    const CtaRows rows = cta_rows<kSparse>(p, seq_rows);
+    const int block_seq = rows.seq, row_base = rows.base, row_limit = rows.limit;
 
     decode::for_each_piece(p, seqs, block_seq, [&](const decode::Piece pc) {
         __syncthreads();  // the previous piece is done with shared memory
@@ -273,13 +329,7 @@ __device__ __forceinline__ void mla_decode_sm90_lockstep(const DcpMlaDecodeParam
         if (decode::skip_empty_share(p, pc, tile_begin, tile_end, seq_rows, row_base, row_limit, tid)) return;
 
         // ---- loads: Q once (in the first group), tiles Stages − 1 ahead ----
-        for (int c = tid; c < kRows * kChunks; c += kThreads) {
-            const int r = c / kChunks, part = c % kChunks;
-            const bool ok = r < row_limit;
-            const __nv_bfloat16* src =
-                (const __nv_bfloat16*)p.q + (ok ? (seq_row0 + row_base + r) * kDimQk + part * 8 : 0);
-            decode::cp_async16(sQ + swizzled(kRows, r, part), src, ok);
-        }
+        load_q(p, sQ, seq_row0, row_base, row_limit, tid, kThreads);
         const int ld_tok = tid / kTilePerThread, ld_part = tid % kTilePerThread;
         // The block-table entry of token `tok` of `tile` (-1: past the sequence), and from it the
         // cache row (page·B + slot) or -1: unread. Split in two so the plain schedule can read the
@@ -305,13 +355,7 @@ __device__ __forceinline__ void mla_decode_sm90_lockstep(const DcpMlaDecodeParam
         auto token_row = [&](int tile, int tok) { return page_row(tile, tok, token_page(tile, tok)); };
         auto issue_tile_row = [&](int64_t row, int stage) {
             if (ld_part == 0) sValid[stage * Tile + ld_tok] = row >= 0;
-            const __nv_bfloat16* src = (const __nv_bfloat16*)p.cache + (row >= 0 ? row * kDimQk : 0);
-            unsigned char* dst = sKV + stage * (Tile * kDimQk * 2);
-#pragma unroll
-            for (int k = 0; k < kChunks / kTilePerThread; ++k) {
-                const int c = ld_part + kTilePerThread * k;
-                decode::cp_async16(dst + swizzled(Tile, ld_tok, c), src + 8 * c, row >= 0);
-            }
+            copy_token<Tile, kTilePerThread>(sKV + stage * (Tile * kDimQk * 2), ld_tok, ld_part, p, row);
         };
         auto issue_tile = [&](int tile, int stage) { issue_tile_row(token_row(tile, ld_tok), stage); };
         // FP8: a token's raw 656-byte row into the staging buffer (41 chunks over kTilePerThread
@@ -453,17 +497,7 @@ __device__ __forceinline__ void mla_decode_sm90_lockstep(const DcpMlaDecodeParam
                 p_hi[kk][reg] = *reinterpret_cast<const uint32_t*>(&hi);
                 p_lo[kk][reg] = decode::pack_bf16(p0 - hf.x, p1 - hf.y);  // exact differences
             }
-            // Once a row's running max settles (most tiles of a long row), alpha = 1: a warp whose
-            // 16 rows all keep their max skips the 128 multiplications.
-            if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
-#pragma unroll
-                for (int n = 0; n < 32; ++n) {
-                    o[4 * n + 0] *= alpha[0];
-                    o[4 * n + 1] *= alpha[0];
-                    o[4 * n + 2] *= alpha[1];
-                    o[4 * n + 3] *= alpha[1];
-                }
-            }
+            rescale_o(o, alpha[0], alpha[1]);
 
             // ---- accumulate: O[64 × 256] += P·V, V = dims 256wg.. of the tile, MN-major ----
             fence_regs(o);
@@ -484,14 +518,7 @@ __device__ __forceinline__ void mla_decode_sm90_lockstep(const DcpMlaDecodeParam
         decode::cp_async_wait<0>();
 
         // ---- write: O / l and lse = (m + log2 l)·ln 2; a row that saw nothing: 0 and −inf ----
-        float l_row[2];
-#pragma unroll
-        for (int k = 0; k < 2; ++k) {
-            float l = l_run[k];
-            l += __shfl_xor_sync(0xffffffffu, l, 1);
-            l += __shfl_xor_sync(0xffffffffu, l, 2);
-            l_row[k] = l;
-        }
+        const float l_row[2] = {row_total(l_run[0]), row_total(l_run[1])};
         decode::write_rows(p, pc.slot, seq_row0, seq_rows, row_base, row_limit, wr * 16 + g, wg * 256 + 2 * t4,
                            wg == 0 && t4 == 0, l_row, m_run, [&](int n, int e) { return o[4 * n + e]; });
     });
@@ -515,7 +542,7 @@ __device__ __forceinline__ void mla_decode_sm90_lockstep(const DcpMlaDecodeParam
 // racecheck see the hand-over (it reports data passed across bar.arrive/bar.sync as races).
 template <DecodeKv Kv, int Tile, int Stages>
 __device__ __forceinline__ void mla_decode_sm90_roles(const DcpMlaDecodeParams& p) {
-    constexpr bool kSparse = Kv != DecodeKv::DenseBf16;
+    [[maybe_unused]] constexpr bool kSparse = Kv != DecodeKv::DenseBf16;  // (unused off sm_90a)
     constexpr Sm90Schedule Sched = Sm90Schedule::Roles;
     static_assert(Kv != DecodeKv::SparseFp8, "roles schedule: BF16 tiles only");
     static_assert(Tile == 64 && Stages == 2, "roles schedule: P's hi terms fill a 64-token rope block; two buffers");
@@ -561,13 +588,9 @@ __device__ __forceinline__ void mla_decode_sm90_roles(const DcpMlaDecodeParams& 
         mbar_init(p_empty, 128);
         fence_proxy_async();
     }
-    const int H = p.heads;
     const int seqs = decode::num_seqs(p, kSparse), seq_rows = decode::rows_per_seq(p, kSparse);
-    const int hblocks = (H + kRows - 1) / kRows;
-    const int rb = kSparse && p.num_splits <= 1 ? blockIdx.x % hblocks : blockIdx.x;
-    const int block_seq = kSparse ? blockIdx.y * p.nq + blockIdx.x / hblocks : blockIdx.y;
-    const int row_base = rb * kRows;
-    const int row_limit = min(kRows, seq_rows - row_base);
+    const CtaRows rows = cta_rows<kSparse>(p, seq_rows);
+    const int block_seq = rows.seq, row_base = rows.base, row_limit = rows.limit;
     const int r0 = wr * 16 + g;  // this thread's rows r0 and r0 + 8
     uint32_t uses = 0;           // tiles consumed before this piece: buffer uses & 1, phase uses >> 1
 
@@ -617,13 +640,7 @@ __device__ __forceinline__ void mla_decode_sm90_roles(const DcpMlaDecodeParams& 
             auto fill = [&](int tile, int page, int b) {
                 const int64_t row = token_row(tile, page);
                 if (ld_part == 0) sValid[b * Tile + ld_tok] = row >= 0;
-                const __nv_bfloat16* src = (const __nv_bfloat16*)p.cache + (row >= 0 ? row * kDimQk : 0);
-                unsigned char* dst = sKV + b * kTileBytes;
-#pragma unroll
-                for (int k = 0; k < kChunks / kLdPerTok; ++k) {
-                    const int c = ld_part + kLdPerTok * k;
-                    decode::cp_async16(dst + swizzled(Tile, ld_tok, c), src + 8 * c, row >= 0);
-                }
+                copy_token<Tile, kLdPerTok>(sKV + b * kTileBytes, ld_tok, ld_part, p, row);
                 mbar_arrive_cp_async(full(b));
                 mbar_arrive(full(b));
             };
@@ -636,15 +653,7 @@ __device__ __forceinline__ void mla_decode_sm90_roles(const DcpMlaDecodeParams& 
             int page = token_page(tile_begin);
             for (int k = 0; k < 2 && k < n; ++k) {
                 wait_free(fills);
-                if (k == 0) {
-                    for (int c = t; c < kRows * kChunks; c += 128) {
-                        const int r = c / kChunks, part = c % kChunks;
-                        const bool ok = r < row_limit;
-                        const __nv_bfloat16* src =
-                            (const __nv_bfloat16*)p.q + (ok ? (seq_row0 + row_base + r) * kDimQk + part * 8 : 0);
-                        decode::cp_async16(sQ + swizzled(kRows, r, part), src, ok);
-                    }
-                }
+                if (k == 0) load_q(p, sQ, seq_row0, row_base, row_limit, t, 128);
                 fill(tile_begin + k, page, fills & 1);  // tile 0's arrivals also cover Q
                 page = token_page(tile_begin + k + 1);
                 ++fills;
@@ -653,16 +662,7 @@ __device__ __forceinline__ void mla_decode_sm90_roles(const DcpMlaDecodeParams& 
                 const uint32_t u = uses + i;
                 const int b = u & 1;
                 mbar_wait(p_full, u & 1);  // P(u) and its factors are written
-                const float alpha0 = sAlpha[r0], alpha1 = sAlpha[r0 + 8];
-                if (__any_sync(0xffffffffu, alpha0 != 1.0f || alpha1 != 1.0f)) {
-#pragma unroll
-                    for (int c = 0; c < 32; ++c) {
-                        o[4 * c + 0] *= alpha0;
-                        o[4 * c + 1] *= alpha0;
-                        o[4 * c + 2] *= alpha1;
-                        o[4 * c + 3] *= alpha1;
-                    }
-                }
+                rescale_o(o, sAlpha[r0], sAlpha[r0 + 8]);
                 mbar_wait(full(b), (u >> 1) & 1);  // landed long ago: this is the acquire
                 fence_proxy_async();
                 const uint32_t tile_addr = kv_addr + b * kTileBytes;
@@ -718,15 +718,7 @@ __device__ __forceinline__ void mla_decode_sm90_roles(const DcpMlaDecodeParams& 
             };
             // O_L ·= alpha (of the P about to be added), then P·V over tile (buffer b)'s left half
             auto issue_pv = [&](int b) {
-                if (__any_sync(0xffffffffu, alpha[0] != 1.0f || alpha[1] != 1.0f)) {
-#pragma unroll
-                    for (int c = 0; c < 32; ++c) {
-                        o[4 * c + 0] *= alpha[0];
-                        o[4 * c + 1] *= alpha[0];
-                        o[4 * c + 2] *= alpha[1];
-                        o[4 * c + 3] *= alpha[1];
-                    }
-                }
+                rescale_o(o, alpha[0], alpha[1]);
                 const uint32_t tile_addr = kv_addr + b * kTileBytes;
                 const uint32_t hi_addr = tile_addr + (kBlocks - 1) * (Tile * 128), lo_addr = decode::smem_addr(sPlo);
                 fence_regs(o);
@@ -811,11 +803,8 @@ __device__ __forceinline__ void mla_decode_sm90_roles(const DcpMlaDecodeParams& 
             }
 #pragma unroll
             for (int k = 0; k < 2; ++k) {
-                float l = l_run[k];
-                l += __shfl_xor_sync(0xffffffffu, l, 1);
-                l += __shfl_xor_sync(0xffffffffu, l, 2);
-                l_row[k] = l;
-                if (t4 == 0) sStats[r0 + 8 * k] = make_float2(l, m_run[k]);
+                l_row[k] = row_total(l_run[k]);
+                if (t4 == 0) sStats[r0 + 8 * k] = make_float2(l_row[k], m_run[k]);
             }
         }
         uses += n;
