@@ -214,6 +214,16 @@ fn dense_paths() -> Vec<DecodePath> {
     v
 }
 
+/// KV tokens per schedule unit of the kernel `path` names: the wgmma variant's tile, or the
+/// mma.sync kernels' 32 (these tests always name the kernel they launch).
+fn schedule_tile(path: DecodePath) -> u64 {
+    match path {
+        DecodePath::Wgmma { tile, .. } => tile as u64,
+        DecodePath::Mma => 32,
+        DecodePath::Auto => unreachable!("the tests name the kernel they launch"),
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 fn launch_dense(
     path: DecodePath,
@@ -244,11 +254,7 @@ fn launch_dense(
     let cap = (hc.max_pages * hc.block_size) as i64;
     let seq_tokens: Vec<u64> =
         lens.chunks(shape.rows).map(|r| r.iter().map(|&l| (l as i64).clamp(0, cap)).max().unwrap() as u64).collect();
-    let tile = match path {
-        DecodePath::Wgmma { tile, .. } => tile as u64,
-        _ => 32,
-    };
-    outs.check_schedule(&format!("{path:?}"), splits, &seq_tokens, tile);
+    outs.check_schedule(&format!("{path:?}"), splits, &seq_tokens, schedule_tile(path));
     res
 }
 
@@ -412,11 +418,7 @@ fn launch_sparse(
     let rows = shape.batch * shape.rows;
     let seq_tokens: Vec<u64> =
         (0..rows).map(|i| topk_len.map_or(k as i64, |t| (t[i] as i64).clamp(0, k as i64)) as u64).collect();
-    let tile = match path {
-        DecodePath::Wgmma { tile, .. } => tile as u64,
-        _ => 32,
-    };
-    outs.check_schedule(&format!("sparse {path:?}"), splits, &seq_tokens, tile);
+    outs.check_schedule(&format!("sparse {path:?}"), splits, &seq_tokens, schedule_tile(path));
     res
 }
 

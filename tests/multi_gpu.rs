@@ -314,9 +314,8 @@ fn bits_equal(what: &str, a: &(Vec<bf16>, Vec<f32>), b: &(Vec<bf16>, Vec<f32>)) 
     assert!(first.is_none(), "{what}: lse differs first at {first:?}");
 }
 
-/// Within the SPEC elementwise tolerance of each other (the ag_rs reduce-scatter may sum in
-/// another order than a later run when D > 2, and a2a carries bf16 partials).
-/// ag_rs (fp32 partials) against a2a (bf16 partials): SPEC.md §9's bound plus the a2a rounding.
+/// ag_rs (fp32 partials) against a2a (bf16 partials): within SPEC.md §9's elementwise bound plus
+/// the a2a rounding (the reduce-scatter may also sum in another order when D > 2).
 fn close(what: &str, a: &(Vec<bf16>, Vec<f32>), b: &(Vec<bf16>, Vec<f32>)) {
     for (k, (x, y)) in a.0.iter().zip(&b.0).enumerate() {
         let (x, y) = (x.to_f64(), y.to_f64());

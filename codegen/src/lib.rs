@@ -114,7 +114,7 @@ pub fn build(cfg: &BuildConfig) -> Result<BuildReport, String> {
                 }
             }
             if f.spec.hot && serialized.contains(&sym) {
-                spills.push(format!("{sym}: ptxas serialised its wgmma instructions (C7515)"));
+                spills.push(format!("{sym}: ptxas serialised its wgmma instructions (C7514/C7515)"));
             }
             for e in &entries {
                 tsv.push_str(&format!(

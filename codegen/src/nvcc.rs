@@ -107,8 +107,7 @@ pub fn parse_ptxas(text: &str) -> Vec<(String, PtxasEntry)> {
 pub fn wgmma_serialized(text: &str) -> Vec<String> {
     text.lines()
         .filter(|l| l.contains("wgmma.mma_async instructions are serialized"))
-        .filter_map(|l| l.rsplit("in the function '").next().filter(|_| l.contains("in the function '")))
-        .filter_map(|rest| rest.split('\'').next())
+        .filter_map(|l| l.split_once("in the function '")?.1.split('\'').next())
         .map(str::to_string)
         .collect()
 }

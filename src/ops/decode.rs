@@ -273,35 +273,49 @@ struct Kernel {
     tile: u32,
 }
 
-/// The kernel for a dense launch on `dev`; `None`: `path` cannot run here (wgmma asked for on
-/// a device that is not compute capability 9.0, or not built).
-fn dense_kernel(dev: &Device, path: DecodePath) -> Option<Kernel> {
-    let mma = || {
-        registry::mla_decode(axes::Kv::DenseBf16).map(|id| Kernel {
-            id,
-            shared_bytes: decode_shared_bytes(KvFormat::Bf16),
-            tile: MMA_TILE,
-        })
+/// The kernel for a launch over `format` (`sparse`: index lists, else the dense block table) on
+/// `dev`; `None`: `path` cannot run here (wgmma asked for on a device that is not compute
+/// capability 9.0, or a variant not built for this kind of launch). `Auto` is the wgmma variant
+/// that `DCP_MLA_DECODE_PATH` names when it is built for this kind, else this kind's default
+/// (the first of [`SM90_VARIANTS`] or the format's first in [`SM90_SPARSE_VARIANTS`]) on
+/// compute capability 9.0, else mma.sync; `DCP_MLA_DECODE_PATH=mma` forces mma.sync.
+fn decode_kernel(dev: &Device, format: KvFormat, sparse: bool, path: DecodePath) -> Option<Kernel> {
+    let kv = match (sparse, format) {
+        (false, _) => axes::Kv::DenseBf16,
+        (true, KvFormat::Bf16) => axes::Kv::SparseBf16,
+        (true, KvFormat::Fp8_656) => axes::Kv::SparseFp8,
     };
+    let mma =
+        || registry::mla_decode(kv).map(|id| Kernel { id, shared_bytes: decode_shared_bytes(format), tile: MMA_TILE });
+    // the registry holds exactly the variants kernels.toml builds for `kv`
     let wgmma = |tile: u32, stages: u32, schedule: Sm90Schedule| {
-        if dev.compute_capability() != (9, 0) || !SM90_VARIANTS.contains(&(tile, stages, schedule)) {
+        if dev.compute_capability() != (9, 0) {
             return None;
         }
-        registry::mla_decode_sm90(axes::Kv::DenseBf16, tile, stages, schedule.axis()).map(|id| Kernel {
+        registry::mla_decode_sm90(kv, tile, stages, schedule.axis()).map(|id| Kernel {
             id,
-            shared_bytes: decode_sm90_shared_bytes(tile as usize, stages as usize, false, schedule),
+            shared_bytes: decode_sm90_shared_bytes(tile as usize, stages as usize, kv == axes::Kv::SparseFp8, schedule),
             tile,
         })
+    };
+    let default = || {
+        let (tile, stages, schedule) = if sparse {
+            let &(_, t, st, sc) = SM90_SPARSE_VARIANTS.iter().find(|v| v.0 == format)?;
+            (t, st, sc)
+        } else {
+            SM90_VARIANTS[0]
+        };
+        wgmma(tile, stages, schedule)
     };
     match path {
         DecodePath::Mma => mma(),
         DecodePath::Wgmma { tile, stages, schedule } => wgmma(tile, stages, schedule),
         DecodePath::Auto => match env_path() {
-            Some(p) => dense_kernel(dev, p),
-            None => {
-                let (tile, stages, schedule) = SM90_VARIANTS[0];
-                wgmma(tile, stages, schedule).or_else(mma)
+            Some(DecodePath::Mma) => mma(),
+            Some(DecodePath::Wgmma { tile, stages, schedule }) => {
+                wgmma(tile, stages, schedule).or_else(default).or_else(mma)
             }
+            _ => default().or_else(mma),
         },
     }
 }
@@ -348,48 +362,9 @@ pub fn mla_decode_dense_on(dev: &Device, stream: Stream, a: &DenseDecode, path: 
     params.num_pages = to_i32("num_pages", a.num_pages)?;
     params.block_size = to_i32("block_size", a.block_size)?;
     params.max_pages = to_i32("max_pages", a.max_pages)?;
-    let kernel = dense_kernel(dev, path).ok_or_else(|| Error::Unsupported(format!("mla_decode dense on {path:?}")))?;
+    let kernel = decode_kernel(dev, KvFormat::Bf16, false, path)
+        .ok_or_else(|| Error::Unsupported(format!("mla_decode dense on {path:?}")))?;
     launch(dev, stream, &kernel, c, &mut params, false)
-}
-
-/// The kernel for a sparse launch on `dev`; `None`: `path` cannot run here. `Auto` is the wgmma
-/// kernel on compute capability 9.0 when built (unless `DCP_MLA_DECODE_PATH=mma`), else mma.sync;
-/// `Wgmma` must name the format's variant in [`SM90_SPARSE_VARIANTS`].
-fn sparse_kernel(dev: &Device, format: KvFormat, path: DecodePath) -> Option<Kernel> {
-    let kv = match format {
-        KvFormat::Bf16 => axes::Kv::SparseBf16,
-        KvFormat::Fp8_656 => axes::Kv::SparseFp8,
-    };
-    let mma =
-        || registry::mla_decode(kv).map(|id| Kernel { id, shared_bytes: decode_shared_bytes(format), tile: MMA_TILE });
-    let wgmma = |tile: u32, stages: u32, schedule: Sm90Schedule| {
-        if dev.compute_capability() != (9, 0) || !SM90_SPARSE_VARIANTS.contains(&(format, tile, stages, schedule)) {
-            return None;
-        }
-        registry::mla_decode_sm90(kv, tile, stages, schedule.axis()).map(|id| Kernel {
-            id,
-            shared_bytes: decode_sm90_shared_bytes(
-                tile as usize,
-                stages as usize,
-                format == KvFormat::Fp8_656,
-                schedule,
-            ),
-            tile,
-        })
-    };
-    let shipped = || SM90_SPARSE_VARIANTS.iter().find(|v| v.0 == format).and_then(|&(_, t, st, sc)| wgmma(t, st, sc));
-    match path {
-        DecodePath::Mma => mma(),
-        DecodePath::Wgmma { tile, stages, schedule } => wgmma(tile, stages, schedule),
-        DecodePath::Auto => match env_path() {
-            Some(DecodePath::Mma) => mma(),
-            // a variant this format ships; any other (or the dense default) runs the shipped one
-            Some(DecodePath::Wgmma { tile, stages, schedule }) => {
-                wgmma(tile, stages, schedule).or_else(shipped).or_else(mma)
-            }
-            _ => shipped().or_else(mma),
-        },
-    }
 }
 
 /// Sparse decode (SPEC.md §4) over the BF16 or FP8-656 cache. Validates every argument,
@@ -421,7 +396,7 @@ pub fn mla_decode_sparse_on(dev: &Device, stream: Stream, a: &SparseDecode, path
     params.topk = to_i32("topk", a.topk)?;
     params.num_pages = to_i32("num_pages", a.num_pages)?;
     params.block_size = to_i32("block_size", a.block_size)?;
-    let kernel = sparse_kernel(dev, a.format, path)
+    let kernel = decode_kernel(dev, a.format, true, path)
         .ok_or_else(|| Error::Unsupported(format!("mla_decode sparse {:?} on {path:?}", a.format)))?;
     launch(dev, stream, &kernel, c, &mut params, true)
 }
