@@ -552,7 +552,6 @@ __device__ __forceinline__ void mla_decode_sm90_roles(const DcpMlaDecodeParams& 
     constexpr int kSRegs = Tile / 2;
     constexpr int kTileBytes = Tile * kDimQk * 2;
     constexpr int kLdPerTok = 128 / Tile;  // warpgroup 1's threads per token of a tile
-    constexpr int kBarPWritten = 1;  // named barrier of warpgroup 0 alone
     // P(i) (hi in tile i's rope block, lo in sPlo) as the K-major 128B-swizzled A operand of
     // P·V: [64 rows × 64 tokens] bf16, the layout of one column block of Q
     auto p_desc = [&](uint32_t base, int kk) { return make_desc(base + kk * 32, 16, 1024); };
@@ -766,7 +765,10 @@ __device__ __forceinline__ void mla_decode_sm90_roles(const DcpMlaDecodeParams& 
                 }
                 fence_proxy_async();  // these writes, before either warpgroup's wgmma reads them
                 mbar_arrive(p_full);
-                asm volatile("bar.sync %0, 128;\n" ::"r"(kBarPWritten) : "memory");  // all 64 rows written
+                // all 64 rows written, before this warpgroup's own P·V reads them: p_full counts
+                // exactly warpgroup 0's 128 threads (a named barrier of 128 threads here made
+                // racecheck lose track of the CTA barriers)
+                mbar_wait(p_full, u & 1);
             };
             if (n > 0) {
                 {
