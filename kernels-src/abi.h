@@ -6,10 +6,18 @@
  *
  * Keep to the subset the generator reads: `typedef struct Name { <type> <field>; ... } Name;`
  * with fields of fixed-width integer or float types only (device pointers are uint64_t), one
- * field per line, comments allowed anywhere.
+ * field per line, comments allowed anywhere. A field may be an array (`type name[N];`), and the
+ * first field of a struct may be over-aligned (`DCP_ALIGN(n) type name...;`), which aligns the
+ * struct (Rust can only align whole structs).
  */
 #pragma once
 #include <stdint.h>
+
+#ifdef __cplusplus
+#define DCP_ALIGN(n) alignas(n)
+#else
+#define DCP_ALIGN(n) _Alignas(n)
+#endif
 
 /* KV-cache fill (SPEC.md §2-3): writes each new token's [512 c_kv | 64 k_pe] row into the paged
  * cache of this rank, only if this rank owns the token. */
@@ -41,6 +49,10 @@ typedef struct DcpKvFillParams {
  * sequences; a sequence spread over several parts leaves fp32 partials in workspace slots
  * that mla_decode_combine merges. */
 typedef struct DcpMlaDecodeParams {
+    /* kv_tma = 1: a CUtensorMap (cuTensorMapEncodeTiled, 128-byte aligned as CUDA 13 declares */
+    /* it) of the dense BF16 cache as [num_pages·block_size rows, 576], 128B swizzle, boxes of */
+    /* 64 columns × min(64, block_size) rows: the roles schedule loads whole tiles with it */
+    DCP_ALIGN(128) uint64_t kv_tmap[16];
     uint64_t q;              /* bf16 [batch, nq, heads, 576], contiguous */
     uint64_t cache;          /* bf16 [num_pages, block_size, 576] or bytes [num_pages, block_size, 656] */
     uint64_t block_table;    /* dense: int32 [batch, block_table_stride] */
@@ -64,6 +76,7 @@ typedef struct DcpMlaDecodeParams {
     int32_t num_splits;      /* P: parts (CTAs per row block) sharing the batch's KV tiles; 1: a CTA per sequence */
     int32_t sched_tile;      /* KV tokens per tile of the decode kernel the schedule is for */
     int32_t out_f32;         /* 1: out is fp32, 0: bf16 */
+    int32_t kv_tma;          /* 1: kv_tmap is valid (dense; block_size a power of two ≥ 8) */
 } DcpMlaDecodeParams;
 
 /* Merge of a split decode's partial results (SPEC.md §5, natural-log lse): the rows of every

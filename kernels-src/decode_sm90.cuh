@@ -182,6 +182,24 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
         "r"(parity)
         : "memory");
 }
+// The tensor copy engine (TMA): `bytes` more are to land on `bar` in its current phase (the
+// caller arrives on it afterwards, so the phase cannot complete before this is counted).
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+// One box of the 2-D tensor map `tmap` (a __grid_constant__ param) at column c0, row c1 into
+// shared memory at dst (1024-byte aligned for the 128B swizzle), completing its bytes on bar.
+// Boxes reaching outside the tensor fill zeros there and still complete all their bytes.
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const void* tmap, int c0, int c1, uint32_t bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], "
+        "[%4];\n" ::"r"(dst),
+        "l"(reinterpret_cast<uint64_t>(tmap)), "r"(c0), "r"(c1), "r"(bar)
+        : "memory");
+}
+__device__ __forceinline__ void tma_prefetch_map(const void* tmap) {
+    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(tmap)) : "memory");
+}
 __device__ __forceinline__ void wgmma_wait1() { asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory"); }
 
 // The online softmax's first half, shared by both schedules: masks a tile's scores (a token
@@ -532,9 +550,10 @@ __device__ __forceinline__ void mla_decode_sm90_lockstep(const DcpMlaDecodeParam
 // (tile i − 1's buffer is then free for warpgroup 1 to refill) and S(i) is, the softmax; then P(i)
 // as bf16 hi (into the tile's rope block, which only S reads) and lo (sPlo), in the K-major
 // swizzled layout of a wgmma A operand, plus the rows' rescale factors (sAlpha), for both
-// warpgroups' P·V. Warpgroup 1: the cp.async loads (Q with the first tile) and the other half
-// of P·V, issued as soon as P(i) is handed over, so it runs beside warpgroup 0's S(i + 1).
-// Buffer b's full mbarrier completes when its copies have landed (128 asynchronous arrivals)
+// warpgroups' P·V. Warpgroup 1: the loads (Q with the first tile; dense tiles by TMA when the
+// launch passes a tensor map, else cp.async) and the other half of P·V, issued as soon as P(i)
+// is handed over, so it runs beside warpgroup 0's S(i + 1). Buffer b's full mbarrier completes
+// when its copies have landed (128 asynchronous cp.async arrivals, and the TMA boxes' bytes)
 // and its validity flags are written (128 arrivals); its empty mbarrier when the 8 warps have
 // finished P·V of it (S finished earlier). P's hand-over has two mbarriers too: p_full (128
 // arrivals of warpgroup 0 once P(i) and the factors are written) and p_empty (128 of warpgroup
@@ -635,11 +654,31 @@ __device__ __forceinline__ void mla_decode_sm90_roles(const DcpMlaDecodeParams& 
                 }
                 return -1;
             };
-            // tile's token ld_tok into buffer b: its flag, its share of the 72 chunks, two arrivals
+            // Dense tiles wholly inside the sequence load by TMA when the launch passed a tensor
+            // map: boxes of box_rows tokens (one page's worth, or 64 of one page) × 64 columns,
+            // each issued by the thread holding its first token (whose page lookup it is); an
+            // invalid page's box points past the cache's last row and fills zeros. Other tiles
+            // (the sequence's last, partial one; sparse) go by cp.async with zero fill.
+            const bool tma = !kSparse && p.kv_tma != 0;
+            const int box_rows = min(Tile, bs);
+            if (tma && t == 0) tma_prefetch_map(&p.kv_tmap);
+            // tile's token ld_tok into buffer b: its flag, its share of the copies, two arrivals
+            // (the cp.async one also covers Q's copies with the first tile)
             auto fill = [&](int tile, int page, int b) {
                 const int64_t row = token_row(tile, page);
                 if (ld_part == 0) sValid[b * Tile + ld_tok] = row >= 0;
-                copy_token<Tile, kLdPerTok>(sKV + b * kTileBytes, ld_tok, ld_part, p, row);
+                if (tma && (tile + 1) * Tile <= n_tokens) {
+                    if (ld_part == 0 && (ld_tok & (box_rows - 1)) == 0) {
+                        const int c1 = row >= 0 ? (int)row : p.num_pages * bs;
+                        const uint32_t dst = kv_addr + b * kTileBytes + ld_tok * 128;
+                        mbar_expect_tx(full(b), kBlocks * box_rows * 128);
+#pragma unroll
+                        for (int blk = 0; blk < kBlocks; ++blk)
+                            tma_load_2d(dst + blk * (Tile * 128), &p.kv_tmap, blk * 64, c1, full(b));
+                    }
+                } else {
+                    copy_token<Tile, kLdPerTok>(sKV + b * kTileBytes, ld_tok, ld_part, p, row);
+                }
                 mbar_arrive_cp_async(full(b));
                 mbar_arrive(full(b));
             };

@@ -315,6 +315,11 @@ fn dense_bf16_matches_reference() {
         (&BATCH_64_TOTALS, 2, 16, 16, one, 0),
         // the longest context of the matrix; b = 1 keeps the fp64 reference near 0.6 s
         (&[16384], 1, 32, 64, one, 0),
+        // page sizes around the roles schedule's TMA boxes: 8 tokens (the smallest it takes,
+        // eight pages a tile), 128 (two tiles a page), 48 (not a power of two: cp.async)
+        (&[200, 70], 2, 16, 8, one, 0),
+        (&[300, 129], 1, 64, 128, one, 0),
+        (&[150, 40], 1, 16, 48, one, 0),
     ];
     let sms = num_sms();
     for (n, &(totals, nq, heads, block_size, dcp, rank)) in cases.iter().enumerate() {
@@ -331,6 +336,34 @@ fn dense_bf16_matches_reference() {
                 let (out, lse) = launch_dense(path, &hc, &q, shape, &lens, splits, f32_out);
                 let what = format!("{path:?} case {n} {totals:?} q={nq} H={heads} splits={splits}");
                 check(&what, &out, &lse, &want_out, &want_lse);
+            }
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn dense_invalid_pages_are_skipped() {
+    // Block-table entries inside a request's length that name no page (−1, or past num_pages)
+    // hide their tokens: whole tiles of them (TMA boxes pointed past the cache, zero-filled) and
+    // parts of tiles, for pages of 64 and of 16 tokens.
+    let mut rng = Rng::new(seed());
+    for block_size in [64, 16] {
+        let shape = QueryShape { batch: 2, rows: 1, heads: 64 };
+        let lens = [700, 333];
+        let tokens = lens.map(|l| l as usize);
+        let mut hc = dense_cache(&mut rng, KvFormat::Bf16, block_size, &tokens);
+        let bad = hc.num_pages as i32 + 7;
+        for (i, c) in [(0, 1), (0, 5), (1, 2), (1, 333 / block_size)] {
+            hc.table[i * hc.stride + c] = if c % 2 == 0 { -1 } else { bad };
+        }
+        let q = random_q(&mut rng, shape);
+        let (want_out, want_lse) =
+            decode_f64(&q, shape, &hc.paged(), &hc.bytes, &Selection::Dense { lens: &lens }, default_scale());
+        for path in dense_paths() {
+            for splits in [1, 5] {
+                let (out, lse) = launch_dense(path, &hc, &q, shape, &lens, splits, false);
+                check(&format!("{path:?} B={block_size} splits={splits}"), &out, &lse, &want_out, &want_lse);
             }
         }
     }

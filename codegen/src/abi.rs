@@ -6,6 +6,10 @@
 pub struct Field {
     pub c_type: String,
     pub name: String,
+    /// `name[len]`: an array of `len` elements.
+    pub len: Option<usize>,
+    /// `DCP_ALIGN(n)` before the type: the field (and so the struct) is aligned to `n` bytes.
+    pub align: Option<usize>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -100,13 +104,36 @@ pub fn parse(src: &str) -> Result<Vec<Struct>, String> {
         }
         let decl =
             code.strip_suffix(';').ok_or_else(|| format!("abi.h:{line_no}: expected `type name;`, got `{code}`"))?;
+        let (align, decl) = match decl.strip_prefix("DCP_ALIGN(") {
+            Some(rest) => {
+                let (n, rest) = rest.split_once(')').ok_or_else(|| format!("abi.h:{line_no}: unclosed DCP_ALIGN("))?;
+                let n: usize = n.trim().parse().map_err(|_| format!("abi.h:{line_no}: DCP_ALIGN(`{n}`)"))?;
+                if !n.is_power_of_two() {
+                    return Err(format!("abi.h:{line_no}: DCP_ALIGN({n}) is not a power of two"));
+                }
+                // Rust can align only the struct: the aligned field must sit at offset 0
+                if !s.fields.is_empty() {
+                    return Err(format!("abi.h:{line_no}: a DCP_ALIGN field must be the struct's first"));
+                }
+                (Some(n), rest)
+            }
+            None => (None, decl),
+        };
         let parts: Vec<&str> = decl.split_whitespace().collect();
         if parts.len() != 2 || rust_type(parts[0]).is_none() {
             return Err(format!(
                 "abi.h:{line_no}: `{code}`: fields must be one fixed-width integer or float type and one name"
             ));
         }
-        s.fields.push((Field { c_type: parts[0].into(), name: parts[1].into() }, comment));
+        let (name, len) = match parts[1].split_once('[') {
+            Some((name, n)) => {
+                let n = n.strip_suffix(']').and_then(|n| n.parse::<usize>().ok()).filter(|&n| n > 0);
+                let n = n.ok_or_else(|| format!("abi.h:{line_no}: `{}`: expected name[N], N > 0", parts[1]))?;
+                (name, Some(n))
+            }
+            None => (parts[1], None),
+        };
+        s.fields.push((Field { c_type: parts[0].into(), name: name.into(), len, align }, comment));
     }
     if let Some(s) = cur {
         return Err(format!("abi.h: struct `{}` is not closed", s.name));
@@ -121,13 +148,21 @@ pub fn emit_rust(structs: &[Struct]) -> String {
         for d in &st.doc {
             s.push_str(&format!("/// {d}\n"));
         }
-        s.push_str("#[repr(C)]\n#[derive(Debug, Clone, Copy, Default, PartialEq)]\n");
+        match st.fields.iter().find_map(|(f, _)| f.align) {
+            Some(n) => s.push_str(&format!("#[repr(C, align({n}))]\n")),
+            None => s.push_str("#[repr(C)]\n"),
+        }
+        s.push_str("#[derive(Debug, Clone, Copy, Default, PartialEq)]\n");
         s.push_str(&format!("pub struct {} {{\n", st.name));
         for (f, c) in &st.fields {
             if let Some(c) = c {
                 s.push_str(&format!("    /// {c}\n"));
             }
-            s.push_str(&format!("    pub {}: {},\n", f.name, rust_type(&f.c_type).unwrap()));
+            let ty = rust_type(&f.c_type).unwrap();
+            match f.len {
+                Some(n) => s.push_str(&format!("    pub {}: [{ty}; {n}],\n", f.name)),
+                None => s.push_str(&format!("    pub {}: {ty},\n", f.name)),
+            }
         }
         s.push_str("}\n\n");
     }
@@ -195,5 +230,17 @@ mod tests {
         assert!(parse("typedef struct P {\n  void* a;\n} P;\n").unwrap_err().contains("fixed-width"));
         assert!(parse("typedef struct P {\n  int32_t a;\n} Q;\n").unwrap_err().contains("differs"));
         assert!(parse("typedef struct P {\n  int32_t a;\n").unwrap_err().contains("not closed"));
+        let late_align = "typedef struct P {\n  int32_t a;\n  DCP_ALIGN(64) uint64_t m[16];\n} P;\n";
+        assert!(parse(late_align).unwrap_err().contains("first"));
+        assert!(parse("typedef struct P {\n  int32_t a[];\n} P;\n").unwrap_err().contains("name[N]"));
+    }
+
+    #[test]
+    fn aligned_arrays() {
+        let v = parse("typedef struct P {\n  DCP_ALIGN(128) uint64_t m[16];\n  int32_t n;\n} P;\n").unwrap();
+        assert_eq!(v[0].fields[0].0.len, Some(16));
+        assert_eq!(v[0].fields[0].0.align, Some(128));
+        let rs = emit_rust(&v);
+        assert!(rs.contains("#[repr(C, align(128))]") && rs.contains("pub m: [u64; 16],"));
     }
 }

@@ -19,7 +19,7 @@ use crate::error::{Error, Result};
 use crate::formats::{KvFormat, D_QK, D_V};
 use crate::planner::schedule::{self, seq_shape};
 use crate::runtime::registry::{self, axes, KernelId};
-use crate::runtime::{Device, DeviceSlice, Stream};
+use crate::runtime::{tensor_map_bf16_2d, Device, DeviceSlice, Stream};
 use half::bf16;
 
 /// Query rows (flattened [q, H] rows of one request) per CTA.
@@ -271,6 +271,8 @@ struct Kernel {
     id: KernelId,
     shared_bytes: usize,
     tile: u32,
+    /// Loads whole dense tiles by TMA when the params carry a tensor map (the roles schedule).
+    takes_tensor_map: bool,
 }
 
 /// The kernel for a launch over `format` (`sparse`: index lists, else the dense block table) on
@@ -285,8 +287,14 @@ fn decode_kernel(dev: &Device, format: KvFormat, sparse: bool, path: DecodePath)
         (true, KvFormat::Bf16) => axes::Kv::SparseBf16,
         (true, KvFormat::Fp8_656) => axes::Kv::SparseFp8,
     };
-    let mma =
-        || registry::mla_decode(kv).map(|id| Kernel { id, shared_bytes: decode_shared_bytes(format), tile: MMA_TILE });
+    let mma = || {
+        registry::mla_decode(kv).map(|id| Kernel {
+            id,
+            shared_bytes: decode_shared_bytes(format),
+            tile: MMA_TILE,
+            takes_tensor_map: false,
+        })
+    };
     // the registry holds exactly the variants kernels.toml builds for `kv`
     let wgmma = |tile: u32, stages: u32, schedule: Sm90Schedule| {
         if dev.compute_capability() != (9, 0) {
@@ -296,6 +304,7 @@ fn decode_kernel(dev: &Device, format: KvFormat, sparse: bool, path: DecodePath)
             id,
             shared_bytes: decode_sm90_shared_bytes(tile as usize, stages as usize, kv == axes::Kv::SparseFp8, schedule),
             tile,
+            takes_tensor_map: kv == axes::Kv::DenseBf16 && schedule == Sm90Schedule::Roles,
         })
     };
     let default = || {
@@ -364,7 +373,32 @@ pub fn mla_decode_dense_on(dev: &Device, stream: Stream, a: &DenseDecode, path: 
     params.max_pages = to_i32("max_pages", a.max_pages)?;
     let kernel = decode_kernel(dev, KvFormat::Bf16, false, path)
         .ok_or_else(|| Error::Unsupported(format!("mla_decode dense on {path:?}")))?;
+    if kernel.takes_tensor_map && tma_enabled() && dense_tma_fits(a.num_pages, a.block_size) {
+        // [num_pages·B rows, 576] bf16; a box is one 128-byte column block of 64 tokens, or of
+        // one page's B tokens when B < 64 (a tile then spans 64 / B whole pages)
+        let box_rows = a.block_size.min(64) as u32;
+        let rows = (a.num_pages * a.block_size) as u64;
+        params.kv_tmap = tensor_map_bf16_2d(a.cache.ptr(), rows, D_QK as u64, (D_QK * 2) as u64, 64, box_rows)?;
+        params.kv_tma = 1;
+    }
     launch(dev, stream, &kernel, c, &mut params, false)
+}
+
+/// Whether the dense cache's shape lets whole tiles load by TMA: pages of a power-of-two size of
+/// at least 8 tokens (a tile of 64 then covers whole pages or lies in one, and a box starts on a
+/// 1024-byte swizzle atom), and rows addressable by the int32 coordinates, with the row just past
+/// the end (where the kernel points invalid pages, for zero fill) among them.
+fn dense_tma_fits(num_pages: usize, block_size: usize) -> bool {
+    block_size.is_power_of_two()
+        && block_size >= 8
+        && num_pages.checked_mul(block_size).is_some_and(|n| n + 64 <= i32::MAX as usize)
+}
+
+/// Whether the roles schedule loads dense tiles by TMA; `DCP_MLA_TMA=0` makes it use its
+/// cp.async path (read once), to measure what TMA saves.
+fn tma_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("DCP_MLA_TMA").map_or(true, |v| v != "0"))
 }
 
 /// Sparse decode (SPEC.md §4) over the BF16 or FP8-656 cache. Validates every argument,
@@ -500,6 +534,8 @@ fn validate_common(c: &DecodeCommon, sparse: bool) -> Result<DcpMlaDecodeParams>
         num_splits: c.num_splits as i32,
         sched_tile: 0,
         out_f32: c.out.is_f32() as i32,
+        kv_tmap: [0; 16],
+        kv_tma: 0,
     })
 }
 

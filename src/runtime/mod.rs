@@ -168,6 +168,46 @@ impl Device {
     }
 }
 
+/// A 2-D tiled TMA descriptor (`CUtensorMap`, 128 bytes) over a row-major bf16 matrix of
+/// `rows` × `cols` at device address `base`, rows `row_bytes` apart, read in boxes of
+/// `box_cols` × `box_rows` with 128-byte swizzling; reads outside the matrix fill zeros. A
+/// pure host-side encoding (no device work, so CUDA-graph capture is unaffected); it goes into a
+/// kernel's `__grid_constant__` params.
+pub(crate) fn tensor_map_bf16_2d(
+    base: u64,
+    rows: u64,
+    cols: u64,
+    row_bytes: u64,
+    box_cols: u32,
+    box_rows: u32,
+) -> Result<[u64; 16]> {
+    let mut map = sys::CUtensorMap { opaque: [0; 16] };
+    let dims = [cols, rows];
+    let strides = [row_bytes];
+    let boxes = [box_cols, box_rows];
+    let elem_strides = [1u32, 1];
+    // SAFETY: every pointer is to a live local array of the rank the call is told (2; strides
+    // has rank − 1 entries); the driver only writes `map`.
+    let status = unsafe {
+        sys::cuTensorMapEncodeTiled(
+            &mut map,
+            sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+            2,
+            base as *mut std::ffi::c_void,
+            dims.as_ptr(),
+            strides.as_ptr(),
+            boxes.as_ptr(),
+            elem_strides.as_ptr(),
+            sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+            sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+            sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        )
+    };
+    status.result().map_err(|source| Error::Driver { call: "cuTensorMapEncodeTiled", source })?;
+    Ok(map.opaque)
+}
+
 /// Whether dependent launches use programmatic dependent launch; `DCP_MLA_PDL=0` turns it off
 /// (read once), to measure what it saves.
 fn pdl_enabled() -> bool {
