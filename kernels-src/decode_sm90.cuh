@@ -546,11 +546,11 @@ __device__ __forceinline__ void mla_decode_sm90_lockstep(const DcpMlaDecodeParam
 }
 
 // The roles schedule (Sm90Schedule::Roles; BF16 tiles of 64 tokens in two buffers).
-// Warpgroup 0, per tile i: queue S(i) and its half of P·V(i − 1) behind it; once S(i) is done,
-// the softmax, beside P·V(i − 1) on the tensor pipe, writing P(i)'s bf16 hi terms into the tile's
-// rope block (which only S read); once P·V(i − 1) is done (tile i − 1's buffer is then free for
-// warpgroup 1 to refill), P(i)'s lo terms (sPlo) and the rows' rescale factors (sAlpha); P in
-// the K-major swizzled layout of a wgmma A operand, for both warpgroups' P·V. Warpgroup 1: the loads (Q with the first tile; dense tiles by TMA when the
+// Warpgroup 0, per tile i: queue its half of P·V(i − 1) and S(i) back to back; once P·V is done
+// (tile i − 1's buffer is then free for warpgroup 1 to refill) and S(i) is, the softmax; then P(i)
+// as bf16 hi (into the tile's rope block, which only S reads) and lo (sPlo), in the K-major
+// swizzled layout of a wgmma A operand, plus the rows' rescale factors (sAlpha), for both
+// warpgroups' P·V. Warpgroup 1: the loads (Q with the first tile; dense tiles by TMA when the
 // launch passes a tensor map, else cp.async) and the other half of P·V, issued as soon as P(i)
 // is handed over, so it runs beside warpgroup 0's S(i + 1). Buffer b's full mbarrier completes
 // when its copies have landed (128 asynchronous cp.async arrivals, and the TMA boxes' bytes)
@@ -728,6 +728,11 @@ __device__ __forceinline__ void mla_decode_sm90_roles(const DcpMlaDecodeParams& 
             }
         } else {
             // ---- S, softmax and the left half of P·V ----
+            // Per tile i ≥ 1: P·V(i − 1) and S(i) are queued back to back; the wait for P·V
+            // frees tile i − 1's buffer (warpgroup 1 refills it with tile i + 1 while S(i) and the
+            // softmax run); then S(i)'s softmax and P(i)'s hand-over. Each iteration waits for
+            // all it issued: no wgmma is in flight across the loop's back edge, which ptxas would
+            // answer by serialising every wgmma (C7514/C7515).
             const float scale_log2 = p.scale_log2;
             float l_run[2] = {0.0f, 0.0f}, alpha[2] = {1.0f, 1.0f};
             // S(tile i, in buffer b) into s, issued and committed (not waited for)
@@ -749,16 +754,12 @@ __device__ __forceinline__ void mla_decode_sm90_roles(const DcpMlaDecodeParams& 
                 wgmma_commit();
                 fence_regs(s);
             };
-            // O_L ·= alpha (of the P about to be added), before any wgmma of the stage is issued:
-            // a non-wgmma write to O inside the stage would make ptxas serialise (C7515)
-            auto rescale_left = [&]() {
-                rescale_o(o, alpha[0], alpha[1]);
-                fence_regs(o);
-            };
-            // P·V over tile (buffer b)'s left half, issued and committed (not waited for)
+            // O_L ·= alpha (of the P about to be added), then P·V over tile (buffer b)'s left half
             auto issue_pv = [&](int b) {
+                rescale_o(o, alpha[0], alpha[1]);
                 const uint32_t tile_addr = kv_addr + b * kTileBytes;
                 const uint32_t hi_addr = tile_addr + (kBlocks - 1) * (Tile * 128), lo_addr = decode::smem_addr(sPlo);
+                fence_regs(o);
                 wgmma_fence();
 #pragma unroll
                 for (int kk = 0; kk < Tile / 16; ++kk) {
@@ -769,12 +770,16 @@ __device__ __forceinline__ void mla_decode_sm90_roles(const DcpMlaDecodeParams& 
                 wgmma_commit();
                 fence_regs(o);
             };
-            // S(i) is done: the softmax, P(i)'s hi terms into tile i's rope block (only S(i) read
-            // it), its lo terms into lo (sPlo is still P(i − 1)'s while P·V(i − 1) runs).
-            auto softmax_hi = [&](float (&s)[kSRegs], int i, int b, uint32_t (&lo)[kSRegs / 2]) {
+            // S(i) is done: softmax; P(i) (hi into tile i's rope block, lo into sPlo) and alpha
+            // handed to warpgroup 1. Needs P·V(i − 1) of both warpgroups done with sPlo.
+            auto softmax_hand_over = [&](float (&s)[kSRegs], int i, int b) {
                 float m_use[2];
                 softmax_max<kSRegs, Tile>(s, sValid + b * Tile, tile_begin + i, row_len, t4, scale_log2, m_run, l_run,
                                           alpha, m_use);
+                // warpgroup 1's P·V of the previous tile (maybe of the previous piece) is done with
+                // sPlo and sAlpha
+                const uint32_t u = uses + i;
+                if (u > 0) mbar_wait(p_empty, (u - 1) & 1);
                 unsigned char* hi_dst = sKV + b * kTileBytes + (kBlocks - 1) * (Tile * 128);
                 // The thread's place in P, from a fresh read of its index: else the compiler hoists
                 // all 32 store addresses out of the tile loop and spills them.
@@ -791,20 +796,7 @@ __device__ __forceinline__ void mla_decode_sm90_roles(const DcpMlaDecodeParams& 
                     // the row mod 8 (= g for both rows)
                     const uint32_t off = row_off + k * 1024 + (((e >> 2) ^ gv) << 4);
                     *(uint32_t*)(hi_dst + off) = *reinterpret_cast<const uint32_t*>(&hi);
-                    lo[e >> 1] = decode::pack_bf16(p0 - hf.x, p1 - hf.y);  // exact differences
-                }
-            };
-            // P(i)'s lo terms and alpha handed to warpgroup 1, once both warpgroups' P·V(i − 1)
-            // are done with sPlo and sAlpha (this warpgroup's: the caller waited).
-            auto hand_over = [&](int i, const uint32_t (&lo)[kSRegs / 2]) {
-                const uint32_t u = uses + i;
-                if (u > 0) mbar_wait(p_empty, (u - 1) & 1);  // maybe of the previous piece
-                const int tv = decode::thread_index(), gv = (tv & 31) >> 2;
-                const uint32_t row_off = (uint32_t)(((tv >> 5) & 3) * 16 + gv) * 128 + 4 * (tv & 3);
-#pragma unroll
-                for (int e = 0; e < kSRegs; e += 2) {
-                    const uint32_t off = row_off + ((e >> 1) & 1) * 1024 + (((e >> 2) ^ gv) << 4);
-                    *(uint32_t*)(sPlo + off) = lo[e >> 1];
+                    *(uint32_t*)(sPlo + off) = decode::pack_bf16(p0 - hf.x, p1 - hf.y);  // exact differences
                 }
                 if (t4 == 0) {
                     sAlpha[r0] = alpha[0];
@@ -817,55 +809,43 @@ __device__ __forceinline__ void mla_decode_sm90_roles(const DcpMlaDecodeParams& 
                 // racecheck lose track of the CTA barriers)
                 mbar_wait(p_full, u & 1);
             };
-            // Per tile i: S(i), then P·V(i − 1) queued behind it; once S(i) is done the softmax
-            // runs beside P·V(i − 1) on the tensor pipe; after P·V(i − 1) (its buffer is then
-            // free) P(i) is handed over. Each iteration waits for all it issued: no wgmma is in
-            // flight across the loop's back edge, which ptxas would answer by serialising every
-            // wgmma (C7514/C7515).
-            // (tile 0 is peeled off: a wgmma under a branch makes ptxas serialise them, C7518)
-            auto tile_step = [&](int i, auto first) {
-                constexpr bool kFirst = decltype(first)::value;
-                const uint32_t u = uses + i;
-                const int b = u & 1;
-                float s[kSRegs];
-                uint32_t lo[kSRegs / 2];
-                if constexpr (!kFirst) rescale_left();
-                mbar_wait(full(b), (u >> 1) & 1);
-                fence_proxy_async();
-                issue_s(s, b);
-                if constexpr (kFirst) {
+            if (n > 0) {
+                {
+                    const int b = uses & 1;
+                    float s[kSRegs];
+                    mbar_wait(full(b), (uses >> 1) & 1);
+                    fence_proxy_async();
+                    issue_s(s, b);
                     wgmma_wait0();
-                } else {
-                    issue_pv(b ^ 1);
-                    wgmma_wait1();  // S(i) is done; P·V(i − 1) runs on
+                    fence_regs(s);
+                    softmax_hand_over(s, 0, b);
                 }
-                fence_regs(s);
-                softmax_hi(s, i, b, lo);
-                if constexpr (!kFirst) {
-                    wgmma_wait0();  // P·V(i − 1) is done: its buffer may be refilled
+                for (int i = 1; i < n; ++i) {
+                    const uint32_t u = uses + i;
+                    const int b = u & 1;
+                    float s[kSRegs];
+                    issue_pv(b ^ 1);
+                    mbar_wait(full(b), (u >> 1) & 1);
+                    fence_proxy_async();
+                    issue_s(s, b);
+                    wgmma_wait1();  // P·V(i − 1) is done: its buffer may be refilled
                     fence_regs(o);
                     __syncwarp();
                     if (lane == 0) mbar_arrive(empty(b ^ 1));
+                    wgmma_wait0();
+                    fence_regs(s);
+                    softmax_hand_over(s, i, b);
                 }
-                hand_over(i, lo);
-            };
-            if (n > 0) tile_step(0, std::true_type{});
-            for (int i = 1; i < n; ++i) tile_step(i, std::false_type{});
-            if (n > 0) {
-                rescale_left();
                 issue_pv((uses + n - 1) & 1);
                 wgmma_wait0();
                 fence_regs(o);
                 __syncwarp();
                 if (lane == 0) mbar_arrive(empty((uses + n - 1) & 1));
             }
-            // (the row from a fresh read of the thread's index: else its address is kept live
-            // through the tile loop and spilled)
-            const int tv = decode::thread_index(), rv = ((tv >> 5) & 3) * 16 + ((tv & 31) >> 2);
 #pragma unroll
             for (int k = 0; k < 2; ++k) {
                 l_row[k] = row_total(l_run[k]);
-                if (t4 == 0) sStats[rv + 8 * k] = make_float2(l_row[k], m_run[k]);
+                if (t4 == 0) sStats[r0 + 8 * k] = make_float2(l_row[k], m_run[k]);
             }
         }
         uses += n;
