@@ -659,6 +659,20 @@ mod tests {
     }
 
     #[test]
+    fn tma_takes_power_of_two_pages_of_8_or_more() {
+        assert!(dense_tma_fits(1000, 64));
+        assert!(dense_tma_fits(1000, 8), "eight pages a tile, each box on a 1024-byte atom");
+        assert!(dense_tma_fits(10, 256));
+        assert!(!dense_tma_fits(1000, 4), "a 4-token box would start mid-atom");
+        assert!(!dense_tma_fits(1000, 48), "a tile would straddle pages");
+        assert!(!dense_tma_fits(1000, 1));
+        // rows (and the zero-fill row past the end) must fit the int32 coordinates
+        assert!(dense_tma_fits((i32::MAX as usize - 64) / 64, 64));
+        assert!(!dense_tma_fits(i32::MAX as usize / 64, 64));
+        assert!(!dense_tma_fits(usize::MAX / 2, 64));
+    }
+
+    #[test]
     fn wgmma_path_names_parse() {
         let w = |tile, stages, schedule| Some(DecodePath::Wgmma { tile, stages, schedule });
         assert_eq!(parse_wgmma_path("wgmma"), w(64, 2, Sm90Schedule::Roles));
