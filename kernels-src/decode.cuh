@@ -313,7 +313,8 @@ __device__ __forceinline__ void mla_decode(const DcpMlaDecodeParams& p) {
     {
         uint32_t dyn;
         asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
-        if (dyn < (uint32_t)shared_bytes<Kv>()) return;  // launched wrongly: write nothing
+        // less than the kernel needs is a host/kernel mismatch, a bug: fail the launch loudly
+        if (dyn < (uint32_t)shared_bytes<Kv>()) __trap();
     }
     extern __shared__ __align__(16) unsigned char smem[];
     __nv_bfloat16* sQ = (__nv_bfloat16*)smem;

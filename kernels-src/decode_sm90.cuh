@@ -97,6 +97,18 @@ __device__ __forceinline__ void fence_regs(float (&d)[N]) {
 #pragma unroll
     for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
+// The CTA's dynamic shared memory, aligned to the 1024-byte swizzle period. A launch with less
+// than the variant needs (shared_bytes) is a host/kernel mismatch, a bug: trap, so the launch
+// fails loudly instead of leaving the outputs unwritten.
+template <DecodeKv Kv, int Tile, int Stages, Sm90Schedule Sched>
+__device__ __forceinline__ unsigned char* aligned_smem() {
+    uint32_t dyn;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
+    if (dyn < (uint32_t)shared_bytes<Kv, Tile, Stages, Sched>()) __trap();
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    const uint32_t raw_addr = decode::smem_addr(smem_raw);
+    return smem_raw + (((raw_addr + 1023) & ~1023u) - raw_addr);
+}
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
 // d[64×32] (+)= A·B, A and B K-major from shared memory (descriptors); acc = 0: d = A·B.
@@ -313,14 +325,7 @@ __device__ __forceinline__ void mla_decode_sm90_lockstep(const DcpMlaDecodeParam
     constexpr int kTilePerThread = kThreads / Tile;  // threads loading one token row
     static_assert(32 % kTilePerThread == 0, "a token's loading threads are lanes of one warp");
     constexpr int kSRegs = Tile / 2;
-    {
-        uint32_t dyn;
-        asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
-        if (dyn < (uint32_t)shared_bytes<Kv, Tile, Stages, Sched>()) return;  // launched wrongly: write nothing
-    }
-    extern __shared__ __align__(16) unsigned char smem_raw[];
-    const uint32_t raw_addr = decode::smem_addr(smem_raw);
-    unsigned char* smem = smem_raw + (((raw_addr + 1023) & ~1023u) - raw_addr);
+    unsigned char* smem = aligned_smem<Kv, Tile, Stages, Sched>();
     unsigned char* sQ = smem;
     unsigned char* sKV = smem + kRows * kDimQk * 2;  // Stages × [Tile × 576] bf16
     int* sValid = (int*)(sKV + Stages * Tile * kDimQk * 2);  // [valid_slots][Tile]
@@ -574,14 +579,7 @@ __device__ __forceinline__ void mla_decode_sm90_roles(const DcpMlaDecodeParams& 
     // P(i) (hi in tile i's rope block, lo in sPlo) as the K-major 128B-swizzled A operand of
     // P·V: [64 rows × 64 tokens] bf16, the layout of one column block of Q
     auto p_desc = [&](uint32_t base, int kk) { return make_desc(base + kk * 32, 16, 1024); };
-    {
-        uint32_t dyn;
-        asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
-        if (dyn < (uint32_t)shared_bytes<Kv, Tile, Stages, Sched>()) return;  // launched wrongly: write nothing
-    }
-    extern __shared__ __align__(16) unsigned char smem_raw[];
-    const uint32_t raw_addr = decode::smem_addr(smem_raw);
-    unsigned char* smem = smem_raw + (((raw_addr + 1023) & ~1023u) - raw_addr);
+    unsigned char* smem = aligned_smem<Kv, Tile, Stages, Sched>();
     unsigned char* sQ = smem;
     unsigned char* sKV = smem + kRows * kDimQk * 2;       // 2 × [Tile × 576] bf16
     unsigned char* sPlo = sKV + Stages * kTileBytes;      // P's lo terms, [64 × Tile] bf16, swizzled
