@@ -214,6 +214,21 @@ __device__ __forceinline__ void tma_prefetch_map(const void* tmap) {
 }
 __device__ __forceinline__ void wgmma_wait1() { asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory"); }
 
+// The online softmax's second half for two adjacent scores of a row: p = 2^(s − m_use), added to
+// the row's running sum l, as P's two bf16 terms (packed pairs): hi = bf16(p) and lo = bf16(p −
+// hi), the difference exact in fp32. P·V adds both: one bf16 term misses SPEC §9's bound on
+// short rows (NOTES.md, scripts/p-rounding-sim.py).
+struct PTerms {
+    uint32_t hi, lo;
+};
+__device__ __forceinline__ PTerms p_terms(float s0, float s1, float m_use, float& l) {
+    const float p0 = exp2f(s0 - m_use), p1 = exp2f(s1 - m_use);
+    l += p0 + p1;
+    const __nv_bfloat162 hi = __floats2bfloat162_rn(p0, p1);
+    const float2 hf = __bfloat1622float2(hi);
+    return PTerms{*reinterpret_cast<const uint32_t*>(&hi), decode::pack_bf16(p0 - hf.x, p1 - hf.y)};
+}
+
 // The online softmax's first half, shared by both schedules: masks a tile's scores (a token
 // counts when its flag is set and it lies inside the row; a select, so a NaN score never
 // survives), scales them to log2 units, and moves the thread's two rows' running max m_run:
@@ -511,14 +526,11 @@ __device__ __forceinline__ void mla_decode_sm90_lockstep(const DcpMlaDecodeParam
 #pragma unroll
             for (int e = 0; e < kSRegs; e += 2) {
                 const int k = (e >> 1) & 1;
-                const float p0 = exp2f(s[e] - m_use[k]), p1 = exp2f(s[e + 1] - m_use[k]);
-                l_run[k] += p0 + p1;
-                const __nv_bfloat162 hi = __floats2bfloat162_rn(p0, p1);
-                const float2 hf = __bfloat1622float2(hi);
+                const PTerms pt = p_terms(s[e], s[e + 1], m_use[k], l_run[k]);
                 // e = 8kk + 4h + 2k: k16 block kk, n8 half h, row half k → register 2h + k
                 const int kk = e >> 3, reg = 2 * ((e >> 2) & 1) + k;
-                p_hi[kk][reg] = *reinterpret_cast<const uint32_t*>(&hi);
-                p_lo[kk][reg] = decode::pack_bf16(p0 - hf.x, p1 - hf.y);  // exact differences
+                p_hi[kk][reg] = pt.hi;
+                p_lo[kk][reg] = pt.lo;
             }
             rescale_o(o, alpha[0], alpha[1]);
 
@@ -786,15 +798,12 @@ __device__ __forceinline__ void mla_decode_sm90_roles(const DcpMlaDecodeParams& 
 #pragma unroll
                 for (int e = 0; e < kSRegs; e += 2) {
                     const int k = (e >> 1) & 1;
-                    const float p0 = exp2f(s[e] - m_use[k]), p1 = exp2f(s[e + 1] - m_use[k]);
-                    l_run[k] += p0 + p1;
-                    const __nv_bfloat162 hi = __floats2bfloat162_rn(p0, p1);
-                    const float2 hf = __bfloat1622float2(hi);
+                    const PTerms pt = p_terms(s[e], s[e + 1], m_use[k], l_run[k]);
                     // columns 8(e >> 2) + 2t4, +1 of row r0 + 8k: 16-byte chunk e >> 2, swizzled by
                     // the row mod 8 (= g for both rows)
                     const uint32_t off = row_off + k * 1024 + (((e >> 2) ^ gv) << 4);
-                    *(uint32_t*)(hi_dst + off) = *reinterpret_cast<const uint32_t*>(&hi);
-                    *(uint32_t*)(sPlo + off) = decode::pack_bf16(p0 - hf.x, p1 - hf.y);  // exact differences
+                    *(uint32_t*)(hi_dst + off) = pt.hi;
+                    *(uint32_t*)(sPlo + off) = pt.lo;
                 }
                 if (t4 == 0) {
                     sAlpha[r0] = alpha[0];
