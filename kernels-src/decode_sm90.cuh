@@ -16,7 +16,8 @@
 // breaks SPEC.md §9's abs 8e-4). Warpgroup 0 computes S = Q·Kᵀ (64 × Tile, wgmma m64nTile from
 // shared memory) and, with the roles schedule, the softmax; how the two warpgroups share the rest
 // is the schedule (Sm90Schedule below). Loads are cp.async 16-byte copies (unread tokens
-// zero-filled); a proxy fence orders them before the tensor cores read.
+// zero-filled; a proxy fence orders them before the tensor cores read), except that the roles
+// schedule loads whole dense tiles by TMA when the launch passes a tensor map.
 // Where the time goes (ncu, NOTES.md): per 64-token tile ~3,200 cycles of tensor work and as
 // many of shared-memory port traffic (S reads Q and K from shared memory), with warpgroup 0's
 // softmax and P hand-over still on the critical path.
@@ -31,8 +32,8 @@ namespace dcp {
 //   more); both run the softmax; all threads issue the loads Stages − 1 tiles ahead.
 // Roles: warpgroup 0 computes S, the softmax and its half of P·V, queueing S of tile i behind
 //   its P·V of tile i − 1; warpgroup 1 loads the tiles and does the other half of P·V with P
-//   handed over through shared memory. Tiles are handed over by full/empty mbarriers, P by
-//   named barriers, so neither warpgroup waits for the other at a CTA barrier (BF16 only).
+//   handed over through shared memory. Tiles and P are handed over by full/empty mbarriers,
+//   so neither warpgroup waits for the other at a CTA barrier (BF16 only).
 // (A third, P·V left in flight across the next tile's barrier, was never faster: ptxas serialised
 // its wgmma, C7514. codegen now rejects a hot kernel whose wgmma ptxas serialises.)
 enum class Sm90Schedule { Plain, Roles };
@@ -227,6 +228,27 @@ __device__ __forceinline__ PTerms p_terms(float s0, float s1, float m_use, float
     const __nv_bfloat162 hi = __floats2bfloat162_rn(p0, p1);
     const float2 hf = __bfloat1622float2(hi);
     return PTerms{*reinterpret_cast<const uint32_t*>(&hi), decode::pack_bf16(p0 - hf.x, p1 - hf.y)};
+}
+
+// P(i) as the K-major 128B-swizzled A operand of P·V, [64 rows × 64 tokens] bf16 at base (the
+// layout of one column block of Q): k16 block kk.
+__device__ __forceinline__ uint64_t p_desc(uint32_t base, int kk) { return make_desc(base + kk * 32, 16, 1024); }
+
+// Roles schedule: O[64 × 256] += P·V over the 64-token tile at tile_addr, V = its dims
+// 256·half.. (MN-major), P from shared memory as its hi terms (in the tile's rope block) plus its
+// lo terms (at lo_addr); issued and committed, not waited for.
+template <int Tile>
+__device__ __forceinline__ void issue_pv_half(float (&o)[128], uint32_t tile_addr, uint32_t lo_addr, int half) {
+    const uint32_t hi_addr = tile_addr + (kBlocks - 1) * (Tile * 128);
+    fence_regs(o);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < Tile / 16; ++kk) {
+        const uint64_t dv = make_desc(tile_addr + 4 * half * (Tile * 128) + kk * 16 * 128, Tile * 128, 1024);
+        wgmma_ss_n256(o, p_desc(hi_addr, kk), dv);
+        wgmma_ss_n256(o, p_desc(lo_addr, kk), dv);
+    }
+    wgmma_commit();
 }
 
 // The online softmax's first half, shared by both schedules: masks a tile's scores (a token
@@ -588,9 +610,6 @@ __device__ __forceinline__ void mla_decode_sm90_roles(const DcpMlaDecodeParams& 
     constexpr int kSRegs = Tile / 2;
     constexpr int kTileBytes = Tile * kDimQk * 2;
     constexpr int kLdPerTok = 128 / Tile;  // warpgroup 1's threads per token of a tile
-    // P(i) (hi in tile i's rope block, lo in sPlo) as the K-major 128B-swizzled A operand of
-    // P·V: [64 rows × 64 tokens] bf16, the layout of one column block of Q
-    auto p_desc = [&](uint32_t base, int kk) { return make_desc(base + kk * 32, 16, 1024); };
     unsigned char* smem = aligned_smem<Kv, Tile, Stages, Sched>();
     unsigned char* sQ = smem;
     unsigned char* sKV = smem + kRows * kDimQk * 2;       // 2 × [Tile × 576] bf16
@@ -602,7 +621,7 @@ __device__ __forceinline__ void mla_decode_sm90_roles(const DcpMlaDecodeParams& 
     auto full = [&](int b) { return bars + 8 * b; };
     auto empty = [&](int b) { return bars + 16 + 8 * b; };
     const uint32_t p_full = bars + 32, p_empty = bars + 40;
-    const uint32_t q_addr = decode::smem_addr(sQ), kv_addr = decode::smem_addr(sKV);
+    const uint32_t q_addr = decode::smem_addr(sQ), kv_addr = decode::smem_addr(sKV), plo_addr = decode::smem_addr(sPlo);
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wg = warp >> 2, wr = warp & 3, t = tid & 127;
@@ -616,6 +635,7 @@ __device__ __forceinline__ void mla_decode_sm90_roles(const DcpMlaDecodeParams& 
         mbar_init(p_empty, 128);
         fence_proxy_async();
     }
+    if (!kSparse && p.kv_tma != 0 && tid == 128) tma_prefetch_map(&p.kv_tmap);  // warpgroup 1 issues the boxes
     const int seqs = decode::num_seqs(p, kSparse), seq_rows = decode::rows_per_seq(p, kSparse);
     const CtaRows rows = cta_rows<kSparse>(p, seq_rows);
     const int block_seq = rows.seq, row_base = rows.base, row_limit = rows.limit;
@@ -670,8 +690,7 @@ __device__ __forceinline__ void mla_decode_sm90_roles(const DcpMlaDecodeParams& 
             // invalid page's box points past the cache's last row and fills zeros. Other tiles
             // (the sequence's last, partial one; sparse) go by cp.async with zero fill.
             const bool tma = !kSparse && p.kv_tma != 0;
-            const int box_rows = min(Tile, bs);
-            if (tma && t == 0) tma_prefetch_map(&p.kv_tmap);
+            const int box_rows = min(Tile, bs);  // as the launcher encoded the map's box
             // tile's token ld_tok into buffer b: its flag, its share of the copies, two arrivals
             // (the cp.async one also covers Q's copies with the first tile)
             auto fill = [&](int tile, int page, int b) {
@@ -713,17 +732,7 @@ __device__ __forceinline__ void mla_decode_sm90_roles(const DcpMlaDecodeParams& 
                 rescale_o(o, sAlpha[r0], sAlpha[r0 + 8]);
                 mbar_wait(full(b), (u >> 1) & 1);  // landed long ago: this is the acquire
                 fence_proxy_async();
-                const uint32_t tile_addr = kv_addr + b * kTileBytes;
-                const uint32_t hi_addr = tile_addr + (kBlocks - 1) * (Tile * 128), lo_addr = decode::smem_addr(sPlo);
-                fence_regs(o);
-                wgmma_fence();
-#pragma unroll
-                for (int kk = 0; kk < Tile / 16; ++kk) {
-                    const uint64_t dv = make_desc(tile_addr + 4 * (Tile * 128) + kk * 16 * 128, Tile * 128, 1024);
-                    wgmma_ss_n256(o, p_desc(hi_addr, kk), dv);
-                    wgmma_ss_n256(o, p_desc(lo_addr, kk), dv);
-                }
-                wgmma_commit();
+                issue_pv_half<Tile>(o, kv_addr + b * kTileBytes, plo_addr, 1);
                 wgmma_wait0();
                 fence_regs(o);
                 mbar_arrive(p_empty);  // done with sPlo and sAlpha
@@ -767,17 +776,7 @@ __device__ __forceinline__ void mla_decode_sm90_roles(const DcpMlaDecodeParams& 
             // O_L ·= alpha (of the P about to be added), then P·V over tile (buffer b)'s left half
             auto issue_pv = [&](int b) {
                 rescale_o(o, alpha[0], alpha[1]);
-                const uint32_t tile_addr = kv_addr + b * kTileBytes;
-                const uint32_t hi_addr = tile_addr + (kBlocks - 1) * (Tile * 128), lo_addr = decode::smem_addr(sPlo);
-                fence_regs(o);
-                wgmma_fence();
-#pragma unroll
-                for (int kk = 0; kk < Tile / 16; ++kk) {
-                    const uint64_t dv = make_desc(tile_addr + kk * 16 * 128, Tile * 128, 1024);
-                    wgmma_ss_n256(o, p_desc(hi_addr, kk), dv);
-                    wgmma_ss_n256(o, p_desc(lo_addr, kk), dv);
-                }
-                wgmma_commit();
+                issue_pv_half<Tile>(o, kv_addr + b * kTileBytes, plo_addr, 0);
                 fence_regs(o);
             };
             // S(i) is done: softmax; P(i) (hi into tile i's rope block, lo into sPlo) and alpha

@@ -374,9 +374,10 @@ pub fn mla_decode_dense_on(dev: &Device, stream: Stream, a: &DenseDecode, path: 
     let kernel = decode_kernel(dev, KvFormat::Bf16, false, path)
         .ok_or_else(|| Error::Unsupported(format!("mla_decode dense on {path:?}")))?;
     if kernel.takes_tensor_map && tma_enabled() && dense_tma_fits(a.num_pages, a.block_size) {
-        // [num_pages·B rows, 576] bf16; a box is one 128-byte column block of 64 tokens, or of
-        // one page's B tokens when B < 64 (a tile then spans 64 / B whole pages)
-        let box_rows = a.block_size.min(64) as u32;
+        // [num_pages·B rows, 576] bf16; a box is one 128-byte column block of a tile's tokens, or
+        // of one page's B tokens when B is smaller (a tile then spans whole pages); the kernel
+        // works out the same box size
+        let box_rows = a.block_size.min(kernel.tile as usize) as u32;
         let rows = (a.num_pages * a.block_size) as u64;
         params.kv_tmap = tensor_map_bf16_2d(a.cache.ptr(), rows, D_QK as u64, (D_QK * 2) as u64, 64, box_rows)?;
         params.kv_tma = 1;
