@@ -13,11 +13,9 @@
 //   softmax online, in the log2 domain with σ·log2e folded, masked before the max; the two
 //          warps of a row group exchange their row maxima through shared memory;
 //   accum  O += P·V with V = the first 512 dims of the K tile: warp (rg, c) owns O's rows 16rg..
-//          and V columns 256c.. in registers (fp32). P goes to the tensor cores as two bf16
-//          terms, P = hi + lo with hi = bf16(P) and lo = bf16(P − hi), so P·V carries ~16 bits
-//          of P instead of 8: one bf16 P alone errs by up to 2^-9·p·|v| per token, which breaks
-//          SPEC.md §9's abs 8e-4 on short or peaked rows. It costs a second P·V mma (+47% of
-//          the tensor work) but no extra memory traffic.
+//          and V columns 256c.. in registers (fp32). P goes to the tensor cores rounded once to
+//          bf16 (as FlashMLA does): that errs by at most 2^-8·A_c, A_c the softmax-weighted mean
+//          of |v|, inside SPEC §9's 2^-6·A_c; the row sums l stay fp32.
 // Then O / l and lse = ln Σ exp(s) go to out/lse, or for a piece of a sequence spread over
 // several parts to a slot of the fp32 workspace that `mla_decode_combine` merges (SPEC.md §5).
 #pragma once
@@ -41,14 +39,14 @@ constexpr float kLn2 = 0.6931471805599453f;
 constexpr int kQBytes = kRows * kPitch * 2;
 constexpr int kKTileBytes = kTile * kPitch * 2;
 constexpr int kRawTileBytes = kTile * kFp8RowBytes;
-constexpr int kPBytes = kRows * kPPitch * 2;  // one of the two P terms (hi, lo)
+constexpr int kPBytes = kRows * kPPitch * 2;  // P in bf16
 constexpr int kMiscBytes = 2 * kRows * 4 /* max */ + 2 * kRows * 4 /* sum */ + 2 * kTile * 4 /* valid */;
 
 // Dynamic shared memory of one CTA; `decode_shared_bytes` in src/ops/decode.rs must agree.
 template <DecodeKv Kv>
 constexpr int shared_bytes() {
-    return Kv == DecodeKv::SparseFp8 ? kQBytes + kKTileBytes + 2 * kRawTileBytes + 2 * kPBytes + kMiscBytes
-                                     : kQBytes + 2 * kKTileBytes + 2 * kPBytes + kMiscBytes;
+    return Kv == DecodeKv::SparseFp8 ? kQBytes + kKTileBytes + 2 * kRawTileBytes + kPBytes + kMiscBytes
+                                     : kQBytes + 2 * kKTileBytes + kPBytes + kMiscBytes;
 }
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
@@ -321,9 +319,8 @@ __device__ __forceinline__ void mla_decode(const DcpMlaDecodeParams& p) {
     __nv_bfloat16* sK = (__nv_bfloat16*)(smem + kQBytes);  // 2 stages (bf16) or 1 (fp8)
     unsigned char* sRaw = smem + kQBytes + kKTileBytes;     // fp8 only: 2 raw stages
     unsigned char* after_kv = smem + kQBytes + (kFp8 ? kKTileBytes + 2 * kRawTileBytes : 2 * kKTileBytes);
-    __nv_bfloat16* sP = (__nv_bfloat16*)after_kv;                // hi term of P
-    __nv_bfloat16* sPlo = (__nv_bfloat16*)(after_kv + kPBytes);  // lo term of P
-    float* sMax = (float*)(after_kv + 2 * kPBytes);  // [2][kRows]
+    __nv_bfloat16* sP = (__nv_bfloat16*)after_kv;  // P in bf16
+    float* sMax = (float*)(after_kv + kPBytes);      // [2][kRows]
     float* sSum = sMax + 2 * kRows;              // [2][kRows]
     int* sValid = (int*)(sSum + 2 * kRows);      // [2][kTile]
 
@@ -490,12 +487,8 @@ __device__ __forceinline__ void mla_decode(const DcpMlaDecodeParams& p) {
                 const int col = half * 16 + n * 8 + 2 * t4;
 #pragma unroll
                 for (int k = 0; k < 2; ++k) {
-                    const float p0 = s[n][2 * k], p1 = s[n][2 * k + 1];
-                    const __nv_bfloat162 hi = __floats2bfloat162_rn(p0, p1);
-                    const float2 hf = __bfloat1622float2(hi);
                     const int off = (rg * 16 + g + 8 * k) * kPPitch + col;
-                    *(__nv_bfloat162*)(sP + off) = hi;
-                    *(uint32_t*)(sPlo + off) = pack_bf16(p0 - hf.x, p1 - hf.y);  // exact differences
+                    *(uint32_t*)(sP + off) = pack_bf16(s[n][2 * k], s[n][2 * k + 1]);
                 }
             }
 #pragma unroll
@@ -510,10 +503,9 @@ __device__ __forceinline__ void mla_decode(const DcpMlaDecodeParams& p) {
             // ---- accumulate: O[16 rows, 256 cols] += P[16, 32]·V[32, 256] ----
 #pragma unroll
             for (int k0 = 0; k0 < kTile; k0 += 16) {
-                uint32_t a[4], alo[4];
+                uint32_t a[4];
                 const int p_off = (rg * 16 + (lane & 7) + 8 * ((lane >> 3) & 1)) * kPPitch + k0 + 8 * (lane >> 4);
                 ldmatrix_x4(a, sP + p_off);
-                ldmatrix_x4(alo, sPlo + p_off);
                 const __nv_bfloat16* vb =
                     kv + (k0 + (lane & 7) + 8 * ((lane >> 3) & 1)) * kPitch + half * 256 + 8 * (lane >> 4);
 #pragma unroll
@@ -522,8 +514,6 @@ __device__ __forceinline__ void mla_decode(const DcpMlaDecodeParams& p) {
                     ldmatrix_x4_trans(b, vb + 16 * n);
                     mma_bf16(o[2 * n], a, b[0], b[1]);
                     mma_bf16(o[2 * n + 1], a, b[2], b[3]);
-                    mma_bf16(o[2 * n], alo, b[0], b[1]);
-                    mma_bf16(o[2 * n + 1], alo, b[2], b[3]);
                 }
             }
             __syncthreads();

@@ -12,8 +12,8 @@
 // XOR-swizzled by (row mod 8): the 128B-swizzle atom of wgmma. The same tile is K-major for
 // S = Q·Kᵀ and MN-major (transposed B) for O += P·V, so V is never copied again.
 // Warpgroup w owns O's columns 256w..256w+255 (128 fp32 registers per thread) and adds P·V
-// with P as two bf16 terms, hi = bf16(p) and lo = bf16(p − hi) (see decode.cuh: bf16 P alone
-// breaks SPEC.md §9's abs 8e-4). Warpgroup 0 computes S = Q·Kᵀ (64 × Tile, wgmma m64nTile from
+// with P rounded once to bf16 (SPEC §9 bounds the error by 2^-8·A_c, A_c the softmax-weighted
+// mean of |v|; the row sums l stay fp32). Warpgroup 0 computes S = Q·Kᵀ (64 × Tile, wgmma m64nTile from
 // shared memory) and, with the roles schedule, the softmax; how the two warpgroups share the rest
 // is the schedule (Sm90Schedule below). Loads are cp.async 16-byte copies (unread tokens
 // zero-filled; a proxy fence orders them before the tensor cores read), except that the roles
@@ -34,9 +34,12 @@ namespace dcp {
 //   its P·V of tile i − 1; warpgroup 1 loads the tiles and does the other half of P·V with P
 //   handed over through shared memory. Tiles and P are handed over by full/empty mbarriers,
 //   so neither warpgroup waits for the other at a CTA barrier (BF16 only).
-// (A third, P·V left in flight across the next tile's barrier, was never faster: ptxas serialised
+// Seesaw: the two warpgroups split each pair of tiles evenly: each computes S of one tile and
+//   adds to its half of O the P·V of both, its own P from registers and the other's from shared
+//   memory; dense BF16 tiles by TMA only (decode_sm90_seesaw.cuh).
+// (A fourth, P·V left in flight across the next tile's barrier, was never faster: ptxas serialised
 // its wgmma, C7514. codegen now rejects a hot kernel whose wgmma ptxas serialises.)
-enum class Sm90Schedule { Plain, Roles };
+enum class Sm90Schedule { Plain, Roles, Seesaw };
 
 namespace decode_sm90 {
 
@@ -63,15 +66,22 @@ constexpr int s_share_extra_bytes() {
     return Sched == Sm90Schedule::Plain ? kRows * Tile * 4 - Tile * 128 : 0;
 }
 
-// Roles schedule: P's low bf16 terms (the high ones go to the tile's rope block), the rows'
-// rescale factors, their final (l, m), and the full/empty mbarriers of the two buffers.
+// Roles schedule (P itself goes to the tile's rope block): the rows' rescale factors, their
+// final (l, m), and the full/empty mbarriers of the two buffers and of P's hand-over.
 template <int Tile, Sm90Schedule Sched>
 constexpr int roles_extra_bytes() {
-    return Sched == Sm90Schedule::Roles ? kRows * Tile * 2 + kRows * 4 + kRows * 8 + 6 * 8 : 0;
+    return Sched == Sm90Schedule::Roles ? kRows * 4 + kRows * 8 + 6 * 8 : 0;
 }
+
+// Seesaw schedule: the rows' running max, the pair's two scale factors, the two warpgroups' row
+// sums, a token mask per buffer, and the mbarriers: a full one per column block of each buffer,
+// four hand-overs, and one per warpgroup for its tail zeroing (decode_sm90_seesaw.cuh).
+constexpr int kSeesawBars = 2 * kBlocks + 4 + 2;
+constexpr int seesaw_extra_bytes() { return 3 * kRows * 4 + 2 * kRows * 4 + 2 * 8 + kSeesawBars * 8; }
 
 template <DecodeKv Kv, int Tile, int Stages, Sm90Schedule Sched>
 constexpr int shared_bytes() {
+    if constexpr (Sched == Sm90Schedule::Seesaw) return 1024 + kRows * kDimQk * 2 + Stages * Tile * kDimQk * 2 + seesaw_extra_bytes();
     return 1024 + kRows * kDimQk * 2 + Stages * Tile * kDimQk * 2 + valid_slots<Kv, Stages>() * Tile * 4 +
            (Kv == DecodeKv::SparseFp8 ? Tile * kFp8RowBytes : 0) + s_share_extra_bytes<Tile, Sched>() +
            roles_extra_bytes<Tile, Sched>();
@@ -215,19 +225,13 @@ __device__ __forceinline__ void tma_prefetch_map(const void* tmap) {
 }
 __device__ __forceinline__ void wgmma_wait1() { asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory"); }
 
-// The online softmax's second half for two adjacent scores of a row: p = 2^(s − m_use), added to
-// the row's running sum l, as P's two bf16 terms (packed pairs): hi = bf16(p) and lo = bf16(p −
-// hi), the difference exact in fp32. P·V adds both: one bf16 term misses SPEC §9's bound on
-// short rows (NOTES.md, scripts/p-rounding-sim.py).
-struct PTerms {
-    uint32_t hi, lo;
-};
-__device__ __forceinline__ PTerms p_terms(float s0, float s1, float m_use, float& l) {
+// The online softmax's second half for two adjacent scores of a row: p = 2^(s − m_use), added in
+// fp32 to the row's running sum l, and returned as the packed bf16 pair P·V multiplies (one
+// rounding: SPEC §9's 2^-8·A_c).
+__device__ __forceinline__ uint32_t p_bf16(float s0, float s1, float m_use, float& l) {
     const float p0 = exp2f(s0 - m_use), p1 = exp2f(s1 - m_use);
     l += p0 + p1;
-    const __nv_bfloat162 hi = __floats2bfloat162_rn(p0, p1);
-    const float2 hf = __bfloat1622float2(hi);
-    return PTerms{*reinterpret_cast<const uint32_t*>(&hi), decode::pack_bf16(p0 - hf.x, p1 - hf.y)};
+    return decode::pack_bf16(p0, p1);
 }
 
 // P(i) as the K-major 128B-swizzled A operand of P·V, [64 rows × 64 tokens] bf16 at base (the
@@ -235,18 +239,17 @@ __device__ __forceinline__ PTerms p_terms(float s0, float s1, float m_use, float
 __device__ __forceinline__ uint64_t p_desc(uint32_t base, int kk) { return make_desc(base + kk * 32, 16, 1024); }
 
 // Roles schedule: O[64 × 256] += P·V over the 64-token tile at tile_addr, V = its dims
-// 256·half.. (MN-major), P from shared memory as its hi terms (in the tile's rope block) plus its
-// lo terms (at lo_addr); issued and committed, not waited for.
+// 256·half.. (MN-major), P from shared memory (in the tile's rope block, which only S reads);
+// issued and committed, not waited for.
 template <int Tile>
-__device__ __forceinline__ void issue_pv_half(float (&o)[128], uint32_t tile_addr, uint32_t lo_addr, int half) {
-    const uint32_t hi_addr = tile_addr + (kBlocks - 1) * (Tile * 128);
+__device__ __forceinline__ void issue_pv_half(float (&o)[128], uint32_t tile_addr, int half) {
+    const uint32_t p_addr = tile_addr + (kBlocks - 1) * (Tile * 128);
     fence_regs(o);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < Tile / 16; ++kk) {
         const uint64_t dv = make_desc(tile_addr + 4 * half * (Tile * 128) + kk * 16 * 128, Tile * 128, 1024);
-        wgmma_ss_n256(o, p_desc(hi_addr, kk), dv);
-        wgmma_ss_n256(o, p_desc(lo_addr, kk), dv);
+        wgmma_ss_n256(o, p_desc(p_addr, kk), dv);
     }
     wgmma_commit();
 }
@@ -544,15 +547,13 @@ __device__ __forceinline__ void mla_decode_sm90_lockstep(const DcpMlaDecodeParam
             float alpha[2], m_use[2];
             softmax_max<kSRegs, Tile>(s, sValid + vslot * Tile, tile, row_len, t4, scale_log2, m_run, l_run, alpha, m_use);
             // P as A fragments of m64k16 (the accumulator layout of S, two n8 blocks per k16 block)
-            uint32_t p_hi[Tile / 16][4], p_lo[Tile / 16][4];
+            uint32_t p_frag[Tile / 16][4];
 #pragma unroll
             for (int e = 0; e < kSRegs; e += 2) {
                 const int k = (e >> 1) & 1;
-                const PTerms pt = p_terms(s[e], s[e + 1], m_use[k], l_run[k]);
                 // e = 8kk + 4h + 2k: k16 block kk, n8 half h, row half k → register 2h + k
                 const int kk = e >> 3, reg = 2 * ((e >> 2) & 1) + k;
-                p_hi[kk][reg] = pt.hi;
-                p_lo[kk][reg] = pt.lo;
+                p_frag[kk][reg] = p_bf16(s[e], s[e + 1], m_use[k], l_run[k]);
             }
             rescale_o(o, alpha[0], alpha[1]);
 
@@ -563,8 +564,7 @@ __device__ __forceinline__ void mla_decode_sm90_lockstep(const DcpMlaDecodeParam
             for (int kk = 0; kk < Tile / 16; ++kk) {
                 // 4 blocks of 64 dims (leading byte offset: one block), 2 groups of 8 tokens (stride 1024)
                 const uint64_t dv = make_desc(tile_addr + (4 * wg) * (Tile * 128) + kk * 16 * 128, Tile * 128, 1024);
-                wgmma_rs_n256(o, p_hi[kk], dv);
-                wgmma_rs_n256(o, p_lo[kk], dv);
+                wgmma_rs_n256(o, p_frag[kk], dv);
             }
             wgmma_commit();
             wgmma_wait0();
@@ -587,15 +587,14 @@ __device__ __forceinline__ void mla_decode_sm90_lockstep(const DcpMlaDecodeParam
 // The roles schedule (Sm90Schedule::Roles; BF16 tiles of 64 tokens in two buffers).
 // Warpgroup 0, per tile i: queue its half of P·V(i − 1) and S(i) back to back; once P·V is done
 // (tile i − 1's buffer is then free for warpgroup 1 to refill) and S(i) is, the softmax; then P(i)
-// as bf16 hi (into the tile's rope block, which only S reads) and lo (sPlo), in the K-major
-// swizzled layout of a wgmma A operand, plus the rows' rescale factors (sAlpha), for both
+// as bf16 (into the tile's rope block, which only S reads), in the K-major swizzled layout of a wgmma A operand, plus the rows' rescale factors (sAlpha), for both
 // warpgroups' P·V. Warpgroup 1: the loads (Q with the first tile; dense tiles by TMA when the
 // launch passes a tensor map, else cp.async) and the other half of P·V, issued as soon as P(i)
 // is handed over, so it runs beside warpgroup 0's S(i + 1). Buffer b's full mbarrier completes
 // when its copies have landed (128 asynchronous cp.async arrivals, and the TMA boxes' bytes)
 // and its validity flags are written (128 arrivals); its empty mbarrier when the 8 warps have
-// finished P·V of it (S finished earlier). P's hand-over has two mbarriers too: p_full (128
-// arrivals of warpgroup 0 once P(i) and the factors are written) and p_empty (128 of warpgroup
+// finished P·V of it (S finished earlier). P's hand-over has two mbarriers too: p_full (4
+// arrivals, a warp's each, of warpgroup 0 once P(i) and the factors are written) and p_empty (4 of warpgroup
 // 1 once its P·V(i) is done with them). mbarriers rather than named barriers also let
 // racecheck see the hand-over (it reports data passed across bar.arrive/bar.sync as races).
 template <DecodeKv Kv, int Tile, int Stages>
@@ -603,7 +602,7 @@ __device__ __forceinline__ void mla_decode_sm90_roles(const DcpMlaDecodeParams& 
     [[maybe_unused]] constexpr bool kSparse = Kv != DecodeKv::DenseBf16;  // (unused off sm_90a)
     constexpr Sm90Schedule Sched = Sm90Schedule::Roles;
     static_assert(Kv != DecodeKv::SparseFp8, "roles schedule: BF16 tiles only");
-    static_assert(Tile == 64 && Stages == 2, "roles schedule: P's hi terms fill a 64-token rope block; two buffers");
+    static_assert(Tile == 64 && Stages == 2, "roles schedule: P fills a 64-token rope block; two buffers");
     static_assert(decode_sm90::shared_bytes<Kv, Tile, Stages, Sched>() <= 227 * 1024, "fits one H100/H200 CTA");
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using namespace decode_sm90;
@@ -613,15 +612,14 @@ __device__ __forceinline__ void mla_decode_sm90_roles(const DcpMlaDecodeParams& 
     unsigned char* smem = aligned_smem<Kv, Tile, Stages, Sched>();
     unsigned char* sQ = smem;
     unsigned char* sKV = smem + kRows * kDimQk * 2;       // 2 × [Tile × 576] bf16
-    unsigned char* sPlo = sKV + Stages * kTileBytes;      // P's lo terms, [64 × Tile] bf16, swizzled
-    int* sValid = (int*)(sPlo + kRows * Tile * 2);        // [2][Tile]
+    int* sValid = (int*)(sKV + Stages * kTileBytes);      // [2][Tile]
     float* sAlpha = (float*)(sValid + Stages * Tile);     // [64] rescale factors of P(i)
     float2* sStats = (float2*)(sAlpha + kRows);           // [64] final (l, m) of the rows
     const uint32_t bars = decode::smem_addr(sStats + kRows);  // full[2], empty[2], p_full, p_empty
     auto full = [&](int b) { return bars + 8 * b; };
     auto empty = [&](int b) { return bars + 16 + 8 * b; };
     const uint32_t p_full = bars + 32, p_empty = bars + 40;
-    const uint32_t q_addr = decode::smem_addr(sQ), kv_addr = decode::smem_addr(sKV), plo_addr = decode::smem_addr(sPlo);
+    const uint32_t q_addr = decode::smem_addr(sQ), kv_addr = decode::smem_addr(sKV);
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wg = warp >> 2, wr = warp & 3, t = tid & 127;
@@ -631,8 +629,8 @@ __device__ __forceinline__ void mla_decode_sm90_roles(const DcpMlaDecodeParams& 
             mbar_init(full(b), 256);
             mbar_init(empty(b), 8);
         }
-        mbar_init(p_full, 128);
-        mbar_init(p_empty, 128);
+        mbar_init(p_full, 4);  // one arrival per warp (after __syncwarp): 32 times fewer than per thread
+        mbar_init(p_empty, 4);
         fence_proxy_async();
     }
     if (!kSparse && p.kv_tma != 0 && tid == 128) tma_prefetch_map(&p.kv_tmap);  // warpgroup 1 issues the boxes
@@ -732,10 +730,11 @@ __device__ __forceinline__ void mla_decode_sm90_roles(const DcpMlaDecodeParams& 
                 rescale_o(o, sAlpha[r0], sAlpha[r0 + 8]);
                 mbar_wait(full(b), (u >> 1) & 1);  // landed long ago: this is the acquire
                 fence_proxy_async();
-                issue_pv_half<Tile>(o, kv_addr + b * kTileBytes, plo_addr, 1);
+                issue_pv_half<Tile>(o, kv_addr + b * kTileBytes, 1);
                 wgmma_wait0();
                 fence_regs(o);
-                mbar_arrive(p_empty);  // done with sPlo and sAlpha
+                __syncwarp();
+                if (lane == 0) mbar_arrive(p_empty);  // done with sAlpha (P is in the tile, freed by empty(b))
                 __syncwarp();
                 if (lane == 0) mbar_arrive(empty(b));
                 if (i + 2 < n) {
@@ -776,20 +775,20 @@ __device__ __forceinline__ void mla_decode_sm90_roles(const DcpMlaDecodeParams& 
             // O_L ·= alpha (of the P about to be added), then P·V over tile (buffer b)'s left half
             auto issue_pv = [&](int b) {
                 rescale_o(o, alpha[0], alpha[1]);
-                issue_pv_half<Tile>(o, kv_addr + b * kTileBytes, plo_addr, 0);
+                issue_pv_half<Tile>(o, kv_addr + b * kTileBytes, 0);
                 fence_regs(o);
             };
-            // S(i) is done: softmax; P(i) (hi into tile i's rope block, lo into sPlo) and alpha
-            // handed to warpgroup 1. Needs P·V(i − 1) of both warpgroups done with sPlo.
+            // S(i) is done: softmax; P(i) (into tile i's rope block) and alpha handed to warpgroup
+            // 1. Needs warpgroup 1's P·V(i − 1) done with sAlpha.
             auto softmax_hand_over = [&](float (&s)[kSRegs], int i, int b) {
                 float m_use[2];
                 softmax_max<kSRegs, Tile>(s, sValid + b * Tile, tile_begin + i, row_len, t4, scale_log2, m_run, l_run,
                                           alpha, m_use);
                 // warpgroup 1's P·V of the previous tile (maybe of the previous piece) is done with
-                // sPlo and sAlpha
+                // sAlpha
                 const uint32_t u = uses + i;
                 if (u > 0) mbar_wait(p_empty, (u - 1) & 1);
-                unsigned char* hi_dst = sKV + b * kTileBytes + (kBlocks - 1) * (Tile * 128);
+                unsigned char* p_dst = sKV + b * kTileBytes + (kBlocks - 1) * (Tile * 128);
                 // The thread's place in P, from a fresh read of its index: else the compiler hoists
                 // all 32 store addresses out of the tile loop and spills them.
                 const int tv = decode::thread_index(), gv = (tv & 31) >> 2;
@@ -797,21 +796,20 @@ __device__ __forceinline__ void mla_decode_sm90_roles(const DcpMlaDecodeParams& 
 #pragma unroll
                 for (int e = 0; e < kSRegs; e += 2) {
                     const int k = (e >> 1) & 1;
-                    const PTerms pt = p_terms(s[e], s[e + 1], m_use[k], l_run[k]);
                     // columns 8(e >> 2) + 2t4, +1 of row r0 + 8k: 16-byte chunk e >> 2, swizzled by
                     // the row mod 8 (= g for both rows)
                     const uint32_t off = row_off + k * 1024 + (((e >> 2) ^ gv) << 4);
-                    *(uint32_t*)(hi_dst + off) = pt.hi;
-                    *(uint32_t*)(sPlo + off) = pt.lo;
+                    *(uint32_t*)(p_dst + off) = p_bf16(s[e], s[e + 1], m_use[k], l_run[k]);
                 }
                 if (t4 == 0) {
                     sAlpha[r0] = alpha[0];
                     sAlpha[r0 + 8] = alpha[1];
                 }
                 fence_proxy_async();  // these writes, before either warpgroup's wgmma reads them
-                mbar_arrive(p_full);
+                __syncwarp();
+                if (lane == 0) mbar_arrive(p_full);
                 // all 64 rows written, before this warpgroup's own P·V reads them: p_full counts
-                // exactly warpgroup 0's 128 threads (a named barrier of 128 threads here made
+                // exactly warpgroup 0's 4 warps (a named barrier of 128 threads here made
                 // racecheck lose track of the CTA barriers)
                 mbar_wait(p_full, u & 1);
             };
@@ -874,10 +872,17 @@ __device__ __forceinline__ void mla_decode_sm90_roles(const DcpMlaDecodeParams& 
 #endif
 }
 
+}  // namespace dcp
+
+#include "decode_sm90_seesaw.cuh"
+
+namespace dcp {
+
 // The kernel family's entry: the schedule picks the body.
 template <DecodeKv Kv, int Tile, int Stages, Sm90Schedule Sched>
 __device__ __forceinline__ void mla_decode_sm90(const DcpMlaDecodeParams& p) {
-    if constexpr (Sched == Sm90Schedule::Roles) mla_decode_sm90_roles<Kv, Tile, Stages>(p);
+    if constexpr (Sched == Sm90Schedule::Seesaw) mla_decode_sm90_seesaw<Kv, Tile, Stages>(p);
+    else if constexpr (Sched == Sm90Schedule::Roles) mla_decode_sm90_roles<Kv, Tile, Stages>(p);
     else mla_decode_sm90_lockstep<Kv, Tile, Stages, Sched>(p);
 }
 

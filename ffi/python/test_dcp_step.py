@@ -32,9 +32,9 @@ def rel_l2(a, b):
     return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
-def elementwise_ok(got, want, abs_tol, rel_tol):
-    err = (got - want).abs()
-    return bool(((err <= abs_tol) | (err <= rel_tol * want.abs())).all().item())
+def elementwise_ok(got, want, mean_abs_v):
+    """SPEC §9: |out - ref| <= 2^-6 * A_c elementwise (A_c: the softmax-weighted mean of |v|)."""
+    return bool(((got - want).abs() <= mean_abs_v / 64).all().item())
 
 
 def paged_layout(lens):
@@ -61,10 +61,13 @@ def new_tokens(lens):
 
 
 def attention(q_row, keys, scale):
-    """q_row [H, 576], keys [n, 576] float32 -> out [H, 512], lse [H] (natural log)."""
+    """q_row [H, 576], keys [n, 576] float32 -> out [H, 512], lse [H] (natural log), and A [H, 512]
+    (the softmax-weighted mean of |v|, which SPEC §9's elementwise bound is relative to)."""
     s = scale * (q_row.float() @ keys.float().T)  # [H, n]
     lse = torch.logsumexp(s, dim=1)
-    return torch.softmax(s, dim=1) @ keys[:, :512].float(), lse
+    p = torch.softmax(s, dim=1)
+    v = keys[:, :512].float()
+    return p @ v, lse, p @ v.abs()
 
 
 def a2a(m, outs, lses, T, out_dtype):
@@ -133,14 +136,15 @@ def dense_step(m, num_sms):
     ag_out, ag_lse = ag_rs(m, outs, lses, T)
 
     ref_out = torch.empty(T, H, 512, device=DEV)
+    ref_abs = torch.empty(T, H, 512, device=DEV)
     ref_lse = torch.empty(T, H, device=DEV)
     keys = torch.cat([ckv, kpe], dim=1)
     start = 0
     for i, L in enumerate(lens):
         for j in range(NQ):
             c = L - NQ + 1 + j
-            o, s = attention(q[i, j], keys[start:start + c], scale)
-            ref_out[i * NQ + j], ref_lse[i * NQ + j] = o, s
+            o, s, a = attention(q[i, j], keys[start:start + c], scale)
+            ref_out[i * NQ + j], ref_lse[i * NQ + j], ref_abs[i * NQ + j] = o, s, a
         start += L
     torch.cuda.synchronize()
     res = {
@@ -150,8 +154,8 @@ def dense_step(m, num_sms):
         "dense_ag_rs_max_abs": (ag_out - ref_out).abs().max().item(),
         "dense_lse_max_abs": max((a2a_lse - ref_lse).abs().max().item(), (ag_lse - ref_lse).abs().max().item()),
     }
-    ok = (res["dense_a2a_bf16_rel_l2"] <= 4e-3 and elementwise_ok(a2a_out.float(), ref_out, 4e-3, 2 / 128)
-          and res["dense_ag_rs_f32_rel_l2"] <= 2e-3 and elementwise_ok(ag_out, ref_out, 8e-4, 2 / 128)
+    ok = (res["dense_a2a_bf16_rel_l2"] <= 3e-3 and elementwise_ok(a2a_out.float(), ref_out, ref_abs)
+          and res["dense_ag_rs_f32_rel_l2"] <= 3e-3 and elementwise_ok(ag_out, ref_out, ref_abs)
           and res["dense_lse_max_abs"] <= 1e-4)
     return ok, res
 
@@ -214,6 +218,7 @@ def sparse_step(m, num_sms):
     # Reference: torch.topk over all of a row's causal tokens, attention over the dequantised cache.
     deq = [dequant_fp8(c) for c in caches]
     ref_out = torch.empty(rows, H, 512, device=DEV)
+    ref_abs = torch.empty(rows, H, 512, device=DEV)
     ref_lse = torch.empty(rows, H, device=DEV)
     topk_mismatch = 0
     fp8_err = 0.0
@@ -231,8 +236,8 @@ def sparse_step(m, num_sms):
             got = ids[row][ids[row] >= 0].long().sort().values
             if got.shape != want.shape or not torch.equal(got, want):
                 topk_mismatch += 1
-            o, s = attention(q[i, j], keys[want], scale)
-            ref_out[row], ref_lse[row] = o, s
+            o, s, a = attention(q[i, j], keys[want], scale)
+            ref_out[row], ref_lse[row], ref_abs[row] = o, s, a
         start += L
     torch.cuda.synchronize()
     res = {
@@ -242,8 +247,8 @@ def sparse_step(m, num_sms):
         "sparse_max_abs": (out - ref_out).abs().max().item(),
         "sparse_lse_max_abs": (lse - ref_lse).abs().max().item(),
     }
-    ok = (topk_mismatch == 0 and fp8_err <= 0.06 and res["sparse_rel_l2"] <= 2e-3
-          and elementwise_ok(out, ref_out, 8e-4, 2 / 128) and res["sparse_lse_max_abs"] <= 1e-4)
+    ok = (topk_mismatch == 0 and fp8_err <= 0.06 and res["sparse_rel_l2"] <= 3e-3
+          and elementwise_ok(out, ref_out, ref_abs) and res["sparse_lse_max_abs"] <= 1e-4)
     return ok, res
 
 

@@ -163,8 +163,8 @@ pub fn decode_workspace_bytes(batch: usize, nq: usize, heads: usize, sparse: boo
 /// Dynamic shared memory of one decode CTA for a cache format.
 pub fn decode_shared_bytes(format: KvFormat) -> usize {
     match format {
-        KvFormat::Bf16 => SMEM_Q + 2 * SMEM_K_TILE + 2 * SMEM_P + SMEM_MISC,
-        KvFormat::Fp8_656 => SMEM_Q + SMEM_K_TILE + 2 * SMEM_RAW_TILE + 2 * SMEM_P + SMEM_MISC,
+        KvFormat::Bf16 => SMEM_Q + 2 * SMEM_K_TILE + SMEM_P + SMEM_MISC,
+        KvFormat::Fp8_656 => SMEM_Q + SMEM_K_TILE + 2 * SMEM_RAW_TILE + SMEM_P + SMEM_MISC,
     }
 }
 
@@ -192,6 +192,10 @@ pub enum Sm90Schedule {
     /// Warpgroup 0: S, softmax, half of P·V, and S of the next tile queued behind it;
     /// warpgroup 1: the loads and the other half of P·V; tiles handed over by mbarriers.
     Roles,
+    /// Each warpgroup computes S and the softmax of one tile of a pair and adds half of O's P·V
+    /// of both; dense BF16 caches that TMA can load ([`dense_tma_fits`]) only: a launch whose
+    /// cache does not fit runs the roles schedule instead.
+    Seesaw,
 }
 
 impl Sm90Schedule {
@@ -199,20 +203,26 @@ impl Sm90Schedule {
         match self {
             Sm90Schedule::Plain => axes::Schedule::Plain,
             Sm90Schedule::Roles => axes::Schedule::Roles,
+            Sm90Schedule::Seesaw => axes::Schedule::Seesaw,
         }
     }
     fn name(self) -> &'static str {
         match self {
             Sm90Schedule::Plain => "plain",
             Sm90Schedule::Roles => "roles",
+            Sm90Schedule::Seesaw => "seesaw",
         }
     }
 }
 
 /// The (tile, stages, schedule) variants of the wgmma dense kernel that kernels.toml ships; the
 /// first is the default.
-pub const SM90_VARIANTS: [(u32, u32, Sm90Schedule); 3] =
-    [(64, 2, Sm90Schedule::Roles), (64, 2, Sm90Schedule::Plain), (32, 4, Sm90Schedule::Plain)];
+pub const SM90_VARIANTS: [(u32, u32, Sm90Schedule); 4] = [
+    (64, 2, Sm90Schedule::Roles),
+    (64, 2, Sm90Schedule::Seesaw),
+    (64, 2, Sm90Schedule::Plain),
+    (32, 4, Sm90Schedule::Plain),
+];
 
 /// The (format, tile, stages, schedule) variants of the wgmma sparse kernel kernels.toml ships;
 /// a format's first is its default. BF16 rows go straight into a two-tile cp.async ring; FP8
@@ -226,14 +236,17 @@ pub const SM90_SPARSE_VARIANTS: [(KvFormat, u32, u32, Sm90Schedule); 3] = [
 /// Dynamic shared memory of one wgmma decode CTA; mirrors `decode_sm90::shared_bytes`: 1024
 /// bytes of alignment slack, Q, `stages` KV tiles, validity flags per token (FP8: two slots),
 /// for FP8 one tile of raw 656-byte rows, with the plain schedule the part of the S hand-over
-/// between warpgroups that the tile's rope block does not hold, and with the roles schedule
-/// P's low terms, the rows' rescale factors and (l, m), and six mbarriers.
+/// between warpgroups that the tile's rope block does not hold, with the roles schedule the rows'
+/// rescale factors and (l, m) and six mbarriers; the seesaw schedule's own (no flags, no raw).
 pub fn decode_sm90_shared_bytes(tile: usize, stages: usize, fp8: bool, schedule: Sm90Schedule) -> usize {
     let flags = if fp8 { 2 } else { stages } * tile * 4;
     let raw = if fp8 { tile * crate::formats::FP8_ROW_BYTES } else { 0 };
     let extra = match schedule {
         Sm90Schedule::Plain => ROWS_PER_CTA * tile * 4 - tile * 128,
-        Sm90Schedule::Roles => ROWS_PER_CTA * tile * 2 + ROWS_PER_CTA * 4 + ROWS_PER_CTA * 8 + 6 * 8,
+        Sm90Schedule::Roles => ROWS_PER_CTA * 4 + ROWS_PER_CTA * 8 + 6 * 8,
+        // no flags: the running max, two scale factors, two warpgroups' row sums, two token
+        // masks, and 2·9 + 4 + 2 mbarriers
+        Sm90Schedule::Seesaw => return 1024 + ROWS_PER_CTA * D_QK * 2 + stages * tile * D_QK * 2 + 5 * ROWS_PER_CTA * 4 + 16 + 24 * 8,
     };
     1024 + ROWS_PER_CTA * D_QK * 2 + stages * tile * D_QK * 2 + flags + raw + extra
 }
@@ -256,7 +269,8 @@ fn parse_wgmma_path(s: &str) -> Option<DecodePath> {
     }
     let rest = s.strip_prefix("wgmma-")?;
     let (name, shape) = rest.split_once('-')?;
-    let schedule = [Sm90Schedule::Plain, Sm90Schedule::Roles].into_iter().find(|x| x.name() == name)?;
+    let schedule =
+        [Sm90Schedule::Plain, Sm90Schedule::Roles, Sm90Schedule::Seesaw].into_iter().find(|x| x.name() == name)?;
     let (tile, stages) = shape.split_once('x')?;
     let v = (tile.parse().ok()?, stages.parse().ok()?, schedule);
     let shipped = SM90_VARIANTS.contains(&v) || SM90_SPARSE_VARIANTS.iter().any(|x| (x.1, x.2, x.3) == v);
@@ -273,6 +287,8 @@ struct Kernel {
     tile: u32,
     /// Loads whole dense tiles by TMA when the params carry a tensor map (the roles schedule).
     takes_tensor_map: bool,
+    /// Loads every tile by TMA and cannot run without a tensor map (the seesaw schedule).
+    needs_tensor_map: bool,
 }
 
 /// The kernel for a launch over `format` (`sparse`: index lists, else the dense block table) on
@@ -293,6 +309,7 @@ fn decode_kernel(dev: &Device, format: KvFormat, sparse: bool, path: DecodePath)
             shared_bytes: decode_shared_bytes(format),
             tile: MMA_TILE,
             takes_tensor_map: false,
+            needs_tensor_map: false,
         })
     };
     // the registry holds exactly the variants kernels.toml builds for `kv`
@@ -304,7 +321,8 @@ fn decode_kernel(dev: &Device, format: KvFormat, sparse: bool, path: DecodePath)
             id,
             shared_bytes: decode_sm90_shared_bytes(tile as usize, stages as usize, kv == axes::Kv::SparseFp8, schedule),
             tile,
-            takes_tensor_map: kv == axes::Kv::DenseBf16 && schedule == Sm90Schedule::Roles,
+            takes_tensor_map: kv == axes::Kv::DenseBf16 && schedule != Sm90Schedule::Plain,
+            needs_tensor_map: schedule == Sm90Schedule::Seesaw,
         })
     };
     let default = || {
@@ -371,9 +389,15 @@ pub fn mla_decode_dense_on(dev: &Device, stream: Stream, a: &DenseDecode, path: 
     params.num_pages = to_i32("num_pages", a.num_pages)?;
     params.block_size = to_i32("block_size", a.block_size)?;
     params.max_pages = to_i32("max_pages", a.max_pages)?;
-    let kernel = decode_kernel(dev, KvFormat::Bf16, false, path)
+    let mut kernel = decode_kernel(dev, KvFormat::Bf16, false, path)
         .ok_or_else(|| Error::Unsupported(format!("mla_decode dense on {path:?}")))?;
-    if kernel.takes_tensor_map && tma_enabled() && dense_tma_fits(a.num_pages, a.block_size) {
+    let tma = tma_enabled() && dense_tma_fits(a.num_pages, a.block_size);
+    if kernel.needs_tensor_map && !tma {
+        // the seesaw schedule loads only by TMA: this cache's pages take the roles schedule
+        kernel = decode_kernel(dev, KvFormat::Bf16, false, DecodePath::Wgmma { tile: 64, stages: 2, schedule: Sm90Schedule::Roles })
+            .ok_or_else(|| Error::Unsupported("mla_decode dense roles schedule".into()))?;
+    }
+    if kernel.takes_tensor_map && tma {
         // [num_pages·B rows, 576] bf16; a box is one 128-byte column block of a tile's tokens, or
         // of one page's B tokens when B is smaller (a tile then spans whole pages); the kernel
         // works out the same box size
@@ -627,8 +651,8 @@ mod tests {
         for f in [KvFormat::Bf16, KvFormat::Fp8_656] {
             assert!(decode_shared_bytes(f) <= 163 * 1024, "{f:?}: {}", decode_shared_bytes(f));
         }
-        assert_eq!(decode_shared_bytes(KvFormat::Bf16), 161_024);
-        assert_eq!(decode_shared_bytes(KvFormat::Fp8_656), 165_632);
+        assert_eq!(decode_shared_bytes(KvFormat::Bf16), 155_904);
+        assert_eq!(decode_shared_bytes(KvFormat::Fp8_656), 160_512);
     }
 
     #[test]
@@ -652,7 +676,8 @@ mod tests {
         }
         let base = 1024 + 73_728 + 2 * 64 * 1156;
         assert_eq!(decode_sm90_shared_bytes(64, 2, false, Sm90Schedule::Plain), base + 8192);
-        assert_eq!(decode_sm90_shared_bytes(64, 2, false, Sm90Schedule::Roles), base + 8192 + 256 + 512 + 48);
+        assert_eq!(decode_sm90_shared_bytes(64, 2, false, Sm90Schedule::Roles), base + 256 + 512 + 48);
+        assert_eq!(decode_sm90_shared_bytes(64, 2, false, Sm90Schedule::Seesaw), 1024 + 73_728 + 2 * 73_728 + 1280 + 16 + 192);
         assert_eq!(
             decode_sm90_shared_bytes(64, 1, true, Sm90Schedule::Plain),
             1024 + 73_728 + 64 * 1152 + 2 * 64 * 4 + 64 * 656 + 8192

@@ -36,6 +36,7 @@ pub trait Real:
     fn to_f64(self) -> f64;
     fn exp(self) -> Self;
     fn ln(self) -> Self;
+    fn abs(self) -> Self;
     fn is_nan(self) -> bool;
 }
 
@@ -58,6 +59,9 @@ macro_rules! impl_real {
             }
             fn ln(self) -> Self {
                 $t::ln(self)
+            }
+            fn abs(self) -> Self {
+                $t::abs(self)
             }
             fn is_nan(self) -> bool {
                 $t::is_nan(self)

@@ -5,4 +5,5 @@ pub mod attention;
 pub mod fill;
 pub mod merge;
 pub mod prefill;
+pub mod tolerance;
 pub mod topk;

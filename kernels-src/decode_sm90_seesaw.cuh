@@ -1,0 +1,476 @@
+// The seesaw schedule of the Hopper decode kernel (Sm90Schedule::Seesaw): dense BF16, tiles of 64
+// tokens loaded whole by TMA into two buffers, K0 and K1, which hold the two tiles of a pair.
+// Included by decode_sm90.cuh (its helpers, layout and contract).
+//
+// Why: in the roles schedule warpgroup 0 computes S of every tile and its softmax while
+// warpgroup 1 only adds half of P·V, so per tile warpgroup 0's S (64·64·576), its half of P·V
+// (64·64·256) and the softmax run one after another. Here the warpgroups split a pair of tiles
+// evenly (the idea of FlashMLA's Hopper kernel, written anew for this layout): warpgroup 0 computes
+// S of K0, warpgroup 1 S of K1; each adds to its own half of O (warpgroup w owns O's columns
+// 256w..) the P·V of both tiles, one with its own P from registers and one with the other's P
+// from shared memory. Per pair each warpgroup does 64·64·(576 + 512) of tensor work, and the two
+// softmaxes run side by side.
+//
+// Per pair, with m the rows' running max (sM, log2 units) and every P relative to the pair's
+// final max:
+//   WG0: softmax of S0 against max(m, max S0) = m0: scale0 = 2^(m − m0), O_L ·= scale0, P0 in fp32;
+//        hands over scale0 and m0 (scale0_ready); O_L += bf16(P0)·V0_L from registers; waits for
+//        WG1's scale1 (scale1_ready); refills K0's blocks 0..3 (V0_L, done); writes bf16(P0·scale1)
+//        into K0's rope block (only S read it) for WG1 (p0_ready); O_L ·= scale1 and, with WG1's
+//        P1 (p1_ready), O_L += P1·V1_L from shared memory; queues S of the next K0 and, once
+//        P1·V1_L is done, refills K1's blocks 0..3 and 8.
+//   WG1: waits for scale0; softmax of S1 against max(m0, max S1) = m1: scale1 = 2^(m0 − m1),
+//        O_R ·= scale0·scale1; hands over scale1 and m1; writes bf16(P1) into K1's rope block (p1_ready);
+//        O_R += P1·V1_R from registers, then (p0_ready) O_R += P0·V0_R from shared memory; refills
+//        K1's blocks 4..7 and K0's 4..8 as each is done; computes S of the next K1.
+// Each warpgroup's row sums l cover its own P; the two are added at the end. Every column block
+// of a buffer has its own full mbarrier (TMA bytes), so S starts on block 0 while the rest land.
+// The sequence's last, partial tile: pages are TMA'd whole, so the tokens past the sequence hold
+// whatever the page holds there; each warpgroup zeroes its V half of them before P·V (P is 0
+// there, but 0·NaN is NaN). Invalid pages point their boxes past the cache (TMA zero fill) and
+// are masked by a per-buffer token mask.
+#pragma once
+
+namespace dcp {
+
+namespace decode_sm90 {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// One arrival that also expects `bytes` more of asynchronous (TMA) writes in this phase.
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+// x through an instruction the compiler cannot see through: an address computed from it is then
+// recomputed where it is used instead of once outside the tile loop (and spilled: the loop has
+// no register to spare).
+__device__ __forceinline__ uint32_t opaque(uint32_t x) {
+    uint32_t y;
+    asm volatile("mov.b32 %0, %1;" : "=r"(y) : "r"(x));
+    return y;
+}
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+#endif
+}  // namespace decode_sm90
+
+template <DecodeKv Kv, int Tile, int Stages>
+__device__ __forceinline__ void mla_decode_sm90_seesaw(const DcpMlaDecodeParams& p) {
+    constexpr Sm90Schedule Sched = Sm90Schedule::Seesaw;
+    static_assert(Kv == DecodeKv::DenseBf16, "seesaw schedule: dense BF16 tiles by TMA");
+    static_assert(Tile == 64 && Stages == 2, "seesaw schedule: P fills a 64-token rope block; a pair of buffers");
+    static_assert(decode_sm90::shared_bytes<Kv, Tile, Stages, Sched>() <= 227 * 1024, "fits one H100/H200 CTA");
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    using namespace decode_sm90;
+    constexpr int kSRegs = Tile / 2;
+    constexpr int kTileBytes = Tile * kDimQk * 2;
+    constexpr int kBlockBytes = Tile * 128;  // one column block (64 dims) of a tile
+    if (p.kv_tma == 0) __trap();             // the launcher picks this schedule only with a tensor map
+    unsigned char* smem = aligned_smem<Kv, Tile, Stages, Sched>();
+    unsigned char* sQ = smem;
+    unsigned char* sKV = smem + kRows * kDimQk * 2;  // K0, K1: [Tile × 576] bf16 each
+    float* sM = (float*)(sKV + 2 * kTileBytes);      // [64] the rows' running max
+    float* sScale0 = sM + kRows;                     // [64] 2^(m − m0) of the pair
+    float* sScale1 = sScale0 + kRows;                // [64] 2^(m0 − m1) of the pair
+    float* sL = sScale1 + kRows;                     // [2][64] each warpgroup's row sums, at the end
+    uint64_t* sMask = (uint64_t*)(sL + 2 * kRows);   // [2] valid tokens of the tile in K0, K1
+    const uint32_t bars = decode::smem_addr(sMask + 2);
+    auto full = [&](int b, int blk) { return bars + 8 * (b * kBlocks + blk); };
+    const uint32_t scale0_ready = bars + 8 * (2 * kBlocks), scale1_ready = scale0_ready + 8;
+    const uint32_t p0_ready = scale0_ready + 16, p1_ready = scale0_ready + 24;
+    const uint32_t q_addr = decode::smem_addr(sQ), kv_addr = decode::smem_addr(sKV);
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wg = warp >> 2, wr = warp & 3, t = tid & 127;
+    const int g = lane >> 2, t4 = lane & 3;
+    const uint32_t tail_bar = scale0_ready + 32 + 8 * wg;
+    // One arrival for the warp, once all its lanes got here: __syncwarp orders their earlier
+    // shared-memory writes before lane 0's (releasing) arrival. A warp's one arrival instead of
+    // its 32 keeps the hand-overs, which are on the pair's critical path, short.
+    auto warp_arrive = [&](uint32_t bar) {
+        __syncwarp();
+        if (lane == 0) mbar_arrive(bar);
+    };
+    if (tid == 0) {
+        for (int b = 0; b < 2 * kBlocks; ++b) mbar_init(bars + 8 * b, 1);
+        // hand-overs and tail barriers: one arrival per warp of the warpgroup (warp_arrive)
+        for (int b = 0; b < 6; ++b) mbar_init(scale0_ready + 8 * b, 4);
+        fence_proxy_async();
+        tma_prefetch_map(&p.kv_tmap);
+    }
+    const int seqs = decode::num_seqs(p, false), seq_rows = decode::rows_per_seq(p, false);
+    const CtaRows rows = cta_rows<false>(p, seq_rows);
+    const int block_seq = rows.seq, row_base = rows.base, row_limit = rows.limit;
+    const int r0 = wr * 16 + g;  // this thread's rows r0 and r0 + 8 (the same in both warpgroups)
+    // Phases, counted over this CTA's pieces: pairs (each loads K0 once and hands over scale0,
+    // scale1 and P0 once), pairs with a K1 tile (each loads K1 once and hands over P1 once), and
+    // this warpgroup's tail zeroings.
+    uint32_t pairs_done = 0, loads1 = 0, tails = 0;
+
+    decode::for_each_piece(p, seqs, block_seq, [&](const decode::Piece pc) {
+        __syncthreads();  // the previous piece is done with shared memory (and the mbarriers are set up)
+        const int seq = pc.seq;
+        const int64_t seq_row0 = (int64_t)seq * seq_rows;
+        int row_len[2];
+        const int n_tokens = decode::piece_rows<false>(p, seq, row_base, row_limit, r0, row_len);
+        const int n_tiles = (n_tokens + Tile - 1) / Tile;
+        const int tile_end = min(n_tiles, pc.tile_end);
+        const int tile_begin = min(tile_end, pc.tile_begin);
+        if (decode::skip_empty_share(p, pc, tile_begin, tile_end, seq_rows, row_base, row_limit, tid)) return;
+        const int n = tile_end - tile_begin;
+        // pages are a power of two ≥ 8 tokens (the launcher checks): a box is min(Tile, B) tokens
+        const int bs = p.block_size, bs_log = 31 - __clz(bs);
+        const int box_rows = min(Tile, bs), boxes = Tile / box_rows;
+        // the sequence's last tile, when partial (tiles past the sequence are never loaded)
+        auto is_tail = [&](int tile) { return (tile + 1) * Tile > n_tokens; };
+
+        // Box `k` of `tile`: its first cache row, or -1 for an invalid page or one past the sequence
+        // (its box then points past the cache: TMA zero fill). Lanes k < boxes of the issuing warp
+        // each hold one box.
+        auto box_row = [&](int tile, int k) -> int {
+            const int pos = tile * Tile + k * box_rows;
+            int page = -1;
+            if (pos < n_tokens)
+                page = ((const int32_t*)p.block_table)[(int64_t)seq * p.block_table_stride + (pos >> bs_log)];
+            return page >= 0 && page < p.num_pages ? page * bs + (pos & (bs - 1)) : -1;
+        };
+        // Column blocks [lo, hi) (and the rope block 8 when `rope`) of a tile into buffer b by TMA,
+        // issued by warp 0 of the calling warpgroup (lane k: box k, at `row`); `mask`: also
+        // publishes the tile's token mask (before the arrival on block lo's barrier releases it).
+        auto load_blocks = [&](int b, int row, int lo, int hi, bool rope, bool mask) {
+            if (wr != 0) return;
+            if (mask) {
+                const unsigned bits = __ballot_sync(0xffffffffu, lane < boxes && row >= 0);
+                if (lane == 0) {
+                    uint64_t m = 0;
+                    for (int k = 0; k < boxes; ++k)
+                        if ((bits >> k) & 1) m |= (box_rows == 64 ? ~0ull : ((1ull << box_rows) - 1)) << (k * box_rows);
+                    sMask[b] = m;
+                }
+            }
+            const uint32_t bar0 = opaque(full(b, 0));
+            uint32_t dst = opaque(kv_addr + b * kTileBytes);
+            if (lane == 0) {
+                for (int blk = lo; blk < hi; ++blk) mbar_arrive_expect_tx(bar0 + 8 * blk, kBlockBytes);
+                if (rope) mbar_arrive_expect_tx(bar0 + 8 * (kBlocks - 1), kBlockBytes);
+            }
+            __syncwarp();
+            if (row < 0) row = p.num_pages * bs;
+            if (lane < boxes) {
+                dst += lane * box_rows * 128;
+                for (int blk = lo; blk < hi; ++blk) tma_load_2d(dst + blk * kBlockBytes, &p.kv_tmap, blk * 64, row, bar0 + 8 * blk);
+                if (rope)
+                    tma_load_2d(dst + (kBlocks - 1) * kBlockBytes, &p.kv_tmap, (kBlocks - 1) * 64, row,
+                                bar0 + 8 * (kBlocks - 1));
+            }
+        };
+        // S = Q·Kᵀ of buffer b (load number `load` of it) into s, a commit group per column block,
+        // blocks [lo, hi), each issued once its bytes have landed; not waited for. `first`: the
+        // call's first product overwrites s (S starts here).
+        auto issue_s = [&](float (&s)[kSRegs], int b, uint32_t load, int lo, int hi, bool first) {
+            const uint32_t qa = opaque(q_addr), tile_addr = opaque(kv_addr + b * kTileBytes);
+#pragma unroll
+            for (int blk = lo; blk < hi; ++blk) {
+                mbar_wait(full(b, blk), load & 1);
+                wgmma_fence();
+#pragma unroll
+                for (int kq = 0; kq < 4; ++kq) {
+                    const uint64_t da = make_desc(qa + blk * (kRows * 128) + kq * 32, 16, 1024);
+                    const uint64_t db = make_desc(tile_addr + blk * kBlockBytes + kq * 32, 16, 1024);
+                    if (first && blk == lo && kq == 0) wgmma_ss_n64_first(s, da, db);
+                    else wgmma_ss_n64(s, da, db, 1);
+                }
+                wgmma_commit();
+            }
+            fence_regs(s);
+        };
+        // The thread's two rows' masked, log2-scaled scores of `tile` (none when !has) and their maxima.
+        auto tile_max = [&](float (&s)[kSRegs], int tile, uint64_t mask, bool has, float (&tmax)[2]) {
+            tmax[0] = tmax[1] = -INFINITY;
+            // column 8(e >> 2) + 2·t4 + (e & 1): the thread's offset 2·t4 taken out once, so the
+            // per-register tests use constant shifts (else 32 shift amounts stay live in the loop)
+            const uint64_t mt = has ? mask >> (2 * t4) : 0;
+            const int lim[2] = {row_len[0] - tile * Tile - 2 * t4, row_len[1] - tile * Tile - 2 * t4};
+#pragma unroll
+            for (int e = 0; e < kSRegs; ++e) {
+                const int c = 8 * (e >> 2) + (e & 1);
+                const int k = (e >> 1) & 1;
+                const bool ok = ((mt >> c) & 1) && c < lim[k];
+                s[e] = ok ? s[e] * p.scale_log2 : -INFINITY;
+                tmax[k] = fmaxf(tmax[k], s[e]);
+            }
+#pragma unroll
+            for (int k = 0; k < 2; ++k) {
+                tmax[k] = fmaxf(tmax[k], __shfl_xor_sync(0xffffffffu, tmax[k], 1));
+                tmax[k] = fmaxf(tmax[k], __shfl_xor_sync(0xffffffffu, tmax[k], 2));
+            }
+        };
+        // The P·V of this warpgroup's V half of buffer b with P in registers (A fragments).
+        auto issue_pv_local = [&](float (&o)[128], const uint32_t (&pf)[Tile / 16][4], int b) {
+            const uint32_t tile_addr = opaque(kv_addr + b * kTileBytes);
+#pragma unroll
+            for (int kk = 0; kk < Tile / 16; ++kk) {
+                const uint64_t dv = make_desc(tile_addr + 4 * wg * kBlockBytes + kk * 16 * 128, Tile * 128, 1024);
+                wgmma_rs_n256(o, pf[kk], dv);
+            }
+            wgmma_commit();
+        };
+        // The P·V of this warpgroup's V half of buffer b with the other warpgroup's P, which it
+        // wrote into the buffer's rope block.
+        auto issue_pv_remote = [&](float (&o)[128], int b) {
+            const uint32_t tile_addr = opaque(kv_addr + b * kTileBytes);
+            const uint32_t p_addr = tile_addr + (kBlocks - 1) * kBlockBytes;
+#pragma unroll
+            for (int kk = 0; kk < Tile / 16; ++kk) {
+                const uint64_t dv = make_desc(tile_addr + 4 * wg * kBlockBytes + kk * 16 * 128, Tile * 128, 1024);
+                wgmma_ss_n256(o, p_desc(p_addr, kk), dv);
+            }
+            wgmma_commit();
+        };
+        // The sequence's last tile in buffer b (load number `load`): zero this warpgroup's V half of
+        // its tokens past the sequence, once the bytes have landed, before P·V reads them.
+        auto zero_tail = [&](int b, int tile, uint32_t load) {
+            const int tail_valid = n_tokens - tile * Tile;
+#pragma unroll
+            for (int blk = 0; blk < 4; ++blk) mbar_wait(full(b, 4 * wg + blk), load & 1);
+            unsigned char* base = sKV + b * kTileBytes + 4 * wg * kBlockBytes;
+            const int chunks = (Tile - tail_valid) * 4 * 8;  // 16-byte chunks: rows × blocks × 8
+            for (int c = t; c < chunks; c += 128) {
+                const int r = tail_valid + (c >> 5), blk = (c >> 3) & 3, ch = c & 7;
+                *(uint4*)(base + blk * kBlockBytes + r * 128 + ch * 16) = make_uint4(0, 0, 0, 0);
+            }
+            fence_proxy_async();
+            warp_arrive(tail_bar);
+            mbar_wait(tail_bar, tails & 1);
+            ++tails;
+        };
+        // P (fp32 in s, × f per row) as bf16 into buffer b's rope block, in the K-major swizzled
+        // layout of a wgmma A operand (the layout of one column block of Q).
+        auto store_p = [&](const float (&s)[kSRegs], int b, float f0, float f1) {
+            unsigned char* dst = sKV + b * kTileBytes + (kBlocks - 1) * kBlockBytes;
+            // the thread's place in P from a fresh read of its index (else the compiler hoists all
+            // 32 store addresses out of the loop and spills them)
+            const int tv = decode::thread_index(), gv = (tv & 31) >> 2;
+            const uint32_t row_off = (uint32_t)(((tv >> 5) & 3) * 16 + gv) * 128 + 4 * (tv & 3);
+#pragma unroll
+            for (int e = 0; e < kSRegs; e += 2) {
+                const int k = (e >> 1) & 1;
+                const float f = k ? f1 : f0;
+                const uint32_t off = row_off + k * 1024 + (((e >> 2) ^ gv) << 4);
+                *(uint32_t*)(dst + off) = decode::pack_bf16(s[e] * f, s[e + 1] * f);
+            }
+        };
+
+        // ---- prologue: the first two tiles, Q, and their S ----
+        // the boxes of the next pair's tiles (tile_begin + 2j + 2, + 3), read a pair ahead by warp
+        // 0 of each warpgroup
+        int row_n0 = -1, row_n1 = -1;
+        if (wr == 0 && lane < boxes) {
+            if (n > 0) row_n0 = box_row(tile_begin, lane);
+            if (n > 1) row_n1 = box_row(tile_begin + 1, lane);
+        }
+        if (wg == 0) {
+            if (n > 0) load_blocks(0, row_n0, 0, kBlocks, false, true);
+            if (n > 1) load_blocks(1, row_n1, 0, kBlocks, false, true);
+        }
+        // (the thread index read afresh: else load_q's first addresses live through the tile loop)
+        load_q(p, sQ, seq_row0, row_base, row_limit, decode::thread_index(), kThreads);
+        decode::cp_async_commit();
+        if (wg == 0 && t4 == 0) sM[r0] = sM[r0 + 8] = -INFINITY;
+        decode::cp_async_wait<0>();
+        fence_proxy_async();
+        __syncthreads();  // Q and sM
+
+        float o[128];
+#pragma unroll
+        for (int i = 0; i < 128; ++i) o[i] = 0.0f;
+        float l[2] = {0.0f, 0.0f};
+        float s[kSRegs];
+#pragma unroll
+        for (int e = 0; e < kSRegs; ++e) s[e] = 0.0f;
+        if (n > wg) {
+            issue_s(s, wg, wg == 0 ? pairs_done : loads1, 0, kBlocks, true);
+            wgmma_wait0();
+            fence_regs(s);
+        }
+
+        for (int j = 0; 2 * j < n; ++j) {
+            const uint32_t par = (pairs_done + j) & 1;
+            const bool has1 = 2 * j + 1 < n, next0 = 2 * j + 2 < n, next1 = 2 * j + 3 < n;
+            const int t0 = tile_begin + 2 * j, t1 = t0 + 1;
+            const uint32_t ld0 = pairs_done + j, ld1 = loads1 + j;  // this pair's load numbers of K0, K1
+            if (wr == 0 && lane < boxes) {
+                if (next0) row_n0 = box_row(t0 + 2, lane);
+                if (next1) row_n1 = box_row(t1 + 2, lane);
+            }
+            if (wg == 0) {
+                // ---- softmax of S0 ----
+                float tmax[2], m_use[2], scale0[2];
+                tile_max(s, t0, sMask[0], true, tmax);
+#pragma unroll
+                for (int k = 0; k < 2; ++k) {
+                    const float m_prev = sM[r0 + 8 * k];
+                    const float m_new = fmaxf(m_prev, tmax[k]);
+                    m_use[k] = m_new == -INFINITY ? 0.0f : m_new;  // a row that saw nothing: p = 0, no NaN
+                    scale0[k] = exp2f(m_prev - m_use[k]);
+                    tmax[k] = m_new;
+                }
+                __syncwarp();
+                if (t4 == 0) {
+#pragma unroll
+                    for (int k = 0; k < 2; ++k) {
+                        sScale0[r0 + 8 * k] = scale0[k];
+                        sM[r0 + 8 * k] = tmax[k];
+                    }
+                }
+                rescale_o(o, scale0[0], scale0[1]);
+                uint32_t pf[Tile / 16][4];
+                float sum[2] = {0.0f, 0.0f};
+#pragma unroll
+                for (int e = 0; e < kSRegs; e += 2) {
+                    const int k = (e >> 1) & 1;
+                    s[e] = exp2f(s[e] - m_use[k]);
+                    s[e + 1] = exp2f(s[e + 1] - m_use[k]);
+                    sum[k] += s[e] + s[e + 1];
+                    pf[e >> 3][2 * ((e >> 2) & 1) + k] = decode::pack_bf16(s[e], s[e + 1]);
+                }
+#pragma unroll
+                for (int k = 0; k < 2; ++k) l[k] = l[k] * scale0[k] + sum[k];
+                warp_arrive(scale0_ready);
+                if (is_tail(t0)) zero_tail(0, t0, ld0);
+                // ---- O_L += P0·V0_L (P0 from registers) ----
+                fence_regs(o);
+                wgmma_fence();
+                issue_pv_local(o, pf, 0);
+                // ---- while it runs: P0 relative to the pair's max, for WG1 ----
+                mbar_wait(scale1_ready, par);
+                const float sc1[2] = {sScale1[r0], sScale1[r0 + 8]};
+                store_p(s, 0, sc1[0], sc1[1]);
+                fence_proxy_async();
+                warp_arrive(p0_ready);
+                wgmma_wait0();
+                fence_regs(o);
+                if (next0) load_blocks(0, row_n0, 0, 4, false, true);  // V0_L and S of K0 are done
+                // ---- O_L += P1·V1_L ----
+                rescale_o(o, sc1[0], sc1[1]);
+#pragma unroll
+                for (int k = 0; k < 2; ++k) l[k] *= sc1[k];
+                if (has1) {
+                    if (is_tail(t1)) zero_tail(1, t1, ld1);
+                    mbar_wait(p1_ready, ld1 & 1);
+                    fence_regs(o);
+                    wgmma_fence();
+                    issue_pv_remote(o, 1);
+                    // K1's refill as soon as P1·V1_L is done: S of the next K1 waits for it, so it
+                    // must not queue behind S of the next K0 (which waits for K0's own refill)
+                    wgmma_wait0();
+                    fence_regs(o);
+                    if (next1) load_blocks(1, row_n1, 0, 4, true, true);
+                }
+                // ---- S of the next K0 ----
+                if (next0) {
+                    issue_s(s, 0, ld0 + 1, 0, 4, true);  // refilled by WG0 itself, early
+                    issue_s(s, 0, ld0 + 1, 4, kBlocks, false);
+                    wgmma_wait0();
+                    fence_regs(s);
+                }
+            } else {
+                // ---- softmax of S1 (none when the pair has no K1 tile) ----
+                mbar_wait(scale0_ready, par);
+                float tmax[2], m_use[2], scale1[2], f[2];
+                tile_max(s, t1, sMask[1], has1, tmax);
+#pragma unroll
+                for (int k = 0; k < 2; ++k) {
+                    const float m_prev = sM[r0 + 8 * k];  // m0 of this pair
+                    const float m_new = fmaxf(m_prev, tmax[k]);
+                    m_use[k] = m_new == -INFINITY ? 0.0f : m_new;
+                    scale1[k] = exp2f(m_prev - m_use[k]);
+                    f[k] = sScale0[r0 + 8 * k] * scale1[k];  // O_R was relative to the previous pair's max
+                    tmax[k] = m_new;
+                }
+                __syncwarp();
+                if (t4 == 0) {
+#pragma unroll
+                    for (int k = 0; k < 2; ++k) {
+                        sScale1[r0 + 8 * k] = scale1[k];
+                        sM[r0 + 8 * k] = tmax[k];
+                    }
+                }
+                rescale_o(o, f[0], f[1]);
+                uint32_t pf[Tile / 16][4];
+                float sum[2] = {0.0f, 0.0f};
+#pragma unroll
+                for (int e = 0; e < kSRegs; e += 2) {
+                    const int k = (e >> 1) & 1;
+                    s[e] = exp2f(s[e] - m_use[k]);
+                    s[e + 1] = exp2f(s[e + 1] - m_use[k]);
+                    sum[k] += s[e] + s[e + 1];
+                    pf[e >> 3][2 * ((e >> 2) & 1) + k] = decode::pack_bf16(s[e], s[e + 1]);
+                }
+#pragma unroll
+                for (int k = 0; k < 2; ++k) l[k] = l[k] * f[k] + sum[k];
+                warp_arrive(scale1_ready);
+                // ---- O_R += P1·V1_R (P1 from registers), then O_R += P0·V0_R ----
+                fence_regs(o);
+                if (has1) {
+                    store_p(s, 1, 1.0f, 1.0f);
+                    fence_proxy_async();
+                    warp_arrive(p1_ready);
+                    if (is_tail(t1)) zero_tail(1, t1, ld1);
+                    wgmma_fence();
+                    issue_pv_local(o, pf, 1);
+                }
+                if (is_tail(t0)) zero_tail(0, t0, ld0);
+                mbar_wait(p0_ready, par);
+                wgmma_fence();
+                issue_pv_remote(o, 0);
+                // ---- refills as each half is done, then S of the next K1 ----
+                if (has1 && next1) {
+                    wgmma_wait<1>();
+                    load_blocks(1, row_n1, 4, 8, false, false);  // V1_R
+                }
+                wgmma_wait0();
+                fence_regs(o);
+                if (next0) load_blocks(0, row_n0, 4, kBlocks, false, false);  // V0_R and P0
+                if (next1) {
+                    // blocks 4..7 first (WG1 refilled them before its remote P·V), 8 and 0..3
+                    // last (WG0 refills them once its P1·V1_L is done): their load hides
+                    // behind the first five blocks' products
+                    issue_s(s, 1, ld1 + 1, 4, kBlocks, true);
+                    issue_s(s, 1, ld1 + 1, 0, 4, false);
+                    wgmma_wait0();
+                    fence_regs(s);
+                }
+            }
+        }
+        const int npairs = (n + 1) / 2;
+        pairs_done += npairs;
+        loads1 += n / 2;
+
+        // ---- write: l = both warpgroups' sums, m the pair's final max ----
+        const float lt[2] = {row_total(l[0]), row_total(l[1])};
+        if (t4 == 0) {
+            sL[wg * kRows + r0] = lt[0];
+            sL[wg * kRows + r0 + 8] = lt[1];
+        }
+        __syncthreads();
+        float l_row[2], m_row[2];
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+            l_row[k] = sL[r0 + 8 * k] + sL[kRows + r0 + 8 * k];
+            m_row[k] = sM[r0 + 8 * k];
+        }
+        // the CTA's rows read afresh (blockIdx.x is the row block of a dense CTA): else the row
+        // count is kept live through the tile loop, which has no register to spare
+        int rb;
+        asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(rb));
+        const int limit = min(kRows, seq_rows - rb * kRows);
+        decode::write_rows(p, pc.slot, seq_row0, seq_rows, rb * kRows, limit, r0, wg * 256 + 2 * t4, wg == 0 && t4 == 0,
+                           l_row, m_row, [&](int c, int e) { return o[4 * c + e]; });
+    });
+#elif defined(__CUDA_ARCH__)
+    __trap();  // sm_90a only: the launcher never picks this family elsewhere
+#endif
+}
+
+}  // namespace dcp
