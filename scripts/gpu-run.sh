@@ -44,8 +44,8 @@ run_tests() {
 case "$mode" in
   tests) run_tests '*' ;;
   sanitize)
-    # Timing loops and the 8.6 GB buffer test take far too long under the sanitizer.
-    skips+=(--skip timing_smoke --skip beyond_2_pow_31)
+    # The 8.6 GB buffer test takes far too long under the sanitizer.
+    skips+=(--skip beyond_2_pow_31)
     # Only the binaries that launch kernels.
     run_tests 'gpu_*' compute-sanitizer --tool memcheck --error-exitcode 99
     run_tests 'gpu_*' compute-sanitizer --tool racecheck --error-exitcode 99 ;;

@@ -118,12 +118,12 @@ fn plan_json_agrees_with_the_planner() {
         let h = d * h_l;
         let w = &v["workspace"];
         assert_eq!(w["heads"], h);
-        assert_eq!(w["partial_out"], workspace::decode_out_f32_bytes(b, q, h));
-        assert_eq!(w["merge_ag_rs"], workspace::merge_ag_rs_bytes(d, b * q, h_l));
-        assert_eq!(w["merge_a2a"], workspace::merge_a2a_bytes(d, b * q, h_l));
-        assert_eq!(w["topk_bytes"], workspace::topk_bytes(d, b * q, 2048));
+        assert_eq!(w["partial_out"], workspace::decode_out_f32_bytes(b, q, h).unwrap());
+        assert_eq!(w["merge_ag_rs"], workspace::merge_ag_rs_bytes(d, b * q, h_l).unwrap());
+        assert_eq!(w["merge_a2a"], workspace::merge_a2a_bytes(d, b * q, h_l).unwrap());
+        assert_eq!(w["topk_bytes"], workspace::topk_bytes(d, b * q, 2048).unwrap());
         let split = [false, true]
-            .map(|sparse| decode_workspace_bytes(b, q, h, sparse, decode_num_splits(b, q, h, sparse, 132)))
+            .map(|sparse| decode_workspace_bytes(b, q, h, sparse, decode_num_splits(b, q, h, sparse, 132)).unwrap())
             .into_iter()
             .max()
             .unwrap() as u64;
@@ -223,4 +223,25 @@ fn gpu_demo_passes_its_check() {
     let (out, err) = text(&o);
     assert!(o.status.success(), "{out}\n{err}");
     assert!(out.contains("on the GPU") && out.contains("check: PASS"), "{out}");
+}
+
+#[test]
+fn bad_counts_are_refused_by_option_name_without_a_crash() {
+    for (args, needle) in [
+        (&["plan", "--tp", "0"][..], "--tp"),
+        (&["plan", "--context", "0"][..], "--context"),
+        (&["plan", "--context-requests", "0"][..], "--context-requests"),
+        (&["plan", "--tp", "-1"][..], "--tp"),
+        (&["demo", "--cpu", "--batch", "-3"][..], "--batch"),
+        // the same bound as demo's: the kernels' lengths are int32
+        (&["plan", "--context", "1099511627776"][..], "context"),
+        // refused before anything is allocated (used to abort on a 3.9 TB allocation)
+        (&["demo", "--cpu", "--context", "2147483647"][..], "host memory"),
+    ] {
+        let o = run(args);
+        let (out, err) = text(&o);
+        assert!(!o.status.success(), "{args:?} was accepted: {out}");
+        assert!(err.contains(needle), "{args:?}: the error should name {needle:?}: {err}");
+        assert!(!err.contains("panicked") && !err.contains("backtrace"), "{args:?} crashed: {err}");
+    }
 }

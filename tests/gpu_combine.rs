@@ -367,7 +367,7 @@ fn run_a2a(c: &A2aCase, rng: &mut Rng) {
     let want = oracle(&p, c.base);
     let tag = format!("a2a D={d} T={t} H_l={h_l} {:?} f32_in={} f32_out={}", c.base, c.f32_in, c.f32_out);
     let tight = a2a_slot_bytes(t, h_l);
-    let slot = a2a_aligned_slot_bytes(t, h_l);
+    let slot = a2a_aligned_slot_bytes(t, h_l).unwrap();
 
     let mut sends = Vec::with_capacity(d);
     let mut ref_sends = Vec::with_capacity(d);
@@ -528,7 +528,7 @@ fn graph_replay_reads_new_lse() {
     let (d, t, h_l) = (4, 32, 8);
     let h = d * h_l;
     let rows = t * h_l;
-    let slot = a2a_aligned_slot_bytes(t, h_l);
+    let slot = a2a_aligned_slot_bytes(t, h_l).unwrap();
     assert_eq!(slot, a2a_slot_bytes(t, h_l));
 
     let mut d_ag_out = upload(&s, &vec![bf16::ZERO; t * h * D_V]);

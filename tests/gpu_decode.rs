@@ -10,9 +10,9 @@ use dcp_mla::formats::{encode_fp8_row, KvFormat, D_LATENT, D_QK, D_V};
 use dcp_mla::ops::decode::*;
 use dcp_mla::planner::schedule;
 use dcp_mla::reference::attention::{decode_oracle, QueryShape, Selection};
-use dcp_mla::reference::tolerance::{check_attention, AttentionOracle};
 use dcp_mla::reference::fill::PagedCache;
 use dcp_mla::reference::merge::merge_f64;
+use dcp_mla::reference::tolerance::{check_attention, AttentionOracle};
 use dcp_mla::runtime::{DeviceSlice, Stream};
 use dcp_mla::{DcpLayout, Error, LseBase};
 use half::bf16;
@@ -112,7 +112,7 @@ impl DevOut {
     fn new(shape: QueryShape, splits: usize, f32_out: bool) -> Self {
         let s = stream();
         let rows = shape.batch * shape.rows * shape.heads;
-        let ws = |sparse| decode_workspace_bytes(shape.batch, shape.rows, shape.heads, sparse, splits);
+        let ws = |sparse| decode_workspace_bytes(shape.batch, shape.rows, shape.heads, sparse, splits).unwrap();
         let ws_bytes = ws(false).max(ws(true)).max(16);
         DevOut {
             out_bf16: upload(&s, &vec![bf16::NAN; rows * D_V]),
@@ -314,8 +314,7 @@ fn dense_bf16_matches_reference() {
         let tokens: Vec<usize> = lens.chunks(nq).map(|r| *r.iter().max().unwrap() as usize).collect();
         let hc = dense_cache(&mut rng, KvFormat::Bf16, block_size, &tokens);
         let q = random_q(&mut rng, shape);
-        let want =
-            decode_oracle(&q, shape, &hc.paged(), &hc.bytes, &Selection::Dense { lens: &lens }, default_scale());
+        let want = decode_oracle(&q, shape, &hc.paged(), &hc.bytes, &Selection::Dense { lens: &lens }, default_scale());
         let auto = decode_num_splits(shape.batch, nq, heads, false, sms);
         for path in dense_paths() {
             for (splits, f32_out) in [(1, n % 2 == 0), (auto, n % 2 == 1), (7, false)] {
@@ -344,8 +343,7 @@ fn dense_invalid_pages_are_skipped() {
             hc.table[i * hc.stride + c] = if c % 2 == 0 { -1 } else { bad };
         }
         let q = random_q(&mut rng, shape);
-        let want =
-            decode_oracle(&q, shape, &hc.paged(), &hc.bytes, &Selection::Dense { lens: &lens }, default_scale());
+        let want = decode_oracle(&q, shape, &hc.paged(), &hc.bytes, &Selection::Dense { lens: &lens }, default_scale());
         for path in dense_paths() {
             for splits in [1, 5] {
                 let (out, lse) = launch_dense(path, &hc, &q, shape, &lens, splits, false);
@@ -585,8 +583,8 @@ fn graph_replay_case(path: DecodePath) {
     let d_scache = s.clone_htod(&shc.bytes).unwrap();
     let mut d_idx = s.clone_htod(&idx_a).unwrap();
     let rows = shape.batch * shape.rows * shape.heads;
-    let ws_bytes = decode_workspace_bytes(shape.batch, shape.rows, shape.heads, false, splits);
-    let sws_bytes = decode_workspace_bytes(shape.batch, shape.rows, shape.heads, true, splits);
+    let ws_bytes = decode_workspace_bytes(shape.batch, shape.rows, shape.heads, false, splits).unwrap();
+    let sws_bytes = decode_workspace_bytes(shape.batch, shape.rows, shape.heads, true, splits).unwrap();
     let mut d_out = s.clone_htod(&vec![bf16::NAN; rows * D_V]).unwrap();
     let d_lse = s.clone_htod(&vec![f32::NAN; rows]).unwrap();
     let d_sout = s.clone_htod(&vec![f32::NAN; rows * D_V]).unwrap();

@@ -17,8 +17,8 @@ use dcp_mla::dcp::{
 };
 use dcp_mla::formats::{KvFormat, D_LATENT, D_QK, D_ROPE};
 use dcp_mla::reference::attention::{decode_oracle, QueryShape, Selection};
-use dcp_mla::reference::tolerance::{check_attention, AttentionOracle, OUT_ELEMENT_FACTOR};
 use dcp_mla::reference::fill::{fill, FillInput, PagedCache};
+use dcp_mla::reference::tolerance::{check_attention, AttentionOracle, OUT_ELEMENT_FACTOR};
 use dcp_mla::reference::topk::local_topk;
 use dcp_mla::runtime::{Device, DeviceSlice, Stream};
 use dcp_mla::DcpLayout;

@@ -6,12 +6,12 @@
 use dcp_mla::formats::{decode_fp8_row_bf16, encode_fp8_row, KvFormat, D_LATENT, D_QK, D_ROPE, D_V};
 use dcp_mla::planner::{causal_local_lens, plan_prefill_chunks, prefill_chunk_bytes};
 use dcp_mla::reference::attention::{decode_f32, decode_oracle, default_scale, QueryShape, Selection};
-use dcp_mla::reference::tolerance::{check_attention, AttentionOracle};
 use dcp_mla::reference::fill::{fill, FillInput, PagedCache};
 use dcp_mla::reference::merge::{
     a2a_combine, a2a_pack, a2a_slot_bytes, ag_rs_contribution, ag_rs_finish, merge, reduce_scatter, to_bf16,
 };
 use dcp_mla::reference::prefill::{flatten_chunk, reorder_chunk};
+use dcp_mla::reference::tolerance::{check_attention, AttentionOracle};
 use dcp_mla::reference::topk::{compact, PageTranslate};
 use dcp_mla::{DcpLayout, LseBase};
 use half::bf16;

@@ -88,8 +88,10 @@ extern "C" {
 // argument and the reason. The pointer stays valid until the next dcp_mla call on this thread.
 const char *dcp_mla_last_error(void);
 
-// The name of a status code, e.g. "DCP_MLA_STATUS_NO_DEVICE" (a static string).
-const char *dcp_mla_status_name(enum DcpMlaStatus status);
+// The name of a status code, e.g. "DCP_MLA_STATUS_NO_DEVICE" (a static string), or
+// "DCP_MLA_STATUS_UNKNOWN" for an integer that is no status. Takes the code as a plain int:
+// a C caller may pass any value, and an out-of-range value of a Rust enum is undefined behaviour.
+const char *dcp_mla_status_name(int32_t status);
 
 // The library version as a NUL-terminated string, e.g. "0.1.0".
 const char *dcp_mla_version(void);

@@ -336,20 +336,36 @@ pub extern "C" fn dcp_mla_last_error() -> *const c_char {
     LAST_ERROR.with(|e| e.borrow().as_ptr())
 }
 
-/// The name of a status code, e.g. "DCP_MLA_STATUS_NO_DEVICE" (a static string).
+/// The name of a status code, e.g. "DCP_MLA_STATUS_NO_DEVICE" (a static string), or
+/// "DCP_MLA_STATUS_UNKNOWN" for an integer that is no status. Takes the code as a plain int:
+/// a C caller may pass any value, and an out-of-range value of a Rust enum is undefined behaviour.
 #[no_mangle]
-pub extern "C" fn dcp_mla_status_name(status: DcpMlaStatus) -> *const c_char {
-    let s: &'static str = match status {
-        DcpMlaStatus::Success => "DCP_MLA_STATUS_SUCCESS\0",
-        DcpMlaStatus::InvalidArgument => "DCP_MLA_STATUS_INVALID_ARGUMENT\0",
-        DcpMlaStatus::NullPointer => "DCP_MLA_STATUS_NULL_POINTER\0",
-        DcpMlaStatus::Misaligned => "DCP_MLA_STATUS_MISALIGNED\0",
-        DcpMlaStatus::BadDtype => "DCP_MLA_STATUS_BAD_DTYPE\0",
-        DcpMlaStatus::InvalidConfig => "DCP_MLA_STATUS_INVALID_CONFIG\0",
-        DcpMlaStatus::Unsupported => "DCP_MLA_STATUS_UNSUPPORTED\0",
-        DcpMlaStatus::NoDevice => "DCP_MLA_STATUS_NO_DEVICE\0",
-        DcpMlaStatus::CudaError => "DCP_MLA_STATUS_CUDA_ERROR\0",
-        DcpMlaStatus::Internal => "DCP_MLA_STATUS_INTERNAL\0",
+pub extern "C" fn dcp_mla_status_name(status: i32) -> *const c_char {
+    use DcpMlaStatus::*;
+    let known = [
+        Success,
+        InvalidArgument,
+        NullPointer,
+        Misaligned,
+        BadDtype,
+        InvalidConfig,
+        Unsupported,
+        NoDevice,
+        CudaError,
+        Internal,
+    ];
+    let s: &'static str = match known.into_iter().find(|&k| k as i32 == status) {
+        Some(Success) => "DCP_MLA_STATUS_SUCCESS\0",
+        Some(InvalidArgument) => "DCP_MLA_STATUS_INVALID_ARGUMENT\0",
+        Some(NullPointer) => "DCP_MLA_STATUS_NULL_POINTER\0",
+        Some(Misaligned) => "DCP_MLA_STATUS_MISALIGNED\0",
+        Some(BadDtype) => "DCP_MLA_STATUS_BAD_DTYPE\0",
+        Some(InvalidConfig) => "DCP_MLA_STATUS_INVALID_CONFIG\0",
+        Some(Unsupported) => "DCP_MLA_STATUS_UNSUPPORTED\0",
+        Some(NoDevice) => "DCP_MLA_STATUS_NO_DEVICE\0",
+        Some(CudaError) => "DCP_MLA_STATUS_CUDA_ERROR\0",
+        Some(Internal) => "DCP_MLA_STATUS_INTERNAL\0",
+        None => "DCP_MLA_STATUS_UNKNOWN\0",
     };
     s.as_ptr().cast()
 }
@@ -683,10 +699,16 @@ mod tests {
 
     #[test]
     fn every_status_has_a_name() {
-        for s in [DcpMlaStatus::Success, DcpMlaStatus::Internal, DcpMlaStatus::NoDevice] {
+        let name = |s: i32| {
             // SAFETY: static NUL-terminated strings.
-            let n = unsafe { CStr::from_ptr(dcp_mla_status_name(s)) }.to_str().unwrap();
-            assert!(n.starts_with("DCP_MLA_STATUS_"), "{n}");
+            unsafe { CStr::from_ptr(dcp_mla_status_name(s)) }.to_str().unwrap()
+        };
+        assert_eq!(name(DcpMlaStatus::Success as i32), "DCP_MLA_STATUS_SUCCESS");
+        assert_eq!(name(DcpMlaStatus::NoDevice as i32), "DCP_MLA_STATUS_NO_DEVICE");
+        assert_eq!(name(DcpMlaStatus::Internal as i32), "DCP_MLA_STATUS_INTERNAL");
+        // integers that are no status: a name, not undefined behaviour
+        for bad in [-1, 10, 77, i32::MIN, i32::MAX] {
+            assert_eq!(name(bad), "DCP_MLA_STATUS_UNKNOWN", "{bad}");
         }
     }
 }

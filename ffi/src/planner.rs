@@ -212,7 +212,7 @@ pub unsafe extern "C" fn dcp_mla_decode_workspace_bytes(
     num_splits: usize,
     out: *mut usize,
 ) -> DcpMlaStatus {
-    guard(|| put("out", out, decode_workspace_bytes(batch, nq, heads, sparse != 0, num_splits)))
+    guard(|| put("out", out, decode_workspace_bytes(batch, nq, heads, sparse != 0, num_splits)?))
 }
 
 /// Bytes of one a2a slot (one destination's share of a [D, slot] send or receive buffer) for
@@ -226,7 +226,7 @@ pub unsafe extern "C" fn dcp_mla_a2a_slot_bytes(
     local_heads: usize,
     out: *mut usize,
 ) -> DcpMlaStatus {
-    guard(|| put("out", out, a2a_aligned_slot_bytes(num_tokens, local_heads)))
+    guard(|| put("out", out, a2a_aligned_slot_bytes(num_tokens, local_heads)?))
 }
 
 /// Bytes of the ag_rs combine buffers on one rank: the all-gathered lse [D, T, D·H_l], the
@@ -241,7 +241,7 @@ pub unsafe extern "C" fn dcp_mla_ag_rs_workspace_bytes(
     local_heads: usize,
     out: *mut u64,
 ) -> DcpMlaStatus {
-    guard(|| put("out", out, workspace::merge_ag_rs_bytes(dcp_size, num_tokens, local_heads)))
+    guard(|| put("out", out, workspace::merge_ag_rs_bytes(dcp_size, num_tokens, local_heads)?))
 }
 
 /// Bytes of the distributed top-k buffers of `rows` rows: local top-k, packed candidates, the
@@ -256,7 +256,7 @@ pub unsafe extern "C" fn dcp_mla_topk_workspace_bytes(
     k: usize,
     out: *mut u64,
 ) -> DcpMlaStatus {
-    guard(|| put("out", out, workspace::topk_bytes(dcp_size, rows, k)))
+    guard(|| put("out", out, workspace::topk_bytes(dcp_size, rows, k)?))
 }
 
 /// Plans the prefix gather of a prefill batch (SPEC.md §7) under a workspace budget: the chunk

@@ -82,6 +82,33 @@ fn success_clears_the_last_error_and_planner_queries_answer() {
 }
 
 #[test]
+fn workspace_queries_that_overflow_are_invalid_arguments_then_valid_ones_still_answer() {
+    let big = usize::MAX / 2;
+    let (mut n, mut u) = (0u64, 0usize);
+    // SAFETY: valid out-pointers throughout.
+    unsafe {
+        assert_status(dcp_mla_ag_rs_workspace_bytes(8, big, 16, &mut n), DcpMlaStatus::InvalidArgument, "`num_tokens`");
+        assert_status(dcp_mla_topk_workspace_bytes(4, big, 2048, &mut n), DcpMlaStatus::InvalidArgument, "`rows`");
+        assert_status(dcp_mla_a2a_slot_bytes(big, 3, &mut u), DcpMlaStatus::InvalidArgument, "`num_tokens`");
+        let s = dcp_mla_decode_workspace_bytes(4, 1, 64, 0, big, &mut u);
+        assert_status(s, DcpMlaStatus::InvalidArgument, "`num_splits`");
+        // and a valid query right after answers, with the last error cleared
+        assert_eq!(dcp_mla_topk_workspace_bytes(4, 128, 2048, &mut n), DcpMlaStatus::Success);
+        assert_eq!(n, dcp_mla::planner::workspace::topk_bytes(4, 128, 2048).unwrap());
+        assert_eq!(last(), "");
+    }
+}
+
+#[test]
+fn status_names_cover_unknown_integers() {
+    // SAFETY: static strings.
+    let name = |s: i32| unsafe { CStr::from_ptr(dcp_mla_status_name(s)) }.to_str().unwrap().to_string();
+    assert_eq!(name(DcpMlaStatus::InvalidArgument as i32), "DCP_MLA_STATUS_INVALID_ARGUMENT");
+    assert_eq!(name(-7), "DCP_MLA_STATUS_UNKNOWN");
+    assert_eq!(name(1000), "DCP_MLA_STATUS_UNKNOWN");
+}
+
+#[test]
 fn invalid_argument_names_the_argument() {
     let mut n = 0u64;
     // SAFETY: valid out-pointer.

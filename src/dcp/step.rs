@@ -303,7 +303,7 @@ impl<'a> DecodeStep<'a> {
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(|source| Error::Driver { call: "cuDeviceGetAttribute", source })? as usize;
         let num_splits = decode::decode_num_splits(cfg.batch, cfg.nq, h, sparse, sms);
-        let slot_bytes = a2a_aligned_slot_bytes(t, h_l);
+        let slot_bytes = a2a_aligned_slot_bytes(t, h_l)?;
         let cols = if sparse { cfg.local_capacity() } else { 0 };
         let cache_bytes = cfg.num_pages * cfg.block_size * cfg.attention.format().token_bytes();
         let mut keep: Vec<Box<dyn std::any::Any>> = Vec::new();
@@ -333,7 +333,7 @@ impl<'a> DecodeStep<'a> {
             q_all: scratch::<bf16>(s, t * h * D_QK, sc)?,
             attn_out: scratch::<f32>(s, t * h * D_V, sc)?,
             attn_lse: scratch::<f32>(s, t * h, sc)?,
-            split_ws: scratch::<u8>(s, decode::decode_workspace_bytes(cfg.batch, cfg.nq, h, sparse, num_splits), sc)?,
+            split_ws: scratch::<u8>(s, decode::decode_workspace_bytes(cfg.batch, cfg.nq, h, sparse, num_splits)?, sc)?,
             local_idx: scratch::<i32>(s, t * k, sc)?,
             cand_scores: scratch::<f32>(s, d * t * k, sc)?,
             cand_ids: scratch::<i32>(s, d * t * k, sc)?,

@@ -70,7 +70,7 @@ impl CombineRows {
 
 /// The a2a slot size the launchers accept: the planner's
 /// [`crate::planner::workspace::a2a_slot_bytes_aligned`].
-pub fn a2a_aligned_slot_bytes(num_tokens: usize, local_heads: usize) -> usize {
+pub fn a2a_aligned_slot_bytes(num_tokens: usize, local_heads: usize) -> Result<usize> {
     crate::planner::workspace::a2a_slot_bytes_aligned(num_tokens, local_heads)
 }
 
@@ -475,9 +475,9 @@ mod tests {
 
     #[test]
     fn aligned_slot_rounds_up_only_when_needed() {
-        assert_eq!(a2a_aligned_slot_bytes(128, 16), a2a_slot_bytes(128, 16));
-        assert_eq!(a2a_aligned_slot_bytes(1, 2), 2064);
-        assert_eq!(a2a_aligned_slot_bytes(1, 2) % 16, 0);
+        assert_eq!(a2a_aligned_slot_bytes(128, 16).unwrap(), a2a_slot_bytes(128, 16));
+        assert_eq!(a2a_aligned_slot_bytes(1, 2).unwrap(), 2064);
+        assert_eq!(a2a_aligned_slot_bytes(1, 2).unwrap() % 16, 0);
     }
 
     #[test]

@@ -156,8 +156,12 @@ pub fn decode_num_splits(batch: usize, nq: usize, heads: usize, sparse: bool, nu
 /// schedule's int64 unit prefix [sequences + 1], then fp32 partial out [2·num_splits, rows per
 /// sequence, 512] and lse [2·num_splits, rows per sequence]; 0 when `num_splits <= 1`.
 /// `sparse`: for [`mla_decode_sparse`] (a sequence is one query row).
-pub fn decode_workspace_bytes(batch: usize, nq: usize, heads: usize, sparse: bool, num_splits: usize) -> usize {
-    crate::planner::workspace::decode_split_bytes(batch, nq, heads, sparse, num_splits) as usize
+/// An error names the argument whose size does not fit (the product overflows 64 bits or the
+/// address range).
+pub fn decode_workspace_bytes(batch: usize, nq: usize, heads: usize, sparse: bool, num_splits: usize) -> Result<usize> {
+    let n = crate::planner::workspace::decode_split_bytes(batch, nq, heads, sparse, num_splits)?;
+    usize::try_from(n)
+        .map_err(|_| Error::arg("num_splits", format!("a workspace of {n} bytes exceeds the address range")))
 }
 
 /// Dynamic shared memory of one decode CTA for a cache format.
@@ -246,18 +250,35 @@ pub fn decode_sm90_shared_bytes(tile: usize, stages: usize, fp8: bool, schedule:
         Sm90Schedule::Roles => ROWS_PER_CTA * 4 + ROWS_PER_CTA * 8 + 6 * 8,
         // no flags: the running max, two scale factors, two warpgroups' row sums, two token
         // masks, and 2·9 + 4 + 2 mbarriers
-        Sm90Schedule::Seesaw => return 1024 + ROWS_PER_CTA * D_QK * 2 + stages * tile * D_QK * 2 + 5 * ROWS_PER_CTA * 4 + 16 + 24 * 8,
+        Sm90Schedule::Seesaw => {
+            return 1024 + ROWS_PER_CTA * D_QK * 2 + stages * tile * D_QK * 2 + 5 * ROWS_PER_CTA * 4 + 16 + 24 * 8
+        }
     };
     1024 + ROWS_PER_CTA * D_QK * 2 + stages * tile * D_QK * 2 + flags + raw + extra
 }
 
-fn env_path() -> Option<DecodePath> {
-    static PATH: std::sync::OnceLock<Option<DecodePath>> = std::sync::OnceLock::new();
-    *PATH.get_or_init(|| match std::env::var("DCP_MLA_DECODE_PATH").as_deref() {
-        Ok("mma") => Some(DecodePath::Mma),
-        Ok(s) => parse_wgmma_path(s),
-        _ => None,
-    })
+/// `DCP_MLA_DECODE_PATH` (read once): unset or empty is `None`; a value that names no shipped
+/// kernel is an error naming it and listing the valid ones, so a misspelling is never silently
+/// ignored.
+fn env_path() -> Result<Option<DecodePath>> {
+    static PATH: std::sync::OnceLock<std::result::Result<Option<DecodePath>, String>> = std::sync::OnceLock::new();
+    PATH.get_or_init(|| parse_env_path(std::env::var("DCP_MLA_DECODE_PATH").ok().as_deref()))
+        .clone()
+        .map_err(|reason| Error::arg("DCP_MLA_DECODE_PATH", reason))
+}
+
+fn parse_env_path(v: Option<&str>) -> std::result::Result<Option<DecodePath>, String> {
+    match v {
+        None | Some("") => Ok(None),
+        Some("mma") => Ok(Some(DecodePath::Mma)),
+        Some(s) => parse_wgmma_path(s).map(Some).ok_or_else(|| {
+            let mut valid = vec!["mma".to_string(), "wgmma".to_string()];
+            let mut shapes: Vec<(u32, u32, Sm90Schedule)> = SM90_VARIANTS.to_vec();
+            shapes.extend(SM90_SPARSE_VARIANTS.iter().map(|v| (v.1, v.2, v.3)).filter(|v| !SM90_VARIANTS.contains(v)));
+            valid.extend(shapes.iter().map(|(t, st, sc)| format!("wgmma-{}-{t}x{st}", sc.name())));
+            format!("{s:?} names no decode kernel; valid: {}", valid.join(", "))
+        }),
+    }
 }
 
 /// `wgmma` (the default variant) or `wgmma-<schedule>-<tile>x<stages>` naming one of
@@ -337,7 +358,8 @@ fn decode_kernel(dev: &Device, format: KvFormat, sparse: bool, path: DecodePath)
     match path {
         DecodePath::Mma => mma(),
         DecodePath::Wgmma { tile, stages, schedule } => wgmma(tile, stages, schedule),
-        DecodePath::Auto => match env_path() {
+        // (an invalid DCP_MLA_DECODE_PATH was refused by the launcher before this)
+        DecodePath::Auto => match env_path().ok().flatten() {
             Some(DecodePath::Mma) => mma(),
             Some(DecodePath::Wgmma { tile, stages, schedule }) => {
                 wgmma(tile, stages, schedule).or_else(default).or_else(mma)
@@ -355,46 +377,17 @@ pub fn mla_decode_dense(dev: &Device, stream: Stream, a: &DenseDecode) -> Result
 
 /// [`mla_decode_dense`] on a chosen kernel; `Error::Unsupported` when it cannot run on `dev`.
 pub fn mla_decode_dense_on(dev: &Device, stream: Stream, a: &DenseDecode, path: DecodePath) -> Result<()> {
-    let mut params = validate_common(&a.common, false)?;
-    let c = &a.common;
-    let rows = c.batch * c.nq;
-    check_cache("cache", &a.cache, a.num_pages, a.block_size, KvFormat::Bf16)?;
-    ensure_arg!(
-        a.max_pages <= a.block_table_stride,
-        "max_pages",
-        "{} exceeds the block-table stride {}",
-        a.max_pages,
-        a.block_table_stride
-    );
-    let bt_need = if c.batch == 0 { 0 } else { (c.batch - 1) * a.block_table_stride + a.max_pages };
-    ensure_arg!(
-        a.block_table.len() >= bt_need,
-        "block_table",
-        "holds {} entries but {} rows need {bt_need}",
-        a.block_table.len(),
-        c.batch
-    );
-    ensure_arg!(
-        a.max_pages.checked_mul(a.block_size).is_some_and(|n| n <= i32::MAX as usize),
-        "max_pages",
-        "{} pages of {} tokens exceed the int32 lengths",
-        a.max_pages,
-        a.block_size
-    );
-    ensure_arg!(a.lens.len() >= rows, "lens", "holds {} entries but [batch, nq] needs {rows}", a.lens.len());
-    params.cache = a.cache.ptr();
-    params.block_table = a.block_table.ptr();
-    params.block_table_stride = a.block_table_stride as i64;
-    params.lens = a.lens.ptr();
-    params.num_pages = to_i32("num_pages", a.num_pages)?;
-    params.block_size = to_i32("block_size", a.block_size)?;
-    params.max_pages = to_i32("max_pages", a.max_pages)?;
+    let mut params = dense_params(a)?;
+    if path == DecodePath::Auto {
+        env_path()?;
+    }
     let mut kernel = decode_kernel(dev, KvFormat::Bf16, false, path)
         .ok_or_else(|| Error::Unsupported(format!("mla_decode dense on {path:?}")))?;
     let tma = tma_enabled() && dense_tma_fits(a.num_pages, a.block_size);
     if kernel.needs_tensor_map && !tma {
         // the seesaw schedule loads only by TMA: this cache's pages take the roles schedule
-        kernel = decode_kernel(dev, KvFormat::Bf16, false, DecodePath::Wgmma { tile: 64, stages: 2, schedule: Sm90Schedule::Roles })
+        let roles = DecodePath::Wgmma { tile: 64, stages: 2, schedule: Sm90Schedule::Roles };
+        kernel = decode_kernel(dev, KvFormat::Bf16, false, roles)
             .ok_or_else(|| Error::Unsupported("mla_decode dense roles schedule".into()))?;
     }
     if kernel.takes_tensor_map && tma {
@@ -406,7 +399,50 @@ pub fn mla_decode_dense_on(dev: &Device, stream: Stream, a: &DenseDecode, path: 
         params.kv_tmap = tensor_map_bf16_2d(a.cache.ptr(), rows, D_QK as u64, (D_QK * 2) as u64, 64, box_rows)?;
         params.kv_tma = 1;
     }
-    launch(dev, stream, &kernel, c, &mut params, false)
+    launch(dev, stream, &kernel, &a.common, &mut params, false)
+}
+
+/// Tokens a decode CTA may iterate over at most: its tile counts are int32 sums of a length and
+/// a tile (≤ 64) on the device, so lengths stay this far below INT32_MAX.
+const MAX_DECODE_TOKENS: usize = i32::MAX as usize - 64;
+
+/// Every check of a dense launch, and its kernel parameters (without the kernel's tensor map).
+fn dense_params(a: &DenseDecode) -> Result<DcpMlaDecodeParams> {
+    let mut params = validate_common(&a.common, false)?;
+    let c = &a.common;
+    let rows = c.batch * c.nq;
+    check_cache("cache", &a.cache, a.num_pages, a.block_size, KvFormat::Bf16)?;
+    ensure_arg!(
+        a.max_pages <= a.block_table_stride,
+        "max_pages",
+        "{} exceeds the block-table stride {}",
+        a.max_pages,
+        a.block_table_stride
+    );
+    let bt_need = super::extent("block_table_stride", c.batch, a.block_table_stride, a.max_pages)?;
+    ensure_arg!(
+        a.block_table.len() >= bt_need,
+        "block_table",
+        "holds {} entries but {} rows need {bt_need}",
+        a.block_table.len(),
+        c.batch
+    );
+    ensure_arg!(
+        a.max_pages.checked_mul(a.block_size).is_some_and(|n| n <= MAX_DECODE_TOKENS),
+        "max_pages",
+        "{} pages of {} tokens exceed the kernels' int32 token counts (at most {MAX_DECODE_TOKENS})",
+        a.max_pages,
+        a.block_size
+    );
+    ensure_arg!(a.lens.len() >= rows, "lens", "holds {} entries but [batch, nq] needs {rows}", a.lens.len());
+    params.cache = a.cache.ptr();
+    params.block_table = a.block_table.ptr();
+    params.block_table_stride = a.block_table_stride as i64;
+    params.lens = a.lens.ptr();
+    params.num_pages = to_i32("num_pages", a.num_pages)?;
+    params.block_size = to_i32("block_size", a.block_size)?;
+    params.max_pages = to_i32("max_pages", a.max_pages)?;
+    Ok(params)
 }
 
 /// Whether the dense cache's shape lets whole tiles load by TMA: pages of a power-of-two size of
@@ -434,11 +470,23 @@ pub fn mla_decode_sparse(dev: &Device, stream: Stream, a: &SparseDecode) -> Resu
 
 /// [`mla_decode_sparse`] on a chosen kernel; `Error::Unsupported` when it cannot run on `dev`.
 pub fn mla_decode_sparse_on(dev: &Device, stream: Stream, a: &SparseDecode, path: DecodePath) -> Result<()> {
+    let mut params = sparse_params(a)?;
+    if path == DecodePath::Auto {
+        env_path()?;
+    }
+    let kernel = decode_kernel(dev, a.format, true, path)
+        .ok_or_else(|| Error::Unsupported(format!("mla_decode sparse {:?} on {path:?}", a.format)))?;
+    launch(dev, stream, &kernel, &a.common, &mut params, true)
+}
+
+/// Every check of a sparse launch, and its kernel parameters.
+fn sparse_params(a: &SparseDecode) -> Result<DcpMlaDecodeParams> {
     let mut params = validate_common(&a.common, true)?;
     let c = &a.common;
     let rows = c.batch * c.nq;
     check_cache("cache", &a.cache, a.num_pages, a.block_size, a.format)?;
     ensure_arg!(a.topk >= 1, "topk", "must be at least 1");
+    ensure_arg!(a.topk <= MAX_DECODE_TOKENS, "topk", "{} exceeds the kernels' int32 token counts", a.topk);
     let need = rows.checked_mul(a.topk);
     ensure_arg!(
         need.is_some_and(|n| a.indices.len() >= n),
@@ -455,9 +503,7 @@ pub fn mla_decode_sparse_on(dev: &Device, stream: Stream, a: &SparseDecode, path
     params.topk = to_i32("topk", a.topk)?;
     params.num_pages = to_i32("num_pages", a.num_pages)?;
     params.block_size = to_i32("block_size", a.block_size)?;
-    let kernel = decode_kernel(dev, a.format, true, path)
-        .ok_or_else(|| Error::Unsupported(format!("mla_decode sparse {:?} on {path:?}", a.format)))?;
-    launch(dev, stream, &kernel, c, &mut params, true)
+    Ok(params)
 }
 
 fn check_cache(
@@ -516,7 +562,7 @@ fn validate_common(c: &DecodeCommon, sparse: bool) -> Result<DcpMlaDecodeParams>
     ensure_arg!(c.out.ptr() % 16 == 0, "out", "pointer {:#x} is not 16-byte aligned", c.out.ptr());
     ensure_arg!(c.lse.len() >= rows, "lse", "holds {} elements but [batch, nq, heads] needs {rows}", c.lse.len());
     ensure_arg!(c.lse.ptr() % 4 == 0, "lse", "pointer {:#x} is not 4-byte aligned", c.lse.ptr());
-    let ws_need = decode_workspace_bytes(c.batch, c.nq, c.heads, sparse, c.num_splits);
+    let ws_need = decode_workspace_bytes(c.batch, c.nq, c.heads, sparse, c.num_splits)?;
     ensure_arg!(
         c.workspace.len() >= ws_need,
         "workspace",
@@ -614,6 +660,80 @@ fn launch(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ops::test_util::{arg_of, fake};
+
+    fn common(batch: usize, nq: usize, heads: usize) -> DecodeCommon {
+        let rows = batch * nq * heads;
+        DecodeCommon {
+            q: fake(rows * D_QK),
+            batch,
+            nq,
+            heads,
+            scale: default_scale(),
+            out: DecodeOut::Bf16(fake(rows * D_V)),
+            lse: fake(rows),
+            num_splits: 1,
+            workspace: fake(0),
+        }
+    }
+
+    fn dense(batch: usize, stride: usize, max_pages: usize, block_size: usize) -> DenseDecode {
+        DenseDecode {
+            common: common(batch, 1, 16),
+            cache: fake(4 * block_size * D_QK * 2),
+            num_pages: 4,
+            block_size,
+            block_table: fake(1 << 40),
+            block_table_stride: stride,
+            max_pages,
+            lens: fake(batch),
+        }
+    }
+
+    #[test]
+    fn dense_sizes_that_wrap_or_overflow_int32_counts_are_refused() {
+        assert!(dense_params(&dense(4, 100, 100, 64)).is_ok());
+        // (batch − 1)·stride + max_pages wraps past usize::MAX to a small count in release builds
+        let e = dense_params(&dense(2, usize::MAX - 10, 20, 64)).unwrap_err();
+        assert_eq!(arg_of(e), "block_table_stride");
+        // max_pages·B within 64 of INT32_MAX: the device's tile counts (n + tile − 1) would wrap
+        let e = dense_params(&dense(1, 1 << 25, (i32::MAX as usize) / 64, 64)).unwrap_err();
+        assert_eq!(arg_of(e), "max_pages");
+        assert!(dense_params(&dense(1, 1 << 25, (i32::MAX as usize - 64) / 64, 64)).is_ok());
+    }
+
+    #[test]
+    fn decode_path_values_are_parsed_or_refused_by_name() {
+        assert_eq!(parse_env_path(None), Ok(None));
+        assert_eq!(parse_env_path(Some("")), Ok(None));
+        assert_eq!(parse_env_path(Some("mma")), Ok(Some(DecodePath::Mma)));
+        let (tile, stages, schedule) = SM90_VARIANTS[0];
+        assert_eq!(parse_env_path(Some("wgmma")), Ok(Some(DecodePath::Wgmma { tile, stages, schedule })));
+        assert_eq!(
+            parse_env_path(Some("wgmma-seesaw-64x2")),
+            Ok(Some(DecodePath::Wgmma { tile: 64, stages: 2, schedule: Sm90Schedule::Seesaw }))
+        );
+        for bad in ["wgmma-role-64x2", "wgmma-roles-64x3", "MMA", "wgmma-plain", "fast"] {
+            let e = parse_env_path(Some(bad)).unwrap_err();
+            assert!(e.contains(bad) && e.contains("wgmma-roles-64x2") && e.contains("mma"), "{e}");
+        }
+    }
+
+    #[test]
+    fn sparse_topk_near_int32_max_is_refused() {
+        let s = |topk: usize| SparseDecode {
+            common: common(1, 1, 16),
+            cache: fake(4 * 64 * D_QK * 2),
+            format: KvFormat::Bf16,
+            num_pages: 4,
+            block_size: 64,
+            indices: fake(1usize << 31),
+            topk,
+            topk_len: None,
+        };
+        assert!(sparse_params(&s(2048)).is_ok());
+        assert_eq!(arg_of(sparse_params(&s(i32::MAX as usize - 10)).unwrap_err()), "topk");
+    }
 
     #[test]
     fn parts_make_one_wave() {
@@ -638,11 +758,11 @@ mod tests {
 
     #[test]
     fn workspace_holds_the_prefix_and_two_slots_per_part() {
-        assert_eq!(decode_workspace_bytes(2, 3, 16, false, 1), 0);
+        assert_eq!(decode_workspace_bytes(2, 3, 16, false, 1).unwrap(), 0);
         // dense: 2 sequences of 48 rows; prefix of 3 int64 rounded up to 32 bytes
-        assert_eq!(decode_workspace_bytes(2, 3, 16, false, 5), 32 + 10 * 48 * 513 * 4);
+        assert_eq!(decode_workspace_bytes(2, 3, 16, false, 5).unwrap(), 32 + 10 * 48 * 513 * 4);
         // sparse: 6 sequences of 16 rows; prefix of 7 int64 = 56 -> 64 bytes
-        assert_eq!(decode_workspace_bytes(2, 3, 16, true, 5), 64 + 10 * 16 * 513 * 4);
+        assert_eq!(decode_workspace_bytes(2, 3, 16, true, 5).unwrap(), 64 + 10 * 16 * 513 * 4);
     }
 
     #[test]
@@ -677,7 +797,10 @@ mod tests {
         let base = 1024 + 73_728 + 2 * 64 * 1156;
         assert_eq!(decode_sm90_shared_bytes(64, 2, false, Sm90Schedule::Plain), base + 8192);
         assert_eq!(decode_sm90_shared_bytes(64, 2, false, Sm90Schedule::Roles), base + 256 + 512 + 48);
-        assert_eq!(decode_sm90_shared_bytes(64, 2, false, Sm90Schedule::Seesaw), 1024 + 73_728 + 2 * 73_728 + 1280 + 16 + 192);
+        assert_eq!(
+            decode_sm90_shared_bytes(64, 2, false, Sm90Schedule::Seesaw),
+            1024 + 73_728 + 2 * 73_728 + 1280 + 16 + 192
+        );
         assert_eq!(
             decode_sm90_shared_bytes(64, 1, true, Sm90Schedule::Plain),
             1024 + 73_728 + 64 * 1152 + 2 * 64 * 4 + 64 * 656 + 8192

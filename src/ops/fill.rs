@@ -79,7 +79,7 @@ fn validate(a: &KvFill) -> Result<DcpKvFillParams> {
         a.max_pages,
         a.block_table_stride
     );
-    let bt_need = if a.batch == 0 { 0 } else { (a.batch - 1) * a.block_table_stride + a.max_pages };
+    let bt_need = super::extent("block_table_stride", a.batch, a.block_table_stride, a.max_pages)?;
     ensure_arg!(
         a.block_table.len() >= bt_need,
         "block_table",

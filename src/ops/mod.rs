@@ -11,6 +11,20 @@ pub mod topk;
 use crate::error::{Error, Result};
 use crate::runtime::DeviceSlice;
 
+/// Elements that `rows` rows of `stride` elements address when the first `width` of each are
+/// read: (rows − 1)·stride + width (0 without rows), or an error naming `arg` when that, or the
+/// stride the kernels take as int64, does not fit. Caller sizes come from C callers on trust:
+/// a wrapped product would pass the length check and read outside the buffer.
+pub(crate) fn extent(arg: &'static str, rows: usize, stride: usize, width: usize) -> Result<usize> {
+    ensure_arg!(i64::try_from(stride).is_ok(), arg, "row stride {stride} exceeds the kernels' int64 range");
+    if rows == 0 {
+        return Ok(0);
+    }
+    (rows - 1).checked_mul(stride).and_then(|n| n.checked_add(width)).filter(|&n| i64::try_from(n).is_ok()).ok_or_else(
+        || Error::arg(arg, format!("{rows} rows of stride {stride} (width {width}) overflow the address range")),
+    )
+}
+
 /// Checks that `buf` holds `rows` rows of `stride` elements of which the first `width` are read,
 /// and that each row starts on a 16-byte boundary (the kernels use 16-byte vector accesses).
 pub(crate) fn check_rows<T>(
@@ -22,9 +36,14 @@ pub(crate) fn check_rows<T>(
 ) -> Result<()> {
     let size = std::mem::size_of::<T>();
     ensure_arg!(stride >= width, arg, "row stride {stride} is less than the row width {width}");
-    ensure_arg!((stride * size) % 16 == 0, arg, "row stride of {} bytes is not a multiple of 16", stride * size);
+    let stride_bytes = stride.checked_mul(size);
+    ensure_arg!(
+        stride_bytes.is_some_and(|b| b % 16 == 0),
+        arg,
+        "row stride of {stride} elements ({stride_bytes:?} bytes) is not a multiple of 16 bytes"
+    );
     ensure_arg!(buf.ptr() % 16 == 0 || rows == 0, arg, "pointer {:#x} is not 16-byte aligned", buf.ptr());
-    let need = if rows == 0 { 0 } else { (rows - 1) * stride + width };
+    let need = extent(arg, rows, stride, width)?;
     ensure_arg!(buf.len() >= need, arg, "holds {} elements but {rows} rows need {need}", buf.len());
     Ok(())
 }
@@ -32,6 +51,27 @@ pub(crate) fn check_rows<T>(
 /// Converts a host-side count to the kernels' int32, naming the argument when it does not fit.
 pub(crate) fn to_i32(arg: &'static str, v: usize) -> Result<i32> {
     i32::try_from(v).map_err(|_| Error::arg(arg, format!("{v} exceeds the kernels' int32 range")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::test_util::{arg_of, fake};
+    use super::*;
+
+    #[test]
+    fn wrapped_extents_are_refused() {
+        assert_eq!(extent("x", 0, 7, 5).unwrap(), 0);
+        assert_eq!(extent("x", 3, 10, 4).unwrap(), 24);
+        // (rows − 1)·stride fits, + width wraps: the case that used to pass as a tiny extent
+        assert_eq!(arg_of(extent("x", 2, usize::MAX - 10, 100).unwrap_err()), "x");
+        assert_eq!(arg_of(extent("x", 3, usize::MAX / 2 + 1, 1).unwrap_err()), "x");
+        // a stride the kernels' int64 cannot hold, even for one row
+        assert_eq!(arg_of(extent("x", 1, 1 << 63, 1).unwrap_err()), "x");
+        // check_rows: a stride whose byte size wraps to a multiple of 16
+        let s = usize::MAX / 4 + 1; // × 4 bytes = 2^64 ≡ 0
+        assert_eq!(arg_of(check_rows::<f32>("y", &fake(1 << 20), 2, s, 4).unwrap_err()), "y");
+        assert!(check_rows::<f32>("y", &fake(20), 2, 16, 4).is_ok());
+    }
 }
 
 /// Helpers for the launchers' host-side validation tests.

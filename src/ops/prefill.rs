@@ -100,7 +100,7 @@ fn flatten_params(a: &Flatten) -> Result<DcpPrefillFlattenParams> {
         a.max_pages,
         a.block_table_stride
     );
-    let bt_need = if a.batch == 0 { 0 } else { (a.batch - 1) * a.block_table_stride + a.max_pages };
+    let bt_need = super::extent("block_table_stride", a.batch, a.block_table_stride, a.max_pages)?;
     check_len("block_table", &a.block_table, bt_need)?;
     check_len("pieces", &a.pieces, a.max_pieces * PIECE_FIELDS)?;
     check_rows_out("out", &a.out, a.cap_rows)?;

@@ -281,13 +281,8 @@ fn check_len<T>(arg: &'static str, buf: &DeviceSlice<T>, need: usize) -> Result<
 /// `rows` rows of `stride` elements of which the first `cols` may be read (no alignment needed:
 /// scores are read one element at a time).
 fn check_extent<T>(arg: &'static str, buf: &DeviceSlice<T>, rows: usize, stride: usize, cols: usize) -> Result<()> {
-    let need = if rows == 0 || cols == 0 { Some(0) } else { (rows - 1).checked_mul(stride).map(|n| n + cols) };
-    ensure_arg!(
-        need.is_some_and(|n| buf.len() >= n),
-        arg,
-        "holds {} elements but {rows} rows of stride {stride} need {need:?}",
-        buf.len()
-    );
+    let need = if cols == 0 { 0 } else { super::extent(arg, rows, stride, cols)? };
+    ensure_arg!(buf.len() >= need, arg, "holds {} elements but {rows} rows of stride {stride} need {need}", buf.len());
     Ok(())
 }
 
@@ -305,6 +300,8 @@ mod tests {
         let stride = (1usize << 31) - (1 << 20);
         assert!(check_extent("scores", &fake::<f32>(stride + (1 << 21)), 2, stride, 1 << 21).is_ok());
         assert!(check_extent("scores", &fake::<f32>(0), 0, 7, 7).is_ok());
+        // (rows − 1)·stride + cols wraps to 89 in release builds: refused, naming the argument
+        assert_eq!(arg_of(check_extent("scores", &fake::<f32>(1000), 2, usize::MAX - 10, 100).unwrap_err()), "scores");
     }
 
     #[test]

@@ -240,10 +240,8 @@ pub fn ag_rs_finish(
     (out, lse)
 }
 
-/// Bytes of one a2a slot: `[T × H_l × 512 bf16 out][T × H_l fp32 lse]`.
-pub const fn a2a_slot_bytes(t: usize, h_l: usize) -> usize {
-    t * h_l * (D_V * 2 + 4)
-}
+/// Bytes of one a2a slot: `[T × H_l × 512 bf16 out][T × H_l fp32 lse]` (the planner's size).
+pub use crate::planner::workspace::a2a_slot_bytes;
 
 /// a2a send buffer of one source rank: [D destinations, slot_bytes], destination d carrying
 /// heads [d·H_l, (d+1)·H_l) of `out_r` bf16 [T, H, 512] and `lse_r` fp32 [T, H] (copied bit for

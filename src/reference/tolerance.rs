@@ -116,13 +116,18 @@ mod tests {
     use super::*;
 
     fn oracle() -> AttentionOracle {
-        AttentionOracle { out: vec![0.5, -0.25, 0.0, 1.0], lse: vec![1.0, f64::NEG_INFINITY], mean_abs_v: vec![1.0, 0.5, 0.5, 1.0] }
+        AttentionOracle {
+            out: vec![0.5, -0.25, 0.0, 1.0],
+            lse: vec![1.0, f64::NEG_INFINITY],
+            mean_abs_v: vec![1.0, 0.5, 0.5, 1.0],
+        }
     }
 
     #[test]
     fn accepts_errors_inside_the_bound_and_names_the_first_outside() {
         let o = oracle();
-        let ok = check_attention("t", [0.5 + 0.5 / 64.0 * 0.9 / 8.0, -0.25, 0.0, 1.0], [1.0 + 1e-5, f64::NEG_INFINITY], &o);
+        let ok =
+            check_attention("t", [0.5 + 0.5 / 64.0 * 0.9 / 8.0, -0.25, 0.0, 1.0], [1.0 + 1e-5, f64::NEG_INFINITY], &o);
         assert!(ok.is_ok(), "{ok:?}");
         // an element error of 2^-6·A_c·1.01: out of bounds, though relative L2 would pass
         let err = check_attention("t", [0.5, -0.25, 0.5 / 64.0 * 1.01, 1.0], [1.0, f64::NEG_INFINITY], &o).unwrap_err();

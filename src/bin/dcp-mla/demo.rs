@@ -2,14 +2,14 @@
 //! distributed top-k, D ranks simulated on one device (or on the CPU reference), checked against
 //! full attention computed in fp64 without DCP (SPEC.md §9 tolerances).
 
-use super::plan::{FormatArg, PlanArgs};
+use super::plan::{count, count64, FormatArg, PlanArgs};
 use clap::{Args, FromArgMatches};
 use dcp_mla::formats::{D_LATENT, D_QK, D_ROPE, D_V};
 use dcp_mla::planner::{self, causal_local_lens, DcpConfig, DcpLayout, MAX_Q_ROWS};
 use dcp_mla::reference::attention::{decode_f32, decode_oracle, default_scale, QueryShape, Selection};
-use dcp_mla::reference::tolerance::{AttentionOracle, LSE_ABS, LSE_REL, OUT_ELEMENT_FACTOR, OUT_REL_L2};
 use dcp_mla::reference::fill::{fill, FillInput, PagedCache};
 use dcp_mla::reference::merge::{ag_rs_contribution, ag_rs_finish, reduce_scatter, to_bf16};
+use dcp_mla::reference::tolerance::{AttentionOracle, LSE_ABS, LSE_REL, OUT_ELEMENT_FACTOR, OUT_REL_L2};
 use dcp_mla::reference::topk::{compact, global_merge, local_topk, pack_candidates, PageTranslate};
 use dcp_mla::rng::Rng;
 use dcp_mla::runtime::Device;
@@ -20,38 +20,38 @@ use std::time::Instant;
 #[derive(Debug, Clone, clap::Args)]
 pub struct DemoArgs {
     /// DCP size D: ranks that split the KV by token (simulated on one device).
-    #[arg(long, short = 'd', default_value_t = 4)]
+    #[arg(long, value_parser = count(), allow_negative_numbers = true, short = 'd', default_value_t = 4)]
     pub dcp: usize,
     /// Interleave I: runs of I consecutive tokens per rank (must divide the block size).
-    #[arg(long, short = 'i', default_value_t = 1)]
+    #[arg(long, value_parser = count(), allow_negative_numbers = true, short = 'i', default_value_t = 1)]
     pub interleave: usize,
     /// Tensor-parallel size (D must divide it).
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, value_parser = count(), allow_negative_numbers = true, default_value_t = 8)]
     pub tp: usize,
     /// Requests in the batch [default: 64 on a GPU, 2 on the CPU].
-    #[arg(long)]
+    #[arg(long, value_parser = count(), allow_negative_numbers = true)]
     pub batch: Option<usize>,
     /// Tokens of the longest request; the others are up to a quarter shorter [default: 32768 on a
     /// GPU, 4096 on the CPU].
-    #[arg(long)]
+    #[arg(long, value_parser = count64(), allow_negative_numbers = true)]
     pub context: Option<u64>,
     /// Query heads per TP rank H_l; attention sees H = D·H_l gathered heads.
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, value_parser = count(), allow_negative_numbers = true, default_value_t = 16)]
     pub local_heads: usize,
     /// Query rows per request (1 + MTP draft tokens).
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, value_parser = count(), allow_negative_numbers = true, default_value_t = 1)]
     pub q: usize,
     /// KV-cache format of the sparse path (the dense path is BF16).
     #[arg(long, value_enum, default_value = "fp8")]
     pub kv_format: FormatArg,
     /// Sparse top-k K (512 or 2048; D·K must be a multiple of 512).
-    #[arg(long, default_value_t = 2048)]
+    #[arg(long, value_parser = count(), allow_negative_numbers = true, default_value_t = 2048)]
     pub topk: usize,
     /// Tokens per page B.
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, value_parser = count(), allow_negative_numbers = true, default_value_t = 64)]
     pub block_size: usize,
     /// Requests checked against the fp64 reference on the GPU (the CPU run checks all).
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, value_parser = count(), allow_negative_numbers = true, default_value_t = 2)]
     pub check_requests: usize,
     /// Seed of the random inputs.
     #[arg(long, default_value_t = 1)]
@@ -129,6 +129,7 @@ impl Problem {
             return Err(format!("--context {context} is shorter than the q = {} new tokens", a.q));
         }
         planner::check_i32("context", context as u128).map_err(|e| e.to_string())?;
+        check_host_memory(batch, a.q, heads, context)?;
         let mut rng = Rng::new(a.seed);
         let lens: Vec<u64> = (0..batch)
             .map(|i| if i == 0 { context } else { (context - rng.below(context / 4 + 1)).max(a.q as u64) })
@@ -426,6 +427,36 @@ pub fn place(res: &mut PathOutput, r: usize, h: usize, h_l: usize, t: usize, out
     }
 }
 
+/// The host memory the demo's problem takes, estimated from its largest parts: per token c_kv and
+/// k_pe (bf16), its request and position, and the BF16 and FP8 caches the reference fills; per
+/// query row its q and its top-k scores over the context. An upper bound within a small factor.
+pub fn host_bytes(batch: usize, q: usize, heads: usize, context: u64) -> u128 {
+    let tokens = batch as u128 * context as u128;
+    let per_token = (D_LATENT + D_ROPE) as u128 * 2 + 8 + KvFormat::Bf16.token_bytes() as u128 + 656;
+    let rows = batch as u128 * q as u128;
+    tokens * per_token + rows * heads as u128 * D_QK as u128 * 2 + rows * context as u128 * 4
+}
+
+/// Refuses a problem that would not fit in this machine's available memory (MemAvailable of
+/// /proc/meminfo; no check where that cannot be read), before anything is allocated: an
+/// allocation failure aborts the process.
+fn check_host_memory(batch: usize, q: usize, heads: usize, context: u64) -> Result<(), String> {
+    let need = host_bytes(batch, q, heads, context);
+    let avail = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
+        let line = m.lines().find(|l| l.starts_with("MemAvailable:"))?;
+        Some(line.split_whitespace().nth(1)?.parse::<u128>().ok()? * 1024)
+    });
+    match avail {
+        Some(avail) if need > avail => Err(format!(
+            "--batch {batch} × --context {context} needs about {:.1} GiB of host memory, more than the {:.1} GiB \
+             available: use a smaller --batch or --context",
+            need as f64 / (1u64 << 30) as f64,
+            avail as f64 / (1u64 << 30) as f64
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// Errors of one path against the fp64 reference.
 #[derive(Debug, Default)]
 pub struct PathCheck {
@@ -449,7 +480,8 @@ fn compare(what: &str, got_out: &[f32], got_lse: &[f32], want: &AttentionOracle,
         let diff = (g - w).abs();
         c.max_abs = c.max_abs.max(diff);
         if diff > OUT_ELEMENT_FACTOR * a {
-            c.failures.push(format!("{what}: out[{e}] = {g}, want {w} (bound 2^-6·A_c = {:.2e})", OUT_ELEMENT_FACTOR * a));
+            c.failures
+                .push(format!("{what}: out[{e}] = {g}, want {w} (bound 2^-6·A_c = {:.2e})", OUT_ELEMENT_FACTOR * a));
         }
         err2 += diff * diff;
         ref2 += w * w;

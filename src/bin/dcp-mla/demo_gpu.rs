@@ -130,8 +130,13 @@ pub fn run_gpu(dev: &Device, p: &Problem) -> Result<Outputs> {
 
     let dense_splits = decode_num_splits(b, q, h, false, sms);
     let sparse_splits = decode_num_splits(b, q, h, true, sms);
-    let ws_bytes =
-        decode_workspace_bytes(b, q, h, false, dense_splits).max(decode_workspace_bytes(b, q, h, true, sparse_splits));
+    let ws_bytes = decode_workspace_bytes(b, q, h, false, dense_splits)?.max(decode_workspace_bytes(
+        b,
+        q,
+        h,
+        true,
+        sparse_splits,
+    )?);
     let ws = poisoned::<u8>(&s, ws_bytes, 0xff)?;
     let common = |out: &CudaSlice<f32>, lse: &CudaSlice<f32>, splits: usize| DecodeCommon {
         q: sl(&s, &d_query),

@@ -25,6 +25,18 @@ impl From<FormatArg> for KvFormat {
     }
 }
 
+/// A count option that must be at least 1 (clap names the option in its error). With
+/// `allow_negative_numbers` on the option, `-1` is read as its value and refused by name instead
+/// of being taken for an unknown flag.
+pub fn count() -> clap::builder::RangedU64ValueParser<usize> {
+    clap::builder::RangedU64ValueParser::<usize>::new().range(1..)
+}
+
+/// [`count`] for 64-bit counts (tokens, layers, requests).
+pub fn count64() -> clap::builder::RangedU64ValueParser<u64> {
+    clap::builder::RangedU64ValueParser::<u64>::new().range(1..)
+}
+
 #[derive(Debug, Clone, clap::Args)]
 pub struct PlanArgs {
     /// GPU memory per rank: bytes, or a number with a unit (KB, MB, GB, TB, KiB, MiB, GiB, TiB).
@@ -40,43 +52,43 @@ pub struct PlanArgs {
     #[arg(long, default_value_t = D_ROPE)]
     pub rope_dim: usize,
     /// Attention layers whose KV the cache holds (DeepSeek-V3: 61).
-    #[arg(long, default_value_t = 61)]
+    #[arg(long, value_parser = count64(), allow_negative_numbers = true, default_value_t = 61)]
     pub layers: u64,
     /// Tensor-parallel size.
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, value_parser = count(), allow_negative_numbers = true, default_value_t = 8)]
     pub tp: usize,
     /// DCP size D (must divide tp).
-    #[arg(long, short = 'd', default_value_t = 4)]
+    #[arg(long, value_parser = count(), allow_negative_numbers = true, short = 'd', default_value_t = 4)]
     pub dcp: usize,
     /// Interleave I: runs of I consecutive tokens per rank (must divide the block size).
-    #[arg(long, short = 'i', default_value_t = 1)]
+    #[arg(long, value_parser = count(), allow_negative_numbers = true, short = 'i', default_value_t = 1)]
     pub interleave: usize,
     /// KV-cache format.
     #[arg(long, value_enum, default_value = "fp8")]
     pub kv_format: FormatArg,
     /// Tokens per physical page (B).
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, value_parser = count(), allow_negative_numbers = true, default_value_t = 64)]
     pub block_size: usize,
     /// Largest decode batch (requests), for the workspace sizes.
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, value_parser = count(), allow_negative_numbers = true, default_value_t = 64)]
     pub max_batch: usize,
     /// Query rows per request (1 + MTP draft tokens).
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, value_parser = count(), allow_negative_numbers = true, default_value_t = 1)]
     pub q: usize,
     /// Query heads per TP rank (H_l); attention sees H = D·H_l.
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, value_parser = count(), allow_negative_numbers = true, default_value_t = 16)]
     pub local_heads: usize,
     /// Sparse top-k K (512 or 2048), for the top-k workspace.
-    #[arg(long, default_value_t = 2048)]
+    #[arg(long, value_parser = count(), allow_negative_numbers = true, default_value_t = 2048)]
     pub topk: usize,
     /// SMs of the GPU (H200: 132): sizes the decode's split-KV workspace.
-    #[arg(long, default_value_t = 132)]
+    #[arg(long, value_parser = count(), allow_negative_numbers = true, default_value_t = 132)]
     pub sms: usize,
     /// Context length (tokens per request) to find the smallest D for.
-    #[arg(long, default_value_t = 131072)]
+    #[arg(long, value_parser = count64(), allow_negative_numbers = true, default_value_t = 131072)]
     pub context: u64,
     /// Requests of `--context` tokens that must fit at once.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, value_parser = count64(), allow_negative_numbers = true, default_value_t = 1)]
     pub context_requests: u64,
     /// Print JSON instead of a table.
     #[arg(long)]
@@ -133,6 +145,8 @@ pub fn plan(a: &PlanArgs) -> Result<Value, String> {
     if a.sms == 0 {
         return Err("--sms must be at least 1".into());
     }
+    // the same bound as the demo's and the kernels': lengths are int32 on the device
+    planner::check_i32("context", a.context as u128).map_err(|e| e.to_string())?;
     let cfg = DcpConfig::new(a.tp, a.dcp, a.interleave, a.block_size).map_err(|e| e.to_string())?;
     let heads = planner::check_heads(a.dcp, a.local_heads).map_err(|e| e.to_string())?;
     planner::check_topk(a.dcp, a.topk).map_err(|e| e.to_string())?;
@@ -155,18 +169,18 @@ pub fn plan(a: &PlanArgs) -> Result<Value, String> {
     let t = b * q;
     let dense_splits = decode_num_splits(b, q, heads, false, a.sms);
     let sparse_splits = decode_num_splits(b, q, heads, true, a.sms);
-    let split_ws = decode_workspace_bytes(b, q, heads, false, dense_splits).max(decode_workspace_bytes(
-        b,
-        q,
-        heads,
-        true,
-        sparse_splits,
-    )) as u64;
-    let partial_out = workspace::decode_out_f32_bytes(b, q, heads);
-    let ag_rs = workspace::merge_ag_rs_bytes(d, t, h_l);
-    let a2a = workspace::merge_a2a_bytes(d, t, h_l);
-    let topk = workspace::topk_bytes(d, t, a.topk);
-    let total = partial_out + split_ws + ag_rs.max(a2a) + topk;
+    let e = |e: dcp_mla::Error| e.to_string();
+    let split_ws = decode_workspace_bytes(b, q, heads, false, dense_splits)
+        .map_err(e)?
+        .max(decode_workspace_bytes(b, q, heads, true, sparse_splits).map_err(e)?) as u64;
+    let partial_out = workspace::decode_out_f32_bytes(b, q, heads).map_err(e)?;
+    let ag_rs = workspace::merge_ag_rs_bytes(d, t, h_l).map_err(e)?;
+    let a2a = workspace::merge_a2a_bytes(d, t, h_l).map_err(e)?;
+    let topk = workspace::topk_bytes(d, t, a.topk).map_err(e)?;
+    let total = [split_ws, ag_rs.max(a2a), topk]
+        .into_iter()
+        .try_fold(partial_out, |acc, x| acc.checked_add(x))
+        .ok_or("the workspaces together overflow 64 bits")?;
 
     // the smallest D dividing tp for which the requests fit in the pages of one rank
     let min_d = (1..=a.tp).filter(|d| a.tp % d == 0).find(|&d| {
