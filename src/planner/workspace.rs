@@ -108,7 +108,7 @@ pub fn decode_split_bytes(b: usize, q: usize, h: usize, sparse: bool, parts: usi
         (b, checked("heads", "nq·heads", &[q, h], 0)?)
     };
     // the prefix: (seqs + 1) int64, rounded up to 16 bytes
-    let prefix = checked("batch", "the unit prefix", &[seqs.checked_add(1).unwrap_or(u64::MAX), 8], 15)? & !15;
+    let prefix = checked("batch", "the unit prefix", &[seqs.saturating_add(1), 8], 15)? & !15;
     sum(
         "num_splits",
         &[
