@@ -155,8 +155,8 @@ typedef struct DcpMergeTwoParams {
     uint64_t out;            /* bf16 or f32 [rows, 512]: written; may be exactly out_a or out_b */
     uint64_t lse_out;        /* f32 [rows]: written, natural log; may be exactly lse_a or lse_b */
     int64_t rows;            /* T · H */
-    int32_t lse_base2;
-    int32_t reserved;
+    int32_t lse_a_base2;     /* 1: lse_a is base 2; 0: natural log (SPEC §5.3: each input its own) */
+    int32_t lse_b_base2;     /* the same for lse_b */
 } DcpMergeTwoParams;
 
 /* Local top-k (SPEC.md §6): per row, the K best of the first len[row] scores by (score desc,

@@ -334,9 +334,12 @@ __device__ __forceinline__ void combine_merge_two(const DcpMergeTwoParams& p) {
         combine_load<E>(a + combine_offset<E>(g, lane), va[g]);
         combine_load<E>(b + combine_offset<E>(g, lane), vb[g]);
     }
-    float lse[2] = {((const float*)p.lse_a)[row], ((const float*)p.lse_b)[row]};
+    // each input in its own base (SPEC §5.3): both to λ (natural log, +inf and NaN as empty)
+    // first, then weighted as natural logs, as the reference does
+    float lse[2] = {combine_lambda(((const float*)p.lse_a)[row], p.lse_a_base2),
+                    combine_lambda(((const float*)p.lse_b)[row], p.lse_b_base2)};
     float coef[2];
-    const float merged = combine_weights<2>(lse, 2, p.lse_base2, coef);
+    const float merged = combine_weights<2>(lse, 2, 0, coef);
     // Every lane has read its share of the row (and lse) before any lane of the warp writes.
     __syncwarp();
     if (lane == 0) ((float*)p.lse_out)[row] = merged;

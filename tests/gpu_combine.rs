@@ -449,13 +449,20 @@ fn a2a_matches_reference() {
     }
 }
 
-/// Two-way merge of `rows` rows; `in_place` writes out over out_a and lse over lse_b.
-fn run_merge_two(rows: usize, base: LseBase, f32_out: bool, in_place: bool, rng: &mut Rng) {
+/// Two-way merge of `rows` rows, input a's lse in `base_a` and b's in `base_b` (SPEC §5.3: each
+/// its own); `in_place` writes out over out_a and lse over lse_b.
+fn run_merge_two(rows: usize, base_a: LseBase, base_b: LseBase, f32_out: bool, in_place: bool, rng: &mut Rng) {
     let (s, dev) = (stream(), gpu());
     let p = partials(rng, 2, rows, 1, false);
-    let want = oracle(&p, base);
-    let tag = format!("merge_two rows={rows} {base:?} f32_out={f32_out} in_place={in_place}");
-    let (ref_out, ref_lse) = ref_merge_two(p.rank_out(0), p.rank_lse(0), p.rank_out(1), p.rank_lse(1), base);
+    // the fp64 oracle sees both inputs in natural log, converted as SPEC §5 says (× ln 2 in fp32)
+    let natural = |l: f32, b: LseBase| if b == LseBase::Two { l * std::f32::consts::LN_2 } else { l };
+    let mut nat = Partials { d: 2, t: rows, h: 1, out: p.out.clone(), lse: p.lse.clone() };
+    for (i, l) in nat.lse.iter_mut().enumerate() {
+        *l = natural(*l, if i < rows { base_a } else { base_b });
+    }
+    let want = oracle(&nat, LseBase::E);
+    let tag = format!("merge_two rows={rows} {base_a:?}+{base_b:?} f32_out={f32_out} in_place={in_place}");
+    let (ref_out, ref_lse) = ref_merge_two(p.rank_out(0), p.rank_lse(0), base_a, p.rank_out(1), p.rank_lse(1), base_b);
 
     let d_out_a = upload(&s, p.rank_out(0));
     let d_lse_a = upload(&s, p.rank_lse(0));
@@ -468,7 +475,8 @@ fn run_merge_two(rows: usize, base: LseBase, f32_out: bool, in_place: bool, rng:
         lse_a: view(&s, &d_lse_a),
         out_b: view(&s, &d_out_b),
         lse_b: view(&s, &d_lse_b),
-        lse_base: base,
+        lse_a_base: base_a,
+        lse_b_base: base_b,
         out: if in_place { CombineRows::F32(view(&s, &d_out_a)) } else { d_out.view(&s) },
         lse: if in_place { view(&s, &d_lse_b) } else { view(&s, &d_lse) },
         rows,
@@ -488,13 +496,18 @@ fn run_merge_two(rows: usize, base: LseBase, f32_out: bool, in_place: bool, rng:
 #[ignore = "needs a CUDA GPU"]
 fn merge_two_matches_reference() {
     let mut rng = Rng::new(seed());
-    run_merge_two(16, LseBase::E, true, false, &mut rng);
-    run_merge_two(16, LseBase::Two, false, false, &mut rng);
-    run_merge_two(128 * 64, LseBase::Two, false, false, &mut rng);
-    run_merge_two(128 * 64, LseBase::E, true, false, &mut rng);
-    run_merge_two(4096 * 8, LseBase::E, true, false, &mut rng);
-    run_merge_two(4096 * 8, LseBase::Two, false, false, &mut rng);
-    run_merge_two(128 * 16, LseBase::E, true, true, &mut rng);
+    use LseBase::{Two, E};
+    run_merge_two(16, E, E, true, false, &mut rng);
+    run_merge_two(16, Two, Two, false, false, &mut rng);
+    run_merge_two(128 * 64, Two, Two, false, false, &mut rng);
+    run_merge_two(128 * 64, E, E, true, false, &mut rng);
+    run_merge_two(4096 * 8, E, E, true, false, &mut rng);
+    run_merge_two(4096 * 8, Two, Two, false, false, &mut rng);
+    run_merge_two(128 * 16, E, E, true, true, &mut rng);
+    // mixed bases: a natural-log running result merged with a base-2 chunk, and the reverse
+    run_merge_two(128 * 64, E, Two, true, false, &mut rng);
+    run_merge_two(128 * 64, Two, E, false, false, &mut rng);
+    run_merge_two(128 * 16, E, Two, true, true, &mut rng);
 }
 
 #[test]
@@ -508,7 +521,8 @@ fn launchers_reject_bad_arguments_before_launching() {
         lse_a: view(&s, &lse),
         out_b: view(&s, &buf),
         lse_b: view(&s, &lse),
-        lse_base: LseBase::E,
+        lse_a_base: LseBase::E,
+        lse_b_base: LseBase::E,
         out: CombineRows::F32(view(&s, &buf)),
         lse: view(&s, &lse),
         rows: 5,
@@ -570,7 +584,8 @@ fn graph_replay_reads_new_lse() {
         lse_a: view(&s, &d_m_lse_a),
         out_b: view(&s, &d_m_b),
         lse_b: view(&s, &d_m_lse_b),
-        lse_base: LseBase::E,
+        lse_a_base: LseBase::E,
+        lse_b_base: LseBase::E,
         out: CombineRows::F32(view(&s, &d_m_out)),
         lse: view(&s, &d_m_lse),
         rows,

@@ -129,7 +129,7 @@ int main(void) {
   CHECK(dcp_mla_malloc(dev, H * 4, &d_mlse));
   CHECK(dcp_mla_merge_two(dev, NULL, tensor(d_out[0], H * D_V, DCP_MLA_DTYPE_F32),
                           tensor(d_lse[0], H, DCP_MLA_DTYPE_F32), tensor(d_out[1], H * D_V, DCP_MLA_DTYPE_F32),
-                          tensor(d_lse[1], H, DCP_MLA_DTYPE_F32), DCP_MLA_LSE_BASE_E,
+                          tensor(d_lse[1], H, DCP_MLA_DTYPE_F32), DCP_MLA_LSE_BASE_E, DCP_MLA_LSE_BASE_E,
                           tensor(d_merged, H * D_V, DCP_MLA_DTYPE_F32), tensor(d_mlse, H, DCP_MLA_DTYPE_F32), H));
   CHECK(dcp_mla_synchronize(dev));
   float *out = malloc(H * D_V * 4), lse[16];
@@ -154,14 +154,19 @@ int main(void) {
     if (e > max_lse_err) max_lse_err = e;
     if (e > 1e-4) bad = 1;
     for (size_t d = 0; d < D_V; d++) {
-      double o = 0;
-      for (size_t t = 0; t < L; t++) o += exp(s_t[t] - m) / S * from_bf16(ckv[t * D_V + d]);
+      /* o and A = the softmax-weighted mean of |v|: SPEC §9 allows |err| <= 2^-6 * A */
+      double o = 0, a = 0;
+      for (size_t t = 0; t < L; t++) {
+        double v = from_bf16(ckv[t * D_V + d]), p = exp(s_t[t] - m) / S;
+        o += p * v;
+        a += p * fabs(v);
+      }
       double got = out[h * D_V + d], err = fabs(got - o);
       sum_dev += got;
       sum_host += o;
       sum_abs += fabs(o);
       if (err > max_err) max_err = err;
-      if (err > 2e-3 && err > fabs(o) * 2.0 / 128) bad = 1;
+      if (err > a / 64) bad = 1;
     }
   }
   int sum_ok = fabs(sum_dev - sum_host) <= 1e-3 * (sum_abs + 1);

@@ -362,7 +362,9 @@ enum DcpMlaStatus dcp_mla_a2a_combine(const struct DcpMlaDevice *device,
 // The two-way merge of chunked prefill (SPEC.md §5.3): (out_a, lse_a) + (out_b, lse_b) over
 // `rows` rows, f32 accumulation. An f32 `out` may be exactly `out_a` or `out_b` (in place).
 //
-// - `out_a`, `out_b`: f32 [rows, 512]; `lse_a`, `lse_b`: f32 [rows] in base `lse_base_code`.
+// - `out_a`, `out_b`: f32 [rows, 512]; `lse_a`, `lse_b`: f32 [rows], each in its own base
+//   (`lse_a_base_code`, `lse_b_base_code`: a running natural-log result merged with a base-2
+//   chunk is the normal case).
 // - `out`: bf16 or f32 [rows, 512]; `lse`: f32 [rows], natural log.
 //
 // # Safety
@@ -373,7 +375,8 @@ enum DcpMlaStatus dcp_mla_merge_two(const struct DcpMlaDevice *device,
                                     struct DcpMlaTensor lse_a,
                                     struct DcpMlaTensor out_b,
                                     struct DcpMlaTensor lse_b,
-                                    int32_t lse_base_code,
+                                    int32_t lse_a_base_code,
+                                    int32_t lse_b_base_code,
                                     struct DcpMlaTensor out,
                                     struct DcpMlaTensor lse,
                                     size_t rows);

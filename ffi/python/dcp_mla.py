@@ -250,8 +250,10 @@ class DcpMla:
         self.launch("dcp_mla_a2a_combine", recv, slot_bytes, lse_base, out, lse, num_tokens, local_heads,
                     dcp_size, stream=stream)
 
-    def merge_two(self, out_a, lse_a, out_b, lse_b, out, lse, *, lse_base, rows, stream=None):
-        self.launch("dcp_mla_merge_two", out_a, lse_a, out_b, lse_b, lse_base, out, lse, rows, stream=stream)
+    def merge_two(self, out_a, lse_a, out_b, lse_b, out, lse, *, lse_a_base, lse_b_base, rows, stream=None):
+        """Each input's lse in its own base (SPEC §5.3); the output lse is natural log."""
+        self.launch("dcp_mla_merge_two", out_a, lse_a, out_b, lse_b, lse_a_base, lse_b_base, out, lse, rows,
+                    stream=stream)
 
     def topk_local(self, scores, lens, out, *, k, cols=None, stream=None):
         """scores f32 [rows, stride]; lens int32 [rows]; out int32 [rows, k]."""

@@ -367,7 +367,9 @@ pub unsafe extern "C" fn dcp_mla_a2a_combine(
 /// The two-way merge of chunked prefill (SPEC.md §5.3): (out_a, lse_a) + (out_b, lse_b) over
 /// `rows` rows, f32 accumulation. An f32 `out` may be exactly `out_a` or `out_b` (in place).
 ///
-/// - `out_a`, `out_b`: f32 [rows, 512]; `lse_a`, `lse_b`: f32 [rows] in base `lse_base_code`.
+/// - `out_a`, `out_b`: f32 [rows, 512]; `lse_a`, `lse_b`: f32 [rows], each in its own base
+///   (`lse_a_base_code`, `lse_b_base_code`: a running natural-log result merged with a base-2
+///   chunk is the normal case).
 /// - `out`: bf16 or f32 [rows, 512]; `lse`: f32 [rows], natural log.
 ///
 /// # Safety
@@ -380,7 +382,8 @@ pub unsafe extern "C" fn dcp_mla_merge_two(
     lse_a: DcpMlaTensor,
     out_b: DcpMlaTensor,
     lse_b: DcpMlaTensor,
-    lse_base_code: i32,
+    lse_a_base_code: i32,
+    lse_b_base_code: i32,
     out: DcpMlaTensor,
     lse: DcpMlaTensor,
     rows: usize,
@@ -391,7 +394,8 @@ pub unsafe extern "C" fn dcp_mla_merge_two(
             lse_a: lse_a.typed("lse_a")?,
             out_b: out_b.typed("out_b")?,
             lse_b: lse_b.typed("lse_b")?,
-            lse_base: lse_base("lse_base", lse_base_code)?,
+            lse_a_base: lse_base("lse_a_base", lse_a_base_code)?,
+            lse_b_base: lse_base("lse_b_base", lse_b_base_code)?,
             out: combine_rows(out.bf16_or_f32("out")?),
             lse: lse.typed("lse")?,
             rows,

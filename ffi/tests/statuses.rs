@@ -155,11 +155,27 @@ fn bad_dtype_and_format_codes_are_refused() {
             t(0x3000_0000, 512, F32),
             t(0x4000_0000, 1, F32),
             0,
+            DCP_MLA_LSE_BASE_E,
             t(0x5000_0000, 512, F32),
             t(0x6000_0000, 1, F32),
             1,
         );
-        assert_status(s, DcpMlaStatus::BadDtype, "`lse_base`");
+        assert_status(s, DcpMlaStatus::BadDtype, "`lse_a_base`");
+        // each input names its own base
+        let s = dcp_mla_merge_two(
+            null(),
+            null_mut(),
+            t(0x1000_0000, 512, F32),
+            t(0x2000_0000, 1, F32),
+            t(0x3000_0000, 512, F32),
+            t(0x4000_0000, 1, F32),
+            DCP_MLA_LSE_BASE_2,
+            9,
+            t(0x5000_0000, 512, F32),
+            t(0x6000_0000, 1, F32),
+            1,
+        );
+        assert_status(s, DcpMlaStatus::BadDtype, "`lse_b_base`");
     }
 }
 
@@ -284,6 +300,7 @@ fn a_rejected_launch_writes_nothing() {
             t(out_b, 4 * 512, F32),
             t(lse_b, 3, F32),
             DCP_MLA_LSE_BASE_E,
+            DCP_MLA_LSE_BASE_2,
             t(out as usize, 4 * 512, F32),
             t(lse as usize, 4, F32),
             4,
@@ -298,6 +315,7 @@ fn a_rejected_launch_writes_nothing() {
             t(out_b, 4 * 512, F32),
             t(lse_b, 4, F32),
             DCP_MLA_LSE_BASE_E,
+            DCP_MLA_LSE_BASE_2,
             t(out as usize + 4, 3 * 512, F32),
             t(lse as usize, 3, F32),
             3,

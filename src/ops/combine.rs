@@ -148,11 +148,15 @@ pub struct A2aCombine {
 pub struct MergeTwo {
     /// fp32 [rows, 512].
     pub out_a: DeviceSlice<f32>,
-    /// fp32 [rows], in `lse_base`.
+    /// fp32 [rows], in `lse_a_base`.
     pub lse_a: DeviceSlice<f32>,
     pub out_b: DeviceSlice<f32>,
+    /// fp32 [rows], in `lse_b_base`.
     pub lse_b: DeviceSlice<f32>,
-    pub lse_base: LseBase,
+    /// The base of each input's lse (SPEC §5.3): a running result in natural log (this merge's
+    /// own output) merged with a base-2 chunk from another kernel is the normal case.
+    pub lse_a_base: LseBase,
+    pub lse_b_base: LseBase,
     /// [rows, 512] fp32 or bf16: written. An fp32 `out` may be exactly `out_a` or `out_b`
     /// (accumulating chunk after chunk in place); any other overlap is rejected.
     pub out: CombineRows,
@@ -338,8 +342,8 @@ fn validate_merge_two(a: &MergeTwo) -> Result<(DcpMergeTwoParams, usize)> {
         out: a.out.ptr(),
         lse_out: a.lse.ptr(),
         rows: rows as i64,
-        lse_base2: base2(a.lse_base),
-        reserved: 0,
+        lse_a_base2: base2(a.lse_a_base),
+        lse_b_base2: base2(a.lse_b_base),
     };
     Ok((params, rows))
 }
@@ -568,7 +572,8 @@ mod tests {
             lse_a: slice(0x2000_0000, rows),
             out_b: slice(0x3000_0000, rows * D_V),
             lse_b: slice(0x4000_0000, rows),
-            lse_base: LseBase::E,
+            lse_a_base: LseBase::E,
+            lse_b_base: LseBase::E,
             out: CombineRows::F32(slice(0x5000_0000, rows * D_V)),
             lse: slice(0x6000_0000, rows),
             rows,

@@ -149,13 +149,24 @@ fn merge_parts<T: Real>(outs: &[&[T]], lses: &[&[T]], n: usize, base: LseBase) -
 }
 
 /// The two-way merge of chunked prefill (SPEC.md §5.3): (out_a, lse_a) + (out_b, lse_b), each
-/// out [n, 512] f32 and lse [n] in `base`; fp32 out and natural-log lse, cast once at the end.
-pub fn merge_two(out_a: &[f32], lse_a: &[f32], out_b: &[f32], lse_b: &[f32], base: LseBase) -> (Vec<f32>, Vec<f32>) {
+/// out [n, 512] f32 and lse [n] in its own base; fp32 out and natural-log lse, cast once at the
+/// end. Each lse is first taken to λ (natural log; +inf and NaN as empty), then the two are
+/// weighted as natural logs.
+pub fn merge_two(
+    out_a: &[f32],
+    lse_a: &[f32],
+    base_a: LseBase,
+    out_b: &[f32],
+    lse_b: &[f32],
+    base_b: LseBase,
+) -> (Vec<f32>, Vec<f32>) {
     let n = lse_a.len();
     assert_eq!(lse_b.len(), n, "lse_b has as many rows as lse_a");
     assert_eq!(out_a.len(), n * D_V, "out_a is [n, 512]");
     assert_eq!(out_b.len(), n * D_V, "out_b is [n, 512]");
-    merge_parts(&[out_a, out_b], &[lse_a, lse_b], n, base)
+    let lam_a: Vec<f32> = lse_a.iter().map(|&l| natural_lse(l, base_a)).collect();
+    let lam_b: Vec<f32> = lse_b.iter().map(|&l| natural_lse(l, base_b)).collect();
+    merge_parts(&[out_a, out_b], &[&lam_a, &lam_b], n, LseBase::E)
 }
 
 /// Rounds f32 to bf16, to nearest even (NaN stays NaN): the final cast of every merge shape.
