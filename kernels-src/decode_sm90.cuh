@@ -593,8 +593,8 @@ __device__ __forceinline__ void mla_decode_sm90_lockstep(const DcpMlaDecodeParam
 // is handed over, so it runs beside warpgroup 0's S(i + 1). Buffer b's full mbarrier completes
 // when its copies have landed (128 asynchronous cp.async arrivals, and the TMA boxes' bytes)
 // and its validity flags are written (128 arrivals); its empty mbarrier when the 8 warps have
-// finished P·V of it (S finished earlier). P's hand-over has two mbarriers too: p_full (4
-// arrivals, a warp's each, of warpgroup 0 once P(i) and the factors are written) and p_empty (4 of warpgroup
+// finished P·V of it (S finished earlier). P's hand-over has two mbarriers too: p_full (128
+// arrivals of warpgroup 0 once P(i) and the factors are written) and p_empty (128 of warpgroup
 // 1 once its P·V(i) is done with them). mbarriers rather than named barriers also let
 // racecheck see the hand-over (it reports data passed across bar.arrive/bar.sync as races).
 template <DecodeKv Kv, int Tile, int Stages>
@@ -629,8 +629,10 @@ __device__ __forceinline__ void mla_decode_sm90_roles(const DcpMlaDecodeParams& 
             mbar_init(full(b), 256);
             mbar_init(empty(b), 8);
         }
-        mbar_init(p_full, 4);  // one arrival per warp (after __syncwarp): 32 times fewer than per thread
-        mbar_init(p_empty, 4);
+        // one arrival per thread: racecheck does not see a warp's accesses ordered by __syncwarp
+        // before lane 0's arrival (one arrival per warp measured no faster, NOTES.md)
+        mbar_init(p_full, 128);
+        mbar_init(p_empty, 128);
         fence_proxy_async();
     }
     if (!kSparse && p.kv_tma != 0 && tid == 128) tma_prefetch_map(&p.kv_tmap);  // warpgroup 1 issues the boxes
@@ -733,8 +735,7 @@ __device__ __forceinline__ void mla_decode_sm90_roles(const DcpMlaDecodeParams& 
                 issue_pv_half<Tile>(o, kv_addr + b * kTileBytes, 1);
                 wgmma_wait0();
                 fence_regs(o);
-                __syncwarp();
-                if (lane == 0) mbar_arrive(p_empty);  // done with sAlpha (P is in the tile, freed by empty(b))
+                mbar_arrive(p_empty);  // done with sAlpha (P is in the tile, freed by empty(b))
                 __syncwarp();
                 if (lane == 0) mbar_arrive(empty(b));
                 if (i + 2 < n) {
@@ -806,10 +807,9 @@ __device__ __forceinline__ void mla_decode_sm90_roles(const DcpMlaDecodeParams& 
                     sAlpha[r0 + 8] = alpha[1];
                 }
                 fence_proxy_async();  // these writes, before either warpgroup's wgmma reads them
-                __syncwarp();
-                if (lane == 0) mbar_arrive(p_full);
+                mbar_arrive(p_full);
                 // all 64 rows written, before this warpgroup's own P·V reads them: p_full counts
-                // exactly warpgroup 0's 4 warps (a named barrier of 128 threads here made
+                // exactly warpgroup 0's 128 threads (a named barrier of 128 threads here made
                 // racecheck lose track of the CTA barriers)
                 mbar_wait(p_full, u & 1);
             };

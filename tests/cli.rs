@@ -196,9 +196,12 @@ fn cpu_demo_passes_its_check() {
 
 #[test]
 fn demo_rejects_bad_configurations() {
-    let o = run(&["demo", "--cpu", "--dcp", "4", "--topk", "1024"]);
+    let o = run(&["demo", "--cpu", "--dcp", "4", "--topk", "768"]);
     assert!(!o.status.success());
-    assert!(text(&o).1.contains("K = 1024"), "{}", text(&o).1);
+    assert!(text(&o).1.contains("K = 768"), "{}", text(&o).1);
+    let o = run(&["demo", "--cpu", "--dcp", "1", "--tp", "1", "--topk", "256"]);
+    assert!(!o.status.success());
+    assert!(text(&o).1.contains("D = 1") && text(&o).1.contains("K = 256"), "{}", text(&o).1);
 }
 
 #[test]

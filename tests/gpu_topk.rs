@@ -19,7 +19,7 @@ use dcp_mla::runtime::DeviceSlice;
 use dcp_mla::DcpLayout;
 
 const POISON: i32 = -0x2152_4111;
-const KS: [usize; 2] = [512, 2048];
+const KS: [usize; 4] = [256, 512, 1024, 2048];
 const ROW_KINDS: usize = 8;
 
 /// One row of `n` scores of character `kind` (0..ROW_KINDS).
@@ -282,6 +282,22 @@ fn global_merge_matches_reference() {
     for d in [1, 2, 4, 8] {
         for k in KS {
             let rows = 23;
+            if d * k % 512 != 0 {
+                // SPEC §6: refused at run time, naming D and K, before anything is launched
+                let buf = upload(&s, &vec![0i32; d * rows * k]);
+                let f = upload(&s, &vec![0.0f32; d * rows * k]);
+                let args = GlobalMerge {
+                    cand_scores: view(&s, &f),
+                    cand_ids: view(&s, &buf),
+                    dcp_size: d,
+                    rows,
+                    k,
+                    out: view(&s, &buf),
+                };
+                let e = global_merge(dev, raw(&s), &args).unwrap_err().to_string();
+                assert!(e.contains(&format!("D = {d}")) && e.contains(&format!("K = {k}")), "{e}");
+                continue;
+            }
             let (cs, ci) = candidates(&mut rng, d, rows, k);
             let d_cs = upload(&s, &cs);
             let d_ci = upload(&s, &ci);

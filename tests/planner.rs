@@ -106,10 +106,13 @@ fn configuration_errors_are_typed_and_named() {
     assert!(msg(DcpConfig::new(8, 0, 1, 64).unwrap_err()).contains("D = 0"));
     let cfg = DcpConfig::new(8, 4, 2, 64).unwrap();
     assert_eq!(cfg.logical_block(), 256);
-    assert!(msg(check_topk(4, 1024).unwrap_err()).contains("K = 1024"));
+    assert!(msg(check_topk(4, 768).unwrap_err()).contains("K = 768"));
+    // the D·K % 512 rule is live: K = 256 needs D ≥ 2
+    let e = msg(check_topk(1, 256).unwrap_err());
+    assert!(e.contains("D = 1") && e.contains("K = 256"), "{e}");
     for d in [1, 2, 4, 8] {
-        for k in [512, 2048] {
-            check_topk(d, k).unwrap();
+        for k in [256, 512, 1024, 2048] {
+            assert_eq!(check_topk(d, k).is_ok(), d * k % 512 == 0, "D = {d}, K = {k}");
         }
     }
     assert!(msg(check_heads(8, 32).unwrap_err()).contains("8·32"));

@@ -74,21 +74,30 @@ fn sorted_valid(x: &[i32]) -> Vec<i32> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
 
     #[test]
     fn distributed_topk_equals_global_topk(
         d in prop::sample::select(vec![1usize, 2, 4, 8]),
-        interleave in prop::sample::select(vec![1usize, 2, 4]),
-        k in prop::sample::select(vec![1usize, 4, 8, 16]),
-        n in 0usize..160,
+        interleave in prop::sample::select(vec![1usize, 2, 4, 64]),
+        k in prop::sample::select(vec![1usize, 4, 16, 64, 256]),
+        // lengths around K and around each rank's share of K are the edges: n reaches 2,000
+        n in prop_oneof![0usize..160, 160usize..2000],
         rows in 1usize..4,
-        seed_scores in prop::collection::vec(score(), 160 * 3),
-        len_frac in prop::collection::vec(0u32..=100, 3),
+        seed_scores in prop::collection::vec(score(), 500),
+        // explicit length kinds per row: 0, K − 1, K, K + 1, n, and a random fraction of n
+        len_kind in prop::collection::vec((0usize..6, 0u32..=100), 3),
     ) {
         let dcp = DcpLayout { size: d, interleave };
-        let scores: Vec<f32> = (0..rows * n).map(|i| seed_scores[i % seed_scores.len()]).collect();
-        let lens: Vec<i32> = (0..rows).map(|r| (n as u32 * len_frac[r] / 100) as i32).collect();
+        // scores cycle with a period coprime to most n: ties across ranks and rows
+        let scores: Vec<f32> = (0..rows * n).map(|i| seed_scores[(i * 7 + i / 3) % seed_scores.len()]).collect();
+        let lens: Vec<i32> = (0..rows)
+            .map(|r| {
+                let (kind, frac) = len_kind[r];
+                let l = [0, k.saturating_sub(1), k, k + 1, n, n * frac as usize / 100][kind];
+                l.min(n) as i32
+            })
+            .collect();
         let merged = distributed(&scores, n, &lens, dcp, k);
         let global = local_topk(&scores, rows, n, &lens, k);
         for row in 0..rows {

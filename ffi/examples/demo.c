@@ -66,8 +66,8 @@ int main(void) {
          dcp_mla_variant_count());
 
   /* Argument errors are reported before any device is needed, naming the argument. */
-  DcpMlaStatus s = dcp_mla_check_topk(3, 1024);
-  printf("check_topk(D=3, K=1024): %s: %s\n", dcp_mla_status_name(s), dcp_mla_last_error());
+  DcpMlaStatus s = dcp_mla_check_topk(1, 256);
+  printf("check_topk(D=1, K=256): %s: %s\n", dcp_mla_status_name(s), dcp_mla_last_error());
   if (s != DCP_MLA_STATUS_INVALID_CONFIG) return 1;
 
   s = dcp_mla_device_open(0, &dev);

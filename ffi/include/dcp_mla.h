@@ -385,7 +385,7 @@ enum DcpMlaStatus dcp_mla_merge_two(const struct DcpMlaDevice *device,
 // descending, index ascending; NaN as −inf), as ascending indices, −1 padded.
 //
 // - `scores`: f32 [rows, row_stride], the first `cols` columns usable.
-// - `lens`: int32 [rows]; `k`: 512 or 2048; `out`: int32 [rows, k].
+// - `lens`: int32 [rows]; `k`: 256, 512, 1024 or 2048; `out`: int32 [rows, k].
 //
 // # Safety
 // As for dcp_mla_kv_fill.
@@ -522,9 +522,10 @@ enum DcpMlaStatus dcp_mla_check_config(size_t tp,
                                        size_t interleave,
                                        size_t block_size);
 
-// Checks the sparse top-k constraint (SPEC.md §6): K in {512, 2048} and D·K a multiple of 512.
+// Checks the sparse top-k constraint (SPEC.md §6): K in {256, 512, 1024, 2048} and D·K a multiple of 512.
 // DCP_MLA_STATUS_INVALID_CONFIG naming D and K otherwise.
-enum DcpMlaStatus dcp_mla_check_topk(size_t dcp_size, size_t k);
+enum DcpMlaStatus dcp_mla_check_topk(size_t dcp_size,
+                                     size_t k);
 
 // n_r(L): the tokens rank `rank` holds of a sequence of `len` global tokens (SPEC.md §2).
 //

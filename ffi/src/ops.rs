@@ -408,7 +408,7 @@ pub unsafe extern "C" fn dcp_mla_merge_two(
 /// descending, index ascending; NaN as −inf), as ascending indices, −1 padded.
 ///
 /// - `scores`: f32 [rows, row_stride], the first `cols` columns usable.
-/// - `lens`: int32 [rows]; `k`: 512 or 2048; `out`: int32 [rows, k].
+/// - `lens`: int32 [rows]; `k`: 256, 512, 1024 or 2048; `out`: int32 [rows, k].
 ///
 /// # Safety
 /// As for dcp_mla_kv_fill.
@@ -437,7 +437,7 @@ pub unsafe extern "C" fn dcp_mla_topk_local(
         if registry::topk_local(u32::try_from(k).unwrap_or(u32::MAX)).is_none() {
             return Err(fail(
                 DcpMlaStatus::Unsupported,
-                format!("local top-k for K = {k} is not compiled (K in 512, 2048)"),
+                format!("local top-k for K = {k} is not compiled (K in 256, 512, 1024, 2048)"),
             ));
         }
         Ok(topk::local_topk(self::device(device)?, self::stream(stream), &a)?)

@@ -53,7 +53,7 @@ pub extern "C" fn dcp_mla_check_config(
     guard(|| DcpConfig::new(tp, dcp_size, interleave, block_size).map(|_| ()).map_err(Into::into))
 }
 
-/// Checks the sparse top-k constraint (SPEC.md §6): K in {512, 2048} and D·K a multiple of 512.
+/// Checks the sparse top-k constraint (SPEC.md §6): K in {256, 512, 1024, 2048} and D·K a multiple of 512.
 /// DCP_MLA_STATUS_INVALID_CONFIG naming D and K otherwise.
 #[no_mangle]
 pub extern "C" fn dcp_mla_check_topk(dcp_size: usize, k: usize) -> DcpMlaStatus {

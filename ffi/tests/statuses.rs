@@ -181,8 +181,11 @@ fn bad_dtype_and_format_codes_are_refused() {
 
 #[test]
 fn topk_constraints_are_invalid_config_naming_d_and_k() {
-    assert_status(dcp_mla_check_topk(3, 1024), DcpMlaStatus::InvalidConfig, "D = 3");
-    assert!(last().contains("1024"));
+    // D·K % 512 is live with K = 256: D = 1 is refused, naming both
+    assert_status(dcp_mla_check_topk(1, 256), DcpMlaStatus::InvalidConfig, "D = 1");
+    assert!(last().contains("K = 256"), "{}", last());
+    assert_status(dcp_mla_check_topk(4, 768), DcpMlaStatus::InvalidConfig, "K = 768");
+    assert_eq!(dcp_mla_check_topk(2, 256), DcpMlaStatus::Success);
     assert_eq!(dcp_mla_check_topk(4, 2048), DcpMlaStatus::Success);
     // The merge checks D·K before it needs a device.
     let merge = |d: usize, k: usize| unsafe {
@@ -198,7 +201,7 @@ fn topk_constraints_are_invalid_config_naming_d_and_k() {
             t(0x3000_0000, 2 * k, I32),
         )
     };
-    assert_status(merge(3, 1024), DcpMlaStatus::InvalidConfig, "D = 3");
+    assert_status(merge(1, 256), DcpMlaStatus::InvalidConfig, "D = 1");
     assert_status(merge(16, 512), DcpMlaStatus::Unsupported, "D = 16");
     assert_status(merge(4, 512), DcpMlaStatus::NullPointer, "`device`");
     assert_status(dcp_mla_check_config(8, 3, 1, 64), DcpMlaStatus::InvalidConfig, "D = 3");

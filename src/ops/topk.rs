@@ -25,7 +25,7 @@ pub struct LocalTopk {
     /// int32 [rows]: valid length of each row, read on the device (negative counts as 0).
     pub lens: DeviceSlice<i32>,
     pub rows: usize,
-    /// K: 512 or 2048.
+    /// K: 256, 512, 1024 or 2048.
     pub k: usize,
     /// int32 [rows, k]: the selected indices in ascending order, −1 padded.
     pub out: DeviceSlice<i32>,
@@ -139,7 +139,7 @@ pub struct GlobalMerge {
     /// D.
     pub dcp_size: usize,
     pub rows: usize,
-    /// K: 512 or 2048, with D·K a multiple of 512.
+    /// K: 256, 512, 1024 or 2048, with D·K a multiple of 512.
     pub k: usize,
     /// int32 [rows, k]: the merged global ids in candidate order, −1 padded.
     pub out: DeviceSlice<i32>,

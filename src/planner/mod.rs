@@ -12,8 +12,9 @@ pub use chunks::{plan_prefill_chunks, prefill_chunk_bytes, Chunk, ChunkPlan, Pie
 use crate::error::{Error, Result};
 use crate::formats::KvFormat;
 
-/// Top-k sizes the sparse kernels support (SPEC.md §1).
-pub const TOPK_SIZES: [usize; 2] = [512, 2048];
+/// Top-k sizes the sparse kernels support: DeepSeek-V3.2's 2048 and 512, and 256 and 1024 for
+/// smaller indexers (with D·K a multiple of 512: K = 256 needs D ≥ 2).
+pub const TOPK_SIZES: [usize; 4] = [256, 512, 1024, 2048];
 /// Largest gathered head count H = D·H_l the attention and merge kernels support.
 pub const MAX_HEADS: usize = 128;
 /// Largest query rows per request (1 + MTP draft tokens).
@@ -32,9 +33,9 @@ pub enum PlanError {
     BadInterleave { interleave: usize, block_size: usize },
     #[error("block size B must be at least 1")]
     ZeroBlockSize,
-    #[error("top-k K = {k} is not one of the supported sizes 512, 2048 (D = {d})")]
+    #[error("top-k K = {k} is not one of the supported sizes 256, 512, 1024, 2048 (D = {d})")]
     TopkSize { d: usize, k: usize },
-    #[error("D·K = {d}·{k} is not a multiple of 512")]
+    #[error("D·K = {d}·{k} is not a multiple of 512 (D = {d}, K = {k})")]
     TopkMultiple { d: usize, k: usize },
     #[error("H = D·H_l = {d}·{h_l} heads: must be between 1 and {max}")]
     Heads { d: usize, h_l: usize, max: usize },
@@ -145,7 +146,7 @@ fn check_layout(tp: usize, dcp: DcpLayout, block_size: usize) -> Result<(), Plan
     Ok(())
 }
 
-/// The sparse top-k constraint (SPEC.md §6): K ∈ {512, 2048} and D·K a multiple of 512; the
+/// The sparse top-k constraint (SPEC.md §6): K ∈ {256, 512, 1024, 2048} and D·K a multiple of 512; the
 /// error names D and K.
 pub fn check_topk(d: usize, k: usize) -> Result<()> {
     if d == 0 {
@@ -222,8 +223,10 @@ mod tests {
 
     #[test]
     fn errors_name_the_values() {
-        let e = check_topk(3, 1024).unwrap_err().to_string();
-        assert!(e.contains("K = 1024") && e.contains("D = 3"), "{e}");
+        let e = check_topk(1, 256).unwrap_err().to_string();
+        assert!(e.contains("K = 256") && e.contains("D = 1"), "{e}");
+        let e = check_topk(3, 768).unwrap_err().to_string();
+        assert!(e.contains("K = 768") && e.contains("D = 3"), "{e}");
         assert!(check_topk(8, 2048).is_ok());
         let e = DcpConfig::new(8, 3, 1, 64).unwrap_err().to_string();
         assert!(e.contains("tp = 8") && e.contains("D = 3"), "{e}");

@@ -44,7 +44,7 @@ pub struct DemoArgs {
     /// KV-cache format of the sparse path (the dense path is BF16).
     #[arg(long, value_enum, default_value = "fp8")]
     pub kv_format: FormatArg,
-    /// Sparse top-k K (512 or 2048; D·K must be a multiple of 512).
+    /// Sparse top-k K (256, 512, 1024 or 2048; D·K must be a multiple of 512).
     #[arg(long, value_parser = count(), allow_negative_numbers = true, default_value_t = 2048)]
     pub topk: usize,
     /// Tokens per page B.

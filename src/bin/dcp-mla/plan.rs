@@ -78,7 +78,7 @@ pub struct PlanArgs {
     /// Query heads per TP rank (H_l); attention sees H = D·H_l.
     #[arg(long, value_parser = count(), allow_negative_numbers = true, default_value_t = 16)]
     pub local_heads: usize,
-    /// Sparse top-k K (512 or 2048), for the top-k workspace.
+    /// Sparse top-k K (256, 512, 1024 or 2048), for the top-k workspace.
     #[arg(long, value_parser = count(), allow_negative_numbers = true, default_value_t = 2048)]
     pub topk: usize,
     /// SMs of the GPU (H200: 132): sizes the decode's split-KV workspace.
