@@ -89,7 +89,10 @@ fn demo_reports_no_device_without_a_gpu() {
             assert_eq!(o.status.code(), Some(2), "the demo must exit 2 without a device:\n{text}");
             assert!(text.contains("DCP_MLA_STATUS_NO_DEVICE"), "{text}");
             assert!(!message.is_empty() && text.contains(&message), "the demo must print {message:?}:\n{text}");
-            assert!(text.contains("DCP_MLA_STATUS_INVALID_CONFIG") && text.contains("D = 1") && text.contains("K = 256"), "{text}");
+            assert!(
+                text.contains("DCP_MLA_STATUS_INVALID_CONFIG") && text.contains("D = 1") && text.contains("K = 256"),
+                "{text}"
+            );
         }
         // With a GPU the same demo must pass its checksum.
         Ok(()) => assert!(o.status.success() && text.contains("checksum ok"), "{text}"),

@@ -737,8 +737,8 @@ mod tests {
     fn invalid_configs_are_typed_errors() {
         assert!(cfg(2, Attention::Dense).validate(2).is_ok());
         assert!(matches!(cfg(2, Attention::Dense).validate(4), Err(Error::InvalidArgument { arg: "dcp.size", .. })));
-        let e = cfg(1, Attention::Sparse { k: 1024, format: KvFormat::Fp8_656 }).validate(1).unwrap_err();
-        assert!(e.to_string().contains("K = 1024"), "{e}");
+        let e = cfg(1, Attention::Sparse { k: 256, format: KvFormat::Fp8_656 }).validate(1).unwrap_err();
+        assert!(e.to_string().contains("K = 256") && e.to_string().contains("D = 1"), "{e}");
         let e = StepConfig { local_heads: 80, ..cfg(2, Attention::Dense) }.validate(2).unwrap_err();
         assert!(matches!(e, Error::InvalidConfig(_)), "{e}");
         let e = StepConfig { nq: 9, ..cfg(2, Attention::Dense) }.validate(2).unwrap_err();

@@ -316,10 +316,12 @@ mod tests {
         };
         assert!(merge_params(&m(4, 2048)).is_ok());
         assert!(merge_params(&m(1, 512)).is_ok());
-        let e = merge_params(&m(3, 1024)).unwrap_err().to_string();
-        assert!(e.contains("D = 3") && e.contains("K = 1024"), "{e}");
-        let e = merge_params(&m(2, 256)).unwrap_err().to_string();
-        assert!(e.contains('2') && e.contains("256"), "{e}");
+        assert!(merge_params(&m(2, 256)).is_ok() && merge_params(&m(1, 1024)).is_ok());
+        // D·K not a multiple of 512, and K not a supported size: refused naming D and K
+        let e = merge_params(&m(1, 256)).unwrap_err().to_string();
+        assert!(e.contains("D = 1") && e.contains("K = 256"), "{e}");
+        let e = merge_params(&m(2, 768)).unwrap_err().to_string();
+        assert!(e.contains("D = 2") && e.contains("K = 768"), "{e}");
         let short = GlobalMerge { cand_ids: fake(4 * 4 * 512 - 1), ..m(4, 512) };
         assert_eq!(arg_of(merge_params(&short).unwrap_err()), "cand_ids");
     }
@@ -337,7 +339,8 @@ mod tests {
         };
         let p = local_topk_params(&t).unwrap();
         assert_eq!((p.rows, p.cols, p.row_stride), (3, 1000, 1000));
-        assert_eq!(arg_of(local_topk_params(&LocalTopk { k: 1024, ..t }).unwrap_err()), "k");
+        assert_eq!(arg_of(local_topk_params(&LocalTopk { k: 768, ..t }).unwrap_err()), "k");
+        assert!(local_topk_params(&LocalTopk { k: 256, ..t }).is_ok());
         assert_eq!(arg_of(local_topk_params(&LocalTopk { cols: 1001, ..t }).unwrap_err()), "cols");
         assert_eq!(arg_of(local_topk_params(&LocalTopk { lens: fake(2), ..t }).unwrap_err()), "lens");
         assert_eq!(arg_of(local_topk_params(&LocalTopk { out: fake(3 * 512 - 1), ..t }).unwrap_err()), "out");
