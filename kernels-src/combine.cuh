@@ -98,7 +98,7 @@ __device__ __forceinline__ void combine_zero_row(T* row, int lane) {
 }
 
 // λ of SPEC.md §5: the lse in natural log (a base-2 lse is multiplied by ln 2 in fp32 first),
-// with NaN and +inf (an empty shard) mapped to −inf.
+// with +inf (an empty shard) mapped to −inf; NaN stays NaN.
 __device__ __forceinline__ float combine_lambda(float lse, int base2) {
     return merge_lse(base2 ? lse * kCombineLn2 : lse);
 }
@@ -109,12 +109,20 @@ template <int N>
 __device__ __forceinline__ void combine_max_sum(const float (&lse)[N], int n, int base2, float& m, float& s) {
     float lam[N];
     m = -INFINITY;
+    bool nan = false;
 #pragma unroll
     for (int r = 0; r < N; ++r) {
         lam[r] = r < n ? combine_lambda(lse[r], base2) : -INFINITY;
         m = fmaxf(m, lam[r]);
+        nan |= isnan(lam[r]);
     }
     s = 0.0f;
+    if (nan) {
+        // a NaN lse makes the merged row NaN (SPEC §5): M = S = NaN, so every coefficient and the
+        // merged lse are NaN too
+        m = s = NAN;
+        return;
+    }
     if (m == -INFINITY) return;
 #pragma unroll
     for (int r = 0; r < N; ++r) s += expf(lam[r] - m);  // exp(−inf) = 0: empty shards, ranks ≥ n

@@ -37,8 +37,9 @@ __device__ __forceinline__ uint8_t fp8_e4m3_encode(float x) {
     return (uint8_t)__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3);
 }
 
-// A natural-log lse as a merge sees it: NaN and +inf (an empty shard) carry no weight, −inf.
-__device__ __forceinline__ float merge_lse(float l) { return (isnan(l) || l == INFINITY) ? -INFINITY : l; }
+// A natural-log lse as a merge sees it: +inf (FlashMLA's empty shard) carries no weight, −inf;
+// NaN stays NaN: a NaN reached that shard's inputs, and the merged row must be NaN (SPEC §5, §9).
+__device__ __forceinline__ float merge_lse(float l) { return l == INFINITY ? -INFINITY : l; }
 
 // Programmatic dependent launch (sm_90+): a kernel launched as a dependent of the previous one
 // in its stream (Device::launch_dependent) is set up while that one runs and must wait before

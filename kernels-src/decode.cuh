@@ -118,8 +118,11 @@ __device__ __forceinline__ void write_rows(const DcpMlaDecodeParams& p, int slot
     for (int k = 0; k < 2; ++k) {
         const int r = row0 + 8 * k;
         if (r >= row_limit) continue;
-        const float inv = l[k] > 0.0f ? 1.0f / l[k] : 0.0f;
-        const float lse = l[k] > 0.0f ? (m[k] + log2f(l[k])) * kLn2 : -INFINITY;
+        // l = 0: the row saw nothing (0 and −inf); a NaN l (a NaN score from q or a cache row it
+        // read) gives NaN out and lse, never the empty row's (SPEC §9)
+        const bool empty = l[k] == 0.0f;
+        const float inv = empty ? 0.0f : 1.0f / l[k];
+        const float lse = empty ? -INFINITY : (m[k] + log2f(l[k])) * kLn2;
         const int64_t grow = to_ws ? (int64_t)slot * rows_per_seq + row_base + r : seq_row0 + row_base + r;
         if (writes_lse) ((float*)(to_ws ? p.ws_lse : p.lse))[grow] = lse;
         if (to_ws || p.out_f32) {
@@ -567,6 +570,9 @@ template <int Unused = 0>
 __device__ __forceinline__ void mla_decode_combine(const DcpMlaDecodeCombineParams& p) {
     __shared__ float s_weight[1024];  // per slot: lse, then its weight (num_splits <= 1024)
     __shared__ float s_red[32];
+    __shared__ int s_nan;  // a piece's lse is NaN: the merged row is NaN (SPEC §5)
+    if (threadIdx.x == 0) s_nan = 0;
+    __syncthreads();
     griddep_wait();  // launched as a dependent of the decode kernel: its partials and rows
     const int64_t row = blockIdx.x;
     const int seq = (int)(row / p.rows_per_seq), r = (int)(row % p.rows_per_seq);
@@ -584,8 +590,20 @@ __device__ __forceinline__ void mla_decode_combine(const DcpMlaDecodeCombinePara
         const float v = merge_lse(lse[slot_row(fp + i)]);
         s_weight[i] = v;
         mx = fmaxf(mx, v);
+        if (isnan(v)) atomicOr(&s_nan, 1);
     }
-    const float m = block_reduce<true>(mx, s_red);  // its barriers also publish s_weight
+    const float m = block_reduce<true>(mx, s_red);  // its barriers also publish s_weight and s_nan
+    if (s_nan) {
+        if (threadIdx.x == 0) ((float*)p.lse)[row] = NAN;
+        const int d = 4 * threadIdx.x;
+        if (p.out_f32) {
+            *(float4*)((float*)p.out + row * kDimLatent + d) = make_float4(NAN, NAN, NAN, NAN);
+        } else {
+            uint2 v = make_uint2(decode::pack_bf16(NAN, NAN), decode::pack_bf16(NAN, NAN));
+            *(uint2*)((__nv_bfloat16*)p.out + row * kDimLatent + d) = v;
+        }
+        return;
+    }
     float part = 0.0f;
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
         const float e = m == -INFINITY ? 0.0f : expf(s_weight[i] - m);

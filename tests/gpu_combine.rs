@@ -14,8 +14,9 @@
 //! fp64 merge, within 1e-5·mag; it stays within ~1e-6·mag of the fp64 merge. For the same reason
 //! a bf16 result may be off by more than its ulp where that ulp is below 1e-5·mag.
 //!
-//! Inputs: fresh random partials with NaN, +inf and −inf lse on some (row, rank) pairs (empty
-//! shards, whose outs are NaN), rows where every shard is empty, base e and base 2 lse,
+//! Inputs: fresh random partials with +inf and −inf lse on some (row, rank) pairs (empty shards,
+//! whose outs are NaN) and NaN lse on others (a NaN input: the merged row must be NaN, SPEC §5),
+//! rows where every shard is empty, base e and base 2 lse,
 //! D ∈ {1, 2, 4, 8}, T ∈ {1, 128, 4096}. Every output buffer is poisoned with NaN first.
 
 mod common;
@@ -129,7 +130,8 @@ fn check_out_f32(what: &str, got: &[f32], want: &Oracle) {
     assert_eq!(got.len(), want.out.len(), "{what}: length");
     let (mut bad, mut first) = (0, None);
     for (i, &g) in got.iter().enumerate() {
-        let ok = (g as f64 - want.out[i]).abs() <= 1e-5 * want.mag[i]; // false for NaN
+        // NaN exactly where the fp64 merge is NaN (a NaN lse among the inputs), else the bound
+        let ok = if want.out[i].is_nan() { g.is_nan() } else { (g as f64 - want.out[i]).abs() <= 1e-5 * want.mag[i] };
         if !ok {
             bad += 1;
             first.get_or_insert_with(|| format!("[{i}] got {g:e}, want {:e} (mag {:e})", want.out[i], want.mag[i]));
@@ -150,7 +152,12 @@ fn check_out_bf16(what: &str, got: &[bf16], want: &Oracle) {
     let (mut bad, mut first) = (0, None);
     for (i, &g) in got.iter().enumerate() {
         let w = bf16::from_f64(want.out[i]);
-        let ok = (g.to_f64() - w.to_f64()).abs() <= bf16_ulp(w).max(1e-5 * want.mag[i]); // false for NaN
+        let ok = if want.out[i].is_nan() {
+            g.is_nan()
+        } else {
+            (g.to_f64() - w.to_f64()).abs() <= bf16_ulp(w).max(1e-5 * want.mag[i])
+            // false for NaN
+        };
         if !ok {
             bad += 1;
             first.get_or_insert_with(|| format!("[{i}] got {g}, want {w} ({:e}, mag {:e})", want.out[i], want.mag[i]));
@@ -160,14 +167,19 @@ fn check_out_bf16(what: &str, got: &[bf16], want: &Oracle) {
 }
 
 /// lse within abs 1e-5 of `want` (the inputs keep |lse| below 19, where fp32 is good to ~2e-6);
-/// −inf exactly where `want` is −inf.
+/// −inf exactly where `want` is −inf, NaN exactly where it is NaN.
 fn check_lse<W: Copy + Into<f64>>(what: &str, got: &[f32], want: &[W]) {
     assert_eq!(got.len(), want.len(), "{what}: length");
     let (mut bad, mut first) = (0, None);
     for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
         let w: f64 = w.into();
-        let ok =
-            if w == f64::NEG_INFINITY { g == f32::NEG_INFINITY } else { w.is_finite() && (g as f64 - w).abs() <= 1e-5 };
+        let ok = if w == f64::NEG_INFINITY {
+            g == f32::NEG_INFINITY
+        } else if w.is_nan() {
+            g.is_nan()
+        } else {
+            w.is_finite() && (g as f64 - w).abs() <= 1e-5
+        };
         if !ok {
             bad += 1;
             first.get_or_insert_with(|| format!("[{i}] got {g:e}, want {w:e}"));

@@ -328,6 +328,34 @@ fn dense_bf16_matches_reference() {
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
+fn nan_inputs_make_their_rows_nan() {
+    // SPEC §9: a NaN in q, or in a cache row a query row reads, makes that row's out and lse NaN,
+    // never a finite or empty-looking (−inf) result, also once the KV is split (the combine must
+    // not read the NaN lse as an empty piece); NaN in slots no row reads never leaks.
+    let mut rng = Rng::new(seed());
+    let shape = QueryShape { batch: 3, rows: 1, heads: 64 };
+    let lens = [700, 333, 129];
+    let tokens = lens.map(|l| l as usize);
+    let mut hc = dense_cache(&mut rng, KvFormat::Bf16, 64, &tokens);
+    let mut q = random_q(&mut rng, shape);
+    q[(5 * D_QK) + 17] = bf16::NAN; // request 0, head 5
+                                    // request 1: token 200's k (dim 3) is NaN, so every head of request 1 sees a NaN score
+    let slot = hc.slot(1, 200);
+    let mut row: Vec<bf16> = (0..D_QK).map(|_| bf16::from_f32(0.25)).collect();
+    row[3] = bf16::NAN;
+    hc.write(slot, &row);
+    let want = decode_oracle(&q, shape, &hc.paged(), &hc.bytes, &Selection::Dense { lens: &lens }, default_scale());
+    assert!(want.lse[5].is_nan() && want.lse[64].is_nan() && want.lse[2 * 64].is_finite());
+    for path in dense_paths() {
+        for splits in [1, 5] {
+            let (out, lse) = launch_dense(path, &hc, &q, shape, &lens, splits, false);
+            check(&format!("{path:?} NaN rows splits={splits}"), &out, &lse, &want);
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
 fn dense_invalid_pages_are_skipped() {
     // Block-table entries inside a request's length that name no page (−1, or past num_pages)
     // hide their tokens: whole tiles of them (TMA boxes pointed past the cache, zero-filled) and

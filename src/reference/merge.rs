@@ -31,6 +31,7 @@ pub trait Real:
     const ONE: Self;
     const NEG_INFINITY: Self;
     const INFINITY: Self;
+    const NAN: Self;
     const LN_2: Self;
     fn from_f32(x: f32) -> Self;
     fn to_f64(self) -> f64;
@@ -47,6 +48,7 @@ macro_rules! impl_real {
             const ONE: Self = 1.0;
             const NEG_INFINITY: Self = $t::NEG_INFINITY;
             const INFINITY: Self = $t::INFINITY;
+            const NAN: Self = $t::NAN;
             const LN_2: Self = std::$t::consts::LN_2;
             fn from_f32(x: f32) -> Self {
                 x as $t
@@ -72,14 +74,14 @@ macro_rules! impl_real {
 impl_real!(f32);
 impl_real!(f64);
 
-/// λ of SPEC.md §5: the lse in natural log, with NaN and +inf (an empty shard, FlashMLA style)
-/// mapped to −inf.
+/// λ of SPEC.md §5: the lse in natural log, with +inf (an empty shard, FlashMLA style) mapped to
+/// −inf. NaN stays NaN (revised 2026-12-01): a NaN lse means a NaN reached that shard's inputs.
 pub fn natural_lse<T: Real>(lse: T, base: LseBase) -> T {
     let l = match base {
         LseBase::E => lse,
         LseBase::Two => lse * T::LN_2,
     };
-    if l.is_nan() || l == T::INFINITY {
+    if l == T::INFINITY {
         T::NEG_INFINITY
     } else {
         l
@@ -88,9 +90,14 @@ pub fn natural_lse<T: Real>(lse: T, base: LseBase) -> T {
 
 /// The merge coefficients of one output row: `coef[r] = w_r / S` (0 where w_r = 0 or where every
 /// shard is empty) and the merged natural-log lse `M + ln S` (−inf when every shard is empty).
+/// If any λ is NaN, every coefficient and the merged lse are NaN (so is the merged out).
 pub fn merge_weights<T: Real>(lses: impl IntoIterator<Item = T>, base: LseBase, coef: &mut Vec<T>) -> T {
     coef.clear();
     coef.extend(lses.into_iter().map(|l| natural_lse(l, base)));
+    if coef.iter().any(|c| c.is_nan()) {
+        coef.iter_mut().for_each(|c| *c = T::NAN);
+        return T::NAN;
+    }
     let m = coef.iter().fold(T::NEG_INFINITY, |m, &l| if l > m { l } else { m });
     if m == T::NEG_INFINITY {
         coef.iter_mut().for_each(|c| *c = T::ZERO);
@@ -150,7 +157,7 @@ fn merge_parts<T: Real>(outs: &[&[T]], lses: &[&[T]], n: usize, base: LseBase) -
 
 /// The two-way merge of chunked prefill (SPEC.md §5.3): (out_a, lse_a) + (out_b, lse_b), each
 /// out [n, 512] f32 and lse [n] in its own base; fp32 out and natural-log lse, cast once at the
-/// end. Each lse is first taken to λ (natural log; +inf and NaN as empty), then the two are
+/// end. Each lse is first taken to λ (natural log; +inf as empty, NaN kept), then the two are
 /// weighted as natural logs.
 pub fn merge_two(
     out_a: &[f32],
@@ -314,10 +321,14 @@ mod tests {
 
     #[test]
     fn empty_shards_never_leak() {
-        // shard 1 is empty (+inf lse, FlashMLA style) with a NaN out; shard 2 NaN lse
-        let (out, lse) = merge(&rows(&[2.0, f32::NAN, f32::NAN]), &[1.0, f32::INFINITY, f32::NAN], 3, 1, LseBase::E);
+        // shard 1 is empty (+inf lse, FlashMLA style) with a NaN out; shard 2 −inf with a NaN out
+        let (out, lse) =
+            merge(&rows(&[2.0, f32::NAN, f32::NAN]), &[1.0, f32::INFINITY, f32::NEG_INFINITY], 3, 1, LseBase::E);
         assert!(out.iter().all(|&x| x == 2.0));
         assert_eq!(lse[0], 1.0);
+        // a NaN lse is not an empty shard: it makes the merged row NaN (SPEC §5)
+        let (out, lse) = merge(&rows(&[2.0, 3.0]), &[1.0, f32::NAN], 2, 1, LseBase::E);
+        assert!(out.iter().all(|x| x.is_nan()) && lse[0].is_nan());
         let (out, lse) = merge(&rows(&[f32::NAN, 5.0]), &[f32::NEG_INFINITY, f32::NEG_INFINITY], 2, 1, LseBase::E);
         assert!(out.iter().all(|&x| x == 0.0));
         assert_eq!(lse[0], f32::NEG_INFINITY);
