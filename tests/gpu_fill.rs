@@ -161,7 +161,7 @@ fn fill_rejects_bad_arguments_without_launching() {
     kv_fill(gpu(), raw(&s), &good).expect("valid arguments");
     let cases: Vec<(&str, KvFill)> = vec![
         ("rank", KvFill { rank: 2, ..good }),
-        ("dcp.interleave", KvFill { dcp: DcpLayout { size: 2, interleave: 3 }, ..good }),
+        ("interleave", KvFill { dcp: DcpLayout { size: 2, interleave: 3 }, ..good }),
         ("cache", KvFill { num_pages: 2, ..good }),
         ("ckv", KvFill { ckv_stride: 500, ..good }),
         ("max_pages", KvFill { max_pages: 2, ..good }),

@@ -61,13 +61,13 @@ fn validate(a: &KvFill) -> Result<DcpKvFillParams> {
     ensure_arg!(a.req_idx.len() == t, "req_idx", "has {} entries but positions has {t}", a.req_idx.len());
     check_rows("ckv", &a.ckv, t, a.ckv_stride, D_LATENT)?;
     check_rows("kpe", &a.kpe, t, a.kpe_stride, D_ROPE)?;
-    ensure_arg!(a.dcp.size >= 1, "dcp.size", "must be at least 1");
-    ensure_arg!(a.dcp.interleave >= 1, "dcp.interleave", "must be at least 1");
+    ensure_arg!(a.dcp.size >= 1, "dcp_size", "must be at least 1");
+    ensure_arg!(a.dcp.interleave >= 1, "interleave", "must be at least 1");
     ensure_arg!(a.rank < a.dcp.size, "rank", "{} is not below the group size {}", a.rank, a.dcp.size);
     ensure_arg!(a.block_size >= 1, "block_size", "must be at least 1");
     ensure_arg!(
         a.block_size % a.dcp.interleave == 0,
-        "dcp.interleave",
+        "interleave",
         "{} does not divide the block size {}",
         a.dcp.interleave,
         a.block_size
@@ -114,8 +114,43 @@ fn validate(a: &KvFill) -> Result<DcpKvFillParams> {
         max_pages: to_i32("max_pages", a.max_pages)?,
         num_pages: to_i32("num_pages", a.num_pages)?,
         block_size: to_i32("block_size", a.block_size)?,
-        dcp_size: to_i32("dcp.size", a.dcp.size)?,
+        dcp_size: to_i32("dcp_size", a.dcp.size)?,
         dcp_rank: to_i32("rank", a.rank)?,
-        interleave: to_i32("dcp.interleave", a.dcp.interleave)?,
+        interleave: to_i32("interleave", a.dcp.interleave)?,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::test_util::{arg_of, fake};
+
+    fn fill(dcp: DcpLayout) -> KvFill {
+        KvFill {
+            ckv: fake(4 * 512),
+            ckv_stride: 512,
+            kpe: fake(4 * 64),
+            kpe_stride: 64,
+            req_idx: fake(4),
+            positions: fake(4),
+            block_table: fake(8),
+            block_table_stride: 8,
+            batch: 1,
+            max_pages: 8,
+            cache: fake(8 * 64 * 1152),
+            num_pages: 8,
+            block_size: 64,
+            format: KvFormat::Bf16,
+            dcp,
+            rank: 0,
+        }
+    }
+
+    #[test]
+    fn errors_name_the_c_parameters() {
+        assert!(validate(&fill(DcpLayout { size: 2, interleave: 1 })).is_ok());
+        // the C caller wrote dcp_size and interleave (not the Rust fields dcp.size, dcp.interleave)
+        assert_eq!(arg_of(validate(&fill(DcpLayout { size: 0, interleave: 1 })).unwrap_err()), "dcp_size");
+        assert_eq!(arg_of(validate(&fill(DcpLayout { size: 2, interleave: 0 })).unwrap_err()), "interleave");
+    }
 }

@@ -116,9 +116,9 @@ fn flatten_params(a: &Flatten) -> Result<DcpPrefillFlattenParams> {
         block_size: to_i32("block_size", a.block_size)?,
         cap_rows: to_i32("cap_rows", a.cap_rows)?,
         max_pieces: to_i32("max_pieces", a.max_pieces)?,
-        dcp_size: to_i32("dcp.size", a.dcp.size)?,
+        dcp_size: to_i32("dcp_size", a.dcp.size)?,
         dcp_rank: to_i32("rank", a.rank)?,
-        interleave: to_i32("dcp.interleave", a.dcp.interleave)?,
+        interleave: to_i32("interleave", a.dcp.interleave)?,
         reserved: 0,
     })
 }
@@ -161,8 +161,8 @@ fn reorder_params(a: &Reorder) -> Result<DcpPrefillReorderParams> {
         cap_rows: to_i32("cap_rows", a.cap_rows)?,
         out_rows: to_i32("out_rows", a.out_rows)?,
         max_pieces: to_i32("max_pieces", a.max_pieces)?,
-        dcp_size: to_i32("dcp.size", a.dcp.size)?,
-        interleave: to_i32("dcp.interleave", a.dcp.interleave)?,
+        dcp_size: to_i32("dcp_size", a.dcp.size)?,
+        interleave: to_i32("interleave", a.dcp.interleave)?,
         reserved: 0,
     })
 }
@@ -180,8 +180,8 @@ fn launch_warp_rows<P: Copy>(dev: &Device, stream: Stream, id: KernelId, rows: u
 }
 
 fn check_layout(dcp: DcpLayout, rank: usize) -> Result<()> {
-    ensure_arg!(dcp.size >= 1, "dcp.size", "must be at least 1");
-    ensure_arg!(dcp.interleave >= 1, "dcp.interleave", "must be at least 1");
+    ensure_arg!(dcp.size >= 1, "dcp_size", "must be at least 1");
+    ensure_arg!(dcp.interleave >= 1, "interleave", "must be at least 1");
     ensure_arg!(rank < dcp.size, "rank", "{rank} is not below the group size {}", dcp.size);
     Ok(())
 }

@@ -122,9 +122,9 @@ fn pack_params(a: &PackCandidates) -> Result<DcpTopkPackParams> {
         rows: to_i32("rows", a.rows)?,
         k: to_i32("k", a.k)?,
         cols: to_i32("cols", a.cols)?,
-        dcp_size: to_i32("dcp.size", a.dcp.size)?,
+        dcp_size: to_i32("dcp_size", a.dcp.size)?,
         dcp_rank: to_i32("rank", a.rank)?,
-        interleave: to_i32("dcp.interleave", a.dcp.interleave)?,
+        interleave: to_i32("interleave", a.dcp.interleave)?,
     };
     Ok(params)
 }
@@ -228,9 +228,9 @@ fn compact_params(a: &Compact) -> Result<DcpTopkCompactParams> {
         block_table_stride: 0,
         rows: to_i32("rows", a.rows)?,
         k: to_i32("k", a.k)?,
-        dcp_size: to_i32("dcp.size", a.dcp.size)?,
+        dcp_size: to_i32("dcp_size", a.dcp.size)?,
         dcp_rank: to_i32("rank", a.rank)?,
-        interleave: to_i32("dcp.interleave", a.dcp.interleave)?,
+        interleave: to_i32("interleave", a.dcp.interleave)?,
         translate: 0,
         block_size: 1,
         rows_per_request: 1,
@@ -267,8 +267,8 @@ fn launch_rows<P: Copy>(dev: &Device, stream: Stream, id: KernelId, rows: usize,
 }
 
 fn check_layout(dcp: DcpLayout, rank: usize) -> Result<()> {
-    ensure_arg!(dcp.size >= 1, "dcp.size", "must be at least 1");
-    ensure_arg!(dcp.interleave >= 1, "dcp.interleave", "must be at least 1");
+    ensure_arg!(dcp.size >= 1, "dcp_size", "must be at least 1");
+    ensure_arg!(dcp.interleave >= 1, "interleave", "must be at least 1");
     ensure_arg!(rank < dcp.size, "rank", "{rank} is not below the group size {}", dcp.size);
     Ok(())
 }
@@ -399,7 +399,7 @@ mod tests {
         let d = DcpLayout { size: 4, interleave: 1 };
         assert!(check_layout(d, 3).is_ok());
         assert_eq!(arg_of(check_layout(d, 4).unwrap_err()), "rank");
-        assert_eq!(arg_of(check_layout(DcpLayout { size: 0, interleave: 1 }, 0).unwrap_err()), "dcp.size");
-        assert_eq!(arg_of(check_layout(DcpLayout { size: 2, interleave: 0 }, 0).unwrap_err()), "dcp.interleave");
+        assert_eq!(arg_of(check_layout(DcpLayout { size: 0, interleave: 1 }, 0).unwrap_err()), "dcp_size");
+        assert_eq!(arg_of(check_layout(DcpLayout { size: 2, interleave: 0 }, 0).unwrap_err()), "interleave");
     }
 }
