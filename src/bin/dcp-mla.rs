@@ -12,6 +12,8 @@ mod demo_gpu;
 mod kernels;
 #[path = "dcp-mla/plan.rs"]
 mod plan;
+#[path = "dcp-mla/problem.rs"]
+mod problem;
 
 use clap::{Parser, Subcommand};
 

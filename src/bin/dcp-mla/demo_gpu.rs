@@ -1,8 +1,8 @@
 //! The demo's GPU run: the D ranks' kernels launched one rank after another on one device, the
 //! collectives (all-gather of the lse, reduce-scatter of the contributions) simulated by copies.
 
-use super::demo::{add_time, place, Outputs, PathOutput, Problem};
-use super::demo::{STAGE_COMBINE, STAGE_DENSE, STAGE_FILL, STAGE_SPARSE, STAGE_TOPK};
+use super::problem::{add_time, place, Outputs, PathOutput, Problem};
+use super::problem::{STAGE_COMBINE, STAGE_DENSE, STAGE_FILL, STAGE_SPARSE, STAGE_TOPK};
 use cudarc::driver::{sys, CudaSlice, CudaStream, DevicePtr, DeviceRepr, DriverError, ValidAsZeroBits};
 use dcp_mla::bench::num_sms;
 use dcp_mla::formats::{D_LATENT, D_ROPE, D_V};
