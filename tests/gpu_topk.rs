@@ -103,10 +103,13 @@ fn local_topk_matches_reference() {
         let d_scores = upload(&s, &scores);
         let d_lens = upload(&s, &lens);
         let d_out = upload(&s, &vec![POISON; rows * k]);
+        // cols below the stride: lengths past cols (40,003 and 50,000 here) clamp to cols, in the
+        // kernel and the reference alike (docs/semantics.md)
+        let cols = row_stride - 3;
         let args = LocalTopk {
             scores: view(&s, &d_scores),
             row_stride,
-            cols: row_stride,
+            cols,
             lens: view(&s, &d_lens),
             rows,
             k,
@@ -114,7 +117,7 @@ fn local_topk_matches_reference() {
         };
         local_topk(dev, raw(&s), &args).expect("local_topk");
         let got = download(&s, &d_out);
-        let want = reference::local_topk(&scores, rows, row_stride, &lens, k);
+        let want = reference::local_topk(&scores, rows, row_stride, cols, &lens, k);
         for r in 0..rows {
             check_i32(
                 &format!("local top-k K = {k}, row {r} (kind {}, len {})", kinds[r], lens[r]),
@@ -169,9 +172,9 @@ fn local_topk_and_pack_beyond_2_pow_31_elements() {
     pack_candidates(dev, raw(&s), &pack).expect("pack_candidates");
     let (got_s, got_i) = (download(&s, &d_cs), download(&s, &d_ci));
     for r in 0..rows {
-        let want = reference::local_topk(&host[r], 1, cols, &lens[r..r + 1], k);
+        let want = reference::local_topk(&host[r], 1, cols, cols, &lens[r..r + 1], k);
         check_i32(&format!("2^31 buffer, row {r}"), &got[r * k..(r + 1) * k], &want, k);
-        let (ws, wi) = reference::pack_candidates(&want, &host[r], cols, k, dcp, rank);
+        let (ws, wi) = reference::pack_candidates(&want, &host[r], cols, cols, k, dcp, rank);
         check_i32(&format!("2^31 buffer pack ids, row {r}"), &got_i[r * k..(r + 1) * k], &wi, k);
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits() as i32).collect::<Vec<_>>();
         check_i32(&format!("2^31 buffer pack scores, row {r}"), &bits(&got_s[r * k..(r + 1) * k]), &bits(&ws), k);
@@ -196,6 +199,8 @@ fn pack_matches_reference_with_large_ids() {
             .map(|j| match rng.below(8) {
                 0 => -1,
                 1 => (cols - 1 - (j % 7)) as i32,
+                // at or past cols (inside the stride): an unused slot, never read
+                2 => (cols + (j % 3)) as i32,
                 _ => rng.below(cols as u64) as i32,
             })
             .collect();
@@ -216,7 +221,7 @@ fn pack_matches_reference_with_large_ids() {
             cand_ids: view(&s, &d_ci),
         };
         pack_candidates(dev, raw(&s), &args).expect("pack_candidates");
-        let (ws, wi) = reference::pack_candidates(&idx, &scores, row_stride, k, dcp, rank);
+        let (ws, wi) = reference::pack_candidates(&idx, &scores, row_stride, cols, k, dcp, rank);
         let got_i = download(&s, &d_ci);
         check_i32(&format!("pack ids D = {d} I = {i} rank {rank}"), &got_i, &wi, k);
         assert!(wi.iter().any(|&x| x > 1 << 24) || d < 8, "the case must produce ids above 2^24");
@@ -464,8 +469,8 @@ fn graph_replay_reads_new_lengths_and_indices() {
         // rank 1's candidates: its own local top-k of fresh scores, packed
         let other: Vec<f32> = (0..rows).flat_map(|_| score_row(&mut rng, 0, row_stride)).collect();
         let other_lens: Vec<i32> = (0..rows).map(|_| rng.below(row_stride as u64 + 1) as i32).collect();
-        let other_idx = reference::local_topk(&other, rows, row_stride, &other_lens, k);
-        let (os, oi) = reference::pack_candidates(&other_idx, &other, row_stride, k, dcp, 1);
+        let other_idx = reference::local_topk(&other, rows, row_stride, row_stride, &other_lens, k);
+        let (os, oi) = reference::pack_candidates(&other_idx, &other, row_stride, row_stride, k, dcp, 1);
         let mut table: Vec<i32> = (0..(requests * stride) as i32).collect();
         rng.shuffle(&mut table);
 
@@ -480,9 +485,9 @@ fn graph_replay_reads_new_lengths_and_indices() {
         s.synchronize().unwrap();
 
         let tag = format!("graph replay {replay}");
-        let idx = reference::local_topk(&scores, rows, row_stride, &lens, k);
+        let idx = reference::local_topk(&scores, rows, row_stride, row_stride, &lens, k);
         check_i32(&format!("{tag}: local top-k"), &download(&s, &d_idx), &idx, k);
-        let (ms, mi) = reference::pack_candidates(&idx, &scores, row_stride, k, dcp, 0);
+        let (ms, mi) = reference::pack_candidates(&idx, &scores, row_stride, row_stride, k, dcp, 0);
         let cs = [ms, os].concat();
         let ci = [mi, oi].concat();
         let merged = reference::global_merge(&cs, &ci, 2, rows, k);

@@ -260,7 +260,7 @@ fn reference(inp: &Inputs, c: &Case, cfg: &StepConfig, rank: usize) -> Attention
     match c.attention {
         Attention::Dense => decode_oracle(&q, shape, &paged, &bytes, &Selection::Dense { lens: &causal }, scale),
         Attention::Sparse { k, .. } => {
-            let ids = local_topk(&inp.scores, t, inp.max_len, &causal, k);
+            let ids = local_topk(&inp.scores, t, inp.max_len, inp.max_len, &causal, k);
             let slots: Vec<i32> = ids
                 .iter()
                 .enumerate()

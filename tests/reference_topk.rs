@@ -27,8 +27,8 @@ fn distributed(scores: &[f32], n: usize, lens: &[i32], dcp: DcpLayout, k: usize)
             }
             local_lens.push(dcp.local_len(lens[row] as u64, r) as i32);
         }
-        let idx = local_topk(&local, rows, stride, &local_lens, k);
-        let (s, i) = pack_candidates(&idx, &local, stride, k, dcp, r);
+        let idx = local_topk(&local, rows, stride, stride, &local_lens, k);
+        let (s, i) = pack_candidates(&idx, &local, stride, stride, k, dcp, r);
         cand_s.extend(s);
         cand_i.extend(i);
     }
@@ -99,7 +99,7 @@ proptest! {
             })
             .collect();
         let merged = distributed(&scores, n, &lens, dcp, k);
-        let global = local_topk(&scores, rows, n, &lens, k);
+        let global = local_topk(&scores, rows, n, n, &lens, k);
         for row in 0..rows {
             prop_assert_eq!(sorted_valid(&merged[row * k..(row + 1) * k]), sorted_valid(&global[row * k..(row + 1) * k]), "row {}", row);
         }
@@ -122,7 +122,7 @@ fn realistic_size_at_d4_k512() {
     let lens = [n as i32, 3000];
     for dcp in [DcpLayout { size: 4, interleave: 1 }, DcpLayout { size: 4, interleave: 64 }] {
         let merged = distributed(&scores, n, &lens, dcp, k);
-        let global = local_topk(&scores, rows, n, &lens, k);
+        let global = local_topk(&scores, rows, n, n, &lens, k);
         for row in 0..rows {
             assert_eq!(sorted_valid(&merged[row * k..(row + 1) * k]), sorted_valid(&global[row * k..(row + 1) * k]));
         }
@@ -143,9 +143,9 @@ fn ids_above_2_pow_24_survive() {
     let l = (1usize << 24) + 1;
     let mut scores = vec![0.0f32; l + 1];
     scores[l] = 5.0;
-    let idx = local_topk(&scores, 1, l + 1, &[(l + 1) as i32], 1);
+    let idx = local_topk(&scores, 1, l + 1, l + 1, &[(l + 1) as i32], 1);
     assert_eq!(idx, vec![l as i32]);
-    let (s, ids) = pack_candidates(&idx, &scores, l + 1, 1, dcp, 1);
+    let (s, ids) = pack_candidates(&idx, &scores, l + 1, l + 1, 1, dcp, 1);
     assert_eq!((s[0], ids[0]), (5.0, (1 << 25) + 3));
     let merged = global_merge(&[f32::NEG_INFINITY, 5.0], &[-1, ids[0]], 2, 1, 1);
     assert_eq!(merged, vec![(1 << 25) + 3]);

@@ -22,15 +22,17 @@ fn better(a: (f32, i64), b: (f32, i64)) -> Ordering {
     key(b.0).partial_cmp(&key(a.0)).expect("keys are never NaN").then(a.1.cmp(&b.1))
 }
 
-/// Local top-k of `rows` rows of `scores` (row r starts at r·row_stride, 64-bit offsets). Row r
-/// considers indices 0..len[r] (len clamped to [0, row_stride]). Output [rows, k] int32: if
-/// len ≤ k, 0..len−1 then −1; otherwise the k best by the key, in ascending index order.
-pub fn local_topk(scores: &[f32], rows: usize, row_stride: usize, lens: &[i32], k: usize) -> Vec<i32> {
+/// Local top-k of `rows` rows of `scores` (row r starts at r·row_stride, 64-bit offsets, of
+/// which the first `cols` ≤ row_stride are the row's). Row r considers indices 0..len[r], len
+/// clamped to [0, cols] (the kernel's rule: columns past `cols` are never read). Output [rows, k]
+/// int32: if len ≤ k, 0..len−1 then −1; otherwise the k best by the key, in ascending index order.
+pub fn local_topk(scores: &[f32], rows: usize, row_stride: usize, cols: usize, lens: &[i32], k: usize) -> Vec<i32> {
     assert!(lens.len() >= rows, "one length per row");
+    assert!(cols <= row_stride, "cols ≤ row_stride");
     let mut out = vec![-1i32; rows * k];
     let mut cand: Vec<i64> = Vec::new();
     for r in 0..rows {
-        let len = (lens[r].max(0) as usize).min(row_stride);
+        let len = (lens[r].max(0) as usize).min(cols);
         let dst = &mut out[r * k..(r + 1) * k];
         if len <= k || k == 0 {
             for (i, o) in dst.iter_mut().take(len).enumerate() {
@@ -53,11 +55,13 @@ pub fn local_topk(scores: &[f32], rows: usize, row_stride: usize, lens: &[i32], 
 
 /// Packs rank `rank`'s local top-k `local_idx` [rows, k] into candidates (score, global id):
 /// score = scores[row·row_stride + l] copied bit for bit (a NaN stays NaN), id = global(l, rank);
-/// an unused (negative) entry becomes (−inf, −1). Ids are stored as int bits, never as floats.
+/// an unused entry (negative, or l ≥ cols: outside the row) becomes (−inf, −1), as the kernel
+/// does. Ids are stored as int bits, never as floats.
 pub fn pack_candidates(
     local_idx: &[i32],
     scores: &[f32],
     row_stride: usize,
+    cols: usize,
     k: usize,
     dcp: DcpLayout,
     rank: usize,
@@ -65,7 +69,7 @@ pub fn pack_candidates(
     let mut s = vec![f32::NEG_INFINITY; local_idx.len()];
     let mut ids = vec![-1i32; local_idx.len()];
     for (i, &l) in local_idx.iter().enumerate() {
-        if l < 0 {
+        if l < 0 || l as usize >= cols {
             continue;
         }
         let row = i / k;
@@ -171,13 +175,21 @@ mod tests {
     fn local_topk_ties_nan_and_short_rows() {
         let scores = [1.0, f32::NAN, 3.0, 3.0, -0.0, 0.0, f32::NEG_INFINITY, 2.0];
         // k = 3: best are 2, 3 (3.0), 7 (2.0)
-        assert_eq!(local_topk(&scores, 1, 8, &[8], 3), vec![2, 3, 7]);
+        assert_eq!(local_topk(&scores, 1, 8, 8, &[8], 3), vec![2, 3, 7]);
         // -0 == +0 and NaN == -inf: the lower index wins the tie
-        assert_eq!(local_topk(&scores[4..7], 1, 3, &[3], 1), vec![0]);
-        assert_eq!(local_topk(&[0.0, -0.0], 1, 2, &[2], 1), vec![0]);
-        assert_eq!(local_topk(&[f32::NAN, f32::NEG_INFINITY], 1, 2, &[2], 1), vec![0]);
-        assert_eq!(local_topk(&scores, 1, 8, &[2], 3), vec![0, 1, -1]);
-        assert_eq!(local_topk(&scores, 1, 8, &[-5], 2), vec![-1, -1]);
+        assert_eq!(local_topk(&scores[4..7], 1, 3, 3, &[3], 1), vec![0]);
+        assert_eq!(local_topk(&[0.0, -0.0], 1, 2, 2, &[2], 1), vec![0]);
+        assert_eq!(local_topk(&[f32::NAN, f32::NEG_INFINITY], 1, 2, 2, &[2], 1), vec![0]);
+        assert_eq!(local_topk(&scores, 1, 8, 8, &[2], 3), vec![0, 1, -1]);
+        assert_eq!(local_topk(&scores, 1, 8, 8, &[-5], 2), vec![-1, -1]);
+        // a length past cols is clamped to cols, not to the row stride (the kernel never reads
+        // columns past cols)
+        assert_eq!(local_topk(&scores, 1, 8, 5, &[8], 3), local_topk(&scores, 1, 8, 5, &[5], 3));
+        assert_eq!(local_topk(&scores, 1, 8, 5, &[8], 8), vec![0, 1, 2, 3, 4, -1, -1, -1]);
+        // pack: an index at or past cols is an unused slot, never a read past the row
+        let (s, ids) = pack_candidates(&[1, 5, 7, -1], &scores, 8, 5, 4, DcpLayout { size: 1, interleave: 1 }, 0);
+        assert_eq!(ids, vec![1, -1, -1, -1]);
+        assert!(s[0].is_nan() && s[1..].iter().all(|&x| x == f32::NEG_INFINITY));
     }
 
     #[test]

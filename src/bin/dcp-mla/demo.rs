@@ -123,8 +123,8 @@ pub fn run_cpu(p: &Problem) -> Outputs {
     for r in 0..d {
         let (scores, lens) = p.local_scores(r);
         clock(STAGE_TOPK, &mut || {
-            let idx = local_topk(&scores, t, stride, &lens, k);
-            let (s, i) = pack_candidates(&idx, &scores, stride, k, p.dcp, r);
+            let idx = local_topk(&scores, t, stride, stride, &lens, k);
+            let (s, i) = pack_candidates(&idx, &scores, stride, stride, k, p.dcp, r);
             cand_s.extend(s);
             cand_i.extend(i);
         });
@@ -272,7 +272,7 @@ pub struct Check {
 pub fn check(p: &Problem, o: &Outputs, sample: &[usize]) -> (Check, bool) {
     let (t, k, q, h) = (p.rows(), p.k, p.q, p.heads);
     // the global top-K of every row without DCP: local top-k over all tokens (ascending ids)
-    let want_ids = local_topk(&p.scores, t, p.score_stride, &p.row_lens(), k);
+    let want_ids = local_topk(&p.scores, t, p.score_stride, p.score_stride, &p.row_lens(), k);
     let mut exact = 0;
     for row in 0..t {
         let mut got: Vec<i32> = o.merged_ids[row * k..(row + 1) * k].iter().copied().filter(|&x| x >= 0).collect();
