@@ -21,8 +21,9 @@ tar -xJf .gpu-stage/bundle.tar.xz -C "$work" || { echo "no .gpu-stage/bundle.tar
 export NCCL_NVLS_ENABLE=0
 # tests/cli.rs runs the staged binary rather than the path it was built at.
 export DCP_MLA_BIN="$work/bin/dcp-mla"
-# The C ABI's staged pieces: the C demo (tests/ffi-c_demo runs it) and the shared library.
+# The C ABI's staged pieces: the C demo (tests/ffi-c_demo runs it), the C ABI checks (tests/ffi-c_abi_checks) and the shared library.
 export DCP_MLA_DEMO="$work/bin/dcp_mla_demo" DCP_MLA_LIB="$work/bin/libdcp_mla_ffi.so"
+export DCP_MLA_ABI_CHECKS="$work/bin/dcp_mla_abi_checks"
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 skips=()
 [ "$gpus" -ge 2 ] || skips+=(--skip decode_step_across_gpus)

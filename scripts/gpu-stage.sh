@@ -41,7 +41,8 @@ cp "$target/release/dcp-mla" "$stage/pack/bin/dcp-mla"
 # compiles and links against the staticlib here (the GPU machine has no cargo).
 cargo build --release -p dcp-mla-ffi
 cargo test --release -p dcp-mla-ffi --test c_demo >/dev/null
-cp "$target/release/libdcp_mla_ffi.so" "$target/release/dcp_mla_demo" "$stage/pack/bin/"
+cargo test --release -p dcp-mla-ffi --test c_abi_checks >/dev/null
+cp "$target/release/libdcp_mla_ffi.so" "$target/release/dcp_mla_demo" "$target/release/dcp_mla_abi_checks" "$stage/pack/bin/"
 strip "$stage"/pack/tests/* "$stage"/pack/bin/* 2>/dev/null || true
 # xz's large window stores the fatbins that every binary embeds about once.
 tar -C "$stage/pack" -cf - . | xz -T2 -6e >"$stage/bundle.tar.xz"
