@@ -17,12 +17,14 @@
 //        hands over scale0 and m0 (scale0_ready); O_L += bf16(P0)·V0_L from registers; waits for
 //        WG1's scale1 (scale1_ready); refills K0's blocks 0..3 (V0_L, done); writes bf16(P0·scale1)
 //        into K0's rope block (only S read it) for WG1 (p0_ready); O_L ·= scale1 and, with WG1's
-//        P1 (p1_ready), O_L += P1·V1_L from shared memory; queues S of the next K0 and, once
-//        P1·V1_L is done, refills K1's blocks 0..3 and 8.
+//        P1 (p1_ready), O_L += P1·V1_L from shared memory; once that is done, refills K1's
+//        blocks 0..3 and 8 (before anything else: S of the next K1 waits for them), then
+//        computes S of the next K0.
 //   WG1: waits for scale0; softmax of S1 against max(m0, max S1) = m1: scale1 = 2^(m0 − m1),
 //        O_R ·= scale0·scale1; hands over scale1 and m1; writes bf16(P1) into K1's rope block (p1_ready);
 //        O_R += P1·V1_R from registers, then (p0_ready) O_R += P0·V0_R from shared memory; refills
-//        K1's blocks 4..7 and K0's 4..8 as each is done; computes S of the next K1.
+//        K1's blocks 4..7 and K0's 4..8 as each is done; computes S of the next K1 over blocks
+//        4..8 first (its own refill) and 0..3 last (WG0's, which lands later).
 // Each warpgroup's row sums l cover its own P; the two are added at the end. Every column block
 // of a buffer has its own full mbarrier (TMA bytes), so S starts on block 0 while the rest land.
 // The sequence's last, partial tile: pages are TMA'd whole, so the tokens past the sequence hold
