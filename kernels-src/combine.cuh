@@ -342,8 +342,8 @@ __device__ __forceinline__ void combine_merge_two(const DcpMergeTwoParams& p) {
         combine_load<E>(a + combine_offset<E>(g, lane), va[g]);
         combine_load<E>(b + combine_offset<E>(g, lane), vb[g]);
     }
-    // each input in its own base (SPEC §5.3): both to λ (natural log, +inf and NaN as empty)
-    // first, then weighted as natural logs, as the reference does
+    // each input in its own base (SPEC §5.3): both to λ first (natural log; +inf as empty, NaN
+    // kept), then weighted as natural logs (base2 = 0), as the reference does
     float lse[2] = {combine_lambda(((const float*)p.lse_a)[row], p.lse_a_base2),
                     combine_lambda(((const float*)p.lse_b)[row], p.lse_b_base2)};
     float coef[2];

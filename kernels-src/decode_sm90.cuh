@@ -587,8 +587,8 @@ __device__ __forceinline__ void mla_decode_sm90_lockstep(const DcpMlaDecodeParam
 // The roles schedule (Sm90Schedule::Roles; BF16 tiles of 64 tokens in two buffers).
 // Warpgroup 0, per tile i: queue its half of P·V(i − 1) and S(i) back to back; once P·V is done
 // (tile i − 1's buffer is then free for warpgroup 1 to refill) and S(i) is, the softmax; then P(i)
-// as bf16 (into the tile's rope block, which only S reads), in the K-major swizzled layout of a wgmma A operand, plus the rows' rescale factors (sAlpha), for both
-// warpgroups' P·V. Warpgroup 1: the loads (Q with the first tile; dense tiles by TMA when the
+// as bf16 (into the tile's rope block, which only S reads), in the K-major swizzled layout of a
+// wgmma A operand, plus the rows' rescale factors (sAlpha), for both warpgroups' P·V. Warpgroup 1: the loads (Q with the first tile; dense tiles by TMA when the
 // launch passes a tensor map, else cp.async) and the other half of P·V, issued as soon as P(i)
 // is handed over, so it runs beside warpgroup 0's S(i + 1). Buffer b's full mbarrier completes
 // when its copies have landed (128 asynchronous cp.async arrivals, and the TMA boxes' bytes)

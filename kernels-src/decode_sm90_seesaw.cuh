@@ -258,6 +258,45 @@ __device__ __forceinline__ void mla_decode_sm90_seesaw(const DcpMlaDecodeParams&
             }
         };
 
+        // The softmax of this warpgroup's tile (`has`: the pair has one for it), shared by both:
+        // against the rows' running max m in sM, m' = max(m, max S) goes to sM and scale =
+        // 2^(m − m') to s_scale for the other warpgroup; O and l ·= scale·prior[row] (prior: what O
+        // still owes an earlier max of this pair, WG0's scale0 for WG1; none for WG0); P goes to s
+        // in fp32 and to pf as bf16 A fragments.
+        auto softmax = [&](float (&s)[kSRegs], uint32_t (&pf)[Tile / 16][4], float (&o)[128], float (&l)[2],
+                           int tile, int b, bool has, float* s_scale, const float* prior) {
+            float m_new[2], m_use[2], scale[2], f[2];
+            tile_max(s, tile, sMask[b], has, m_new);
+#pragma unroll
+            for (int k = 0; k < 2; ++k) {
+                const float m_prev = sM[r0 + 8 * k];
+                m_new[k] = fmaxf(m_prev, m_new[k]);
+                m_use[k] = m_new[k] == -INFINITY ? 0.0f : m_new[k];  // a row that saw nothing: p = 0, no NaN
+                scale[k] = exp2f(m_prev - m_use[k]);
+                f[k] = prior ? prior[r0 + 8 * k] * scale[k] : scale[k];
+            }
+            __syncwarp();  // the warp's four lanes of each row have read sM
+            if (t4 == 0) {
+#pragma unroll
+                for (int k = 0; k < 2; ++k) {
+                    s_scale[r0 + 8 * k] = scale[k];
+                    sM[r0 + 8 * k] = m_new[k];
+                }
+            }
+            rescale_o(o, f[0], f[1]);
+            float sum[2] = {0.0f, 0.0f};
+#pragma unroll
+            for (int e = 0; e < kSRegs; e += 2) {
+                const int k = (e >> 1) & 1;
+                s[e] = exp2f(s[e] - m_use[k]);
+                s[e + 1] = exp2f(s[e + 1] - m_use[k]);
+                sum[k] += s[e] + s[e + 1];
+                pf[e >> 3][2 * ((e >> 2) & 1) + k] = decode::pack_bf16(s[e], s[e + 1]);
+            }
+#pragma unroll
+            for (int k = 0; k < 2; ++k) l[k] = l[k] * f[k] + sum[k];
+        };
+
         // ---- prologue: the first two tiles, Q, and their S ----
         // the boxes of the next pair's tiles (tile_begin + 2j + 2, + 3), read a pair ahead by warp
         // 0 of each warpgroup
@@ -302,37 +341,8 @@ __device__ __forceinline__ void mla_decode_sm90_seesaw(const DcpMlaDecodeParams&
             }
             if (wg == 0) {
                 // ---- softmax of S0 ----
-                float tmax[2], m_use[2], scale0[2];
-                tile_max(s, t0, sMask[0], true, tmax);
-#pragma unroll
-                for (int k = 0; k < 2; ++k) {
-                    const float m_prev = sM[r0 + 8 * k];
-                    const float m_new = fmaxf(m_prev, tmax[k]);
-                    m_use[k] = m_new == -INFINITY ? 0.0f : m_new;  // a row that saw nothing: p = 0, no NaN
-                    scale0[k] = exp2f(m_prev - m_use[k]);
-                    tmax[k] = m_new;
-                }
-                __syncwarp();
-                if (t4 == 0) {
-#pragma unroll
-                    for (int k = 0; k < 2; ++k) {
-                        sScale0[r0 + 8 * k] = scale0[k];
-                        sM[r0 + 8 * k] = tmax[k];
-                    }
-                }
-                rescale_o(o, scale0[0], scale0[1]);
                 uint32_t pf[Tile / 16][4];
-                float sum[2] = {0.0f, 0.0f};
-#pragma unroll
-                for (int e = 0; e < kSRegs; e += 2) {
-                    const int k = (e >> 1) & 1;
-                    s[e] = exp2f(s[e] - m_use[k]);
-                    s[e + 1] = exp2f(s[e + 1] - m_use[k]);
-                    sum[k] += s[e] + s[e + 1];
-                    pf[e >> 3][2 * ((e >> 2) & 1) + k] = decode::pack_bf16(s[e], s[e + 1]);
-                }
-#pragma unroll
-                for (int k = 0; k < 2; ++k) l[k] = l[k] * scale0[k] + sum[k];
+                softmax(s, pf, o, l, t0, 0, true, sScale0, nullptr);
                 mbar_arrive(scale0_ready);
                 if (is_tail(t0)) zero_tail(0, t0, ld0);
                 // ---- O_L += P0·V0_L (P0 from registers) ----
@@ -372,40 +382,11 @@ __device__ __forceinline__ void mla_decode_sm90_seesaw(const DcpMlaDecodeParams&
                     fence_regs(s);
                 }
             } else {
-                // ---- softmax of S1 (none when the pair has no K1 tile) ----
+                // ---- softmax of S1 (none when the pair has no K1 tile); O_R was relative to the
+                // previous pair's max, so it also owes WG0's scale0 ----
                 mbar_wait(scale0_ready, par);
-                float tmax[2], m_use[2], scale1[2], f[2];
-                tile_max(s, t1, sMask[1], has1, tmax);
-#pragma unroll
-                for (int k = 0; k < 2; ++k) {
-                    const float m_prev = sM[r0 + 8 * k];  // m0 of this pair
-                    const float m_new = fmaxf(m_prev, tmax[k]);
-                    m_use[k] = m_new == -INFINITY ? 0.0f : m_new;
-                    scale1[k] = exp2f(m_prev - m_use[k]);
-                    f[k] = sScale0[r0 + 8 * k] * scale1[k];  // O_R was relative to the previous pair's max
-                    tmax[k] = m_new;
-                }
-                __syncwarp();
-                if (t4 == 0) {
-#pragma unroll
-                    for (int k = 0; k < 2; ++k) {
-                        sScale1[r0 + 8 * k] = scale1[k];
-                        sM[r0 + 8 * k] = tmax[k];
-                    }
-                }
-                rescale_o(o, f[0], f[1]);
                 uint32_t pf[Tile / 16][4];
-                float sum[2] = {0.0f, 0.0f};
-#pragma unroll
-                for (int e = 0; e < kSRegs; e += 2) {
-                    const int k = (e >> 1) & 1;
-                    s[e] = exp2f(s[e] - m_use[k]);
-                    s[e + 1] = exp2f(s[e + 1] - m_use[k]);
-                    sum[k] += s[e] + s[e + 1];
-                    pf[e >> 3][2 * ((e >> 2) & 1) + k] = decode::pack_bf16(s[e], s[e + 1]);
-                }
-#pragma unroll
-                for (int k = 0; k < 2; ++k) l[k] = l[k] * f[k] + sum[k];
+                softmax(s, pf, o, l, t1, 1, has1, sScale1, sScale0);
                 mbar_arrive(scale1_ready);
                 // ---- O_R += P1·V1_R (P1 from registers), then O_R += P0·V0_R ----
                 fence_regs(o);
