@@ -246,15 +246,13 @@ pub fn decode_sm90_shared_bytes(tile: usize, stages: usize, fp8: bool, schedule:
     let flags = if fp8 { 2 } else { stages } * tile * 4;
     let raw = if fp8 { tile * crate::formats::FP8_ROW_BYTES } else { 0 };
     let extra = match schedule {
-        Sm90Schedule::Plain => ROWS_PER_CTA * tile * 4 - tile * 128,
-        Sm90Schedule::Roles => ROWS_PER_CTA * 4 + ROWS_PER_CTA * 8 + 6 * 8,
-        // no flags: the running max, two scale factors, two warpgroups' row sums, two token
-        // masks, and 2·9 + 4 + 2 mbarriers
-        Sm90Schedule::Seesaw => {
-            return 1024 + ROWS_PER_CTA * D_QK * 2 + stages * tile * D_QK * 2 + 5 * ROWS_PER_CTA * 4 + 16 + 24 * 8
-        }
+        Sm90Schedule::Plain => flags + raw + ROWS_PER_CTA * tile * 4 - tile * 128,
+        Sm90Schedule::Roles => flags + raw + ROWS_PER_CTA * 4 + ROWS_PER_CTA * 8 + 6 * 8,
+        // no flags (a token mask per buffer instead) and no raw tile: the running max, two scale
+        // factors, two warpgroups' row sums, the two masks, and 2·9 + 4 + 2 mbarriers
+        Sm90Schedule::Seesaw => 5 * ROWS_PER_CTA * 4 + 2 * 8 + 24 * 8,
     };
-    1024 + ROWS_PER_CTA * D_QK * 2 + stages * tile * D_QK * 2 + flags + raw + extra
+    1024 + ROWS_PER_CTA * D_QK * 2 + stages * tile * D_QK * 2 + extra
 }
 
 /// `DCP_MLA_DECODE_PATH` (read once): unset or empty is `None`; a value that names no shipped
@@ -313,12 +311,13 @@ struct Kernel {
 }
 
 /// The kernel for a launch over `format` (`sparse`: index lists, else the dense block table) on
-/// `dev`; `None`: `path` cannot run here (wgmma asked for on a device that is not compute
-/// capability 9.0, or a variant not built for this kind of launch). `Auto` is the wgmma variant
-/// that `DCP_MLA_DECODE_PATH` names when it is built for this kind, else this kind's default
-/// (the first of [`SM90_VARIANTS`] or the format's first in [`SM90_SPARSE_VARIANTS`]) on
-/// compute capability 9.0, else mma.sync; `DCP_MLA_DECODE_PATH=mma` forces mma.sync.
-fn decode_kernel(dev: &Device, format: KvFormat, sparse: bool, path: DecodePath) -> Option<Kernel> {
+/// `dev`; `Error::Unsupported` when `path` cannot run here (wgmma asked for on a device that is
+/// not compute capability 9.0, or a variant not built for this kind of launch). `Auto` is the
+/// wgmma variant that `DCP_MLA_DECODE_PATH` names when it is built for this kind, else this
+/// kind's default (the first of [`SM90_VARIANTS`] or the format's first in
+/// [`SM90_SPARSE_VARIANTS`]) on compute capability 9.0, else mma.sync;
+/// `DCP_MLA_DECODE_PATH=mma` forces mma.sync, and a value naming no kernel is an error.
+fn decode_kernel(dev: &Device, format: KvFormat, sparse: bool, path: DecodePath) -> Result<Kernel> {
     let kv = match (sparse, format) {
         (false, _) => axes::Kv::DenseBf16,
         (true, KvFormat::Bf16) => axes::Kv::SparseBf16,
@@ -355,18 +354,19 @@ fn decode_kernel(dev: &Device, format: KvFormat, sparse: bool, path: DecodePath)
         };
         wgmma(tile, stages, schedule)
     };
-    match path {
+    let kernel = match path {
         DecodePath::Mma => mma(),
         DecodePath::Wgmma { tile, stages, schedule } => wgmma(tile, stages, schedule),
-        // (an invalid DCP_MLA_DECODE_PATH was refused by the launcher before this)
-        DecodePath::Auto => match env_path().ok().flatten() {
+        DecodePath::Auto => match env_path()? {
             Some(DecodePath::Mma) => mma(),
             Some(DecodePath::Wgmma { tile, stages, schedule }) => {
                 wgmma(tile, stages, schedule).or_else(default).or_else(mma)
             }
             _ => default().or_else(mma),
         },
-    }
+    };
+    let kind = if sparse { "sparse" } else { "dense" };
+    kernel.ok_or_else(|| Error::Unsupported(format!("mla_decode {kind} {format:?} on {path:?}")))
 }
 
 /// Dense decode (SPEC.md §4). Validates every argument, allocates nothing, never synchronises.
@@ -378,17 +378,12 @@ pub fn mla_decode_dense(dev: &Device, stream: Stream, a: &DenseDecode) -> Result
 /// [`mla_decode_dense`] on a chosen kernel; `Error::Unsupported` when it cannot run on `dev`.
 pub fn mla_decode_dense_on(dev: &Device, stream: Stream, a: &DenseDecode, path: DecodePath) -> Result<()> {
     let mut params = dense_params(a)?;
-    if path == DecodePath::Auto {
-        env_path()?;
-    }
-    let mut kernel = decode_kernel(dev, KvFormat::Bf16, false, path)
-        .ok_or_else(|| Error::Unsupported(format!("mla_decode dense on {path:?}")))?;
+    let mut kernel = decode_kernel(dev, KvFormat::Bf16, false, path)?;
     let tma = tma_enabled() && dense_tma_fits(a.num_pages, a.block_size);
     if kernel.needs_tensor_map && !tma {
         // the seesaw schedule loads only by TMA: this cache's pages take the roles schedule
         let roles = DecodePath::Wgmma { tile: 64, stages: 2, schedule: Sm90Schedule::Roles };
-        kernel = decode_kernel(dev, KvFormat::Bf16, false, roles)
-            .ok_or_else(|| Error::Unsupported("mla_decode dense roles schedule".into()))?;
+        kernel = decode_kernel(dev, KvFormat::Bf16, false, roles)?;
     }
     if kernel.takes_tensor_map && tma {
         // [num_pages·B rows, 576] bf16; a box is one 128-byte column block of a tile's tokens, or
@@ -471,11 +466,7 @@ pub fn mla_decode_sparse(dev: &Device, stream: Stream, a: &SparseDecode) -> Resu
 /// [`mla_decode_sparse`] on a chosen kernel; `Error::Unsupported` when it cannot run on `dev`.
 pub fn mla_decode_sparse_on(dev: &Device, stream: Stream, a: &SparseDecode, path: DecodePath) -> Result<()> {
     let mut params = sparse_params(a)?;
-    if path == DecodePath::Auto {
-        env_path()?;
-    }
-    let kernel = decode_kernel(dev, a.format, true, path)
-        .ok_or_else(|| Error::Unsupported(format!("mla_decode sparse {:?} on {path:?}", a.format)))?;
+    let kernel = decode_kernel(dev, a.format, true, path)?;
     launch(dev, stream, &kernel, &a.common, &mut params, true)
 }
 
