@@ -66,26 +66,28 @@ pub fn decode<T: Real>(
     sel: &Selection,
     scale: f32,
 ) -> (Vec<T>, Vec<T>) {
-    let (out, lse, _) = decode_with_mean_abs_v::<T>(q, shape, cache, bytes, sel, scale);
+    let (out, lse, _) = attention_rows::<T>(q, shape, cache, bytes, sel, scale, false);
     (out, lse)
 }
 
-/// [`decode`], also returning A [b, q, H, 512]: A_c = Σ_k p_k·|v_kc| / Σ_k p_k, the
-/// softmax-weighted mean of |v| that SPEC §9's elementwise bound is relative to (0 for an empty row).
-pub fn decode_with_mean_abs_v<T: Real>(
+/// [`decode`]'s body; with `mean_abs`, also A [b, q, H, 512]: A_c = Σ_k p_k·|v_kc| / Σ_k p_k,
+/// the softmax-weighted mean of |v| that SPEC §9's elementwise bound is relative to (0 for an
+/// empty row); without, A is empty and not computed (the f32 model the demo runs at scale).
+fn attention_rows<T: Real>(
     q: &[bf16],
     shape: QueryShape,
     cache: &PagedCache,
     bytes: &[u8],
     sel: &Selection,
     scale: f32,
+    mean_abs: bool,
 ) -> (Vec<T>, Vec<T>, Vec<T>) {
     let QueryShape { batch, rows, heads } = shape;
     assert_eq!(q.len(), batch * rows * heads * D_QK, "q is [b, q, H, 576]");
     assert!(bytes.len() >= cache.num_pages * cache.block_size * cache.format.token_bytes(), "cache bytes");
     let slots_total = cache.num_pages * cache.block_size;
     let mut out = vec![T::ZERO; batch * rows * heads * D_V];
-    let mut mean_abs = vec![T::ZERO; batch * rows * heads * D_V];
+    let mut abs_v = vec![T::ZERO; if mean_abs { batch * rows * heads * D_V } else { 0 }];
     let mut lse = vec![T::NEG_INFINITY; batch * rows * heads];
     let mut kv: Vec<[f32; D_QK]> = Vec::new();
     let mut picked: Vec<usize> = Vec::new();
@@ -125,18 +127,18 @@ pub fn decode_with_mean_abs_v<T: Real>(
             for h in 0..heads {
                 let qh = &q[(row * heads + h) * D_QK..][..D_QK];
                 let o = &mut out[(row * heads + h) * D_V..][..D_V];
-                let a = &mut mean_abs[(row * heads + h) * D_V..][..D_V];
+                let a = mean_abs.then(|| &mut abs_v[(row * heads + h) * D_V..][..D_V]);
                 lse[row * heads + h] = attend(qh, &kv, T::from_f32(scale), o, a);
             }
         }
     }
-    (out, lse, mean_abs)
+    (out, lse, abs_v)
 }
 
-/// Softmax attention of one query head over `kv` into `out`, and the softmax-weighted mean of
-/// |v| into `mean_abs` (both left 0 when kv is empty); returns the natural-log lse (−inf when
-/// empty).
-fn attend<T: Real>(q: &[bf16], kv: &[[f32; D_QK]], scale: T, out: &mut [T], mean_abs: &mut [T]) -> T {
+/// Softmax attention of one query head over `kv` into `out`, and when asked the softmax-weighted
+/// mean of |v| into `mean_abs` (both left 0 when kv is empty); returns the natural-log lse (−inf
+/// when empty).
+fn attend<T: Real>(q: &[bf16], kv: &[[f32; D_QK]], scale: T, out: &mut [T], mut mean_abs: Option<&mut [T]>) -> T {
     if kv.is_empty() {
         return T::NEG_INFINITY;
     }
@@ -156,15 +158,22 @@ fn attend<T: Real>(q: &[bf16], kv: &[[f32; D_QK]], scale: T, out: &mut [T], mean
     for (&sk, k) in s.iter().zip(kv) {
         let p = (sk - m).exp();
         sum += p;
-        for ((o, a), &v) in out.iter_mut().zip(mean_abs.iter_mut()).zip(&k[..D_V]) {
-            let v = T::from_f32(v);
-            *o += p * v;
-            *a += p * v.abs();
+        for (o, &v) in out.iter_mut().zip(&k[..D_V]) {
+            *o += p * T::from_f32(v);
+        }
+        if let Some(a) = mean_abs.as_deref_mut() {
+            for (a, &v) in a.iter_mut().zip(&k[..D_V]) {
+                *a += p * T::from_f32(v).abs();
+            }
         }
     }
-    for (o, a) in out.iter_mut().zip(mean_abs.iter_mut()) {
+    for o in out.iter_mut() {
         *o = *o / sum;
-        *a = *a / sum;
+    }
+    if let Some(a) = mean_abs {
+        for a in a.iter_mut() {
+            *a = *a / sum;
+        }
     }
     m + sum.ln()
 }
@@ -193,8 +202,9 @@ pub fn decode_f64(
     decode::<f64>(q, shape, cache, bytes, sel, scale)
 }
 
-/// The fp64 oracle of SPEC §9's attention tolerance: out, lse and A (see
-/// [`decode_with_mean_abs_v`]), for [`crate::reference::tolerance::check_attention`].
+/// The fp64 oracle of SPEC §9's attention tolerance: out, lse and A (A_c = Σ_k p_k·|v_kc| /
+/// Σ_k p_k, the softmax-weighted mean of |v|; 0 for an empty row), for
+/// [`crate::reference::tolerance::check_attention`].
 pub fn decode_oracle(
     q: &[bf16],
     shape: QueryShape,
@@ -203,7 +213,7 @@ pub fn decode_oracle(
     sel: &Selection,
     scale: f32,
 ) -> crate::reference::tolerance::AttentionOracle {
-    let (out, lse, mean_abs_v) = decode_with_mean_abs_v::<f64>(q, shape, cache, bytes, sel, scale);
+    let (out, lse, mean_abs_v) = attention_rows::<f64>(q, shape, cache, bytes, sel, scale, true);
     crate::reference::tolerance::AttentionOracle { out, lse, mean_abs_v }
 }
 

@@ -2,7 +2,7 @@
 //! against an fp64 oracle: one home for the rule, used by every test that checks attention.
 //!
 //! - out, elementwise: |out_c − ref_c| ≤ 2^-6·A_c, where A_c = Σ_k p_k·|v_kc| / Σ_k p_k is the
-//!   softmax-weighted mean of |v| ([`crate::reference::attention::decode_with_mean_abs_v`]).
+//!   softmax-weighted mean of |v| ([`crate::reference::attention::decode_oracle`]).
 //!   One bf16 rounding of P errs by at most 2^-8·A_c, the bf16 output by 2^-8·|out| ≤ 2^-8·A_c,
 //!   and the a2a combine's bf16 partials by another 2^-8·A_c: 2^-6 leaves a margin over all three.
 //! - out, whole tensor: relative L2 error ≤ 3e-3 (what catches a wrong or missing token).
