@@ -6,52 +6,19 @@
 //! On a GPU machine without a compiler or the target folder (a staged run), set `DCP_MLA_DEMO`
 //! to a demo built here: the host test leaves it at `target/<profile>/dcp_mla_demo`.
 
+mod common;
+
 use dcp_mla_ffi::{dcp_mla_device_close, dcp_mla_device_open, dcp_mla_last_error, DcpMlaStatus};
 use std::ffi::CStr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-/// `target/<profile>`, where cargo leaves the staticlib (this binary lives in its `deps/`).
-fn profile_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("current_exe");
-    exe.parent().and_then(Path::parent).expect("target/<profile>/deps/<test>").to_path_buf()
-}
-
 /// The demo to run: `DCP_MLA_DEMO` if set, otherwise compiled and linked now.
 fn demo() -> PathBuf {
-    if let Some(p) = std::env::var_os("DCP_MLA_DEMO") {
-        return PathBuf::from(p);
+    match std::env::var_os("DCP_MLA_DEMO") {
+        Some(p) => PathBuf::from(p),
+        None => common::build_c("examples/demo.c", "dcp_mla_demo"),
     }
-    let dir = profile_dir();
-    let lib = dir.join("libdcp_mla_ffi.a");
-    assert!(
-        lib.exists(),
-        "{} is missing: run `cargo build --workspace` first (cargo test does not build staticlibs)",
-        lib.display()
-    );
-    let ffi = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let out = dir.join("dcp_mla_demo");
-    let target = env!("DCP_MLA_FFI_TARGET");
-    let compiler =
-        cc::Build::new().target(target).host(target).opt_level(1).cargo_metadata(false).warnings(true).get_compiler();
-    let mut cmd = compiler.to_command();
-    cmd.arg(ffi.join("examples/demo.c"))
-        .arg("-I")
-        .arg(ffi.join("include"))
-        .arg("-Wall")
-        .arg("-Werror")
-        .arg("-o")
-        .arg(&out)
-        .arg(&lib)
-        .args(["-lpthread", "-ldl", "-lm"]);
-    let o = cmd.output().expect("running the C compiler");
-    assert!(
-        o.status.success(),
-        "compiling demo.c failed: {cmd:?}\n{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    out
 }
 
 fn run(demo: &Path) -> (Output, String) {

@@ -147,35 +147,24 @@ fn bad_dtype_and_format_codes_are_refused() {
         assert_status(fill(null(), t(0x1000_0000, 4 * 512, F32), DCP_MLA_KV_BF16), DcpMlaStatus::BadDtype, "`ckv`");
         assert_status(fill(null(), t(0x1000_0000, 4 * 512, 99), DCP_MLA_KV_BF16), DcpMlaStatus::BadDtype, "99");
         assert_status(fill(null(), t(0x1000_0000, 4 * 512, BF16), 7), DcpMlaStatus::BadDtype, "`format`");
-        let s = dcp_mla_merge_two(
-            null(),
-            null_mut(),
-            t(0x1000_0000, 512, F32),
-            t(0x2000_0000, 1, F32),
-            t(0x3000_0000, 512, F32),
-            t(0x4000_0000, 1, F32),
-            0,
-            DCP_MLA_LSE_BASE_E,
-            t(0x5000_0000, 512, F32),
-            t(0x6000_0000, 1, F32),
-            1,
-        );
-        assert_status(s, DcpMlaStatus::BadDtype, "`lse_a_base`");
-        // each input names its own base
-        let s = dcp_mla_merge_two(
-            null(),
-            null_mut(),
-            t(0x1000_0000, 512, F32),
-            t(0x2000_0000, 1, F32),
-            t(0x3000_0000, 512, F32),
-            t(0x4000_0000, 1, F32),
-            DCP_MLA_LSE_BASE_2,
-            9,
-            t(0x5000_0000, 512, F32),
-            t(0x6000_0000, 1, F32),
-            1,
-        );
-        assert_status(s, DcpMlaStatus::BadDtype, "`lse_b_base`");
+        // each input's base code is checked, and named, on its own
+        let merge = |base_a: i32, base_b: i32| {
+            dcp_mla_merge_two(
+                null(),
+                null_mut(),
+                t(0x1000_0000, 512, F32),
+                t(0x2000_0000, 1, F32),
+                t(0x3000_0000, 512, F32),
+                t(0x4000_0000, 1, F32),
+                base_a,
+                base_b,
+                t(0x5000_0000, 512, F32),
+                t(0x6000_0000, 1, F32),
+                1,
+            )
+        };
+        assert_status(merge(0, DCP_MLA_LSE_BASE_E), DcpMlaStatus::BadDtype, "`lse_a_base`");
+        assert_status(merge(DCP_MLA_LSE_BASE_2, 9), DcpMlaStatus::BadDtype, "`lse_b_base`");
     }
 }
 
