@@ -359,7 +359,8 @@ __device__ __forceinline__ void mla_decode_sm90_lockstep(const DcpMlaDecodeParam
     constexpr bool kFp8 = Kv == DecodeKv::SparseFp8;
     static_assert(Tile == 32 || Tile == 64, "S tile is one wgmma m64nTile");
     static_assert(kFp8 ? Stages == 1 : Stages >= 2, "a ring of at least two buffers (FP8: one, fed by dequant)");
-    static_assert(decode_sm90::shared_bytes<Kv, Tile, Stages, Sched>() <= 227 * 1024, "fits one H100/H200 CTA");
+    static_assert(decode_sm90::shared_bytes<Kv, Tile, Stages, Sched>() + decode::kWriteRowsStaticBytes <= 227 * 1024,
+                  "fits one H100/H200 CTA (dynamic + write_rows' static flags)");
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using namespace decode_sm90;
     constexpr int kTilePerThread = kThreads / Tile;  // threads loading one token row
@@ -603,7 +604,8 @@ __device__ __forceinline__ void mla_decode_sm90_roles(const DcpMlaDecodeParams& 
     constexpr Sm90Schedule Sched = Sm90Schedule::Roles;
     static_assert(Kv != DecodeKv::SparseFp8, "roles schedule: BF16 tiles only");
     static_assert(Tile == 64 && Stages == 2, "roles schedule: P fills a 64-token rope block; two buffers");
-    static_assert(decode_sm90::shared_bytes<Kv, Tile, Stages, Sched>() <= 227 * 1024, "fits one H100/H200 CTA");
+    static_assert(decode_sm90::shared_bytes<Kv, Tile, Stages, Sched>() + decode::kWriteRowsStaticBytes <= 227 * 1024,
+                  "fits one H100/H200 CTA (dynamic + write_rows' static flags)");
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using namespace decode_sm90;
     constexpr int kSRegs = Tile / 2;

@@ -61,7 +61,8 @@ __device__ __forceinline__ void mla_decode_sm90_seesaw(const DcpMlaDecodeParams&
     constexpr Sm90Schedule Sched = Sm90Schedule::Seesaw;
     static_assert(Kv == DecodeKv::DenseBf16, "seesaw schedule: dense BF16 tiles by TMA");
     static_assert(Tile == 64 && Stages == 2, "seesaw schedule: P fills a 64-token rope block; a pair of buffers");
-    static_assert(decode_sm90::shared_bytes<Kv, Tile, Stages, Sched>() <= 227 * 1024, "fits one H100/H200 CTA");
+    static_assert(decode_sm90::shared_bytes<Kv, Tile, Stages, Sched>() + decode::kWriteRowsStaticBytes <= 227 * 1024,
+                  "fits one H100/H200 CTA (dynamic + write_rows' static flags)");
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using namespace decode_sm90;
     constexpr int kSRegs = Tile / 2;

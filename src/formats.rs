@@ -63,11 +63,13 @@ pub fn fp8_group_scale(amax: f32) -> f32 {
 }
 
 /// f32 → e4m3 (bias 7, no infinities, 0x7f is NaN), round to nearest even, saturating to ±448.
+/// Every NaN, whatever its sign, becomes the canonical 0x7f: what the GPU's conversion
+/// (cvt.satfinite.e4m3) writes, so fill stays bit-exact on NaN input too.
 pub fn e4m3_encode(x: f32) -> u8 {
-    let sign = if x.is_sign_negative() { 0x80u8 } else { 0 };
     if x.is_nan() {
-        return 0x7f | sign;
+        return 0x7f;
     }
+    let sign = if x.is_sign_negative() { 0x80u8 } else { 0 };
     let a = x.abs();
     if a >= E4M3_MAX {
         return sign | 0x7e;
@@ -171,6 +173,8 @@ mod tests {
         assert_eq!(e4m3_encode(1000.0), 0x7e);
         assert_eq!(e4m3_encode(-1e30), 0xfe);
         assert_eq!(e4m3_encode(f32::INFINITY), 0x7e);
+        assert_eq!(e4m3_encode(f32::NAN), 0x7f);
+        assert_eq!(e4m3_encode(-f32::NAN), 0x7f, "a NaN's sign is not kept");
         assert_eq!(e4m3_decode(0x7e), 448.0);
         // 1.0625 is halfway between 1.0 (0x38) and 1.125 (0x39): ties to even -> 1.0
         assert_eq!(e4m3_encode(1.0625), 0x38);

@@ -448,6 +448,9 @@ fn a2a_matches_reference() {
     let mut rng = Rng::new(seed());
     let cases = [
         A2aCase { d: 2, t: 1, h_l: 16, base: LseBase::E, f32_in: false, f32_out: false },
+        // D = 1 (SPEC §9's DCP identity at D = 1): the one slot, unpacked
+        A2aCase { d: 1, t: 128, h_l: 16, base: LseBase::E, f32_in: false, f32_out: false },
+        A2aCase { d: 1, t: 3, h_l: 8, base: LseBase::Two, f32_in: true, f32_out: true },
         A2aCase { d: 4, t: 128, h_l: 16, base: LseBase::Two, f32_in: true, f32_out: true },
         A2aCase { d: 8, t: 128, h_l: 8, base: LseBase::E, f32_in: false, f32_out: false },
         A2aCase { d: 8, t: 1, h_l: 16, base: LseBase::Two, f32_in: false, f32_out: true },

@@ -1,6 +1,7 @@
 //! MLA decode attention on the GPU against the fp64 CPU reference (SPEC.md §4, §9): dense over
 //! the BF16 cache, sparse over BF16 and FP8-656, split-KV, the DCP identity and graph replay.
-//! Every cache slot that no length or index covers holds NaN; outputs are poisoned before launch.
+//! Every cache slot that no length or index covers holds NaN; outputs are poisoned (with a finite
+//! value no attention gives) before launch.
 
 mod common;
 
@@ -99,7 +100,11 @@ fn num_sms() -> usize {
     gpu().context().attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).unwrap() as usize
 }
 
-/// Device outputs of one launch, poisoned with NaN before it.
+/// What outputs hold before a launch: finite and far from any attention value, so a row the
+/// kernel leaves unwritten fails every check, NaN and −inf expectations included.
+const POISON: f32 = -7.0e37;
+
+/// Device outputs of one launch, poisoned before it.
 struct DevOut {
     out_bf16: cudarc::driver::CudaSlice<bf16>,
     out_f32: cudarc::driver::CudaSlice<f32>,
@@ -115,9 +120,9 @@ impl DevOut {
         let ws = |sparse| decode_workspace_bytes(shape.batch, shape.rows, shape.heads, sparse, splits).unwrap();
         let ws_bytes = ws(false).max(ws(true)).max(16);
         DevOut {
-            out_bf16: upload(&s, &vec![bf16::NAN; rows * D_V]),
-            out_f32: upload(&s, &vec![f32::NAN; rows * D_V]),
-            lse: upload(&s, &vec![f32::NAN; rows]),
+            out_bf16: upload(&s, &vec![bf16::from_f32(POISON); rows * D_V]),
+            out_f32: upload(&s, &vec![POISON; rows * D_V]),
+            lse: upload(&s, &vec![POISON; rows]),
             ws: upload(&s, &vec![0xffu8; ws_bytes]),
             f32_out,
         }
@@ -329,27 +334,60 @@ fn dense_bf16_matches_reference() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn nan_inputs_make_their_rows_nan() {
-    // SPEC §9: a NaN in q, or in a cache row a query row reads, makes that row's out and lse NaN,
-    // never a finite or empty-looking (−inf) result, also once the KV is split (the combine must
-    // not read the NaN lse as an empty piece); NaN in slots no row reads never leaks.
+    // SPEC §9: a NaN in q, or in a cache row a query row reads (its k part or only its v part),
+    // makes that row's whole out and its lse NaN, never a finite or empty-looking (−inf) result,
+    // also once the KV is split (the combine must not read the NaN lse as an empty piece); NaN
+    // in slots no row reads never leaks. Outputs start as a finite poison, so a row left
+    // unwritten cannot pass for NaN.
     let mut rng = Rng::new(seed());
-    let shape = QueryShape { batch: 3, rows: 1, heads: 64 };
-    let lens = [700, 333, 129];
+    let shape = QueryShape { batch: 4, rows: 1, heads: 64 };
+    let lens = [700, 333, 129, 190];
     let tokens = lens.map(|l| l as usize);
     let mut hc = dense_cache(&mut rng, KvFormat::Bf16, 64, &tokens);
     let mut q = random_q(&mut rng, shape);
     q[(5 * D_QK) + 17] = bf16::NAN; // request 0, head 5
-                                    // request 1: token 200's k (dim 3) is NaN, so every head of request 1 sees a NaN score
-    let slot = hc.slot(1, 200);
     let mut row: Vec<bf16> = (0..D_QK).map(|_| bf16::from_f32(0.25)).collect();
-    row[3] = bf16::NAN;
-    hc.write(slot, &row);
+    // request 1: token 200's k (dim 515, a rope dim) is NaN: every head of request 1 sees a NaN score
+    row[515] = bf16::NAN;
+    hc.write(hc.slot(1, 200), &row);
+    // request 3: token 150's v (dim 300: the second column half) alone is NaN; its scores are finite
+    row[515] = bf16::from_f32(0.25);
+    row[300] = bf16::NAN;
+    hc.write(hc.slot(3, 150), &row);
     let want = decode_oracle(&q, shape, &hc.paged(), &hc.bytes, &Selection::Dense { lens: &lens }, default_scale());
-    assert!(want.lse[5].is_nan() && want.lse[64].is_nan() && want.lse[2 * 64].is_finite());
+    assert!(want.lse[5].is_nan() && want.lse[64].is_nan() && want.lse[2 * 64].is_finite() && want.lse[3 * 64].is_nan());
+    assert!(want.out[3 * 64 * D_V..].iter().all(|x| x.is_nan()), "the oracle's v-only NaN rows are NaN throughout");
     for path in dense_paths() {
         for splits in [1, 5] {
-            let (out, lse) = launch_dense(path, &hc, &q, shape, &lens, splits, false);
+            let (out, lse) = launch_dense(path, &hc, &q, shape, &lens, splits, splits == 5);
             check(&format!("{path:?} NaN rows splits={splits}"), &out, &lse, &want);
+        }
+    }
+    // sparse, BF16 and FP8: a v-only NaN (FP8: a NaN e4m3 code in group 1) in a picked token
+    // makes the rows that pick it NaN; the rows that do not pick it stay finite
+    for format in [KvFormat::Bf16, KvFormat::Fp8_656] {
+        let shape = QueryShape { batch: 1, rows: 3, heads: 64 };
+        let k = 512;
+        let (mut hc, mut idx) = sparse_case(&mut rng, format, shape, k, &[]);
+        let bad =
+            idx[k..2 * k].iter().copied().find(|&x| x >= 0 && (x as usize) < hc.num_pages * hc.block_size).unwrap();
+        for (i, x) in idx.iter_mut().enumerate() {
+            if *x == bad && !(k..2 * k).contains(&i) {
+                *x = -1; // only row 1 reads the bad token
+            }
+        }
+        let mut row = random_row(&mut rng);
+        row[200] = bf16::NAN;
+        hc.write(bad as usize, &row);
+        let q = random_q(&mut rng, shape);
+        let sel = Selection::Sparse { indices: &idx, k, topk_len: None };
+        let want = decode_oracle(&q, shape, &hc.paged(), &hc.bytes, &sel, default_scale());
+        assert!(want.lse[64..128].iter().all(|x| x.is_nan()) && want.lse[..64].iter().all(|x| x.is_finite()));
+        for path in sparse_paths(format) {
+            for splits in [1, 3] {
+                let (out, lse) = launch_sparse(path, &hc, &q, shape, &idx, k, None, splits, false);
+                check(&format!("{path:?} {format:?} v-only NaN splits={splits}"), &out, &lse, &want);
+            }
         }
     }
 }
@@ -377,6 +415,15 @@ fn dense_invalid_pages_are_skipped() {
                 let (out, lse) = launch_dense(path, &hc, &q, shape, &lens, splits, false);
                 check(&format!("{path:?} B={block_size} splits={splits}"), &out, &lse, &want);
             }
+        }
+        // a cache of no pages: every entry names no page, so every row is empty (0, −inf); an
+        // argument like any other, not a failure of the TMA descriptor's encoding
+        let hc = HostCache { num_pages: 0, ..hc };
+        let want = decode_oracle(&q, shape, &hc.paged(), &hc.bytes, &Selection::Dense { lens: &lens }, default_scale());
+        assert!(want.lse.iter().all(|&l| l == f64::NEG_INFINITY));
+        for path in dense_paths() {
+            let (out, lse) = launch_dense(path, &hc, &q, shape, &lens, 1, false);
+            check(&format!("{path:?} B={block_size} no pages"), &out, &lse, &want);
         }
     }
 }
@@ -613,10 +660,10 @@ fn graph_replay_case(path: DecodePath) {
     let rows = shape.batch * shape.rows * shape.heads;
     let ws_bytes = decode_workspace_bytes(shape.batch, shape.rows, shape.heads, false, splits).unwrap();
     let sws_bytes = decode_workspace_bytes(shape.batch, shape.rows, shape.heads, true, splits).unwrap();
-    let mut d_out = s.clone_htod(&vec![bf16::NAN; rows * D_V]).unwrap();
-    let d_lse = s.clone_htod(&vec![f32::NAN; rows]).unwrap();
-    let d_sout = s.clone_htod(&vec![f32::NAN; rows * D_V]).unwrap();
-    let d_slse = s.clone_htod(&vec![f32::NAN; rows]).unwrap();
+    let mut d_out = s.clone_htod(&vec![bf16::from_f32(POISON); rows * D_V]).unwrap();
+    let d_lse = s.clone_htod(&vec![POISON; rows]).unwrap();
+    let d_sout = s.clone_htod(&vec![POISON; rows * D_V]).unwrap();
+    let d_slse = s.clone_htod(&vec![POISON; rows]).unwrap();
     let d_ws = s.clone_htod(&vec![0xffu8; ws_bytes]).unwrap();
     let d_sws = s.clone_htod(&vec![0xffu8; sws_bytes]).unwrap();
     let common = |out: DecodeOut, lse, ws| DecodeCommon {
@@ -671,7 +718,7 @@ fn graph_replay_case(path: DecodePath) {
     for (lens, idx) in [(&lens_a, &idx_a), (&lens_b, &idx_b)] {
         s.memcpy_htod(lens, &mut d_lens).unwrap();
         s.memcpy_htod(idx, &mut d_idx).unwrap();
-        s.memcpy_htod(&vec![bf16::NAN; rows * D_V], &mut d_out).unwrap();
+        s.memcpy_htod(&vec![bf16::from_f32(POISON); rows * D_V], &mut d_out).unwrap();
         graph.launch().unwrap();
         s.synchronize().unwrap();
         let out: Vec<f32> = s.clone_dtoh(&d_out).unwrap().iter().map(|x| x.to_f32()).collect();

@@ -65,6 +65,18 @@ fn run(case: &Case, rng: &mut Rng) {
         ckv[ckv_stride + 130] = bf16::from_f32(3.0e4);
         kpe[0] = bf16::from_f32(-0.0);
     }
+    // Non-finite input (docs/semantics.md's rule, bit-exact): NaN of either sign in a group with
+    // finite values (the scale ignores it, the value becomes 0x7f), ±inf (the group's scale is
+    // +inf), an all-NaN group, NaN in k_pe (copied bit for bit).
+    if t > 4 {
+        let neg_nan = bf16::from_bits(0xffc1);
+        ckv[2 * ckv_stride + 200] = neg_nan;
+        ckv[2 * ckv_stride + 300] = bf16::NAN;
+        ckv[3 * ckv_stride + 5] = bf16::INFINITY;
+        ckv[3 * ckv_stride + 400] = bf16::NEG_INFINITY;
+        ckv[4 * ckv_stride + 128..4 * ckv_stride + 256].fill(neg_nan);
+        kpe[4 * kpe_stride + 7] = neg_nan;
+    }
     let row = case.format.token_bytes();
     let cache_bytes = num_pages * b * row;
     let poison: Vec<u8> = (0..cache_bytes).map(|i| (i as u8).wrapping_mul(37) ^ 0xa5).collect();

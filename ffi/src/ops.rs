@@ -322,7 +322,8 @@ pub unsafe extern "C" fn dcp_mla_a2a_pack(
 }
 
 /// a2a combine, receive side: the full merge (SPEC.md §5) of the D received slots, in f32, rank
-/// order, a source with coefficient 0 skipped. Compiled for D in {2, 4, 8}.
+/// order, a source with coefficient 0 skipped. Compiled for D in {1, 2, 4, 8} (D = 1 is the identity: the one slot
+/// unpacked, SPEC §9's DCP identity at D = 1).
 ///
 /// - `recv`: bytes [D, slot_bytes]: slot r as source rank r packed it for this rank.
 /// - `out`: bf16 or f32 [num_tokens, local_heads, 512]; `lse`: f32 [num_tokens, local_heads].

@@ -10,7 +10,7 @@
 //!
 //! Every lse input comes with its base ([`LseBase`]); every lse output is a natural log.
 
-use super::to_i32;
+use super::{product, to_i32};
 use crate::abi::{DcpA2aCombineParams, DcpA2aPackParams, DcpAgRsCorrectParams, DcpAgRsFinishParams, DcpMergeTwoParams};
 use crate::error::{Error, Result};
 use crate::formats::{LseBase, D_V};
@@ -22,7 +22,7 @@ use half::bf16;
 pub const AG_RS_MAX_RANKS: usize = 8;
 
 /// Group sizes the a2a combine is compiled for (it specialises on D).
-pub const A2A_RANKS: [usize; 3] = [2, 4, 8];
+pub const A2A_RANKS: [usize; 4] = [1, 2, 4, 8];
 
 /// Rows of 512 values, bf16 or fp32: an attention output read by a combine, or a combine's output.
 #[derive(Debug, Clone, Copy)]
@@ -176,13 +176,14 @@ pub fn ag_rs_correct(dev: &Device, stream: Stream, a: &AgRsCorrect) -> Result<()
 
 fn validate_ag_rs_correct(a: &AgRsCorrect) -> Result<(DcpAgRsCorrectParams, usize)> {
     let heads = check_group(a.dcp_size, a.rank, a.local_heads, AG_RS_MAX_RANKS)?;
-    let rows = a.num_tokens * heads;
+    let rows = product("num_tokens", &[a.num_tokens, heads, D_V])? / D_V;
+    let lse_all = product("num_tokens", &[a.dcp_size, rows])?;
     check_rows_buf("out", &a.out, rows)?;
-    check_f32("lse_all", &a.lse_all, a.dcp_size * rows, 4)?;
+    check_f32("lse_all", &a.lse_all, lse_all, 4)?;
     check_f32("contrib", &a.contrib, rows * D_V, 16)?;
     let contrib = f32_extent(&a.contrib, rows * D_V);
     disjoint("contrib", contrib, "out", a.out.extent(rows))?;
-    disjoint("contrib", contrib, "lse_all", f32_extent(&a.lse_all, a.dcp_size * rows))?;
+    disjoint("contrib", contrib, "lse_all", f32_extent(&a.lse_all, lse_all))?;
     let params = DcpAgRsCorrectParams {
         out: a.out.ptr(),
         lse_all: a.lse_all.ptr(),
@@ -208,17 +209,15 @@ pub fn ag_rs_finish(dev: &Device, stream: Stream, a: &AgRsFinish) -> Result<()> 
 
 fn validate_ag_rs_finish(a: &AgRsFinish) -> Result<(DcpAgRsFinishParams, usize)> {
     let heads = check_group(a.dcp_size, a.rank, a.local_heads, AG_RS_MAX_RANKS)?;
-    let rows = a.num_tokens * a.local_heads;
+    let rows = product("num_tokens", &[a.num_tokens, a.local_heads, D_V])? / D_V;
+    let lse_all = product("num_tokens", &[a.dcp_size, a.num_tokens, heads])?;
     check_f32("summed", &a.summed, rows * D_V, 16)?;
-    check_f32("lse_all", &a.lse_all, a.dcp_size * a.num_tokens * heads, 4)?;
+    check_f32("lse_all", &a.lse_all, lse_all, 4)?;
     check_rows_buf("out", &a.out, rows)?;
     check_f32("lse", &a.lse, rows, 4)?;
     let (out, lse) = (a.out.extent(rows), f32_extent(&a.lse, rows));
     disjoint("out", out, "lse", lse)?;
-    for (name, e) in [
-        ("summed", f32_extent(&a.summed, rows * D_V)),
-        ("lse_all", f32_extent(&a.lse_all, a.dcp_size * a.num_tokens * heads)),
-    ] {
+    for (name, e) in [("summed", f32_extent(&a.summed, rows * D_V)), ("lse_all", f32_extent(&a.lse_all, lse_all))] {
         disjoint("out", out, name, e)?;
         disjoint("lse", lse, name, e)?;
     }
@@ -247,7 +246,7 @@ pub fn a2a_pack(dev: &Device, stream: Stream, a: &A2aPack) -> Result<()> {
 
 fn validate_a2a_pack(a: &A2aPack) -> Result<(DcpA2aPackParams, usize)> {
     let heads = check_group(a.dcp_size, 0, a.local_heads, usize::MAX)?;
-    let rows = a.num_tokens * heads;
+    let rows = product("num_tokens", &[a.num_tokens, heads, D_V])? / D_V;
     check_rows_buf("out", &a.out, rows)?;
     check_f32("lse", &a.lse, rows, 4)?;
     let send = check_slots("send", &a.send, a.slot_bytes, a.dcp_size, a.num_tokens, a.local_heads)?;
@@ -283,7 +282,7 @@ fn validate_a2a_combine(a: &A2aCombine) -> Result<(DcpA2aCombineParams, usize)> 
         "the a2a combine is compiled for D in {A2A_RANKS:?}, not D = {}",
         a.dcp_size
     );
-    let rows = a.num_tokens * a.local_heads;
+    let rows = product("num_tokens", &[a.num_tokens, a.local_heads, D_V])? / D_V;
     let recv = check_slots("recv", &a.recv, a.slot_bytes, a.dcp_size, a.num_tokens, a.local_heads)?;
     check_rows_buf("out", &a.out, rows)?;
     check_f32("lse", &a.lse, rows, 4)?;
@@ -314,7 +313,7 @@ pub fn merge_two(dev: &Device, stream: Stream, a: &MergeTwo) -> Result<()> {
 }
 
 fn validate_merge_two(a: &MergeTwo) -> Result<(DcpMergeTwoParams, usize)> {
-    let rows = a.rows;
+    let rows = product("rows", &[a.rows, D_V])? / D_V;
     check_f32("out_a", &a.out_a, rows * D_V, 16)?;
     check_f32("lse_a", &a.lse_a, rows, 4)?;
     check_f32("out_b", &a.out_b, rows * D_V, 16)?;
@@ -558,6 +557,14 @@ mod tests {
         };
         assert!(validate_a2a_combine(&comb).is_ok());
         assert_eq!(err_arg(validate_a2a_combine(&A2aCombine { dcp_size: 3, ..comb }).map(|_| ())), "dcp_size");
+        // D = 1 is compiled (the DCP identity at D = 1); its one slot is a smaller recv
+        assert!(validate_a2a_combine(&A2aCombine { dcp_size: 1, recv: slice(0x3000_0000, slot), ..comb }).is_ok());
+        let huge = A2aCombine { num_tokens: usize::MAX / 64, ..comb };
+        assert_eq!(err_arg(validate_a2a_combine(&huge).map(|_| ())), "num_tokens");
+        assert_eq!(
+            err_arg(validate_a2a_pack(&A2aPack { num_tokens: usize::MAX / 64, ..pack }).map(|_| ())),
+            "num_tokens"
+        );
         assert_eq!(
             err_arg(validate_a2a_combine(&A2aCombine { lse: slice(0x2000_0000, 1), ..comb }).map(|_| ())),
             "lse"
@@ -587,6 +594,8 @@ mod tests {
         );
         assert_eq!(err_arg(check(MergeTwo { out: CombineRows::Bf16(slice(0x1000_0000, rows * D_V)), ..m })), "out");
         assert_eq!(err_arg(check(MergeTwo { lse: slice(0x2000_0004, rows), ..m })), "lse");
+        // rows·512 wraps (a C caller's size, on trust): refused by name, not a panic or a tiny size
+        assert_eq!(err_arg(check(MergeTwo { rows: usize::MAX / 256, ..m })), "rows");
     }
 
     #[test]

@@ -445,7 +445,9 @@ fn dense_params(a: &DenseDecode) -> Result<DcpMlaDecodeParams> {
 /// 1024-byte swizzle atom), and rows addressable by the int32 coordinates, with the row just past
 /// the end (where the kernel points invalid pages, for zero fill) among them.
 fn dense_tma_fits(num_pages: usize, block_size: usize) -> bool {
-    block_size.is_power_of_two()
+    // a cache of no pages has no tensor map to encode (every row is empty: the cp.async path)
+    num_pages >= 1
+        && block_size.is_power_of_two()
         && block_size >= 8
         && num_pages.checked_mul(block_size).is_some_and(|n| n + 64 <= i32::MAX as usize)
 }
@@ -806,6 +808,7 @@ mod tests {
         assert!(!dense_tma_fits(1000, 4), "a 4-token box would start mid-atom");
         assert!(!dense_tma_fits(1000, 48), "a tile would straddle pages");
         assert!(!dense_tma_fits(1000, 1));
+        assert!(!dense_tma_fits(0, 64), "no pages: no tensor map to encode");
         // rows (and the zero-fill row past the end) must fit the int32 coordinates
         assert!(dense_tma_fits((i32::MAX as usize - 64) / 64, 64));
         assert!(!dense_tma_fits(i32::MAX as usize / 64, 64));

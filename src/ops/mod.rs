@@ -48,6 +48,15 @@ pub(crate) fn check_rows<T>(
     Ok(())
 }
 
+/// The product of caller counts (elements of a buffer, rows of a launch), or an error naming `arg`
+/// when it wraps: never a small "valid" size from a wrapped product.
+pub(crate) fn product(arg: &'static str, factors: &[usize]) -> Result<usize> {
+    factors
+        .iter()
+        .try_fold(1usize, |n, &f| n.checked_mul(f))
+        .ok_or_else(|| Error::arg(arg, format!("the product {factors:?} overflows the address range")))
+}
+
 /// Converts a host-side count to the kernels' int32, naming the argument when it does not fit.
 pub(crate) fn to_i32(arg: &'static str, v: usize) -> Result<i32> {
     i32::try_from(v).map_err(|_| Error::arg(arg, format!("{v} exceeds the kernels' int32 range")))

@@ -102,7 +102,7 @@ fn flatten_params(a: &Flatten) -> Result<DcpPrefillFlattenParams> {
     );
     let bt_need = super::extent("block_table_stride", a.batch, a.block_table_stride, a.max_pages)?;
     check_len("block_table", &a.block_table, bt_need)?;
-    check_len("pieces", &a.pieces, a.max_pieces * PIECE_FIELDS)?;
+    check_len("pieces", &a.pieces, super::product("max_pieces", &[a.max_pieces, PIECE_FIELDS])?)?;
     check_rows_out("out", &a.out, a.cap_rows)?;
     Ok(DcpPrefillFlattenParams {
         cache: a.cache.ptr(),
@@ -152,7 +152,7 @@ fn reorder_params(a: &Reorder) -> Result<DcpPrefillReorderParams> {
     check_layout(a.dcp, 0)?;
     let rows = a.dcp.size.checked_mul(a.cap_rows).ok_or_else(|| Error::arg("cap_rows", "D·cap_rows overflows"))?;
     check_rows_out("gathered", &a.gathered, rows)?;
-    check_len("pieces", &a.pieces, a.max_pieces * PIECE_FIELDS)?;
+    check_len("pieces", &a.pieces, super::product("max_pieces", &[a.max_pieces, PIECE_FIELDS])?)?;
     check_rows_out("out", &a.out, a.out_rows)?;
     Ok(DcpPrefillReorderParams {
         gathered: a.gathered.ptr(),

@@ -47,7 +47,7 @@ fn local_topk_params(a: &LocalTopk) -> Result<DcpTopkParams> {
     ensure_arg!(a.cols <= i32::MAX as usize - 4096, "cols", "{} is too long for one row (at most 2^31 - 4097)", a.cols);
     check_extent("scores", &a.scores, a.rows, a.row_stride, a.cols)?;
     check_len("lens", &a.lens, a.rows)?;
-    check_len("out", &a.out, a.rows * a.k)?;
+    check_len("out", &a.out, super::product("rows", &[a.rows, a.k])?)?;
     let params = DcpTopkParams {
         scores: a.scores.ptr(),
         lens: a.lens.ptr(),
@@ -162,7 +162,7 @@ fn merge_params(a: &GlobalMerge) -> Result<DcpTopkMergeParams> {
     let n = a.dcp_size.saturating_mul(a.rows).saturating_mul(a.k);
     check_len("cand_scores", &a.cand_scores, n)?;
     check_len("cand_ids", &a.cand_ids, n)?;
-    check_len("out", &a.out, a.rows * a.k)?;
+    check_len("out", &a.out, super::product("rows", &[a.rows, a.k])?)?;
     let params = DcpTopkMergeParams {
         cand_scores: a.cand_scores.ptr(),
         cand_ids: a.cand_ids.ptr(),
@@ -241,7 +241,7 @@ fn compact_params(a: &Compact) -> Result<DcpTopkCompactParams> {
         ensure_arg!(t.block_size >= 1, "translate.block_size", "must be at least 1");
         ensure_arg!(t.rows_per_request >= 1, "translate.rows_per_request", "must be at least 1");
         let requests = a.rows.div_ceil(t.rows_per_request);
-        check_len("translate.block_table", &t.block_table, requests * t.stride)?;
+        check_len("translate.block_table", &t.block_table, super::product("translate.stride", &[requests, t.stride])?)?;
         params.block_table = t.block_table.ptr();
         params.block_table_stride = t.stride as i64;
         params.translate = 1;

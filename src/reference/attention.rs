@@ -5,7 +5,9 @@
 //! Row (i, j) of query q [b, q, H, 576] bf16 gives out [b, q, H, 512] and lse [b, q, H] in
 //! natural log: s_k = σ·(q·k_k) over 576 dims, out = Σ softmax(s)_k·v_k (v = the first 512
 //! values of the token row), lse = ln Σ exp(s_k). A row that sees no token gives out = 0 and
-//! lse = −inf (FlashMLA gives +inf; the merge accepts both). Never NaN for finite inputs.
+//! lse = −inf (FlashMLA gives +inf; the merge accepts both). Never NaN for finite inputs; a row
+//! that reads a NaN (in q, or in the k or v part of a token row) is NaN in every out element
+//! and in its lse.
 
 use super::fill::PagedCache;
 use super::merge::Real;
@@ -174,6 +176,12 @@ fn attend<T: Real>(q: &[bf16], kv: &[[f32; D_QK]], scale: T, out: &mut [T], mut 
         for a in a.iter_mut() {
             *a = *a / sum;
         }
+    }
+    // SPEC §9: a NaN anywhere in what the row read (q, k or only v) makes its whole out and its
+    // lse NaN; a NaN in v alone would otherwise leave the lse finite and the merge would keep it
+    if sum.is_nan() || out.iter().any(|o| o.is_nan()) {
+        out.fill(T::NAN);
+        return T::NAN;
     }
     m + sum.ln()
 }

@@ -1,11 +1,16 @@
 /* The C ABI driven from C with hostile sizes and pointers (issue 16): every planner size query
  * with a product that wraps 64 bits returns DCP_MLA_STATUS_INVALID_ARGUMENT with a message that
- * names the argument, a null out-pointer returns DCP_MLA_STATUS_NULL_POINTER naming it, a
- * launcher with a null device is refused before anything is touched, and a valid call right
- * after each refusal still answers (and clears the last error). Needs no GPU.
- * Exit status 0 when every check holds; the first failing check is printed. */
+ * names the argument, a null out-pointer returns DCP_MLA_STATUS_NULL_POINTER naming it, and a
+ * valid call right after each refusal still answers (and clears the last error). The launchers
+ * refuse a null device by name. With `--device` (a GPU run) it opens device 0 (failing if it cannot)
+ * and drives the launchers (top-k, fill, dense decode, two-way merge) with wrapped sizes
+ * (INVALID_ARGUMENT), null buffers (NULL_POINTER) and misaligned ones (MISALIGNED), each naming
+ * the argument and refused before anything is launched, then a valid top-k whose result is
+ * checked. (A launcher looks up its device before its sizes, so those checks need one.)
+ * Exit status 0 when every check holds; every failing check is printed. */
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "dcp_mla.h"
@@ -21,7 +26,96 @@ static void expect(const char *what, enum DcpMlaStatus got, enum DcpMlaStatus wa
   }
 }
 
-int main(void) {
+/* A buffer at a fake device address: never dereferenced, every call that gets one is refused first. */
+static DcpMlaTensor fake(uintptr_t addr, size_t numel, int32_t dtype) {
+  DcpMlaTensor t = {(void *)addr, numel, dtype};
+  return t;
+}
+
+static void launcher_checks(const DcpMlaDevice *dev) {
+  const size_t wrap = SIZE_MAX - 10;
+  DcpMlaTensor lens2 = fake(0x10000000, 2, DCP_MLA_DTYPE_I32), out2 = fake(0x11000000, 2 * 256, DCP_MLA_DTYPE_I32);
+
+  /* top-k: (rows - 1) * row_stride + cols wraps; a null and a misaligned score buffer */
+  expect("topk_local, wrapped row_stride",
+         dcp_mla_topk_local(dev, NULL, fake(0x12000000, 1000, DCP_MLA_DTYPE_F32), wrap, 100, lens2, 2, 256, out2),
+         DCP_MLA_STATUS_INVALID_ARGUMENT, "`scores`");
+  expect("topk_local, null scores",
+         dcp_mla_topk_local(dev, NULL, fake(0, 1000, DCP_MLA_DTYPE_F32), 300, 300, lens2, 2, 256, out2),
+         DCP_MLA_STATUS_NULL_POINTER, "`scores`");
+  expect("topk_local, misaligned scores",
+         dcp_mla_topk_local(dev, NULL, fake(0x12000002, 1000, DCP_MLA_DTYPE_F32), 300, 300, lens2, 2, 256, out2),
+         DCP_MLA_STATUS_MISALIGNED, "`scores`");
+  expect("topk_local, rows past the output",
+         dcp_mla_topk_local(dev, NULL, fake(0x12000000, 1000, DCP_MLA_DTYPE_F32), 300, 300, lens2, 3, 256, out2),
+         DCP_MLA_STATUS_INVALID_ARGUMENT, "`lens`");
+
+  /* kv_fill: (batch - 1) * block_table_stride + max_pages wraps */
+  expect("kv_fill, wrapped block_table_stride",
+         dcp_mla_kv_fill(dev, NULL, fake(0x20000000, 4 * 512, DCP_MLA_DTYPE_BF16), 512,
+                         fake(0x21000000, 4 * 64, DCP_MLA_DTYPE_BF16), 64, fake(0x22000000, 4, DCP_MLA_DTYPE_I32),
+                         fake(0x23000000, 4, DCP_MLA_DTYPE_I32), fake(0x24000000, 16, DCP_MLA_DTYPE_I32), wrap, 2, 8,
+                         fake(0x30000000, 8 * 64 * 1152, DCP_MLA_DTYPE_U8), 8, 64, DCP_MLA_KV_BF16, 1, 1, 0),
+         DCP_MLA_STATUS_INVALID_ARGUMENT, "block_table_stride");
+
+  /* dense decode: batch * nq * heads * 576 wraps; a misaligned q */
+  DcpMlaTensor cache = fake(0x40000000, 4 * 64 * 1152, DCP_MLA_DTYPE_U8), table = fake(0x41000000, 4, DCP_MLA_DTYPE_I32);
+  DcpMlaTensor dlens = fake(0x42000000, 4, DCP_MLA_DTYPE_I32), ws = fake(0, 0, DCP_MLA_DTYPE_U8);
+  expect("decode_dense, wrapped heads",
+         dcp_mla_decode_dense(dev, NULL, fake(0x43000000, 64 * 576, DCP_MLA_DTYPE_BF16), 1, 1, SIZE_MAX / 64, 0.04f,
+                              fake(0x44000000, 64 * 512, DCP_MLA_DTYPE_BF16), fake(0x45000000, 64, DCP_MLA_DTYPE_F32), 1,
+                              ws, cache, 4, 64, table, 1, 1, dlens),
+         DCP_MLA_STATUS_INVALID_ARGUMENT, "heads");
+  expect("decode_dense, misaligned q",
+         dcp_mla_decode_dense(dev, NULL, fake(0x43000002, 64 * 576, DCP_MLA_DTYPE_BF16), 1, 1, 64, 0.04f,
+                              fake(0x44000000, 64 * 512, DCP_MLA_DTYPE_BF16), fake(0x45000000, 64, DCP_MLA_DTYPE_F32), 1,
+                              ws, cache, 4, 64, table, 1, 1, dlens),
+         DCP_MLA_STATUS_MISALIGNED, "`q`");
+
+  /* two-way merge: rows * 512 wraps; a null lse */
+  DcpMlaTensor fo = fake(0x50000000, 512, DCP_MLA_DTYPE_F32), fl = fake(0x51000000, 1, DCP_MLA_DTYPE_F32);
+  DcpMlaTensor go = fake(0x52000000, 512, DCP_MLA_DTYPE_F32), gl = fake(0x53000000, 1, DCP_MLA_DTYPE_F32);
+  DcpMlaTensor mo = fake(0x54000000, 512, DCP_MLA_DTYPE_F32), ml = fake(0x55000000, 1, DCP_MLA_DTYPE_F32);
+  expect("merge_two, wrapped rows", dcp_mla_merge_two(dev, NULL, fo, fl, go, gl, DCP_MLA_LSE_BASE_E, DCP_MLA_LSE_BASE_2, mo, ml, SIZE_MAX / 256),
+         DCP_MLA_STATUS_INVALID_ARGUMENT, "rows");
+  expect("merge_two, null lse_b", dcp_mla_merge_two(dev, NULL, fo, fl, go, fake(0, 1, DCP_MLA_DTYPE_F32), DCP_MLA_LSE_BASE_E,
+                           DCP_MLA_LSE_BASE_E, mo, ml, 1),
+         DCP_MLA_STATUS_NULL_POINTER, "`lse_b`");
+
+  /* a valid top-k after the refusals: 2 rows of 300 scores s[i] = i, K = 256 */
+  enum { COLS = 300, K = 256 };
+  float *scores = malloc(2 * COLS * sizeof(float));
+  int32_t lens[2] = {COLS, 100}, out[2 * K];
+  for (int i = 0; i < 2 * COLS; i++) scores[i] = (float)(i % COLS);
+  void *d_scores = NULL, *d_lens = NULL, *d_out = NULL;
+  expect("malloc", dcp_mla_malloc(dev, sizeof(float) * 2 * COLS, &d_scores), DCP_MLA_STATUS_SUCCESS, NULL);
+  expect("malloc", dcp_mla_malloc(dev, sizeof lens, &d_lens), DCP_MLA_STATUS_SUCCESS, NULL);
+  expect("malloc", dcp_mla_malloc(dev, sizeof out, &d_out), DCP_MLA_STATUS_SUCCESS, NULL);
+  expect("htod", dcp_mla_memcpy_htod(dev, d_scores, scores, sizeof(float) * 2 * COLS), DCP_MLA_STATUS_SUCCESS, NULL);
+  expect("htod", dcp_mla_memcpy_htod(dev, d_lens, lens, sizeof lens), DCP_MLA_STATUS_SUCCESS, NULL);
+  DcpMlaTensor ts = {d_scores, 2 * COLS, DCP_MLA_DTYPE_F32}, tl = {d_lens, 2, DCP_MLA_DTYPE_I32};
+  DcpMlaTensor to = {d_out, 2 * K, DCP_MLA_DTYPE_I32};
+  expect("topk_local, valid", dcp_mla_topk_local(dev, NULL, ts, COLS, COLS, tl, 2, K, to), DCP_MLA_STATUS_SUCCESS, NULL);
+  expect("synchronize", dcp_mla_synchronize(dev), DCP_MLA_STATUS_SUCCESS, NULL);
+  expect("dtoh", dcp_mla_memcpy_dtoh(dev, out, d_out, sizeof out), DCP_MLA_STATUS_SUCCESS, NULL);
+  /* row 0: the 256 largest of 0..299 are 44..299, ascending; row 1 (length 100 <= K): 0..99, then -1 */
+  int bad = 0;
+  for (int i = 0; i < K; i++) {
+    bad |= out[i] != COLS - K + i;
+    bad |= out[K + i] != (i < 100 ? i : -1);
+  }
+  if (bad) {
+    fprintf(stderr, "FAIL topk_local, valid: wrong indices (row 0 starts %d, row 1 ends %d)\n", out[0], out[2 * K - 1]);
+    failures++;
+  }
+  dcp_mla_free(dev, d_scores);
+  dcp_mla_free(dev, d_lens);
+  dcp_mla_free(dev, d_out);
+  free(scores);
+}
+
+int main(int argc, char **argv) {
+  const int with_device = argc > 1 && strcmp(argv[1], "--device") == 0;
   const size_t big = SIZE_MAX / 2;
   uint64_t n64 = 0;
   size_t n = 0;
@@ -78,6 +172,23 @@ int main(void) {
       strcmp(dcp_mla_status_name(1000), "DCP_MLA_STATUS_UNKNOWN") != 0) {
     fprintf(stderr, "FAIL status names of unknown integers\n");
     failures++;
+  }
+
+  /* a launcher without a device: refused by name before anything else */
+  expect("topk_local, null device",
+         dcp_mla_topk_local(NULL, NULL, fake(0x12000000, 600, DCP_MLA_DTYPE_F32), 300, 300,
+                            fake(0x10000000, 2, DCP_MLA_DTYPE_I32), 2, 256, fake(0x11000000, 512, DCP_MLA_DTYPE_I32)),
+         DCP_MLA_STATUS_NULL_POINTER, "`device`");
+
+  /* the launchers on device 0 */
+  if (with_device) {
+    DcpMlaDevice *dev = NULL;
+    expect("device_open", dcp_mla_device_open(0, &dev), DCP_MLA_STATUS_SUCCESS, NULL);
+    if (dev) {
+      launcher_checks(dev);
+      expect("device_close", dcp_mla_device_close(dev), DCP_MLA_STATUS_SUCCESS, NULL);
+      printf("launcher checks ran on device 0\n");
+    }
   }
 
   printf("abi checks: %s (%d failures)\n", failures ? "FAIL" : "PASS", failures);
