@@ -2,6 +2,7 @@
 # Runs on the GPU machine, from the repo root, with .gpu-stage carried (see scripts/gpu-stage.sh).
 #   tests     every test binary with GPU tests included and required (a missing GPU fails them)
 #   sanitize  the GPU tests under compute-sanitizer memcheck and racecheck
+#   memcheck, racecheck   one of the two
 #   bench     `dcp-mla bench` (every row against its target) and the GPU demo
 #   criterion the criterion benchmarks (benches/*.rs)
 #   python    the ctypes client's whole DCP step against torch (ffi/python/test_dcp_step.py)
@@ -50,6 +51,10 @@ case "$mode" in
     # Only the binaries that launch kernels.
     run_tests 'gpu_*' compute-sanitizer --tool memcheck --error-exitcode 99
     run_tests 'gpu_*' compute-sanitizer --tool racecheck --error-exitcode 99 ;;
+  memcheck|racecheck)
+    # One tool of `sanitize` (each fits a device call's 10 minutes on its own).
+    skips+=(--skip beyond_2_pow_31)
+    run_tests 'gpu_*' compute-sanitizer --tool "$mode" --error-exitcode 99 ;;
   bench)
     "$work/bin/dcp-mla" bench --json "$out/bench.json" 2>&1 | tee -a "$logs/bench.log" || status=1
     "$work/bin/dcp-mla" demo 2>&1 | tee -a "$logs/bench.log" || status=1 ;;

@@ -173,7 +173,10 @@ fn check_lse<W: Copy + Into<f64>>(what: &str, got: &[f32], want: &[W]) {
     let (mut bad, mut first) = (0, None);
     for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
         let w: f64 = w.into();
-        let ok = if w == f64::NEG_INFINITY {
+        // the poison is a NaN: a row left unwritten must not pass for an expected NaN
+        let ok = if g.to_bits() == POISON_F32.to_bits() {
+            false
+        } else if w == f64::NEG_INFINITY {
             g == f32::NEG_INFINITY
         } else if w.is_nan() {
             g.is_nan()
@@ -245,8 +248,18 @@ impl DevRows {
     /// Checks against the oracle: fp32 rel 1e-5, bf16 within 1 ulp.
     fn check(&self, s: &Arc<CudaStream>, what: &str, want: &Oracle) {
         match self {
-            DevRows::Bf16(b) => check_out_bf16(what, &download(s, b), want),
-            DevRows::F32(b) => check_out_f32(what, &download(s, b), want),
+            DevRows::Bf16(b) => {
+                let got = download(s, b);
+                let unwritten = got.iter().position(|x| x.to_bits() == POISON_BF16);
+                assert!(unwritten.is_none(), "{what}: out[{unwritten:?}] still holds the poison");
+                check_out_bf16(what, &got, want)
+            }
+            DevRows::F32(b) => {
+                let got = download(s, b);
+                let unwritten = got.iter().position(|x| x.to_bits() == POISON_F32.to_bits());
+                assert!(unwritten.is_none(), "{what}: out[{unwritten:?}] still holds the poison");
+                check_out_f32(what, &got, want)
+            }
         }
     }
     /// Checks bit for bit against a reference fp32 result (rounded to nearest even for bf16).
