@@ -83,7 +83,8 @@ template <DecodeKv Kv, int Tile, int Stages, Sm90Schedule Sched>
 constexpr int shared_bytes() {
     if constexpr (Sched == Sm90Schedule::Seesaw) return 1024 + kRows * kDimQk * 2 + Stages * Tile * kDimQk * 2 + seesaw_extra_bytes();
     return 1024 + kRows * kDimQk * 2 + Stages * Tile * kDimQk * 2 + valid_slots<Kv, Stages>() * Tile * 4 +
-           (Kv == DecodeKv::SparseFp8 ? Tile * kFp8RowBytes : 0) + s_share_extra_bytes<Tile, Sched>() +
+           (Kv == DecodeKv::SparseFp8 && Sched != Sm90Schedule::Roles ? Tile * kFp8RowBytes : 0) +
+           s_share_extra_bytes<Tile, Sched>() +
            roles_extra_bytes<Tile, Sched>();
 }
 
@@ -219,6 +220,11 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const void* tmap, int 
         "[%4];\n" ::"r"(dst),
         "l"(reinterpret_cast<uint64_t>(tmap)), "r"(c0), "r"(c1), "r"(bar)
         : "memory");
+}
+// Brings [src, src + bytes) into L2 (16-byte aligned, a multiple of 16 bytes): no registers, no wait.
+__device__ __forceinline__ void prefetch_l2(const void* src, uint32_t bytes) {
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(reinterpret_cast<uint64_t>(src)), "r"(bytes)
+                 : "memory");
 }
 __device__ __forceinline__ void tma_prefetch_map(const void* tmap) {
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(tmap)) : "memory");
@@ -602,7 +608,7 @@ template <DecodeKv Kv, int Tile, int Stages>
 __device__ __forceinline__ void mla_decode_sm90_roles(const DcpMlaDecodeParams& p) {
     [[maybe_unused]] constexpr bool kSparse = Kv != DecodeKv::DenseBf16;  // (unused off sm_90a)
     constexpr Sm90Schedule Sched = Sm90Schedule::Roles;
-    static_assert(Kv != DecodeKv::SparseFp8, "roles schedule: BF16 tiles only");
+    constexpr bool kFp8 = Kv == DecodeKv::SparseFp8;
     static_assert(Tile == 64 && Stages == 2, "roles schedule: P fills a 64-token rope block; two buffers");
     static_assert(decode_sm90::shared_bytes<Kv, Tile, Stages, Sched>() + decode::kWriteRowsStaticBytes <= 227 * 1024,
                   "fits one H100/H200 CTA (dynamic + write_rows' static flags)");
@@ -713,6 +719,48 @@ __device__ __forceinline__ void mla_decode_sm90_roles(const DcpMlaDecodeParams& 
                 mbar_arrive_cp_async(full(b));
                 mbar_arrive(full(b));
             };
+            // FP8: a token's raw 656-byte row gathered into registers, two threads a token (part
+            // h: latent bytes [256h, 256h + 256), the scales of groups 2h and 2h + 1, rope values
+            // [32h, 32h + 32)); zeros for an unread token (they dequantise to 0). Gathered just
+            // before fill_fp8 (held across the P·V wgmma, its 82 registers beside O's 128
+            // spill), from L2: the rows were prefetched there a tile earlier.
+            struct Fp8Raw {
+                uint4 lat[16], rope[4];
+                uint2 scale;
+            };
+            auto gather_fp8 = [&](Fp8Raw& r, int64_t row) {
+                const unsigned char* src = (const unsigned char*)p.cache + (row >= 0 ? row : 0) * kFp8RowBytes;
+#pragma unroll
+                for (int j = 0; j < 16; ++j)
+                    r.lat[j] = row >= 0 ? __ldg((const uint4*)(src + 256 * ld_part + 16 * j)) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+                for (int j = 0; j < 4; ++j)
+                    r.rope[j] = row >= 0 ? __ldg((const uint4*)(src + kFp8RopeOffset + 64 * ld_part + 16 * j))
+                                         : make_uint4(0, 0, 0, 0);
+                r.scale = row >= 0 ? __ldg((const uint2*)(src + kFp8ScaleOffset + 8 * ld_part)) : make_uint2(0, 0);
+            };
+            // FP8: the gathered row dequantised into buffer b (e4m3 × the group's power-of-two
+            // scale, exact in bf16), swizzled as the BF16 copies land, then the two arrivals
+            // (the cp.async one covers Q's copies with the first tile); the proxy fence makes
+            // these generic-proxy writes visible to wgmma.
+            auto fill_fp8 = [&](const Fp8Raw& r, int64_t row, int b) {
+                if (ld_part == 0) sValid[b * Tile + ld_tok] = row >= 0;
+                unsigned char* dst = sKV + b * kTileBytes;
+                const float s0 = __uint_as_float(r.scale.x), s1 = __uint_as_float(r.scale.y);
+#pragma unroll
+                for (int j = 0; j < 16; ++j) {
+                    const int c = 32 * ld_part + 2 * j;
+                    const float sc = j < 8 ? s0 : s1;
+                    *(uint4*)(dst + swizzled(Tile, ld_tok, c)) = decode::dequant8(make_uint2(r.lat[j].x, r.lat[j].y), sc);
+                    *(uint4*)(dst + swizzled(Tile, ld_tok, c + 1)) =
+                        decode::dequant8(make_uint2(r.lat[j].z, r.lat[j].w), sc);
+                }
+#pragma unroll
+                for (int j = 0; j < 4; ++j) *(uint4*)(dst + swizzled(Tile, ld_tok, 64 + 4 * ld_part + j)) = r.rope[j];
+                fence_proxy_async();
+                mbar_arrive_cp_async(full(b));
+                mbar_arrive(full(b));
+            };
             uint32_t fills = uses;
             // fill f reuses the buffer of use f − 2: wait until its P·V is done
             auto wait_free = [&](uint32_t f) {
@@ -723,13 +771,32 @@ __device__ __forceinline__ void mla_decode_sm90_roles(const DcpMlaDecodeParams& 
             for (int k = 0; k < 2 && k < n; ++k) {
                 wait_free(fills);
                 if (k == 0) load_q(p, sQ, seq_row0, row_base, row_limit, t, 128);
-                fill(tile_begin + k, page, fills & 1);  // tile 0's arrivals also cover Q
+                if constexpr (kFp8) {
+                    const int64_t row = token_row(tile_begin + k, page);
+                    Fp8Raw r;
+                    gather_fp8(r, row);
+                    fill_fp8(r, row, fills & 1);  // tile 0's arrivals also cover Q
+                } else {
+                    fill(tile_begin + k, page, fills & 1);  // tile 0's arrivals also cover Q
+                }
                 page = token_page(tile_begin + k + 1);
                 ++fills;
             }
+            [[maybe_unused]] int64_t next_row = -1;
             for (int i = 0; i < n; ++i) {
                 const uint32_t u = uses + i;
                 const int b = u & 1;
+                if constexpr (kFp8) {
+                    // tile i + 2's rows into L2 while P(i) is awaited and P·V(i) runs (this
+                    // thread's part: 21 or 20 of the row's 41 16-byte chunks)
+                    if (i + 2 < n) {
+                        next_row = token_row(tile_begin + i + 2, page);
+                        page = token_page(tile_begin + i + 3);
+                        if (next_row >= 0)
+                            prefetch_l2((const unsigned char*)p.cache + next_row * kFp8RowBytes + 336 * ld_part,
+                                        ld_part == 0 ? 336 : 320);
+                    }
+                }
                 mbar_wait(p_full, u & 1);  // P(u) and its factors are written
                 rescale_o(o, sAlpha[r0], sAlpha[r0 + 8]);
                 mbar_wait(full(b), (u >> 1) & 1);  // landed long ago: this is the acquire
@@ -742,8 +809,14 @@ __device__ __forceinline__ void mla_decode_sm90_roles(const DcpMlaDecodeParams& 
                 if (lane == 0) mbar_arrive(empty(b));
                 if (i + 2 < n) {
                     wait_free(fills);
-                    fill(tile_begin + i + 2, page, fills & 1);
-                    page = token_page(tile_begin + i + 3);
+                    if constexpr (kFp8) {
+                        Fp8Raw r;
+                        gather_fp8(r, next_row);
+                        fill_fp8(r, next_row, fills & 1);
+                    } else {
+                        fill(tile_begin + i + 2, page, fills & 1);
+                        page = token_page(tile_begin + i + 3);
+                    }
                     ++fills;
                 }
             }

@@ -229,11 +229,14 @@ pub const SM90_VARIANTS: [(u32, u32, Sm90Schedule); 4] = [
 ];
 
 /// The (format, tile, stages, schedule) variants of the wgmma sparse kernel kernels.toml ships;
-/// a format's first is its default. BF16 rows go straight into a two-tile cp.async ring; FP8
-/// rows are staged raw and dequantised into one bf16 tile.
-pub const SM90_SPARSE_VARIANTS: [(KvFormat, u32, u32, Sm90Schedule); 3] = [
+/// a format's first is its default. BF16 rows go straight into a two-tile cp.async ring. FP8
+/// rows: the roles schedule's warpgroup 1 gathers them into registers a tile ahead and
+/// dequantises them into two bf16 tiles; the plain one stages them raw in shared memory and
+/// dequantises them into one bf16 tile.
+pub const SM90_SPARSE_VARIANTS: [(KvFormat, u32, u32, Sm90Schedule); 4] = [
     (KvFormat::Bf16, 64, 2, Sm90Schedule::Roles),
     (KvFormat::Bf16, 64, 2, Sm90Schedule::Plain),
+    (KvFormat::Fp8_656, 64, 2, Sm90Schedule::Roles),
     (KvFormat::Fp8_656, 64, 1, Sm90Schedule::Plain),
 ];
 
@@ -244,7 +247,9 @@ pub const SM90_SPARSE_VARIANTS: [(KvFormat, u32, u32, Sm90Schedule); 3] = [
 /// rescale factors and (l, m) and six mbarriers; the seesaw schedule's own (no flags, no raw).
 pub fn decode_sm90_shared_bytes(tile: usize, stages: usize, fp8: bool, schedule: Sm90Schedule) -> usize {
     let flags = if fp8 { 2 } else { stages } * tile * 4;
-    let raw = if fp8 { tile * crate::formats::FP8_ROW_BYTES } else { 0 };
+    // the lockstep FP8 kernel stages raw rows in shared memory; the roles one gathers them into
+    // warpgroup 1's registers
+    let raw = if fp8 && schedule != Sm90Schedule::Roles { tile * crate::formats::FP8_ROW_BYTES } else { 0 };
     let extra = match schedule {
         Sm90Schedule::Plain => flags + raw + ROWS_PER_CTA * tile * 4 - tile * 128,
         Sm90Schedule::Roles => flags + raw + ROWS_PER_CTA * 4 + ROWS_PER_CTA * 8 + 6 * 8,
