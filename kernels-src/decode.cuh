@@ -137,7 +137,7 @@ __device__ __forceinline__ void write_rows(const DcpMlaDecodeParams& p, int slot
     __syncthreads();
 #pragma unroll
     for (int k = 0; k < 2; ++k) row_nan[k] = (s_row_nan[0][row0 + 8 * k] | s_row_nan[1][row0 + 8 * k]) != 0;
-    __syncthreads();  // the flags are read before a later piece's write_rows sets them again
+    __syncthreads();  // the flags are read before a later piece's write_rows sets them again (write_rows_barriers)
     const bool to_ws = slot >= 0;
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
@@ -162,6 +162,13 @@ __device__ __forceinline__ void write_rows(const DcpMlaDecodeParams& p, int slot
                 *(uint32_t*)(dst + col0 + 8 * n) = pack_bf16(o(n, 2 * k) * inv, o(n, 2 * k + 1) * inv);
         }
     }
+}
+
+// write_rows' CTA barriers, for a warpgroup of the CTA that holds no rows (the FP8 loader):
+// exactly as many __syncthreads as write_rows has.
+__device__ __forceinline__ void write_rows_barriers() {
+    __syncthreads();
+    __syncthreads();
 }
 
 // ---- split-KV schedule (issue 5; src/planner/schedule.rs is the host mirror and says why) ----

@@ -221,6 +221,26 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const void* tmap, int 
         "l"(reinterpret_cast<uint64_t>(tmap)), "r"(c0), "r"(c1), "r"(bar)
         : "memory");
 }
+// A warpgroup's register budget, raised or lowered (all 128 threads; multiples of 8). The CTA's
+// warpgroups share the SM's 64K registers: what one gives back another may take.
+// A thread's first row in a warpgroup's 64-row accumulator (wgmma layout: warp w of the group
+// holds rows 16w.., lane l rows l / 4 and l / 4 + 8).
+__device__ __forceinline__ int row_of(int tid) { return ((tid >> 5) & 3) * 16 + ((tid & 31) >> 2); }
+
+// Picks a role's piece body at compile time (the roles schedule's FP8 loader).
+template <bool B>
+struct LoaderTag {
+    static constexpr bool value = B;
+};
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+
 // Brings [src, src + bytes) into L2 (16-byte aligned, a multiple of 16 bytes): no registers, no wait.
 __device__ __forceinline__ void prefetch_l2(const void* src, uint32_t bytes) {
     asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(reinterpret_cast<uint64_t>(src)), "r"(bytes)
@@ -650,7 +670,10 @@ __device__ __forceinline__ void mla_decode_sm90_roles(const DcpMlaDecodeParams& 
     const int r0 = wr * 16 + g;  // this thread's rows r0 and r0 + 8
     uint32_t uses = 0;           // tiles consumed before this piece: buffer uses & 1, phase uses >> 1
 
-    decode::for_each_piece(p, seqs, block_seq, [&](const decode::Piece pc) {
+    // One piece of this CTA's work: by the math warpgroups (loader_tag false), or for FP8 by the
+    // loader warpgroup (true), which runs its own piece loop under its own register budget.
+    auto piece = [&](const decode::Piece pc, auto loader_tag) {
+        constexpr bool kLoader = decltype(loader_tag)::value;
         __syncthreads();  // the previous piece is done with shared memory (and the mbarriers are set up)
         const int seq = pc.seq;
         const int64_t seq_row0 = (int64_t)seq * seq_rows;
@@ -662,36 +685,109 @@ __device__ __forceinline__ void mla_decode_sm90_roles(const DcpMlaDecodeParams& 
         if (decode::skip_empty_share(p, pc, tile_begin, tile_end, seq_rows, row_base, row_limit, tid)) return;
         const int n = tile_end - tile_begin;
 
+        // ---- the loader's view of a tile (warpgroup 1; FP8: warpgroup 2) ----
+        const int ld_tok = t / kLdPerTok, ld_part = t % kLdPerTok;
+        // Dense: a power-of-two block size (the usual case) divides by shifting; the integer
+        // division the general case needs costs warpgroup 1 more than its whole refill.
+        const int bs = p.block_size, bs_log = 31 - __clz(bs);
+        const bool bs_pow2 = (bs & (bs - 1)) == 0;
+        auto div_bs = [&](int pos) { return bs_pow2 ? pos >> bs_log : pos / bs; };
+        auto mod_bs = [&](int pos) { return bs_pow2 ? pos & (bs - 1) : pos % bs; };
+        auto token_page = [&](int tile) -> int {
+            const int pos = tile * Tile + ld_tok;
+            if (pos >= n_tokens) return -1;
+            if constexpr (kSparse) return ((const int32_t*)p.indices)[(int64_t)seq * p.topk + pos];
+            return ((const int32_t*)p.block_table)[(int64_t)seq * p.block_table_stride + div_bs(pos)];
+        };
+        // the cache row of tile's token ld_tok, or -1 (past the sequence, or an invalid page)
+        auto token_row = [&](int tile, int page) -> int64_t {
+            const int pos = tile * Tile + ld_tok;
+            if constexpr (kSparse) {
+                if (pos < n_tokens && page >= 0 && (int64_t)page < (int64_t)p.num_pages * bs) return page;
+            } else {
+                if (pos < n_tokens && page >= 0 && page < p.num_pages) return (int64_t)page * bs + mod_bs(pos);
+            }
+            return -1;
+        };
+        uint32_t fills = uses;
+        // fill f reuses the buffer of use f − 2: wait until its P·V is done
+        auto wait_free = [&](uint32_t f) {
+            if (f >= 2) mbar_wait(empty(f & 1), ((f >> 1) - 1) & 1);
+        };
+
+        if constexpr (kLoader) {
+            // ---- FP8: the loader warpgroup (gather, dequantise, hand over) ----
+            // A token's raw 656-byte row into registers, two threads a token (part h: latent
+            // bytes [256h, 256h + 256), the scales of groups 2h and 2h + 1, rope values [32h,
+            // 32h + 32)); zeros for an unread token (they dequantise to 0).
+            struct Fp8Raw {
+                uint4 lat[16], rope[4];
+                uint2 scale;
+            };
+            auto gather = [&](Fp8Raw& r, int64_t row) {
+                const unsigned char* src = (const unsigned char*)p.cache + (row >= 0 ? row : 0) * kFp8RowBytes;
+#pragma unroll
+                for (int j = 0; j < 16; ++j)
+                    r.lat[j] = row >= 0 ? __ldg((const uint4*)(src + 256 * ld_part + 16 * j)) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+                for (int j = 0; j < 4; ++j)
+                    r.rope[j] = row >= 0 ? __ldg((const uint4*)(src + kFp8RopeOffset + 64 * ld_part + 16 * j))
+                                         : make_uint4(0, 0, 0, 0);
+                r.scale = row >= 0 ? __ldg((const uint2*)(src + kFp8ScaleOffset + 8 * ld_part)) : make_uint2(0, 0);
+            };
+            // The gathered row dequantised into buffer b (e4m3 × the group's power-of-two scale,
+            // exact in bf16), swizzled as the BF16 copies land; then the two arrivals (the
+            // cp.async one covers Q's copies with the first tile). The proxy fence makes these
+            // generic-proxy writes visible to wgmma.
+            auto fill_fp8 = [&](const Fp8Raw& r, int64_t row, int b) {
+                if (ld_part == 0) sValid[b * Tile + ld_tok] = row >= 0;
+                unsigned char* dst = sKV + b * kTileBytes;
+                const float s0 = __uint_as_float(r.scale.x), s1 = __uint_as_float(r.scale.y);
+#pragma unroll
+                for (int j = 0; j < 16; ++j) {
+                    const int c = 32 * ld_part + 2 * j;
+                    const float sc = j < 8 ? s0 : s1;
+                    *(uint4*)(dst + swizzled(Tile, ld_tok, c)) = decode::dequant8(make_uint2(r.lat[j].x, r.lat[j].y), sc);
+                    *(uint4*)(dst + swizzled(Tile, ld_tok, c + 1)) =
+                        decode::dequant8(make_uint2(r.lat[j].z, r.lat[j].w), sc);
+                }
+#pragma unroll
+                for (int j = 0; j < 4; ++j) *(uint4*)(dst + swizzled(Tile, ld_tok, 64 + 4 * ld_part + j)) = r.rope[j];
+                fence_proxy_async();
+                mbar_arrive_cp_async(full(b));
+                mbar_arrive(full(b));
+            };
+            // Per tile: the next tile's rows are sent to L2 (no registers), this tile's rows
+            // are gathered (from L2 but for the first), then the buffer is awaited and filled:
+            // the gather's latency runs while the buffer's last P·V finishes.
+            int page = token_page(tile_begin);
+            for (int k = 0; k < n; ++k) {
+                if (k == 0) load_q(p, sQ, seq_row0, row_base, row_limit, t, 128);
+                const int64_t row = token_row(tile_begin + k, page);
+                page = token_page(tile_begin + k + 1);
+                const int64_t ahead = token_row(tile_begin + k + 1, page);
+                if (ahead >= 0)
+                    prefetch_l2((const unsigned char*)p.cache + ahead * kFp8RowBytes + 336 * ld_part,
+                                ld_part == 0 ? 336 : 320);  // this thread's 21 or 20 of the row's 41 chunks
+                Fp8Raw r;
+                gather(r, row);
+                wait_free(fills);
+                fill_fp8(r, row, fills & 1);
+                ++fills;
+            }
+            uses += n;
+            __syncthreads();                // the math warpgroups' end of the piece
+            decode::write_rows_barriers();  // the loader holds no rows
+            return;
+        }
+
         float o[128];
 #pragma unroll
         for (int i = 0; i < 128; ++i) o[i] = 0.0f;
         float m_run[2] = {-INFINITY, -INFINITY}, l_row[2] = {0.0f, 0.0f};
 
         if (wg == 1) {
-            // ---- loads and the right half of P·V ----
-            const int ld_tok = t / kLdPerTok, ld_part = t % kLdPerTok;
-            // Dense: a power-of-two block size (the usual case) divides by shifting; the integer
-            // division the general case needs costs warpgroup 1 more than its whole refill.
-            const int bs = p.block_size, bs_log = 31 - __clz(bs);
-            const bool bs_pow2 = (bs & (bs - 1)) == 0;
-            auto div_bs = [&](int pos) { return bs_pow2 ? pos >> bs_log : pos / bs; };
-            auto mod_bs = [&](int pos) { return bs_pow2 ? pos & (bs - 1) : pos % bs; };
-            auto token_page = [&](int tile) -> int {
-                const int pos = tile * Tile + ld_tok;
-                if (pos >= n_tokens) return -1;
-                if constexpr (kSparse) return ((const int32_t*)p.indices)[(int64_t)seq * p.topk + pos];
-                return ((const int32_t*)p.block_table)[(int64_t)seq * p.block_table_stride + div_bs(pos)];
-            };
-            // the cache row of tile's token ld_tok, or -1 (past the sequence, or an invalid page)
-            auto token_row = [&](int tile, int page) -> int64_t {
-                const int pos = tile * Tile + ld_tok;
-                if constexpr (kSparse) {
-                    if (pos < n_tokens && page >= 0 && (int64_t)page < (int64_t)p.num_pages * bs) return page;
-                } else {
-                    if (pos < n_tokens && page >= 0 && page < p.num_pages) return (int64_t)page * bs + mod_bs(pos);
-                }
-                return -1;
-            };
+            // ---- the right half of P·V, and for BF16 the loads ----
             // Dense tiles wholly inside the sequence load by TMA when the launch passed a tensor
             // map: boxes of box_rows tokens (one page's worth, or 64 of one page) × 64 columns,
             // each issued by the thread holding its first token (whose page lookup it is); an
@@ -719,84 +815,21 @@ __device__ __forceinline__ void mla_decode_sm90_roles(const DcpMlaDecodeParams& 
                 mbar_arrive_cp_async(full(b));
                 mbar_arrive(full(b));
             };
-            // FP8: a token's raw 656-byte row gathered into registers, two threads a token (part
-            // h: latent bytes [256h, 256h + 256), the scales of groups 2h and 2h + 1, rope values
-            // [32h, 32h + 32)); zeros for an unread token (they dequantise to 0). Gathered just
-            // before fill_fp8 (held across the P·V wgmma, its 82 registers beside O's 128
-            // spill), from L2: the rows were prefetched there a tile earlier.
-            struct Fp8Raw {
-                uint4 lat[16], rope[4];
-                uint2 scale;
-            };
-            auto gather_fp8 = [&](Fp8Raw& r, int64_t row) {
-                const unsigned char* src = (const unsigned char*)p.cache + (row >= 0 ? row : 0) * kFp8RowBytes;
-#pragma unroll
-                for (int j = 0; j < 16; ++j)
-                    r.lat[j] = row >= 0 ? __ldg((const uint4*)(src + 256 * ld_part + 16 * j)) : make_uint4(0, 0, 0, 0);
-#pragma unroll
-                for (int j = 0; j < 4; ++j)
-                    r.rope[j] = row >= 0 ? __ldg((const uint4*)(src + kFp8RopeOffset + 64 * ld_part + 16 * j))
-                                         : make_uint4(0, 0, 0, 0);
-                r.scale = row >= 0 ? __ldg((const uint2*)(src + kFp8ScaleOffset + 8 * ld_part)) : make_uint2(0, 0);
-            };
-            // FP8: the gathered row dequantised into buffer b (e4m3 × the group's power-of-two
-            // scale, exact in bf16), swizzled as the BF16 copies land, then the two arrivals
-            // (the cp.async one covers Q's copies with the first tile); the proxy fence makes
-            // these generic-proxy writes visible to wgmma.
-            auto fill_fp8 = [&](const Fp8Raw& r, int64_t row, int b) {
-                if (ld_part == 0) sValid[b * Tile + ld_tok] = row >= 0;
-                unsigned char* dst = sKV + b * kTileBytes;
-                const float s0 = __uint_as_float(r.scale.x), s1 = __uint_as_float(r.scale.y);
-#pragma unroll
-                for (int j = 0; j < 16; ++j) {
-                    const int c = 32 * ld_part + 2 * j;
-                    const float sc = j < 8 ? s0 : s1;
-                    *(uint4*)(dst + swizzled(Tile, ld_tok, c)) = decode::dequant8(make_uint2(r.lat[j].x, r.lat[j].y), sc);
-                    *(uint4*)(dst + swizzled(Tile, ld_tok, c + 1)) =
-                        decode::dequant8(make_uint2(r.lat[j].z, r.lat[j].w), sc);
-                }
-#pragma unroll
-                for (int j = 0; j < 4; ++j) *(uint4*)(dst + swizzled(Tile, ld_tok, 64 + 4 * ld_part + j)) = r.rope[j];
-                fence_proxy_async();
-                mbar_arrive_cp_async(full(b));
-                mbar_arrive(full(b));
-            };
-            uint32_t fills = uses;
-            // fill f reuses the buffer of use f − 2: wait until its P·V is done
-            auto wait_free = [&](uint32_t f) {
-                if (f >= 2) mbar_wait(empty(f & 1), ((f >> 1) - 1) & 1);
-            };
             // the next fill's page (the block-table load is issued a fill ahead)
-            int page = token_page(tile_begin);
-            for (int k = 0; k < 2 && k < n; ++k) {
-                wait_free(fills);
-                if (k == 0) load_q(p, sQ, seq_row0, row_base, row_limit, t, 128);
-                if constexpr (kFp8) {
-                    const int64_t row = token_row(tile_begin + k, page);
-                    Fp8Raw r;
-                    gather_fp8(r, row);
-                    fill_fp8(r, row, fills & 1);  // tile 0's arrivals also cover Q
-                } else {
+            [[maybe_unused]] int page = -1;
+            if constexpr (!kFp8) {
+                page = token_page(tile_begin);
+                for (int k = 0; k < 2 && k < n; ++k) {
+                    wait_free(fills);
+                    if (k == 0) load_q(p, sQ, seq_row0, row_base, row_limit, t, 128);
                     fill(tile_begin + k, page, fills & 1);  // tile 0's arrivals also cover Q
+                    page = token_page(tile_begin + k + 1);
+                    ++fills;
                 }
-                page = token_page(tile_begin + k + 1);
-                ++fills;
             }
-            [[maybe_unused]] int64_t next_row = -1;
             for (int i = 0; i < n; ++i) {
                 const uint32_t u = uses + i;
                 const int b = u & 1;
-                if constexpr (kFp8) {
-                    // tile i + 2's rows into L2 while P(i) is awaited and P·V(i) runs (this
-                    // thread's part: 21 or 20 of the row's 41 16-byte chunks)
-                    if (i + 2 < n) {
-                        next_row = token_row(tile_begin + i + 2, page);
-                        page = token_page(tile_begin + i + 3);
-                        if (next_row >= 0)
-                            prefetch_l2((const unsigned char*)p.cache + next_row * kFp8RowBytes + 336 * ld_part,
-                                        ld_part == 0 ? 336 : 320);
-                    }
-                }
                 mbar_wait(p_full, u & 1);  // P(u) and its factors are written
                 rescale_o(o, sAlpha[r0], sAlpha[r0 + 8]);
                 mbar_wait(full(b), (u >> 1) & 1);  // landed long ago: this is the acquire
@@ -807,17 +840,13 @@ __device__ __forceinline__ void mla_decode_sm90_roles(const DcpMlaDecodeParams& 
                 mbar_arrive(p_empty);  // done with sAlpha (P is in the tile, freed by empty(b))
                 __syncwarp();
                 if (lane == 0) mbar_arrive(empty(b));
-                if (i + 2 < n) {
-                    wait_free(fills);
-                    if constexpr (kFp8) {
-                        Fp8Raw r;
-                        gather_fp8(r, next_row);
-                        fill_fp8(r, next_row, fills & 1);
-                    } else {
+                if constexpr (!kFp8) {
+                    if (i + 2 < n) {
+                        wait_free(fills);
                         fill(tile_begin + i + 2, page, fills & 1);
                         page = token_page(tile_begin + i + 3);
+                        ++fills;
                     }
-                    ++fills;
                 }
             }
         } else {
@@ -921,10 +950,13 @@ __device__ __forceinline__ void mla_decode_sm90_roles(const DcpMlaDecodeParams& 
                 __syncwarp();
                 if (lane == 0) mbar_arrive(empty((uses + n - 1) & 1));
             }
+            // the rows' place in sStats from a fresh read of the thread index: else its address
+            // lives from the kernel's start to here and spills under the FP8 kernel's budget
+            const int rs = decode_sm90::row_of(decode::thread_index());
 #pragma unroll
             for (int k = 0; k < 2; ++k) {
                 l_row[k] = row_total(l_run[k]);
-                if (t4 == 0) sStats[r0 + 8 * k] = make_float2(l_row[k], m_run[k]);
+                if (t4 == 0) sStats[rs + 8 * k] = make_float2(l_row[k], m_run[k]);
             }
         }
         uses += n;
@@ -932,19 +964,41 @@ __device__ __forceinline__ void mla_decode_sm90_roles(const DcpMlaDecodeParams& 
         // ---- write: warpgroup 1 takes the rows' (l, m) from warpgroup 0 ----
         __syncthreads();
         if (wg == 1) {
+            const int rs = decode_sm90::row_of(decode::thread_index());
 #pragma unroll
             for (int k = 0; k < 2; ++k) {
-                const float2 v = sStats[r0 + 8 * k];
+                const float2 v = sStats[rs + 8 * k];
                 l_row[k] = v.x;
                 m_run[k] = v.y;
             }
         }
         decode::write_rows(p, pc.slot, seq_row0, seq_rows, row_base, row_limit, r0, wg * 256 + 2 * t4,
                            wg == 0 && t4 == 0, l_row, m_run, [&](int c, int e) { return o[4 * c + e]; });
-    });
+    };
+    if constexpr (kFp8) {
+        // 384 threads start at 168 registers each. The loader holds one tile's rows (82
+        // registers) beside its addresses; the math warpgroups hold half of O each (and
+        // warpgroup 0 S besides): 128 + 2·192 = 512, the SM's 64K registers over 128 threads
+        // (112 + 2·200 spilled in the loader, 96 + 2·208 too). Each role runs its own piece
+        // loop, so no code is shared between budgets.
+        if (wg == 2) {
+            setmaxnreg_dec<128>();
+            decode::for_each_piece(p, seqs, block_seq, [&](const decode::Piece pc) { piece(pc, LoaderTag<true>{}); });
+            return;
+        }
+        setmaxnreg_inc<192>();
+    }
+    decode::for_each_piece(p, seqs, block_seq, [&](const decode::Piece pc) { piece(pc, LoaderTag<false>{}); });
 #elif defined(__CUDA_ARCH__)
     __trap();  // sm_90a only: the launcher never picks this family elsewhere
 #endif
+}
+
+// The FP8 roles kernel's entry (its own family: 384 threads, a third warpgroup gathers and
+// dequantises; NOTES.md, sixth session).
+template <int Unused = 0>
+__device__ __forceinline__ void mla_decode_sm90_fp8_roles(const DcpMlaDecodeParams& p) {
+    mla_decode_sm90_roles<DecodeKv::SparseFp8, 64, 2>(p);
 }
 
 }  // namespace dcp

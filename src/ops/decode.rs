@@ -230,9 +230,9 @@ pub const SM90_VARIANTS: [(u32, u32, Sm90Schedule); 4] = [
 
 /// The (format, tile, stages, schedule) variants of the wgmma sparse kernel kernels.toml ships;
 /// a format's first is its default. BF16 rows go straight into a two-tile cp.async ring. FP8
-/// rows: the roles schedule's warpgroup 1 gathers them into registers a tile ahead and
-/// dequantises them into two bf16 tiles; the plain one stages them raw in shared memory and
-/// dequantises them into one bf16 tile.
+/// rows: on the roles schedule a third warpgroup gathers them into registers and dequantises
+/// them into two bf16 tiles (`sm90_kernel_id`); the plain one stages them raw in shared memory
+/// and dequantises them into one bf16 tile.
 pub const SM90_SPARSE_VARIANTS: [(KvFormat, u32, u32, Sm90Schedule); 4] = [
     (KvFormat::Bf16, 64, 2, Sm90Schedule::Roles),
     (KvFormat::Bf16, 64, 2, Sm90Schedule::Plain),
@@ -248,7 +248,7 @@ pub const SM90_SPARSE_VARIANTS: [(KvFormat, u32, u32, Sm90Schedule); 4] = [
 pub fn decode_sm90_shared_bytes(tile: usize, stages: usize, fp8: bool, schedule: Sm90Schedule) -> usize {
     let flags = if fp8 { 2 } else { stages } * tile * 4;
     // the lockstep FP8 kernel stages raw rows in shared memory; the roles one gathers them into
-    // warpgroup 1's registers
+    // its loader warpgroup's registers
     let raw = if fp8 && schedule != Sm90Schedule::Roles { tile * crate::formats::FP8_ROW_BYTES } else { 0 };
     let extra = match schedule {
         Sm90Schedule::Plain => flags + raw + ROWS_PER_CTA * tile * 4 - tile * 128,
@@ -301,6 +301,16 @@ fn parse_wgmma_path(s: &str) -> Option<DecodePath> {
     shipped.then_some(DecodePath::Wgmma { tile: v.0, stages: v.1, schedule })
 }
 
+/// The wgmma kernel of one variant: FP8 on the roles schedule is its own family (384 threads:
+/// a third warpgroup gathers and dequantises), every other variant is one of `mla_decode_sm90`.
+fn sm90_kernel_id(kv: axes::Kv, tile: u32, stages: u32, schedule: Sm90Schedule) -> Option<KernelId> {
+    match (kv, tile, stages, schedule) {
+        (axes::Kv::SparseFp8, 64, 2, Sm90Schedule::Roles) => registry::mla_decode_sm90_fp8(),
+        (axes::Kv::SparseFp8, _, _, Sm90Schedule::Roles) => None,
+        _ => registry::mla_decode_sm90(kv, tile, stages, schedule.axis()),
+    }
+}
+
 /// KV tokens per tile of the mma.sync kernels (`decode::kTile` in decode.cuh).
 const MMA_TILE: u32 = 32;
 
@@ -342,7 +352,7 @@ fn decode_kernel(dev: &Device, format: KvFormat, sparse: bool, path: DecodePath)
         if dev.compute_capability() != (9, 0) {
             return None;
         }
-        registry::mla_decode_sm90(kv, tile, stages, schedule.axis()).map(|id| Kernel {
+        sm90_kernel_id(kv, tile, stages, schedule).map(|id| Kernel {
             id,
             shared_bytes: decode_sm90_shared_bytes(tile as usize, stages as usize, kv == axes::Kv::SparseFp8, schedule),
             tile,
@@ -789,7 +799,7 @@ mod tests {
             let bytes = decode_sm90_shared_bytes(tile as usize, stages as usize, fp8, schedule);
             assert!(bytes <= 227 * 1024, "{format:?} {schedule:?}: {bytes}");
             let kv = if fp8 { axes::Kv::SparseFp8 } else { axes::Kv::SparseBf16 };
-            let id = registry::mla_decode_sm90(kv, tile, stages, schedule.axis());
+            let id = sm90_kernel_id(kv, tile, stages, schedule);
             assert!(id.is_some(), "{format:?} {schedule:?} not in kernels.toml");
         }
         let base = 1024 + 73_728 + 2 * 64 * 1156;
