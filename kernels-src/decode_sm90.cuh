@@ -976,17 +976,20 @@ __device__ __forceinline__ void mla_decode_sm90_roles(const DcpMlaDecodeParams& 
                            wg == 0 && t4 == 0, l_row, m_run, [&](int c, int e) { return o[4 * c + e]; });
     };
     if constexpr (kFp8) {
-        // 384 threads start at 168 registers each. The loader holds one tile's rows (82
-        // registers) beside its addresses; the math warpgroups hold half of O each (and
-        // warpgroup 0 S besides): 128 + 2·192 = 512, the SM's 64K registers over 128 threads
-        // (112 + 2·200 spilled in the loader, 96 + 2·208 too). Each role runs its own piece
-        // loop, so no code is shared between budgets.
+        // 384 threads start at 168 registers each (64K / 384, in steps of 8), and the CTA's
+        // pool is exactly that: what the math warpgroups take the loader must give back first,
+        // or setmaxnreg.inc waits forever. The loader holds one tile's rows (82 registers)
+        // beside its addresses; the math warpgroups hold half of O each (warpgroup 0 S
+        // besides). 120 + 2·192 = 3·168 (a loader of 112 or 96 spilled). Each role runs its
+        // own piece loop, so no code is shared between budgets.
+        constexpr int kLaunchRegs = 65536 / 384 / 8 * 8, kLoaderRegs = 120, kMathRegs = 192;
+        static_assert(kLoaderRegs + 2 * kMathRegs <= 3 * kLaunchRegs, "setmaxnreg must stay inside the CTA's pool");
         if (wg == 2) {
-            setmaxnreg_dec<128>();
+            setmaxnreg_dec<kLoaderRegs>();
             decode::for_each_piece(p, seqs, block_seq, [&](const decode::Piece pc) { piece(pc, LoaderTag<true>{}); });
             return;
         }
-        setmaxnreg_inc<192>();
+        setmaxnreg_inc<kMathRegs>();
     }
     decode::for_each_piece(p, seqs, block_seq, [&](const decode::Piece pc) { piece(pc, LoaderTag<false>{}); });
 #elif defined(__CUDA_ARCH__)
