@@ -757,26 +757,20 @@ __device__ __forceinline__ void mla_decode_sm90_roles(const DcpMlaDecodeParams& 
                 mbar_arrive_cp_async(full(b));
                 mbar_arrive(full(b));
             };
-            // Per tile k: its rows are gathered (from L2 but for the first two tiles), tile
-            // k + 2's rows are sent to L2 (no registers), then the buffer is awaited and filled:
-            // the gather's latency runs while the buffer's last P·V finishes. The index entries
-            // are loaded three tiles ahead (idx[j] for tile k + j), so no address waits on one.
-            auto prefetch = [&](int64_t row) {
-                if (row >= 0)  // this thread's 21 or 20 of the row's 41 16-byte chunks
-                    prefetch_l2((const unsigned char*)p.cache + row * kFp8RowBytes + 336 * ld_part,
-                                ld_part == 0 ? 336 : 320);
-            };
-            int idx[3] = {token_page(tile_begin), token_page(tile_begin + 1), token_page(tile_begin + 2)};
-            prefetch(token_row(tile_begin + 1, idx[1]));
+            // Per tile: the next tile's rows are sent to L2 (no registers), this tile's rows
+            // are gathered (from L2 but for the first), then the buffer is awaited and filled:
+            // the gather's latency runs while the buffer's last P·V finishes.
+            int page = token_page(tile_begin);
             for (int k = 0; k < n; ++k) {
                 if (k == 0) load_q(p, sQ, seq_row0, row_base, row_limit, t, 128);
-                const int64_t row = token_row(tile_begin + k, idx[0]);
+                const int64_t row = token_row(tile_begin + k, page);
+                page = token_page(tile_begin + k + 1);
+                const int64_t ahead = token_row(tile_begin + k + 1, page);
+                if (ahead >= 0)
+                    prefetch_l2((const unsigned char*)p.cache + ahead * kFp8RowBytes + 336 * ld_part,
+                                ld_part == 0 ? 336 : 320);  // this thread's 21 or 20 of the row's 41 chunks
                 Fp8Raw r;
                 gather(r, row);
-                prefetch(token_row(tile_begin + k + 2, idx[2]));
-                idx[0] = idx[1];
-                idx[1] = idx[2];
-                idx[2] = token_page(tile_begin + k + 3);
                 wait_free(fills);
                 fill_fp8(r, row, fills & 1);
                 ++fills;

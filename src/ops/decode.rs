@@ -230,14 +230,15 @@ pub const SM90_VARIANTS: [(u32, u32, Sm90Schedule); 4] = [
 
 /// The (format, tile, stages, schedule) variants of the wgmma sparse kernel kernels.toml ships;
 /// a format's first is its default. BF16 rows go straight into a two-tile cp.async ring. FP8
-/// rows: on the roles schedule a third warpgroup gathers them into registers and dequantises
-/// them into two bf16 tiles (`sm90_kernel_id`); the plain one stages them raw in shared memory
-/// and dequantises them into one bf16 tile.
+/// rows: the plain schedule (the default) stages them raw in shared memory and dequantises them
+/// into one bf16 tile; on the roles schedule (`wgmma-roles-64x2`, measured no faster: NOTES.md)
+/// a third warpgroup gathers them into registers and dequantises them into two bf16 tiles
+/// (`sm90_kernel_id`).
 pub const SM90_SPARSE_VARIANTS: [(KvFormat, u32, u32, Sm90Schedule); 4] = [
     (KvFormat::Bf16, 64, 2, Sm90Schedule::Roles),
     (KvFormat::Bf16, 64, 2, Sm90Schedule::Plain),
-    (KvFormat::Fp8_656, 64, 2, Sm90Schedule::Roles),
     (KvFormat::Fp8_656, 64, 1, Sm90Schedule::Plain),
+    (KvFormat::Fp8_656, 64, 2, Sm90Schedule::Roles),
 ];
 
 /// Dynamic shared memory of one wgmma decode CTA; mirrors `decode_sm90::shared_bytes`: 1024
