@@ -10,8 +10,10 @@
 //!   caller's `cudaStream_t`/`CUstream` as `void*` (null: the legacy default stream); workspaces
 //!   are the caller's, sized by the planner queries; launchers never allocate and never
 //!   synchronise;
-//! - argument checks (null pointers, dtype and format codes, alignment, supported variants,
-//!   planner constraints such as D·K % 512 == 0) run before the device handle is looked at.
+//! - the tensors' own checks (null pointers, dtype and format codes, element alignment), the
+//!   supported variants and planner constraints such as D·K % 512 == 0 run before the device
+//!   handle is looked at; a launcher's size, extent, overlap and 16-byte alignment checks run
+//!   after it (a null device is refused first), still before anything is launched.
 
 mod ops;
 mod planner;
