@@ -42,7 +42,7 @@ constexpr int kRawTileBytes = kTile * kFp8RowBytes;
 constexpr int kPBytes = kRows * kPPitch * 2;  // P in bf16
 constexpr int kMiscBytes = 2 * kRows * 4 /* max */ + 2 * kRows * 4 /* sum */ + 2 * kTile * 4 /* valid */;
 
-// Dynamic shared memory of one CTA; `decode_shared_bytes` in src/ops/decode.rs must agree.
+// Dynamic shared memory of one CTA (kernels.toml `dynamic_shared` evaluates it for the registry).
 template <DecodeKv Kv>
 constexpr int shared_bytes() {
     return Kv == DecodeKv::SparseFp8 ? kQBytes + kKTileBytes + 2 * kRawTileBytes + kPBytes + kMiscBytes

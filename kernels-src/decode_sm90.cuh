@@ -55,7 +55,7 @@ constexpr int valid_slots() {
     return Kv == DecodeKv::SparseFp8 ? 2 : Stages;
 }
 
-// Dynamic shared memory; `decode_sm90_shared_bytes` in src/ops/decode.rs must agree. The extra
+// Dynamic shared memory (kernels.toml `dynamic_shared` evaluates it for the registry). The extra
 // 1024 bytes let the kernel align its buffers to the 1024-byte swizzle period. FP8 adds one
 // staging buffer of raw 656-byte rows.
 // S shared between the warpgroups (plain schedule): warpgroup 0 computes S and hands its fp32

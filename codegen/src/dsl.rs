@@ -52,6 +52,12 @@ pub struct FamilySpec {
     pub variants: Option<Vec<toml::value::Table>>,
     #[serde(default)]
     pub constraints: Vec<String>,
+    /// A C++ constant expression of a variant's dynamic shared-memory bytes, from the kernel
+    /// source itself (e.g. its constexpr `shared_bytes<...>()`); `{axis}` stands for the
+    /// variant's template argument of that axis. Evaluated at build time by a host probe
+    /// (`emit::shared_probe`), recorded in the registry; none: the kernel takes no dynamic
+    /// shared memory.
+    pub dynamic_shared: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]

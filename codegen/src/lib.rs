@@ -3,7 +3,8 @@
 //! `build` turns the kernel DSL (`kernels-src/kernels.toml`) and the parameter header
 //! (`kernels-src/abi.h`) into, under `out_dir`:
 //! - `kernels/<family>.cu`: one instantiation unit per family, and `kernels/<family>.fatbin`;
-//! - `registry.rs`: the typed Rust registry of entry points with their ptxas reports;
+//! - `registry.rs`: the typed Rust registry of entry points with their ptxas reports and the
+//!   dynamic shared memory each takes (evaluated from the kernel sources by `shared_probe`);
 //! - `abi.rs` and `abi_probe.c`: the Rust mirrors of the parameter structs and a C layout probe;
 //! - `ptxas-report.tsv` and `codegen-report.txt`: the resource report and what the build did.
 
@@ -137,7 +138,32 @@ pub fn build(cfg: &BuildConfig) -> Result<BuildReport, String> {
             spills.join("\n  ")
         ));
     }
-    write(&cfg.out_dir.join("registry.rs"), &emit::registry(&fams, &ptxas))?;
+    // Each variant's dynamic shared memory, evaluated from the kernel sources by a host probe.
+    let shared = match emit::shared_probe(&fams) {
+        Some(src) => {
+            let out = nvcc::run_host_probe(
+                &cfg.nvcc,
+                &cfg.kernels_dir,
+                &list.targets.flags,
+                "shared_probe",
+                &src,
+                &cfg.out_dir,
+                &cfg.cache_dir,
+                &runs,
+            )?;
+            emit::parse_shared_probe(&out)?
+        }
+        None => BTreeMap::new(),
+    };
+    for f in fams.iter().filter(|f| f.spec.dynamic_shared.is_some()) {
+        for v in &f.variants {
+            let sym = v.symbol(&f.spec.name);
+            if !shared.contains_key(&sym) {
+                return Err(format!("the shared-memory probe printed nothing for {sym}"));
+            }
+        }
+    }
+    write(&cfg.out_dir.join("registry.rs"), &emit::registry(&list.targets, &fams, &ptxas, &shared))?;
 
     let mut fatbin_bytes = BTreeMap::new();
     for f in &fams {

@@ -241,6 +241,64 @@ fn compile_one(
     Ok(CompileResult { name: job.name.clone(), ptxas_log: log, from_cache: false })
 }
 
+/// Compiles `source` (a host program over the kernel headers in `include_dir`, written to
+/// `work_dir`) with nvcc and runs it on this machine (no GPU needed), returning its stdout.
+/// Cached in `cache_dir` under the same kind of key as the fatbins (source, every header, the
+/// flags, nvcc's version), so a build whose kernels are all cached runs no nvcc for it either.
+#[allow(clippy::too_many_arguments)]
+pub fn run_host_probe(
+    nvcc: &Path,
+    include_dir: &Path,
+    flags: &[String],
+    name: &str,
+    source: &str,
+    work_dir: &Path,
+    cache_dir: &Path,
+    nvcc_runs: &AtomicUsize,
+) -> Result<String, String> {
+    let mut h = Sha256::new();
+    h.update(source.as_bytes());
+    h.update(header_digest(include_dir)?);
+    h.update(flags.join("\u{1f}").as_bytes());
+    h.update(version(nvcc)?.as_bytes());
+    let key: String = h.finalize().iter().map(|b| format!("{b:02x}")).collect();
+    std::fs::create_dir_all(cache_dir).map_err(|e| format!("{}: {e}", cache_dir.display()))?;
+    let cached = cache_dir.join(format!("{name}-{}.txt", &key[..24]));
+    if let Ok(text) = std::fs::read_to_string(&cached) {
+        return Ok(text);
+    }
+    let src = work_dir.join(format!("{name}.cu"));
+    let exe = work_dir.join(name);
+    std::fs::write(&src, source).map_err(|e| format!("{}: {e}", src.display()))?;
+    nvcc_runs.fetch_add(1, Ordering::SeqCst);
+    let out = Command::new(nvcc)
+        .args(flags)
+        .arg("--cudart=none")
+        .arg("-I")
+        .arg(include_dir)
+        .arg("-o")
+        .arg(&exe)
+        .arg(&src)
+        .output()
+        .map_err(|e| format!("cannot run {}: {e}", nvcc.display()))?;
+    if !out.status.success() {
+        return Err(format!(
+            "nvcc failed on the host probe {name}:\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    let run = Command::new(&exe).output().map_err(|e| format!("cannot run {}: {e}", exe.display()))?;
+    if !run.status.success() {
+        return Err(format!("the host probe {} failed: {}", exe.display(), String::from_utf8_lossy(&run.stderr)));
+    }
+    let text = String::from_utf8_lossy(&run.stdout).into_owned();
+    let tmp = cached.with_extension(format!("tmp{}", std::process::id()));
+    std::fs::write(&tmp, &text).map_err(|e| e.to_string())?;
+    std::fs::rename(&tmp, &cached).map_err(|e| e.to_string())?;
+    Ok(text)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -424,20 +424,20 @@ fn has_code(major: i32, minor: i32) -> bool {
         let n: i32 = digits.trim_end_matches('a').parse().ok()?;
         Some((n / 10, n % 10, specific))
     };
-    let sass = env!("DCP_MLA_SASS_TARGETS").split(',').filter_map(cc).any(|(ma, mi, specific)| {
+    use dcp_mla::runtime::registry::{PTX_TARGET, SASS_TARGETS};
+    let sass = SASS_TARGETS.iter().copied().filter_map(cc).any(|(ma, mi, specific)| {
         if specific {
             (ma, mi) == (major, minor)
         } else {
             ma == major && minor >= mi
         }
     });
-    let ptx = cc(env!("DCP_MLA_PTX_TARGET")).is_some_and(|(ma, mi, _)| (major, minor) >= (ma, mi));
+    let ptx = cc(PTX_TARGET).is_some_and(|(ma, mi, _)| (major, minor) >= (ma, mi));
     sass || ptx
 }
 
 pub(crate) fn compute_capability_supported(major: i32, minor: i32) -> bool {
-    use dcp_mla::ops::decode::decode_shared_bytes;
-    let smem = decode_shared_bytes(dcp_mla::KvFormat::Bf16).max(decode_shared_bytes(dcp_mla::KvFormat::Fp8_656));
+    let smem = dcp_mla::ops::decode::fallback_shared_bytes();
     has_code(major, minor) && max_shared_per_block(major, minor).is_some_and(|m| m >= smem)
 }
 

@@ -27,15 +27,6 @@ pub const ROWS_PER_CTA: usize = 64;
 /// Most split-KV parts a launch may use (the combine keeps a weight per part in shared memory).
 pub const MAX_SPLITS: usize = 1024;
 
-// Shared memory of one decode CTA; mirrors `decode::shared_bytes` in decode.cuh (the kernel
-// checks its dynamic shared size and writes nothing if it is short).
-const SMEM_PITCH: usize = D_QK + 8;
-const SMEM_Q: usize = ROWS_PER_CTA * SMEM_PITCH * 2;
-const SMEM_K_TILE: usize = 32 * SMEM_PITCH * 2;
-const SMEM_RAW_TILE: usize = 32 * crate::formats::FP8_ROW_BYTES;
-const SMEM_P: usize = ROWS_PER_CTA * (32 + 8) * 2;
-const SMEM_MISC: usize = 4 * ROWS_PER_CTA * 4 + 2 * 32 * 4;
-
 /// The softmax scale SPEC.md §4 defaults to: 576^-½.
 pub fn default_scale() -> f32 {
     (D_QK as f32).powf(-0.5)
@@ -164,12 +155,15 @@ pub fn decode_workspace_bytes(batch: usize, nq: usize, heads: usize, sparse: boo
         .map_err(|_| Error::arg("num_splits", format!("a workspace of {n} bytes exceeds the address range")))
 }
 
-/// Dynamic shared memory of one decode CTA for a cache format.
-pub fn decode_shared_bytes(format: KvFormat) -> usize {
-    match format {
-        KvFormat::Bf16 => SMEM_Q + 2 * SMEM_K_TILE + SMEM_P + SMEM_MISC,
-        KvFormat::Fp8_656 => SMEM_Q + SMEM_K_TILE + 2 * SMEM_RAW_TILE + SMEM_P + SMEM_MISC,
-    }
+/// The most dynamic shared memory a CTA of the mma.sync decode kernels (the sm_80 fallback
+/// every supported GPU must run) takes: the registry's size, evaluated from the kernel source.
+pub fn fallback_shared_bytes() -> usize {
+    [axes::Kv::DenseBf16, axes::Kv::SparseBf16, axes::Kv::SparseFp8]
+        .into_iter()
+        .filter_map(registry::mla_decode)
+        .map(|id| id.info().dynamic_shared_bytes as usize)
+        .max()
+        .unwrap_or(0)
 }
 
 /// Which decode kernel runs.
@@ -240,26 +234,6 @@ pub const SM90_SPARSE_VARIANTS: [(KvFormat, u32, u32, Sm90Schedule); 4] = [
     (KvFormat::Fp8_656, 64, 1, Sm90Schedule::Plain),
     (KvFormat::Fp8_656, 64, 2, Sm90Schedule::Roles),
 ];
-
-/// Dynamic shared memory of one wgmma decode CTA; mirrors `decode_sm90::shared_bytes`: 1024
-/// bytes of alignment slack, Q, `stages` KV tiles, validity flags per token (FP8: two slots),
-/// for FP8 one tile of raw 656-byte rows, with the plain schedule the part of the S hand-over
-/// between warpgroups that the tile's rope block does not hold, with the roles schedule the rows'
-/// rescale factors and (l, m) and six mbarriers; the seesaw schedule's own (no flags, no raw).
-pub fn decode_sm90_shared_bytes(tile: usize, stages: usize, fp8: bool, schedule: Sm90Schedule) -> usize {
-    let flags = if fp8 { 2 } else { stages } * tile * 4;
-    // the lockstep FP8 kernel stages raw rows in shared memory; the roles one gathers them into
-    // its loader warpgroup's registers
-    let raw = if fp8 && schedule != Sm90Schedule::Roles { tile * crate::formats::FP8_ROW_BYTES } else { 0 };
-    let extra = match schedule {
-        Sm90Schedule::Plain => flags + raw + ROWS_PER_CTA * tile * 4 - tile * 128,
-        Sm90Schedule::Roles => flags + raw + ROWS_PER_CTA * 4 + ROWS_PER_CTA * 8 + 6 * 8,
-        // no flags (a token mask per buffer instead) and no raw tile: the running max, two scale
-        // factors, two warpgroups' row sums, the two masks, and 2·9 + 4 + 2 mbarriers
-        Sm90Schedule::Seesaw => 5 * ROWS_PER_CTA * 4 + 2 * 8 + 24 * 8,
-    };
-    1024 + ROWS_PER_CTA * D_QK * 2 + stages * tile * D_QK * 2 + extra
-}
 
 /// `DCP_MLA_DECODE_PATH` (read once): unset or empty is `None`; a value that names no shipped
 /// kernel is an error naming it and listing the valid ones, so a misspelling is never silently
@@ -342,7 +316,7 @@ fn decode_kernel(dev: &Device, format: KvFormat, sparse: bool, path: DecodePath)
     let mma = || {
         registry::mla_decode(kv).map(|id| Kernel {
             id,
-            shared_bytes: decode_shared_bytes(format),
+            shared_bytes: id.info().dynamic_shared_bytes as usize,
             tile: MMA_TILE,
             takes_tensor_map: false,
             needs_tensor_map: false,
@@ -355,7 +329,7 @@ fn decode_kernel(dev: &Device, format: KvFormat, sparse: bool, path: DecodePath)
         }
         sm90_kernel_id(kv, tile, stages, schedule).map(|id| Kernel {
             id,
-            shared_bytes: decode_sm90_shared_bytes(tile as usize, stages as usize, kv == axes::Kv::SparseFp8, schedule),
+            shared_bytes: id.info().dynamic_shared_bytes as usize,
             tile,
             takes_tensor_map: kv == axes::Kv::DenseBf16 && schedule != Sm90Schedule::Plain,
             needs_tensor_map: schedule == Sm90Schedule::Seesaw,
@@ -774,46 +748,46 @@ mod tests {
         assert_eq!(decode_workspace_bytes(2, 3, 16, true, 5).unwrap(), 64 + 10 * 16 * 513 * 4);
     }
 
+    /// A shipped variant's dynamic shared memory, as the registry holds it (evaluated from the
+    /// kernel source at build time).
+    fn smem(id: Option<KernelId>) -> usize {
+        id.expect("variant in kernels.toml").info().dynamic_shared_bytes as usize
+    }
+
     #[test]
     fn shared_memory_fits_sm80() {
         // sm_80's opt-in limit is 163 KiB per block.
-        for f in [KvFormat::Bf16, KvFormat::Fp8_656] {
-            assert!(decode_shared_bytes(f) <= 163 * 1024, "{f:?}: {}", decode_shared_bytes(f));
+        for kv in [axes::Kv::DenseBf16, axes::Kv::SparseBf16, axes::Kv::SparseFp8] {
+            let bytes = smem(registry::mla_decode(kv));
+            assert!(bytes <= 163 * 1024, "{kv:?}: {bytes}");
         }
-        assert_eq!(decode_shared_bytes(KvFormat::Bf16), 155_904);
-        assert_eq!(decode_shared_bytes(KvFormat::Fp8_656), 160_512);
+        assert_eq!(fallback_shared_bytes(), smem(registry::mla_decode(axes::Kv::SparseFp8)));
+        // the layouts decode.cuh describes (a change of layout updates these)
+        assert_eq!(smem(registry::mla_decode(axes::Kv::DenseBf16)), 155_904);
+        assert_eq!(smem(registry::mla_decode(axes::Kv::SparseFp8)), 160_512);
     }
 
     #[test]
     fn sm90_variants_fit_hopper_and_are_built() {
         // sm_90's opt-in limit is 227 KiB per block.
         for (tile, stages, schedule) in SM90_VARIANTS {
-            let bytes = decode_sm90_shared_bytes(tile as usize, stages as usize, false, schedule);
+            let bytes = smem(sm90_kernel_id(axes::Kv::DenseBf16, tile, stages, schedule));
             assert!(bytes <= 227 * 1024, "tile {tile} stages {stages} {schedule:?}: {bytes}");
-            assert!(
-                registry::mla_decode_sm90(axes::Kv::DenseBf16, tile, stages, schedule.axis()).is_some(),
-                "tile {tile} stages {stages} {schedule:?} not in kernels.toml"
-            );
         }
         for (format, tile, stages, schedule) in SM90_SPARSE_VARIANTS {
-            let fp8 = format == KvFormat::Fp8_656;
-            let bytes = decode_sm90_shared_bytes(tile as usize, stages as usize, fp8, schedule);
+            let kv = if format == KvFormat::Fp8_656 { axes::Kv::SparseFp8 } else { axes::Kv::SparseBf16 };
+            let bytes = smem(sm90_kernel_id(kv, tile, stages, schedule));
             assert!(bytes <= 227 * 1024, "{format:?} {schedule:?}: {bytes}");
-            let kv = if fp8 { axes::Kv::SparseFp8 } else { axes::Kv::SparseBf16 };
-            let id = sm90_kernel_id(kv, tile, stages, schedule);
-            assert!(id.is_some(), "{format:?} {schedule:?} not in kernels.toml");
         }
+        // the layouts decode_sm90.cuh describes (a change of layout updates these)
+        let dense = |tile, stages, schedule| smem(sm90_kernel_id(axes::Kv::DenseBf16, tile, stages, schedule));
         let base = 1024 + 73_728 + 2 * 64 * 1156;
-        assert_eq!(decode_sm90_shared_bytes(64, 2, false, Sm90Schedule::Plain), base + 8192);
-        assert_eq!(decode_sm90_shared_bytes(64, 2, false, Sm90Schedule::Roles), base + 256 + 512 + 48);
-        assert_eq!(
-            decode_sm90_shared_bytes(64, 2, false, Sm90Schedule::Seesaw),
-            1024 + 73_728 + 2 * 73_728 + 1280 + 16 + 192
-        );
-        assert_eq!(
-            decode_sm90_shared_bytes(64, 1, true, Sm90Schedule::Plain),
-            1024 + 73_728 + 64 * 1152 + 2 * 64 * 4 + 64 * 656 + 8192
-        );
+        assert_eq!(dense(64, 2, Sm90Schedule::Plain), base + 8192);
+        assert_eq!(dense(64, 2, Sm90Schedule::Roles), base + 256 + 512 + 48);
+        assert_eq!(dense(64, 2, Sm90Schedule::Seesaw), 1024 + 73_728 + 2 * 73_728 + 1280 + 16 + 192);
+        let fp8 = |tile, stages, schedule| smem(sm90_kernel_id(axes::Kv::SparseFp8, tile, stages, schedule));
+        assert_eq!(fp8(64, 1, Sm90Schedule::Plain), 1024 + 73_728 + 64 * 1152 + 2 * 64 * 4 + 64 * 656 + 8192);
+        assert_eq!(fp8(64, 2, Sm90Schedule::Roles), base + 256 + 512 + 48, "no staging buffer: as BF16 roles");
     }
 
     #[test]

@@ -41,6 +41,9 @@ pub struct KernelInfo {
     pub symbol: &'static str,
     /// Threads per block the kernel is compiled for.
     pub block: u32,
+    /// Dynamic shared memory a launch passes: the kernel source's own constexpr size
+    /// (kernels.toml `dynamic_shared`, evaluated at build time), 0 for kernels without.
+    pub dynamic_shared_bytes: u32,
     /// Marked hot in the DSL: the build fails if it spills.
     pub hot: bool,
     /// (axis, value) pairs of this specialisation.
