@@ -6,6 +6,10 @@ pub enum Error {
     /// An argument failed validation before anything was launched or written.
     #[error("invalid argument `{arg}`: {reason}")]
     InvalidArgument { arg: &'static str, reason: String },
+    /// A pointer or stride is not aligned as the kernel needs (its 16-byte vector accesses, or an
+    /// element's size); refused before anything was launched or written.
+    #[error("misaligned argument `{arg}`: {reason}")]
+    Misaligned { arg: &'static str, reason: String },
     /// A configuration the planner rejects (SPEC.md §1-§2 constraints).
     #[error("invalid configuration: {0}")]
     InvalidConfig(String),
@@ -35,6 +39,14 @@ impl Error {
     pub(crate) fn arg(arg: &'static str, reason: impl Into<String>) -> Self {
         Error::InvalidArgument { arg, reason: reason.into() }
     }
+
+    /// The argument an invalid or misaligned argument error names.
+    pub fn argument(&self) -> Option<&'static str> {
+        match self {
+            Error::InvalidArgument { arg, .. } | Error::Misaligned { arg, .. } => Some(arg),
+            _ => None,
+        }
+    }
 }
 
 /// `ensure!(cond, "arg", "reason {}", x)`: returns `Error::InvalidArgument` when `cond` fails.
@@ -44,6 +56,17 @@ macro_rules! ensure_arg {
     ($cond:expr, $arg:expr, $($fmt:tt)+) => {
         if !$cond {
             return Err($crate::error::Error::InvalidArgument { arg: $arg, reason: format!($($fmt)+) });
+        }
+    };
+}
+
+/// `ensure_aligned!(cond, "arg", "reason {}", x)`: returns `Error::Misaligned` when `cond` fails.
+#[macro_export]
+#[doc(hidden)]
+macro_rules! ensure_aligned {
+    ($cond:expr, $arg:expr, $($fmt:tt)+) => {
+        if !$cond {
+            return Err($crate::error::Error::Misaligned { arg: $arg, reason: format!($($fmt)+) });
         }
     };
 }

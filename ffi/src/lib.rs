@@ -116,8 +116,7 @@ pub(crate) fn bad_arg(arg: &str, reason: impl std::fmt::Display) -> FfiError {
 fn status_of(e: &dcp_mla::Error) -> DcpMlaStatus {
     use dcp_mla::Error as E;
     match e {
-        // The launchers' alignment checks all say "... is not N-byte aligned".
-        E::InvalidArgument { reason, .. } if reason.contains("aligned") => DcpMlaStatus::Misaligned,
+        E::Misaligned { .. } => DcpMlaStatus::Misaligned,
         E::InvalidArgument { .. } => DcpMlaStatus::InvalidArgument,
         E::InvalidConfig(_) => DcpMlaStatus::InvalidConfig,
         E::Unsupported(_) => DcpMlaStatus::Unsupported,
@@ -671,11 +670,16 @@ mod tests {
         use dcp_mla::Error as E;
         let map = |e: E| FfiError::from(e).status;
         assert_eq!(
-            map(E::InvalidArgument { arg: "q", reason: "pointer 0x2 is not 16-byte aligned".into() }),
+            map(E::Misaligned { arg: "q", reason: "pointer 0x2 is not 16-byte aligned".into() }),
             DcpMlaStatus::Misaligned
         );
         assert_eq!(
             map(E::InvalidArgument { arg: "q", reason: "holds 3 elements".into() }),
+            DcpMlaStatus::InvalidArgument
+        );
+        // the status follows the error's kind, not its wording
+        assert_eq!(
+            map(E::InvalidArgument { arg: "q", reason: "not aligned with the plan".into() }),
             DcpMlaStatus::InvalidArgument
         );
         assert_eq!(map(E::InvalidConfig("D·K".into())), DcpMlaStatus::InvalidConfig);

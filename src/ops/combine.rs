@@ -366,13 +366,13 @@ fn check_rows_buf(arg: &'static str, buf: &CombineRows, rows: usize) -> Result<(
         "holds {} values but {rows} rows of {D_V} need {need:?}",
         buf.len()
     );
-    ensure_arg!(buf.ptr() % 16 == 0 || rows == 0, arg, "pointer {:#x} is not 16-byte aligned", buf.ptr());
+    ensure_aligned!(buf.ptr() % 16 == 0 || rows == 0, arg, "pointer {:#x} is not 16-byte aligned", buf.ptr());
     Ok(())
 }
 
 fn check_f32(arg: &'static str, buf: &DeviceSlice<f32>, need: usize, align: u64) -> Result<()> {
     ensure_arg!(buf.len() >= need, arg, "holds {} values but {need} are needed", buf.len());
-    ensure_arg!(buf.ptr() % align == 0 || need == 0, arg, "pointer {:#x} is not {align}-byte aligned", buf.ptr());
+    ensure_aligned!(buf.ptr() % align == 0 || need == 0, arg, "pointer {:#x} is not {align}-byte aligned", buf.ptr());
     Ok(())
 }
 
@@ -403,7 +403,7 @@ fn check_slots(
         "holds {} bytes but {d} slots of {slot_bytes} need {need:?}",
         buf.len()
     );
-    ensure_arg!(buf.ptr() % 16 == 0, arg, "pointer {:#x} is not 16-byte aligned", buf.ptr());
+    ensure_aligned!(buf.ptr() % 16 == 0, arg, "pointer {:#x} is not 16-byte aligned", buf.ptr());
     Ok(Extent { ptr: buf.ptr(), bytes: (d * slot_bytes) as u64 })
 }
 

@@ -510,7 +510,7 @@ fn check_cache(
         "holds {} bytes but {num_pages} pages of {block_size} {f:?} tokens need {need:?}",
         cache.len()
     );
-    ensure_arg!(cache.ptr() % 16 == 0, arg, "pointer {:#x} is not 16-byte aligned", cache.ptr());
+    ensure_aligned!(cache.ptr() % 16 == 0, arg, "pointer {:#x} is not 16-byte aligned", cache.ptr());
     Ok(())
 }
 
@@ -534,7 +534,7 @@ fn validate_common(c: &DecodeCommon, sparse: bool) -> Result<DcpMlaDecodeParams>
         c.q.len(),
         rows * D_QK
     );
-    ensure_arg!(c.q.ptr() % 16 == 0, "q", "pointer {:#x} is not 16-byte aligned", c.q.ptr());
+    ensure_aligned!(c.q.ptr() % 16 == 0, "q", "pointer {:#x} is not 16-byte aligned", c.q.ptr());
     ensure_arg!(
         c.out.len() >= rows * D_V,
         "out",
@@ -542,9 +542,9 @@ fn validate_common(c: &DecodeCommon, sparse: bool) -> Result<DcpMlaDecodeParams>
         c.out.len(),
         rows * D_V
     );
-    ensure_arg!(c.out.ptr() % 16 == 0, "out", "pointer {:#x} is not 16-byte aligned", c.out.ptr());
+    ensure_aligned!(c.out.ptr() % 16 == 0, "out", "pointer {:#x} is not 16-byte aligned", c.out.ptr());
     ensure_arg!(c.lse.len() >= rows, "lse", "holds {} elements but [batch, nq, heads] needs {rows}", c.lse.len());
-    ensure_arg!(c.lse.ptr() % 4 == 0, "lse", "pointer {:#x} is not 4-byte aligned", c.lse.ptr());
+    ensure_aligned!(c.lse.ptr() % 4 == 0, "lse", "pointer {:#x} is not 4-byte aligned", c.lse.ptr());
     let ws_need = decode_workspace_bytes(c.batch, c.nq, c.heads, sparse, c.num_splits)?;
     ensure_arg!(
         c.workspace.len() >= ws_need,
@@ -553,7 +553,7 @@ fn validate_common(c: &DecodeCommon, sparse: bool) -> Result<DcpMlaDecodeParams>
         c.workspace.len(),
         c.num_splits
     );
-    ensure_arg!(
+    ensure_aligned!(
         ws_need == 0 || c.workspace.ptr() % 16 == 0,
         "workspace",
         "pointer {:#x} is not 16-byte aligned",

@@ -98,7 +98,7 @@ fn validate(a: &KvFill) -> Result<DcpKvFillParams> {
         a.block_size,
         need
     );
-    ensure_arg!(a.cache.ptr() % 16 == 0, "cache", "pointer {:#x} is not 16-byte aligned", a.cache.ptr());
+    ensure_aligned!(a.cache.ptr() % 16 == 0, "cache", "pointer {:#x} is not 16-byte aligned", a.cache.ptr());
     Ok(DcpKvFillParams {
         ckv: a.ckv.ptr(),
         kpe: a.kpe.ptr(),

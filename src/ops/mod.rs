@@ -37,12 +37,12 @@ pub(crate) fn check_rows<T>(
     let size = std::mem::size_of::<T>();
     ensure_arg!(stride >= width, arg, "row stride {stride} is less than the row width {width}");
     let stride_bytes = stride.checked_mul(size);
-    ensure_arg!(
+    ensure_aligned!(
         stride_bytes.is_some_and(|b| b % 16 == 0),
         arg,
         "row stride of {stride} elements ({stride_bytes:?} bytes) is not a multiple of 16 bytes"
     );
-    ensure_arg!(buf.ptr() % 16 == 0 || rows == 0, arg, "pointer {:#x} is not 16-byte aligned", buf.ptr());
+    ensure_aligned!(buf.ptr() % 16 == 0 || rows == 0, arg, "pointer {:#x} is not 16-byte aligned", buf.ptr());
     let need = extent(arg, rows, stride, width)?;
     ensure_arg!(buf.len() >= need, arg, "holds {} elements but {rows} rows need {need}", buf.len());
     Ok(())
@@ -100,11 +100,8 @@ pub(crate) mod test_util {
         fake_at(0x1000, len)
     }
 
-    /// The argument an `Error::InvalidArgument` names; panics on any other error.
+    /// The argument an invalid or misaligned argument error names; panics on any other error.
     pub fn arg_of(e: Error) -> &'static str {
-        match e {
-            Error::InvalidArgument { arg, .. } => arg,
-            other => panic!("expected an invalid argument, got {other}"),
-        }
+        e.argument().unwrap_or_else(|| panic!("expected an invalid argument, got {e}"))
     }
 }

@@ -92,7 +92,7 @@ fn flatten_params(a: &Flatten) -> Result<DcpPrefillFlattenParams> {
         a.num_pages,
         a.block_size
     );
-    ensure_arg!(a.cache.ptr() % 16 == 0, "cache", "pointer {:#x} is not 16-byte aligned", a.cache.ptr());
+    ensure_aligned!(a.cache.ptr() % 16 == 0, "cache", "pointer {:#x} is not 16-byte aligned", a.cache.ptr());
     ensure_arg!(
         a.max_pages <= a.block_table_stride,
         "max_pages",
