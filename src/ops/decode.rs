@@ -17,15 +17,13 @@ use super::to_i32;
 use crate::abi::{DcpMlaDecodeCombineParams, DcpMlaDecodeParams};
 use crate::error::{Error, Result};
 use crate::formats::{KvFormat, D_QK, D_V};
-use crate::planner::schedule::{self, seq_shape};
+use crate::planner::schedule::seq_shape;
+use crate::planner::split::row_blocks_per_seq;
 use crate::runtime::registry::{self, axes, KernelId};
 use crate::runtime::{tensor_map_bf16_2d, Device, DeviceSlice, Stream};
 use half::bf16;
 
-/// Query rows (flattened [q, H] rows of one request) per CTA.
-pub const ROWS_PER_CTA: usize = 64;
-/// Most split-KV parts a launch may use (the combine keeps a weight per part in shared memory).
-pub const MAX_SPLITS: usize = 1024;
+pub use crate::planner::split::{decode_num_splits, SplitPlan, MAX_SPLITS, ROWS_PER_CTA};
 
 /// The softmax scale SPEC.md §4 defaults to: 576^-½.
 pub fn default_scale() -> f32 {
@@ -114,45 +112,13 @@ pub struct SparseDecode {
     pub topk_len: Option<DeviceSlice<i32>>,
 }
 
-/// CTAs (row blocks of [`ROWS_PER_CTA`] rows) per sequence.
-fn row_blocks_per_seq(nq: usize, heads: usize, sparse: bool) -> usize {
-    seq_shape(1, nq, heads, sparse).1.div_ceil(ROWS_PER_CTA)
-}
-
-/// The split-KV part count for a launch on `num_sms` SMs, a host-side function of the shapes
-/// only (so a captured graph stays valid for any lengths), at most [`MAX_SPLITS`].
-///
-/// Dense: P = num_sms / (row blocks per request), one wave whose parts share the batch's KV
-/// tiles evenly whatever the lengths. Uneven lengths are the common case under DCP, and there
-/// balancing pays (H200, b = 128, lengths ramping to 32K: 1,145 µs vs 2,168 µs unsplit); with
-/// equal lengths and a batch that fills the machine it costs the combine (b = 128, 8K: +2%).
-/// Sparse: a sequence attends to at most K tokens, so lengths cannot be far apart; P = 1 when
-/// one CTA per (query row, head block) fills at least 80% of its last wave, else balanced parts.
-pub fn decode_num_splits(batch: usize, nq: usize, heads: usize, sparse: bool, num_sms: usize) -> usize {
-    if batch == 0 || num_sms == 0 {
-        return 1;
-    }
-    let rb = row_blocks_per_seq(nq, heads, sparse);
-    if sparse {
-        let ctas = batch * nq * rb;
-        let waves = ctas.div_ceil(num_sms);
-        if ctas * 5 >= waves * num_sms * 4 {
-            return 1;
-        }
-    }
-    (num_sms / rb).clamp(1, MAX_SPLITS)
-}
-
-/// Bytes of the split-KV workspace ([`crate::planner::workspace::decode_split_bytes`]): the
-/// schedule's int64 unit prefix [sequences + 1], then fp32 partial out [2·num_splits, rows per
-/// sequence, 512] and lse [2·num_splits, rows per sequence]; 0 when `num_splits <= 1`.
-/// `sparse`: for [`mla_decode_sparse`] (a sequence is one query row).
-/// An error names the argument whose size does not fit (the product overflows 64 bits or the
-/// address range).
+/// Bytes of the split-KV workspace ([`SplitPlan`]): the schedule's int64 unit prefix
+/// [sequences + 1], then fp32 partial out [2·num_splits, rows per sequence, 512] and lse
+/// [2·num_splits, rows per sequence]; 0 when `num_splits <= 1`. `sparse`: for
+/// [`mla_decode_sparse`] (a sequence is one query row). An error names the argument whose size
+/// does not fit (the product overflows 64 bits or the address range).
 pub fn decode_workspace_bytes(batch: usize, nq: usize, heads: usize, sparse: bool, num_splits: usize) -> Result<usize> {
-    let n = crate::planner::workspace::decode_split_bytes(batch, nq, heads, sparse, num_splits)?;
-    usize::try_from(n)
-        .map_err(|_| Error::arg("num_splits", format!("a workspace of {n} bytes exceeds the address range")))
+    SplitPlan::new(batch, nq, heads, sparse, num_splits)?.host_bytes()
 }
 
 /// The most dynamic shared memory a CTA of the mma.sync decode kernels (the sm_80 fallback
@@ -545,7 +511,8 @@ fn validate_common(c: &DecodeCommon, sparse: bool) -> Result<DcpMlaDecodeParams>
     ensure_aligned!(c.out.ptr() % 16 == 0, "out", "pointer {:#x} is not 16-byte aligned", c.out.ptr());
     ensure_arg!(c.lse.len() >= rows, "lse", "holds {} elements but [batch, nq, heads] needs {rows}", c.lse.len());
     ensure_aligned!(c.lse.ptr() % 4 == 0, "lse", "pointer {:#x} is not 4-byte aligned", c.lse.ptr());
-    let ws_need = decode_workspace_bytes(c.batch, c.nq, c.heads, sparse, c.num_splits)?;
+    let plan = SplitPlan::new(c.batch, c.nq, c.heads, sparse, c.num_splits)?;
+    let ws_need = plan.host_bytes()?;
     ensure_arg!(
         c.workspace.len() >= ws_need,
         "workspace",
@@ -559,11 +526,9 @@ fn validate_common(c: &DecodeCommon, sparse: bool) -> Result<DcpMlaDecodeParams>
         "pointer {:#x} is not 16-byte aligned",
         c.workspace.ptr()
     );
-    // workspace: unit prefix, then partial out and lse of 2·num_splits slots
-    let (seqs, seq_rows) = seq_shape(c.batch, c.nq, c.heads, sparse);
+    // workspace: unit prefix, then partial out and lse of 2·num_splits slots (the plan's offsets)
     let sched = c.workspace.ptr();
-    let ws_out = sched + schedule::prefix_bytes(seqs) as u64;
-    let ws_lse = ws_out + (2 * c.num_splits * seq_rows * D_V * 4) as u64;
+    let (ws_out, ws_lse) = (sched + plan.out_offset, sched + plan.lse_offset);
     Ok(DcpMlaDecodeParams {
         q: c.q.ptr(),
         cache: 0,
@@ -716,27 +681,6 @@ mod tests {
         };
         assert!(sparse_params(&s(2048)).is_ok());
         assert_eq!(arg_of(sparse_params(&s(i32::MAX as usize - 10)).unwrap_err()), "topk");
-    }
-
-    #[test]
-    fn parts_make_one_wave() {
-        // H = 64, q = 1: one row block per sequence, so 132 parts of it fill 132 SMs
-        assert_eq!(decode_num_splits(1, 1, 64, false, 132), 132);
-        assert_eq!(decode_num_splits(128, 1, 64, false, 132), 132);
-        // dense q = 6, H = 64: 6 row blocks per request
-        assert_eq!(decode_num_splits(128, 6, 64, false, 132), 22);
-        // sparse sequences are one query row: q = 2, H = 128 -> 2 row blocks per sequence;
-        // 16 CTAs are 12% of a wave: split
-        assert_eq!(decode_num_splits(4, 2, 128, true, 132), 66);
-        // 128 query rows × 1 head block = 97% of a wave, 768 = 97% of 6 waves: no split
-        assert_eq!(decode_num_splits(128, 1, 64, true, 132), 1);
-        assert_eq!(decode_num_splits(128, 6, 64, true, 132), 1);
-        // 140 CTAs would leave the second wave 6% full: split
-        assert_eq!(decode_num_splits(140, 1, 64, true, 132), 132);
-        // more row blocks than SMs: no split
-        assert_eq!(decode_num_splits(1, 8, 128, false, 8), 1);
-        assert_eq!(decode_num_splits(0, 1, 16, false, 132), 1);
-        assert_eq!(decode_num_splits(1, 1, 16, false, 100_000), MAX_SPLITS);
     }
 
     #[test]

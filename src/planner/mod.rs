@@ -5,6 +5,7 @@
 
 mod chunks;
 pub mod schedule;
+pub mod split;
 pub mod workspace;
 
 pub use chunks::{plan_prefill_chunks, prefill_chunk_bytes, Chunk, ChunkPlan, Piece};

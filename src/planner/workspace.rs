@@ -93,29 +93,10 @@ pub fn decode_out_f32_bytes(b: usize, q: usize, h: usize) -> Result<u64> {
     checked("batch", "the fp32 decode result b·q·H·2052", &[b as u64, q as u64, h as u64, D_V as u64 * 4 + 4], 0)
 }
 
-/// The split-KV decode workspace (src/planner/schedule.rs): the int64 unit prefix of the
-/// sequences (16-byte aligned), then fp32 partial out [2·parts, rows per sequence, 512] and lse
-/// [2·parts, rows per sequence]; 0 for one part. A sequence is a request (dense: q·H rows) or
-/// one query row of a request (sparse: H rows).
+/// The split-KV decode workspace: [`super::split::SplitPlan`]'s bytes (its layout and offsets
+/// live there, computed once for the launcher and for these size queries).
 pub fn decode_split_bytes(b: usize, q: usize, h: usize, sparse: bool, parts: usize) -> Result<u64> {
-    if parts <= 1 {
-        return Ok(0);
-    }
-    let (b, q, h) = (b as u64, q as u64, h as u64);
-    let (seqs, rows) = if sparse {
-        (checked("nq", "batch·nq", &[b, q], 0)?, h)
-    } else {
-        (b, checked("heads", "nq·heads", &[q, h], 0)?)
-    };
-    // the prefix: (seqs + 1) int64, rounded up to 16 bytes
-    let prefix = checked("batch", "the unit prefix", &[seqs.saturating_add(1), 8], 15)? & !15;
-    sum(
-        "num_splits",
-        &[
-            Ok(prefix),
-            checked("num_splits", "the partials 2·parts·rows·2052", &[2, parts as u64, rows, D_V as u64 * 4 + 4], 0),
-        ],
-    )
+    Ok(super::split::SplitPlan::new(b, q, h, sparse, parts)?.bytes)
 }
 
 #[cfg(test)]

@@ -1,0 +1,144 @@
+//! Split-KV planning of a decode launch, in one place: how many parts share each sequence's KV
+//! ([`decode_num_splits`]), and the workspace the parts need with every offset in it
+//! ([`SplitPlan`]). The launcher validates a caller's workspace against a plan and passes its
+//! offsets to the kernels; the C ABI's and Python's size queries are `SplitPlan::bytes`.
+
+use super::schedule::{prefix_bytes, seq_shape};
+use crate::error::{Error, Result};
+use crate::formats::D_V;
+
+/// Query rows (flattened [q, H] rows of one request) per decode CTA.
+pub const ROWS_PER_CTA: usize = 64;
+/// Most split-KV parts a launch may use (the combine keeps a weight per part in shared memory).
+pub const MAX_SPLITS: usize = 1024;
+
+/// CTAs (row blocks of [`ROWS_PER_CTA`] rows) per sequence.
+pub fn row_blocks_per_seq(nq: usize, heads: usize, sparse: bool) -> usize {
+    seq_shape(1, nq, heads, sparse).1.div_ceil(ROWS_PER_CTA)
+}
+
+/// The split-KV part count for a launch on `num_sms` SMs, a host-side function of the shapes
+/// only (so a captured graph stays valid for any lengths), at most [`MAX_SPLITS`].
+///
+/// Dense: P = num_sms / (row blocks per request), one wave whose parts share the batch's KV
+/// tiles evenly whatever the lengths. Uneven lengths are the common case under DCP, and there
+/// balancing pays (H200, b = 128, lengths ramping to 32K: 1,145 µs vs 2,168 µs unsplit); with
+/// equal lengths and a batch that fills the machine it costs the combine (b = 128, 8K: +2%).
+/// Sparse: a sequence attends to at most K tokens, so lengths cannot be far apart; P = 1 when
+/// one CTA per (query row, head block) fills at least 80% of its last wave, else balanced parts.
+pub fn decode_num_splits(batch: usize, nq: usize, heads: usize, sparse: bool, num_sms: usize) -> usize {
+    if batch == 0 || num_sms == 0 {
+        return 1;
+    }
+    let rb = row_blocks_per_seq(nq, heads, sparse);
+    if sparse {
+        let ctas = batch * nq * rb;
+        let waves = ctas.div_ceil(num_sms);
+        if ctas * 5 >= waves * num_sms * 4 {
+            return 1;
+        }
+    }
+    (num_sms / rb).clamp(1, MAX_SPLITS)
+}
+
+/// The split-KV workspace of one decode launch: the int64 unit prefix of the sequences
+/// (16-byte aligned) at offset 0, then fp32 partial out [2·parts, rows per sequence, 512] at
+/// `out_offset` and lse [2·parts, rows per sequence] at `lse_offset`; `bytes` in all, 0 for one
+/// part. A sequence is a request (dense: q·H rows) or one query row of a request (sparse: H
+/// rows). Every product is checked: the shapes come from callers on trust.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SplitPlan {
+    pub num_splits: usize,
+    /// Sequences of the launch, and query rows per sequence.
+    pub seqs: usize,
+    pub rows_per_seq: usize,
+    pub out_offset: u64,
+    pub lse_offset: u64,
+    pub bytes: u64,
+}
+
+impl SplitPlan {
+    /// The plan of `batch` requests of `nq` query rows of `heads` heads in `num_splits` parts
+    /// (`sparse`: a sequence is one query row); an error names the argument whose size overflows.
+    pub fn new(batch: usize, nq: usize, heads: usize, sparse: bool, num_splits: usize) -> Result<SplitPlan> {
+        let overflow = |arg: &'static str, what: &str| Error::arg(arg, format!("{what} overflows 64 bits"));
+        let (seqs, rows_per_seq) = if sparse {
+            (batch.checked_mul(nq).ok_or_else(|| overflow("nq", "batch·nq"))?, heads)
+        } else {
+            (batch, nq.checked_mul(heads).ok_or_else(|| overflow("heads", "nq·heads"))?)
+        };
+        if num_splits <= 1 {
+            return Ok(SplitPlan { num_splits, seqs, rows_per_seq, out_offset: 0, lse_offset: 0, bytes: 0 });
+        }
+        let prefix = seqs
+            .checked_add(1)
+            .and_then(|n| n.checked_mul(8))
+            .and_then(|n| n.checked_next_multiple_of(16))
+            .ok_or_else(|| overflow("batch", "the unit prefix"))? as u64;
+        let slot_rows = (2 * num_splits as u64)
+            .checked_mul(rows_per_seq as u64)
+            .ok_or_else(|| overflow("num_splits", "the partials 2·parts·rows"))?;
+        let out = slot_rows.checked_mul(D_V as u64 * 4).ok_or_else(|| overflow("num_splits", "the partial out"))?;
+        let lse_offset = prefix.checked_add(out).ok_or_else(|| overflow("num_splits", "the workspace"))?;
+        let bytes = slot_rows
+            .checked_mul(4)
+            .and_then(|lse| lse_offset.checked_add(lse))
+            .ok_or_else(|| overflow("num_splits", "the workspace"))?;
+        debug_assert_eq!(prefix as usize, prefix_bytes(seqs));
+        Ok(SplitPlan { num_splits, seqs, rows_per_seq, out_offset: prefix, lse_offset, bytes })
+    }
+
+    /// [`SplitPlan::bytes`] as a host size, or an error when it exceeds the address range.
+    pub fn host_bytes(&self) -> Result<usize> {
+        usize::try_from(self.bytes).map_err(|_| {
+            Error::arg("num_splits", format!("a workspace of {} bytes exceeds the address range", self.bytes))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn offsets_follow_the_layout() {
+        // dense b = 2, q = 3, H = 16: 2 sequences of 48 rows; prefix 3·8 → 32 bytes
+        let p = SplitPlan::new(2, 3, 16, false, 5).unwrap();
+        assert_eq!((p.seqs, p.rows_per_seq, p.out_offset), (2, 48, 32));
+        assert_eq!(p.lse_offset, 32 + 10 * 48 * 512 * 4);
+        assert_eq!(p.bytes, 32 + 10 * 48 * 513 * 4);
+        // sparse: 6 sequences of 16 rows; prefix 7·8 → 64
+        let s = SplitPlan::new(2, 3, 16, true, 5).unwrap();
+        assert_eq!((s.seqs, s.rows_per_seq, s.out_offset, s.bytes), (6, 16, 64, 64 + 10 * 16 * 513 * 4));
+        assert_eq!(SplitPlan::new(2, 3, 16, false, 1).unwrap().bytes, 0);
+    }
+
+    #[test]
+    fn sizes_that_overflow_name_the_argument() {
+        let arg = |e: Error| e.argument().unwrap();
+        assert_eq!(arg(SplitPlan::new(4, 1, 64, false, usize::MAX / 2).unwrap_err()), "num_splits");
+        assert_eq!(arg(SplitPlan::new(4, usize::MAX / 2, 64, false, 2).unwrap_err()), "heads");
+        assert_eq!(arg(SplitPlan::new(usize::MAX / 2, 4, 64, true, 2).unwrap_err()), "nq");
+    }
+
+    #[test]
+    fn parts_make_one_wave() {
+        // H = 64, q = 1: one row block per sequence, so 132 parts of it fill 132 SMs
+        assert_eq!(decode_num_splits(1, 1, 64, false, 132), 132);
+        assert_eq!(decode_num_splits(128, 1, 64, false, 132), 132);
+        // dense q = 6, H = 64: 6 row blocks per request
+        assert_eq!(decode_num_splits(128, 6, 64, false, 132), 22);
+        // sparse sequences are one query row: q = 2, H = 128 -> 2 row blocks per sequence;
+        // 16 CTAs are 12% of a wave: split
+        assert_eq!(decode_num_splits(4, 2, 128, true, 132), 66);
+        // 128 query rows × 1 head block = 97% of a wave, 768 = 97% of 6 waves: no split
+        assert_eq!(decode_num_splits(128, 1, 64, true, 132), 1);
+        assert_eq!(decode_num_splits(128, 6, 64, true, 132), 1);
+        // 140 CTAs would leave the second wave 6% full: split
+        assert_eq!(decode_num_splits(140, 1, 64, true, 132), 132);
+        // more row blocks than SMs: no split
+        assert_eq!(decode_num_splits(1, 8, 128, false, 8), 1);
+        assert_eq!(decode_num_splits(0, 1, 16, false, 132), 1);
+        assert_eq!(decode_num_splits(1, 1, 16, false, 100_000), MAX_SPLITS);
+    }
+}
