@@ -176,16 +176,26 @@ pub fn compile_all(
     Ok(r)
 }
 
+/// Every `.h` / `.cuh` under `dir` (kernels-src and its arch/ and decode/ folders), with its path
+/// relative to `dir`, hashed in path order: a kernel's cache key covers every header it may include.
 fn header_digest(dir: &Path) -> Result<Vec<u8>, String> {
-    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
-        .map_err(|e| format!("{}: {e}", dir.display()))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| matches!(p.extension().and_then(|e| e.to_str()), Some("h" | "cuh")))
-        .collect();
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) -> Result<(), String> {
+        for e in std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))? {
+            let p = e.map_err(|e| e.to_string())?.path();
+            if p.is_dir() {
+                walk(&p, out)?;
+            } else if matches!(p.extension().and_then(|e| e.to_str()), Some("h" | "cuh")) {
+                out.push(p);
+            }
+        }
+        Ok(())
+    }
+    let mut files = Vec::new();
+    walk(dir, &mut files)?;
     files.sort();
     let mut h = Sha256::new();
     for f in files {
-        h.update(f.file_name().unwrap().to_string_lossy().as_bytes());
+        h.update(f.strip_prefix(dir).unwrap_or(&f).to_string_lossy().as_bytes());
         h.update(std::fs::read(&f).map_err(|e| format!("{}: {e}", f.display()))?);
     }
     Ok(h.finalize().to_vec())

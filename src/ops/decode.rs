@@ -1,8 +1,9 @@
 //! MLA decode attention on one rank's shard (SPEC.md §4): dense over the BF16 paged cache and
 //! sparse over index lists into the BF16 or FP8-656 cache, with optional split-KV.
 //!
-//! Kernels: `kernels-src/decode.cuh` (families `mla_decode`, `mla_decode_schedule` and
-//! `mla_decode_combine`) and, for dense decode on Hopper, `kernels-src/decode_sm90.cuh`
+//! Kernels: `kernels-src/decode/` — `sm80.cuh` (family `mla_decode`), `split_schedule.cuh`
+//! (`mla_decode_schedule`), `combine.cuh` (`mla_decode_combine`) and, on Hopper, `sm90.cuh`
+//! with its schedules `sm90_plain.cuh`, `sm90_roles.cuh`, `sm90_seesaw.cuh`
 //! (`mla_decode_sm90`, see [`DecodePath`]).
 //!
 //! Split-KV (`num_splits = P > 1`): a schedule kernel reads the row lengths (or index counts) on
@@ -139,16 +140,16 @@ pub enum DecodePath {
     /// mma.sync; the environment variable `DCP_MLA_DECODE_PATH` overrides it (read once):
     /// `mma`, `wgmma` (the default variant) or `wgmma-<schedule>-<tile>x<stages>`.
     Auto,
-    /// The mma.sync kernel (sm_80+), `kernels-src/decode.cuh`.
+    /// The mma.sync kernel (sm_80+), `kernels-src/decode/sm80.cuh`.
     Mma,
-    /// The wgmma kernel (sm_90a only), `kernels-src/decode_sm90.cuh`: `tile` KV tokens per
+    /// The wgmma kernel (sm_90a only), `kernels-src/decode/sm90.cuh`: `tile` KV tokens per
     /// S = Q·Kᵀ step (32 or 64), a ring of `stages` buffers and a schedule; one of
     /// [`SM90_VARIANTS`] (dense) or [`SM90_SPARSE_VARIANTS`] (sparse).
     Wgmma { tile: u32, stages: u32, schedule: Sm90Schedule },
 }
 
 /// How the wgmma kernel's two warpgroups share a tile (`schedule` in kernels.toml,
-/// `Sm90Schedule` in decode_sm90.cuh, which describes each).
+/// `Sm90Schedule` in decode/sm90_base.cuh, which describes each).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Sm90Schedule {
     /// Lockstep: one CTA barrier per tile; warpgroup 0 computes S and hands it over.
@@ -252,7 +253,7 @@ fn sm90_kernel_id(kv: axes::Kv, tile: u32, stages: u32, schedule: Sm90Schedule) 
     }
 }
 
-/// KV tokens per tile of the mma.sync kernels (`decode::kTile` in decode.cuh).
+/// KV tokens per tile of the mma.sync kernels (`decode::kTile` in decode/base.cuh).
 const MMA_TILE: u32 = 32;
 
 /// A decode kernel, its dynamic shared memory and its KV tile (what the split schedule counts).
@@ -706,7 +707,7 @@ mod tests {
             assert!(bytes <= 163 * 1024, "{kv:?}: {bytes}");
         }
         assert_eq!(fallback_shared_bytes(), smem(registry::mla_decode(axes::Kv::SparseFp8)));
-        // the layouts decode.cuh describes (a change of layout updates these)
+        // the layouts decode/sm80.cuh describes (a change of layout updates these)
         assert_eq!(smem(registry::mla_decode(axes::Kv::DenseBf16)), 155_904);
         assert_eq!(smem(registry::mla_decode(axes::Kv::SparseFp8)), 160_512);
     }
@@ -723,7 +724,7 @@ mod tests {
             let bytes = smem(sm90_kernel_id(kv, tile, stages, schedule));
             assert!(bytes <= 227 * 1024, "{format:?} {schedule:?}: {bytes}");
         }
-        // the layouts decode_sm90.cuh describes (a change of layout updates these)
+        // the layouts decode/sm90_base.cuh describes (a change of layout updates these)
         let dense = |tile, stages, schedule| smem(sm90_kernel_id(axes::Kv::DenseBf16, tile, stages, schedule));
         let base = 1024 + 73_728 + 2 * 64 * 1156;
         assert_eq!(dense(64, 2, Sm90Schedule::Plain), base + 8192);

@@ -1,7 +1,7 @@
 //! The split-KV decode schedule (issue 5): how `P` parts (CTAs per row block) share a batch's
 //! (sequence, KV tile) work so every SM gets about the same number of tiles, whatever the
 //! sequences' lengths. This is the host mirror of `mla_decode_schedule` and of the piece loop of
-//! the decode kernels (`kernels-src/decode.cuh`, `decode::Schedule`); the GPU tests compare the
+//! the decode kernels (`kernels-src/decode/split_schedule.cuh`, `decode::for_each_piece`); the GPU tests compare the
 //! device's unit prefix with [`schedule_units`] bit for bit.
 //!
 //! The work is a line of units. Sequence `s` owns `1 + ceil(len_s / tile)` consecutive units:

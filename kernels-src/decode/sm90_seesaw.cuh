@@ -1,6 +1,6 @@
 // The seesaw schedule of the Hopper decode kernel (Sm90Schedule::Seesaw): dense BF16, tiles of 64
 // tokens loaded whole by TMA into two buffers, K0 and K1, which hold the two tiles of a pair.
-// Included by decode_sm90.cuh (its helpers, layout and contract).
+// Its helpers, layout and contract: decode/sm90_base.cuh; its entry: decode/sm90.cuh.
 //
 // Why: in the roles schedule warpgroup 0 computes S of every tile and its softmax while
 // warpgroup 1 only adds half of P·V, so per tile warpgroup 0's S (64·64·576), its half of P·V
@@ -32,6 +32,7 @@
 // there, but 0·NaN is NaN). Invalid pages point their boxes past the cache (TMA zero fill) and
 // are masked by a per-buffer token mask.
 #pragma once
+#include "decode/sm90_base.cuh"
 
 namespace dcp {
 

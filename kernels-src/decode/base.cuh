@@ -1,0 +1,125 @@
+// What every decode kernel shares (SPEC.md §4, §9): the KV kinds, the CTA shape's constants,
+// bf16 packing and FP8 dequantisation, and the epilogue that writes a CTA's rows (O / l and the
+// natural-log lse, with SPEC §9's NaN rule) to the output or to a split-KV workspace slot.
+#pragma once
+#include "common.cuh"
+
+namespace dcp {
+
+enum class DecodeKv { DenseBf16, SparseBf16, SparseFp8 };
+
+namespace decode {
+
+constexpr int kThreads = 256;
+constexpr int kRows = 64;             // query rows per CTA
+constexpr int kTile = 32;             // KV tokens per tile
+constexpr int kPitch = kDimQk + 8;    // bf16 per smem row: +16 bytes keeps ldmatrix conflict-free
+constexpr int kPPitch = kTile + 8;    // bf16 per row of P
+constexpr int kChunks = kDimQk / 8;   // 16-byte chunks of a bf16 row (72)
+constexpr int kFp8Chunks = kFp8RowBytes / 16;  // 41
+constexpr float kLn2 = 0.6931471805599453f;
+
+constexpr int kQBytes = kRows * kPitch * 2;
+constexpr int kKTileBytes = kTile * kPitch * 2;
+constexpr int kRawTileBytes = kTile * kFp8RowBytes;
+constexpr int kPBytes = kRows * kPPitch * 2;  // P in bf16
+constexpr int kMiscBytes = 2 * kRows * 4 /* max */ + 2 * kRows * 4 /* sum */ + 2 * kTile * 4 /* valid */;
+
+// threadIdx.x, read by an instruction the compiler cannot move out of a loop.
+__device__ __forceinline__ int thread_index() {
+    int t;
+    asm volatile("mov.u32 %0, %%tid.x;" : "=r"(t));
+    return t;
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// 8 e4m3 values × a power-of-two scale → 8 bf16 (exact: ≤ 4 significant bits each).
+__device__ __forceinline__ uint4 dequant8(uint2 raw, float scale) {
+    uint32_t w[2] = {raw.x, raw.y};
+    uint32_t out[4];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w[i] >> (16 * h)), __NV_E4M3);
+            float2 f = __half22float2(*reinterpret_cast<__half2*>(&hr));
+            out[2 * i + h] = pack_bf16(f.x * scale, f.y * scale);
+        }
+    }
+    return make_uint4(out[0], out[1], out[2], out[3]);
+}
+
+// write_rows' static shared flags, beside a kernel's dynamic shared memory.
+constexpr int kWriteRowsStaticBytes = 2 * kRows * 4;
+
+// The epilogue of both decode kernels: a thread's two rows (row0 and row0 + 8 of its 16-row
+// group) of O / l and lse = (m + log2 l)·ln 2. Row r of the CTA is row row_base + r of its
+// sequence: out row seq_row0 + row_base + r, or with slot >= 0 row row_base + r of workspace
+// slot `slot` (rows_per_seq rows each). `o(n, e)` is the accumulator of column col0 + 8n + e
+// (e = 0, 1) of row k = e >> 1 pairs: o(n, 2k) and o(n, 2k + 1). A row that saw nothing
+// (l = 0) writes 0 and −inf. Every thread of the CTA calls it (it holds two CTA barriers); a
+// row's 512 columns are the 4 threads of a quad (t4 = (col0 & 255) / 2) in each of the two
+// column halves (col0 < 256 or not).
+template <typename Acc>
+__device__ __forceinline__ void write_rows(const DcpMlaDecodeParams& p, int slot, int64_t seq_row0, int rows_per_seq,
+                                           int row_base, int row_limit, int row0, int col0, bool writes_lse,
+                                           const float (&l)[2], const float (&m)[2], Acc o) {
+    // SPEC §9: a NaN anywhere in a row's accumulators (a NaN in the v part of a token it read)
+    // makes all of its out and its lse NaN, as a NaN score already does through l: else its lse
+    // stays finite and the merge across ranks keeps the row. The quad's flags are OR-ed by
+    // shuffles, the two halves' through shared memory (one writer per row and half).
+    __shared__ int s_row_nan[2][kRows];
+    const int half = col0 >= 256 ? 1 : 0;
+    bool row_nan[2];
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+        bool f = false;
+#pragma unroll
+        for (int n = 0; n < 32; ++n) f |= isnan(o(n, 2 * k)) || isnan(o(n, 2 * k + 1));
+        f |= __shfl_xor_sync(0xffffffffu, (int)f, 1) != 0;
+        f |= __shfl_xor_sync(0xffffffffu, (int)f, 2) != 0;
+        if ((col0 & 255) == 0) s_row_nan[half][row0 + 8 * k] = f;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int k = 0; k < 2; ++k) row_nan[k] = (s_row_nan[0][row0 + 8 * k] | s_row_nan[1][row0 + 8 * k]) != 0;
+    __syncthreads();  // the flags are read before a later piece's write_rows sets them again (write_rows_barriers)
+    const bool to_ws = slot >= 0;
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+        const int r = row0 + 8 * k;
+        if (r >= row_limit) continue;
+        // l = 0: the row saw nothing (0 and −inf); a NaN l (a NaN score from q or a cache row it
+        // read) or a NaN accumulator gives NaN out and lse, never the empty row's (SPEC §9)
+        const bool empty = l[k] == 0.0f && !row_nan[k];
+        const float inv = row_nan[k] ? __int_as_float(0x7fffffff) : empty ? 0.0f : 1.0f / l[k];
+        const float lse = row_nan[k] ? __int_as_float(0x7fffffff) : empty ? -INFINITY : (m[k] + log2f(l[k])) * kLn2;
+        const int64_t grow = to_ws ? (int64_t)slot * rows_per_seq + row_base + r : seq_row0 + row_base + r;
+        if (writes_lse) ((float*)(to_ws ? p.ws_lse : p.lse))[grow] = lse;
+        if (to_ws || p.out_f32) {
+            float* dst = (float*)(to_ws ? p.ws_out : p.out) + grow * kDimLatent;
+#pragma unroll
+            for (int n = 0; n < 32; ++n)
+                *(float2*)(dst + col0 + 8 * n) = make_float2(o(n, 2 * k) * inv, o(n, 2 * k + 1) * inv);
+        } else {
+            __nv_bfloat16* dst = (__nv_bfloat16*)p.out + grow * kDimLatent;
+#pragma unroll
+            for (int n = 0; n < 32; ++n)
+                *(uint32_t*)(dst + col0 + 8 * n) = pack_bf16(o(n, 2 * k) * inv, o(n, 2 * k + 1) * inv);
+        }
+    }
+}
+
+// write_rows' CTA barriers, for a warpgroup of the CTA that holds no rows (the FP8 loader):
+// exactly as many __syncthreads as write_rows has.
+__device__ __forceinline__ void write_rows_barriers() {
+    __syncthreads();
+    __syncthreads();
+}
+
+}  // namespace decode
+}  // namespace dcp

@@ -1,0 +1,275 @@
+// MLA decode attention on one rank's shard (SPEC.md §4), on tensor cores with mma.sync
+// m16n8k16 bf16 (sm_80+). One CTA = one block of 64 rows of a sequence (a request, dense; one
+// query row of a request, sparse) × one split-KV part: with one part the CTA does its sequence
+// whole; with several it runs the pieces of the schedule (decode::for_each_piece), possibly of
+// several sequences, one after the other.
+//
+// Rows: dense CTAs take 64 consecutive rows of the request's flattened [q, H] rows, so the MTP
+// rows of a request share every KV tile read; sparse CTAs take 64 heads of one query row (each
+// query row has its own index list). Per KV tile of 32 tokens:
+//   load   cp.async into shared memory (double buffered; FP8 rows are staged raw and dequantised
+//          into the bf16 tile), unread tokens zero-filled so no NaN of an unused slot is read;
+//   score  S = Q·Kᵀ over 576 dims: warp (rg, c) does rows 16rg.. × tokens 16c..;
+//   softmax online, in the log2 domain with σ·log2e folded, masked before the max; the two
+//          warps of a row group exchange their row maxima through shared memory;
+//   accum  O += P·V with V = the first 512 dims of the K tile: warp (rg, c) owns O's rows 16rg..
+//          and V columns 256c.. in registers (fp32). P goes to the tensor cores rounded once to
+//          bf16 (as FlashMLA does): that errs by at most 2^-8·A_c, A_c the softmax-weighted mean
+//          of |v|, inside SPEC §9's 2^-6·A_c; the row sums l stay fp32.
+// Then O / l and lse = ln Σ exp(s) go to out/lse, or for a piece of a sequence spread over
+// several parts to a slot of the fp32 workspace that `mla_decode_combine` merges (SPEC.md §5).
+#pragma once
+#include "arch/sm80_ptx.cuh"
+#include "decode/base.cuh"
+#include "decode/split_schedule.cuh"
+
+namespace dcp {
+namespace decode {
+
+// Dynamic shared memory of one CTA (kernels.toml `dynamic_shared` evaluates it for the registry).
+template <DecodeKv Kv>
+constexpr int shared_bytes() {
+    return Kv == DecodeKv::SparseFp8 ? kQBytes + kKTileBytes + 2 * kRawTileBytes + kPBytes + kMiscBytes
+                                     : kQBytes + 2 * kKTileBytes + kPBytes + kMiscBytes;
+}
+
+}  // namespace decode
+
+template <DecodeKv Kv>
+__device__ __forceinline__ void mla_decode(const DcpMlaDecodeParams& p) {
+    using namespace decode;
+    constexpr bool kSparse = Kv != DecodeKv::DenseBf16;
+    constexpr bool kFp8 = Kv == DecodeKv::SparseFp8;
+
+    {
+        uint32_t dyn;
+        asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
+        // less than the kernel needs is a host/kernel mismatch, a bug: fail the launch loudly
+        if (dyn < (uint32_t)shared_bytes<Kv>()) __trap();
+    }
+    extern __shared__ __align__(16) unsigned char smem[];
+    __nv_bfloat16* sQ = (__nv_bfloat16*)smem;
+    __nv_bfloat16* sK = (__nv_bfloat16*)(smem + kQBytes);  // 2 stages (bf16) or 1 (fp8)
+    unsigned char* sRaw = smem + kQBytes + kKTileBytes;     // fp8 only: 2 raw stages
+    unsigned char* after_kv = smem + kQBytes + (kFp8 ? kKTileBytes + 2 * kRawTileBytes : 2 * kKTileBytes);
+    __nv_bfloat16* sP = (__nv_bfloat16*)after_kv;  // P in bf16
+    float* sMax = (float*)(after_kv + kPBytes);      // [2][kRows]
+    float* sSum = sMax + 2 * kRows;              // [2][kRows]
+    int* sValid = (int*)(sSum + 2 * kRows);      // [2][kTile]
+
+    // Row block of the CTA within its sequence's rows and, with one part, its sequence (sparse
+    // CTAs of one part hold a (query row, head block) pair in blockIdx.x).
+    auto row_block = [&]() -> int {
+        const int hblocks = (p.heads + kRows - 1) / kRows;
+        return kSparse && p.num_splits <= 1 ? blockIdx.x % hblocks : blockIdx.x;
+    };
+    const int block_seq = kSparse ? blockIdx.y * p.nq + blockIdx.x / ((p.heads + kRows - 1) / kRows) : blockIdx.y;
+
+    for_each_piece(p, num_seqs(p, kSparse), block_seq, [&](const Piece pc) {
+        __syncthreads();  // the previous piece is done with shared memory
+        // Sparse: thread indices are read inside the piece so that nothing derived from them
+        // (shared memory addresses) is hoisted out of the piece loop and kept live across it;
+        // without it the FP8 kernel spills on sm_90a, with it the dense one spills on sm_80.
+        const int tid = kSparse ? thread_index() : (int)threadIdx.x, lane = tid & 31, warp = tid >> 5;
+        const int rg = warp & 3, half = warp >> 2;  // row group, token half (S) / V half (O)
+        const int g = lane >> 2, t4 = lane & 3;
+        // (recomputed per piece from blockIdx and p rather than kept live: registers are tight)
+        const int seq_rows = rows_per_seq(p, kSparse);
+        // This CTA's rows: rows row_base + r (r < row_limit) of its sequence's rows.
+        const int row_base = row_block() * kRows;
+        const int row_limit = min(kRows, seq_rows - row_base);
+        const int seq = pc.seq;
+        const int64_t seq_row0 = (int64_t)seq * seq_rows;
+
+        // Token range of the piece (dense: local positions; sparse: positions in the index list).
+        int row_len[2];  // this thread's rows g and g+8
+        const int n_tokens = piece_rows<kSparse>(p, seq, row_base, row_limit, rg * 16 + g, row_len);
+        const int n_tiles = (n_tokens + kTile - 1) / kTile;
+        const int tile_end = min(n_tiles, pc.tile_end);
+        const int tile_begin = min(tile_end, pc.tile_begin);
+        if (decode::skip_empty_share(p, pc, tile_begin, tile_end, seq_rows, row_base, row_limit, tid)) return;
+
+        // ---- load: Q once; then a tile's tokens, 8 threads per token ----
+        for (int c = tid; c < kRows * kChunks; c += kThreads) {
+            const int r = c / kChunks, part = c % kChunks;
+            const bool ok = r < row_limit;
+            const __nv_bfloat16* src =
+                (const __nv_bfloat16*)p.q + (ok ? (seq_row0 + row_base + r) * kDimQk + part * 8 : 0);
+            cp_async16(sQ + r * kPitch + part * 8, src, ok);
+        }
+        const int ld_tok = tid >> 3, ld_part = tid & 7;
+        auto issue_tile = [&](int tile, int stage) {
+            const int pos = tile * kTile + ld_tok;
+            int64_t row = -1;  // cache row (page·B + slot) of this thread's token, or -1: unread
+            if (pos < n_tokens) {
+                if constexpr (kSparse) {
+                    const int v = ((const int32_t*)p.indices)[(int64_t)seq * p.topk + pos];
+                    if (v >= 0 && (int64_t)v < (int64_t)p.num_pages * p.block_size) row = v;
+                } else {
+                    const int page =
+                        ((const int32_t*)p.block_table)[(int64_t)seq * p.block_table_stride + pos / p.block_size];
+                    if (page >= 0 && page < p.num_pages) row = (int64_t)page * p.block_size + pos % p.block_size;
+                }
+            }
+            if (ld_part == 0) sValid[stage * kTile + ld_tok] = row >= 0;
+            if constexpr (kFp8) {
+                const unsigned char* src = (const unsigned char*)p.cache + (row >= 0 ? row * kFp8RowBytes : 0);
+                unsigned char* dst = sRaw + stage * kRawTileBytes + ld_tok * kFp8RowBytes;
+                for (int c = ld_part; c < kFp8Chunks; c += 8) cp_async16(dst + 16 * c, src + 16 * c, row >= 0);
+            } else {
+                const __nv_bfloat16* src = (const __nv_bfloat16*)p.cache + (row >= 0 ? row * kDimQk : 0);
+                __nv_bfloat16* dst = sK + stage * (kTile * kPitch) + ld_tok * kPitch;
+#pragma unroll
+                for (int k = 0; k < kChunks / 8; ++k) {
+                    const int c = ld_part + 8 * k;
+                    cp_async16(dst + 8 * c, src + 8 * c, row >= 0);
+                }
+            }
+        };
+        if (tile_begin < tile_end) issue_tile(tile_begin, 0);
+        cp_async_commit();
+
+        const float scale_log2 = p.scale_log2;
+        float o[32][4];
+#pragma unroll
+        for (int n = 0; n < 32; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+        float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+
+        for (int tile = tile_begin; tile < tile_end; ++tile) {
+            const int stage = (tile - tile_begin) & 1;
+            const bool has_next = tile + 1 < tile_end;
+            if (has_next) issue_tile(tile + 1, stage ^ 1);
+            cp_async_commit();
+            if (has_next) cp_async_wait<1>(); else cp_async_wait<0>();
+            __syncthreads();
+            const __nv_bfloat16* kv = sK + (kFp8 ? 0 : stage * (kTile * kPitch));
+            if constexpr (kFp8) {
+                // dequantise the raw stage into the one bf16 tile: 72 chunks of 8 values per token
+                const unsigned char* raw = sRaw + stage * kRawTileBytes + ld_tok * kFp8RowBytes;
+                __nv_bfloat16* dst = sK + ld_tok * kPitch;
+#pragma unroll
+                for (int k = 0; k < kChunks / 8; ++k) {
+                    const int c = ld_part + 8 * k;
+                    uint4 v;
+                    if (c < kDimLatent / 8) {
+                        const float scale = *(const float*)(raw + kFp8ScaleOffset + 4 * (c / 16));
+                        v = dequant8(*(const uint2*)(raw + 8 * c), scale);
+                    } else {
+                        v = *(const uint4*)(raw + kFp8RopeOffset + 16 * (c - kDimLatent / 8));
+                    }
+                    *(uint4*)(dst + 8 * c) = v;
+                }
+                __syncthreads();
+            }
+
+            // ---- score: S[16 rows, 16 tokens] = Q·Kᵀ ----
+            float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+            {
+                const __nv_bfloat16* qa = sQ + (rg * 16 + (lane & 7) + 8 * ((lane >> 3) & 1)) * kPitch + 8 * (lane >> 4);
+                const __nv_bfloat16* kb = kv + (half * 16 + (lane & 7) + 8 * (lane >> 4)) * kPitch + 8 * ((lane >> 3) & 1);
+#pragma unroll 4
+                for (int k0 = 0; k0 < kDimQk; k0 += 16) {
+                    uint32_t a[4], b[4];
+                    ldmatrix_x4(a, qa + k0);
+                    ldmatrix_x4(b, kb + k0);
+                    mma_bf16(s[0], a, b[0], b[1]);
+                    mma_bf16(s[1], a, b[2], b[3]);
+                }
+            }
+
+            // ---- softmax: mask before the max, exchange row maxima with the partner warp ----
+            const int* valid = sValid + stage * kTile;
+            float tmax[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+            for (int n = 0; n < 2; ++n)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int col = half * 16 + n * 8 + 2 * t4 + (e & 1);
+                    const int pos = tile * kTile + col;
+                    const bool ok = valid[col] && pos < row_len[e >> 1];
+                    s[n][e] = ok ? s[n][e] * scale_log2 : -INFINITY;  // select: a NaN score never survives
+                    tmax[e >> 1] = fmaxf(tmax[e >> 1], s[n][e]);
+                }
+#pragma unroll
+            for (int k = 0; k < 2; ++k) {
+                tmax[k] = fmaxf(tmax[k], __shfl_xor_sync(0xffffffffu, tmax[k], 1));
+                tmax[k] = fmaxf(tmax[k], __shfl_xor_sync(0xffffffffu, tmax[k], 2));
+                if (t4 == 0) sMax[half * kRows + rg * 16 + g + 8 * k] = tmax[k];
+            }
+            __syncthreads();
+            float alpha[2];
+#pragma unroll
+            for (int k = 0; k < 2; ++k) {
+                const int r = rg * 16 + g + 8 * k;
+                const float m_new = fmaxf(m_run[k], fmaxf(sMax[r], sMax[kRows + r]));
+                const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // all masked so far: p = 0, no NaN
+                alpha[k] = exp2f(m_run[k] - m_use);
+                m_run[k] = m_new;
+                float sum = 0.0f;
+#pragma unroll
+                for (int n = 0; n < 2; ++n)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        s[n][2 * k + e] = exp2f(s[n][2 * k + e] - m_use);
+                        sum += s[n][2 * k + e];
+                    }
+                l_run[k] = l_run[k] * alpha[k] + sum;
+            }
+#pragma unroll
+            for (int n = 0; n < 2; ++n) {
+                const int col = half * 16 + n * 8 + 2 * t4;
+#pragma unroll
+                for (int k = 0; k < 2; ++k) {
+                    const int off = (rg * 16 + g + 8 * k) * kPPitch + col;
+                    *(uint32_t*)(sP + off) = pack_bf16(s[n][2 * k], s[n][2 * k + 1]);
+                }
+            }
+#pragma unroll
+            for (int n = 0; n < 32; ++n) {
+                o[n][0] *= alpha[0];
+                o[n][1] *= alpha[0];
+                o[n][2] *= alpha[1];
+                o[n][3] *= alpha[1];
+            }
+            __syncthreads();
+
+            // ---- accumulate: O[16 rows, 256 cols] += P[16, 32]·V[32, 256] ----
+#pragma unroll
+            for (int k0 = 0; k0 < kTile; k0 += 16) {
+                uint32_t a[4];
+                const int p_off = (rg * 16 + (lane & 7) + 8 * ((lane >> 3) & 1)) * kPPitch + k0 + 8 * (lane >> 4);
+                ldmatrix_x4(a, sP + p_off);
+                const __nv_bfloat16* vb =
+                    kv + (k0 + (lane & 7) + 8 * ((lane >> 3) & 1)) * kPitch + half * 256 + 8 * (lane >> 4);
+#pragma unroll
+                for (int n = 0; n < 16; ++n) {
+                    uint32_t b[4];
+                    ldmatrix_x4_trans(b, vb + 16 * n);
+                    mma_bf16(o[2 * n], a, b[0], b[1]);
+                    mma_bf16(o[2 * n + 1], a, b[2], b[3]);
+                }
+            }
+            __syncthreads();
+        }
+        cp_async_wait<0>();
+
+        // ---- write: O / l and lse = (m + log2 l)·ln 2; a row that saw nothing: 0 and −inf ----
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+            l_run[k] += __shfl_xor_sync(0xffffffffu, l_run[k], 1);
+            l_run[k] += __shfl_xor_sync(0xffffffffu, l_run[k], 2);
+            if (t4 == 0) sSum[half * kRows + rg * 16 + g + 8 * k] = l_run[k];
+        }
+        __syncthreads();
+        float l_row[2];
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+            const int r = rg * 16 + g + 8 * k;
+            l_row[k] = sSum[r] + sSum[kRows + r];
+        }
+        write_rows(p, pc.slot, seq_row0, seq_rows, row_base, row_limit, rg * 16 + g, half * 256 + 2 * t4,
+                   half == 0 && t4 == 0, l_row, m_run, [&](int n, int e) { return o[n][e]; });
+    });
+}
+
+}  // namespace dcp

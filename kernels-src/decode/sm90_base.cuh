@@ -1,0 +1,228 @@
+// What the Hopper decode schedules share: the schedule names, the CTA's constants and shared
+// memory layout (shared_bytes, which the registry records), the swizzled tile addressing, Q's
+// and a token's loads, the online softmax's halves, the O rescale and the P·V halves.
+#pragma once
+#include "arch/sm80_ptx.cuh"
+#include "arch/sm90_ptx.cuh"
+#include "decode/base.cuh"
+#include "decode/split_schedule.cuh"
+
+namespace dcp {
+
+// Schedules of the wgmma kernel (the `schedule` axis of kernels.toml):
+// Plain: warpgroups in lockstep, one CTA barrier per tile; warpgroup 0 computes S and hands its
+//   fp32 fragments to warpgroup 1 (through the tile's rope block, free once S is done, and 8 KB
+//   more); both run the softmax; all threads issue the loads Stages − 1 tiles ahead.
+// Roles: warpgroup 0 computes S, the softmax and its half of P·V, queueing S of tile i behind
+//   its P·V of tile i − 1; warpgroup 1 loads the tiles and does the other half of P·V with P
+//   handed over through shared memory. Tiles and P are handed over by full/empty mbarriers,
+//   so neither warpgroup waits for the other at a CTA barrier (BF16 only).
+// Seesaw: the two warpgroups split each pair of tiles evenly: each computes S of one tile and
+//   adds to its half of O the P·V of both, its own P from registers and the other's from shared
+//   memory; dense BF16 tiles by TMA only (decode/sm90_seesaw.cuh).
+// (A fourth, P·V left in flight across the next tile's barrier, was never faster: ptxas serialised
+// its wgmma, C7514. codegen now rejects a hot kernel whose wgmma ptxas serialises.)
+enum class Sm90Schedule { Plain, Roles, Seesaw };
+
+namespace decode_sm90 {
+
+constexpr int kThreads = 256;
+constexpr int kRows = 64;
+constexpr int kBlocks = kDimQk / 64;  // 9 column blocks of 64 dims
+constexpr int kChunks = kDimQk / 8;   // 72 16-byte chunks per row
+
+// Validity flags per token: a slot per ring buffer; FP8 keeps two (tile parity), as its next
+// tile's raw copies (and flags) are issued while the current tile's softmax reads its flags.
+template <DecodeKv Kv, int Stages>
+constexpr int valid_slots() {
+    return Kv == DecodeKv::SparseFp8 ? 2 : Stages;
+}
+
+// Dynamic shared memory (kernels.toml `dynamic_shared` evaluates it for the registry). The extra
+// 1024 bytes let the kernel align its buffers to the 1024-byte swizzle period. FP8 adds one
+// staging buffer of raw 656-byte rows.
+// S shared between the warpgroups (plain schedule): warpgroup 0 computes S and hands its fp32
+// fragments to warpgroup 1 through the current tile's rope block (Tile × 128 bytes, read by S
+// only) and this many more bytes.
+template <int Tile, Sm90Schedule Sched>
+constexpr int s_share_extra_bytes() {
+    return Sched == Sm90Schedule::Plain ? kRows * Tile * 4 - Tile * 128 : 0;
+}
+
+// Roles schedule (P itself goes to the tile's rope block): the rows' rescale factors, their
+// final (l, m), and the full/empty mbarriers of the two buffers and of P's hand-over.
+template <int Tile, Sm90Schedule Sched>
+constexpr int roles_extra_bytes() {
+    return Sched == Sm90Schedule::Roles ? kRows * 4 + kRows * 8 + 6 * 8 : 0;
+}
+
+// Seesaw schedule: the rows' running max, the pair's two scale factors, the two warpgroups' row
+// sums, a token mask per buffer, and the mbarriers: a full one per column block of each buffer,
+// four hand-overs, and one per warpgroup for its tail zeroing (decode/sm90_seesaw.cuh).
+constexpr int kSeesawBars = 2 * kBlocks + 4 + 2;
+constexpr int seesaw_extra_bytes() { return 3 * kRows * 4 + 2 * kRows * 4 + 2 * 8 + kSeesawBars * 8; }
+
+template <DecodeKv Kv, int Tile, int Stages, Sm90Schedule Sched>
+constexpr int shared_bytes() {
+    if constexpr (Sched == Sm90Schedule::Seesaw) return 1024 + kRows * kDimQk * 2 + Stages * Tile * kDimQk * 2 + seesaw_extra_bytes();
+    return 1024 + kRows * kDimQk * 2 + Stages * Tile * kDimQk * 2 + valid_slots<Kv, Stages>() * Tile * 4 +
+           (Kv == DecodeKv::SparseFp8 && Sched != Sm90Schedule::Roles ? Tile * kFp8RowBytes : 0) +
+           s_share_extra_bytes<Tile, Sched>() +
+           roles_extra_bytes<Tile, Sched>();
+}
+
+// Byte offset of 16-byte chunk c (0..71) of row r in a [rows × 576] bf16 buffer of 9 blocks.
+__device__ __forceinline__ uint32_t swizzled(int rows, int r, int c) {
+    return (uint32_t)((c >> 3) * rows * 128 + r * 128 + (((c & 7) ^ (r & 7)) << 4));
+}
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// The CTA's dynamic shared memory, aligned to the 1024-byte swizzle period. A launch with less
+// than the variant needs (shared_bytes) is a host/kernel mismatch, a bug: trap, so the launch
+// fails loudly instead of leaving the outputs unwritten.
+template <DecodeKv Kv, int Tile, int Stages, Sm90Schedule Sched>
+__device__ __forceinline__ unsigned char* aligned_smem() {
+    uint32_t dyn;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
+    if (dyn < (uint32_t)shared_bytes<Kv, Tile, Stages, Sched>()) __trap();
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    const uint32_t raw_addr = decode::smem_addr(smem_raw);
+    return smem_raw + (((raw_addr + 1023) & ~1023u) - raw_addr);
+}
+
+// A thread's first row in a warpgroup's 64-row accumulator (wgmma layout: warp w of the group
+// holds rows 16w.., lane l rows l / 4 and l / 4 + 8).
+__device__ __forceinline__ int row_of(int tid) { return ((tid >> 5) & 3) * 16 + ((tid & 31) >> 2); }
+
+// Picks a role's piece body at compile time (the roles schedule's FP8 loader).
+template <bool B>
+struct LoaderTag {
+    static constexpr bool value = B;
+};
+
+// The online softmax's second half for two adjacent scores of a row: p = 2^(s − m_use), added in
+// fp32 to the row's running sum l, and returned as the packed bf16 pair P·V multiplies (one
+// rounding: SPEC §9's 2^-8·A_c).
+__device__ __forceinline__ uint32_t p_bf16(float s0, float s1, float m_use, float& l) {
+    const float p0 = exp2f(s0 - m_use), p1 = exp2f(s1 - m_use);
+    l += p0 + p1;
+    return decode::pack_bf16(p0, p1);
+}
+
+// P(i) as the K-major 128B-swizzled A operand of P·V, [64 rows × 64 tokens] bf16 at base (the
+// layout of one column block of Q): k16 block kk.
+__device__ __forceinline__ uint64_t p_desc(uint32_t base, int kk) { return make_desc(base + kk * 32, 16, 1024); }
+
+// Roles schedule: O[64 × 256] += P·V over the 64-token tile at tile_addr, V = its dims
+// 256·half.. (MN-major), P from shared memory (in the tile's rope block, which only S reads);
+// issued and committed, not waited for.
+template <int Tile>
+__device__ __forceinline__ void issue_pv_half(float (&o)[128], uint32_t tile_addr, int half) {
+    const uint32_t p_addr = tile_addr + (kBlocks - 1) * (Tile * 128);
+    fence_regs(o);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < Tile / 16; ++kk) {
+        const uint64_t dv = make_desc(tile_addr + 4 * half * (Tile * 128) + kk * 16 * 128, Tile * 128, 1024);
+        wgmma_ss_n256(o, p_desc(p_addr, kk), dv);
+    }
+    wgmma_commit();
+}
+
+// The online softmax's first half, shared by both schedules: masks a tile's scores (a token
+// counts when its flag is set and it lies inside the row; a select, so a NaN score never
+// survives), scales them to log2 units, and moves the thread's two rows' running max m_run:
+// alpha is the factor the rows' earlier sums shrink by, m_use the max this tile's p are taken
+// against (0 while a row has seen nothing, so p = 0 and no NaN). Rows r0, r0 + 8 of the warp's
+// 16, columns 8j + 2t4 (+1).
+template <int kSRegs, int Tile>
+__device__ __forceinline__ void softmax_max(float (&s)[kSRegs], const int* valid, int tile, const int (&row_len)[2],
+                                            int t4, float scale_log2, float (&m_run)[2], float (&l_run)[2],
+                                            float (&alpha)[2], float (&m_use)[2]) {
+    float tmax[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int e = 0; e < kSRegs; ++e) {
+        const int col = 8 * (e >> 2) + 2 * t4 + (e & 1);
+        const int k = (e >> 1) & 1;
+        const bool ok = valid[col] && tile * Tile + col < row_len[k];
+        s[e] = ok ? s[e] * scale_log2 : -INFINITY;
+        tmax[k] = fmaxf(tmax[k], s[e]);
+    }
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+        tmax[k] = fmaxf(tmax[k], __shfl_xor_sync(0xffffffffu, tmax[k], 1));
+        tmax[k] = fmaxf(tmax[k], __shfl_xor_sync(0xffffffffu, tmax[k], 2));
+        const float m_new = fmaxf(m_run[k], tmax[k]);
+        m_use[k] = m_new == -INFINITY ? 0.0f : m_new;
+        alpha[k] = exp2f(m_run[k] - m_use[k]);
+        m_run[k] = m_new;
+        l_run[k] *= alpha[k];
+    }
+}
+
+// O ·= alpha per row (rows r0 and r0 + 8 of the thread's 128 accumulators). Once a row's running
+// max settles (most tiles of a long row), alpha = 1: a warp whose 16 rows all keep their max
+// skips the 128 multiplications.
+__device__ __forceinline__ void rescale_o(float (&o)[128], float alpha0, float alpha1) {
+    if (__any_sync(0xffffffffu, alpha0 != 1.0f || alpha1 != 1.0f)) {
+#pragma unroll
+        for (int n = 0; n < 32; ++n) {
+            o[4 * n + 0] *= alpha0;
+            o[4 * n + 1] *= alpha0;
+            o[4 * n + 2] *= alpha1;
+            o[4 * n + 3] *= alpha1;
+        }
+    }
+}
+
+// The sum of a row's value over the 4 lanes (t4) that hold its columns.
+__device__ __forceinline__ float row_total(float v) {
+    v += __shfl_xor_sync(0xffffffffu, v, 1);
+    v += __shfl_xor_sync(0xffffffffu, v, 2);
+    return v;
+}
+
+// Q's 64 rows (rows row_base.. of the sequence, row_limit of them; the rest zero-filled) into
+// sQ, swizzled, by `threads` threads of which this is number `t`.
+__device__ __forceinline__ void load_q(const DcpMlaDecodeParams& p, unsigned char* sQ, int64_t seq_row0, int row_base,
+                                       int row_limit, int t, int threads) {
+    for (int c = t; c < kRows * kChunks; c += threads) {
+        const int r = c / kChunks, part = c % kChunks;
+        const bool ok = r < row_limit;
+        const __nv_bfloat16* src =
+            (const __nv_bfloat16*)p.q + (ok ? (seq_row0 + row_base + r) * kDimQk + part * 8 : 0);
+        decode::cp_async16(sQ + swizzled(kRows, r, part), src, ok);
+    }
+}
+
+// Part `part` (of Parts) of cache row `row` (-1: zero-filled) as token `tok` of a swizzled
+// [Tile × 576] tile: chunks part, part + Parts, ...
+template <int Tile, int Parts>
+__device__ __forceinline__ void copy_token(unsigned char* tile, int tok, int part, const DcpMlaDecodeParams& p,
+                                           int64_t row) {
+    const __nv_bfloat16* src = (const __nv_bfloat16*)p.cache + (row >= 0 ? row * kDimQk : 0);
+#pragma unroll
+    for (int k = 0; k < kChunks / Parts; ++k) {
+        const int c = part + Parts * k;
+        decode::cp_async16(tile + swizzled(Tile, tok, c), src + 8 * c, row >= 0);
+    }
+}
+
+// This CTA's rows: rows base.. (limit of them) of sequence `seq` when the launch has one part
+// (with several, for_each_piece picks the sequences). Sparse CTAs of one part hold a (query
+// row, head block) pair in blockIdx.x, as in decode/sm80.cuh.
+struct CtaRows {
+    int seq, base, limit;
+};
+template <bool Sparse>
+__device__ __forceinline__ CtaRows cta_rows(const DcpMlaDecodeParams& p, int seq_rows) {
+    const int H = p.heads, nq = p.nq;
+    const int hblocks = (H + kRows - 1) / kRows;
+    const int rb = Sparse && p.num_splits <= 1 ? blockIdx.x % hblocks : blockIdx.x;
+    const int seq = Sparse ? blockIdx.y * nq + blockIdx.x / hblocks : blockIdx.y;
+    return CtaRows{seq, rb * kRows, min(kRows, seq_rows - rb * kRows)};
+}
+#endif
+
+}  // namespace decode_sm90
+}  // namespace dcp

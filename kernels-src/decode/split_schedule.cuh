@@ -1,0 +1,170 @@
+// The split-KV schedule on the device (issue 5; src/planner/schedule.rs is the host mirror and
+// says why): the sequences of a launch, the unit prefix kernel (mla_decode_schedule) and the
+// piece loop every decode kernel runs (for_each_piece).
+#pragma once
+#include "decode/base.cuh"
+
+namespace dcp {
+namespace decode {
+
+// ---- split-KV schedule (issue 5; src/planner/schedule.rs is the host mirror and says why) ----
+// Sequences: requests (dense: nq·heads rows each) or query rows of requests (sparse: heads rows).
+__device__ __forceinline__ int num_seqs(const DcpMlaDecodeParams& p, bool sparse) {
+    return sparse ? p.batch * p.nq : p.batch;
+}
+__device__ __forceinline__ int rows_per_seq(const DcpMlaDecodeParams& p, bool sparse) {
+    return sparse ? p.heads : p.nq * p.heads;
+}
+
+// Dense: local length of row j (of nq) of request s, clamped to [0, max_pages·B].
+__device__ __forceinline__ int dense_row_len(const DcpMlaDecodeParams& p, int s, int j) {
+    const int64_t capacity = (int64_t)p.max_pages * p.block_size;
+    return (int)min((int64_t)max(((const int32_t*)p.lens)[(int64_t)s * p.nq + j], 0), capacity);
+}
+
+// Tokens sequence s attends to at most: dense, the longest of its rows' clamped lengths; sparse,
+// its clamped index count.
+__device__ __forceinline__ int seq_tokens(const DcpMlaDecodeParams& p, bool sparse, int s) {
+    if (sparse) {
+        int n = p.topk;
+        if (p.topk_len) n = max(0, min(n, ((const int32_t*)p.topk_len)[s]));
+        return n;
+    }
+    int n = 0;
+    for (int j = 0; j < p.nq; ++j) n = max(n, dense_row_len(p, s, j));
+    return n;
+}
+
+// What a CTA's rows row_base.. (row_limit of them) of sequence `seq` attend to: returns the
+// tokens of the longest of them (sparse: the sequence's index count) and sets row_len[k] for the
+// thread's rows r0 and r0 + 8 (0 for a row past row_limit). Shared by both decode kernels.
+template <bool Sparse>
+__device__ __forceinline__ int piece_rows(const DcpMlaDecodeParams& p, int seq, int row_base, int row_limit, int r0,
+                                          int (&row_len)[2]) {
+    if constexpr (Sparse) {
+        const int n = seq_tokens(p, true, seq);
+#pragma unroll
+        for (int k = 0; k < 2; ++k) row_len[k] = r0 + 8 * k < row_limit ? n : 0;
+        return n;
+    } else {
+        const int H = p.heads;
+        int n = 0;
+        for (int j = row_base / H; j <= (row_base + row_limit - 1) / H; ++j) n = max(n, dense_row_len(p, seq, j));
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+            const int r = r0 + 8 * k;
+            row_len[k] = r < row_limit ? dense_row_len(p, seq, (row_base + r) / H) : 0;
+        }
+        return n;
+    }
+}
+
+
+// One sequence's share of this CTA: tiles [tile_begin, tile_end), written to workspace slot
+// `slot`, or directly to out/lse when slot < 0.
+struct Piece {
+    int seq, tile_begin, tile_end, slot;
+};
+
+// A share of a split sequence with no tiles for this row block (a part holding only the
+// sequence's fixed-cost unit, or tiles past this row block's rows): its partial has weight 0, so
+// only lse = −inf is written (the combine then never reads its out) and Q is not loaded.
+__device__ __forceinline__ bool skip_empty_share(const DcpMlaDecodeParams& p, const Piece& pc, int tile_begin,
+                                                 int tile_end, int seq_rows, int row_base, int row_limit, int tid) {
+    if (pc.slot < 0 || tile_begin < tile_end) return false;
+    for (int r = tid; r < row_limit; r += blockDim.x)
+        ((float*)p.ws_lse)[(int64_t)pc.slot * seq_rows + row_base + r] = -INFINITY;
+    return true;
+}
+
+// Calls f(piece) for each piece of this CTA, in order. One part: the whole of `block_seq`. Else
+// part blockIdx.z's units [z·W, (z + 1)·W) of the prefix that mla_decode_schedule wrote. Only the
+// sequence index lives across f (the rest is re-read from the prefix), so the piece loop costs
+// the decode body no registers.
+struct PartRange {
+    int64_t w, b, e;  // units per part, this part's [b, e)
+};
+__device__ __forceinline__ PartRange part_range(const DcpMlaDecodeParams& p, const int64_t* u, int seqs) {
+    const int64_t total = u[seqs];
+    const int64_t w = (total + p.num_splits - 1) / p.num_splits;
+    const int64_t b = (int64_t)blockIdx.z * w;
+    return PartRange{w, b, min(total, b + w)};
+}
+
+template <typename F>
+__device__ __forceinline__ void for_each_piece(const DcpMlaDecodeParams& p, int seqs, int block_seq, F&& f) {
+    if (p.num_splits <= 1) {
+        f(Piece{block_seq, 0, INT_MAX, -1});
+        return;
+    }
+    // launched as a dependent of the schedule kernel: wait for its prefix
+    griddep_wait();
+    const int64_t* u = (const int64_t*)p.sched;
+    int s;
+    {
+        const PartRange r = part_range(p, u, seqs);
+        if (r.b >= r.e) return;
+        int lo = 0, hi = seqs;  // u[lo] <= b < u[hi]
+        while (hi - lo > 1) {
+            const int mid = (lo + hi) / 2;
+            if (u[mid] <= r.b) lo = mid;
+            else hi = mid;
+        }
+        s = lo;
+    }
+    for (; s < seqs; ++s) {
+        const PartRange r = part_range(p, u, seqs);
+        const int64_t a = u[s], z = u[s + 1];
+        if (a >= r.e) break;
+        const int64_t first = a + 1;  // unit of tile 0; unit a is the sequence's fixed cost
+        const int tb = (int)(max(r.b, first) - first);
+        const int te = max(tb, (int)(min(r.e, z) - first));
+        const bool split = a / r.w != (z - 1) / r.w;
+        f(Piece{s, tb, te, split ? 2 * (int)blockIdx.z + (a > r.b ? 1 : 0) : -1});
+    }
+}
+
+}  // namespace decode
+
+// The schedule of a split launch: sched[s] = Σ_{s' < s} (1 + ceil(tokens(s') / sched_tile)), one
+// CTA; each thread sums a run of consecutive sequences, then a block scan.
+template <int Unused = 0>
+__device__ __forceinline__ void mla_decode_schedule(const DcpMlaDecodeParams& p) {
+    using namespace decode;
+    const bool sparse = p.indices != 0;
+    const int seqs = num_seqs(p, sparse), tile = p.sched_tile;
+    const int per = (seqs + blockDim.x - 1) / blockDim.x;
+    const int s0 = min(seqs, (int)threadIdx.x * per), s1 = min(seqs, s0 + per);
+    // pass 1: each sequence's units into u[s] (read back by the same thread in pass 2)
+    int64_t* u = (int64_t*)p.sched;
+    int64_t own = 0;
+    for (int s = s0; s < s1; ++s) {
+        u[s] = 1 + (seq_tokens(p, sparse, s) + tile - 1) / tile;
+        own += u[s];
+    }
+    // inclusive scan: within each warp, then over the warps' totals
+    __shared__ int64_t warp_total[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    int64_t incl = own;
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+        const int64_t v = __shfl_up_sync(0xffffffffu, incl, d);
+        if (lane >= d) incl += v;
+    }
+    if (lane == 31) warp_total[warp] = incl;
+    __syncthreads();
+    int64_t before = 0, total = 0;
+    for (int i = 0; i < warps; ++i) {
+        if (i < warp) before += warp_total[i];
+        total += warp_total[i];
+    }
+    int64_t acc = before + incl - own;
+    for (int s = s0; s < s1; ++s) {  // pass 2: units → exclusive prefix
+        const int64_t units = u[s];
+        u[s] = acc;
+        acc += units;
+    }
+    if (threadIdx.x == 0) u[seqs] = total;
+}
+
+}  // namespace dcp
