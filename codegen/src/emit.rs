@@ -218,16 +218,17 @@ pub fn registry(
         let names: Vec<String> = f.axes.iter().map(|(a, _)| a.to_lowercase()).collect();
         if names.is_empty() {
             s.push_str(&format!(
-                "/// The `{0}` entry point.\npub fn {0}() -> Option<KernelId> {{\n    Some(KernelId({1}))\n}}\n\n",
-                f.spec.name, fam_ids[0]
+                "/// The `{0}` entry point.\npub fn {0}() -> Option<KernelId<crate::abi::{2}>> {{\n    Some(KernelId::new({1}))\n}}\n\n",
+                f.spec.name, fam_ids[0], f.spec.params
             ));
             continue;
         }
         s.push_str(&format!(
-            "/// The `{0}` entry point for these axis values, if that variant was compiled.\n#[allow(clippy::match_single_binding, unused_variables)]\npub fn {0}({1}) -> Option<KernelId> {{\n    match ({2},) {{\n",
+            "/// The `{0}` entry point for these axis values, if that variant was compiled.\n#[allow(clippy::match_single_binding, unused_variables)]\npub fn {0}({1}) -> Option<KernelId<crate::abi::{3}>> {{\n    match ({2},) {{\n",
             f.spec.name,
             params.join(", "),
-            names.join(", ")
+            names.join(", "),
+            f.spec.params
         ));
         for (v, id) in f.variants.iter().zip(fam_ids) {
             let pats: Vec<String> = v
@@ -238,7 +239,7 @@ pub fn registry(
                     AxisValue::Str(st) => format!("axes::{}::{}", camel(a), camel(st)),
                 })
                 .collect();
-            s.push_str(&format!("        ({},) => Some(KernelId({id})),\n", pats.join(", ")));
+            s.push_str(&format!("        ({},) => Some(KernelId::new({id})),\n", pats.join(", ")));
         }
         s.push_str("        #[allow(unreachable_patterns)]\n        _ => None,\n    }\n}\n\n");
     }

@@ -10,20 +10,12 @@ use dcp_mla::ops::fill::{kv_fill, KvFill};
 use dcp_mla::ops::prefill::{self, Flatten, Reorder};
 use dcp_mla::ops::topk::{self, Compact, GlobalMerge, LocalTopk, PackCandidates, PageTranslate};
 use dcp_mla::planner::{check_topk, DcpLayout};
-use dcp_mla::runtime::registry::{self, axes};
 use std::ffi::c_void;
 
 fn combine_rows(r: Rows) -> CombineRows {
     match r {
         Rows::Bf16(s) => CombineRows::Bf16(s),
         Rows::F32(s) => CombineRows::F32(s),
-    }
-}
-
-fn output_axis(r: &CombineRows) -> axes::Output {
-    match r {
-        CombineRows::Bf16(_) => axes::Output::Bf16,
-        CombineRows::F32(_) => axes::Output::F32,
     }
 }
 
@@ -354,8 +346,7 @@ pub unsafe extern "C" fn dcp_mla_a2a_combine(
             local_heads,
             dcp_size,
         };
-        let d = u32::try_from(dcp_size).unwrap_or(u32::MAX);
-        if registry::combine_a2a(d, output_axis(&a.out)).is_none() {
+        if !combine::a2a_combine_compiled(dcp_size, &a.out) {
             return Err(fail(
                 DcpMlaStatus::Unsupported,
                 format!("a2a combine for D = {dcp_size} is not compiled (D in {:?})", combine::A2A_RANKS),
@@ -435,7 +426,7 @@ pub unsafe extern "C" fn dcp_mla_topk_local(
             k,
             out: out.typed("out")?,
         };
-        if registry::topk_local(u32::try_from(k).unwrap_or(u32::MAX)).is_none() {
+        if !topk::local_topk_compiled(k) {
             return Err(fail(
                 DcpMlaStatus::Unsupported,
                 format!("local top-k for K = {k} is not compiled (K in 256, 512, 1024, 2048)"),
@@ -517,8 +508,7 @@ pub unsafe extern "C" fn dcp_mla_topk_merge(
             out: out.typed("out")?,
         };
         check_topk(dcp_size, k)?;
-        let id = registry::topk_merge(u32::try_from(dcp_size).unwrap_or(u32::MAX), k as u32);
-        if id.is_none() {
+        if !topk::global_merge_compiled(dcp_size, k) {
             return Err(fail(
                 DcpMlaStatus::Unsupported,
                 format!("global top-k merge for D = {dcp_size}, K = {k} is not compiled (D in 1, 2, 4, 8)"),

@@ -265,6 +265,12 @@ fn validate_a2a_pack(a: &A2aPack) -> Result<(DcpA2aPackParams, usize)> {
     Ok((params, rows))
 }
 
+/// Whether this build holds the a2a combine for `dcp_size` ranks writing `out`'s dtype (a
+/// capability query: the C ABI answers UNSUPPORTED from it before touching the device).
+pub fn a2a_combine_compiled(dcp_size: usize, out: &CombineRows) -> bool {
+    u32::try_from(dcp_size).is_ok_and(|d| registry::combine_a2a(d, out.dtype()).is_some())
+}
+
 /// a2a receive side: the full merge (SPEC.md §5) of the D received slots into out [T, H_l, 512]
 /// and lse [T, H_l], accumulated in fp32 in rank order; a source whose coefficient is 0 is
 /// skipped. Matches [`crate::reference::merge::a2a_combine`]. D must be one of [`A2A_RANKS`].
@@ -449,12 +455,12 @@ fn base2(base: LseBase) -> i32 {
     }
 }
 
-fn lookup(id: Option<KernelId>, family: &str) -> Result<KernelId> {
+fn lookup<P>(id: Option<KernelId<P>>, family: &str) -> Result<KernelId<P>> {
     id.ok_or_else(|| Error::Unsupported(format!("{family}: variant not compiled into this build")))
 }
 
 /// One warp per row of 512 values.
-fn launch_rows<P: Copy>(dev: &Device, stream: Stream, id: KernelId, rows: usize, params: &P) -> Result<()> {
+fn launch_rows<P: Copy>(dev: &Device, stream: Stream, id: KernelId<P>, rows: usize, params: &P) -> Result<()> {
     if rows == 0 {
         return Ok(());
     }

@@ -245,7 +245,12 @@ fn parse_wgmma_path(s: &str) -> Option<DecodePath> {
 
 /// The wgmma kernel of one variant: FP8 on the roles schedule is its own family (384 threads:
 /// a third warpgroup gathers and dequantises), every other variant is one of `mla_decode_sm90`.
-fn sm90_kernel_id(kv: axes::Kv, tile: u32, stages: u32, schedule: Sm90Schedule) -> Option<KernelId> {
+fn sm90_kernel_id(
+    kv: axes::Kv,
+    tile: u32,
+    stages: u32,
+    schedule: Sm90Schedule,
+) -> Option<KernelId<DcpMlaDecodeParams>> {
     match (kv, tile, stages, schedule) {
         (axes::Kv::SparseFp8, 64, 2, Sm90Schedule::Roles) => registry::mla_decode_sm90_fp8(),
         (axes::Kv::SparseFp8, _, _, Sm90Schedule::Roles) => None,
@@ -258,7 +263,7 @@ const MMA_TILE: u32 = 32;
 
 /// A decode kernel, its dynamic shared memory and its KV tile (what the split schedule counts).
 struct Kernel {
-    id: KernelId,
+    id: KernelId<DcpMlaDecodeParams>,
     shared_bytes: usize,
     tile: u32,
     /// Loads whole dense tiles by TMA when the params carry a tensor map (the roles schedule).
@@ -695,7 +700,7 @@ mod tests {
 
     /// A shipped variant's dynamic shared memory, as the registry holds it (evaluated from the
     /// kernel source at build time).
-    fn smem(id: Option<KernelId>) -> usize {
+    fn smem(id: Option<KernelId<DcpMlaDecodeParams>>) -> usize {
         id.expect("variant in kernels.toml").info().dynamic_shared_bytes as usize
     }
 

@@ -168,7 +168,7 @@ fn reorder_params(a: &Reorder) -> Result<DcpPrefillReorderParams> {
 }
 
 /// One warp per 576-value row.
-fn launch_warp_rows<P: Copy>(dev: &Device, stream: Stream, id: KernelId, rows: usize, params: &P) -> Result<()> {
+fn launch_warp_rows<P: Copy>(dev: &Device, stream: Stream, id: KernelId<P>, rows: usize, params: &P) -> Result<()> {
     if rows == 0 {
         return Ok(());
     }

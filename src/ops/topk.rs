@@ -31,6 +31,19 @@ pub struct LocalTopk {
     pub out: DeviceSlice<i32>,
 }
 
+/// Whether this build holds the local top-k for this K (a capability query).
+pub fn local_topk_compiled(k: usize) -> bool {
+    u32::try_from(k).is_ok_and(|k| registry::topk_local(k).is_some())
+}
+
+/// Whether this build holds the global top-k merge for `dcp_size` ranks and this K.
+pub fn global_merge_compiled(dcp_size: usize, k: usize) -> bool {
+    match (u32::try_from(dcp_size), u32::try_from(k)) {
+        (Ok(d), Ok(k)) => registry::topk_merge(d, k).is_some(),
+        _ => false,
+    }
+}
+
 /// Per row, the K best of the first len[row] scores by (score descending, index ascending; NaN
 /// counts as −inf, −0 as +0), as ascending indices; a row with len ≤ K gives 0..len then −1.
 /// Bit-identical to [`crate::reference::topk::local_topk`] (with cols = row_stride).
@@ -252,12 +265,12 @@ fn compact_params(a: &Compact) -> Result<DcpTopkCompactParams> {
     Ok(params)
 }
 
-fn lookup(id: Option<KernelId>, what: impl FnOnce() -> String) -> Result<KernelId> {
+fn lookup<P>(id: Option<KernelId<P>>, what: impl FnOnce() -> String) -> Result<KernelId<P>> {
     id.ok_or_else(|| Error::Unsupported(what()))
 }
 
 /// One block per row.
-fn launch_rows<P: Copy>(dev: &Device, stream: Stream, id: KernelId, rows: usize, params: &P) -> Result<()> {
+fn launch_rows<P: Copy>(dev: &Device, stream: Stream, id: KernelId<P>, rows: usize, params: &P) -> Result<()> {
     if rows == 0 {
         return Ok(());
     }

@@ -80,7 +80,7 @@ impl Device {
     /// The launch behind [`Device::launch`] and [`Device::launch_dependent`].
     unsafe fn launch_with<P: Copy>(
         &self,
-        id: KernelId,
+        id: KernelId<P>,
         grid: (u32, u32, u32),
         shared_bytes: u32,
         stream: Stream,
@@ -88,13 +88,13 @@ impl Device {
         dependent: bool,
     ) -> Result<()> {
         let info = id.info();
-        let f = *self.functions[id.0]
+        let f = *self.functions[id.index()]
             .as_ref()
             .map_err(|e| Error::Unsupported(format!("kernel {} cannot run on this device: {e}", info.symbol)))?;
         self.ctx.bind_to_thread().map_err(|source| Error::Driver { call: "cuCtxSetCurrent", source })?;
         // More than 48 KiB of dynamic shared memory must be opted into per function (once per
         // size: a larger opt-in covers every smaller launch).
-        let opted = &self.shared_opt_in[id.0];
+        let opted = &self.shared_opt_in[id.index()];
         if shared_bytes > 48 * 1024 && shared_bytes > opted.load(std::sync::atomic::Ordering::Relaxed) {
             cu::function::set_function_attribute(
                 f,
@@ -137,11 +137,11 @@ impl Device {
     /// Launches `id` with `params` passed by value as its single argument.
     ///
     /// # Safety
-    /// `params` must be the struct the entry point expects, and every device pointer in it
-    /// must be valid for what the kernel reads and writes.
+    /// Every device pointer in `params` (the struct `id`'s kernel takes: the type says so) must
+    /// be valid for what the kernel reads and writes.
     pub(crate) unsafe fn launch<P: Copy>(
         &self,
-        id: KernelId,
+        id: KernelId<P>,
         grid: (u32, u32, u32),
         shared_bytes: u32,
         stream: Stream,
@@ -158,7 +158,7 @@ impl Device {
     /// As for [`Device::launch`], and the kernel must wait as above.
     pub(crate) unsafe fn launch_dependent<P: Copy>(
         &self,
-        id: KernelId,
+        id: KernelId<P>,
         grid: (u32, u32, u32),
         shared_bytes: u32,
         stream: Stream,

@@ -2,13 +2,54 @@
 //! entry point, its family's embedded fatbin, its ptxas report, and one typed lookup function
 //! per family (e.g. [`kv_fill`]`(axes::Format::Bf16)`).
 
-/// Index of a compiled entry point in [`KERNELS`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct KernelId(pub usize);
+/// A compiled entry point (its index in [`KERNELS`]), typed by the parameter struct its kernel
+/// takes: [`crate::runtime::Device::launch`] takes a `KernelId<P>` and a `&P`, so launching a
+/// kernel with another kernel's parameters does not compile. Only the generated lookups make one.
+///
+/// ```compile_fail
+/// use dcp_mla::runtime::registry::{self, axes, KernelId};
+/// // the decode kernel's id cannot stand for a kernel taking the fill's parameters
+/// let id: Option<KernelId<dcp_mla::abi::DcpKvFillParams>> = registry::mla_decode(axes::Kv::DenseBf16);
+/// ```
+pub struct KernelId<P> {
+    index: usize,
+    params: std::marker::PhantomData<fn(P)>,
+}
 
-impl KernelId {
+impl<P> KernelId<P> {
+    const fn new(index: usize) -> Self {
+        KernelId { index, params: std::marker::PhantomData }
+    }
+    /// The entry point's index in [`KERNELS`] (and the device's function table).
+    pub fn index(self) -> usize {
+        self.index
+    }
     pub fn info(self) -> &'static KernelInfo {
-        &KERNELS[self.0]
+        &KERNELS[self.index]
+    }
+}
+
+// By hand: derives would ask the same of P, which a parameter struct need not give.
+impl<P> Clone for KernelId<P> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<P> Copy for KernelId<P> {}
+impl<P> PartialEq for KernelId<P> {
+    fn eq(&self, other: &Self) -> bool {
+        self.index == other.index
+    }
+}
+impl<P> Eq for KernelId<P> {}
+impl<P> std::hash::Hash for KernelId<P> {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        self.index.hash(h)
+    }
+}
+impl<P> std::fmt::Debug for KernelId<P> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "KernelId({} {})", self.index, KERNELS[self.index].symbol)
     }
 }
 
