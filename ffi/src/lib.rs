@@ -263,23 +263,17 @@ impl DcpMlaTensor {
     }
 
     /// The dtype code, for buffers that take bf16 or f32; checked like `typed`.
-    pub(crate) fn bf16_or_f32(&self, arg: &str) -> R<Rows> {
+    pub(crate) fn bf16_or_f32(&self, arg: &str) -> R<dcp_mla::ops::Rows> {
         self.check(arg, &[DCP_MLA_DTYPE_BF16, DCP_MLA_DTYPE_F32])?;
         // SAFETY: as in `typed`.
         Ok(unsafe {
             if self.dtype == DCP_MLA_DTYPE_BF16 {
-                Rows::Bf16(DeviceSlice::from_raw(self.data as u64, self.numel))
+                dcp_mla::ops::Rows::Bf16(DeviceSlice::from_raw(self.data as u64, self.numel))
             } else {
-                Rows::F32(DeviceSlice::from_raw(self.data as u64, self.numel))
+                dcp_mla::ops::Rows::F32(DeviceSlice::from_raw(self.data as u64, self.numel))
             }
         })
     }
-}
-
-/// A bf16 or f32 buffer, before it becomes the launcher's own enum.
-pub(crate) enum Rows {
-    Bf16(DeviceSlice<half::bf16>),
-    F32(DeviceSlice<f32>),
 }
 
 /// The device behind a handle, or NullPointer.

@@ -3,21 +3,14 @@
 //! alignment), check what can be checked without a device (variants, planner constraints), then
 //! call the launcher, which validates every extent before it launches.
 
-use crate::{device, fail, guard, kv_format, lse_base, stream, DcpMlaDevice, DcpMlaStatus, DcpMlaTensor, Rows, R};
-use dcp_mla::ops::combine::{self, A2aCombine, A2aPack, AgRsCorrect, AgRsFinish, CombineRows, MergeTwo};
+use crate::{device, fail, guard, kv_format, lse_base, stream, DcpMlaDevice, DcpMlaStatus, DcpMlaTensor, R};
+use dcp_mla::ops::combine::{self, A2aCombine, A2aPack, AgRsCorrect, AgRsFinish, MergeTwo};
 use dcp_mla::ops::decode::{self, DecodeCommon, DecodeOut, DenseDecode, SparseDecode};
 use dcp_mla::ops::fill::{kv_fill, KvFill};
 use dcp_mla::ops::prefill::{self, Flatten, Reorder};
 use dcp_mla::ops::topk::{self, Compact, GlobalMerge, LocalTopk, PackCandidates, PageTranslate};
 use dcp_mla::planner::{check_topk, DcpLayout};
 use std::ffi::c_void;
-
-fn combine_rows(r: Rows) -> CombineRows {
-    match r {
-        Rows::Bf16(s) => CombineRows::Bf16(s),
-        Rows::F32(s) => CombineRows::F32(s),
-    }
-}
 
 fn layout(dcp_size: usize, interleave: usize) -> DcpLayout {
     DcpLayout { size: dcp_size, interleave }
@@ -94,10 +87,7 @@ fn decode_common(
     num_splits: usize,
     workspace: DcpMlaTensor,
 ) -> R<DecodeCommon> {
-    let out = match out.bf16_or_f32("out")? {
-        Rows::Bf16(s) => DecodeOut::Bf16(s),
-        Rows::F32(s) => DecodeOut::F32(s),
-    };
+    let out: DecodeOut = out.bf16_or_f32("out")?;
     // The workspace is only touched with more than one split: an absent one is 0 bytes.
     let workspace = if workspace.data.is_null() && num_splits <= 1 {
         // SAFETY: an empty view is never dereferenced.
@@ -227,7 +217,7 @@ pub unsafe extern "C" fn dcp_mla_ag_rs_correct(
 ) -> DcpMlaStatus {
     guard(|| {
         let a = AgRsCorrect {
-            out: combine_rows(out.bf16_or_f32("out")?),
+            out: out.bf16_or_f32("out")?,
             lse_all: lse_all.typed("lse_all")?,
             lse_base: lse_base("lse_base", lse_base_code)?,
             contrib: contrib.typed("contrib")?,
@@ -268,7 +258,7 @@ pub unsafe extern "C" fn dcp_mla_ag_rs_finish(
             summed: summed.typed("summed")?,
             lse_all: lse_all.typed("lse_all")?,
             lse_base: lse_base("lse_base", lse_base_code)?,
-            out: combine_rows(out.bf16_or_f32("out")?),
+            out: out.bf16_or_f32("out")?,
             lse: lse.typed("lse")?,
             num_tokens,
             local_heads,
@@ -301,7 +291,7 @@ pub unsafe extern "C" fn dcp_mla_a2a_pack(
 ) -> DcpMlaStatus {
     guard(|| {
         let a = A2aPack {
-            out: combine_rows(out.bf16_or_f32("out")?),
+            out: out.bf16_or_f32("out")?,
             lse: lse.typed("lse")?,
             send: send.bytes("send")?,
             slot_bytes,
@@ -340,7 +330,7 @@ pub unsafe extern "C" fn dcp_mla_a2a_combine(
             recv: recv.bytes("recv")?,
             slot_bytes,
             lse_base: lse_base("lse_base", lse_base_code)?,
-            out: combine_rows(out.bf16_or_f32("out")?),
+            out: out.bf16_or_f32("out")?,
             lse: lse.typed("lse")?,
             num_tokens,
             local_heads,
@@ -388,7 +378,7 @@ pub unsafe extern "C" fn dcp_mla_merge_two(
             lse_b: lse_b.typed("lse_b")?,
             lse_a_base: lse_base("lse_a_base", lse_a_base_code)?,
             lse_b_base: lse_base("lse_b_base", lse_b_base_code)?,
-            out: combine_rows(out.bf16_or_f32("out")?),
+            out: out.bf16_or_f32("out")?,
             lse: lse.typed("lse")?,
             rows,
         };

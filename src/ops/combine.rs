@@ -16,7 +16,6 @@ use crate::error::{Error, Result};
 use crate::formats::{LseBase, D_V};
 use crate::runtime::registry::{self, axes, KernelId};
 use crate::runtime::{Device, DeviceSlice, Stream};
-use half::bf16;
 
 /// The largest group size the ag_rs kernels take (they read D at run time).
 pub const AG_RS_MAX_RANKS: usize = 8;
@@ -25,41 +24,21 @@ pub const AG_RS_MAX_RANKS: usize = 8;
 pub const A2A_RANKS: [usize; 4] = [1, 2, 4, 8];
 
 /// Rows of 512 values, bf16 or fp32: an attention output read by a combine, or a combine's output.
-#[derive(Debug, Clone, Copy)]
-pub enum CombineRows {
-    Bf16(DeviceSlice<bf16>),
-    F32(DeviceSlice<f32>),
-}
+pub type CombineRows = super::Rows;
 
-impl CombineRows {
-    fn ptr(&self) -> u64 {
-        match self {
-            CombineRows::Bf16(s) => s.ptr(),
-            CombineRows::F32(s) => s.ptr(),
-        }
-    }
-    fn len(&self) -> usize {
-        match self {
-            CombineRows::Bf16(s) => s.len(),
-            CombineRows::F32(s) => s.len(),
-        }
-    }
-    fn elem_bytes(&self) -> u64 {
-        match self {
-            CombineRows::Bf16(_) => 2,
-            CombineRows::F32(_) => 4,
-        }
-    }
+impl super::Rows {
     fn dtype(&self) -> axes::Output {
-        match self {
-            CombineRows::Bf16(_) => axes::Output::Bf16,
-            CombineRows::F32(_) => axes::Output::F32,
+        if self.is_f32() {
+            axes::Output::F32
+        } else {
+            axes::Output::Bf16
         }
     }
     fn input_dtype(&self) -> axes::Input {
-        match self {
-            CombineRows::Bf16(_) => axes::Input::Bf16,
-            CombineRows::F32(_) => axes::Input::F32,
+        if self.is_f32() {
+            axes::Input::F32
+        } else {
+            axes::Input::Bf16
         }
     }
     /// The bytes `rows` rows of 512 occupy from the start.

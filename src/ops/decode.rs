@@ -32,29 +32,7 @@ pub fn default_scale() -> f32 {
 }
 
 /// Where the attention output goes: bf16 (the default) or fp32 [batch, q, H, 512].
-#[derive(Debug, Clone, Copy)]
-pub enum DecodeOut {
-    Bf16(DeviceSlice<bf16>),
-    F32(DeviceSlice<f32>),
-}
-
-impl DecodeOut {
-    fn ptr(&self) -> u64 {
-        match self {
-            DecodeOut::Bf16(s) => s.ptr(),
-            DecodeOut::F32(s) => s.ptr(),
-        }
-    }
-    fn len(&self) -> usize {
-        match self {
-            DecodeOut::Bf16(s) => s.len(),
-            DecodeOut::F32(s) => s.len(),
-        }
-    }
-    fn is_f32(&self) -> bool {
-        matches!(self, DecodeOut::F32(_))
-    }
-}
+pub type DecodeOut = super::Rows;
 
 /// What every decode launch shares: the queries, the outputs and the split-KV workspace.
 #[derive(Debug, Clone, Copy)]

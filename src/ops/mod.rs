@@ -10,6 +10,41 @@ pub mod topk;
 
 use crate::error::{Error, Result};
 use crate::runtime::DeviceSlice;
+use half::bf16;
+
+/// Rows of 512 values in bf16 or fp32: a decode's attention output [batch, q, H, 512], or a
+/// combine's input or output. One type for every launcher ([`decode::DecodeOut`] and
+/// [`combine::CombineRows`] name it where it plays those parts) and for the C ABI.
+#[derive(Debug, Clone, Copy)]
+pub enum Rows {
+    Bf16(DeviceSlice<bf16>),
+    F32(DeviceSlice<f32>),
+}
+
+impl Rows {
+    pub(crate) fn ptr(&self) -> u64 {
+        match self {
+            Rows::Bf16(s) => s.ptr(),
+            Rows::F32(s) => s.ptr(),
+        }
+    }
+    pub(crate) fn len(&self) -> usize {
+        match self {
+            Rows::Bf16(s) => s.len(),
+            Rows::F32(s) => s.len(),
+        }
+    }
+    pub(crate) fn is_f32(&self) -> bool {
+        matches!(self, Rows::F32(_))
+    }
+    pub(crate) fn elem_bytes(&self) -> u64 {
+        if self.is_f32() {
+            4
+        } else {
+            2
+        }
+    }
+}
 
 /// Elements that `rows` rows of `stride` elements address when the first `width` of each are
 /// read: (rows − 1)·stride + width (0 without rows), or an error naming `arg` when that, or the
