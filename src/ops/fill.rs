@@ -5,7 +5,7 @@ use crate::abi::DcpKvFillParams;
 use crate::error::{Error, Result};
 use crate::formats::{KvFormat, D_LATENT, D_ROPE};
 use crate::planner::DcpLayout;
-use crate::runtime::registry::{self, axes};
+use crate::runtime::registry;
 use crate::runtime::{Device, DeviceSlice, Stream};
 use half::bf16;
 
@@ -45,11 +45,8 @@ pub fn kv_fill(dev: &Device, stream: Stream, a: &KvFill) -> Result<()> {
     if params.num_tokens == 0 {
         return Ok(());
     }
-    let format = match a.format {
-        KvFormat::Bf16 => axes::Format::Bf16,
-        KvFormat::Fp8_656 => axes::Format::Fp8_656,
-    };
-    let id = registry::kv_fill(format).ok_or_else(|| Error::Unsupported(format!("kv_fill for {:?}", a.format)))?;
+    let id =
+        registry::kv_fill(a.format.into()).ok_or_else(|| Error::Unsupported(format!("kv_fill for {:?}", a.format)))?;
     let warps_per_block = id.info().block / 32;
     let grid = (params.num_tokens as u32).div_ceil(warps_per_block);
     // SAFETY: validate() checked every buffer against the extents the kernel addresses.

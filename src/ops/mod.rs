@@ -12,6 +12,18 @@ use crate::error::{Error, Result};
 use crate::runtime::DeviceSlice;
 use half::bf16;
 
+/// The cache format as the DSL's `format` axis spells it: the one place the two meet.
+impl From<crate::formats::KvFormat> for crate::runtime::registry::axes::Format {
+    fn from(f: crate::formats::KvFormat) -> Self {
+        use crate::formats::KvFormat;
+        use crate::runtime::registry::axes::Format;
+        match f {
+            KvFormat::Bf16 => Format::Bf16,
+            KvFormat::Fp8_656 => Format::Fp8_656,
+        }
+    }
+}
+
 /// Rows of 512 values in bf16 or fp32: a decode's attention output [batch, q, H, 512], or a
 /// combine's input or output. One type for every launcher ([`decode::DecodeOut`] and
 /// [`combine::CombineRows`] name it where it plays those parts) and for the C ABI.

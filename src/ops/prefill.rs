@@ -11,7 +11,7 @@ use crate::abi::{DcpPrefillFlattenParams, DcpPrefillReorderParams};
 use crate::error::{Error, Result};
 use crate::formats::{KvFormat, D_QK};
 use crate::planner::{Chunk, DcpLayout};
-use crate::runtime::registry::{self, axes, KernelId};
+use crate::runtime::registry::{self, KernelId};
 use crate::runtime::{Device, DeviceSlice, Stream};
 use half::bf16;
 
@@ -71,11 +71,7 @@ pub struct Flatten {
 /// [`crate::reference::prefill::flatten_chunk`].
 pub fn flatten(dev: &Device, stream: Stream, a: &Flatten) -> Result<()> {
     let params = flatten_params(a)?;
-    let format = match a.format {
-        KvFormat::Bf16 => axes::Format::Bf16,
-        KvFormat::Fp8_656 => axes::Format::Fp8_656,
-    };
-    let id = registry::prefill_flatten(format)
+    let id = registry::prefill_flatten(a.format.into())
         .ok_or_else(|| Error::Unsupported(format!("prefill_flatten for {:?}", a.format)))?;
     launch_warp_rows(dev, stream, id, a.cap_rows, &params)
 }
