@@ -153,6 +153,14 @@ pub fn registry(
             s.push_str(&format!("        /// `{v}`\n        {},\n", camel(v)));
         }
         s.push_str("    }\n");
+        s.push_str(&format!(
+            "    impl {0} {{\n        /// The value as kernels.toml spells it.\n        pub const fn name(self) -> &'static str {{\n            match self {{\n",
+            camel(axis)
+        ));
+        for v in vals {
+            s.push_str(&format!("                {}::{} => \"{v}\",\n", camel(axis), camel(v)));
+        }
+        s.push_str("            }\n        }\n    }\n");
     }
     s.push_str("}\n\n");
 

@@ -126,37 +126,15 @@ pub enum DecodePath {
     Wgmma { tile: u32, stages: u32, schedule: Sm90Schedule },
 }
 
-/// How the wgmma kernel's two warpgroups share a tile (`schedule` in kernels.toml,
-/// `Sm90Schedule` in decode/sm90_base.cuh, which describes each).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Sm90Schedule {
-    /// Lockstep: one CTA barrier per tile; warpgroup 0 computes S and hands it over.
-    Plain,
-    /// Warpgroup 0: S, softmax, half of P·V, and S of the next tile queued behind it;
-    /// warpgroup 1: the loads and the other half of P·V; tiles handed over by mbarriers.
-    Roles,
-    /// Each warpgroup computes S and the softmax of one tile of a pair and adds half of O's P·V
-    /// of both; dense BF16 caches that TMA can load ([`dense_tma_fits`]) only: a launch whose
-    /// cache does not fit runs the roles schedule instead.
-    Seesaw,
-}
-
-impl Sm90Schedule {
-    fn axis(self) -> axes::Schedule {
-        match self {
-            Sm90Schedule::Plain => axes::Schedule::Plain,
-            Sm90Schedule::Roles => axes::Schedule::Roles,
-            Sm90Schedule::Seesaw => axes::Schedule::Seesaw,
-        }
-    }
-    fn name(self) -> &'static str {
-        match self {
-            Sm90Schedule::Plain => "plain",
-            Sm90Schedule::Roles => "roles",
-            Sm90Schedule::Seesaw => "seesaw",
-        }
-    }
-}
+/// How the wgmma kernel's two warpgroups share a tile: the `schedule` axis of kernels.toml
+/// itself (`Sm90Schedule` in decode/sm90_base.cuh describes each). `Plain`: lockstep, one CTA
+/// barrier per tile, warpgroup 0 computes S and hands it over. `Roles`: warpgroup 0 does S, the
+/// softmax, half of P·V and S of the next tile queued behind it, warpgroup 1 the loads (for FP8
+/// a third warpgroup) and the other half of P·V, tiles handed over by mbarriers. `Seesaw`: each
+/// warpgroup computes S and the softmax of one tile of a pair and adds half of O's P·V of both;
+/// dense BF16 caches that TMA can load ([`dense_tma_fits`]) only: a launch whose cache does not
+/// fit runs the roles schedule instead.
+pub type Sm90Schedule = axes::Schedule;
 
 /// The (tile, stages, schedule) variants of the wgmma dense kernel that kernels.toml ships; the
 /// first is the default.
@@ -232,7 +210,7 @@ fn sm90_kernel_id(
     match (kv, tile, stages, schedule) {
         (axes::Kv::SparseFp8, 64, 2, Sm90Schedule::Roles) => registry::mla_decode_sm90_fp8(),
         (axes::Kv::SparseFp8, _, _, Sm90Schedule::Roles) => None,
-        _ => registry::mla_decode_sm90(kv, tile, stages, schedule.axis()),
+        _ => registry::mla_decode_sm90(kv, tile, stages, schedule),
     }
 }
 
