@@ -10,7 +10,7 @@
 //!
 //! Every lse input comes with its base ([`LseBase`]); every lse output is a natural log.
 
-use super::{product, to_i32};
+use super::{product, row_count, to_i32};
 use crate::abi::{DcpA2aCombineParams, DcpA2aPackParams, DcpAgRsCorrectParams, DcpAgRsFinishParams, DcpMergeTwoParams};
 use crate::error::{Error, Result};
 use crate::formats::{LseBase, D_V};
@@ -155,7 +155,7 @@ pub fn ag_rs_correct(dev: &Device, stream: Stream, a: &AgRsCorrect) -> Result<()
 
 fn validate_ag_rs_correct(a: &AgRsCorrect) -> Result<(DcpAgRsCorrectParams, usize)> {
     let heads = check_group(a.dcp_size, a.rank, a.local_heads, AG_RS_MAX_RANKS)?;
-    let rows = product("num_tokens", &[a.num_tokens, heads, D_V])? / D_V;
+    let rows = row_count("num_tokens", &[a.num_tokens, heads])?;
     let lse_all = product("num_tokens", &[a.dcp_size, rows])?;
     check_rows_buf("out", &a.out, rows)?;
     check_f32("lse_all", &a.lse_all, lse_all, 4)?;
@@ -188,7 +188,7 @@ pub fn ag_rs_finish(dev: &Device, stream: Stream, a: &AgRsFinish) -> Result<()> 
 
 fn validate_ag_rs_finish(a: &AgRsFinish) -> Result<(DcpAgRsFinishParams, usize)> {
     let heads = check_group(a.dcp_size, a.rank, a.local_heads, AG_RS_MAX_RANKS)?;
-    let rows = product("num_tokens", &[a.num_tokens, a.local_heads, D_V])? / D_V;
+    let rows = row_count("num_tokens", &[a.num_tokens, a.local_heads])?;
     let lse_all = product("num_tokens", &[a.dcp_size, a.num_tokens, heads])?;
     check_f32("summed", &a.summed, rows * D_V, 16)?;
     check_f32("lse_all", &a.lse_all, lse_all, 4)?;
@@ -225,7 +225,7 @@ pub fn a2a_pack(dev: &Device, stream: Stream, a: &A2aPack) -> Result<()> {
 
 fn validate_a2a_pack(a: &A2aPack) -> Result<(DcpA2aPackParams, usize)> {
     let heads = check_group(a.dcp_size, 0, a.local_heads, usize::MAX)?;
-    let rows = product("num_tokens", &[a.num_tokens, heads, D_V])? / D_V;
+    let rows = row_count("num_tokens", &[a.num_tokens, heads])?;
     check_rows_buf("out", &a.out, rows)?;
     check_f32("lse", &a.lse, rows, 4)?;
     let send = check_slots("send", &a.send, a.slot_bytes, a.dcp_size, a.num_tokens, a.local_heads)?;
@@ -267,7 +267,7 @@ fn validate_a2a_combine(a: &A2aCombine) -> Result<(DcpA2aCombineParams, usize)> 
         "the a2a combine is compiled for D in {A2A_RANKS:?}, not D = {}",
         a.dcp_size
     );
-    let rows = product("num_tokens", &[a.num_tokens, a.local_heads, D_V])? / D_V;
+    let rows = row_count("num_tokens", &[a.num_tokens, a.local_heads])?;
     let recv = check_slots("recv", &a.recv, a.slot_bytes, a.dcp_size, a.num_tokens, a.local_heads)?;
     check_rows_buf("out", &a.out, rows)?;
     check_f32("lse", &a.lse, rows, 4)?;
@@ -298,7 +298,7 @@ pub fn merge_two(dev: &Device, stream: Stream, a: &MergeTwo) -> Result<()> {
 }
 
 fn validate_merge_two(a: &MergeTwo) -> Result<(DcpMergeTwoParams, usize)> {
-    let rows = product("rows", &[a.rows, D_V])? / D_V;
+    let rows = row_count("rows", &[a.rows])?;
     check_f32("out_a", &a.out_a, rows * D_V, 16)?;
     check_f32("lse_a", &a.lse_a, rows, 4)?;
     check_f32("out_b", &a.out_b, rows * D_V, 16)?;

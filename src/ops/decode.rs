@@ -228,6 +228,16 @@ struct Kernel {
     needs_tensor_map: bool,
 }
 
+/// The DSL's `kv` axis of a launch over `format` (`sparse`: index lists, else the dense block
+/// table, always BF16).
+fn kv_axis(format: KvFormat, sparse: bool) -> axes::Kv {
+    match (sparse, format) {
+        (false, _) => axes::Kv::DenseBf16,
+        (true, KvFormat::Bf16) => axes::Kv::SparseBf16,
+        (true, KvFormat::Fp8_656) => axes::Kv::SparseFp8,
+    }
+}
+
 /// The kernel for a launch over `format` (`sparse`: index lists, else the dense block table) on
 /// `dev`; `Error::Unsupported` when `path` cannot run here (wgmma asked for on a device that is
 /// not compute capability 9.0, or a variant not built for this kind of launch). `Auto` is the
@@ -236,11 +246,7 @@ struct Kernel {
 /// [`SM90_SPARSE_VARIANTS`]) on compute capability 9.0, else mma.sync;
 /// `DCP_MLA_DECODE_PATH=mma` forces mma.sync, and a value naming no kernel is an error.
 fn decode_kernel(dev: &Device, format: KvFormat, sparse: bool, path: DecodePath) -> Result<Kernel> {
-    let kv = match (sparse, format) {
-        (false, _) => axes::Kv::DenseBf16,
-        (true, KvFormat::Bf16) => axes::Kv::SparseBf16,
-        (true, KvFormat::Fp8_656) => axes::Kv::SparseFp8,
-    };
+    let kv = kv_axis(format, sparse);
     let mma = || {
         registry::mla_decode(kv).map(|id| Kernel {
             id,
@@ -681,8 +687,7 @@ mod tests {
             assert!(bytes <= 227 * 1024, "tile {tile} stages {stages} {schedule:?}: {bytes}");
         }
         for (format, tile, stages, schedule) in SM90_SPARSE_VARIANTS {
-            let kv = if format == KvFormat::Fp8_656 { axes::Kv::SparseFp8 } else { axes::Kv::SparseBf16 };
-            let bytes = smem(sm90_kernel_id(kv, tile, stages, schedule));
+            let bytes = smem(sm90_kernel_id(kv_axis(format, true), tile, stages, schedule));
             assert!(bytes <= 227 * 1024, "{format:?} {schedule:?}: {bytes}");
         }
         // the layouts decode/sm90_base.cuh describes (a change of layout updates these)

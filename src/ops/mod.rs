@@ -104,6 +104,14 @@ pub(crate) fn product(arg: &'static str, factors: &[usize]) -> Result<usize> {
         .ok_or_else(|| Error::arg(arg, format!("the product {factors:?} overflows the address range")))
 }
 
+/// The product of caller counts as a count of rows of 512 values, checked so that the rows'
+/// elements (rows·512) fit too: the launchers then size their buffers from it unchecked.
+pub(crate) fn row_count(arg: &'static str, factors: &[usize]) -> Result<usize> {
+    let rows = product(arg, factors)?;
+    product(arg, &[rows, crate::formats::D_V])?;
+    Ok(rows)
+}
+
 /// Converts a host-side count to the kernels' int32, naming the argument when it does not fit.
 pub(crate) fn to_i32(arg: &'static str, v: usize) -> Result<i32> {
     i32::try_from(v).map_err(|_| Error::arg(arg, format!("{v} exceeds the kernels' int32 range")))

@@ -23,12 +23,6 @@ pub fn seq_shape(batch: usize, nq: usize, heads: usize, sparse: bool) -> (usize,
     }
 }
 
-/// Bytes of the unit prefix `U` (int64, `seqs + 1` entries) at the start of the split
-/// workspace, rounded up to 16 so the partials after it stay 16-byte aligned.
-pub fn prefix_bytes(seqs: usize) -> usize {
-    ((seqs + 1) * 8).next_multiple_of(16)
-}
-
 /// A sequence's share of one part: tiles `[tile_begin, tile_end)` of sequence `seq`, written to
 /// workspace slot `slot`, or directly to out/lse when `slot` is `None`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

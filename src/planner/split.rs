@@ -3,7 +3,8 @@
 //! ([`SplitPlan`]). The launcher validates a caller's workspace against a plan and passes its
 //! offsets to the kernels; the C ABI's and Python's size queries are `SplitPlan::bytes`.
 
-use super::schedule::{prefix_bytes, seq_shape};
+use super::schedule::seq_shape;
+use super::workspace::checked;
 use crate::error::{Error, Result};
 use crate::formats::D_V;
 
@@ -61,30 +62,23 @@ impl SplitPlan {
     /// The plan of `batch` requests of `nq` query rows of `heads` heads in `num_splits` parts
     /// (`sparse`: a sequence is one query row); an error names the argument whose size overflows.
     pub fn new(batch: usize, nq: usize, heads: usize, sparse: bool, num_splits: usize) -> Result<SplitPlan> {
-        let overflow = |arg: &'static str, what: &str| Error::arg(arg, format!("{what} overflows 64 bits"));
+        let (b, q, h) = (batch as u64, nq as u64, heads as u64);
         let (seqs, rows_per_seq) = if sparse {
-            (batch.checked_mul(nq).ok_or_else(|| overflow("nq", "batch·nq"))?, heads)
+            (checked("nq", "batch·nq", &[b, q], 0)?, h)
         } else {
-            (batch, nq.checked_mul(heads).ok_or_else(|| overflow("heads", "nq·heads"))?)
+            (b, checked("heads", "nq·heads", &[q, h], 0)?)
         };
+        let (seqs, rows_per_seq) = (seqs as usize, rows_per_seq as usize);
         if num_splits <= 1 {
             return Ok(SplitPlan { num_splits, seqs, rows_per_seq, out_offset: 0, lse_offset: 0, bytes: 0 });
         }
-        let prefix = seqs
-            .checked_add(1)
-            .and_then(|n| n.checked_mul(8))
-            .and_then(|n| n.checked_next_multiple_of(16))
-            .ok_or_else(|| overflow("batch", "the unit prefix"))? as u64;
-        let slot_rows = (2 * num_splits as u64)
-            .checked_mul(rows_per_seq as u64)
-            .ok_or_else(|| overflow("num_splits", "the partials 2·parts·rows"))?;
-        let out = slot_rows.checked_mul(D_V as u64 * 4).ok_or_else(|| overflow("num_splits", "the partial out"))?;
-        let lse_offset = prefix.checked_add(out).ok_or_else(|| overflow("num_splits", "the workspace"))?;
-        let bytes = slot_rows
-            .checked_mul(4)
-            .and_then(|lse| lse_offset.checked_add(lse))
-            .ok_or_else(|| overflow("num_splits", "the workspace"))?;
-        debug_assert_eq!(prefix as usize, prefix_bytes(seqs));
+        // the prefix: (seqs + 1) int64 entries, rounded up to 16 bytes (the partials stay aligned)
+        let prefix = checked("batch", "the unit prefix", &[(seqs as u64).saturating_add(1), 8], 15)? & !15;
+        let (parts, rows) = (num_splits as u64, rows_per_seq as u64);
+        let out = checked("num_splits", "the partial out 2·parts·rows·2048", &[2, parts, rows, D_V as u64 * 4], 0)?;
+        let lse = checked("num_splits", "the partial lse 2·parts·rows·4", &[2, parts, rows, 4], 0)?;
+        let lse_offset = checked("num_splits", "the workspace", &[out], prefix)?;
+        let bytes = checked("num_splits", "the workspace", &[lse], lse_offset)?;
         Ok(SplitPlan { num_splits, seqs, rows_per_seq, out_offset: prefix, lse_offset, bytes })
     }
 

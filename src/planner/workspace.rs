@@ -9,7 +9,7 @@ use crate::error::{Error, Result};
 use crate::formats::D_V;
 
 /// The product of `factors` plus `add`, or an error naming `arg` with the operation's values.
-fn checked(arg: &'static str, what: &str, factors: &[u64], add: u64) -> Result<u64> {
+pub(super) fn checked(arg: &'static str, what: &str, factors: &[u64], add: u64) -> Result<u64> {
     factors
         .iter()
         .try_fold(1u64, |acc, &f| acc.checked_mul(f))
