@@ -20,9 +20,11 @@ namespace dcp {
 // Seesaw: the two warpgroups split each pair of tiles evenly: each computes S of one tile and
 //   adds to its half of O the P·V of both, its own P from registers and the other's from shared
 //   memory; dense BF16 tiles by TMA only (decode/sm90_seesaw.cuh).
+// Trio: three warpgroups (its own family, 384 threads): one scores (S, softmax, P), two hold O's
+//   halves and do P·V, so scoring tile i + 1 runs beside P·V of tile i (decode/sm90_trio.cuh).
 // (A fourth, P·V left in flight across the next tile's barrier, was never faster: ptxas serialised
 // its wgmma, C7514. codegen now rejects a hot kernel whose wgmma ptxas serialises.)
-enum class Sm90Schedule { Plain, Roles, Seesaw };
+enum class Sm90Schedule { Plain, Roles, Seesaw, Trio };
 
 namespace decode_sm90 {
 
@@ -51,9 +53,12 @@ constexpr int s_share_extra_bytes() {
 
 // Roles schedule (P itself goes to the tile's rope block): the rows' rescale factors, their
 // final (l, m), and the full/empty mbarriers of the two buffers and of P's hand-over.
+// Trio schedule: the same with a slot of rescale factors per buffer.
 template <int Tile, Sm90Schedule Sched>
 constexpr int roles_extra_bytes() {
-    return Sched == Sm90Schedule::Roles ? kRows * 4 + kRows * 8 + 6 * 8 : 0;
+    return Sched == Sm90Schedule::Roles  ? kRows * 4 + kRows * 8 + 6 * 8
+           : Sched == Sm90Schedule::Trio ? 2 * kRows * 4 + kRows * 8 + 6 * 8
+                                         : 0;
 }
 
 // Seesaw schedule: the rows' running max, the pair's two scale factors, the two warpgroups' row

@@ -133,13 +133,16 @@ pub enum DecodePath {
 /// a third warpgroup) and the other half of P·V, tiles handed over by mbarriers. `Seesaw`: each
 /// warpgroup computes S and the softmax of one tile of a pair and adds half of O's P·V of both;
 /// dense BF16 caches that TMA can load ([`dense_tma_fits`]) only: a launch whose cache does not
-/// fit runs the roles schedule instead.
+/// fit runs the roles schedule instead. `Trio`: three warpgroups, one computing S, the softmax
+/// and P, two holding O's halves and doing P·V (one also loads), so the next tile is scored
+/// while this one is multiplied (BF16, dense and sparse).
 pub type Sm90Schedule = axes::Schedule;
 
 /// The (tile, stages, schedule) variants of the wgmma dense kernel that kernels.toml ships; the
 /// first is the default.
-pub const SM90_VARIANTS: [(u32, u32, Sm90Schedule); 4] = [
+pub const SM90_VARIANTS: [(u32, u32, Sm90Schedule); 5] = [
     (64, 2, Sm90Schedule::Roles),
+    (64, 2, Sm90Schedule::Trio),
     (64, 2, Sm90Schedule::Seesaw),
     (64, 2, Sm90Schedule::Plain),
     (32, 4, Sm90Schedule::Plain),
@@ -151,8 +154,9 @@ pub const SM90_VARIANTS: [(u32, u32, Sm90Schedule); 4] = [
 /// into one bf16 tile; on the roles schedule (`wgmma-roles-64x2`, measured no faster: NOTES.md)
 /// a third warpgroup gathers them into registers and dequantises them into two bf16 tiles
 /// (`sm90_kernel_id`).
-pub const SM90_SPARSE_VARIANTS: [(KvFormat, u32, u32, Sm90Schedule); 4] = [
+pub const SM90_SPARSE_VARIANTS: [(KvFormat, u32, u32, Sm90Schedule); 5] = [
     (KvFormat::Bf16, 64, 2, Sm90Schedule::Roles),
+    (KvFormat::Bf16, 64, 2, Sm90Schedule::Trio),
     (KvFormat::Bf16, 64, 2, Sm90Schedule::Plain),
     (KvFormat::Fp8_656, 64, 1, Sm90Schedule::Plain),
     (KvFormat::Fp8_656, 64, 2, Sm90Schedule::Roles),
@@ -191,16 +195,18 @@ fn parse_wgmma_path(s: &str) -> Option<DecodePath> {
     }
     let rest = s.strip_prefix("wgmma-")?;
     let (name, shape) = rest.split_once('-')?;
-    let schedule =
-        [Sm90Schedule::Plain, Sm90Schedule::Roles, Sm90Schedule::Seesaw].into_iter().find(|x| x.name() == name)?;
+    let schedule = [Sm90Schedule::Plain, Sm90Schedule::Roles, Sm90Schedule::Seesaw, Sm90Schedule::Trio]
+        .into_iter()
+        .find(|x| x.name() == name)?;
     let (tile, stages) = shape.split_once('x')?;
     let v = (tile.parse().ok()?, stages.parse().ok()?, schedule);
     let shipped = SM90_VARIANTS.contains(&v) || SM90_SPARSE_VARIANTS.iter().any(|x| (x.1, x.2, x.3) == v);
     shipped.then_some(DecodePath::Wgmma { tile: v.0, stages: v.1, schedule })
 }
 
-/// The wgmma kernel of one variant: FP8 on the roles schedule is its own family (384 threads:
-/// a third warpgroup gathers and dequantises), every other variant is one of `mla_decode_sm90`.
+/// The wgmma kernel of one variant: FP8 on the roles schedule (a third warpgroup gathers and
+/// dequantises) and the trio schedule (a scoring warpgroup and two P·V ones) are families of
+/// their own (384 threads), every other variant is one of `mla_decode_sm90`.
 fn sm90_kernel_id(
     kv: axes::Kv,
     tile: u32,
@@ -210,6 +216,7 @@ fn sm90_kernel_id(
     match (kv, tile, stages, schedule) {
         (axes::Kv::SparseFp8, 64, 2, Sm90Schedule::Roles) => registry::mla_decode_sm90_fp8(),
         (axes::Kv::SparseFp8, _, _, Sm90Schedule::Roles) => None,
+        (_, _, _, Sm90Schedule::Trio) => registry::mla_decode_sm90_trio(kv, tile, stages, schedule),
         _ => registry::mla_decode_sm90(kv, tile, stages, schedule),
     }
 }

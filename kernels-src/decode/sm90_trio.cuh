@@ -1,0 +1,284 @@
+// The trio schedule of the Hopper decode kernel (Sm90Schedule::Trio; dense and sparse BF16, tiles
+// of 64 tokens in two buffers): three warpgroups, so that scoring the next tile runs beside P·V of
+// this one. Its own kernel family (384 threads).
+#pragma once
+#include "decode/sm90_base.cuh"
+
+namespace dcp {
+
+// Roles of the three warpgroups, each with its own piece loop and register budget:
+// warpgroup 0 (the scorer), per tile i: waits for tile i, S(i) = Q·K(i)ᵀ, the softmax, P(i) as bf16
+//   into tile i's rope block (only S reads it) in the wgmma A layout, the rows' rescale factors
+//   into slot i & 1 of sAlpha; then p_full(b) (128 arrivals). It never holds O, so it goes on to
+//   tile i + 1 while P·V(i) runs.
+// warpgroup 1: the loads (Q with the first tile; dense tiles by TMA when the launch passes a
+//   tensor map, else cp.async; sparse rows by cp.async) and O's right half: per tile, waits for
+//   p_full(b), rescales, P·V over V's dims 256..511, arrives on empty(b), and refills buffer b with
+//   tile i + 2 once both P·V warpgroups are done with it.
+// warpgroup 2: O's left half (dims 0..255), as warpgroup 1 without the loads.
+// Buffer b's full mbarrier completes when its copies have landed and its flags are written
+// (warpgroup 1: 128 cp.async arrivals and 128 arrivals, plus the TMA boxes' bytes); its empty
+// mbarrier when the 8 warps of warpgroups 1 and 2 finished P·V of it (S finished earlier: the
+// scorer waited for it). sAlpha has a slot per buffer: the scorer writes slot b for tile i + 2
+// only after full(b), which follows empty(b) of tile i, which follows both readers of tile i's.
+template <int R>
+struct RoleTag {
+    static constexpr int value = R;
+};
+
+// A P·V warpgroup's accumulators as write_rows reads them: column 8c + e of the thread's pairs.
+struct OHalf {
+    const float (&o)[128];
+    __device__ __forceinline__ float operator()(int c, int e) const { return o[4 * c + e]; }
+};
+
+template <DecodeKv Kv, int Tile, int Stages, Sm90Schedule Sched>
+__device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p) {
+    [[maybe_unused]] constexpr bool kSparse = Kv != DecodeKv::DenseBf16;  // (unused off sm_90a)
+    static_assert(Kv != DecodeKv::SparseFp8, "trio schedule: BF16 tiles (FP8 has its own loader kernel)");
+    static_assert(Sched == Sm90Schedule::Trio && Tile == 64 && Stages == 2,
+                  "trio schedule: P fills a 64-token rope block; two buffers");
+    static_assert(decode_sm90::shared_bytes<Kv, Tile, Stages, Sched>() + decode::kWriteRowsStaticBytes <= 227 * 1024,
+                  "fits one H100/H200 CTA (dynamic + write_rows' static flags)");
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    using namespace decode_sm90;
+    constexpr int kSRegs = Tile / 2;
+    constexpr int kTileBytes = Tile * kDimQk * 2;
+    constexpr int kLdPerTok = 128 / Tile;  // warpgroup 1's threads per token of a tile
+    unsigned char* smem = aligned_smem<Kv, Tile, Stages, Sched>();
+    unsigned char* sQ = smem;
+    unsigned char* sKV = smem + kRows * kDimQk * 2;       // 2 × [Tile × 576] bf16
+    int* sValid = (int*)(sKV + Stages * kTileBytes);      // [2][Tile]
+    float* sAlpha = (float*)(sValid + Stages * Tile);     // [2][64] rescale factors of P(i)
+    float2* sStats = (float2*)(sAlpha + 2 * kRows);       // [64] final (l, m) of the rows
+    const uint32_t bars = decode::smem_addr(sStats + kRows);  // full[2], empty[2], p_full[2]
+    auto full = [&](int b) { return bars + 8 * b; };
+    auto empty = [&](int b) { return bars + 16 + 8 * b; };
+    auto p_full = [&](int b) { return bars + 32 + 8 * b; };
+    const uint32_t q_addr = decode::smem_addr(sQ), kv_addr = decode::smem_addr(sKV);
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wg = warp >> 2, t = tid & 127, t4 = lane & 3;
+    if (tid == 0) {
+        for (int b = 0; b < 2; ++b) {
+            mbar_init(full(b), 256);
+            mbar_init(empty(b), 8);
+            // one arrival per thread: racecheck does not see a warp's accesses ordered by
+            // __syncwarp before lane 0's arrival (NOTES.md, fifth session)
+            mbar_init(p_full(b), 128);
+        }
+        fence_proxy_async();
+    }
+    if (!kSparse && p.kv_tma != 0 && tid == 128) tma_prefetch_map(&p.kv_tmap);  // warpgroup 1 issues the boxes
+    const int seqs = decode::num_seqs(p, kSparse), seq_rows = decode::rows_per_seq(p, kSparse);
+    const CtaRows rows = cta_rows<kSparse>(p, seq_rows);
+    const int block_seq = rows.seq, row_base = rows.base, row_limit = rows.limit;
+    uint32_t uses = 0;           // tiles consumed before this piece: buffer uses & 1, phase uses >> 1
+
+    auto piece = [&](const decode::Piece pc, auto role_tag) {
+        constexpr int kRole = decltype(role_tag)::value;  // = wg
+        __syncthreads();  // the previous piece is done with shared memory (and the mbarriers are set up)
+        // this thread's rows r0 and r0 + 8, from a fresh read of its index: a value live across
+        // setmaxnreg is spilled
+        const int r0 = decode_sm90::row_of(decode::thread_index());
+        const int seq = pc.seq;
+        const int64_t seq_row0 = (int64_t)seq * seq_rows;
+        int row_len[2];
+        const int n_tokens = decode::piece_rows<kSparse>(p, seq, row_base, row_limit, r0, row_len);
+        const int n_tiles = (n_tokens + Tile - 1) / Tile;
+        const int tile_end = min(n_tiles, pc.tile_end);
+        const int tile_begin = min(tile_end, pc.tile_begin);
+        if (decode::skip_empty_share(p, pc, tile_begin, tile_end, seq_rows, row_base, row_limit, tid)) return;
+        const int n = tile_end - tile_begin;
+
+        if constexpr (kRole == 0) {
+            // ---- the scorer: S, the softmax, P and the rescale factors ----
+            const float scale_log2 = p.scale_log2;
+            float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+            for (int i = 0; i < n; ++i) {
+                const uint32_t u = uses + i;
+                const int b = u & 1;
+                float s[kSRegs];
+                mbar_wait(full(b), (u >> 1) & 1);
+                fence_proxy_async();
+                {
+                    // Q's address through an opaque copy: else the compiler computes Q's 36
+                    // descriptors once, outside the tile loop, and spills them.
+                    uint32_t qa;
+                    asm volatile("mov.b32 %0, %1;" : "=r"(qa) : "r"(q_addr));
+                    const uint32_t tile_addr = kv_addr + b * kTileBytes;
+                    wgmma_fence();
+#pragma unroll
+                    for (int ks = 0; ks < kDimQk / 16; ++ks) {
+                        const uint32_t koff = (ks & 3) * 32;
+                        const uint64_t da = make_desc(qa + (ks >> 2) * (kRows * 128) + koff, 16, 1024);
+                        const uint64_t db = make_desc(tile_addr + (ks >> 2) * (Tile * 128) + koff, 16, 1024);
+                        if (ks == 0) wgmma_ss_n64_first(s, da, db);
+                        else wgmma_ss_n64(s, da, db, 1);
+                    }
+                    wgmma_commit();
+                    fence_regs(s);
+                }
+                wgmma_wait0();
+                fence_regs(s);
+                float alpha[2], m_use[2];
+                softmax_max<kSRegs, Tile>(s, sValid + b * Tile, tile_begin + i, row_len, t4, scale_log2, m_run, l_run,
+                                          alpha, m_use);
+                unsigned char* p_dst = sKV + b * kTileBytes + (kBlocks - 1) * (Tile * 128);
+                // The thread's place in P, from a fresh read of its index: else the compiler hoists
+                // all 32 store addresses out of the tile loop.
+                const int tv = decode::thread_index(), gv = (tv & 31) >> 2;
+                const uint32_t row_off = (uint32_t)(((tv >> 5) & 3) * 16 + gv) * 128 + 4 * (tv & 3);
+#pragma unroll
+                for (int e = 0; e < kSRegs; e += 2) {
+                    const int k = (e >> 1) & 1;
+                    // columns 8(e >> 2) + 2t4, +1 of row r0 + 8k: 16-byte chunk e >> 2, swizzled
+                    // by the row mod 8 (= g for both rows)
+                    const uint32_t off = row_off + k * 1024 + (((e >> 2) ^ gv) << 4);
+                    *(uint32_t*)(p_dst + off) = p_bf16(s[e], s[e + 1], m_use[k], l_run[k]);
+                }
+                if (t4 == 0) {
+                    sAlpha[b * kRows + r0] = alpha[0];
+                    sAlpha[b * kRows + r0 + 8] = alpha[1];
+                }
+                fence_proxy_async();  // these writes, before the P·V warpgroups' wgmma read them
+                mbar_arrive(p_full(b));
+            }
+            // the rows' final (l, m), for the P·V warpgroups' epilogue
+            const int rs = decode_sm90::row_of(decode::thread_index());
+#pragma unroll
+            for (int k = 0; k < 2; ++k) {
+                const float l_row = row_total(l_run[k]);
+                if (t4 == 0) sStats[rs + 8 * k] = make_float2(l_row, m_run[k]);
+            }
+            uses += n;
+            __syncthreads();                // sStats written, before the P·V warpgroups read it
+            decode::write_rows_barriers();  // the scorer holds no columns of O
+            return;
+        } else {
+            // ---- P·V of O's right half (warpgroup 1, which also loads) or left half (2) ----
+            constexpr int kHalf = kRole == 1 ? 1 : 0;
+            const int ld_tok = t / kLdPerTok, ld_part = t % kLdPerTok;
+            // Dense: a power-of-two block size (the usual case) divides by shifting.
+            const int bs = p.block_size, bs_log = 31 - __clz(bs);
+            const bool bs_pow2 = (bs & (bs - 1)) == 0;
+            auto div_bs = [&](int pos) { return bs_pow2 ? pos >> bs_log : pos / bs; };
+            auto mod_bs = [&](int pos) { return bs_pow2 ? pos & (bs - 1) : pos % bs; };
+            auto token_page = [&](int tile) -> int {
+                const int pos = tile * Tile + ld_tok;
+                if (pos >= n_tokens) return -1;
+                if constexpr (kSparse) return ((const int32_t*)p.indices)[(int64_t)seq * p.topk + pos];
+                return ((const int32_t*)p.block_table)[(int64_t)seq * p.block_table_stride + div_bs(pos)];
+            };
+            // the cache row of tile's token ld_tok, or -1 (past the sequence, or an invalid page)
+            auto token_row = [&](int tile, int page) -> int64_t {
+                const int pos = tile * Tile + ld_tok;
+                if constexpr (kSparse) {
+                    if (pos < n_tokens && page >= 0 && (int64_t)page < (int64_t)p.num_pages * bs) return page;
+                } else {
+                    if (pos < n_tokens && page >= 0 && page < p.num_pages) return (int64_t)page * bs + mod_bs(pos);
+                }
+                return -1;
+            };
+            // Dense tiles wholly inside the sequence load by TMA when the launch passed a tensor
+            // map (boxes of box_rows tokens × 64 columns, each issued by the thread holding its
+            // first token; an invalid page's box points past the cache's last row and fills
+            // zeros); other tiles by cp.async with zero fill.
+            const bool tma = !kSparse && p.kv_tma != 0;
+            const int box_rows = min(Tile, bs);  // as the launcher encoded the map's box
+            auto fill = [&](int tile, int page, int b) {
+                const int64_t row = token_row(tile, page);
+                if (ld_part == 0) sValid[b * Tile + ld_tok] = row >= 0;
+                if (tma && (tile + 1) * Tile <= n_tokens) {
+                    if (ld_part == 0 && (ld_tok & (box_rows - 1)) == 0) {
+                        const int c1 = row >= 0 ? (int)row : p.num_pages * bs;
+                        const uint32_t dst = kv_addr + b * kTileBytes + ld_tok * 128;
+                        mbar_expect_tx(full(b), kBlocks * box_rows * 128);
+#pragma unroll
+                        for (int blk = 0; blk < kBlocks; ++blk)
+                            tma_load_2d(dst + blk * (Tile * 128), &p.kv_tmap, blk * 64, c1, full(b));
+                    }
+                } else {
+                    copy_token<Tile, kLdPerTok>(sKV + b * kTileBytes, ld_tok, ld_part, p, row);
+                }
+                mbar_arrive_cp_async(full(b));  // with the first tile, also covers Q's copies
+                mbar_arrive(full(b));
+            };
+            uint32_t fills = uses;
+            // fill f reuses the buffer of use f − 2: wait until both P·V warpgroups are done with it
+            auto wait_free = [&](uint32_t f) {
+                if (f >= 2) mbar_wait(empty(f & 1), ((f >> 1) - 1) & 1);
+            };
+            [[maybe_unused]] int page = -1;  // the next fill's page (the block-table load is issued a fill ahead)
+            if constexpr (kRole == 1) {
+                page = token_page(tile_begin);
+                for (int k = 0; k < 2 && k < n; ++k) {
+                    wait_free(fills);
+                    if (k == 0) load_q(p, sQ, seq_row0, row_base, row_limit, t, 128);
+                    fill(tile_begin + k, page, fills & 1);
+                    page = token_page(tile_begin + k + 1);
+                    ++fills;
+                }
+            }
+            float o[128];
+#pragma unroll
+            for (int i = 0; i < 128; ++i) o[i] = 0.0f;
+            for (int i = 0; i < n; ++i) {
+                const uint32_t u = uses + i;
+                const int b = u & 1;
+                mbar_wait(p_full(b), (u >> 1) & 1);  // P(u) and its factors are written
+                rescale_o(o, sAlpha[b * kRows + r0], sAlpha[b * kRows + r0 + 8]);
+                mbar_wait(full(b), (u >> 1) & 1);  // landed before S(u): this is the acquire
+                fence_proxy_async();
+                issue_pv_half<Tile>(o, kv_addr + b * kTileBytes, kHalf);
+                wgmma_wait0();
+                fence_regs(o);
+                __syncwarp();
+                if (lane == 0) mbar_arrive(empty(b));
+                if constexpr (kRole == 1) {
+                    if (i + 2 < n) {
+                        wait_free(fills);
+                        fill(tile_begin + i + 2, page, fills & 1);
+                        page = token_page(tile_begin + i + 3);
+                        ++fills;
+                    }
+                }
+            }
+            uses += n;
+            __syncthreads();  // the scorer's sStats
+            float l_row[2], m_row[2];
+            const int rs = decode_sm90::row_of(decode::thread_index());
+#pragma unroll
+            for (int k = 0; k < 2; ++k) {
+                const float2 v = sStats[rs + 8 * k];
+                l_row[k] = v.x;
+                m_row[k] = v.y;
+            }
+            // one accessor type for both halves: write_rows' static NaN flags are per instantiation,
+            // and the two halves must OR theirs in the same array
+            decode::write_rows(p, pc.slot, seq_row0, seq_rows, row_base, row_limit, r0, kHalf * 256 + 2 * t4,
+                               kHalf == 0 && t4 == 0, l_row, m_row, OHalf{o});
+        }
+    };
+    // 384 threads start at 168 registers each (64K / 384, in steps of 8), and the CTA's pool is
+    // exactly that: the scorer gives back what the P·V warpgroups (O's 128 accumulators each)
+    // take. Each role runs its own piece loop, so no code is shared between budgets.
+    constexpr int kLaunchRegs = 65536 / 384 / 8 * 8, kScorerRegs = 136, kPvRegs = 184;
+    static_assert(kScorerRegs + 2 * kPvRegs <= 3 * kLaunchRegs, "setmaxnreg must stay inside the CTA's pool");
+    if (wg == 0) {
+        setmaxnreg_dec<kScorerRegs>();
+        decode::for_each_piece(p, seqs, block_seq, [&](const decode::Piece pc) { piece(pc, RoleTag<0>{}); });
+        return;
+    }
+    setmaxnreg_inc<kPvRegs>();
+    if (wg == 1) {
+        decode::for_each_piece(p, seqs, block_seq, [&](const decode::Piece pc) { piece(pc, RoleTag<1>{}); });
+    } else {
+        decode::for_each_piece(p, seqs, block_seq, [&](const decode::Piece pc) { piece(pc, RoleTag<2>{}); });
+    }
+#elif defined(__CUDA_ARCH__)
+    __trap();  // sm_90a only: the launcher never picks this family elsewhere
+#endif
+}
+
+}  // namespace dcp
