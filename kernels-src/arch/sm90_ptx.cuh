@@ -107,6 +107,29 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
         "r"(parity)
         : "memory");
 }
+// mbar_wait for a waiter that may wait long (a role waiting for another's whole tile): each try
+// suspends the thread for up to ~0.5 ms (it wakes when the phase completes), so a waiting warp
+// retries rarely instead of taking issue slots from the warps it shares a scheduler with.
+__device__ __forceinline__ void mbar_wait_sleep(uint32_t bar, uint32_t parity) {
+    asm volatile(
+        "{\n.reg .pred done;\nWAIT:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1, %2;\n"
+        "@!done bra WAIT;\n}\n" ::"r"(bar),
+        "r"(parity), "r"(500000)
+        : "memory");
+}
+// A K-major 128B-swizzle descriptor as its two words (make_desc's fields): the low word holds the
+// start address >> 4 in its low 14 bits, which no shared-memory address reaches past, so a
+// descriptor `bytes` further on is the low word + bytes / 16 (one add, no carry) with the same
+// high word.
+__device__ __forceinline__ uint32_t desc_lo(uint32_t smem_addr, uint32_t lbo) {
+    return ((smem_addr & 0x3FFFF) >> 4) | ((lbo >> 4) << 16);
+}
+__device__ __forceinline__ uint64_t desc_words(uint32_t lo, uint32_t sbo) {
+    uint64_t d;
+    asm("mov.b64 %0, {%1, %2};" : "=l"(d) : "r"(lo), "r"((sbo >> 4) | (1u << 30)));
+    return d;
+}
 // The tensor copy engine (TMA): `bytes` more are to land on `bar` in its current phase (the
 // caller arrives on it afterwards, so the phase cannot complete before this is counted).
 __device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {

@@ -99,20 +99,23 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                 const uint32_t u = uses + i;
                 const int b = u & 1;
                 float s[kSRegs];
-                mbar_wait(full(b), (u >> 1) & 1);
+                mbar_wait_sleep(full(b), (u >> 1) & 1);
                 fence_proxy_async();
                 {
                     // Q's address through an opaque copy: else the compiler computes Q's 36
                     // descriptors once, outside the tile loop, and spills them.
+                    // Each k-step's descriptors are the first ones' low words plus a constant (one
+                    // add each; make_desc per step cost ~10 uniform instructions, a third of the
+                    // scorer's issue slots).
                     uint32_t qa;
                     asm volatile("mov.b32 %0, %1;" : "=r"(qa) : "r"(q_addr));
-                    const uint32_t tile_addr = kv_addr + b * kTileBytes;
+                    const uint32_t qlo = desc_lo(qa, 16), klo = desc_lo(kv_addr + b * kTileBytes, 16);
                     wgmma_fence();
 #pragma unroll
                     for (int ks = 0; ks < kDimQk / 16; ++ks) {
                         const uint32_t koff = (ks & 3) * 32;
-                        const uint64_t da = make_desc(qa + (ks >> 2) * (kRows * 128) + koff, 16, 1024);
-                        const uint64_t db = make_desc(tile_addr + (ks >> 2) * (Tile * 128) + koff, 16, 1024);
+                        const uint64_t da = desc_words(qlo + (((ks >> 2) * (kRows * 128) + koff) >> 4), 1024);
+                        const uint64_t db = desc_words(klo + (((ks >> 2) * (Tile * 128) + koff) >> 4), 1024);
                         if (ks == 0) wgmma_ss_n64_first(s, da, db);
                         else wgmma_ss_n64(s, da, db, 1);
                     }
@@ -207,7 +210,7 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
             uint32_t fills = uses;
             // fill f reuses the buffer of use f − 2: wait until both P·V warpgroups are done with it
             auto wait_free = [&](uint32_t f) {
-                if (f >= 2) mbar_wait(empty(f & 1), ((f >> 1) - 1) & 1);
+                if (f >= 2) mbar_wait_sleep(empty(f & 1), ((f >> 1) - 1) & 1);
             };
             [[maybe_unused]] int page = -1;  // the next fill's page (the block-table load is issued a fill ahead)
             if constexpr (kRole == 1) {
@@ -226,7 +229,7 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
             for (int i = 0; i < n; ++i) {
                 const uint32_t u = uses + i;
                 const int b = u & 1;
-                mbar_wait(p_full(b), (u >> 1) & 1);  // P(u) and its factors are written
+                mbar_wait_sleep(p_full(b), (u >> 1) & 1);  // P(u) and its factors are written
                 rescale_o(o, sAlpha[b * kRows + r0], sAlpha[b * kRows + r0 + 8]);
                 mbar_wait(full(b), (u >> 1) & 1);  // landed before S(u): this is the acquire
                 fence_proxy_async();
