@@ -332,7 +332,7 @@ pub fn rows() -> Vec<BenchRow> {
     {
         v.push(BenchRow::new("mla_decode", Case::Sparse { format: Fp8_656, b: 128, q, h, k }, Target::Tflops(tflops)));
     }
-    // not in PERF.md: the BF16 cache's sparse decode (the wgmma roles schedule; FP8 runs the plain one)
+    // not in PERF.md: the BF16 cache's sparse decode (the wgmma trio schedule; FP8 runs the plain one)
     v.push(BenchRow::new("mla_decode", Case::Sparse { format: Bf16, b: 128, q: 2, h: 64, k: 2048 }, Target::None));
     // vLLM's Triton kernels: at T ≤ 768 twice as fast; at T = 4096, 85% of copy.
     for (t, h, us) in [(128, 64, 14.1), (128, 128, 21.8), (768, 64, 53.1)] {

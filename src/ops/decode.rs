@@ -139,24 +139,25 @@ pub enum DecodePath {
 pub type Sm90Schedule = axes::Schedule;
 
 /// The (tile, stages, schedule) variants of the wgmma dense kernel that kernels.toml ships; the
-/// first is the default.
+/// first is the default (trio: faster than roles on every dense row, NOTES.md).
 pub const SM90_VARIANTS: [(u32, u32, Sm90Schedule); 5] = [
-    (64, 2, Sm90Schedule::Roles),
     (64, 2, Sm90Schedule::Trio),
+    (64, 2, Sm90Schedule::Roles),
     (64, 2, Sm90Schedule::Seesaw),
     (64, 2, Sm90Schedule::Plain),
     (32, 4, Sm90Schedule::Plain),
 ];
 
 /// The (format, tile, stages, schedule) variants of the wgmma sparse kernel kernels.toml ships;
-/// a format's first is its default. BF16 rows go straight into a two-tile cp.async ring. FP8
+/// a format's first is its default. BF16 rows go straight into a two-tile cp.async ring (the trio
+/// schedule by default, measured faster than roles: NOTES.md, seventh session). FP8
 /// rows: the plain schedule (the default) stages them raw in shared memory and dequantises them
 /// into one bf16 tile; on the roles schedule (`wgmma-roles-64x2`, measured no faster: NOTES.md)
 /// a third warpgroup gathers them into registers and dequantises them into two bf16 tiles
 /// (`sm90_kernel_id`).
 pub const SM90_SPARSE_VARIANTS: [(KvFormat, u32, u32, Sm90Schedule); 5] = [
-    (KvFormat::Bf16, 64, 2, Sm90Schedule::Roles),
     (KvFormat::Bf16, 64, 2, Sm90Schedule::Trio),
+    (KvFormat::Bf16, 64, 2, Sm90Schedule::Roles),
     (KvFormat::Bf16, 64, 2, Sm90Schedule::Plain),
     (KvFormat::Fp8_656, 64, 1, Sm90Schedule::Plain),
     (KvFormat::Fp8_656, 64, 2, Sm90Schedule::Roles),
@@ -726,7 +727,9 @@ mod tests {
     #[test]
     fn wgmma_path_names_parse() {
         let w = |tile, stages, schedule| Some(DecodePath::Wgmma { tile, stages, schedule });
-        assert_eq!(parse_wgmma_path("wgmma"), w(64, 2, Sm90Schedule::Roles));
+        assert_eq!(parse_wgmma_path("wgmma"), w(64, 2, Sm90Schedule::Trio), "the dense default");
+        assert_eq!(parse_wgmma_path("wgmma-trio-64x2"), w(64, 2, Sm90Schedule::Trio));
+        assert_eq!(parse_wgmma_path("wgmma-trio-64x3"), None, "not shipped");
         assert_eq!(parse_wgmma_path("wgmma-plain-32x4"), w(32, 4, Sm90Schedule::Plain));
         assert_eq!(parse_wgmma_path("wgmma-roles-64x2"), w(64, 2, Sm90Schedule::Roles));
         assert_eq!(parse_wgmma_path("wgmma-plain-64x1"), w(64, 1, Sm90Schedule::Plain), "the FP8 sparse variant");
