@@ -200,7 +200,11 @@ fn dense_cache(rng: &mut Rng, format: KvFormat, block_size: usize, tokens: &[usi
 fn dense_paths() -> Vec<DecodePath> {
     let mut v = vec![DecodePath::Mma];
     if gpu().compute_capability() == (9, 0) {
-        v.extend(SM90_VARIANTS.iter().map(|&(tile, stages, schedule)| DecodePath::Wgmma { tile, stages, schedule }));
+        v.extend(sm90_variants(KvFormat::Bf16, false).into_iter().map(|(tile, stages, schedule)| DecodePath::Wgmma {
+            tile,
+            stages,
+            schedule,
+        }));
     }
     v
 }
@@ -473,8 +477,8 @@ fn sparse_case(
 fn sparse_paths(format: KvFormat) -> Vec<DecodePath> {
     let mut v = vec![DecodePath::Mma];
     if gpu().compute_capability() == (9, 0) {
-        let shipped = SM90_SPARSE_VARIANTS.iter().filter(|x| x.0 == format);
-        v.extend(shipped.map(|&(_, tile, stages, schedule)| DecodePath::Wgmma { tile, stages, schedule }));
+        let shipped = sm90_variants(format, true);
+        v.extend(shipped.into_iter().map(|(tile, stages, schedule)| DecodePath::Wgmma { tile, stages, schedule }));
     }
     v
 }

@@ -48,7 +48,10 @@ pub struct FamilySpec {
     /// Axis name -> string value -> C++ spelling.
     #[serde(default)]
     pub cpp: BTreeMap<String, BTreeMap<String, String>>,
-    /// Explicit variants; default: the cartesian product of the axes.
+    /// Explicit variants; default: the cartesian product of the axes. A variant may carry
+    /// `default = true`: the one a launcher picks when its caller names none (the registry's
+    /// `<FAMILY>_VARIANTS` list carries the mark; which axis values share one default is the
+    /// launcher's rule, e.g. one per `kv` for the decode families).
     pub variants: Option<Vec<toml::value::Table>>,
     #[serde(default)]
     pub constraints: Vec<String>,
@@ -73,6 +76,8 @@ pub struct KernelList {
 pub struct Variant {
     /// (axis, value) in template-parameter order.
     pub values: Vec<(String, AxisValue)>,
+    /// kernels.toml marks it `default = true`.
+    pub default: bool,
 }
 
 impl Variant {
@@ -147,8 +152,8 @@ pub fn check(list: &KernelList) -> Result<Vec<Family>, String> {
         }
         let mut axes = Vec::new();
         for (name, v) in &spec.axes {
-            if !is_ident(name) {
-                return Err(format!("{f}: axis name `{name}` is not an identifier"));
+            if !is_ident(name) || name == "default" {
+                return Err(format!("{f}: axis name `{name}` is not an identifier (or is the reserved `default`)"));
             }
             let vals = axis_values(f, name, v)?;
             for val in &vals {
@@ -165,7 +170,7 @@ pub fn check(list: &KernelList) -> Result<Vec<Family>, String> {
             Some(list) => list.iter().map(|t| explicit_variant(f, &axes, t)).collect::<Result<Vec<_>, _>>()?,
         };
         for (i, v) in variants.iter().enumerate() {
-            if variants[..i].contains(v) {
+            if variants[..i].iter().any(|w| w.values == v.values) {
                 return Err(format!("{}: declared twice", v.describe(f)));
             }
             let ints: BTreeMap<String, i64> = v
@@ -198,7 +203,7 @@ pub fn check(list: &KernelList) -> Result<Vec<Family>, String> {
 }
 
 fn cartesian(axes: &[(String, Vec<AxisValue>)]) -> Vec<Variant> {
-    let mut acc = vec![Variant { values: Vec::new() }];
+    let mut acc = vec![Variant { values: Vec::new(), default: false }];
     for (name, vals) in axes {
         acc = acc
             .into_iter()
@@ -216,10 +221,15 @@ fn cartesian(axes: &[(String, Vec<AxisValue>)]) -> Vec<Variant> {
 
 fn explicit_variant(f: &str, axes: &[(String, Vec<AxisValue>)], t: &toml::value::Table) -> Result<Variant, String> {
     for k in t.keys() {
-        if !axes.iter().any(|(a, _)| a == k) {
+        if k != "default" && !axes.iter().any(|(a, _)| a == k) {
             return Err(format!("{f}: variant {t:?} names unknown axis `{k}`"));
         }
     }
+    let default = match t.get("default") {
+        None => false,
+        Some(toml::Value::Boolean(b)) => *b,
+        Some(x) => return Err(format!("{f}: variant {t}: `default` must be true or false, not {x}")),
+    };
     let mut values = Vec::new();
     for (name, allowed) in axes {
         let x = t.get(name).ok_or_else(|| format!("{f}: variant {t} lacks axis `{name}`"))?;
@@ -229,7 +239,7 @@ fn explicit_variant(f: &str, axes: &[(String, Vec<AxisValue>)], t: &toml::value:
         }
         values.push((name.clone(), x));
     }
-    Ok(Variant { values })
+    Ok(Variant { values, default })
 }
 
 #[cfg(test)]
@@ -275,6 +285,15 @@ mod tests {
             "axes = { D = [1, 2], K = [256, 512] }\nvariants = [{ D = 2, K = 256 }, { D = 1, K = 512 }]\nconstraints = [\"D*K % 512 == 0\"]\n",
         );
         assert_eq!(check(&parse(&src).unwrap()).unwrap()[0].variants.len(), 2);
+        // the default mark: a boolean, not an axis, not part of what makes a variant unique
+        let marked = family("axes = { D = [1, 2] }\nvariants = [{ D = 2, default = true }, { D = 1 }]\n");
+        let fams = check(&parse(&marked).unwrap()).unwrap();
+        assert!(fams[0].variants[0].default && !fams[0].variants[1].default);
+        assert_eq!(fams[0].variants[0].symbol("f"), "dcp_f__D_2");
+        let not_bool = family("axes = { D = [1, 2] }\nvariants = [{ D = 2, default = 1 }]\n");
+        assert!(check(&parse(&not_bool).unwrap()).unwrap_err().contains("`default` must be true or false"));
+        let twice = family("axes = { D = [1, 2] }\nvariants = [{ D = 2, default = true }, { D = 2 }]\n");
+        assert!(check(&parse(&twice).unwrap()).unwrap_err().contains("declared twice"));
         let bad = family("axes = { D = [1, 2] }\nvariants = [{ D = 4 }]\n");
         assert!(check(&parse(&bad).unwrap()).unwrap_err().contains("D = 4"));
     }

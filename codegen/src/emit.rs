@@ -153,9 +153,11 @@ pub fn registry(
             s.push_str(&format!("        /// `{v}`\n        {},\n", camel(v)));
         }
         s.push_str("    }\n");
+        let all: Vec<String> = vals.iter().map(|v| format!("{}::{}", camel(axis), camel(v))).collect();
         s.push_str(&format!(
-            "    impl {0} {{\n        /// The value as kernels.toml spells it.\n        pub const fn name(self) -> &'static str {{\n            match self {{\n",
-            camel(axis)
+            "    impl {0} {{\n        /// Every value, in kernels.toml's order of first appearance.\n        pub const ALL: &'static [{0}] = &[{1}];\n        /// The value as kernels.toml spells it.\n        pub const fn name(self) -> &'static str {{\n            match self {{\n",
+            camel(axis),
+            all.join(", ")
         ));
         for v in vals {
             s.push_str(&format!("                {}::{} => \"{v}\",\n", camel(axis), camel(v)));
@@ -212,6 +214,38 @@ pub fn registry(
         ids.push(fam_ids);
     }
     s.push_str("];\n\n");
+
+    // Typed variant lists: each family's variants in kernels.toml's order with their default mark.
+    for f in fams.iter().filter(|f| !f.axes.is_empty()) {
+        let types: Vec<String> = f
+            .axes
+            .iter()
+            .map(|(a, vals)| match vals[0] {
+                AxisValue::Int(_) => "u32".to_string(),
+                AxisValue::Str(_) => format!("axes::{}", camel(a)),
+            })
+            .collect();
+        s.push_str(&format!(
+            "/// A `{0}` variant's axis values ({1}).\npub type {4}Variant = ({3},);\n/// Every `{0}` variant kernels.toml ships, in its order, and whether kernels.toml marks it\n/// `default`.\npub const {2}_VARIANTS: &[({4}Variant, bool)] = &[\n",
+            f.spec.name,
+            f.axes.iter().map(|(a, _)| a.as_str()).collect::<Vec<_>>().join(", "),
+            f.spec.name.to_uppercase(),
+            types.join(", "),
+            camel(&f.spec.name)
+        ));
+        for v in &f.variants {
+            let vals: Vec<String> = v
+                .values
+                .iter()
+                .map(|(a, x)| match x {
+                    AxisValue::Int(i) => i.to_string(),
+                    AxisValue::Str(st) => format!("axes::{}::{}", camel(a), camel(st)),
+                })
+                .collect();
+            s.push_str(&format!("    (({},), {}),\n", vals.join(", "), v.default));
+        }
+        s.push_str("];\n\n");
+    }
 
     // Typed lookup: one function per family taking one argument per axis.
     for (f, fam_ids) in fams.iter().zip(&ids) {

@@ -35,8 +35,11 @@ constexpr int shared_bytes() {
 
 }  // namespace decode
 
-template <DecodeKv Kv>
+// Tile: kernels.toml's `tile` axis, which the launcher reads (the split schedule counts tiles of
+// it); it must be the tile this kernel is written for.
+template <DecodeKv Kv, int Tile>
 __device__ __forceinline__ void mla_decode(const DcpMlaDecodeParams& p) {
+    static_assert(Tile == decode::kTile, "kernels.toml's tile axis names decode::kTile");
     using namespace decode;
     constexpr bool kSparse = Kv != DecodeKv::DenseBf16;
     constexpr bool kFp8 = Kv == DecodeKv::SparseFp8;

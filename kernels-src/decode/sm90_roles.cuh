@@ -393,9 +393,10 @@ __device__ __forceinline__ void mla_decode_sm90_roles(const DcpMlaDecodeParams& 
 
 // The FP8 roles kernel's entry (its own family: 384 threads, a third warpgroup gathers and
 // dequantises; NOTES.md, sixth session).
-template <int Unused = 0>
+template <DecodeKv Kv, int Tile, int Stages, Sm90Schedule Sched>
 __device__ __forceinline__ void mla_decode_sm90_fp8_roles(const DcpMlaDecodeParams& p) {
-    mla_decode_sm90_roles<DecodeKv::SparseFp8, 64, 2>(p);
+    static_assert(Kv == DecodeKv::SparseFp8 && Sched == Sm90Schedule::Roles, "the FP8 roles family");
+    mla_decode_sm90_roles<Kv, Tile, Stages>(p);
 }
 
 }  // namespace dcp

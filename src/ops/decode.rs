@@ -103,10 +103,10 @@ pub fn decode_workspace_bytes(batch: usize, nq: usize, heads: usize, sparse: boo
 /// The most dynamic shared memory a CTA of the mma.sync decode kernels (the sm_80 fallback
 /// every supported GPU must run) takes: the registry's size, evaluated from the kernel source.
 pub fn fallback_shared_bytes() -> usize {
-    [axes::Kv::DenseBf16, axes::Kv::SparseBf16, axes::Kv::SparseFp8]
-        .into_iter()
-        .filter_map(registry::mla_decode)
-        .map(|id| id.info().dynamic_shared_bytes as usize)
+    axes::Kv::ALL
+        .iter()
+        .filter_map(|&kv| mma_kernel(kv))
+        .map(|(id, _)| id.info().dynamic_shared_bytes as usize)
         .max()
         .unwrap_or(0)
 }
@@ -122,7 +122,7 @@ pub enum DecodePath {
     Mma,
     /// The wgmma kernel (sm_90a only), `kernels-src/decode/sm90.cuh`: `tile` KV tokens per
     /// S = Q·Kᵀ step (32 or 64), a ring of `stages` buffers and a schedule; one of
-    /// [`SM90_VARIANTS`] (dense) or [`SM90_SPARSE_VARIANTS`] (sparse).
+    /// [`sm90_variants`] for the launch's kind.
     Wgmma { tile: u32, stages: u32, schedule: Sm90Schedule },
 }
 
@@ -138,30 +138,41 @@ pub enum DecodePath {
 /// while this one is multiplied (BF16, dense and sparse).
 pub type Sm90Schedule = axes::Schedule;
 
-/// The (tile, stages, schedule) variants of the wgmma dense kernel that kernels.toml ships; the
-/// first is the default (trio: faster than roles on every dense row, NOTES.md).
-pub const SM90_VARIANTS: [(u32, u32, Sm90Schedule); 5] = [
-    (64, 2, Sm90Schedule::Trio),
-    (64, 2, Sm90Schedule::Roles),
-    (64, 2, Sm90Schedule::Seesaw),
-    (64, 2, Sm90Schedule::Plain),
-    (32, 4, Sm90Schedule::Plain),
-];
+/// A wgmma decode variant: its tile (KV tokens per S step), stages (buffers) and schedule, as
+/// kernels.toml's axes name it.
+pub type Sm90Variant = (u32, u32, Sm90Schedule);
 
-/// The (format, tile, stages, schedule) variants of the wgmma sparse kernel kernels.toml ships;
-/// a format's first is its default. BF16 rows go straight into a two-tile cp.async ring (the trio
-/// schedule by default, measured faster than roles: NOTES.md, seventh session). FP8
-/// rows: the plain schedule (the default) stages them raw in shared memory and dequantises them
-/// into one bf16 tile; on the roles schedule (`wgmma-roles-64x2`, measured no faster: NOTES.md)
-/// a third warpgroup gathers them into registers and dequantises them into two bf16 tiles
-/// (`sm90_kernel_id`).
-pub const SM90_SPARSE_VARIANTS: [(KvFormat, u32, u32, Sm90Schedule); 5] = [
-    (KvFormat::Bf16, 64, 2, Sm90Schedule::Trio),
-    (KvFormat::Bf16, 64, 2, Sm90Schedule::Roles),
-    (KvFormat::Bf16, 64, 2, Sm90Schedule::Plain),
-    (KvFormat::Fp8_656, 64, 1, Sm90Schedule::Plain),
-    (KvFormat::Fp8_656, 64, 2, Sm90Schedule::Roles),
-];
+/// Every wgmma decode variant kernels.toml ships for a launch over `format` (`sparse`: index
+/// lists, else the dense block table), over the Hopper decode families (`mla_decode_sm90`, the
+/// trio family and the FP8 roles family): the one kernels.toml marks `default` first, then the
+/// rest in its order. Dense and sparse BF16 default to trio; FP8 to the plain schedule, which
+/// stages raw rows in shared memory and dequantises them into one bf16 tile (the FP8 roles
+/// kernel, `wgmma-roles-64x2`, measured no faster: NOTES.md).
+pub fn sm90_variants(format: KvFormat, sparse: bool) -> Vec<Sm90Variant> {
+    let kv = kv_axis(format, sparse);
+    let mut v: Vec<(Sm90Variant, bool)> = registry::MLA_DECODE_SM90_TRIO_VARIANTS
+        .iter()
+        .chain(registry::MLA_DECODE_SM90_VARIANTS)
+        .chain(registry::MLA_DECODE_SM90_FP8_VARIANTS)
+        .filter(|((k, ..), _)| *k == kv)
+        .map(|&((_, tile, stages, schedule), default)| ((tile, stages, schedule), default))
+        .collect();
+    v.sort_by_key(|&(_, default)| !default); // stable: kernels.toml's order otherwise
+    v.into_iter().map(|(x, _)| x).collect()
+}
+
+/// Every shipped wgmma variant of any kind, each once (what `DCP_MLA_DECODE_PATH` may name).
+fn all_sm90_variants() -> Vec<Sm90Variant> {
+    let mut all: Vec<Sm90Variant> = Vec::new();
+    for (format, sparse) in [(KvFormat::Bf16, false), (KvFormat::Bf16, true), (KvFormat::Fp8_656, true)] {
+        for v in sm90_variants(format, sparse) {
+            if !all.contains(&v) {
+                all.push(v);
+            }
+        }
+    }
+    all
+}
 
 /// `DCP_MLA_DECODE_PATH` (read once): unset or empty is `None`; a value that names no shipped
 /// kernel is an error naming it and listing the valid ones, so a misspelling is never silently
@@ -179,51 +190,46 @@ fn parse_env_path(v: Option<&str>) -> std::result::Result<Option<DecodePath>, St
         Some("mma") => Ok(Some(DecodePath::Mma)),
         Some(s) => parse_wgmma_path(s).map(Some).ok_or_else(|| {
             let mut valid = vec!["mma".to_string(), "wgmma".to_string()];
-            let mut shapes: Vec<(u32, u32, Sm90Schedule)> = SM90_VARIANTS.to_vec();
-            shapes.extend(SM90_SPARSE_VARIANTS.iter().map(|v| (v.1, v.2, v.3)).filter(|v| !SM90_VARIANTS.contains(v)));
-            valid.extend(shapes.iter().map(|(t, st, sc)| format!("wgmma-{}-{t}x{st}", sc.name())));
+            valid.extend(all_sm90_variants().iter().map(|(t, st, sc)| format!("wgmma-{}-{t}x{st}", sc.name())));
             format!("{s:?} names no decode kernel; valid: {}", valid.join(", "))
         }),
     }
 }
 
-/// `wgmma` (the default variant) or `wgmma-<schedule>-<tile>x<stages>` naming one of
-/// [`SM90_VARIANTS`] or [`SM90_SPARSE_VARIANTS`] (each launch checks its own list).
+/// `wgmma` (the dense default) or `wgmma-<schedule>-<tile>x<stages>` naming a shipped variant of
+/// some kind (each launch checks its own list, [`sm90_variants`]).
 fn parse_wgmma_path(s: &str) -> Option<DecodePath> {
-    let (tile, stages, schedule) = SM90_VARIANTS[0];
     if s == "wgmma" {
+        let (tile, stages, schedule) = *sm90_variants(KvFormat::Bf16, false).first()?;
         return Some(DecodePath::Wgmma { tile, stages, schedule });
     }
     let rest = s.strip_prefix("wgmma-")?;
     let (name, shape) = rest.split_once('-')?;
-    let schedule = [Sm90Schedule::Plain, Sm90Schedule::Roles, Sm90Schedule::Seesaw, Sm90Schedule::Trio]
-        .into_iter()
-        .find(|x| x.name() == name)?;
+    let schedule = Sm90Schedule::ALL.iter().copied().find(|x| x.name() == name)?;
     let (tile, stages) = shape.split_once('x')?;
     let v = (tile.parse().ok()?, stages.parse().ok()?, schedule);
-    let shipped = SM90_VARIANTS.contains(&v) || SM90_SPARSE_VARIANTS.iter().any(|x| (x.1, x.2, x.3) == v);
-    shipped.then_some(DecodePath::Wgmma { tile: v.0, stages: v.1, schedule })
+    all_sm90_variants().contains(&v).then_some(DecodePath::Wgmma { tile: v.0, stages: v.1, schedule })
 }
 
-/// The wgmma kernel of one variant: FP8 on the roles schedule (a third warpgroup gathers and
-/// dequantises) and the trio schedule (a scoring warpgroup and two P·V ones) are families of
-/// their own (384 threads), every other variant is one of `mla_decode_sm90`.
+/// The wgmma kernel of one variant, in whichever Hopper decode family kernels.toml puts it (the
+/// trio and FP8 roles kernels are families of their own, 384 threads; a variant is in at most one).
 fn sm90_kernel_id(
     kv: axes::Kv,
     tile: u32,
     stages: u32,
     schedule: Sm90Schedule,
 ) -> Option<KernelId<DcpMlaDecodeParams>> {
-    match (kv, tile, stages, schedule) {
-        (axes::Kv::SparseFp8, 64, 2, Sm90Schedule::Roles) => registry::mla_decode_sm90_fp8(),
-        (axes::Kv::SparseFp8, _, _, Sm90Schedule::Roles) => None,
-        (_, _, _, Sm90Schedule::Trio) => registry::mla_decode_sm90_trio(kv, tile, stages, schedule),
-        _ => registry::mla_decode_sm90(kv, tile, stages, schedule),
-    }
+    registry::mla_decode_sm90(kv, tile, stages, schedule)
+        .or_else(|| registry::mla_decode_sm90_trio(kv, tile, stages, schedule))
+        .or_else(|| registry::mla_decode_sm90_fp8(kv, tile, stages, schedule))
 }
 
-/// KV tokens per tile of the mma.sync kernels (`decode::kTile` in decode/base.cuh).
-const MMA_TILE: u32 = 32;
+/// The mma.sync kernel for `kv` and its tile (kernels.toml's `tile` axis, which the kernel checks
+/// against the tile it is written for).
+fn mma_kernel(kv: axes::Kv) -> Option<(KernelId<DcpMlaDecodeParams>, u32)> {
+    let &((_, tile), _) = registry::MLA_DECODE_VARIANTS.iter().find(|((k, _), _)| *k == kv)?;
+    registry::mla_decode(kv, tile).map(|id| (id, tile))
+}
 
 /// A decode kernel, its dynamic shared memory and its KV tile (what the split schedule counts).
 struct Kernel {
@@ -250,16 +256,15 @@ fn kv_axis(format: KvFormat, sparse: bool) -> axes::Kv {
 /// `dev`; `Error::Unsupported` when `path` cannot run here (wgmma asked for on a device that is
 /// not compute capability 9.0, or a variant not built for this kind of launch). `Auto` is the
 /// wgmma variant that `DCP_MLA_DECODE_PATH` names when it is built for this kind, else this
-/// kind's default (the first of [`SM90_VARIANTS`] or the format's first in
-/// [`SM90_SPARSE_VARIANTS`]) on compute capability 9.0, else mma.sync;
+/// kind's default (the first of [`sm90_variants`]) on compute capability 9.0, else mma.sync;
 /// `DCP_MLA_DECODE_PATH=mma` forces mma.sync, and a value naming no kernel is an error.
 fn decode_kernel(dev: &Device, format: KvFormat, sparse: bool, path: DecodePath) -> Result<Kernel> {
     let kv = kv_axis(format, sparse);
     let mma = || {
-        registry::mla_decode(kv).map(|id| Kernel {
+        mma_kernel(kv).map(|(id, tile)| Kernel {
             id,
             shared_bytes: id.info().dynamic_shared_bytes as usize,
-            tile: MMA_TILE,
+            tile,
             takes_tensor_map: false,
             needs_tensor_map: false,
         })
@@ -278,12 +283,7 @@ fn decode_kernel(dev: &Device, format: KvFormat, sparse: bool, path: DecodePath)
         })
     };
     let default = || {
-        let (tile, stages, schedule) = if sparse {
-            let &(_, t, st, sc) = SM90_SPARSE_VARIANTS.iter().find(|v| v.0 == format)?;
-            (t, st, sc)
-        } else {
-            SM90_VARIANTS[0]
-        };
+        let (tile, stages, schedule) = *sm90_variants(format, sparse).first()?;
         wgmma(tile, stages, schedule)
     };
     let kernel = match path {
@@ -631,7 +631,7 @@ mod tests {
         assert_eq!(parse_env_path(None), Ok(None));
         assert_eq!(parse_env_path(Some("")), Ok(None));
         assert_eq!(parse_env_path(Some("mma")), Ok(Some(DecodePath::Mma)));
-        let (tile, stages, schedule) = SM90_VARIANTS[0];
+        let (tile, stages, schedule) = sm90_variants(KvFormat::Bf16, false)[0];
         assert_eq!(parse_env_path(Some("wgmma")), Ok(Some(DecodePath::Wgmma { tile, stages, schedule })));
         assert_eq!(
             parse_env_path(Some("wgmma-seesaw-64x2")),
@@ -678,25 +678,24 @@ mod tests {
     fn shared_memory_fits_sm80() {
         // sm_80's opt-in limit is 163 KiB per block.
         for kv in [axes::Kv::DenseBf16, axes::Kv::SparseBf16, axes::Kv::SparseFp8] {
-            let bytes = smem(registry::mla_decode(kv));
+            let bytes = smem(mma_kernel(kv).map(|(id, _)| id));
             assert!(bytes <= 163 * 1024, "{kv:?}: {bytes}");
         }
-        assert_eq!(fallback_shared_bytes(), smem(registry::mla_decode(axes::Kv::SparseFp8)));
+        let mma = |kv| smem(mma_kernel(kv).map(|(id, _)| id));
+        assert_eq!(fallback_shared_bytes(), mma(axes::Kv::SparseFp8));
         // the layouts decode/sm80.cuh describes (a change of layout updates these)
-        assert_eq!(smem(registry::mla_decode(axes::Kv::DenseBf16)), 155_904);
-        assert_eq!(smem(registry::mla_decode(axes::Kv::SparseFp8)), 160_512);
+        assert_eq!(mma(axes::Kv::DenseBf16), 155_904);
+        assert_eq!(mma(axes::Kv::SparseFp8), 160_512);
     }
 
     #[test]
     fn sm90_variants_fit_hopper_and_are_built() {
         // sm_90's opt-in limit is 227 KiB per block.
-        for (tile, stages, schedule) in SM90_VARIANTS {
-            let bytes = smem(sm90_kernel_id(axes::Kv::DenseBf16, tile, stages, schedule));
-            assert!(bytes <= 227 * 1024, "tile {tile} stages {stages} {schedule:?}: {bytes}");
-        }
-        for (format, tile, stages, schedule) in SM90_SPARSE_VARIANTS {
-            let bytes = smem(sm90_kernel_id(kv_axis(format, true), tile, stages, schedule));
-            assert!(bytes <= 227 * 1024, "{format:?} {schedule:?}: {bytes}");
+        for (format, sparse) in [(KvFormat::Bf16, false), (KvFormat::Bf16, true), (KvFormat::Fp8_656, true)] {
+            for (tile, stages, schedule) in sm90_variants(format, sparse) {
+                let bytes = smem(sm90_kernel_id(kv_axis(format, sparse), tile, stages, schedule));
+                assert!(bytes <= 227 * 1024, "{format:?} sparse {sparse} {tile}x{stages} {schedule:?}: {bytes}");
+            }
         }
         // the layouts decode/sm90_base.cuh describes (a change of layout updates these)
         let dense = |tile, stages, schedule| smem(sm90_kernel_id(axes::Kv::DenseBf16, tile, stages, schedule));
@@ -723,6 +722,31 @@ mod tests {
         assert!(dense_tma_fits((i32::MAX as usize - 64) / 64, 64));
         assert!(!dense_tma_fits(i32::MAX as usize / 64, 64));
         assert!(!dense_tma_fits(usize::MAX / 2, 64));
+    }
+
+    #[test]
+    fn each_decode_kind_has_one_default_variant_listed_first() {
+        for kv in axes::Kv::ALL.iter().copied() {
+            let marked = registry::MLA_DECODE_SM90_VARIANTS
+                .iter()
+                .chain(registry::MLA_DECODE_SM90_TRIO_VARIANTS)
+                .chain(registry::MLA_DECODE_SM90_FP8_VARIANTS)
+                .filter(|((k, ..), default)| *k == kv && *default)
+                .count();
+            assert_eq!(marked, 1, "{kv:?}: kernels.toml must mark exactly one wgmma variant `default`");
+        }
+        assert_eq!(sm90_variants(KvFormat::Bf16, false)[0], (64, 2, Sm90Schedule::Trio));
+        assert_eq!(sm90_variants(KvFormat::Bf16, true)[0], (64, 2, Sm90Schedule::Trio));
+        assert_eq!(sm90_variants(KvFormat::Fp8_656, true)[0], (64, 1, Sm90Schedule::Plain));
+        assert!(sm90_variants(KvFormat::Fp8_656, true).contains(&(64, 2, Sm90Schedule::Roles)));
+        assert!(!sm90_variants(KvFormat::Bf16, false).contains(&(64, 1, Sm90Schedule::Plain)), "FP8 only");
+        // every listed variant resolves to a kernel, and the mma.sync tile comes from kernels.toml
+        for (format, sparse) in [(KvFormat::Bf16, false), (KvFormat::Bf16, true), (KvFormat::Fp8_656, true)] {
+            for (t, st, sc) in sm90_variants(format, sparse) {
+                assert!(sm90_kernel_id(kv_axis(format, sparse), t, st, sc).is_some());
+            }
+        }
+        assert_eq!(mma_kernel(axes::Kv::DenseBf16).map(|(_, tile)| tile), Some(32));
     }
 
     #[test]

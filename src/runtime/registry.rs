@@ -9,7 +9,7 @@
 /// ```compile_fail
 /// use dcp_mla::runtime::registry::{self, axes, KernelId};
 /// // the decode kernel's id cannot stand for a kernel taking the fill's parameters
-/// let id: Option<KernelId<dcp_mla::abi::DcpKvFillParams>> = registry::mla_decode(axes::Kv::DenseBf16);
+/// let id: Option<KernelId<dcp_mla::abi::DcpKvFillParams>> = registry::mla_decode(axes::Kv::DenseBf16, 32);
 /// ```
 pub struct KernelId<P> {
     index: usize,
