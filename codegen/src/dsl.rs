@@ -67,6 +67,12 @@ pub struct FamilySpec {
 #[serde(deny_unknown_fields)]
 pub struct KernelList {
     pub targets: Targets,
+    /// String axis -> the Rust enum whose variants are that axis's values (in CamelCase, as the
+    /// registry's `axes` enums spell them): the registry implements `From<that type>` for the
+    /// axis enum, so the two vocabularies cannot drift apart (a value on one side only is a
+    /// compile error).
+    #[serde(default)]
+    pub rust_types: BTreeMap<String, String>,
     #[serde(rename = "family")]
     pub families: Vec<FamilySpec>,
 }
@@ -199,6 +205,13 @@ pub fn check(list: &KernelList) -> Result<Vec<Family>, String> {
         }
         out.push(Family { spec: spec.clone(), axes, variants });
     }
+    for axis in list.rust_types.keys() {
+        let is_string_axis =
+            out.iter().any(|f| f.axes.iter().any(|(a, v)| a == axis && matches!(v[0], AxisValue::Str(_))));
+        if !is_string_axis {
+            return Err(format!("rust_types: `{axis}` is no family's string axis"));
+        }
+    }
     Ok(out)
 }
 
@@ -277,6 +290,18 @@ mod tests {
         assert!(err.contains("topk_merge[D=1, K=256]"), "{err}");
         assert!(err.contains("D = 1, K = 256"), "{err}");
         assert!(err.contains("D*K % 512 == 0"), "{err}");
+    }
+
+    #[test]
+    fn rust_types_name_string_axes() {
+        let ok = family("axes = { kv = [\"a\"] }\ncpp = { kv = { a = \"A\" } }\n")
+            .replace("[[family]]", "[rust_types]\nkv = \"crate::Kv\"\n\n[[family]]");
+        assert!(check(&parse(&ok).unwrap()).is_ok());
+        for bad in ["kvv", "D"] {
+            let src = family("axes = { kv = [\"a\"], D = [1] }\ncpp = { kv = { a = \"A\" } }\n")
+                .replace("[[family]]", &format!("[rust_types]\n{bad} = \"crate::Kv\"\n\n[[family]]"));
+            assert!(check(&parse(&src).unwrap()).unwrap_err().contains("no family's string axis"), "{bad}");
+        }
     }
 
     #[test]

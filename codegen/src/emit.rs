@@ -117,6 +117,7 @@ pub fn camel(s: &str) -> String {
 /// `KernelInfo`, `PtxasInfo` and `ModuleImage` types it fills in.
 pub fn registry(
     targets: &Targets,
+    rust_types: &BTreeMap<String, String>,
     fams: &[Family],
     ptxas: &BTreeMap<String, Vec<PtxasEntry>>,
     shared: &BTreeMap<String, u32>,
@@ -165,6 +166,19 @@ pub fn registry(
         s.push_str("            }\n        }\n    }\n");
     }
     s.push_str("}\n\n");
+
+    // The Rust types that share an axis's vocabulary (kernels.toml `[rust_types]`).
+    for (axis, ty) in rust_types {
+        let vals = enums.get(axis).map(Vec::as_slice).unwrap_or(&[]);
+        s.push_str(&format!(
+            "/// `{ty}` as the DSL's `{axis}` axis spells it (kernels.toml `[rust_types]`).\nimpl From<{ty}> for axes::{0} {{\n    fn from(v: {ty}) -> Self {{\n        match v {{\n",
+            camel(axis)
+        ));
+        for v in vals {
+            s.push_str(&format!("            {ty}::{0} => axes::{1}::{0},\n", camel(v), camel(axis)));
+        }
+        s.push_str("        }\n    }\n}\n\n");
+    }
 
     // Aligned module images: the driver wants at least 8-byte aligned images.
     s.push_str("#[repr(C, align(64))]\nstruct Aligned<T: ?Sized>(T);\n\n");
@@ -312,7 +326,7 @@ mod tests {
         let got = parse_shared_probe("dcp_dec__kv_a__tile_32 100\ndcp_dec__kv_b__tile_64 2048\n").unwrap();
         assert_eq!(got["dcp_dec__kv_b__tile_64"], 2048);
         assert!(parse_shared_probe("dcp_dec 12x\n").is_err());
-        let reg = registry(&parse(SRC).unwrap().targets, &fams, &BTreeMap::new(), &got);
+        let reg = registry(&parse(SRC).unwrap().targets, &BTreeMap::new(), &fams, &BTreeMap::new(), &got);
         assert!(reg.contains("symbol: \"dcp_dec__kv_b__tile_64\", block: 128, dynamic_shared_bytes: 2048"), "{reg}");
         assert!(reg.contains("pub const SASS_TARGETS: &[&str] = &[\"sm_80\"];"), "{reg}");
     }

@@ -163,7 +163,7 @@ pub fn build(cfg: &BuildConfig) -> Result<BuildReport, String> {
             }
         }
     }
-    write(&cfg.out_dir.join("registry.rs"), &emit::registry(&list.targets, &fams, &ptxas, &shared))?;
+    write(&cfg.out_dir.join("registry.rs"), &emit::registry(&list.targets, &list.rust_types, &fams, &ptxas, &shared))?;
 
     let mut fatbin_bytes = BTreeMap::new();
     for f in &fams {

@@ -27,19 +27,9 @@ pub const A2A_RANKS: [usize; 4] = [1, 2, 4, 8];
 pub type CombineRows = super::Rows;
 
 impl super::Rows {
-    fn dtype(&self) -> axes::Output {
-        if self.is_f32() {
-            axes::Output::F32
-        } else {
-            axes::Output::Bf16
-        }
-    }
-    fn input_dtype(&self) -> axes::Input {
-        if self.is_f32() {
-            axes::Input::F32
-        } else {
-            axes::Input::Bf16
-        }
+    /// The DSL's `dtype` axis of these rows (a combine's input or output).
+    fn axis(&self) -> axes::Dtype {
+        self.dtype().into()
     }
     /// The bytes `rows` rows of 512 occupy from the start.
     fn extent(&self, rows: usize) -> Extent {
@@ -149,7 +139,7 @@ pub struct MergeTwo {
 /// [`crate::reference::merge::ag_rs_contribution`].
 pub fn ag_rs_correct(dev: &Device, stream: Stream, a: &AgRsCorrect) -> Result<()> {
     let (params, rows) = validate_ag_rs_correct(a)?;
-    let id = lookup(registry::combine_ag_rs_correct(a.out.input_dtype()), "combine_ag_rs_correct")?;
+    let id = lookup(registry::combine_ag_rs_correct(a.out.axis()), "combine_ag_rs_correct")?;
     launch_rows(dev, stream, id, rows, &params)
 }
 
@@ -182,7 +172,7 @@ fn validate_ag_rs_correct(a: &AgRsCorrect) -> Result<(DcpAgRsCorrectParams, usiz
 /// Matches [`crate::reference::merge::ag_rs_finish`] (followed by `to_bf16` for bf16 output).
 pub fn ag_rs_finish(dev: &Device, stream: Stream, a: &AgRsFinish) -> Result<()> {
     let (params, rows) = validate_ag_rs_finish(a)?;
-    let id = lookup(registry::combine_ag_rs_finish(a.out.dtype()), "combine_ag_rs_finish")?;
+    let id = lookup(registry::combine_ag_rs_finish(a.out.axis()), "combine_ag_rs_finish")?;
     launch_rows(dev, stream, id, rows, &params)
 }
 
@@ -219,7 +209,7 @@ fn validate_ag_rs_finish(a: &AgRsFinish) -> Result<(DcpAgRsFinishParams, usize)>
 /// byte for byte [`crate::reference::merge::a2a_pack`] for bf16 `out`.
 pub fn a2a_pack(dev: &Device, stream: Stream, a: &A2aPack) -> Result<()> {
     let (params, rows) = validate_a2a_pack(a)?;
-    let id = lookup(registry::combine_a2a_pack(a.out.input_dtype()), "combine_a2a_pack")?;
+    let id = lookup(registry::combine_a2a_pack(a.out.axis()), "combine_a2a_pack")?;
     launch_rows(dev, stream, id, rows, &params)
 }
 
@@ -247,7 +237,7 @@ fn validate_a2a_pack(a: &A2aPack) -> Result<(DcpA2aPackParams, usize)> {
 /// Whether this build holds the a2a combine for `dcp_size` ranks writing `out`'s dtype (a
 /// capability query: the C ABI answers UNSUPPORTED from it before touching the device).
 pub fn a2a_combine_compiled(dcp_size: usize, out: &CombineRows) -> bool {
-    u32::try_from(dcp_size).is_ok_and(|d| registry::combine_a2a(d, out.dtype()).is_some())
+    u32::try_from(dcp_size).is_ok_and(|d| registry::combine_a2a(d, out.axis()).is_some())
 }
 
 /// a2a receive side: the full merge (SPEC.md §5) of the D received slots into out [T, H_l, 512]
@@ -255,7 +245,7 @@ pub fn a2a_combine_compiled(dcp_size: usize, out: &CombineRows) -> bool {
 /// skipped. Matches [`crate::reference::merge::a2a_combine`]. D must be one of [`A2A_RANKS`].
 pub fn a2a_combine(dev: &Device, stream: Stream, a: &A2aCombine) -> Result<()> {
     let (params, rows) = validate_a2a_combine(a)?;
-    let id = lookup(registry::combine_a2a(a.dcp_size as u32, a.out.dtype()), "combine_a2a")?;
+    let id = lookup(registry::combine_a2a(a.dcp_size as u32, a.out.axis()), "combine_a2a")?;
     launch_rows(dev, stream, id, rows, &params)
 }
 
@@ -293,7 +283,7 @@ fn validate_a2a_combine(a: &A2aCombine) -> Result<(DcpA2aCombineParams, usize)> 
 /// [`crate::reference::merge::merge_two`] (followed by `to_bf16` for bf16 output).
 pub fn merge_two(dev: &Device, stream: Stream, a: &MergeTwo) -> Result<()> {
     let (params, rows) = validate_merge_two(a)?;
-    let id = lookup(registry::combine_merge_two(a.out.dtype()), "combine_merge_two")?;
+    let id = lookup(registry::combine_merge_two(a.out.axis()), "combine_merge_two")?;
     launch_rows(dev, stream, id, rows, &params)
 }
 

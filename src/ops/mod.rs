@@ -12,16 +12,12 @@ use crate::error::{Error, Result};
 use crate::runtime::DeviceSlice;
 use half::bf16;
 
-/// The cache format as the DSL's `format` axis spells it: the one place the two meet.
-impl From<crate::formats::KvFormat> for crate::runtime::registry::axes::Format {
-    fn from(f: crate::formats::KvFormat) -> Self {
-        use crate::formats::KvFormat;
-        use crate::runtime::registry::axes::Format;
-        match f {
-            KvFormat::Bf16 => Format::Bf16,
-            KvFormat::Fp8_656 => Format::Fp8_656,
-        }
-    }
+/// The element type of [`Rows`], the vocabulary of the DSL's `dtype` axis (the registry
+/// implements `From<RowsDtype>` for it, as it does for the cache format's `format` axis).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RowsDtype {
+    Bf16,
+    F32,
 }
 
 /// Rows of 512 values in bf16 or fp32: a decode's attention output [batch, q, H, 512], or a
@@ -48,6 +44,13 @@ impl Rows {
     }
     pub(crate) fn is_f32(&self) -> bool {
         matches!(self, Rows::F32(_))
+    }
+    pub fn dtype(&self) -> RowsDtype {
+        if self.is_f32() {
+            RowsDtype::F32
+        } else {
+            RowsDtype::Bf16
+        }
     }
     pub(crate) fn elem_bytes(&self) -> u64 {
         if self.is_f32() {
