@@ -1,10 +1,11 @@
 // PTX wrappers of the sm_80+ decode path (the mma.sync kernel; the Hopper kernels use cp.async
 // and smem_addr too): shared-memory addresses, cp.async, ldmatrix and mma.sync m16n8k16 bf16.
+// Namespace dcp::ptx_sm80; the decode kernels see them through namespace decode (decode/base.cuh).
 #pragma once
 #include <stdint.h>
 
 namespace dcp {
-namespace decode {
+namespace ptx_sm80 {
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
     return (uint32_t)__cvta_generic_to_shared(p);
@@ -39,5 +40,5 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], 
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-}  // namespace decode
+}  // namespace ptx_sm80
 }  // namespace dcp

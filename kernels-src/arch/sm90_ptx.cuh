@@ -1,11 +1,13 @@
 // PTX wrappers of the Hopper (sm_90a) decode kernels: wgmma (descriptors, fences, the m64nNk16
 // shapes they use), mbarriers, TMA, proxy fences, register budgets (setmaxnreg) and L2
 // prefetch. Only compiled for sm_90a.
+// Namespace dcp::ptx_sm90; the Hopper decode kernels see them through namespace decode_sm90
+// (decode/sm90_base.cuh).
 #pragma once
 #include <stdint.h>
 
 namespace dcp {
-namespace decode_sm90 {
+namespace ptx_sm90 {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // Matrix descriptor, 128B swizzle: start >> 4, leading byte offset >> 4 at bit 16, stride
 // byte offset >> 4 at bit 32, layout 1 (SWIZZLE_128B) at bit 62.
@@ -166,5 +168,5 @@ __device__ __forceinline__ void tma_prefetch_map(const void* tmap) {
 }
 __device__ __forceinline__ void wgmma_wait1() { asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory"); }
 #endif
-}  // namespace decode_sm90
+}  // namespace ptx_sm90
 }  // namespace dcp

@@ -2,6 +2,7 @@
 // bf16 packing and FP8 dequantisation, and the epilogue that writes a CTA's rows (O / l and the
 // natural-log lse, with SPEC §9's NaN rule) to the output or to a split-KV workspace slot.
 #pragma once
+#include "arch/sm80_ptx.cuh"
 #include "common.cuh"
 
 namespace dcp {
@@ -9,6 +10,7 @@ namespace dcp {
 enum class DecodeKv { DenseBf16, SparseBf16, SparseFp8 };
 
 namespace decode {
+using namespace ptx_sm80;  // the PTX wrappers (arch/sm80_ptx.cuh) as decode::...
 
 constexpr int kThreads = 256;
 constexpr int kRows = 64;             // query rows per CTA

@@ -27,6 +27,7 @@ namespace dcp {
 enum class Sm90Schedule { Plain, Roles, Seesaw, Trio };
 
 namespace decode_sm90 {
+using namespace ptx_sm90;  // the PTX wrappers (arch/sm90_ptx.cuh) as decode_sm90::...
 
 constexpr int kThreads = 256;
 constexpr int kRows = 64;
