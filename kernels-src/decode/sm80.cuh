@@ -86,11 +86,10 @@ __device__ __forceinline__ void mla_decode(const DcpMlaDecodeParams& p) {
 
         // Token range of the piece (dense: local positions; sparse: positions in the index list).
         int row_len[2];  // this thread's rows g and g+8
-        const int n_tokens = piece_rows<kSparse>(p, seq, row_base, row_limit, rg * 16 + g, row_len);
-        const int n_tiles = (n_tokens + kTile - 1) / kTile;
-        const int tile_end = min(n_tiles, pc.tile_end);
-        const int tile_begin = min(tile_end, pc.tile_begin);
-        if (decode::skip_empty_share(p, pc, tile_begin, tile_end, seq_rows, row_base, row_limit, tid)) return;
+        const decode::PieceTiles pt =
+            decode::piece_tiles<kSparse, kTile>(p, pc, seq_rows, row_base, row_limit, rg * 16 + g, row_len, tid);
+        if (pt.skip) return;
+        const int n_tokens = pt.tokens, tile_begin = pt.begin, tile_end = pt.end;
 
         // ---- load: Q once; then a tile's tokens, 8 threads per token ----
         for (int c = tid; c < kRows * kChunks; c += kThreads) {

@@ -39,11 +39,10 @@ __device__ __forceinline__ void mla_decode_sm90_lockstep(const DcpMlaDecodeParam
         const int seq = pc.seq;
         const int64_t seq_row0 = (int64_t)seq * seq_rows;
         int row_len[2];  // this thread's rows g and g+8 of its warp's 16
-        const int n_tokens = decode::piece_rows<kSparse>(p, seq, row_base, row_limit, wr * 16 + g, row_len);
-        const int n_tiles = (n_tokens + Tile - 1) / Tile;
-        const int tile_end = min(n_tiles, pc.tile_end);
-        const int tile_begin = min(tile_end, pc.tile_begin);
-        if (decode::skip_empty_share(p, pc, tile_begin, tile_end, seq_rows, row_base, row_limit, tid)) return;
+        const decode::PieceTiles pt =
+            decode::piece_tiles<kSparse, Tile>(p, pc, seq_rows, row_base, row_limit, wr * 16 + g, row_len, tid);
+        if (pt.skip) return;
+        const int n_tokens = pt.tokens, tile_begin = pt.begin, tile_end = pt.end;
 
         // ---- loads: Q once (in the first group), tiles Stages − 1 ahead ----
         load_q(p, sQ, seq_row0, row_base, row_limit, tid, kThreads);

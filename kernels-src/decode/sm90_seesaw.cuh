@@ -111,11 +111,10 @@ __device__ __forceinline__ void mla_decode_sm90_seesaw(const DcpMlaDecodeParams&
         const int seq = pc.seq;
         const int64_t seq_row0 = (int64_t)seq * seq_rows;
         int row_len[2];
-        const int n_tokens = decode::piece_rows<false>(p, seq, row_base, row_limit, r0, row_len);
-        const int n_tiles = (n_tokens + Tile - 1) / Tile;
-        const int tile_end = min(n_tiles, pc.tile_end);
-        const int tile_begin = min(tile_end, pc.tile_begin);
-        if (decode::skip_empty_share(p, pc, tile_begin, tile_end, seq_rows, row_base, row_limit, tid)) return;
+        const decode::PieceTiles pt =
+            decode::piece_tiles<false, Tile>(p, pc, seq_rows, row_base, row_limit, r0, row_len, tid);
+        if (pt.skip) return;
+        const int n_tokens = pt.tokens, tile_begin = pt.begin, tile_end = pt.end;
         const int n = tile_end - tile_begin;
         // pages are a power of two ≥ 8 tokens (the launcher checks): a box is min(Tile, B) tokens
         const int bs = p.block_size, bs_log = 31 - __clz(bs);

@@ -77,6 +77,25 @@ __device__ __forceinline__ bool skip_empty_share(const DcpMlaDecodeParams& p, co
     return true;
 }
 
+// A piece's tiles for this CTA's rows: the tokens they attend to (piece_rows, which also sets the
+// thread's row_len), and the tiles [begin, end) of the piece among the sequence's tiles of Tile
+// tokens. `skip`: a split share with no tiles here, whose lse skip_empty_share has written; the
+// piece body returns at once. Every decode kernel's piece starts with it.
+struct PieceTiles {
+    int tokens, begin, end;
+    bool skip;
+};
+template <bool Sparse, int Tile>
+__device__ __forceinline__ PieceTiles piece_tiles(const DcpMlaDecodeParams& p, const Piece& pc, int seq_rows,
+                                                  int row_base, int row_limit, int r0, int (&row_len)[2], int tid) {
+    const int n_tokens = piece_rows<Sparse>(p, pc.seq, row_base, row_limit, r0, row_len);
+    const int n_tiles = (n_tokens + Tile - 1) / Tile;
+    const int tile_end = min(n_tiles, pc.tile_end);
+    const int tile_begin = min(tile_end, pc.tile_begin);
+    const bool skip = skip_empty_share(p, pc, tile_begin, tile_end, seq_rows, row_base, row_limit, tid);
+    return PieceTiles{n_tokens, tile_begin, tile_end, skip};
+}
+
 // Calls f(piece) for each piece of this CTA, in order. One part: the whole of `block_seq`. Else
 // part blockIdx.z's units [z·W, (z + 1)·W) of the prefix that mla_decode_schedule wrote. Only the
 // sequence index lives across f (the rest is re-read from the prefix), so the piece loop costs
