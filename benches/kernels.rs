@@ -1,6 +1,6 @@
 //! Kernel microbenchmarks on the GPU (criterion, timed with CUDA events) over the rows of
 //! [`dcp_mla::bench::rows`], the same definitions `dcp-mla bench` runs, then a table of each
-//! row's median against its PERF.md target and the same run's copy bandwidth. Without a GPU:
+//! row's median against its docs/performance.md target and the same run's copy bandwidth. Without a GPU:
 //! a message and exit code 2.
 
 use criterion::{Criterion, Throughput};

@@ -19,7 +19,7 @@
 #define DCP_ALIGN(n) _Alignas(n)
 #endif
 
-/* KV-cache fill (SPEC.md §2-3): writes each new token's [512 c_kv | 64 k_pe] row into the paged
+/* KV-cache fill (docs/contract.md §2-3): writes each new token's [512 c_kv | 64 k_pe] row into the paged
  * cache of this rank, only if this rank owns the token. */
 typedef struct DcpKvFillParams {
     uint64_t ckv;            /* bf16 [num_tokens, ckv_stride], first 512 values used */
@@ -41,7 +41,7 @@ typedef struct DcpKvFillParams {
     int32_t interleave;      /* I */
 } DcpKvFillParams;
 
-/* MLA decode attention on one rank's shard (SPEC.md §4): dense over the BF16 paged cache, or
+/* MLA decode attention on one rank's shard (docs/contract.md §4): dense over the BF16 paged cache, or
  * sparse over index lists into the BF16 or FP8-656 cache. A sequence is a request (dense, its
  * nq·heads rows) or one query row of a request (sparse, its heads rows). With num_splits = P > 1
  * mla_decode_schedule first writes sched, the sequences' unit prefix (src/planner/schedule.rs);
@@ -79,7 +79,7 @@ typedef struct DcpMlaDecodeParams {
     int32_t kv_tma;          /* 1: kv_tmap is valid (dense; block_size a power of two ≥ 8) */
 } DcpMlaDecodeParams;
 
-/* Merge of a split decode's partial results (SPEC.md §5, natural-log lse): the rows of every
+/* Merge of a split decode's partial results (docs/contract.md §5, natural-log lse): the rows of every
  * sequence spread over several parts; the others were written by the decode kernel. */
 typedef struct DcpMlaDecodeCombineParams {
     uint64_t sched;          /* int64 [seqs + 1] unit prefix */
@@ -93,7 +93,7 @@ typedef struct DcpMlaDecodeCombineParams {
     int32_t out_f32;
 } DcpMlaDecodeCombineParams;
 
-/* DCP combine, ag_rs step 1 (SPEC.md §5.1): this rank's fp32 head-major contribution
+/* DCP combine, ag_rs step 1 (docs/contract.md §5.1): this rank's fp32 head-major contribution
  * contrib[h, t, :] = (w_rank / S) · out[t, h, :], from the all-gathered lse. */
 typedef struct DcpAgRsCorrectParams {
     uint64_t out;            /* bf16 or f32 [T, H, 512]: this rank's partial attention output */
@@ -146,7 +146,7 @@ typedef struct DcpA2aCombineParams {
     int32_t reserved;
 } DcpA2aCombineParams;
 
-/* DCP combine, two-way merge of chunked prefill (SPEC.md §5.3). */
+/* DCP combine, two-way merge of chunked prefill (docs/contract.md §5.3). */
 typedef struct DcpMergeTwoParams {
     uint64_t out_a;          /* f32 [rows, 512] */
     uint64_t lse_a;          /* f32 [rows] */
@@ -155,11 +155,11 @@ typedef struct DcpMergeTwoParams {
     uint64_t out;            /* bf16 or f32 [rows, 512]: written; may be exactly out_a or out_b */
     uint64_t lse_out;        /* f32 [rows]: written, natural log; may be exactly lse_a or lse_b */
     int64_t rows;            /* T · H */
-    int32_t lse_a_base2;     /* 1: lse_a is base 2; 0: natural log (SPEC §5.3: each input its own) */
+    int32_t lse_a_base2;     /* 1: lse_a is base 2; 0: natural log (docs/contract.md §5.3: each input its own) */
     int32_t lse_b_base2;     /* the same for lse_b */
 } DcpMergeTwoParams;
 
-/* Local top-k (SPEC.md §6): per row, the K best of the first len[row] scores by (score desc,
+/* Local top-k (docs/contract.md §6): per row, the K best of the first len[row] scores by (score desc,
  * index asc; NaN = -inf), as indices in ascending order, -1 padded. */
 typedef struct DcpTopkParams {
     uint64_t scores;         /* fp32 [rows, row_stride] */
@@ -170,7 +170,7 @@ typedef struct DcpTopkParams {
     int32_t cols;            /* N: the columns a row may use */
 } DcpTopkParams;
 
-/* Candidate packing (SPEC.md §6): (score, global id) of each local top-k index; an index outside
+/* Candidate packing (docs/contract.md §6): (score, global id) of each local top-k index; an index outside
  * [0, cols) gives (-inf, -1). */
 typedef struct DcpTopkPackParams {
     uint64_t local_idx;      /* int32 [rows, k] */
@@ -186,7 +186,7 @@ typedef struct DcpTopkPackParams {
     int32_t interleave;      /* I */
 } DcpTopkPackParams;
 
-/* Global merge (SPEC.md §6): exact top K of the D ranks' candidates by (score desc, id asc),
+/* Global merge (docs/contract.md §6): exact top K of the D ranks' candidates by (score desc, id asc),
  * emitted in candidate order (rank-major), -1 padded. */
 typedef struct DcpTopkMergeParams {
     uint64_t cand_scores;    /* fp32 [D, rows, K] */
@@ -196,7 +196,7 @@ typedef struct DcpTopkMergeParams {
     int32_t reserved;
 } DcpTopkMergeParams;
 
-/* Compaction for rank r (SPEC.md §6): ids owned by r mapped to local() or, when translate != 0,
+/* Compaction for rank r (docs/contract.md §6): ids owned by r mapped to local() or, when translate != 0,
  * to page·B + slot through the block table; stable-compacted, -1 padded, counted per row. */
 typedef struct DcpTopkCompactParams {
     uint64_t ids;            /* int32 [rows, k] global ids, -1 unused */
@@ -216,7 +216,7 @@ typedef struct DcpTopkCompactParams {
     int32_t reserved;
 } DcpTopkCompactParams;
 
-/* Prefill chunk pieces (SPEC.md §7), shared by flatten and reorder: int32 [max_pieces, 8] with
+/* Prefill chunk pieces (docs/contract.md §7), shared by flatten and reorder: int32 [max_pieces, 8] with
  * fields {request, local_start, row_offset, rows, global_len, out_offset, 0, 0} per piece (the
  * planner's Piece); an entry with rows = global_len = 0 is empty. */
 

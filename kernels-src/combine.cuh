@@ -1,4 +1,4 @@
-// The DCP combine (SPEC.md §5) in its three shapes: the ag_rs correction and final cast, the a2a
+// The DCP combine (docs/contract.md §5) in its three shapes: the ag_rs correction and final cast, the a2a
 // pack and unpack-combine, and the two-way merge of chunked prefill. The CPU reference is
 // src/reference/merge.rs; the launchers are src/ops/combine.rs.
 //
@@ -97,7 +97,7 @@ __device__ __forceinline__ void combine_zero_row(T* row, int lane) {
         reinterpret_cast<uint4*>(row)[i * 32 + lane] = make_uint4(0, 0, 0, 0);
 }
 
-// λ of SPEC.md §5: the lse in natural log (a base-2 lse is multiplied by ln 2 in fp32 first),
+// λ of docs/contract.md §5: the lse in natural log (a base-2 lse is multiplied by ln 2 in fp32 first),
 // with +inf (an empty shard) mapped to −inf; NaN stays NaN.
 __device__ __forceinline__ float combine_lambda(float lse, int base2) {
     return merge_lse(base2 ? lse * kCombineLn2 : lse);
@@ -118,7 +118,7 @@ __device__ __forceinline__ void combine_max_sum(const float (&lse)[N], int n, in
     }
     s = 0.0f;
     if (nan) {
-        // a NaN lse makes the merged row NaN (SPEC §5): M = S = NaN, so every coefficient and the
+        // a NaN lse makes the merged row NaN (docs/contract.md §5): M = S = NaN, so every coefficient and the
         // merged lse are NaN too
         m = s = NAN;
         return;
@@ -150,7 +150,7 @@ __device__ __forceinline__ int64_t combine_row_index() {
     return ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
 }
 
-// ag_rs step 1 (SPEC.md §5.1) on rank p.dcp_rank: contrib[h, t, :] = coef_rank · out[t, h, :] in
+// ag_rs step 1 (docs/contract.md §5.1) on rank p.dcp_rank: contrib[h, t, :] = coef_rank · out[t, h, :] in
 // fp32, head-major, from the all-gathered lse [D, T, H]; exactly 0 where coef_rank = 0.
 template <CombineDtype In>
 __device__ __forceinline__ void combine_ag_rs_correct(const DcpAgRsCorrectParams& p) {
@@ -322,7 +322,7 @@ __device__ __forceinline__ void combine_a2a_combine(const DcpA2aCombineParams& p
     for (int g = 0; g < G; ++g) combine_store<E>(dst + combine_offset<E>(g, lane), acc[g]);
 }
 
-// Two-way merge of chunked prefill (SPEC.md §5.3): fp32 (out_a, lse_a) + (out_b, lse_b) → out
+// Two-way merge of chunked prefill (docs/contract.md §5.3): fp32 (out_a, lse_a) + (out_b, lse_b) → out
 // (fp32 or bf16) and lse. `out` may be exactly `out_a` or `out_b` (and `lse_out` exactly `lse_a`
 // or `lse_b`): each warp reads its whole row before writing it.
 template <CombineDtype Out>
@@ -342,7 +342,7 @@ __device__ __forceinline__ void combine_merge_two(const DcpMergeTwoParams& p) {
         combine_load<E>(a + combine_offset<E>(g, lane), va[g]);
         combine_load<E>(b + combine_offset<E>(g, lane), vb[g]);
     }
-    // each input in its own base (SPEC §5.3): both to λ first (natural log; +inf as empty, NaN
+    // each input in its own base (docs/contract.md §5.3): both to λ first (natural log; +inf as empty, NaN
     // kept), then weighted as natural logs (base2 = 0), as the reference does
     float lse[2] = {combine_lambda(((const float*)p.lse_a)[row], p.lse_a_base2),
                     combine_lambda(((const float*)p.lse_b)[row], p.lse_b_base2)};

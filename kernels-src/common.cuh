@@ -1,4 +1,4 @@
-// Shared device helpers: DCP token ownership (SPEC.md §2) and the FP8-656 format (SPEC.md §3).
+// Shared device helpers: DCP token ownership (docs/contract.md §2) and the FP8-656 format (docs/contract.md §3).
 // The CPU reference in src/planner.rs and src/formats.rs is the executable twin of this file.
 #pragma once
 #include <stdint.h>
@@ -38,7 +38,7 @@ __device__ __forceinline__ uint8_t fp8_e4m3_encode(float x) {
 }
 
 // A natural-log lse as a merge sees it: +inf (FlashMLA's empty shard) carries no weight, −inf;
-// NaN stays NaN: a NaN reached that shard's inputs, and the merged row must be NaN (SPEC §5, §9).
+// NaN stays NaN: a NaN reached that shard's inputs, and the merged row must be NaN (docs/contract.md §5, §9).
 __device__ __forceinline__ float merge_lse(float l) { return l == INFINITY ? -INFINITY : l; }
 
 // Programmatic dependent launch (sm_90+): a kernel launched as a dependent of the previous one

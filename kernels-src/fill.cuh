@@ -1,4 +1,4 @@
-// KV-cache fill (SPEC.md §2-3): one warp per new token. The warp resolves the token's owner,
+// KV-cache fill (docs/contract.md §2-3): one warp per new token. The warp resolves the token's owner,
 // page and slot; on any other rank, or for a padded/out-of-range token, it writes nothing.
 #pragma once
 #include "common.cuh"

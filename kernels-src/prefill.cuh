@@ -1,4 +1,4 @@
-// Prefill over a cached prefix (SPEC.md §7): flatten one rank's local rows of a chunk into its
+// Prefill over a cached prefix (docs/contract.md §7): flatten one rank's local rows of a chunk into its
 // uniform [cap_rows, 576] bf16 buffer (FP8-656 dequantised), and reorder the all-gathered
 // [D, cap_rows, 576] buffer into global order. The CPU twin is src/reference/prefill.rs.
 //
@@ -14,7 +14,7 @@ namespace dcp {
 constexpr int kPieceFields = 8;
 enum PieceField { kPieceRequest = 0, kPieceLocalStart, kPieceRowOffset, kPieceRows, kPieceGlobalLen, kPieceOutOffset };
 
-// n_r(L): tokens rank r holds of a piece of L global tokens (SPEC.md §2).
+// n_r(L): tokens rank r holds of a piece of L global tokens (docs/contract.md §2).
 __device__ __forceinline__ int64_t local_len_of(int64_t len, int D, int I, int r) {
     const int64_t DI = (int64_t)D * I;
     const int64_t full = len / DI;

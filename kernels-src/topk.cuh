@@ -1,4 +1,4 @@
-// Distributed sparse top-k (SPEC.md §6): local radix-select top-k, candidate packing, the exact
+// Distributed sparse top-k (docs/contract.md §6): local radix-select top-k, candidate packing, the exact
 // global merge of D·K candidates, and compaction for one rank. The CPU twin is
 // src/reference/topk.rs; every kernel here is bit-exact against it.
 //

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 # Emulates the decode kernel's P·V with P as one bf16 term (FlashMLA) or hi + lo (ours) against
 # an fp64 softmax, on the gpu_decode tests' input distribution (q, k uniform in [-2, 2), bf16),
-# and applies SPEC §9's criteria. Only P's rounding is emulated (the dominant error).
+# and applies docs/contract.md §9's criteria. Only P's rounding is emulated (the dominant error).
 # Needs numpy (pip install numpy); CPU only: python3 scripts/p-rounding-sim.py
 import numpy as np, sys
 rng = np.random.default_rng(1)

@@ -1,8 +1,8 @@
 //! Benchmark definitions shared by `benches/kernels.rs` (criterion) and `dcp-mla bench`: CUDA-event
 //! timing after warm-up, the same run's device-to-device copy ceiling, and one [`BenchRow`] per
-//! shape of `PERF.md` with its target.
+//! shape of `docs/performance.md` with its target.
 //!
-//! Targets are ratios measured in one run (PERF.md): a fraction of the copy bandwidth measured
+//! Targets are ratios measured in one run (docs/performance.md): a fraction of the copy bandwidth measured
 //! just before, FlashMLA's TFLOP/s on the same card, or a time against a baseline. Every timed
 //! launch is preceded by an untimed *read* of a buffer larger than the L2 cache, so memory-bound
 //! rows do not read their inputs from L2. Triton's `do_bench` writes that buffer instead, which
@@ -131,7 +131,7 @@ fn median(v: &mut [f64]) -> f64 {
     v[v.len() / 2]
 }
 
-/// What a row must reach (PERF.md "Targets").
+/// What a row must reach (docs/performance.md "Targets").
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Target {
     /// At least this fraction of the same run's copy bandwidth.
@@ -174,7 +174,7 @@ impl Target {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Measurement {
     pub us: f64,
-    /// Bytes the kernel must move at least (PERF.md's byte counts).
+    /// Bytes the kernel must move at least (docs/performance.md's byte counts).
     pub bytes: f64,
     pub flops: f64,
 }
@@ -299,7 +299,7 @@ fn work(c: &Case) -> (f64, f64) {
     (bytes as f64, flops)
 }
 
-/// Every row of PERF.md's tables, with its target; a shape PERF.md gives a baseline but no
+/// Every row of docs/performance.md's tables, with its target; a shape docs/performance.md gives a baseline but no
 /// target for is held to the baseline itself.
 pub fn rows() -> Vec<BenchRow> {
     use KvFormat::{Bf16, Fp8_656};
@@ -318,12 +318,12 @@ pub fn rows() -> Vec<BenchRow> {
         (128, 1, 64, 32768, Target::CopyFraction(0.97)),
         (128, 2, 64, 8192, Target::Tflops(638.0)),
         (128, 6, 64, 8192, Target::Tflops(729.0)),
-        // not in PERF.md: a small batch, where the split's three launches are most of the time
+        // not in docs/performance.md: a small batch, where the split's three launches are most of the time
         (2, 1, 64, 4096, Target::None),
     ] {
         v.push(BenchRow::new("mla_decode", Case::Dense { b, q, h, sk }, target));
     }
-    // not in PERF.md: uneven lengths, with and without the split schedule
+    // not in docs/performance.md: uneven lengths, with and without the split schedule
     for split in [true, false] {
         v.push(BenchRow::new("mla_decode", Case::DenseRamp { b: 128, h: 64, sk: 32768, split }, Target::None));
     }
@@ -332,7 +332,7 @@ pub fn rows() -> Vec<BenchRow> {
     {
         v.push(BenchRow::new("mla_decode", Case::Sparse { format: Fp8_656, b: 128, q, h, k }, Target::Tflops(tflops)));
     }
-    // not in PERF.md: the BF16 cache's sparse decode (the wgmma trio schedule; FP8 runs the plain one)
+    // not in docs/performance.md: the BF16 cache's sparse decode (the wgmma trio schedule; FP8 runs the plain one)
     v.push(BenchRow::new("mla_decode", Case::Sparse { format: Bf16, b: 128, q: 2, h: 64, k: 2048 }, Target::None));
     // vLLM's Triton kernels: at T ≤ 768 twice as fast; at T = 4096, 85% of copy.
     for (t, h, us) in [(128, 64, 14.1), (128, 128, 21.8), (768, 64, 53.1)] {

@@ -10,7 +10,7 @@ pub enum Error {
     /// element's size); refused before anything was launched or written.
     #[error("misaligned argument `{arg}`: {reason}")]
     Misaligned { arg: &'static str, reason: String },
-    /// A configuration the planner rejects (SPEC.md §1-§2 constraints).
+    /// A configuration the planner rejects (docs/contract.md §1-§2 constraints).
     #[error("invalid configuration: {0}")]
     InvalidConfig(String),
     /// The requested kernel variant was not compiled into this build.

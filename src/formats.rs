@@ -1,4 +1,4 @@
-//! KV-cache formats (SPEC.md §3): the BF16 row and the FP8 "656" row, with the exact
+//! KV-cache formats (docs/contract.md §3): the BF16 row and the FP8 "656" row, with the exact
 //! quantisation rules the fill kernel implements in `kernels-src/common.cuh`.
 
 use half::bf16;
@@ -42,7 +42,7 @@ impl KvFormat {
 }
 
 /// The base of a log-sum-exp. dcp-mla's kernels return natural logs; FlashInfer-style kernels
-/// return base 2. Every merge takes its input's base explicitly (SPEC.md §5).
+/// return base 2. Every merge takes its input's base explicitly (docs/contract.md §5).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum LseBase {
     /// Natural log: lse = ln Σ exp(s).
@@ -143,7 +143,7 @@ pub fn decode_fp8_row(row: &[u8]) -> [f32; D_QK] {
     out
 }
 
-/// Dequantises a 656-byte FP8 row to bf16 (SPEC.md §7's flatten). Every dequantised value
+/// Dequantises a 656-byte FP8 row to bf16 (docs/contract.md §7's flatten). Every dequantised value
 /// float(e4m3)·2^k has at most 4 significant bits, so the bf16 conversion is exact unless the
 /// product leaves bf16's range (it cannot: |value| ≤ 448·scale and scale ≤ 2^127 for finite input).
 pub fn decode_fp8_row_bf16(row: &[u8]) -> [bf16; D_QK] {

@@ -1,11 +1,11 @@
-//! The DCP combine kernels (SPEC.md §5) on the GPU against the CPU reference
-//! (`dcp_mla::reference::merge`), within SPEC.md §9: fp32 out rel 1e-5, bf16 out within 1 bf16
+//! The DCP combine kernels (docs/contract.md §5) on the GPU against the CPU reference
+//! (`dcp_mla::reference::merge`), within docs/contract.md §9: fp32 out rel 1e-5, bf16 out within 1 bf16
 //! ulp of the rounded fp64 result, lse abs 1e-5, inf positions exact.
 //!
 //! "Relative" is measured against the size of the merged terms, mag = Σ_r (w_r/S)·|out_r| (the
 //! fp64 merge of |out|), not against |out|: with mixed signs the result can cancel to far below
 //! its terms, where no fp32 accumulation is relative-accurate. Without cancellation mag = |out|
-//! and this is SPEC's rel 1e-5 exactly. Under cancellation, rounding w_r/S to fp32 alone (2^-24
+//! and this is the contract's rel 1e-5 exactly. Under cancellation, rounding w_r/S to fp32 alone (2^-24
 //! relative, plus expf's 2 ulp) moves the sum by ~1e-7·mag, which exceeds 1e-5·|out| once
 //! mag/|out| > ~100; partials uniform in [−2, 2) give hundreds of such values per million (seen
 //! on the H200: 1.5948992e-3 vs the f32 reference's 1.5949607e-3, mag 1.52, the kernel's FMA vs
@@ -15,7 +15,7 @@
 //! a bf16 result may be off by more than its ulp where that ulp is below 1e-5·mag.
 //!
 //! Inputs: fresh random partials with +inf and −inf lse on some (row, rank) pairs (empty shards,
-//! whose outs are NaN) and NaN lse on others (a NaN input: the merged row must be NaN, SPEC §5),
+//! whose outs are NaN) and NaN lse on others (a NaN input: the merged row must be NaN, docs/contract.md §5),
 //! rows where every shard is empty, base e and base 2 lse,
 //! D ∈ {1, 2, 4, 8}, T ∈ {1, 128, 4096}. Every output buffer is poisoned with NaN first.
 
@@ -461,7 +461,7 @@ fn a2a_matches_reference() {
     let mut rng = Rng::new(seed());
     let cases = [
         A2aCase { d: 2, t: 1, h_l: 16, base: LseBase::E, f32_in: false, f32_out: false },
-        // D = 1 (SPEC §9's DCP identity at D = 1): the one slot, unpacked
+        // D = 1 (docs/contract.md §9's DCP identity at D = 1): the one slot, unpacked
         A2aCase { d: 1, t: 128, h_l: 16, base: LseBase::E, f32_in: false, f32_out: false },
         A2aCase { d: 1, t: 3, h_l: 8, base: LseBase::Two, f32_in: true, f32_out: true },
         A2aCase { d: 4, t: 128, h_l: 16, base: LseBase::Two, f32_in: true, f32_out: true },
@@ -477,12 +477,12 @@ fn a2a_matches_reference() {
     }
 }
 
-/// Two-way merge of `rows` rows, input a's lse in `base_a` and b's in `base_b` (SPEC §5.3: each
+/// Two-way merge of `rows` rows, input a's lse in `base_a` and b's in `base_b` (docs/contract.md §5.3: each
 /// its own); `in_place` writes out over out_a and lse over lse_b.
 fn run_merge_two(rows: usize, base_a: LseBase, base_b: LseBase, f32_out: bool, in_place: bool, rng: &mut Rng) {
     let (s, dev) = (stream(), gpu());
     let p = partials(rng, 2, rows, 1, false);
-    // the fp64 oracle sees both inputs in natural log, converted as SPEC §5 says (× ln 2 in fp32)
+    // the fp64 oracle sees both inputs in natural log, converted as docs/contract.md §5 says (× ln 2 in fp32)
     let natural = |l: f32, b: LseBase| if b == LseBase::Two { l * std::f32::consts::LN_2 } else { l };
     let mut nat = Partials { d: 2, t: rows, h: 1, out: p.out.clone(), lse: p.lse.clone() };
     for (i, l) in nat.lse.iter_mut().enumerate() {

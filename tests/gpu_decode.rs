@@ -1,4 +1,4 @@
-//! MLA decode attention on the GPU against the fp64 CPU reference (SPEC.md §4, §9): dense over
+//! MLA decode attention on the GPU against the fp64 CPU reference (docs/contract.md §4, §9): dense over
 //! the BF16 cache, sparse over BF16 and FP8-656, split-KV, the DCP identity and graph replay.
 //! Every cache slot that no length or index covers holds NaN; outputs are poisoned (with a finite
 //! value no attention gives) before launch.
@@ -172,7 +172,7 @@ impl DevOut {
     }
 }
 
-/// SPEC §9 against the fp64 oracle (reference::tolerance): out within 2^-6·A_c elementwise and
+/// docs/contract.md §9 against the fp64 oracle (reference::tolerance): out within 2^-6·A_c elementwise and
 /// 3e-3 relative L2, lse within 1e-5 + 2e-6·|ref|, NaN/inf positions identical.
 fn check(what: &str, out: &[f32], lse: &[f32], want: &AttentionOracle) {
     let got = check_attention(what, out.iter().map(|&x| x as f64), lse.iter().map(|&x| x as f64), want);
@@ -338,7 +338,7 @@ fn dense_bf16_matches_reference() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn nan_inputs_make_their_rows_nan() {
-    // SPEC §9: a NaN in q, or in a cache row a query row reads (its k part or only its v part),
+    // docs/contract.md §9: a NaN in q, or in a cache row a query row reads (its k part or only its v part),
     // makes that row's whole out and its lse NaN, never a finite or empty-looking (−inf) result,
     // also once the KV is split (the combine must not read the NaN lse as an empty piece); NaN
     // in slots no row reads never leaks. Outputs start as a finite poison, so a row left

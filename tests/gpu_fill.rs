@@ -1,4 +1,4 @@
-//! KV-cache fill on the GPU against the CPU reference, bit for bit (SPEC.md §2-3, §9).
+//! KV-cache fill on the GPU against the CPU reference, bit for bit (docs/contract.md §2-3, §9).
 
 mod common;
 

@@ -1,4 +1,4 @@
-//! Prefill over a cached prefix (SPEC.md §7) on the GPU against the CPU reference
+//! Prefill over a cached prefix (docs/contract.md §7) on the GPU against the CPU reference
 //! (`dcp_mla::reference::prefill`), bit for bit: every rank flattens its rows of every planned
 //! chunk straight into its slot of the gathered [D, cap, 576] buffer (BF16 copy or FP8-656
 //! dequantisation), then the reorder writes global order.

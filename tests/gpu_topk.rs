@@ -1,4 +1,4 @@
-//! Sparse top-k under DCP (SPEC.md §6) on the GPU against the CPU reference
+//! Sparse top-k under DCP (docs/contract.md §6) on the GPU against the CPU reference
 //! (`dcp_mla::reference::topk`), bit for bit: local top-k, candidate packing, the global merge and
 //! the compaction with and without page translation.
 //!
@@ -301,7 +301,7 @@ fn global_merge_matches_reference() {
             };
             let launched = global_merge(dev, raw(&s), &args);
             if d * k % 512 != 0 {
-                // SPEC §6: refused at run time, naming D and K, before anything is launched
+                // docs/contract.md §6: refused at run time, naming D and K, before anything is launched
                 let e = launched.unwrap_err().to_string();
                 assert!(e.contains(&format!("D = {d}")) && e.contains(&format!("K = {k}")), "{e}");
                 assert!(download(&s, &d_out).iter().all(|&x| x == POISON), "a refused merge wrote its output");

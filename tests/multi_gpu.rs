@@ -1,5 +1,5 @@
 //! DCP across real GPUs over NCCL: a whole decode step per rank ([`DecodeStep`]) against the CPU
-//! reference full attention (SPEC.md §9 tolerances), dense BF16 and sparse FP8-656 with
+//! reference full attention (docs/contract.md §9 tolerances), dense BF16 and sparse FP8-656 with
 //! distributed top-k, q ∈ {1, 6}, rows where a rank is empty; ag_rs against a2a; a graph-captured
 //! step against the eager one; the prefix all-gather.
 //!
@@ -271,7 +271,7 @@ fn reference(inp: &Inputs, c: &Case, cfg: &StepConfig, rank: usize) -> Attention
     }
 }
 
-/// SPEC §9 against the fp64 oracle (reference::tolerance; its 2^-6·A_c covers the a2a shape's
+/// docs/contract.md §9 against the fp64 oracle (reference::tolerance; its 2^-6·A_c covers the a2a shape's
 /// bf16 partials too). Returns the relative L2 error.
 fn check(what: &str, out: &[bf16], lse: &[f32], want: &AttentionOracle) -> f64 {
     match check_attention(what, out.iter().map(|x| x.to_f64()), lse.iter().map(|&x| x as f64), want) {

@@ -1,5 +1,5 @@
 //! The planner: the exact cases of issue 3 and property tests of ownership, lengths, pages and
-//! the prefill chunk plan (SPEC.md §2, §7, §8).
+//! the prefill chunk plan (docs/contract.md §2, §7, §8).
 
 use dcp_mla::planner::{
     capacity_tokens, causal_local_lens, check_heads, check_topk, local_slot, plan_prefill_chunks, prefill_chunk_bytes,

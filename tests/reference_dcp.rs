@@ -1,4 +1,4 @@
-//! The DCP identities of the CPU reference (SPEC.md §2-§5, §7, §9): for D ∈ {1, 2, 4, 8} and
+//! The DCP identities of the CPU reference (docs/contract.md §2-§5, §7, §9): for D ∈ {1, 2, 4, 8} and
 //! I ∈ {1, 2, B}, attention over the D shards merged in each of the three merge shapes equals
 //! attention over all tokens, dense and sparse; fill → flatten → reorder returns every token bit
 //! for bit. Caches are poisoned with NaN before the fill, block tables are permuted.
@@ -218,7 +218,7 @@ fn check_identity(c: &Case) {
             decode_f32(&query, shape, &rc.paged(), &rc.bytes, &Selection::Dense { lens: &lens }, sigma)
         }
     };
-    // SPEC §9's oracle (out, lse and A_c) over all tokens
+    // docs/contract.md §9's oracle (out, lse and A_c) over all tokens
     let oracle = run_f64(one, 0, &full);
     let (want_out, want_lse) = (&oracle.out, &oracle.lse);
     assert!(want_out.iter().all(|x| !x.is_nan()), "the oracle never reads a poisoned slot");
@@ -288,7 +288,7 @@ fn check_identity(c: &Case) {
             a2a_pack(&out, &lse, d, t, h)
         })
         .collect();
-    // bf16 partials: SPEC §9's 2^-6·A_c covers their rounding (2^-8·A_c) beside the kernel's
+    // bf16 partials: docs/contract.md §9's 2^-6·A_c covers their rounding (2^-8·A_c) beside the kernel's
     for rank in 0..d {
         let recv: Vec<u8> = packed.iter().flat_map(|p| p[rank * slot..(rank + 1) * slot].to_vec()).collect();
         let (o, l) = a2a_combine(&recv, d, t, h_l, c.base);

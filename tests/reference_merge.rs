@@ -1,4 +1,4 @@
-//! The merge in isolation (SPEC.md §5) and the FP8 quantisation bounds (SPEC.md §3): the fp32
+//! The merge in isolation (docs/contract.md §5) and the FP8 quantisation bounds (docs/contract.md §3): the fp32
 //! merge against its fp64 oracle, the three shapes against the plain merge bit for bit, empty
 //! shards (−inf, +inf, NaN lse with NaN outputs) never leaking, base 2 against base e.
 
@@ -40,7 +40,7 @@ proptest! {
         let (o, l) = merge(&out, &lse, d, 3, base);
         let (o64, l64) = merge_f64(&out, &lse, d, 3, base);
         for i in 0..3 {
-            // a NaN lse is no empty shard: the merged row is NaN (SPEC §5, revised)
+            // a NaN lse is no empty shard: the merged row is NaN (docs/contract.md §5, revised)
             if (0..d).any(|r| lse[r * 3 + i].is_nan()) {
                 prop_assert!(l[i].is_nan() && l64[i].is_nan(), "row {}: lse {} / {}", i, l[i], l64[i]);
                 prop_assert!(o[i * D_V..(i + 1) * D_V].iter().all(|x| x.is_nan()));

@@ -1,4 +1,4 @@
-//! Distributed top-k (SPEC.md §6): local top-k on each shard, pack, global merge and compaction
+//! Distributed top-k (docs/contract.md §6): local top-k on each shard, pack, global merge and compaction
 //! equal one top-K over all tokens exactly, with heavy ties, NaN and −0.
 
 use dcp_mla::reference::topk::{compact, global_merge, local_topk, pack_candidates};

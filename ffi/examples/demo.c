@@ -154,7 +154,7 @@ int main(void) {
     if (e > max_lse_err) max_lse_err = e;
     if (e > 1e-4) bad = 1;
     for (size_t d = 0; d < D_V; d++) {
-      /* o and A = the softmax-weighted mean of |v|: SPEC §9 allows |err| <= 2^-6 * A */
+      /* o and A = the softmax-weighted mean of |v|: docs/contract.md §9 allows |err| <= 2^-6 * A */
       double o = 0, a = 0;
       for (size_t t = 0; t < L; t++) {
         double v = from_bf16(ckv[t * D_V + d]), p = exp(s_t[t] - m) / S;

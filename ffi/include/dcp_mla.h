@@ -186,7 +186,7 @@ enum DcpMlaStatus dcp_mla_memset(const struct DcpMlaDevice *device,
 // `device` must be an open handle.
 enum DcpMlaStatus dcp_mla_synchronize(const struct DcpMlaDevice *device);
 
-// Writes each new token's KV into this rank's paged cache if this rank owns it (SPEC.md §2-3);
+// Writes each new token's KV into this rank's paged cache if this rank owns it (docs/contract.md §2-3);
 // bit-identical to the CPU reference. A token whose position is negative, whose request index
 // is outside [0, batch) or whose page is out of range is skipped.
 //
@@ -220,7 +220,7 @@ enum DcpMlaStatus dcp_mla_kv_fill(const struct DcpMlaDevice *device,
                                   size_t interleave,
                                   size_t rank);
 
-// Dense MLA decode over the BF16 paged cache (SPEC.md §4): row (i, j) attends to the first
+// Dense MLA decode over the BF16 paged cache (docs/contract.md §4): row (i, j) attends to the first
 // `lens[i][j]` local tokens of request i.
 //
 // - `q`: bf16 [batch, nq, heads, 576]; `scale`: softmax scale σ (dcp_mla_default_scale()).
@@ -252,7 +252,7 @@ enum DcpMlaStatus dcp_mla_decode_dense(const struct DcpMlaDevice *device,
                                        size_t max_pages,
                                        struct DcpMlaTensor lens);
 
-// Sparse MLA decode (SPEC.md §4) over the BF16 or FP8-656 cache: row (i, j) attends to the
+// Sparse MLA decode (docs/contract.md §4) over the BF16 or FP8-656 cache: row (i, j) attends to the
 // cache rows page·block_size + slot listed in `indices[i][j]` (−1 or out of range: unused).
 //
 // - `q`, `scale`, `out`, `lse`, `num_splits`, `workspace`: as for dcp_mla_decode_dense.
@@ -281,7 +281,7 @@ enum DcpMlaStatus dcp_mla_decode_sparse(const struct DcpMlaDevice *device,
                                         size_t topk,
                                         struct DcpMlaTensor topk_len);
 
-// ag_rs combine, step 1 (SPEC.md §5.1) on rank `rank` of D = `dcp_size` (H = D·local_heads):
+// ag_rs combine, step 1 (docs/contract.md §5.1) on rank `rank` of D = `dcp_size` (H = D·local_heads):
 // contrib[h, t, :] = (w_rank / S) · out[t, h, :] in f32, head-major for a reduce-scatter.
 //
 // - `out`: bf16 or f32 [num_tokens, H, 512], this rank's partial attention output.
@@ -322,7 +322,7 @@ enum DcpMlaStatus dcp_mla_ag_rs_finish(const struct DcpMlaDevice *device,
                                        size_t dcp_size,
                                        size_t rank);
 
-// a2a combine, send side (SPEC.md §5.2): packs this rank's out (as bf16) and lse into one slot
+// a2a combine, send side (docs/contract.md §5.2): packs this rank's out (as bf16) and lse into one slot
 // per destination rank d (heads [d·H_l, (d+1)·H_l)), so one all-to-all moves both.
 //
 // - `out`: bf16 or f32 [num_tokens, D·local_heads, 512]; `lse`: f32 [num_tokens, D·local_heads].
@@ -340,9 +340,9 @@ enum DcpMlaStatus dcp_mla_a2a_pack(const struct DcpMlaDevice *device,
                                    size_t local_heads,
                                    size_t dcp_size);
 
-// a2a combine, receive side: the full merge (SPEC.md §5) of the D received slots, in f32, rank
+// a2a combine, receive side: the full merge (docs/contract.md §5) of the D received slots, in f32, rank
 // order, a source with coefficient 0 skipped. Compiled for D in {1, 2, 4, 8} (D = 1 is the identity: the one slot
-// unpacked, SPEC §9's DCP identity at D = 1).
+// unpacked, docs/contract.md §9's DCP identity at D = 1).
 //
 // - `recv`: bytes [D, slot_bytes]: slot r as source rank r packed it for this rank.
 // - `out`: bf16 or f32 [num_tokens, local_heads, 512]; `lse`: f32 [num_tokens, local_heads].
@@ -360,7 +360,7 @@ enum DcpMlaStatus dcp_mla_a2a_combine(const struct DcpMlaDevice *device,
                                       size_t local_heads,
                                       size_t dcp_size);
 
-// The two-way merge of chunked prefill (SPEC.md §5.3): (out_a, lse_a) + (out_b, lse_b) over
+// The two-way merge of chunked prefill (docs/contract.md §5.3): (out_a, lse_a) + (out_b, lse_b) over
 // `rows` rows, f32 accumulation. An f32 `out` may be exactly `out_a` or `out_b` (in place).
 //
 // - `out_a`, `out_b`: f32 [rows, 512]; `lse_a`, `lse_b`: f32 [rows], each in its own base
@@ -382,7 +382,7 @@ enum DcpMlaStatus dcp_mla_merge_two(const struct DcpMlaDevice *device,
                                     struct DcpMlaTensor lse,
                                     size_t rows);
 
-// Local top-k (SPEC.md §6): per row the K best of the first lens[row] scores by (score
+// Local top-k (docs/contract.md §6): per row the K best of the first lens[row] scores by (score
 // descending, index ascending; NaN as −inf), as ascending indices, −1 padded.
 //
 // - `scores`: f32 [rows, row_stride], the first `cols` columns usable.
@@ -423,7 +423,7 @@ enum DcpMlaStatus dcp_mla_topk_pack(const struct DcpMlaDevice *device,
                                     struct DcpMlaTensor cand_scores,
                                     struct DcpMlaTensor cand_ids);
 
-// Global merge (SPEC.md §6): the exact top-K of the D·K all-gathered candidates per row by
+// Global merge (docs/contract.md §6): the exact top-K of the D·K all-gathered candidates per row by
 // (score descending, id ascending), in candidate order, −1 padded. D·K must be a multiple of
 // 512 (DCP_MLA_STATUS_INVALID_CONFIG otherwise, naming D and K).
 //
@@ -441,7 +441,7 @@ enum DcpMlaStatus dcp_mla_topk_merge(const struct DcpMlaDevice *device,
                                      size_t k,
                                      struct DcpMlaTensor out);
 
-// Compaction for rank `rank` (SPEC.md §6): keeps the ids this rank owns, as local positions
+// Compaction for rank `rank` (docs/contract.md §6): keeps the ids this rank owns, as local positions
 // (or page·block_size + slot when `block_table` is given), compacted to the front, −1 padded,
 // with per-row counts.
 //
@@ -466,7 +466,7 @@ enum DcpMlaStatus dcp_mla_topk_compact(const struct DcpMlaDevice *device,
                                        struct DcpMlaTensor out,
                                        struct DcpMlaTensor counts);
 
-// Prefill prefix flatten (SPEC.md §7): writes this rank's rows of one chunk into its uniform
+// Prefill prefix flatten (docs/contract.md §7): writes this rank's rows of one chunk into its uniform
 // bf16 buffer (FP8-656 dequantised), zeros elsewhere; the chunk's layout is read from the
 // device-side piece table (dcp_mla_prefill_piece_table).
 //
@@ -513,22 +513,22 @@ enum DcpMlaStatus dcp_mla_prefill_reorder(const struct DcpMlaDevice *device,
                                           size_t dcp_size,
                                           size_t interleave);
 
-// The default softmax scale of SPEC.md §4: 576^-1/2.
+// The default softmax scale of docs/contract.md §4: 576^-1/2.
 float dcp_mla_default_scale(void);
 
-// Checks a DCP configuration (SPEC.md §1): D ≥ 1 dividing tp, B ≥ 1, I ≥ 1 dividing B.
+// Checks a DCP configuration (docs/contract.md §1): D ≥ 1 dividing tp, B ≥ 1, I ≥ 1 dividing B.
 // DCP_MLA_STATUS_INVALID_CONFIG with the values otherwise.
 enum DcpMlaStatus dcp_mla_check_config(size_t tp,
                                        size_t dcp_size,
                                        size_t interleave,
                                        size_t block_size);
 
-// Checks the sparse top-k constraint (SPEC.md §6): K in {256, 512, 1024, 2048} and D·K a multiple of 512.
+// Checks the sparse top-k constraint (docs/contract.md §6): K in {256, 512, 1024, 2048} and D·K a multiple of 512.
 // DCP_MLA_STATUS_INVALID_CONFIG naming D and K otherwise.
 enum DcpMlaStatus dcp_mla_check_topk(size_t dcp_size,
                                      size_t k);
 
-// n_r(L): the tokens rank `rank` holds of a sequence of `len` global tokens (SPEC.md §2).
+// n_r(L): the tokens rank `rank` holds of a sequence of `len` global tokens (docs/contract.md §2).
 //
 // # Safety
 // `out` must be valid for a write.
@@ -538,7 +538,7 @@ enum DcpMlaStatus dcp_mla_local_len(size_t dcp_size,
                                     uint64_t len,
                                     uint64_t *out);
 
-// Where global token `t` lives (SPEC.md §2): its owner rank, block-table column and slot.
+// Where global token `t` lives (docs/contract.md §2): its owner rank, block-table column and slot.
 //
 // # Safety
 // The out-pointers must be valid for writes.
@@ -550,7 +550,7 @@ enum DcpMlaStatus dcp_mla_token_address(size_t dcp_size,
                                         uint64_t *page_column,
                                         uint64_t *slot);
 
-// Causal local lengths of MTP rows (SPEC.md §2) on rank `rank`: for request i of total length
+// Causal local lengths of MTP rows (docs/contract.md §2) on rank `rank`: for request i of total length
 // lens[i] (including its qs[i] new tokens), row j sees n_r(lens[i] − qs[i] + 1 + j) tokens.
 // Writes the rows of every request, concatenated, to `out` (int32, sum(qs) entries, at most
 // `out_len`): with a uniform q this is the [batch, q] `lens` of dcp_mla_decode_dense.
@@ -639,7 +639,7 @@ enum DcpMlaStatus dcp_mla_topk_workspace_bytes(size_t dcp_size,
                                                size_t k,
                                                uint64_t *out);
 
-// Plans the prefix gather of a prefill batch (SPEC.md §7) under a workspace budget: the chunk
+// Plans the prefix gather of a prefill batch (docs/contract.md §7) under a workspace budget: the chunk
 // length (a multiple of B·D), the rows of each rank's flatten buffer, the number of chunks and
 // the most pieces any chunk has (the rows of the piece tables to allocate).
 //

@@ -251,7 +251,7 @@ class DcpMla:
                     dcp_size, stream=stream)
 
     def merge_two(self, out_a, lse_a, out_b, lse_b, out, lse, *, lse_a_base, lse_b_base, rows, stream=None):
-        """Each input's lse in its own base (SPEC §5.3); the output lse is natural log."""
+        """Each input's lse in its own base (docs/contract.md §5.3); the output lse is natural log."""
         self.launch("dcp_mla_merge_two", out_a, lse_a, out_b, lse_b, lse_a_base, lse_b_base, out, lse, rows,
                     stream=stream)
 

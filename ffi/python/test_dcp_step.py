@@ -33,7 +33,7 @@ def rel_l2(a, b):
 
 
 def elementwise_ok(got, want, mean_abs_v):
-    """SPEC §9: |out - ref| <= 2^-6 * A_c elementwise (A_c: the softmax-weighted mean of |v|)."""
+    """docs/contract.md §9: |out - ref| <= 2^-6 * A_c elementwise (A_c: the softmax-weighted mean of |v|)."""
     return bool(((got - want).abs() <= mean_abs_v / 64).all().item())
 
 
@@ -62,7 +62,7 @@ def new_tokens(lens):
 
 def attention(q_row, keys, scale):
     """q_row [H, 576], keys [n, 576] float32 -> out [H, 512], lse [H] (natural log), and A [H, 512]
-    (the softmax-weighted mean of |v|, which SPEC §9's elementwise bound is relative to)."""
+    (the softmax-weighted mean of |v|, which docs/contract.md §9's elementwise bound is relative to)."""
     s = scale * (q_row.float() @ keys.float().T)  # [H, n]
     lse = torch.logsumexp(s, dim=1)
     p = torch.softmax(s, dim=1)

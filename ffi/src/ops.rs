@@ -1,4 +1,4 @@
-//! One entry point per operation of SPEC.md, each a thin shell around a launcher of
+//! One entry point per operation of docs/contract.md, each a thin shell around a launcher of
 //! `dcp_mla::ops`: convert the C arguments (checking null pointers, dtype codes and element
 //! alignment), check what can be checked without a device (variants, planner constraints), then
 //! call the launcher, which validates every extent before it launches.
@@ -16,7 +16,7 @@ fn layout(dcp_size: usize, interleave: usize) -> DcpLayout {
     DcpLayout { size: dcp_size, interleave }
 }
 
-/// Writes each new token's KV into this rank's paged cache if this rank owns it (SPEC.md §2-3);
+/// Writes each new token's KV into this rank's paged cache if this rank owns it (docs/contract.md §2-3);
 /// bit-identical to the CPU reference. A token whose position is negative, whose request index
 /// is outside [0, batch) or whose page is out of range is skipped.
 ///
@@ -98,7 +98,7 @@ fn decode_common(
     Ok(DecodeCommon { q: q.typed("q")?, batch, nq, heads, scale, out, lse: lse.typed("lse")?, num_splits, workspace })
 }
 
-/// Dense MLA decode over the BF16 paged cache (SPEC.md §4): row (i, j) attends to the first
+/// Dense MLA decode over the BF16 paged cache (docs/contract.md §4): row (i, j) attends to the first
 /// `lens[i][j]` local tokens of request i.
 ///
 /// - `q`: bf16 [batch, nq, heads, 576]; `scale`: softmax scale σ (dcp_mla_default_scale()).
@@ -147,7 +147,7 @@ pub unsafe extern "C" fn dcp_mla_decode_dense(
     })
 }
 
-/// Sparse MLA decode (SPEC.md §4) over the BF16 or FP8-656 cache: row (i, j) attends to the
+/// Sparse MLA decode (docs/contract.md §4) over the BF16 or FP8-656 cache: row (i, j) attends to the
 /// cache rows page·block_size + slot listed in `indices[i][j]` (−1 or out of range: unused).
 ///
 /// - `q`, `scale`, `out`, `lse`, `num_splits`, `workspace`: as for dcp_mla_decode_dense.
@@ -193,7 +193,7 @@ pub unsafe extern "C" fn dcp_mla_decode_sparse(
     })
 }
 
-/// ag_rs combine, step 1 (SPEC.md §5.1) on rank `rank` of D = `dcp_size` (H = D·local_heads):
+/// ag_rs combine, step 1 (docs/contract.md §5.1) on rank `rank` of D = `dcp_size` (H = D·local_heads):
 /// contrib[h, t, :] = (w_rank / S) · out[t, h, :] in f32, head-major for a reduce-scatter.
 ///
 /// - `out`: bf16 or f32 [num_tokens, H, 512], this rank's partial attention output.
@@ -269,7 +269,7 @@ pub unsafe extern "C" fn dcp_mla_ag_rs_finish(
     })
 }
 
-/// a2a combine, send side (SPEC.md §5.2): packs this rank's out (as bf16) and lse into one slot
+/// a2a combine, send side (docs/contract.md §5.2): packs this rank's out (as bf16) and lse into one slot
 /// per destination rank d (heads [d·H_l, (d+1)·H_l)), so one all-to-all moves both.
 ///
 /// - `out`: bf16 or f32 [num_tokens, D·local_heads, 512]; `lse`: f32 [num_tokens, D·local_heads].
@@ -303,9 +303,9 @@ pub unsafe extern "C" fn dcp_mla_a2a_pack(
     })
 }
 
-/// a2a combine, receive side: the full merge (SPEC.md §5) of the D received slots, in f32, rank
+/// a2a combine, receive side: the full merge (docs/contract.md §5) of the D received slots, in f32, rank
 /// order, a source with coefficient 0 skipped. Compiled for D in {1, 2, 4, 8} (D = 1 is the identity: the one slot
-/// unpacked, SPEC §9's DCP identity at D = 1).
+/// unpacked, docs/contract.md §9's DCP identity at D = 1).
 ///
 /// - `recv`: bytes [D, slot_bytes]: slot r as source rank r packed it for this rank.
 /// - `out`: bf16 or f32 [num_tokens, local_heads, 512]; `lse`: f32 [num_tokens, local_heads].
@@ -346,7 +346,7 @@ pub unsafe extern "C" fn dcp_mla_a2a_combine(
     })
 }
 
-/// The two-way merge of chunked prefill (SPEC.md §5.3): (out_a, lse_a) + (out_b, lse_b) over
+/// The two-way merge of chunked prefill (docs/contract.md §5.3): (out_a, lse_a) + (out_b, lse_b) over
 /// `rows` rows, f32 accumulation. An f32 `out` may be exactly `out_a` or `out_b` (in place).
 ///
 /// - `out_a`, `out_b`: f32 [rows, 512]; `lse_a`, `lse_b`: f32 [rows], each in its own base
@@ -386,7 +386,7 @@ pub unsafe extern "C" fn dcp_mla_merge_two(
     })
 }
 
-/// Local top-k (SPEC.md §6): per row the K best of the first lens[row] scores by (score
+/// Local top-k (docs/contract.md §6): per row the K best of the first lens[row] scores by (score
 /// descending, index ascending; NaN as −inf), as ascending indices, −1 padded.
 ///
 /// - `scores`: f32 [rows, row_stride], the first `cols` columns usable.
@@ -468,7 +468,7 @@ pub unsafe extern "C" fn dcp_mla_topk_pack(
     })
 }
 
-/// Global merge (SPEC.md §6): the exact top-K of the D·K all-gathered candidates per row by
+/// Global merge (docs/contract.md §6): the exact top-K of the D·K all-gathered candidates per row by
 /// (score descending, id ascending), in candidate order, −1 padded. D·K must be a multiple of
 /// 512 (DCP_MLA_STATUS_INVALID_CONFIG otherwise, naming D and K).
 ///
@@ -508,7 +508,7 @@ pub unsafe extern "C" fn dcp_mla_topk_merge(
     })
 }
 
-/// Compaction for rank `rank` (SPEC.md §6): keeps the ids this rank owns, as local positions
+/// Compaction for rank `rank` (docs/contract.md §6): keeps the ids this rank owns, as local positions
 /// (or page·block_size + slot when `block_table` is given), compacted to the front, −1 padded,
 /// with per-row counts.
 ///
@@ -556,7 +556,7 @@ pub unsafe extern "C" fn dcp_mla_topk_compact(
     })
 }
 
-/// Prefill prefix flatten (SPEC.md §7): writes this rank's rows of one chunk into its uniform
+/// Prefill prefix flatten (docs/contract.md §7): writes this rank's rows of one chunk into its uniform
 /// bf16 buffer (FP8-656 dequantised), zeros elsewhere; the chunk's layout is read from the
 /// device-side piece table (dcp_mla_prefill_piece_table).
 ///

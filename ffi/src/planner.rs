@@ -35,13 +35,13 @@ unsafe fn host<'a, T>(arg: &str, p: *const T, n: usize) -> R<&'a [T]> {
     Ok(std::slice::from_raw_parts(p, n))
 }
 
-/// The default softmax scale of SPEC.md §4: 576^-1/2.
+/// The default softmax scale of docs/contract.md §4: 576^-1/2.
 #[no_mangle]
 pub extern "C" fn dcp_mla_default_scale() -> f32 {
     default_scale()
 }
 
-/// Checks a DCP configuration (SPEC.md §1): D ≥ 1 dividing tp, B ≥ 1, I ≥ 1 dividing B.
+/// Checks a DCP configuration (docs/contract.md §1): D ≥ 1 dividing tp, B ≥ 1, I ≥ 1 dividing B.
 /// DCP_MLA_STATUS_INVALID_CONFIG with the values otherwise.
 #[no_mangle]
 pub extern "C" fn dcp_mla_check_config(
@@ -53,14 +53,14 @@ pub extern "C" fn dcp_mla_check_config(
     guard(|| DcpConfig::new(tp, dcp_size, interleave, block_size).map(|_| ()).map_err(Into::into))
 }
 
-/// Checks the sparse top-k constraint (SPEC.md §6): K in {256, 512, 1024, 2048} and D·K a multiple of 512.
+/// Checks the sparse top-k constraint (docs/contract.md §6): K in {256, 512, 1024, 2048} and D·K a multiple of 512.
 /// DCP_MLA_STATUS_INVALID_CONFIG naming D and K otherwise.
 #[no_mangle]
 pub extern "C" fn dcp_mla_check_topk(dcp_size: usize, k: usize) -> DcpMlaStatus {
     guard(|| Ok(planner::check_topk(dcp_size, k)?))
 }
 
-/// n_r(L): the tokens rank `rank` holds of a sequence of `len` global tokens (SPEC.md §2).
+/// n_r(L): the tokens rank `rank` holds of a sequence of `len` global tokens (docs/contract.md §2).
 ///
 /// # Safety
 /// `out` must be valid for a write.
@@ -75,7 +75,7 @@ pub unsafe extern "C" fn dcp_mla_local_len(
     guard(|| put("out", out, layout(dcp_size, interleave, rank)?.local_len(len, rank)))
 }
 
-/// Where global token `t` lives (SPEC.md §2): its owner rank, block-table column and slot.
+/// Where global token `t` lives (docs/contract.md §2): its owner rank, block-table column and slot.
 ///
 /// # Safety
 /// The out-pointers must be valid for writes.
@@ -101,7 +101,7 @@ pub unsafe extern "C" fn dcp_mla_token_address(
     })
 }
 
-/// Causal local lengths of MTP rows (SPEC.md §2) on rank `rank`: for request i of total length
+/// Causal local lengths of MTP rows (docs/contract.md §2) on rank `rank`: for request i of total length
 /// lens[i] (including its qs[i] new tokens), row j sees n_r(lens[i] − qs[i] + 1 + j) tokens.
 /// Writes the rows of every request, concatenated, to `out` (int32, sum(qs) entries, at most
 /// `out_len`): with a uniform q this is the [batch, q] `lens` of dcp_mla_decode_dense.
@@ -259,7 +259,7 @@ pub unsafe extern "C" fn dcp_mla_topk_workspace_bytes(
     guard(|| put("out", out, workspace::topk_bytes(dcp_size, rows, k)?))
 }
 
-/// Plans the prefix gather of a prefill batch (SPEC.md §7) under a workspace budget: the chunk
+/// Plans the prefix gather of a prefill batch (docs/contract.md §7) under a workspace budget: the chunk
 /// length (a multiple of B·D), the rows of each rank's flatten buffer, the number of chunks and
 /// the most pieces any chunk has (the rows of the piece tables to allocate).
 ///

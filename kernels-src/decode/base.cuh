@@ -1,6 +1,6 @@
-// What every decode kernel shares (SPEC.md §4, §9): the KV kinds, the CTA shape's constants,
+// What every decode kernel shares (docs/contract.md §4, §9): the KV kinds, the CTA shape's constants,
 // bf16 packing and FP8 dequantisation, and the epilogue that writes a CTA's rows (O / l and the
-// natural-log lse, with SPEC §9's NaN rule) to the output or to a split-KV workspace slot.
+// natural-log lse, with docs/contract.md §9's NaN rule) to the output or to a split-KV workspace slot.
 #pragma once
 #include "arch/sm80_ptx.cuh"
 #include "common.cuh"
@@ -70,7 +70,7 @@ template <typename Acc>
 __device__ __forceinline__ void write_rows(const DcpMlaDecodeParams& p, int slot, int64_t seq_row0, int rows_per_seq,
                                            int row_base, int row_limit, int row0, int col0, bool writes_lse,
                                            const float (&l)[2], const float (&m)[2], Acc o) {
-    // SPEC §9: a NaN anywhere in a row's accumulators (a NaN in the v part of a token it read)
+    // docs/contract.md §9: a NaN anywhere in a row's accumulators (a NaN in the v part of a token it read)
     // makes all of its out and its lse NaN, as a NaN score already does through l: else its lse
     // stays finite and the merge across ranks keeps the row. The quad's flags are OR-ed by
     // shuffles, the two halves' through shared memory (one writer per row and half).
@@ -96,7 +96,7 @@ __device__ __forceinline__ void write_rows(const DcpMlaDecodeParams& p, int slot
         const int r = row0 + 8 * k;
         if (r >= row_limit) continue;
         // l = 0: the row saw nothing (0 and −inf); a NaN l (a NaN score from q or a cache row it
-        // read) or a NaN accumulator gives NaN out and lse, never the empty row's (SPEC §9)
+        // read) or a NaN accumulator gives NaN out and lse, never the empty row's (docs/contract.md §9)
         const bool empty = l[k] == 0.0f && !row_nan[k];
         const float inv = row_nan[k] ? __int_as_float(0x7fffffff) : empty ? 0.0f : 1.0f / l[k];
         const float lse = row_nan[k] ? __int_as_float(0x7fffffff) : empty ? -INFINITY : (m[k] + log2f(l[k])) * kLn2;

@@ -1,4 +1,4 @@
-// The split-KV combine of the decode kernels' partial rows (SPEC.md §5, natural-log lse).
+// The split-KV combine of the decode kernels' partial rows (docs/contract.md §5, natural-log lse).
 #pragma once
 #include "decode/base.cuh"
 
@@ -20,7 +20,7 @@ __device__ __forceinline__ float block_reduce(float v, float* scratch) {
     return r;
 }
 
-// Merges the partials of each row of a sequence spread over several parts (SPEC.md §5 with
+// Merges the partials of each row of a sequence spread over several parts (docs/contract.md §5 with
 // natural-log lse): one CTA of 128 threads per row, 4 output values per thread; the rows of a
 // sequence inside one part were written by the decode kernel and are left alone. The slots are
 // the parts fp..lp holding the sequence: slot 2q, except 2fp + 1 where the sequence starts
@@ -32,7 +32,7 @@ template <int Unused = 0>
 __device__ __forceinline__ void mla_decode_combine(const DcpMlaDecodeCombineParams& p) {
     __shared__ float s_weight[1024];  // per slot: lse, then its weight (num_splits <= 1024)
     __shared__ float s_red[32];
-    __shared__ int s_nan;  // a piece's lse is NaN: the merged row is NaN (SPEC §5)
+    __shared__ int s_nan;  // a piece's lse is NaN: the merged row is NaN (docs/contract.md §5)
     if (threadIdx.x == 0) s_nan = 0;
     __syncthreads();
     griddep_wait();  // launched as a dependent of the decode kernel: its partials and rows

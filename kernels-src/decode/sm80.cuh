@@ -1,4 +1,4 @@
-// MLA decode attention on one rank's shard (SPEC.md §4), on tensor cores with mma.sync
+// MLA decode attention on one rank's shard (docs/contract.md §4), on tensor cores with mma.sync
 // m16n8k16 bf16 (sm_80+). One CTA = one block of 64 rows of a sequence (a request, dense; one
 // query row of a request, sparse) × one split-KV part: with one part the CTA does its sequence
 // whole; with several it runs the pieces of the schedule (decode::for_each_piece), possibly of
@@ -15,9 +15,9 @@
 //   accum  O += P·V with V = the first 512 dims of the K tile: warp (rg, c) owns O's rows 16rg..
 //          and V columns 256c.. in registers (fp32). P goes to the tensor cores rounded once to
 //          bf16 (as FlashMLA does): that errs by at most 2^-8·A_c, A_c the softmax-weighted mean
-//          of |v|, inside SPEC §9's 2^-6·A_c; the row sums l stay fp32.
+//          of |v|, inside docs/contract.md §9's 2^-6·A_c; the row sums l stay fp32.
 // Then O / l and lse = ln Σ exp(s) go to out/lse, or for a piece of a sequence spread over
-// several parts to a slot of the fp32 workspace that `mla_decode_combine` merges (SPEC.md §5).
+// several parts to a slot of the fp32 workspace that `mla_decode_combine` merges (docs/contract.md §5).
 #pragma once
 #include "arch/sm80_ptx.cuh"
 #include "decode/base.cuh"

@@ -15,7 +15,7 @@
 // XOR-swizzled by (row mod 8): the 128B-swizzle atom of wgmma. The same tile is K-major for
 // S = Q·Kᵀ and MN-major (transposed B) for O += P·V, so V is never copied again.
 // Warpgroup w owns O's columns 256w..256w+255 (128 fp32 registers per thread) and adds P·V
-// with P rounded once to bf16 (SPEC §9 bounds the error by 2^-8·A_c, A_c the softmax-weighted
+// with P rounded once to bf16 (docs/contract.md §9 bounds the error by 2^-8·A_c, A_c the softmax-weighted
 // mean of |v|; the row sums l stay fp32). Warpgroup 0 computes S = Q·Kᵀ (64 × Tile, wgmma m64nTile from
 // shared memory) and, with the roles schedule, the softmax; how the two warpgroups share the rest
 // is the schedule (Sm90Schedule below). Loads are cp.async 16-byte copies (unread tokens

@@ -108,7 +108,7 @@ struct LoaderTag {
 
 // The online softmax's second half for two adjacent scores of a row: p = 2^(s − m_use), added in
 // fp32 to the row's running sum l, and returned as the packed bf16 pair P·V multiplies (one
-// rounding: SPEC §9's 2^-8·A_c).
+// rounding: docs/contract.md §9's 2^-8·A_c).
 __device__ __forceinline__ uint32_t p_bf16(float s0, float s1, float m_use, float& l) {
     const float p0 = exp2f(s0 - m_use), p1 = exp2f(s1 - m_use);
     l += p0 + p1;

@@ -1,6 +1,6 @@
 //! `dcp-mla`: the library at a terminal. `demo` runs one DCP decode step end to end and checks it
 //! against full attention; `plan` sizes KV capacity and workspaces with the planner; `bench`
-//! times every kernel family at the PERF.md shapes; `kernels` lists the compiled variants.
+//! times every kernel family at the docs/performance.md shapes; `kernels` lists the compiled variants.
 
 #[path = "dcp-mla/bench_cmd.rs"]
 mod bench_cmd;
@@ -33,7 +33,7 @@ enum Command {
     /// KV token slots with and without DCP, per-rank workspaces for the largest batch, and the
     /// smallest D that fits a context. Exits 1 on a configuration the planner rejects.
     Plan(plan::PlanArgs),
-    /// Every kernel family at the PERF.md shapes, timed with CUDA events after warm-up, against
+    /// Every kernel family at the docs/performance.md shapes, timed with CUDA events after warm-up, against
     /// the same run's copy bandwidth and each row's target. Exits 2 without a GPU.
     Bench(bench_cmd::BenchArgs),
     /// The compiled kernel variants with their ptxas registers, shared memory, stack and spills.

@@ -329,7 +329,7 @@ impl DcpGroup {
         Ok(())
     }
 
-    /// The prefix all-gather of a prefill chunk (SPEC.md §7): every rank's flattened rows
+    /// The prefix all-gather of a prefill chunk (docs/contract.md §7): every rank's flattened rows
     /// `local` [cap, 576] bf16 land in `gathered` [D, cap, 576], ready for the reorder kernel.
     pub fn gather_prefix(
         &self,
@@ -341,7 +341,7 @@ impl DcpGroup {
         self.all_gather(stream, local, gathered, cap_rows * D_QK)
     }
 
-    /// The candidate all-gather of distributed top-k (SPEC.md §6): this rank's packed candidates
+    /// The candidate all-gather of distributed top-k (docs/contract.md §6): this rank's packed candidates
     /// are already in slot `rank` of `scores` [D, rows, k] fp32 and `ids` [D, rows, k] int32;
     /// both gathers run as one NCCL group.
     pub fn gather_candidates(

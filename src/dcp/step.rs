@@ -36,7 +36,7 @@ impl Attention {
     }
 }
 
-/// The two communication shapes of the combine (SPEC.md §5).
+/// The two communication shapes of the combine (docs/contract.md §5).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CombineShape {
     /// All-gather of lse, fp32 head-major contributions, fp32 reduce-scatter, cast.
@@ -417,7 +417,7 @@ impl<'a> DecodeStep<'a> {
         Self::upload(&self.stream, "block_table", table, &mut self.buf.block_table, n)
     }
 
-    /// The total length of each request, including its q new tokens (SPEC.md §2): derives the
+    /// The total length of each request, including its q new tokens (docs/contract.md §2): derives the
     /// new tokens' positions and this rank's causal local length of every query row.
     pub fn set_lengths(&mut self, lens: &[u64]) -> Result<()> {
         let c = self.cfg;

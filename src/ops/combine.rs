@@ -1,4 +1,4 @@
-//! The DCP combine launchers (SPEC.md §5) in its three shapes. Reference:
+//! The DCP combine launchers (docs/contract.md §5) in its three shapes. Reference:
 //! [`crate::reference::merge`]; kernels: `kernels-src/combine.cuh`.
 //!
 //! - ag_rs: [`ag_rs_correct`] writes this rank's fp32 head-major contribution from the
@@ -122,7 +122,7 @@ pub struct MergeTwo {
     pub out_b: DeviceSlice<f32>,
     /// fp32 [rows], in `lse_b_base`.
     pub lse_b: DeviceSlice<f32>,
-    /// The base of each input's lse (SPEC §5.3): a running result in natural log (this merge's
+    /// The base of each input's lse (docs/contract.md §5.3): a running result in natural log (this merge's
     /// own output) merged with a base-2 chunk from another kernel is the normal case.
     pub lse_a_base: LseBase,
     pub lse_b_base: LseBase,
@@ -134,7 +134,7 @@ pub struct MergeTwo {
     pub rows: usize,
 }
 
-/// ag_rs step 1 (SPEC.md §5.1): `contrib[h, t, :] = (w_rank / S) · out[t, h, :]` in fp32, exactly 0
+/// ag_rs step 1 (docs/contract.md §5.1): `contrib[h, t, :] = (w_rank / S) · out[t, h, :]` in fp32, exactly 0
 /// where w_rank / S = 0 (an empty shard's NaN never leaks). Matches
 /// [`crate::reference::merge::ag_rs_contribution`].
 pub fn ag_rs_correct(dev: &Device, stream: Stream, a: &AgRsCorrect) -> Result<()> {
@@ -205,7 +205,7 @@ fn validate_ag_rs_finish(a: &AgRsFinish) -> Result<(DcpAgRsFinishParams, usize)>
     Ok((params, rows))
 }
 
-/// a2a send side: packs this rank's out and lse into one slot per destination (SPEC.md §5.2),
+/// a2a send side: packs this rank's out and lse into one slot per destination (docs/contract.md §5.2),
 /// byte for byte [`crate::reference::merge::a2a_pack`] for bf16 `out`.
 pub fn a2a_pack(dev: &Device, stream: Stream, a: &A2aPack) -> Result<()> {
     let (params, rows) = validate_a2a_pack(a)?;
@@ -240,7 +240,7 @@ pub fn a2a_combine_compiled(dcp_size: usize, out: &CombineRows) -> bool {
     u32::try_from(dcp_size).is_ok_and(|d| registry::combine_a2a(d, out.axis()).is_some())
 }
 
-/// a2a receive side: the full merge (SPEC.md §5) of the D received slots into out [T, H_l, 512]
+/// a2a receive side: the full merge (docs/contract.md §5) of the D received slots into out [T, H_l, 512]
 /// and lse [T, H_l], accumulated in fp32 in rank order; a source whose coefficient is 0 is
 /// skipped. Matches [`crate::reference::merge::a2a_combine`]. D must be one of [`A2A_RANKS`].
 pub fn a2a_combine(dev: &Device, stream: Stream, a: &A2aCombine) -> Result<()> {
@@ -278,7 +278,7 @@ fn validate_a2a_combine(a: &A2aCombine) -> Result<(DcpA2aCombineParams, usize)> 
     Ok((params, rows))
 }
 
-/// The two-way merge of chunked prefill (SPEC.md §5.3): (out_a, lse_a) + (out_b, lse_b) → out, lse,
+/// The two-way merge of chunked prefill (docs/contract.md §5.3): (out_a, lse_a) + (out_b, lse_b) → out, lse,
 /// fp32 accumulation, a part with coefficient 0 skipped. Matches
 /// [`crate::reference::merge::merge_two`] (followed by `to_bf16` for bf16 output).
 pub fn merge_two(dev: &Device, stream: Stream, a: &MergeTwo) -> Result<()> {

@@ -1,4 +1,4 @@
-//! MLA decode attention on one rank's shard (SPEC.md §4): dense over the BF16 paged cache and
+//! MLA decode attention on one rank's shard (docs/contract.md §4): dense over the BF16 paged cache and
 //! sparse over index lists into the BF16 or FP8-656 cache, with optional split-KV.
 //!
 //! Kernels: `kernels-src/decode/` — `sm80.cuh` (family `mla_decode`), `split_schedule.cuh`
@@ -10,7 +10,7 @@
 //! the device and writes the sequences' unit prefix into the workspace; each of the P parts of
 //! a row block then takes an equal share of the batch's (sequence, KV tile) units, across
 //! sequences, so SMs stay balanced when lengths differ; a sequence spread over several parts
-//! leaves fp32 partials that a combine kernel merges (SPEC.md §5). Everything the split depends
+//! leaves fp32 partials that a combine kernel merges (docs/contract.md §5). Everything the split depends
 //! on is computed on the device, so a captured graph replays correctly when lengths or indices
 //! change. [`crate::planner::schedule`] is the host mirror and explains the partition.
 
@@ -26,7 +26,7 @@ use half::bf16;
 
 pub use crate::planner::split::{decode_num_splits, SplitPlan, MAX_SPLITS, ROWS_PER_CTA};
 
-/// The softmax scale SPEC.md §4 defaults to: 576^-½.
+/// The softmax scale docs/contract.md §4 defaults to: 576^-½.
 pub fn default_scale() -> f32 {
     (D_QK as f32).powf(-0.5)
 }
@@ -301,7 +301,7 @@ fn decode_kernel(dev: &Device, format: KvFormat, sparse: bool, path: DecodePath)
     kernel.ok_or_else(|| Error::Unsupported(format!("mla_decode {kind} {format:?} on {path:?}")))
 }
 
-/// Dense decode (SPEC.md §4). Validates every argument, allocates nothing, never synchronises.
+/// Dense decode (docs/contract.md §4). Validates every argument, allocates nothing, never synchronises.
 /// Runs the kernel [`DecodePath::Auto`] picks.
 pub fn mla_decode_dense(dev: &Device, stream: Stream, a: &DenseDecode) -> Result<()> {
     mla_decode_dense_on(dev, stream, a, DecodePath::Auto)
@@ -391,7 +391,7 @@ fn tma_enabled() -> bool {
     *ON.get_or_init(|| std::env::var("DCP_MLA_TMA").map_or(true, |v| v != "0"))
 }
 
-/// Sparse decode (SPEC.md §4) over the BF16 or FP8-656 cache. Validates every argument,
+/// Sparse decode (docs/contract.md §4) over the BF16 or FP8-656 cache. Validates every argument,
 /// allocates nothing, never synchronises. Runs the kernel [`DecodePath::Auto`] picks.
 pub fn mla_decode_sparse(dev: &Device, stream: Stream, a: &SparseDecode) -> Result<()> {
     mla_decode_sparse_on(dev, stream, a, DecodePath::Auto)

@@ -1,4 +1,4 @@
-//! KV-cache fill launcher (SPEC.md §2-3). Reference: [`crate::reference::fill`].
+//! KV-cache fill launcher (docs/contract.md §2-3). Reference: [`crate::reference::fill`].
 
 use super::{check_rows, to_i32};
 use crate::abi::DcpKvFillParams;
@@ -36,7 +36,7 @@ pub struct KvFill {
     pub rank: usize,
 }
 
-/// Writes each new token's KV into this rank's cache if this rank owns it (SPEC.md §3):
+/// Writes each new token's KV into this rank's cache if this rank owns it (docs/contract.md §3):
 /// bit-identical to [`crate::reference::fill::fill`]. A token whose position is negative, whose
 /// request index is outside `0..batch`, or whose page is beyond `max_pages` or maps to a page
 /// outside `0..num_pages` is skipped: the kernel never writes outside the cache.

@@ -1,4 +1,4 @@
-//! Prefill over a cached prefix (SPEC.md §7): [`flatten`] one rank's rows of a chunk into its
+//! Prefill over a cached prefix (docs/contract.md §7): [`flatten`] one rank's rows of a chunk into its
 //! uniform bf16 buffer (dequantising FP8-656), and [`reorder`] the all-gathered buffer into
 //! global order. Reference: [`crate::reference::prefill`]; kernels: `kernels-src/prefill.cuh`.
 //!

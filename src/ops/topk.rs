@@ -1,4 +1,4 @@
-//! Sparse top-k under DCP (SPEC.md §6): [`local_topk`], [`pack_candidates`], [`global_merge`]
+//! Sparse top-k under DCP (docs/contract.md §6): [`local_topk`], [`pack_candidates`], [`global_merge`]
 //! and [`compact`]. Reference: [`crate::reference::topk`]; kernels: `kernels-src/topk.cuh`.
 //!
 //! A decode step runs them in this order on every rank: local top-k over the rank's scores,

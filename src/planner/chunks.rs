@@ -1,4 +1,4 @@
-//! The prefill chunk plan (SPEC.md §7): the cached prefixes of a batch are gathered in chunks
+//! The prefill chunk plan (docs/contract.md §7): the cached prefixes of a batch are gathered in chunks
 //! whose token capacity is a multiple of B·D and whose workspace fits a byte budget. The plan is
 //! computed on the host from the prefix lengths alone, so every rank computes the same plan with
 //! no device synchronisation.

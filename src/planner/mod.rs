@@ -1,4 +1,4 @@
-//! The planner (SPEC.md §2, §7, §8): token ownership, local and causal lengths, pages and
+//! The planner (docs/contract.md §2, §7, §8): token ownership, local and causal lengths, pages and
 //! block-table addressing, capacity, the prefill chunk plan and workspace sizes. Pure host
 //! arithmetic, shared by the CPU reference, the launchers and the C ABI. Bad configurations are
 //! [`PlanError`]s, converted into [`crate::Error::InvalidConfig`].
@@ -96,7 +96,7 @@ impl DcpLayout {
         lens.iter().map(|&l| self.local_len(l, r)).collect()
     }
 
-    /// Pages one sequence of L tokens needs on every rank: ceil(L / (B·D)) (SPEC.md §2), which
+    /// Pages one sequence of L tokens needs on every rank: ceil(L / (B·D)) (docs/contract.md §2), which
     /// is ceil(max_r n_r(L) / B) because I divides B.
     pub fn pages_for(&self, len: u64, block_size: usize) -> u64 {
         len.div_ceil(block_size as u64 * self.size as u64)
@@ -119,7 +119,7 @@ pub struct DcpConfig {
 }
 
 impl DcpConfig {
-    /// Checks SPEC.md §1's constraints: D ≥ 1 dividing tp, B ≥ 1, I ≥ 1 dividing B.
+    /// Checks docs/contract.md §1's constraints: D ≥ 1 dividing tp, B ≥ 1, I ≥ 1 dividing B.
     pub fn new(tp: usize, d: usize, interleave: usize, block_size: usize) -> Result<Self> {
         check_layout(tp, DcpLayout { size: d, interleave }, block_size)?;
         Ok(DcpConfig { tp, dcp: DcpLayout { size: d, interleave }, block_size })
@@ -147,7 +147,7 @@ fn check_layout(tp: usize, dcp: DcpLayout, block_size: usize) -> Result<(), Plan
     Ok(())
 }
 
-/// The sparse top-k constraint (SPEC.md §6): K ∈ {256, 512, 1024, 2048} and D·K a multiple of 512; the
+/// The sparse top-k constraint (docs/contract.md §6): K ∈ {256, 512, 1024, 2048} and D·K a multiple of 512; the
 /// error names D and K.
 pub fn check_topk(d: usize, k: usize) -> Result<()> {
     if d == 0 {
@@ -175,7 +175,7 @@ pub fn check_i32(what: &'static str, value: u128) -> Result<i32> {
     i32::try_from(value).map_err(|_| PlanError::Overflow { what, value }.into())
 }
 
-/// Causal local lengths of MTP rows (SPEC.md §2): for each request i of total length lens[i]
+/// Causal local lengths of MTP rows (docs/contract.md §2): for each request i of total length lens[i]
 /// (including its qs[i] new tokens), row j sees global length c_j = L − q + 1 + j, i.e.
 /// n_r(c_j) local tokens on rank r. Returns the rows of every request, concatenated (a uniform q
 /// gives the kernels' [b, q] layout).

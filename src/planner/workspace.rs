@@ -1,4 +1,4 @@
-//! Workspace sizes of every operation (SPEC.md §8): the caller allocates them once, launchers
+//! Workspace sizes of every operation (docs/contract.md §8): the caller allocates them once, launchers
 //! never allocate. Sizes are bytes; layouts are row-major as the reference documents them.
 //!
 //! Every size is computed with checked arithmetic and returns an error naming an argument when

@@ -1,4 +1,4 @@
-//! Decode attention on one rank (SPEC.md §4), dense and sparse, over a paged BF16 or FP8-656
+//! Decode attention on one rank (docs/contract.md §4), dense and sparse, over a paged BF16 or FP8-656
 //! cache. `decode::<f32>` upcasts bf16 inputs and accumulates in f32 (the kernels' precision);
 //! `decode::<f64>` is the oracle for tolerance checks.
 //!
@@ -73,7 +73,7 @@ pub fn decode<T: Real>(
 }
 
 /// [`decode`]'s body; with `mean_abs`, also A [b, q, H, 512]: A_c = Σ_k p_k·|v_kc| / Σ_k p_k,
-/// the softmax-weighted mean of |v| that SPEC §9's elementwise bound is relative to (0 for an
+/// the softmax-weighted mean of |v| that docs/contract.md §9's elementwise bound is relative to (0 for an
 /// empty row); without, A is empty and not computed (the f32 model the demo runs at scale).
 fn attention_rows<T: Real>(
     q: &[bf16],
@@ -177,7 +177,7 @@ fn attend<T: Real>(q: &[bf16], kv: &[[f32; D_QK]], scale: T, out: &mut [T], mut 
             *a = *a / sum;
         }
     }
-    // SPEC §9: a NaN anywhere in what the row read (q, k or only v) makes its whole out and its
+    // docs/contract.md §9: a NaN anywhere in what the row read (q, k or only v) makes its whole out and its
     // lse NaN; a NaN in v alone would otherwise leave the lse finite and the merge would keep it
     if sum.is_nan() || out.iter().any(|o| o.is_nan()) {
         out.fill(T::NAN);
@@ -210,7 +210,7 @@ pub fn decode_f64(
     decode::<f64>(q, shape, cache, bytes, sel, scale)
 }
 
-/// The fp64 oracle of SPEC §9's attention tolerance: out, lse and A (A_c = Σ_k p_k·|v_kc| /
+/// The fp64 oracle of docs/contract.md §9's attention tolerance: out, lse and A (A_c = Σ_k p_k·|v_kc| /
 /// Σ_k p_k, the softmax-weighted mean of |v|; 0 for an empty row), for
 /// [`crate::reference::tolerance::check_attention`].
 pub fn decode_oracle(

@@ -1,4 +1,4 @@
-//! KV-cache fill (SPEC.md §2-3), the reference of `kernels-src/fill.cuh`.
+//! KV-cache fill (docs/contract.md §2-3), the reference of `kernels-src/fill.cuh`.
 
 use crate::formats::{encode_bf16_row, encode_fp8_row, KvFormat, D_LATENT, D_QK, D_ROPE};
 use crate::planner::DcpLayout;

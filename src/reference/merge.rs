@@ -1,4 +1,4 @@
-//! The DCP combine (SPEC.md §5) in its three shapes: the plain merge of D partials, the
+//! The DCP combine (docs/contract.md §5) in its three shapes: the plain merge of D partials, the
 //! all-gather + reduce-scatter (ag_rs) split, the all-to-all (a2a) packed buffers, and the
 //! two-way merge of chunked prefill.
 //!
@@ -74,7 +74,7 @@ macro_rules! impl_real {
 impl_real!(f32);
 impl_real!(f64);
 
-/// λ of SPEC.md §5: the lse in natural log, with +inf (an empty shard, FlashMLA style) mapped to
+/// λ of docs/contract.md §5: the lse in natural log, with +inf (an empty shard, FlashMLA style) mapped to
 /// −inf. NaN stays NaN (revised 2026-12-01): a NaN lse means a NaN reached that shard's inputs.
 pub fn natural_lse<T: Real>(lse: T, base: LseBase) -> T {
     let l = match base {
@@ -115,7 +115,7 @@ pub fn merge_weights<T: Real>(lses: impl IntoIterator<Item = T>, base: LseBase, 
 }
 
 /// Merges D partial results of n rows: `out` [D, n, 512] and `lse` [D, n] in `base`. Returns the
-/// merged out [n, 512] and lse [n] (natural log), exactly SPEC.md §5. `merge::<f32>` is the
+/// merged out [n, 512] and lse [n] (natural log), exactly docs/contract.md §5. `merge::<f32>` is the
 /// bit-level model of the kernels; [`merge_f64`] is the oracle.
 pub fn merge<T: Real>(out: &[T], lse: &[T], d: usize, n: usize, base: LseBase) -> (Vec<T>, Vec<T>) {
     assert_eq!(out.len(), d * n * D_V, "out is [D, n, 512]");
@@ -155,7 +155,7 @@ fn merge_parts<T: Real>(outs: &[&[T]], lses: &[&[T]], n: usize, base: LseBase) -
     (out, lse)
 }
 
-/// The two-way merge of chunked prefill (SPEC.md §5.3): (out_a, lse_a) + (out_b, lse_b), each
+/// The two-way merge of chunked prefill (docs/contract.md §5.3): (out_a, lse_a) + (out_b, lse_b), each
 /// out [n, 512] f32 and lse [n] in its own base; fp32 out and natural-log lse, cast once at the
 /// end. Each lse is first taken to λ (natural log; +inf as empty, NaN kept), then the two are
 /// weighted as natural logs.
@@ -326,7 +326,7 @@ mod tests {
             merge(&rows(&[2.0, f32::NAN, f32::NAN]), &[1.0, f32::INFINITY, f32::NEG_INFINITY], 3, 1, LseBase::E);
         assert!(out.iter().all(|&x| x == 2.0));
         assert_eq!(lse[0], 1.0);
-        // a NaN lse is not an empty shard: it makes the merged row NaN (SPEC §5)
+        // a NaN lse is not an empty shard: it makes the merged row NaN (docs/contract.md §5)
         let (out, lse) = merge(&rows(&[2.0, 3.0]), &[1.0, f32::NAN], 2, 1, LseBase::E);
         assert!(out.iter().all(|x| x.is_nan()) && lse[0].is_nan());
         let (out, lse) = merge(&rows(&[f32::NAN, 5.0]), &[f32::NEG_INFINITY, f32::NEG_INFINITY], 2, 1, LseBase::E);

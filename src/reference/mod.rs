@@ -1,5 +1,5 @@
-//! The CPU reference of every operation: the executable form of SPEC.md. GPU kernels are
-//! compared against these functions, bit for bit where SPEC.md §9 says so.
+//! The CPU reference of every operation: the executable form of docs/contract.md. GPU kernels are
+//! compared against these functions, bit for bit where docs/contract.md §9 says so.
 
 pub mod attention;
 pub mod fill;

@@ -1,4 +1,4 @@
-//! Prefill over a cached prefix (SPEC.md §7): each rank flattens its local rows of a chunk into a
+//! Prefill over a cached prefix (docs/contract.md §7): each rank flattens its local rows of a chunk into a
 //! uniform-capacity bf16 buffer (dequantising FP8), the buffers are all-gathered [D, cap, 576],
 //! and a reorder writes every row to its global position. Bit-exact definitions.
 //!

@@ -1,4 +1,4 @@
-//! SPEC §9's tolerance for attention outputs (decode, and every combine of decode partials),
+//! docs/contract.md §9's tolerance for attention outputs (decode, and every combine of decode partials),
 //! against an fp64 oracle: one home for the rule, used by every test that checks attention.
 //!
 //! - out, elementwise: |out_c − ref_c| ≤ 2^-6·A_c, where A_c = Σ_k p_k·|v_kc| / Σ_k p_k is the
@@ -46,7 +46,7 @@ fn same_class(g: f64, w: f64) -> bool {
     }
 }
 
-/// Checks out (as f64 values) and lse against the oracle under SPEC §9; Err names the first
+/// Checks out (as f64 values) and lse against the oracle under docs/contract.md §9; Err names the first
 /// element out of bounds. `out` and `lse` may be a subset of heads only if the oracle is too.
 pub fn check_attention(
     what: &str,

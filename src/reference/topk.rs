@@ -1,4 +1,4 @@
-//! Sparse top-k under DCP (SPEC.md §6): local top-k, candidate packing, the global merge and
+//! Sparse top-k under DCP (docs/contract.md §6): local top-k, candidate packing, the global merge and
 //! the compaction back to each rank's local (or page) addresses. All bit-exact definitions.
 //!
 //! The order key everywhere: score descending, then index (local or global id) ascending. NaN

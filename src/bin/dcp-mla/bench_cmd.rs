@@ -1,5 +1,5 @@
 //! `dcp-mla bench`: every row of `dcp_mla::bench::rows` on the GPU, with the same run's copy
-//! ceiling, each row's ratio to its PERF.md target, and JSON / CSV outputs.
+//! ceiling, each row's ratio to its docs/performance.md target, and JSON / CSV outputs.
 
 use dcp_mla::bench::{prepare, rows, BenchRow, Measurement, Timer};
 use dcp_mla::runtime::Device;

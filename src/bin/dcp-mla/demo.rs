@@ -1,6 +1,6 @@
 //! `dcp-mla demo`: one DCP decode step end to end, the dense BF16 path and the sparse path with
 //! distributed top-k, D ranks simulated on one device (or on the CPU reference), checked against
-//! full attention computed in fp64 without DCP (SPEC.md §9 tolerances).
+//! full attention computed in fp64 without DCP (docs/contract.md §9 tolerances).
 
 use super::plan::{count, count64, FormatArg, PlanArgs};
 use super::problem::{add_time, place, Outputs, PathOutput, Problem, Spec};
@@ -183,7 +183,7 @@ pub struct PathCheck {
     pub failures: Vec<String>,
 }
 
-/// SPEC §9 (the rule of reference::tolerance): out within 2^-6·A_c elementwise (the caller
+/// docs/contract.md §9 (the rule of reference::tolerance): out within 2^-6·A_c elementwise (the caller
 /// checks the relative L2 over all requests); lse within 1e-5 + 2e-6·|ref|; inf/NaN positions
 /// identical. Returns (Σ err², Σ ref²).
 fn compare(what: &str, got_out: &[f32], got_lse: &[f32], want: &AttentionOracle, c: &mut PathCheck) -> (f64, f64) {
@@ -413,7 +413,7 @@ pub fn run(a: &DemoArgs) -> i32 {
     let t1 = Instant::now();
     let (c, ok) = check(&p, &outputs, &sample);
     println!(
-        "\ncheck against full attention without DCP (fp64 reference, SPEC.md §9), {} of {batch} requests, {:.1} s:",
+        "\ncheck against full attention without DCP (fp64 reference, docs/contract.md §9), {} of {batch} requests, {:.1} s:",
         c.requests_checked,
         t1.elapsed().as_secs_f64()
     );

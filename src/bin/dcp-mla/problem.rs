@@ -206,7 +206,7 @@ impl Problem {
         }
     }
 
-    /// Causal local lengths of every row on rank r (SPEC.md §2).
+    /// Causal local lengths of every row on rank r (docs/contract.md §2).
     pub fn local_lens(&self, r: usize) -> Vec<i32> {
         causal_local_lens(&self.lens, &vec![self.q; self.batch()], self.dcp, r).expect("lengths checked")
     }
