@@ -18,10 +18,12 @@ namespace dcp {
 // warpgroup 2: O's left half (dims 0..255), as warpgroup 1 without the loads.
 // Buffer b's full mbarrier completes when its copies have landed and its flags are written
 // (warpgroup 1: 128 cp.async arrivals and 128 arrivals, plus the TMA boxes' bytes); its empty
-// mbarrier when the 8 warps of warpgroups 1 and 2 finished P·V of it (S finished earlier: the
-// scorer waited for it). sAlpha has a slot per buffer, and a_empty(b) (256 arrivals, one a P·V
-// thread once it has read the slot) before the scorer writes it again: the order also follows from
-// full(b) after empty(b), but through empty(b)'s one arrival a warp, which racecheck cannot follow.
+// mbarrier when the 256 threads of warpgroups 1 and 2 finished P·V of it (S finished earlier: the
+// scorer waited for it). sAlpha has a slot per buffer: the scorer writes slot b for tile i + 2
+// only after full(b), which follows empty(b) of tile i, which follows every reader of tile i's.
+// empty(b) takes one arrival a thread, not one a warp after __syncwarp: racecheck follows that
+// chain only through each reader's own arrival (with one a warp it reported the factors as races;
+// a separate barrier for them, tried first, measured 1-3% slower: NOTES.md).
 template <int R>
 struct RoleTag {
     static constexpr int value = R;
@@ -52,11 +54,10 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
     int* sValid = (int*)(sKV + Stages * kTileBytes);      // [2][Tile]
     float* sAlpha = (float*)(sValid + Stages * Tile);     // [2][64] rescale factors of P(i)
     float2* sStats = (float2*)(sAlpha + 2 * kRows);       // [64] final (l, m) of the rows
-    const uint32_t bars = decode::smem_addr(sStats + kRows);  // full[2], empty[2], p_full[2], a_empty[2]
+    const uint32_t bars = decode::smem_addr(sStats + kRows);  // full[2], empty[2], p_full[2]
     auto full = [&](int b) { return bars + 8 * b; };
     auto empty = [&](int b) { return bars + 16 + 8 * b; };
     auto p_full = [&](int b) { return bars + 32 + 8 * b; };
-    auto a_empty = [&](int b) { return bars + 48 + 8 * b; };
     const uint32_t q_addr = decode::smem_addr(sQ), kv_addr = decode::smem_addr(sKV);
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -64,11 +65,10 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
     if (tid == 0) {
         for (int b = 0; b < 2; ++b) {
             mbar_init(full(b), 256);
-            mbar_init(empty(b), 8);
+            mbar_init(empty(b), 256);
             // one arrival per thread: racecheck does not see a warp's accesses ordered by
             // __syncwarp before lane 0's arrival (NOTES.md, fifth session)
             mbar_init(p_full(b), 128);
-            mbar_init(a_empty(b), 256);
         }
         fence_proxy_async();
     }
@@ -142,7 +142,6 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                     const uint32_t off = row_off + k * 1024 + (((e >> 2) ^ gv) << 4);
                     *(uint32_t*)(p_dst + off) = p_bf16(s[e], s[e + 1], m_use[k], l_run[k]);
                 }
-                if (u >= 2) mbar_wait(a_empty(b), ((u >> 1) - 1) & 1);  // the slot's last readers are done
                 if (t4 == 0) {
                     sAlpha[b * kRows + r0] = alpha[0];
                     sAlpha[b * kRows + r0 + 8] = alpha[1];
@@ -234,14 +233,12 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                 const int b = u & 1;
                 mbar_wait_sleep(p_full(b), (u >> 1) & 1);  // P(u) and its factors are written
                 rescale_o(o, sAlpha[b * kRows + r0], sAlpha[b * kRows + r0 + 8]);
-                mbar_arrive(a_empty(b));
                 mbar_wait(full(b), (u >> 1) & 1);  // landed before S(u): this is the acquire
                 fence_proxy_async();
                 issue_pv_half<Tile>(o, kv_addr + b * kTileBytes, kHalf);
                 wgmma_wait0();
                 fence_regs(o);
-                __syncwarp();
-                if (lane == 0) mbar_arrive(empty(b));
+                mbar_arrive(empty(b));  // every thread: it read sAlpha, and its P·V is done
                 if constexpr (kRole == 1) {
                     if (i + 2 < n) {
                         wait_free(fills);
