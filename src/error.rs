@@ -49,24 +49,28 @@ impl Error {
     }
 }
 
-/// `ensure!(cond, "arg", "reason {}", x)`: returns `Error::InvalidArgument` when `cond` fails.
+/// `ensure_kind!(Variant, cond, "arg", "reason {}", x)`: returns `Error::Variant { arg, reason }`
+/// when `cond` fails (the body of `ensure_arg!` and `ensure_aligned!`).
+#[macro_export]
+#[doc(hidden)]
+macro_rules! ensure_kind {
+    ($kind:ident, $cond:expr, $arg:expr, $($fmt:tt)+) => {
+        if !$cond {
+            return Err($crate::error::Error::$kind { arg: $arg, reason: format!($($fmt)+) });
+        }
+    };
+}
+
+/// `ensure_arg!(cond, "arg", "reason {}", x)`: returns `Error::InvalidArgument` when `cond` fails.
 #[macro_export]
 #[doc(hidden)]
 macro_rules! ensure_arg {
-    ($cond:expr, $arg:expr, $($fmt:tt)+) => {
-        if !$cond {
-            return Err($crate::error::Error::InvalidArgument { arg: $arg, reason: format!($($fmt)+) });
-        }
-    };
+    ($($t:tt)+) => { $crate::ensure_kind!(InvalidArgument, $($t)+) };
 }
 
 /// `ensure_aligned!(cond, "arg", "reason {}", x)`: returns `Error::Misaligned` when `cond` fails.
 #[macro_export]
 #[doc(hidden)]
 macro_rules! ensure_aligned {
-    ($cond:expr, $arg:expr, $($fmt:tt)+) => {
-        if !$cond {
-            return Err($crate::error::Error::Misaligned { arg: $arg, reason: format!($($fmt)+) });
-        }
-    };
+    ($($t:tt)+) => { $crate::ensure_kind!(Misaligned, $($t)+) };
 }

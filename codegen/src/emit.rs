@@ -98,6 +98,22 @@ pub fn parse_shared_probe(text: &str) -> Result<BTreeMap<String, u32>, String> {
 }
 
 /// `fp8_656` -> `Fp8_656`, `bf16` -> `Bf16`.
+/// The registry's Rust type of an axis: u32 for integers, its `axes` enum for strings.
+fn rust_type(axis: &str, vals: &[AxisValue]) -> String {
+    match vals[0] {
+        AxisValue::Int(_) => "u32".to_string(),
+        AxisValue::Str(_) => format!("axes::{}", camel(axis)),
+    }
+}
+
+/// An axis value as a Rust expression (or pattern) of `rust_type`.
+fn rust_value(axis: &str, x: &AxisValue) -> String {
+    match x {
+        AxisValue::Int(i) => i.to_string(),
+        AxisValue::Str(st) => format!("axes::{}::{}", camel(axis), camel(st)),
+    }
+}
+
 pub fn camel(s: &str) -> String {
     let mut out = String::new();
     for part in s.split('_').filter(|p| !p.is_empty()) {
@@ -231,14 +247,7 @@ pub fn registry(
 
     // Typed variant lists: each family's variants in kernels.toml's order with their default mark.
     for f in fams.iter().filter(|f| !f.axes.is_empty()) {
-        let types: Vec<String> = f
-            .axes
-            .iter()
-            .map(|(a, vals)| match vals[0] {
-                AxisValue::Int(_) => "u32".to_string(),
-                AxisValue::Str(_) => format!("axes::{}", camel(a)),
-            })
-            .collect();
+        let types: Vec<String> = f.axes.iter().map(|(a, vals)| rust_type(a, vals)).collect();
         s.push_str(&format!(
             "/// A `{0}` variant's axis values ({1}).\npub type {4}Variant = ({3},);\n/// Every `{0}` variant kernels.toml ships, in its order, and whether kernels.toml marks it\n/// `default`.\npub const {2}_VARIANTS: &[({4}Variant, bool)] = &[\n",
             f.spec.name,
@@ -248,14 +257,7 @@ pub fn registry(
             camel(&f.spec.name)
         ));
         for v in &f.variants {
-            let vals: Vec<String> = v
-                .values
-                .iter()
-                .map(|(a, x)| match x {
-                    AxisValue::Int(i) => i.to_string(),
-                    AxisValue::Str(st) => format!("axes::{}::{}", camel(a), camel(st)),
-                })
-                .collect();
+            let vals: Vec<String> = v.values.iter().map(|(a, x)| rust_value(a, x)).collect();
             s.push_str(&format!("    (({},), {}),\n", vals.join(", "), v.default));
         }
         s.push_str("];\n\n");
@@ -263,14 +265,8 @@ pub fn registry(
 
     // Typed lookup: one function per family taking one argument per axis.
     for (f, fam_ids) in fams.iter().zip(&ids) {
-        let params: Vec<String> = f
-            .axes
-            .iter()
-            .map(|(a, vals)| match vals[0] {
-                AxisValue::Int(_) => format!("{}: u32", a.to_lowercase()),
-                AxisValue::Str(_) => format!("{}: axes::{}", a.to_lowercase(), camel(a)),
-            })
-            .collect();
+        let params: Vec<String> =
+            f.axes.iter().map(|(a, vals)| format!("{}: {}", a.to_lowercase(), rust_type(a, vals))).collect();
         let names: Vec<String> = f.axes.iter().map(|(a, _)| a.to_lowercase()).collect();
         if names.is_empty() {
             s.push_str(&format!(
@@ -287,14 +283,7 @@ pub fn registry(
             f.spec.params
         ));
         for (v, id) in f.variants.iter().zip(fam_ids) {
-            let pats: Vec<String> = v
-                .values
-                .iter()
-                .map(|(a, x)| match x {
-                    AxisValue::Int(i) => i.to_string(),
-                    AxisValue::Str(st) => format!("axes::{}::{}", camel(a), camel(st)),
-                })
-                .collect();
+            let pats: Vec<String> = v.values.iter().map(|(a, x)| rust_value(a, x)).collect();
             s.push_str(&format!("        ({},) => Some(KernelId::new({id})),\n", pats.join(", ")));
         }
         s.push_str("        #[allow(unreachable_patterns)]\n        _ => None,\n    }\n}\n\n");
