@@ -58,7 +58,7 @@ constexpr int s_share_extra_bytes() {
 template <int Tile, Sm90Schedule Sched>
 constexpr int roles_extra_bytes() {
     return Sched == Sm90Schedule::Roles  ? kRows * 4 + kRows * 8 + 6 * 8
-           : Sched == Sm90Schedule::Trio ? 2 * kRows * 4 + kRows * 8 + 8 * 8
+           : Sched == Sm90Schedule::Trio ? 2 * kRows * 4 + kRows * 8 + 6 * 8
                                          : 0;
 }
 

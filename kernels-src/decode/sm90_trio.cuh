@@ -54,14 +54,10 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
     int* sValid = (int*)(sKV + Stages * kTileBytes);      // [2][Tile]
     float* sAlpha = (float*)(sValid + Stages * Tile);     // [2][64] rescale factors of P(i)
     float2* sStats = (float2*)(sAlpha + 2 * kRows);       // [64] final (l, m) of the rows
-    const uint32_t bars = decode::smem_addr(sStats + kRows);  // full[2], empty[2], p_full[2], spare[2]
+    const uint32_t bars = decode::smem_addr(sStats + kRows);  // full[2], empty[2], p_full[2]
     auto full = [&](int b) { return bars + 8 * b; };
     auto empty = [&](int b) { return bars + 16 + 8 * b; };
     auto p_full = [&](int b) { return bars + 32 + 8 * b; };
-    // Two spare mbarriers, initialised and never used: the build measured and sanitised on the
-    // H200 had them (NOTES.md, seventh session); dropping them changes the SASS, so it waits for
-    // a GPU run.
-    auto spare = [&](int b) { return bars + 48 + 8 * b; };
     const uint32_t q_addr = decode::smem_addr(sQ), kv_addr = decode::smem_addr(sKV);
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -73,7 +69,6 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
             // one arrival per thread: racecheck does not see a warp's accesses ordered by
             // __syncwarp before lane 0's arrival (NOTES.md, fifth session)
             mbar_init(p_full(b), 128);
-            mbar_init(spare(b), 256);
         }
         fence_proxy_async();
     }
