@@ -5,7 +5,7 @@
 #   memcheck, racecheck   one of the two
 #   bench     `dcp-mla bench` (every row against its target) and the GPU demo
 #   criterion the criterion benchmarks (benches/*.rs)
-#   python    the ctypes client's whole DCP step against torch (ffi/python/test_dcp_step.py)
+#   python    the Python package's pytest suite on the GPU (python/tests) and its launch overhead
 #   multi     the multi-GPU decode-step test over all GPUs and the step benchmark
 #   all       tests, then sanitize, then bench
 # Logs go to $OUT (when set) so the device tool brings them back.
@@ -59,9 +59,15 @@ case "$mode" in
     "$work/bin/dcp-mla" bench --json "$out/bench.json" 2>&1 | tee -a "$logs/bench.log" || status=1
     "$work/bin/dcp-mla" demo 2>&1 | tee -a "$logs/bench.log" || status=1 ;;
   python)
-    # The ctypes client's whole DCP step against torch; its last line says PASS or FAIL.
-    python3 ffi/python/test_dcp_step.py 2>&1 | tee -a "$logs/python.log"
-    tail -n 1 "$logs/python.log" | grep -q PASS || status=1 ;;
+    # The Python package's wheel on the machine's torch: its whole pytest suite with the GPU
+    # tests required, then the Python overhead per launch.
+    rm -rf /tmp/dcp-py && PIP_ROOT_USER_ACTION=ignore python3 -m pip install --quiet --no-deps --no-index \
+      --target /tmp/dcp-py "$work"/wheels/*.whl || status=1
+    (cd /tmp && PYTHONPATH=/tmp/dcp-py DCP_MLA_REQUIRE_GPU=1 python3 -m pytest -q -rs "$OLDPWD/python/tests") 2>&1 \
+      | tee -a "$logs/python.log" | tail -n 40
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+    PYTHONPATH=/tmp/dcp-py python3 python/bench/launch_overhead.py "$out/python-overhead.json" 2>&1 \
+      | tee -a "$logs/python.log" || status=1 ;;
   multi)
     # Every GPU of the machine as one DCP group, one process per GPU, then the step benchmark.
     "$work/tests/multi_gpu" --include-ignored --exact decode_step_across_gpus --nocapture 2>&1 | tee "$logs/multi_gpu.log" | grep -E "rank|test result|panicked|FAIL" | tail -n 60

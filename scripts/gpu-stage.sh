@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the test, bench and CLI binaries here (release, stripped, no debug info) and packs them
-# into .gpu-stage/bundle.tar.xz, a git-ignored folder that the device run carries:
+# (and the Python wheel) into .gpu-stage/bundle.tar.xz, a git-ignored folder that the device run carries:
 #   ./scripts/gpu-stage.sh            then, on the GPU machine (device tool, carry [".gpu-stage"]):
 #   bash scripts/gpu-run.sh [tests|sanitize|bench|all]
 set -euo pipefail
@@ -43,6 +43,9 @@ cargo build --release -p dcp-mla-ffi
 cargo test --release -p dcp-mla-ffi --test c_demo >/dev/null
 cargo test --release -p dcp-mla-ffi --test c_abi_checks >/dev/null
 cp "$target/release/libdcp_mla_ffi.so" "$target/release/dcp_mla_demo" "$target/release/dcp_mla_abi_checks" "$stage/pack/bin/"
+# The Python package's wheel (its GPU tests run on the GPU machine's torch: gpu-run.sh python).
+PIP_ROOT_USER_ACTION=ignore python3 -m pip install --quiet --disable-pip-version-check "maturin>=1.5,<2"
+maturin build --quiet --release -o "$stage/pack/wheels" >/dev/null
 strip "$stage"/pack/tests/* "$stage"/pack/bin/* 2>/dev/null || true
 # xz's large window stores the fatbins that every binary embeds about once.
 tar -C "$stage/pack" -cf - . | xz -T2 -6e >"$stage/bundle.tar.xz"

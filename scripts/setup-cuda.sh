@@ -10,8 +10,9 @@ if [ -x "$nvcc" ] && "$nvcc" --version >/dev/null 2>&1; then
   echo "setup-cuda: nvcc already installed at $nvcc"
   exit 0
 fi
-# (PIP_ROOT_USER_ACTION: pip's "running as root" warning says nothing useful for a --target install.)
-PIP_ROOT_USER_ACTION=ignore python3 -m pip install --quiet --disable-pip-version-check --no-warn-script-location \
+# (PIP_ROOT_USER_ACTION: pip's "running as root" warning says nothing useful for a --target install.
+# DCP_MLA_PYTHON: the interpreter whose pip installs it; the package's build backend passes its own.)
+PIP_ROOT_USER_ACTION=ignore "${DCP_MLA_PYTHON:-python3}" -m pip install --quiet --disable-pip-version-check --no-warn-script-location \
   --target "$dest" --upgrade \
   nvidia-cuda-nvcc==13.0.88 nvidia-nvvm==13.0.88 nvidia-cuda-crt==13.0.88 \
   nvidia-cuda-runtime==13.0.96 nvidia-cuda-cccl==13.0.85

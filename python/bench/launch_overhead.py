@@ -1,0 +1,69 @@
+"""Host time per eager launch of the package's operations (µs), against the bare C ABI call and
+an empty torch op, on the current GPU. Prints a JSON object (and writes it to argv[1] if given).
+
+The overhead of an op is its host time per call in a loop of back-to-back launches of a tiny
+problem (the GPU keeps up, so the host is the limit): argument checks, allocation of outputs not
+passed, the ctypes call and the C ABI's own validation."""
+
+import json
+import sys
+import time
+
+import torch
+
+import dcp_mla
+from dcp_mla import ops
+
+
+def per_call_us(fn, reps=200, rounds=7):
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        best = min(best, (time.perf_counter() - t0) / reps)
+        torch.cuda.synchronize()
+    return round(best * 1e6, 2)
+
+
+def main():
+    dev = torch.device("cuda")
+    rows, b, h = 64, 8, 16
+    oa, ob = torch.randn(rows, 512, device=dev), torch.randn(rows, 512, device=dev)
+    la, lb = torch.randn(rows, device=dev), torch.randn(rows, device=dev)
+    out, lse = torch.empty(rows, 512, device=dev), torch.empty(rows, device=dev)
+    cache = torch.randn(b, 64, 576, device=dev).to(torch.bfloat16)
+    table = torch.arange(b, dtype=torch.int32, device=dev).view(b, 1)
+    q = torch.randn(b, 1, h, 576, device=dev).to(torch.bfloat16)
+    lens = torch.full((b, 1), 64, dtype=torch.int32, device=dev)
+    dout = torch.empty(b, 1, h, 512, dtype=torch.bfloat16, device=dev)
+    dlse = torch.empty(b, 1, h, device=dev)
+    splits, ws = dcp_mla.decode_workspace(q.shape, sparse=False, device=dev)
+    scale = dcp_mla.default_scale()
+    scores = torch.randn(4, 4096, device=dev)
+    slens = torch.full((4,), 4096, dtype=torch.int32, device=dev)
+    idx = torch.empty(4, 512, dtype=torch.int32, device=dev)
+    cases = {
+        "torch add_ (baseline)": lambda: out.add_(1.0),
+        "merge_two": lambda: dcp_mla.merge_two(oa, la, ob, lb, out=out, lse=lse),
+        "merge_two, outputs allocated": lambda: dcp_mla.merge_two(oa, la, ob, lb),
+        "merge_two, C ABI call only": lambda: ops._merge_two(oa, la, ob, lb, 1, 1, out, lse),
+        "decode_dense": lambda: dcp_mla.decode_dense(q, cache, table, lens, out=dout, lse=dlse, num_splits=splits,
+                                                     workspace=ws),
+        "decode_dense, C ABI call only": lambda: ops._decode_dense(q, cache, table, lens, dout, dlse, ws, scale, splits),
+        "decode_dense, through torch.ops": lambda: torch.ops.dcp_mla.decode_dense(q, cache, table, lens, dout, dlse, ws,
+                                                                                 scale, splits),
+        "topk_local": lambda: dcp_mla.topk_local(scores, slens, 512, out=idx),
+    }
+    report = {name: per_call_us(fn) for name, fn in cases.items()}
+    print(json.dumps(report, indent=1))
+    if len(sys.argv) > 1:
+        with open(sys.argv[1], "w") as f:
+            json.dump(report, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

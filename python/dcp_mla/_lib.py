@@ -1,0 +1,145 @@
+"""The C ABI (ffi/include/dcp_mla.h) as ctypes functions: loading, signatures, status checks.
+
+The extension module `dcp_mla._native` is the C ABI's shared library with a Python entry point;
+ctypes opens the same file, so nothing else has to be found at run time. `DCP_MLA_LIB` may name
+another build of the library (libdcp_mla_ffi.so), e.g. to test one without reinstalling.
+Nothing here imports torch.
+"""
+
+import ctypes
+import os
+import threading
+from ctypes import POINTER, c_char_p, c_float, c_int32, c_size_t, c_uint8, c_uint32, c_uint64, c_void_p
+
+# Codes of the header's #defines.
+DTYPE_U8, DTYPE_BF16, DTYPE_F32, DTYPE_I32 = 1, 2, 3, 4
+KV_BF16, KV_FP8_656 = 1, 2
+LSE_BASE_E, LSE_BASE_2 = 1, 2
+#: DcpMlaStatus values, by code.
+STATUS = [
+    "SUCCESS", "INVALID_ARGUMENT", "NULL_POINTER", "MISALIGNED", "BAD_DTYPE",
+    "INVALID_CONFIG", "UNSUPPORTED", "NO_DEVICE", "CUDA_ERROR", "INTERNAL",
+]
+STATUS_NO_DEVICE = STATUS.index("NO_DEVICE")
+#: The header revision this package was written against (DCP_MLA_ABI_VERSION).
+ABI_VERSION = 1
+
+
+class DcpMlaError(RuntimeError):
+    """A C ABI call failed: `status` is the DcpMlaStatus name, `message` the library's reason
+    (which names the argument)."""
+
+    def __init__(self, function, status, message):
+        self.code = status
+        self.status = STATUS[status] if 0 <= status < len(STATUS) else str(status)
+        self.message = message
+        super().__init__(f"{function}: DCP_MLA_STATUS_{self.status}: {message}")
+
+
+class Tensor(ctypes.Structure):
+    """DcpMlaTensor: a device pointer, its element count and a DTYPE_* code."""
+    _fields_ = [("data", c_void_p), ("numel", c_size_t), ("dtype", c_int32)]
+
+
+_D, _S, _T, _Z, _I, _U64 = c_void_p, c_void_p, Tensor, c_size_t, c_int32, c_uint64
+
+#: Argument types of every status-returning function, in header order.
+SIGNATURES = {
+    "dcp_mla_compute_capability_supported": [_I, _I, POINTER(c_int32)],
+    "dcp_mla_device_open": [_I, POINTER(c_void_p)],
+    "dcp_mla_device_close": [_D],
+    "dcp_mla_device_info": [_D, POINTER(c_int32), POINTER(c_int32), POINTER(c_int32)],
+    "dcp_mla_malloc": [_D, _Z, POINTER(c_void_p)],
+    "dcp_mla_free": [_D, c_void_p],
+    "dcp_mla_memcpy_htod": [_D, c_void_p, c_void_p, _Z],
+    "dcp_mla_memcpy_dtoh": [_D, c_void_p, c_void_p, _Z],
+    "dcp_mla_memset": [_D, c_void_p, c_uint8, _Z],
+    "dcp_mla_synchronize": [_D],
+    "dcp_mla_kv_fill": [_D, _S, _T, _Z, _T, _Z, _T, _T, _T, _Z, _Z, _Z, _T, _Z, _Z, _I, _Z, _Z, _Z],
+    "dcp_mla_decode_dense": [_D, _S, _T, _Z, _Z, _Z, c_float, _T, _T, _Z, _T, _T, _Z, _Z, _T, _Z, _Z, _T],
+    "dcp_mla_decode_sparse": [_D, _S, _T, _Z, _Z, _Z, c_float, _T, _T, _Z, _T, _T, _I, _Z, _Z, _T, _Z, _T],
+    "dcp_mla_ag_rs_correct": [_D, _S, _T, _T, _I, _T, _Z, _Z, _Z, _Z],
+    "dcp_mla_ag_rs_finish": [_D, _S, _T, _T, _I, _T, _T, _Z, _Z, _Z, _Z],
+    "dcp_mla_a2a_pack": [_D, _S, _T, _T, _T, _Z, _Z, _Z, _Z],
+    "dcp_mla_a2a_combine": [_D, _S, _T, _Z, _I, _T, _T, _Z, _Z, _Z],
+    "dcp_mla_merge_two": [_D, _S, _T, _T, _T, _T, _I, _I, _T, _T, _Z],
+    "dcp_mla_topk_local": [_D, _S, _T, _Z, _Z, _T, _Z, _Z, _T],
+    "dcp_mla_topk_pack": [_D, _S, _T, _T, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _T, _T],
+    "dcp_mla_topk_merge": [_D, _S, _T, _T, _Z, _Z, _Z, _T],
+    "dcp_mla_topk_compact": [_D, _S, _T, _Z, _Z, _Z, _Z, _Z, _T, _Z, _Z, _Z, _T, _T],
+    "dcp_mla_prefill_flatten": [_D, _S, _T, _I, _Z, _Z, _T, _Z, _Z, _Z, _T, _Z, _T, _Z, _Z, _Z, _Z],
+    "dcp_mla_prefill_reorder": [_D, _S, _T, _Z, _T, _Z, _T, _Z, _Z, _Z],
+    "dcp_mla_check_config": [_Z, _Z, _Z, _Z],
+    "dcp_mla_check_topk": [_Z, _Z],
+    "dcp_mla_local_len": [_Z, _Z, _Z, _U64, POINTER(c_uint64)],
+    "dcp_mla_token_address": [_Z, _Z, _Z, _U64, POINTER(c_size_t), POINTER(c_uint64), POINTER(c_uint64)],
+    "dcp_mla_causal_local_lens": [POINTER(c_uint64), POINTER(c_uint32), _Z, _Z, _Z, _Z, POINTER(c_int32), _Z],
+    "dcp_mla_pages_for": [_Z, _Z, _U64, POINTER(c_uint64)],
+    "dcp_mla_capacity": [_U64, _I, _Z, _Z, POINTER(c_uint64), POINTER(c_uint64)],
+    "dcp_mla_decode_num_splits": [_Z, _Z, _Z, _I, _Z, POINTER(c_size_t)],
+    "dcp_mla_decode_workspace_bytes": [_Z, _Z, _Z, _I, _Z, POINTER(c_size_t)],
+    "dcp_mla_a2a_slot_bytes": [_Z, _Z, POINTER(c_size_t)],
+    "dcp_mla_ag_rs_workspace_bytes": [_Z, _Z, _Z, POINTER(c_uint64)],
+    "dcp_mla_topk_workspace_bytes": [_Z, _Z, _Z, POINTER(c_uint64)],
+    "dcp_mla_prefill_plan": [POINTER(c_uint64), _Z, _Z, _Z, _Z, _U64] + [POINTER(c_size_t)] * 4,
+    "dcp_mla_prefill_piece_table": [POINTER(c_uint64), _Z, _Z, _Z, _Z, _U64, _Z, POINTER(c_int32), _Z],
+}
+
+_lib = None
+_lock = threading.Lock()
+
+
+def library_path():
+    """The shared object the C ABI is called in: $DCP_MLA_LIB, else the installed extension."""
+    if os.environ.get("DCP_MLA_LIB"):
+        return os.environ["DCP_MLA_LIB"]
+    from . import _native
+    return _native.__file__
+
+
+def lib():
+    """The C ABI, loaded once with every function's types declared (a wrong call raises)."""
+    global _lib
+    if _lib is None:
+        with _lock:
+            if _lib is None:
+                _lib = _load(library_path())
+    return _lib
+
+
+def _load(path):
+    l = ctypes.CDLL(path)
+    for name, args in SIGNATURES.items():
+        f = getattr(l, name)
+        f.argtypes = args
+        f.restype = c_int32
+    for name, args, res in [
+        ("dcp_mla_last_error", [], c_char_p), ("dcp_mla_version", [], c_char_p),
+        ("dcp_mla_status_name", [c_int32], c_char_p), ("dcp_mla_variant_name", [c_size_t], c_char_p),
+        ("dcp_mla_variant_count", [], c_size_t), ("dcp_mla_abi_version", [], c_uint32),
+        ("dcp_mla_default_scale", [], c_float),
+    ]:
+        getattr(l, name).argtypes = args
+        getattr(l, name).restype = res
+    got = l.dcp_mla_abi_version()
+    if got != ABI_VERSION:
+        raise ImportError(f"{path} implements C ABI revision {got}; this package was written for {ABI_VERSION}")
+    return l
+
+
+def check(name, status):
+    """Raises DcpMlaError for a failed call, with the library's message."""
+    if status != 0:
+        raise DcpMlaError(name, status, lib().dcp_mla_last_error().decode())
+
+
+def call(name, *args):
+    """Calls a status-returning function and checks its status."""
+    check(name, getattr(lib(), name)(*args))
+
+
+def query(name, *args, out_types=()):
+    """Calls a query with trailing out-pointers of `out_types`; returns their values."""
+    outs = [t() for t in out_types]
+    call(name, *args, *[ctypes.byref(o) for o in outs])
+    return [o.value for o in outs]

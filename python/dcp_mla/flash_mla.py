@@ -1,0 +1,132 @@
+"""FlashMLA's Python interface over dcp-mla's kernels: switch an engine by changing an import.
+
+    from dcp_mla.flash_mla import get_mla_metadata, flash_mla_with_kvcache
+
+takes FlashMLA's argument names, shapes and return values (FlashMLA's
+flash_mla_interface.py as of 2026: get_mla_metadata returns (sched_meta, None), the schedule
+is made on the first call, out [b, s_q, h_q, 512] bf16 and softmax_lse [b, h_q, s_q] f32 in
+natural log, +inf for a row that sees no token). Differences, all raised as errors rather than
+silently ignored:
+
+- head_dim_v must be 512 and q's head dim 576 (MLA as DeepSeek-V3/V3.2, Kimi, GLM-5 use it);
+  num_heads_k must be 1.
+- Dense decode reads a bf16 cache only: is_fp8_kvcache with dense attention raises
+  NotImplementedError (FP8-656 caches are read by sparse decode, as in FlashMLA's sparse path).
+- Sparse decode takes a bf16 cache too (FlashMLA requires FP8 there); is_fp8_kvcache must match
+  the cache's row size (656 bytes FP8, 576 bf16).
+- attn_sink, extra_k_cache, extra_indices_in_kvcache and extra_topk_length are not supported
+  (NotImplementedError).
+- The numerics are dcp-mla's (docs/contract.md §9: P rounded to bf16 once, fp32 accumulation),
+  not FlashMLA's bit for bit.
+- The lse convention costs two small extra kernels (transpose, −inf → +inf); the native
+  dcp_mla.decode_dense / decode_sparse return lse [b, s_q, h_q] with −inf for an empty row,
+  which is what dcp_mla's combines take.
+- For s_q > 1 with causal=True, row j of request i sees the first cache_seqlens[i] − s_q + 1 + j
+  tokens, as in FlashMLA; computing those per-row lengths is one small extra kernel.
+"""
+
+import dataclasses
+from typing import Optional, Tuple
+
+import torch
+
+from . import ops
+
+
+@dataclasses.dataclass
+class FlashMLASchedMeta:
+    """The schedule of one decode shape: made on the first flash_mla_with_kvcache call (split-KV
+    parts and their workspace, allocated once so a captured graph replays with new lengths).
+    Reuse it only for calls of the same shapes, as with FlashMLA."""
+    have_initialized: bool = False
+    config: Optional[tuple] = None
+    num_splits: Optional[int] = None
+    workspace: Optional[torch.Tensor] = None
+
+
+def get_mla_metadata(*args, **kwargs) -> Tuple[FlashMLASchedMeta, None]:
+    """An empty schedule, filled by the first flash_mla_with_kvcache call. Any arguments (those
+    of FlashMLA's older get_mla_metadata(cache_seqlens, num_q_tokens_per_head_k, num_heads_k,
+    ...)) are accepted and unused: the schedule depends on the shapes only."""
+    return FlashMLASchedMeta(), None
+
+
+def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: Optional[torch.Tensor],
+                           cache_seqlens: Optional[torch.Tensor], head_dim_v: int,
+                           tile_scheduler_metadata: FlashMLASchedMeta, num_splits: None = None,
+                           softmax_scale: Optional[float] = None, causal: bool = False,
+                           is_fp8_kvcache: bool = False, indices: Optional[torch.Tensor] = None,
+                           attn_sink: Optional[torch.Tensor] = None, extra_k_cache: Optional[torch.Tensor] = None,
+                           extra_indices_in_kvcache: Optional[torch.Tensor] = None,
+                           topk_length: Optional[torch.Tensor] = None,
+                           extra_topk_length: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """MLA decode with FlashMLA's interface (see the module docstring for the differences).
+
+    q: [b, s_q, h_q, 576] bf16. k_cache: [num_blocks, page_block_size, 1, 576] bf16, or
+    [num_blocks, page_block_size, 1, 656] FP8-656 bytes (uint8 or float8_e4m3fn) for sparse.
+    block_table: [b, max_blocks] int32 (dense). cache_seqlens: [b] int32 (dense).
+    indices: [b, s_q, topk] int32 of page·page_block_size + offset, −1 unused (sparse).
+    topk_length: [b] int32, only the first topk_length[i] indices of request i count.
+    Returns out [b, s_q, h_q, 512] bf16 and softmax_lse [b, h_q, s_q] f32 (natural log).
+    """
+    meta = tile_scheduler_metadata
+    if not isinstance(meta, FlashMLASchedMeta):
+        raise TypeError("tile_scheduler_metadata: pass the first value get_mla_metadata returns")
+    if num_splits is not None and not isinstance(num_splits, torch.Tensor):
+        raise TypeError("num_splits: must be None (or the old interface's tensor, which is unused)")
+    if head_dim_v != 512:
+        raise ValueError(f"head_dim_v: {head_dim_v}, dcp-mla's kernels are built for 512")
+    for name, value in [("attn_sink", attn_sink), ("extra_k_cache", extra_k_cache),
+                        ("extra_indices_in_kvcache", extra_indices_in_kvcache),
+                        ("extra_topk_length", extra_topk_length)]:
+        if value is not None:
+            raise NotImplementedError(f"{name}: not supported by dcp-mla")
+    if k_cache.dim() != 4 or k_cache.shape[2] != 1:
+        raise ValueError(f"k_cache: shape {tuple(k_cache.shape)}, expected [num_blocks, page_block_size, 1, head_dim]")
+    row_bytes = k_cache.shape[3] * k_cache.element_size()
+    if is_fp8_kvcache != (row_bytes == 656):
+        raise ValueError(f"k_cache: rows of {row_bytes} bytes with is_fp8_kvcache={is_fp8_kvcache} "
+                         "(FP8-656 rows are 656 bytes, bf16 rows 1152)")
+    b, s_q, h_q, _ = q.shape
+    sparse = indices is not None
+    config = (b, s_q, h_q, k_cache.shape[1], bool(causal), bool(is_fp8_kvcache),
+              None if indices is None else indices.shape[-1])
+    if not meta.have_initialized:
+        meta.num_splits, meta.workspace = ops.decode_workspace(q.shape, sparse=sparse, device=q.device)
+        meta.config = config
+        meta.have_initialized = True
+    elif meta.config != config:
+        raise ValueError(f"tile_scheduler_metadata: made for (b, s_q, h_q, page_block_size, causal, fp8, topk) = "
+                         f"{meta.config}, called with {config}: use one get_mla_metadata() per shape")
+    if sparse:
+        if causal:
+            raise ValueError("causal: must be False with indices (sparse attention), as in FlashMLA")
+        topk_len = None
+        if topk_length is not None:
+            topk_len = topk_length.to(torch.int32).view(b, 1).expand(b, s_q).contiguous()
+        out, lse = ops.decode_sparse(q, k_cache, indices, topk_len=topk_len, scale=softmax_scale,
+                                     num_splits=meta.num_splits, workspace=meta.workspace)
+    else:
+        if is_fp8_kvcache:
+            raise NotImplementedError("is_fp8_kvcache: dense decode over an FP8 cache is not in dcp-mla "
+                                      "(sparse decode reads FP8-656)")
+        if topk_length is not None:
+            raise ValueError("topk_length: only with indices (sparse attention)")
+        if block_table is None or cache_seqlens is None:
+            raise ValueError("block_table and cache_seqlens: required for dense attention")
+        lens = row_lens(cache_seqlens, s_q, causal)
+        out, lse = ops.decode_dense(q, k_cache, block_table, lens, scale=softmax_scale,
+                                    num_splits=meta.num_splits, workspace=meta.workspace)
+    # FlashMLA's lse: [b, h_q, s_q], +inf where a row sees no token.
+    lse = lse.transpose(1, 2).contiguous()
+    return out, lse.masked_fill_(lse == float("-inf"), float("inf"))
+
+
+def row_lens(cache_seqlens: torch.Tensor, s_q: int, causal: bool) -> torch.Tensor:
+    """Per-row lengths [b, s_q] int32 of FlashMLA's masking: every row sees cache_seqlens[i]
+    tokens, or with causal row j sees cache_seqlens[i] − s_q + 1 + j (at least 0)."""
+    lens = cache_seqlens.to(torch.int32).view(-1, 1)
+    if not causal or s_q == 1:
+        return lens.expand(-1, s_q).contiguous()
+    back = torch.arange(s_q - 1, -1, -1, dtype=torch.int32, device=lens.device)
+    return (lens - back).clamp_(min=0)

@@ -1,0 +1,572 @@
+"""Every operation over torch CUDA tensors, registered as torch custom ops (`torch.ops.dcp_mla.*`).
+
+Each public function checks its arguments (dtype, device, shape, contiguity and strides, with an
+error that names the argument), allocates only the outputs the caller did not pass, and launches
+on the current torch stream of the tensors' device. Nothing synchronises, so every call can be
+captured in a CUDA graph. The C ABI underneath checks everything again against the real
+allocations (a view is checked against the storage it lives in) and its errors arrive as
+DcpMlaError, naming the argument in the ABI's terms.
+
+Eager calls go straight to the C ABI (the custom-op dispatcher would add its own overhead to
+every launch); under torch.compile the same functions call the registered custom ops, whose fake
+implementations let `torch.compile(fullgraph=True)` trace a whole decode step.
+"""
+
+import functools
+from ctypes import c_void_p, byref
+from typing import Optional, Tuple
+
+import torch
+
+from . import _lib, planner
+from ._lib import Tensor, DTYPE_BF16, DTYPE_F32, DTYPE_I32, DTYPE_U8, LSE_BASE_E, LSE_BASE_2
+
+_BYTES = (torch.uint8, torch.int8) + tuple(
+    d for d in (getattr(torch, "float8_e4m3fn", None),) if d is not None)
+_CODES = {torch.bfloat16: DTYPE_BF16, torch.float32: DTYPE_F32, torch.int32: DTYPE_I32,
+          **{d: DTYPE_U8 for d in _BYTES}}
+_OUT = (torch.bfloat16, torch.float32)
+_LSE_BASES = {"e": LSE_BASE_E, "2": LSE_BASE_2, LSE_BASE_E: LSE_BASE_E, LSE_BASE_2: LSE_BASE_2}
+
+
+# --- argument checks (run in the caller's frame, so torch.compile traces them as guards) --------
+
+def _fail(name, what):
+    raise ValueError(f"{name}: {what}")
+
+
+def _check(x, name, dtypes, ndim=None, shape=None, contiguous=True, device=None):
+    """`x` is a CUDA tensor of one of `dtypes`, `ndim` dims whose sizes match `shape` (None: any),
+    on `device`, contiguous (or, with contiguous='rows', unit stride in its last dim)."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in dtypes:
+        raise TypeError(f"{name}: dtype {x.dtype}, expected {' or '.join(str(d) for d in dtypes)}")
+    if x.device.type != "cuda":
+        _fail(name, f"on {x.device}, expected a CUDA tensor")
+    if device is not None and x.device != device:
+        _fail(name, f"on {x.device}, the other tensors are on {device}")
+    if ndim is not None and x.dim() != ndim:
+        _fail(name, f"{x.dim()}-d {tuple(x.shape)}, expected {ndim}-d")
+    if shape is not None:
+        for i, (got, want) in enumerate(zip(x.shape, shape)):
+            if want is not None and got != want:
+                _fail(name, f"shape {tuple(x.shape)}, expected {tuple('*' if s is None else s for s in shape)} "
+                            f"(dim {i} is {got}, not {want})")
+    if contiguous is True and not x.is_contiguous():
+        _fail(name, f"must be contiguous (strides {x.stride()})")
+    if contiguous == "rows" and x.dim() > 0 and x.stride(-1) != 1 and x.shape[-1] > 1:
+        _fail(name, f"last dim must have stride 1 (strides {x.stride()})")
+    return x
+
+
+def _cache(cache, name="cache"):
+    """A paged cache [pages, B, row] or FlashMLA's [pages, B, 1, row]: its 3-d view and format."""
+    _check(cache, name, (torch.bfloat16,) + _BYTES)
+    if cache.dim() == 4:
+        if cache.shape[2] != 1:
+            _fail(name, f"shape {tuple(cache.shape)}: a 4-d cache has one KV head (dim 2 of size 1)")
+        cache = cache.view(cache.shape[0], cache.shape[1], cache.shape[3])
+    _check(cache, name, (torch.bfloat16,) + _BYTES, ndim=3)
+    row_bytes = cache.shape[2] * cache.element_size()
+    fmt = {1152: _lib.KV_BF16, 656: _lib.KV_FP8_656}.get(row_bytes)
+    if fmt is None:
+        _fail(name, f"rows of {row_bytes} bytes: expected 1152 (576 bf16) or 656 (FP8-656)")
+    return cache, fmt
+
+
+def _want_format(name, got, kv_format):
+    if kv_format is not None and planner.kv_format_code(kv_format) != got:
+        _fail(name, f"holds {'bf16' if got == _lib.KV_BF16 else 'fp8_656'} rows, kv_format says {kv_format!r}")
+
+
+def _base(name, base):
+    try:
+        return _LSE_BASES[base]
+    except (KeyError, TypeError):
+        raise ValueError(f"{name}: {base!r} is no lse base ('e' or '2')") from None
+
+
+# --- the C ABI side: device handles, streams, tensor descriptors --------------------------------
+
+@functools.lru_cache(maxsize=None)
+def _device(index):
+    """The library's handle of CUDA device `index` (its primary context: the one torch uses)."""
+    dev = c_void_p()
+    _lib.call("dcp_mla_device_open", index, byref(dev))
+    return dev
+
+
+@functools.lru_cache(maxsize=None)
+def num_sms(index):
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+# Planner answers the wrappers need, as constants torch.compile evaluates while tracing (ctypes
+# calls cannot be traced; every one is a pure function of its integer arguments).
+@torch.compiler.assume_constant_result
+def _splits(b, nq, h, sparse, index):
+    return planner.decode_num_splits(b, nq, h, sparse, num_sms(index))
+
+
+@torch.compiler.assume_constant_result
+def _workspace_bytes(b, nq, h, sparse, num_splits):
+    return planner.decode_workspace_bytes(b, nq, h, sparse, num_splits)
+
+
+@torch.compiler.assume_constant_result
+def _slot_bytes(t, hl):
+    return planner.a2a_slot_bytes(t, hl)
+
+
+@torch.compiler.assume_constant_result
+def _default_scale():
+    return planner.default_scale()
+
+
+def _index(device):
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def _dev_stream(x):
+    index = _index(x.device)
+    return _device(index), c_void_p(torch.cuda.current_stream(index).cuda_stream)
+
+
+def _t(x):
+    """A tensor as a DcpMlaTensor (None: absent). The element count is what the storage holds
+    from the tensor's first element on, so the library bounds every access by the allocation."""
+    if x is None:
+        return Tensor(None, 0, DTYPE_U8)
+    storage = x.untyped_storage()
+    avail = (storage.nbytes() - (x.data_ptr() - storage.data_ptr())) // x.element_size()
+    return Tensor(x.data_ptr(), avail, _CODES[x.dtype])
+
+
+def _launch(name, dev_stream, *args):
+    _lib.call(name, *dev_stream, *args)
+
+
+# --- the custom ops: the raw launch of each operation, registered for torch.compile ------------
+# Each impl takes only tensors and scalars and writes only its `mutates` arguments.
+
+_IMPLS = {}
+
+
+def _op(mutates):
+    def register(fn):
+        name = fn.__name__.lstrip("_")
+        op = torch.library.custom_op(f"dcp_mla::{name}", fn, mutates_args=mutates)
+        op.register_fake(lambda *args, **kwargs: None)
+        _IMPLS[name] = (fn, op)
+        return fn
+    return register
+
+
+def _run(name, *args):
+    """Eager: the impl itself. Under torch.compile: the custom op (traced through its fake)."""
+    fn, op = _IMPLS[name]
+    (op if torch.compiler.is_compiling() else fn)(*args)
+
+
+@_op(("cache",))
+def _kv_fill(ckv: torch.Tensor, kpe: torch.Tensor, req_idx: torch.Tensor, positions: torch.Tensor,
+             block_table: torch.Tensor, cache: torch.Tensor, fmt: int, dcp_size: int, interleave: int,
+             rank: int) -> None:
+    _launch("dcp_mla_kv_fill", _dev_stream(cache), _t(ckv), ckv.stride(0), _t(kpe), kpe.stride(0), _t(req_idx),
+            _t(positions), _t(block_table), block_table.stride(0), block_table.shape[0], block_table.shape[1],
+            _t(cache), cache.shape[0], cache.shape[1], fmt, dcp_size, interleave, rank)
+
+
+@_op(("out", "lse", "workspace"))
+def _decode_dense(q: torch.Tensor, cache: torch.Tensor, block_table: torch.Tensor, lens: torch.Tensor,
+                  out: torch.Tensor, lse: torch.Tensor, workspace: Optional[torch.Tensor], scale: float,
+                  num_splits: int) -> None:
+    b, nq, h, _ = q.shape
+    _launch("dcp_mla_decode_dense", _dev_stream(q), _t(q), b, nq, h, scale, _t(out), _t(lse), num_splits,
+            _t(workspace), _t(cache), cache.shape[0], cache.shape[1], _t(block_table), block_table.stride(0),
+            block_table.shape[1], _t(lens))
+
+
+@_op(("out", "lse", "workspace"))
+def _decode_sparse(q: torch.Tensor, cache: torch.Tensor, fmt: int, indices: torch.Tensor,
+                   topk_len: Optional[torch.Tensor], out: torch.Tensor, lse: torch.Tensor,
+                   workspace: Optional[torch.Tensor], scale: float, num_splits: int) -> None:
+    b, nq, h, _ = q.shape
+    _launch("dcp_mla_decode_sparse", _dev_stream(q), _t(q), b, nq, h, scale, _t(out), _t(lse), num_splits,
+            _t(workspace), _t(cache), fmt, cache.shape[0], cache.shape[1], _t(indices), indices.shape[-1],
+            _t(topk_len))
+
+
+@_op(("contrib",))
+def _ag_rs_correct(out: torch.Tensor, lse_all: torch.Tensor, base: int, contrib: torch.Tensor, dcp_size: int,
+                   rank: int) -> None:
+    t, h, _ = out.shape
+    _launch("dcp_mla_ag_rs_correct", _dev_stream(out), _t(out), _t(lse_all), base, _t(contrib), t, h // dcp_size,
+            dcp_size, rank)
+
+
+@_op(("out", "lse"))
+def _ag_rs_finish(summed: torch.Tensor, lse_all: torch.Tensor, base: int, out: torch.Tensor, lse: torch.Tensor,
+                  dcp_size: int, rank: int) -> None:
+    hl, t, _ = summed.shape
+    _launch("dcp_mla_ag_rs_finish", _dev_stream(summed), _t(summed), _t(lse_all), base, _t(out), _t(lse), t, hl,
+            dcp_size, rank)
+
+
+@_op(("send",))
+def _a2a_pack(out: torch.Tensor, lse: torch.Tensor, send: torch.Tensor, dcp_size: int) -> None:
+    t, h, _ = out.shape
+    _launch("dcp_mla_a2a_pack", _dev_stream(out), _t(out), _t(lse), _t(send), send.shape[1], t, h // dcp_size,
+            dcp_size)
+
+
+@_op(("out", "lse"))
+def _a2a_combine(recv: torch.Tensor, base: int, out: torch.Tensor, lse: torch.Tensor) -> None:
+    t, hl, _ = out.shape
+    _launch("dcp_mla_a2a_combine", _dev_stream(recv), _t(recv), recv.shape[1], base, _t(out), _t(lse), t, hl,
+            recv.shape[0])
+
+
+@_op(("out", "lse"))
+def _merge_two(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor, base_a: int,
+               base_b: int, out: torch.Tensor, lse: torch.Tensor) -> None:
+    _launch("dcp_mla_merge_two", _dev_stream(out), _t(out_a), _t(lse_a), _t(out_b), _t(lse_b), base_a, base_b,
+            _t(out), _t(lse), out.shape[0])
+
+
+@_op(("out",))
+def _topk_local(scores: torch.Tensor, cols: int, lens: torch.Tensor, out: torch.Tensor) -> None:
+    rows, k = out.shape
+    _launch("dcp_mla_topk_local", _dev_stream(scores), _t(scores), scores.stride(0), cols, _t(lens), rows, k,
+            _t(out))
+
+
+@_op(("cand_scores", "cand_ids"))
+def _topk_pack(local_idx: torch.Tensor, scores: torch.Tensor, cols: int, dcp_size: int, interleave: int, rank: int,
+               cand_scores: torch.Tensor, cand_ids: torch.Tensor) -> None:
+    rows, k = local_idx.shape
+    _launch("dcp_mla_topk_pack", _dev_stream(scores), _t(local_idx), _t(scores), scores.stride(0), cols, rows, k,
+            dcp_size, interleave, rank, _t(cand_scores), _t(cand_ids))
+
+
+@_op(("out",))
+def _topk_merge(cand_scores: torch.Tensor, cand_ids: torch.Tensor, out: torch.Tensor) -> None:
+    d, rows, k = cand_scores.shape
+    _launch("dcp_mla_topk_merge", _dev_stream(out), _t(cand_scores), _t(cand_ids), d, rows, k, _t(out))
+
+
+@_op(("out", "counts"))
+def _topk_compact(ids: torch.Tensor, dcp_size: int, interleave: int, rank: int, block_table: Optional[torch.Tensor],
+                  block_size: int, rows_per_request: int, out: torch.Tensor, counts: torch.Tensor) -> None:
+    rows, k = ids.shape
+    stride = 0 if block_table is None else block_table.stride(0)
+    _launch("dcp_mla_topk_compact", _dev_stream(ids), _t(ids), rows, k, dcp_size, interleave, rank, _t(block_table),
+            stride, block_size, rows_per_request, _t(out), _t(counts))
+
+
+@_op(("out",))
+def _prefill_flatten(cache: torch.Tensor, fmt: int, block_table: torch.Tensor, pieces: torch.Tensor,
+                     out: torch.Tensor, dcp_size: int, interleave: int, rank: int) -> None:
+    _launch("dcp_mla_prefill_flatten", _dev_stream(out), _t(cache), fmt, cache.shape[0], cache.shape[1],
+            _t(block_table), block_table.stride(0), block_table.shape[0], block_table.shape[1], _t(pieces),
+            pieces.shape[0], _t(out), out.shape[0], dcp_size, interleave, rank)
+
+
+@_op(("out",))
+def _prefill_reorder(gathered: torch.Tensor, pieces: torch.Tensor, out: torch.Tensor, dcp_size: int,
+                     interleave: int) -> None:
+    _launch("dcp_mla_prefill_reorder", _dev_stream(out), _t(gathered), gathered.shape[1], _t(pieces),
+            pieces.shape[0], _t(out), out.shape[0], dcp_size, interleave)
+
+
+# --- the public functions ------------------------------------------------------------------------
+
+def _empty(shape, dtype, like):
+    return torch.empty(shape, dtype=dtype, device=like.device)
+
+
+def kv_fill(ckv, kpe, req_idx, positions, block_table, cache, *, dcp_size, interleave, rank, kv_format=None):
+    """Writes each new token's KV into this rank's paged cache if the rank owns it (docs/contract.md
+    §2-3). ckv bf16 [T, ≥512] and kpe bf16 [T, ≥64] (unit stride in the last dim), req_idx and
+    positions int32 [T], block_table int32 [batch, max_pages] (unit last stride), cache [pages, B,
+    576] bf16 or [pages, B, 656] bytes (uint8 / float8_e4m3fn; a FlashMLA [pages, B, 1, row] view
+    is accepted). A token with a negative position, a request index outside the batch or a page
+    out of range is skipped. Returns `cache`."""
+    cache3, fmt = _cache(cache)
+    _want_format("cache", fmt, kv_format)
+    dev = cache.device
+    t = _check(ckv, "ckv", (torch.bfloat16,), ndim=2, contiguous="rows", device=dev).shape[0]
+    _check(kpe, "kpe", (torch.bfloat16,), ndim=2, shape=(t, None), contiguous="rows", device=dev)
+    _check(req_idx, "req_idx", (torch.int32,), ndim=1, shape=(t,), device=dev)
+    _check(positions, "positions", (torch.int32,), ndim=1, shape=(t,), device=dev)
+    _check(block_table, "block_table", (torch.int32,), ndim=2, contiguous="rows", device=dev)
+    _run("kv_fill", ckv, kpe, req_idx, positions, block_table, cache3, fmt, dcp_size, interleave, rank)
+    return cache
+
+
+def _decode_outputs(q, out, lse, out_dtype):
+    b, nq, h, _ = q.shape
+    if out is None:
+        out = _empty((b, nq, h, 512), out_dtype, q)
+    if lse is None:
+        lse = _empty((b, nq, h), torch.float32, q)
+    _check(out, "out", _OUT, ndim=4, shape=(b, nq, h, 512), device=q.device)
+    _check(lse, "lse", (torch.float32,), ndim=3, shape=(b, nq, h), device=q.device)
+    return out, lse
+
+
+def _workspace(q, sparse, num_splits, workspace):
+    b, nq, h, _ = q.shape
+    if num_splits is None:
+        num_splits = _splits(b, nq, h, sparse, _index(q.device))
+    need = _workspace_bytes(b, nq, h, sparse, num_splits)
+    if workspace is None and need > 0:
+        workspace = _empty((need,), torch.uint8, q)
+    if workspace is not None:
+        _check(workspace, "workspace", tuple(_CODES), device=q.device)
+        if workspace.numel() * workspace.element_size() < need:
+            _fail("workspace", f"{workspace.numel() * workspace.element_size()} bytes, {num_splits} splits need {need}")
+    return num_splits, workspace
+
+
+def decode_workspace(q_shape, *, sparse, num_splits=None, device=None):
+    """(num_splits, workspace or None) for decodes of q shape [b, nq, H, 576]: allocate it once
+    and pass both to every decode of that shape (what a captured graph wants)."""
+    b, nq, h = q_shape[0], q_shape[1], q_shape[2]
+    device = torch.device(device if device is not None else "cuda")
+    if num_splits is None:
+        num_splits = _splits(b, nq, h, sparse, _index(device))
+    need = _workspace_bytes(b, nq, h, sparse, num_splits)
+    return num_splits, (torch.empty((need,), dtype=torch.uint8, device=device) if need else None)
+
+
+def decode_dense(q, cache, block_table, lens, *, scale=None, num_splits=None, workspace=None, out=None, lse=None,
+                 out_dtype=torch.bfloat16) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Dense MLA decode on one rank's shard (docs/contract.md §4): row (i, j) attends to the
+    first lens[i, j] local tokens of request i. q bf16 [b, nq, H, 576]; cache bf16 [pages, B, 576]
+    (or [pages, B, 1, 576]); block_table int32 [b, max_pages] (unit last stride); lens int32
+    [b, nq]. Returns out [b, nq, H, 512] (bf16, or f32 with out_dtype) and lse f32 [b, nq, H],
+    natural log, −inf for a row that sees no token. num_splits defaults to the planner's for this
+    device (decode_workspace gives both for graphs); scale to 576^-1/2."""
+    dev = q.device
+    _check(q, "q", (torch.bfloat16,), ndim=4, shape=(None, None, None, 576))
+    b, nq, h, _ = q.shape
+    cache3, fmt = _cache(cache)
+    if fmt != _lib.KV_BF16:
+        _fail("cache", "dense decode reads a bf16 cache [pages, B, 576]; an FP8-656 cache is read by decode_sparse")
+    _check(cache3, "cache", (torch.bfloat16,), device=dev)
+    _check(block_table, "block_table", (torch.int32,), ndim=2, shape=(b, None), contiguous="rows", device=dev)
+    _check(lens, "lens", (torch.int32,), ndim=2, shape=(b, nq), device=dev)
+    out, lse = _decode_outputs(q, out, lse, out_dtype)
+    num_splits, workspace = _workspace(q, False, num_splits, workspace)
+    _run("decode_dense", q, cache3, block_table, lens, out, lse, workspace,
+         _default_scale() if scale is None else float(scale), num_splits)
+    return out, lse
+
+
+def decode_sparse(q, cache, indices, *, topk_len=None, kv_format=None, scale=None, num_splits=None, workspace=None,
+                  out=None, lse=None, out_dtype=torch.bfloat16) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Sparse MLA decode (docs/contract.md §4) over a bf16 or FP8-656 cache: row (i, j) attends to
+    the cache rows page·B + slot listed in indices[i, j] (−1 or out of range: unused; only the
+    first topk_len[i, j] count when topk_len int32 [b, nq] is given). q bf16 [b, nq, H, 576];
+    indices int32 [b, nq, topk]. Returns (out, lse) as decode_dense."""
+    dev = q.device
+    _check(q, "q", (torch.bfloat16,), ndim=4, shape=(None, None, None, 576))
+    b, nq, h, _ = q.shape
+    cache3, fmt = _cache(cache)
+    _want_format("cache", fmt, kv_format)
+    _check(cache3, "cache", tuple(_CODES), device=dev)
+    _check(indices, "indices", (torch.int32,), ndim=3, shape=(b, nq, None), device=dev)
+    if topk_len is not None:
+        _check(topk_len, "topk_len", (torch.int32,), ndim=2, shape=(b, nq), device=dev)
+    out, lse = _decode_outputs(q, out, lse, out_dtype)
+    num_splits, workspace = _workspace(q, True, num_splits, workspace)
+    _run("decode_sparse", q, cache3, fmt, indices, topk_len, out, lse, workspace,
+         _default_scale() if scale is None else float(scale), num_splits)
+    return out, lse
+
+
+def ag_rs_correct(out, lse_all, *, dcp_size, rank, lse_base="e", contrib=None) -> torch.Tensor:
+    """ag_rs combine, step 1 (docs/contract.md §5.1): contrib[h, t] = (w_rank / S) · out[t, h] in
+    f32, head-major for the reduce-scatter. out bf16/f32 [T, H, 512] (H = D·H_l); lse_all f32
+    [D, T, H], every rank's lse in base `lse_base`. Returns contrib f32 [H, T, 512]."""
+    _check(out, "out", _OUT, ndim=3, shape=(None, None, 512))
+    t, h, _ = out.shape
+    if h % dcp_size:
+        _fail("out", f"{h} heads are not a multiple of dcp_size {dcp_size}")
+    _check(lse_all, "lse_all", (torch.float32,), ndim=3, shape=(dcp_size, t, h), device=out.device)
+    if contrib is None:
+        contrib = _empty((h, t, 512), torch.float32, out)
+    _check(contrib, "contrib", (torch.float32,), ndim=3, shape=(h, t, 512), device=out.device)
+    _run("ag_rs_correct", out, lse_all, _base("lse_base", lse_base), contrib, dcp_size, rank)
+    return contrib
+
+
+def ag_rs_finish(summed, lse_all, *, dcp_size, rank, lse_base="e", out=None, lse=None, out_dtype=torch.bfloat16):
+    """ag_rs combine, step 2: this rank's reduce-scattered heads summed f32 [H_l, T, 512] cast to
+    out [T, H_l, 512] with their merged lse f32 [T, H_l] (natural log; −inf with out = 0 where
+    every shard is empty). lse_all is step 1's [D, T, D·H_l]. Returns (out, lse)."""
+    _check(summed, "summed", (torch.float32,), ndim=3, shape=(None, None, 512))
+    hl, t, _ = summed.shape
+    _check(lse_all, "lse_all", (torch.float32,), ndim=3, shape=(dcp_size, t, dcp_size * hl), device=summed.device)
+    out = _empty((t, hl, 512), out_dtype, summed) if out is None else out
+    lse = _empty((t, hl), torch.float32, summed) if lse is None else lse
+    _check(out, "out", _OUT, ndim=3, shape=(t, hl, 512), device=summed.device)
+    _check(lse, "lse", (torch.float32,), ndim=2, shape=(t, hl), device=summed.device)
+    _run("ag_rs_finish", summed, lse_all, _base("lse_base", lse_base), out, lse, dcp_size, rank)
+    return out, lse
+
+
+def a2a_pack(out, lse, *, dcp_size, send=None) -> torch.Tensor:
+    """a2a combine, send side (docs/contract.md §5.2): out bf16/f32 [T, D·H_l, 512] (as bf16) and
+    lse f32 [T, D·H_l] packed into one slot per destination rank. Returns send uint8 [D, slot]
+    (slot = planner.a2a_slot_bytes(T, H_l)), which one all-to-all delivers."""
+    _check(out, "out", _OUT, ndim=3, shape=(None, None, 512))
+    t, h, _ = out.shape
+    if h % dcp_size:
+        _fail("out", f"{h} heads are not a multiple of dcp_size {dcp_size}")
+    _check(lse, "lse", (torch.float32,), ndim=2, shape=(t, h), device=out.device)
+    slot = _slot_bytes(t, h // dcp_size)
+    send = _empty((dcp_size, slot), torch.uint8, out) if send is None else send
+    _check(send, "send", _BYTES, ndim=2, shape=(dcp_size, slot), device=out.device)
+    _run("a2a_pack", out, lse, send, dcp_size)
+    return send
+
+
+def a2a_combine(recv, *, num_tokens, local_heads, lse_base="e", out=None, lse=None, out_dtype=torch.bfloat16):
+    """a2a combine, receive side: the merge of the D received slots recv uint8 [D, slot] (slot r
+    as rank r packed it for this rank) in f32, rank order. Returns out [T, H_l, 512] and lse f32
+    [T, H_l] (natural log)."""
+    _check(recv, "recv", _BYTES, ndim=2)
+    slot = _slot_bytes(num_tokens, local_heads)
+    _check(recv, "recv", _BYTES, ndim=2, shape=(None, slot))
+    out = _empty((num_tokens, local_heads, 512), out_dtype, recv) if out is None else out
+    lse = _empty((num_tokens, local_heads), torch.float32, recv) if lse is None else lse
+    _check(out, "out", _OUT, ndim=3, shape=(num_tokens, local_heads, 512), device=recv.device)
+    _check(lse, "lse", (torch.float32,), ndim=2, shape=(num_tokens, local_heads), device=recv.device)
+    _run("a2a_combine", recv, _base("lse_base", lse_base), out, lse)
+    return out, lse
+
+
+def merge_two(out_a, lse_a, out_b, lse_b, *, lse_a_base="e", lse_b_base="e", out=None, lse=None,
+              out_dtype=torch.float32):
+    """The two-way merge of chunked prefill (docs/contract.md §5.3): out_a, out_b f32 [rows, 512],
+    lse_a, lse_b f32 [rows], each in its own base. Returns out [rows, 512] (f32 by default; may be
+    out_a itself, in place) and lse f32 [rows] (natural log)."""
+    _check(out_a, "out_a", (torch.float32,), ndim=2, shape=(None, 512))
+    rows = out_a.shape[0]
+    dev = out_a.device
+    _check(out_b, "out_b", (torch.float32,), ndim=2, shape=(rows, 512), device=dev)
+    _check(lse_a, "lse_a", (torch.float32,), ndim=1, shape=(rows,), device=dev)
+    _check(lse_b, "lse_b", (torch.float32,), ndim=1, shape=(rows,), device=dev)
+    out = _empty((rows, 512), out_dtype, out_a) if out is None else out
+    lse = _empty((rows,), torch.float32, out_a) if lse is None else lse
+    _check(out, "out", _OUT, ndim=2, shape=(rows, 512), device=dev)
+    _check(lse, "lse", (torch.float32,), ndim=1, shape=(rows,), device=dev)
+    _run("merge_two", out_a, lse_a, out_b, lse_b, _base("lse_a_base", lse_a_base), _base("lse_b_base", lse_b_base),
+         out, lse)
+    return out, lse
+
+
+def topk_local(scores, lens, k, *, cols=None, out=None) -> torch.Tensor:
+    """Local top-k (docs/contract.md §6): per row the k best of the first lens[row] scores by
+    (score descending, index ascending; NaN as −inf), as ascending indices, −1 padded. scores
+    f32 [rows, ≥cols] (unit last stride), lens int32 [rows], k in {256, 512, 1024, 2048}.
+    Returns int32 [rows, k]."""
+    _check(scores, "scores", (torch.float32,), ndim=2, contiguous="rows")
+    rows = scores.shape[0]
+    _check(lens, "lens", (torch.int32,), ndim=1, shape=(rows,), device=scores.device)
+    out = _empty((rows, k), torch.int32, scores) if out is None else out
+    _check(out, "out", (torch.int32,), ndim=2, shape=(rows, k), device=scores.device)
+    _run("topk_local", scores, scores.shape[1] if cols is None else cols, lens, out)
+    return out
+
+
+def topk_pack(local_idx, scores, *, dcp_size, interleave, rank, cols=None, cand_scores=None, cand_ids=None):
+    """Packs this rank's local top-k into candidates (scores bit for bit, global ids; (−inf, −1)
+    for unused). local_idx int32 [rows, k]; scores f32 [rows, ≥cols]. Returns (cand_scores f32,
+    cand_ids int32), [rows, k] each: pass this rank's slot of the [D, rows, k] all-gather buffers
+    to write them in place."""
+    _check(local_idx, "local_idx", (torch.int32,), ndim=2)
+    rows, k = local_idx.shape
+    dev = local_idx.device
+    _check(scores, "scores", (torch.float32,), ndim=2, shape=(rows, None), contiguous="rows", device=dev)
+    cand_scores = _empty((rows, k), torch.float32, scores) if cand_scores is None else cand_scores
+    cand_ids = _empty((rows, k), torch.int32, scores) if cand_ids is None else cand_ids
+    _check(cand_scores, "cand_scores", (torch.float32,), ndim=2, shape=(rows, k), device=dev)
+    _check(cand_ids, "cand_ids", (torch.int32,), ndim=2, shape=(rows, k), device=dev)
+    _run("topk_pack", local_idx, scores, scores.shape[1] if cols is None else cols, dcp_size, interleave, rank,
+         cand_scores, cand_ids)
+    return cand_scores, cand_ids
+
+
+def topk_merge(cand_scores, cand_ids, *, out=None) -> torch.Tensor:
+    """Global merge (docs/contract.md §6): the exact top-k of the D·k all-gathered candidates
+    cand_scores f32 / cand_ids int32 [D, rows, k] per row, in candidate order, −1 padded (D·k must
+    be a multiple of 512). Returns int32 [rows, k] of global ids."""
+    _check(cand_scores, "cand_scores", (torch.float32,), ndim=3)
+    d, rows, k = cand_scores.shape
+    _check(cand_ids, "cand_ids", (torch.int32,), ndim=3, shape=(d, rows, k), device=cand_scores.device)
+    out = _empty((rows, k), torch.int32, cand_scores) if out is None else out
+    _check(out, "out", (torch.int32,), ndim=2, shape=(rows, k), device=cand_scores.device)
+    _run("topk_merge", cand_scores, cand_ids, out)
+    return out
+
+
+def topk_compact(ids, *, dcp_size, interleave, rank, block_table=None, block_size=1, rows_per_request=1, out=None,
+                 counts=None):
+    """Keeps the merged global ids int32 [rows, k] that this rank owns, as local positions (or
+    page·B + slot through block_table int32 [ceil(rows / rows_per_request), max_pages]),
+    compacted to the front and −1 padded. Returns (out int32 [rows, k], counts int32 [rows])."""
+    _check(ids, "ids", (torch.int32,), ndim=2)
+    rows, k = ids.shape
+    if block_table is not None:
+        _check(block_table, "block_table", (torch.int32,), ndim=2, contiguous="rows", device=ids.device)
+    out = _empty((rows, k), torch.int32, ids) if out is None else out
+    counts = _empty((rows,), torch.int32, ids) if counts is None else counts
+    _check(out, "out", (torch.int32,), ndim=2, shape=(rows, k), device=ids.device)
+    _check(counts, "counts", (torch.int32,), ndim=1, shape=(rows,), device=ids.device)
+    _run("topk_compact", ids, dcp_size, interleave, rank, block_table, block_size, rows_per_request, out, counts)
+    return out, counts
+
+
+def prefill_flatten(cache, block_table, pieces, out, *, dcp_size, interleave, rank, kv_format=None):
+    """Prefill prefix flatten (docs/contract.md §7): this rank's rows of one chunk into out bf16
+    [cap_rows, 576] (FP8-656 dequantised; every row written), the chunk read from pieces int32
+    [max_pieces, 8] on the device (planner.prefill_piece_table). Returns out."""
+    cache3, fmt = _cache(cache)
+    _want_format("cache", fmt, kv_format)
+    dev = cache.device
+    _check(block_table, "block_table", (torch.int32,), ndim=2, contiguous="rows", device=dev)
+    _check(pieces, "pieces", (torch.int32,), ndim=2, shape=(None, 8), device=dev)
+    _check(out, "out", (torch.bfloat16,), ndim=2, shape=(None, 576), device=dev)
+    _run("prefill_flatten", cache3, fmt, block_table, pieces, out, dcp_size, interleave, rank)
+    return out
+
+
+def prefill_reorder(gathered, pieces, out, *, dcp_size, interleave):
+    """Prefill reorder: every token of every piece from the all-gathered flatten buffers gathered
+    bf16 [D, cap_rows, 576] to its global row of out bf16 [out_rows, 576] (rows of other chunks
+    untouched). Returns out."""
+    _check(gathered, "gathered", (torch.bfloat16,), ndim=3, shape=(dcp_size, None, 576))
+    _check(pieces, "pieces", (torch.int32,), ndim=2, shape=(None, 8), device=gathered.device)
+    _check(out, "out", (torch.bfloat16,), ndim=2, shape=(None, 576), device=gathered.device)
+    _run("prefill_reorder", gathered, pieces, out, dcp_size, interleave)
+    return out
+
+
+def local_lens(cache_seqlens, *, dcp_size, interleave, rank, num_q=1, causal=True) -> torch.Tensor:
+    """Per-row local lengths on the device, for decode_dense's `lens`: int32 [b, num_q] where row j
+    of request i sees n_r(L_i − num_q + 1 + j) tokens with causal (L_i = cache_seqlens[i], its
+    num_q new tokens included), n_r(L_i) without; n_r(L) counts the t < L with (t // I) % D == r
+    (docs/contract.md §2; planner.local_len is the same on the host). A few small torch kernels,
+    capturable in a graph."""
+    _check(cache_seqlens, "cache_seqlens", (torch.int32, torch.int64), ndim=1)
+    lens = cache_seqlens.to(torch.int64).view(-1, 1)
+    if causal and num_q > 1:
+        lens = lens - torch.arange(num_q - 1, -1, -1, dtype=torch.int64, device=lens.device)
+    lens = lens.clamp(min=0).expand(-1, num_q)
+    cycle = dcp_size * interleave
+    n = (lens // cycle) * interleave + (lens % cycle - rank * interleave).clamp(0, interleave)
+    return n.to(torch.int32).contiguous()

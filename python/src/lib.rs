@@ -1,0 +1,31 @@
+//! The `dcp_mla._native` extension module of the Python package (`python/dcp_mla`).
+//!
+//! The package calls the library through its C ABI (`ffi/include/dcp_mla.h`) with ctypes, so
+//! Python, C and C++ clients share one interface, one set of argument checks and one error
+//! vocabulary. This crate links that ABI (every `dcp_mla_*` symbol of `dcp-mla-ffi`, exported
+//! from this shared object) and gives it the `PyInit__native` entry point that lets pip install
+//! it and Python import it; `dcp_mla/_lib.py` then opens the same file with ctypes.
+
+use pyo3::prelude::*;
+
+// Keeps the C ABI crate linked, and with it the symbols ctypes looks up.
+use dcp_mla_ffi as _;
+
+/// The library's version (the same string as `dcp_mla_version()` of the C ABI).
+#[pyfunction]
+fn version() -> &'static str {
+    env!("CARGO_PKG_VERSION")
+}
+
+/// The C ABI version this module exports (`DCP_MLA_ABI_VERSION`).
+#[pyfunction]
+fn abi_version() -> u32 {
+    dcp_mla_ffi::dcp_mla_abi_version()
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(version, m)?)?;
+    m.add_function(wrap_pyfunction!(abi_version, m)?)?;
+    Ok(())
+}

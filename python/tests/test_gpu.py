@@ -1,0 +1,499 @@
+"""The package on a GPU: every operation against torch references written from docs/semantics.md,
+a whole D = 4 decode step simulated on one GPU (dense BF16, and sparse FP8 with the distributed
+top-k), torch.compile(fullgraph=True) of a step, CUDA-graph capture and replay with changed
+lengths, the FlashMLA face against the native functions (python/bench/launch_overhead.py measures the Python overhead).
+Each test takes the `dev` fixture (conftest.py): skipped without a GPU, failed when
+DCP_MLA_REQUIRE_GPU=1."""
+
+import math
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch") if os.environ.get("DCP_MLA_REQUIRE_GPU") != "1" else __import__("torch")
+
+import dcp_mla  # noqa: E402
+from dcp_mla import DcpMlaError  # noqa: E402
+from dcp_mla.flash_mla import flash_mla_with_kvcache, get_mla_metadata  # noqa: E402
+
+INF = float("inf")
+
+
+# --- torch references (docs/semantics.md) --------------------------------------------------------
+
+def owner(t, d, i):
+    return (t // i) % d
+
+
+def local_pos(t, d, i):
+    return (t // (d * i)) * i + t % i
+
+
+def rel_l2(a, b):
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+def within_contract(got, want, mean_abs_v):
+    """docs/contract.md §9: |out − ref| ≤ 2^-6·A_c elementwise and relative L2 ≤ 3e-3."""
+    return bool(((got - want).abs() <= mean_abs_v / 64 + 1e-6).all().item()) and rel_l2(got, want) <= 3e-3
+
+
+def attention(q_row, keys, scale):
+    """q_row [H, 576], keys [n, 576] → out [H, 512], lse [H] (natural log), A [H, 512] in float64.
+    No key: out 0, lse −inf."""
+    if keys.shape[0] == 0:
+        h = q_row.shape[0]
+        z = torch.zeros(h, 512, dtype=torch.float64, device=q_row.device)
+        return z, torch.full((h,), -INF, dtype=torch.float64, device=q_row.device), z
+    s = scale * (q_row.double() @ keys.double().T)
+    p = torch.softmax(s, dim=1)
+    v = keys[:, :512].double()
+    return p @ v, torch.logsumexp(s, dim=1), p @ v.abs()
+
+
+def paged_table(lens, d, b, dev, spare=0):
+    """A block table with the pages of every request in a random order; the pages per rank."""
+    need = [-(-n // (b * d)) for n in lens]
+    width = max(max(need), 1) + spare
+    perm = torch.randperm(sum(need)).tolist()
+    table = torch.full((len(lens), width), -1, dtype=torch.int32)
+    k = 0
+    for i, n in enumerate(need):
+        table[i, :n] = torch.tensor(perm[k:k + n], dtype=torch.int32)
+        k += n
+    return table.to(dev), max(sum(need), 1)
+
+
+def tokens(lens, dev):
+    total = sum(lens)
+    ckv = torch.randn(total, 512, device=dev).to(torch.bfloat16)
+    kpe = torch.randn(total, 64, device=dev).to(torch.bfloat16)
+    req = torch.cat([torch.full((n,), i, dtype=torch.int32) for i, n in enumerate(lens)]).to(dev)
+    pos = torch.cat([torch.arange(n, dtype=torch.int32) for n in lens]).to(dev)
+    return ckv, kpe, req, pos
+
+
+def filled_caches(lens, d, i, b, fmt, dev):
+    table, pages = paged_table(lens, d, b, dev)
+    ckv, kpe, req, pos = tokens(lens, dev)
+    caches = []
+    for r in range(d):
+        if fmt == "bf16":
+            cache = torch.full((pages, b, 576), float("nan"), dtype=torch.bfloat16, device=dev)
+        else:
+            cache = torch.full((pages, b, 656), 0x7F, dtype=torch.uint8, device=dev)  # e4m3 NaN bytes
+        dcp_mla.kv_fill(ckv, kpe, req, pos, table, cache, dcp_size=d, interleave=i, rank=r, kv_format=fmt)
+        caches.append(cache)
+    return table, caches, torch.cat([ckv, kpe], dim=1)
+
+
+def dequant_fp8(cache):
+    vals = cache[..., :512].contiguous().view(torch.float8_e4m3fn).float()
+    scales = cache[..., 512:528].contiguous().view(torch.float32)
+    kpe = cache[..., 528:656].contiguous().view(torch.bfloat16).float()
+    return torch.cat([vals * scales.repeat_interleave(128, dim=-1), kpe], dim=-1)
+
+
+def cache_rows(caches, table, req, lens_req, d, i, b, deq=None):
+    """The 576 values of every token of request `req` as stored on its owner rank."""
+    g = torch.arange(lens_req, device=table.device)
+    local = (g // (d * i)) * i + g % i
+    page = table[req].long()[local // b]
+    src = deq if deq is not None else [c.float() for c in caches]
+    stacked = torch.stack([src[r][page, local % b] for r in range(d)])
+    return stacked[(g // i) % d, torch.arange(lens_req, device=table.device)]
+
+
+# --- one operation at a time ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("d,i,b", [(1, 1, 64), (2, 2, 16), (4, 1, 64)])
+def test_kv_fill_bf16_places_every_token_on_its_owner(dev, d, i, b):
+    lens = [5, 130, 0, 64]
+    table, caches, keys = filled_caches(lens, d, i, b, "bf16", dev)
+    start = 0
+    for req, n in enumerate(lens):
+        for t in range(n):
+            r = owner(t, d, i)
+            lp = local_pos(t, d, i)
+            row = caches[r][table[req, lp // b].item(), lp % b]
+            assert torch.equal(row, keys[start + t]), (req, t)
+        start += n
+    written = sum(int((~torch.isnan(c.float())).all(dim=-1).sum()) for c in caches)
+    assert written == sum(lens), "a token was written to a rank that does not own it"
+
+
+def test_kv_fill_fp8_is_within_e4m3_rounding(dev):
+    lens, d, i, b = [300, 17], 2, 1, 64
+    table, caches, keys = filled_caches(lens, d, i, b, "fp8_656", dev)
+    deq = [dequant_fp8(c) for c in caches]
+    start = 0
+    for req, n in enumerate(lens):
+        got = cache_rows(caches, table, req, n, d, i, b, deq)
+        assert torch.equal(got[:, 512:], keys[start:start + n, 512:].float()), "k_pe is stored as bf16"
+        assert rel_l2(got[:, :512], keys[start:start + n, :512].float()) <= 0.06
+        start += n
+
+
+@pytest.mark.parametrize("out_dtype,splits", [(torch.float32, None), (torch.bfloat16, 1), (torch.float32, 1)])
+def test_decode_dense_matches_attention(dev, out_dtype, splits):
+    lens, nq, h, b = [1000, 0, 77, 3], 2, 16, 64
+    table, caches, keys = filled_caches(lens, 1, 1, b, "bf16", dev)
+    q = torch.randn(len(lens), nq, h, 576, device=dev).to(torch.bfloat16)
+    rl = torch.tensor([[max(n - nq + 1 + j, 0) for j in range(nq)] for n in lens], dtype=torch.int32, device=dev)
+    out, lse = dcp_mla.decode_dense(q, caches[0], table, rl, num_splits=splits, out_dtype=out_dtype)
+    assert out.dtype == out_dtype and out.shape == (len(lens), nq, h, 512) and lse.shape == (len(lens), nq, h)
+    scale = dcp_mla.default_scale()
+    start = 0
+    for req, n in enumerate(lens):
+        for j in range(nq):
+            o, s, a = attention(q[req, j], keys[start:start + rl[req, j].item()], scale)
+            assert within_contract(out[req, j].double(), o, a), (req, j)
+            if rl[req, j] == 0:
+                assert torch.all(out[req, j] == 0) and torch.all(lse[req, j] == -INF)
+            else:
+                assert (lse[req, j].double() - s).abs().max().item() <= 1e-5 + 2e-6 * s.abs().max().item()
+        start += n
+
+
+def test_decode_sparse_bf16_reads_listed_rows(dev):
+    lens, nq, h, b, k = [700, 40], 1, 32, 64, 512
+    table, caches, keys = filled_caches(lens, 1, 1, b, "bf16", dev)
+    q = torch.randn(len(lens), nq, h, 576, device=dev).to(torch.bfloat16)
+    indices = torch.full((len(lens), nq, k), -1, dtype=torch.int32, device=dev)
+    chosen = []
+    for req, n in enumerate(lens):
+        toks = torch.randperm(n)[:min(n, 300)].to(dev)
+        slots = table[req].long()[toks // b] * b + toks % b
+        indices[req, 0, :toks.numel()] = slots.int()
+        chosen.append(toks)
+    topk_len = torch.tensor([[200], [40]], dtype=torch.int32, device=dev)
+    out, lse = dcp_mla.decode_sparse(q, caches[0], indices, topk_len=topk_len, kv_format="bf16")
+    scale = dcp_mla.default_scale()
+    start = 0
+    for req, n in enumerate(lens):
+        use = chosen[req][:topk_len[req, 0].item()]
+        o, s, a = attention(q[req, 0], keys[start + use], scale)
+        assert within_contract(out[req, 0].double(), o, a), req
+        start += n
+
+
+@pytest.mark.parametrize("base_a,base_b", [("e", "e"), ("e", "2"), ("2", "2")])
+def test_merge_two_matches_the_formula(dev, base_a, base_b):
+    rows = 300
+    oa, ob = torch.randn(rows, 512, device=dev), torch.randn(rows, 512, device=dev)
+    la, lb = torch.randn(rows, device=dev) * 4, torch.randn(rows, device=dev) * 4
+    la[:7], lb[3:10] = -INF, -INF  # empty inputs; rows 3..6 empty on both sides
+    out, lse = dcp_mla.merge_two(oa, la, ob, lb, lse_a_base=base_a, lse_b_base=base_b)
+    na = la.double() * (math.log(2) if base_a == "2" else 1)
+    nb = lb.double() * (math.log(2) if base_b == "2" else 1)
+    m = torch.maximum(na, nb)
+    wa = torch.where(na == -INF, 0, torch.exp(na - m))
+    wb = torch.where(nb == -INF, 0, torch.exp(nb - m))
+    s = wa + wb
+    want = torch.where((s > 0)[:, None], (wa[:, None] * oa.double() + wb[:, None] * ob.double()) / s.clamp_min(1e-300)[:, None], 0)
+    want_lse = torch.where(s > 0, m + torch.log(s.clamp_min(1e-300)), -INF)
+    assert (out.double() - want).abs().max().item() <= 1e-5
+    assert torch.equal(lse[3:7], torch.full((4,), -INF, device=dev))
+    ok = want_lse > -INF
+    assert (lse.double()[ok] - want_lse[ok]).abs().max().item() <= 1e-5
+    # in place: out is out_a
+    out2, _ = dcp_mla.merge_two(oa, la, ob, lb, lse_a_base=base_a, lse_b_base=base_b, out=oa)
+    assert out2 is oa and torch.equal(oa, out)
+
+
+@pytest.mark.parametrize("k", [256, 2048])
+def test_topk_local_is_the_exact_top_k(dev, k):
+    rows, cols = 6, 5000
+    scores = torch.randn(rows, cols + 17, device=dev)
+    scores[1, :] = 0.5  # all ties: the lowest indices win
+    lens = torch.tensor([5000, 4000, 100, 0, k, 2500], dtype=torch.int32, device=dev)
+    idx = dcp_mla.topk_local(scores, lens, k, cols=cols)
+    for r in range(rows):
+        n = lens[r].item()
+        got = idx[r]
+        if n <= k:  # every index, then −1
+            want = torch.cat([torch.arange(n, device=dev), torch.full((k - n,), -1, device=dev)]).int()
+        elif r == 1:  # all tied: the lowest indices win
+            want = torch.arange(k, dtype=torch.int32, device=dev)
+        else:
+            want = torch.topk(scores[r, :n], k).indices.sort().values.int()
+        assert torch.equal(got, want), r
+
+
+def test_topk_compact_keeps_own_ids_in_order(dev):
+    d, i, b, rows, k = 4, 1, 64, 4, 512
+    ids = torch.full((rows, k), -1, dtype=torch.int32, device=dev)
+    for r in range(rows):
+        n = [512, 300, 0, 5][r]
+        ids[r, :n] = torch.randperm(20000)[:n].sort().values.int().to(dev)
+    for rank in range(d):
+        out, counts = dcp_mla.topk_compact(ids, dcp_size=d, interleave=i, rank=rank)
+        for r in range(rows):
+            mine = [v for v in ids[r].tolist() if v >= 0 and owner(v, d, i) == rank]
+            assert counts[r].item() == len(mine)
+            assert out[r].tolist() == [local_pos(v, d, i) for v in mine] + [-1] * (k - len(mine))
+
+
+def test_prefill_flatten_and_reorder_rebuild_every_prefix(dev):
+    d, i, b = 2, 1, 16
+    lens = [100, 0, 333]
+    table, caches, keys = filled_caches(lens, d, i, b, "bf16", dev)
+    budget = 1 << 24
+    pp = dcp_mla.prefill_plan(lens, d, i, b, budget)
+    starts = [sum(lens[:r]) for r in range(len(lens))]
+    seen = 0
+    for c in range(pp.num_chunks):
+        table_rows = dcp_mla.prefill_piece_table(lens, d, i, b, budget, c)
+        pieces = torch.tensor(table_rows, dtype=torch.int32, device=dev).view(-1, 8)
+        gathered = torch.stack([
+            dcp_mla.prefill_flatten(caches[r], table, pieces,
+                                    torch.full((pp.cap_rows, 576), 7.0, dtype=torch.bfloat16, device=dev),
+                                    dcp_size=d, interleave=i, rank=r) for r in range(d)])
+        out = torch.full((pp.chunk_tokens, 576), float("nan"), dtype=torch.bfloat16, device=dev)
+        dcp_mla.prefill_reorder(gathered, pieces, out, dcp_size=d, interleave=i)
+        for req, local_start, _row_off, _rows, glen, out_off, _, _ in table_rows:
+            if glen == 0:
+                continue
+            gstart = local_start * d
+            assert torch.equal(out[out_off:out_off + glen], keys[starts[req] + gstart:starts[req] + gstart + glen])
+            seen += glen
+    assert seen == sum(lens)
+
+
+def test_local_lens_on_device_match_the_planner(dev):
+    seqlens = torch.tensor([0, 1, 5, 64, 1000, 4097], dtype=torch.int32, device=dev)
+    for d, i in [(1, 1), (4, 1), (2, 8)]:
+        for nq, causal in [(1, True), (3, True), (3, False)]:
+            for r in range(d):
+                got = dcp_mla.local_lens(seqlens, dcp_size=d, interleave=i, rank=r, num_q=nq, causal=causal)
+                for req, n in enumerate(seqlens.tolist()):
+                    for j in range(nq):
+                        seen = max(n - nq + 1 + j, 0) if causal else n
+                        assert got[req, j].item() == dcp_mla.local_len(seen, d, i, r)
+
+
+def test_argument_errors_name_the_argument(dev):
+    table, caches, _ = filled_caches([100], 1, 1, 64, "bf16", dev)
+    q = torch.randn(1, 1, 16, 576, device=dev).to(torch.bfloat16)
+    lens = torch.tensor([[100]], dtype=torch.int32, device=dev)
+    with pytest.raises(TypeError, match="^q: dtype torch.float32"):
+        dcp_mla.decode_dense(q.float(), caches[0], table, lens)
+    with pytest.raises(ValueError, match="^lens: shape"):
+        dcp_mla.decode_dense(q, caches[0], table, lens.view(1, 1, 1)[0, :, :].expand(1, 2))
+    with pytest.raises(ValueError, match="^lens: on cpu"):
+        dcp_mla.decode_dense(q, caches[0], table, lens.cpu())
+    with pytest.raises(ValueError, match="^q: must be contiguous"):
+        dcp_mla.decode_dense(torch.randn(1, 1, 16, 1152, device=dev).to(torch.bfloat16)[..., :576],
+                             caches[0], table, lens)
+    with pytest.raises(ValueError, match="^cache: dense decode reads a bf16 cache"):
+        dcp_mla.decode_dense(q, torch.zeros(4, 64, 656, dtype=torch.uint8, device=dev), table, lens)
+    with pytest.raises(ValueError, match="^workspace: 16 bytes"):
+        dcp_mla.decode_dense(q, caches[0], table, lens, num_splits=8,
+                             workspace=torch.empty(16, dtype=torch.uint8, device=dev))
+    with pytest.raises(ValueError, match="^cache: holds bf16 rows"):
+        dcp_mla.decode_sparse(q, caches[0], torch.zeros(1, 1, 512, dtype=torch.int32, device=dev),
+                              kv_format="fp8_656")
+    # what only the C ABI can see: a k the kernels do not have
+    with pytest.raises(DcpMlaError) as e:
+        dcp_mla.topk_local(torch.randn(2, 100, device=dev), torch.tensor([100, 100], dtype=torch.int32, device=dev),
+                           300)
+    assert e.value.status in ("INVALID_ARGUMENT", "INVALID_CONFIG", "UNSUPPORTED") and "300" in e.value.message
+    with pytest.raises(DcpMlaError) as e:  # D·K not a multiple of 512
+        dcp_mla.topk_merge(torch.zeros(1, 2, 256, device=dev), torch.zeros(1, 2, 256, dtype=torch.int32, device=dev))
+    assert e.value.status == "INVALID_CONFIG"
+
+
+# --- a whole DCP step, D = 4 on one GPU ----------------------------------------------------------
+
+D, I, B, H_L, NQ = 4, 1, 64, 4, 2
+H = D * H_L
+
+
+def a2a(outs, lses, t, out_dtype):
+    sends = [dcp_mla.a2a_pack(outs[r].view(t, H, 512), lses[r].view(t, H), dcp_size=D) for r in range(D)]
+    full = [dcp_mla.a2a_combine(torch.stack([sends[r][d] for r in range(D)]), num_tokens=t, local_heads=H_L,
+                                out_dtype=out_dtype) for d in range(D)]
+    return torch.cat([o for o, _ in full], dim=1), torch.cat([l for _, l in full], dim=1)
+
+
+def ag_rs(outs, lses, t):
+    lse_all = torch.stack([l.view(t, H) for l in lses]).contiguous()
+    contribs = [dcp_mla.ag_rs_correct(outs[r].view(t, H, 512), lse_all, dcp_size=D, rank=r) for r in range(D)]
+    full = [dcp_mla.ag_rs_finish(sum(c[d * H_L:(d + 1) * H_L] for c in contribs).contiguous(), lse_all, dcp_size=D,
+                                 rank=d, out_dtype=torch.float32) for d in range(D)]
+    return torch.cat([o for o, _ in full], dim=1), torch.cat([l for _, l in full], dim=1)
+
+
+def dense_rank_decode(q, caches, table, seqlens, num_splits=None, workspaces=None):
+    """Every rank's partial decode of the step: local lengths on the device, then decode."""
+    outs, lses = [], []
+    for r in range(D):
+        rl = dcp_mla.local_lens(seqlens, dcp_size=D, interleave=I, rank=r, num_q=NQ)
+        o, l = dcp_mla.decode_dense(q, caches[r], table, rl, out_dtype=torch.float32, num_splits=num_splits,
+                                    workspace=None if workspaces is None else workspaces[r])
+        outs.append(o)
+        lses.append(l)
+    return outs, lses
+
+
+def dense_reference(q, keys, lens):
+    t = len(lens) * NQ
+    ref = torch.empty(t, H, 512, dtype=torch.float64, device=q.device)
+    ref_abs = torch.empty_like(ref)
+    ref_lse = torch.empty(t, H, dtype=torch.float64, device=q.device)
+    scale, start = dcp_mla.default_scale(), 0
+    for i, n in enumerate(lens):
+        for j in range(NQ):
+            o, s, a = attention(q[i, j], keys[start:start + n - NQ + 1 + j], scale)
+            ref[i * NQ + j], ref_lse[i * NQ + j], ref_abs[i * NQ + j] = o, s, a
+        start += n
+    return ref, ref_lse, ref_abs
+
+
+def test_dcp_step_dense(dev):
+    lens = [300, 77, 2, 1000]
+    table, caches, keys = filled_caches(lens, D, I, B, "bf16", dev)
+    q = torch.randn(len(lens), NQ, H, 576, device=dev).to(torch.bfloat16)
+    seqlens = torch.tensor(lens, dtype=torch.int32, device=dev)
+    outs, lses = dense_rank_decode(q, caches, table, seqlens)
+    t = len(lens) * NQ
+    ref, ref_lse, ref_abs = dense_reference(q, keys, lens)
+    for name, (out, lse) in {"a2a": a2a(outs, lses, t, torch.bfloat16), "ag_rs": ag_rs(outs, lses, t)}.items():
+        assert within_contract(out.double(), ref, ref_abs), name
+        assert (lse.double() - ref_lse).abs().max().item() <= 1e-4, name
+
+
+def test_dcp_step_sparse_fp8_with_distributed_topk(dev):
+    k, lens = 512, [3000, 1500]
+    dcp_mla.check_topk(D, k)
+    b, rows = len(lens), len(lens) * NQ
+    table, caches, _ = filled_caches(lens, D, I, B, "fp8_656", dev)
+    q = torch.randn(b, NQ, H, 576, device=dev).to(torch.bfloat16)
+    lmax = max(lens)
+    scores = torch.randn(rows, lmax, device=dev)
+    cand_scores = torch.empty(D, rows, k, device=dev)
+    cand_ids = torch.empty(D, rows, k, dtype=torch.int32, device=dev)
+    for r in range(D):
+        cols = dcp_mla.local_len(lmax, D, I, r)
+        local = scores[:, r::D][:, :cols].contiguous()
+        rl = torch.tensor(dcp_mla.causal_local_lens(lens, [NQ] * b, D, I, r), dtype=torch.int32, device=dev)
+        idx = dcp_mla.topk_local(local, rl, k)
+        dcp_mla.topk_pack(idx, local, dcp_size=D, interleave=I, rank=r, cand_scores=cand_scores[r],
+                          cand_ids=cand_ids[r])
+    ids = dcp_mla.topk_merge(cand_scores, cand_ids)
+    outs, lses = [], []
+    for r in range(D):
+        slots, counts = dcp_mla.topk_compact(ids, dcp_size=D, interleave=I, rank=r, block_table=table, block_size=B,
+                                             rows_per_request=NQ)
+        o, l = dcp_mla.decode_sparse(q, caches[r], slots.view(b, NQ, k), topk_len=counts.view(b, NQ),
+                                     kv_format="fp8_656", out_dtype=torch.float32)
+        outs.append(o)
+        lses.append(l)
+    out, lse = a2a(outs, lses, rows, torch.float32)
+    deq = [dequant_fp8(c) for c in caches]
+    scale = dcp_mla.default_scale()
+    for i, n in enumerate(lens):
+        keys = cache_rows(caches, table, i, n, D, I, B, deq)
+        for j in range(NQ):
+            row = i * NQ + j
+            c = n - NQ + 1 + j
+            want = torch.topk(scores[row, :c], min(k, c)).indices.sort().values
+            got = ids[row][ids[row] >= 0].long().sort().values
+            assert torch.equal(got, want), row
+            o, s, a = attention(q[i, j], keys[want], scale)
+            assert within_contract(out[row].double(), o, a), row
+            assert (lse[row].double() - s).abs().max().item() <= 1e-4
+
+
+def test_compiled_step_matches_eager(dev):
+    lens = [300, 77, 2, 1000]
+    table, caches, _ = filled_caches(lens, D, I, B, "bf16", dev)
+    q = torch.randn(len(lens), NQ, H, 576, device=dev).to(torch.bfloat16)
+    seqlens = torch.tensor(lens, dtype=torch.int32, device=dev)
+    t = len(lens) * NQ
+
+    def step(q, seqlens, c0, c1, c2, c3, table):
+        outs, lses = dense_rank_decode(q, [c0, c1, c2, c3], table, seqlens)
+        return a2a(outs, lses, t, torch.bfloat16)
+
+    eager = step(q, seqlens, *caches, table)
+    compiled = torch.compile(step, fullgraph=True)(q, seqlens, *caches, table)
+    torch.cuda.synchronize()
+    assert torch.equal(eager[0], compiled[0]) and torch.equal(eager[1], compiled[1])
+
+
+def test_graph_replay_with_changed_lengths(dev):
+    lens = [900, 500, 64, 1000]
+    table, caches, keys = filled_caches(lens, D, I, B, "bf16", dev)
+    q = torch.randn(len(lens), NQ, H, 576, device=dev).to(torch.bfloat16)
+    seqlens = torch.tensor(lens, dtype=torch.int32, device=dev)
+    t = len(lens) * NQ
+    shape_splits, _ = dcp_mla.decode_workspace(q.shape, sparse=False, device=dev)
+    workspaces = [dcp_mla.decode_workspace(q.shape, sparse=False, device=dev)[1] for _ in range(D)]
+
+    def step():
+        outs, lses = dense_rank_decode(q, caches, table, seqlens, shape_splits, workspaces)
+        return a2a(outs, lses, t, torch.bfloat16)
+
+    step()  # warm up outside the capture (first launches load nothing lazily, but torch may)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, lse = step()
+    for new_lens in ([900, 500, 64, 1000], [17, 3, 64, 999], [2, 2, 2, 2]):
+        seqlens.copy_(torch.tensor(new_lens, dtype=torch.int32))
+        graph.replay()
+        torch.cuda.synchronize()
+        eager = step()
+        assert torch.equal(out, eager[0]) and torch.equal(lse, eager[1]), new_lens
+        ref, ref_lse, ref_abs = dense_reference(q, keys_of(keys, lens, new_lens), new_lens)
+        assert within_contract(out.double(), ref, ref_abs), new_lens
+
+
+def keys_of(keys, full_lens, new_lens):
+    """The keys of requests truncated to new_lens (the cache still holds the full ones)."""
+    parts, start = [], 0
+    for n, m in zip(full_lens, new_lens):
+        parts.append(keys[start:start + m])
+        start += n
+    return torch.cat(parts)
+
+
+# --- the FlashMLA face ---------------------------------------------------------------------------
+
+def test_flash_mla_face_dense_matches_native(dev):
+    lens, s_q, h = [700, 1, 65], 2, 32
+    table, caches, _ = filled_caches(lens, 1, 1, B, "bf16", dev)
+    q = torch.randn(len(lens), s_q, h, 576, device=dev).to(torch.bfloat16)
+    seqlens = torch.tensor(lens, dtype=torch.int32, device=dev)
+    meta, splits = get_mla_metadata(seqlens, s_q * h, 1)
+    k_cache = caches[0].view(caches[0].shape[0], B, 1, 576)
+    out, lse = flash_mla_with_kvcache(q, k_cache, table, seqlens, 512, meta, splits, causal=True)
+    rl = dcp_mla.local_lens(seqlens, dcp_size=1, interleave=1, rank=0, num_q=s_q)
+    nout, nlse = dcp_mla.decode_dense(q, caches[0], table, rl)
+    assert out.shape == (len(lens), s_q, h, 512) and lse.shape == (len(lens), h, s_q)
+    assert torch.equal(out, nout)
+    nl = nlse.transpose(1, 2)
+    assert torch.equal(lse, torch.where(nl == -INF, INF, nl)), "FlashMLA's lse: [b, h, s_q], +inf for empty rows"
+    assert torch.isinf(lse[1, :, 0]).all() and (lse[1, :, 0] > 0).all(), "request 1's first causal row sees nothing"
+    with pytest.raises(ValueError, match="tile_scheduler_metadata"):
+        flash_mla_with_kvcache(q[:2], k_cache, table[:2], seqlens[:2], 512, meta, None, causal=True)
+    with pytest.raises(NotImplementedError, match="attn_sink"):
+        flash_mla_with_kvcache(q, k_cache, table, seqlens, 512, get_mla_metadata()[0],
+                               attn_sink=torch.zeros(h, device=dev))
+
+
+def test_flash_mla_face_sparse_fp8_matches_native(dev):
+    lens, h, k = [2000, 300], 64, 2048
+    table, caches, _ = filled_caches(lens, 1, 1, B, "fp8_656", dev)
+    q = torch.randn(len(lens), 1, h, 576, device=dev).to(torch.bfloat16)
+    indices = torch.full((len(lens), 1, k), -1, dtype=torch.int32, device=dev)
+    for req, n in enumerate(lens):
+        toks = torch.randperm(n)[:min(n, k)].to(dev)
+        indices[req, 0, :toks.numel()] = (table[req].long()[toks // B] * B + toks % B).int()
+    k_cache = caches[0].view(torch.float8_e4m3fn).view(caches[0].shape[0], B, 1, 656)
+    topk_length = torch.tensor([1500, 300], dtype=torch.int32, device=dev)
+    out, lse = flash_mla_with_kvcache(q, k_cache, None, None, 512, get_mla_metadata()[0], None,
+                                      is_fp8_kvcache=True, indices=indices, topk_length=topk_length)
+    nout, nlse = dcp_mla.decode_sparse(q, caches[0], indices, topk_len=topk_length.view(-1, 1), kv_format="fp8_656")
+    assert torch.equal(out, nout) and torch.equal(lse, nlse.transpose(1, 2))

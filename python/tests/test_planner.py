@@ -1,0 +1,135 @@
+"""What the package does without torch or a GPU: import, the planner, its argument errors.
+CI runs these (scripts/test-python.sh); they compare against values derived here from
+docs/contract.md §1-§2, not against the library's own answers."""
+
+import subprocess
+import sys
+
+import pytest
+
+import dcp_mla
+from dcp_mla import DcpMlaError
+
+
+def owner(t, d, i):
+    return (t // i) % d
+
+
+# Runs in a fresh interpreter where `import torch` fails, whether or not torch is installed.
+_WITHOUT_TORCH = "import sys; sys.modules['torch'] = None\n"
+
+
+def test_import_needs_no_torch():
+    code = _WITHOUT_TORCH + "import dcp_mla; print(dcp_mla.plan(context=4096, dcp_size=2).local_lens)"
+    got = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
+    assert got.strip() == "[2048, 2048]"
+
+
+def test_ops_without_torch_say_what_is_missing():
+    code = _WITHOUT_TORCH + (
+        "import dcp_mla\n"
+        "try:\n    dcp_mla.decode_dense\nexcept ImportError as e:\n    print(e)\n"
+        "else:\n    raise SystemExit('decode_dense resolved without torch')\n")
+    got = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
+    assert "needs torch" in got
+    with pytest.raises(AttributeError):
+        dcp_mla.no_such_function
+
+
+def test_version_and_variants():
+    assert dcp_mla.__version__ == dcp_mla.version()
+    names = dcp_mla.variants()
+    assert any(n.startswith("dcp_mla_decode_sm90_trio") for n in names), names
+    assert any(n.startswith("dcp_topk_merge") for n in names), names
+    assert dcp_mla.compute_capability_supported(9, 0)
+    assert not dcp_mla.compute_capability_supported(7, 0)
+    assert dcp_mla.default_scale() == pytest.approx(576 ** -0.5, rel=1e-7)
+
+
+@pytest.mark.parametrize("d,i", [(1, 1), (2, 1), (4, 1), (4, 4), (8, 2), (3, 16)])
+def test_local_len_counts_owned_tokens(d, i):
+    for length in [0, 1, i, d * i - 1, d * i, d * i + 1, 1000, 4097]:
+        for r in range(d):
+            want = sum(1 for t in range(length) if owner(t, d, i) == r)
+            assert dcp_mla.local_len(length, d, i, r) == want, (length, d, i, r)
+
+
+def test_token_address():
+    d, i, b = 4, 2, 16
+    for t in [0, 1, 2, 7, 8, 100, 12345]:
+        rank, col, slot = dcp_mla.token_address(t, d, i, b)
+        assert rank == owner(t, d, i)
+        local = (t // (d * i)) * i + t % i  # position among the rank's own tokens
+        assert (col, slot) == (local // b, local % b), t
+
+
+def test_causal_local_lens():
+    lens, qs, d, i = [10, 7, 1], [2, 3, 1], 4, 1
+    for r in range(d):
+        want = []
+        for length, q in zip(lens, qs):
+            for j in range(q):
+                seen = length - q + 1 + j
+                want.append(sum(1 for t in range(seen) if owner(t, d, i) == r))
+        assert dcp_mla.causal_local_lens(lens, qs, d, i, r) == want
+    with pytest.raises(ValueError, match="qs"):
+        dcp_mla.causal_local_lens([1, 2], [1], d, i, 0)
+
+
+def test_pages_and_capacity():
+    assert dcp_mla.pages_for(0, 4, 64) == 0
+    assert dcp_mla.pages_for(1, 4, 64) == 1
+    assert dcp_mla.pages_for(256, 4, 64) == 1
+    assert dcp_mla.pages_for(257, 4, 64) == 2
+    tokens1, pages1 = dcp_mla.capacity(656 * 64 * 1000, "fp8_656", 64, 1)
+    tokens4, pages4 = dcp_mla.capacity(656 * 64 * 1000, "fp8_656", 64, 4)
+    assert (tokens1, pages1) == (64_000, 1000)
+    assert (tokens4, pages4) == (256_000, 1000)
+    assert dcp_mla.capacity(1152 * 64 * 10, "bf16", 64, 2) == (1280, 10)
+
+
+def test_plan():
+    p = dcp_mla.plan(context=131072, dcp_size=4, batch=64, local_heads=16)
+    assert p.heads == 64
+    assert p.local_lens == [32768] * 4
+    assert p.pages_per_request == 131072 // (64 * 4)
+    assert p.cache_bytes_per_rank == 64 * p.pages_per_request * 64 * 656
+    for kind in ("dense", "sparse"):
+        s = p.decode_splits[kind]
+        assert s >= 1
+        assert (p.decode_workspace_bytes[kind] == 0) == (s == 1)
+    assert p.a2a_slot_bytes % 16 == 0
+    assert p.a2a_slot_bytes >= 64 * 16 * (512 * 2 + 4)
+    assert p.topk_workspace_bytes > 0
+    odd = dcp_mla.plan(context=1001, dcp_size=4, interleave=8, batch=1, topk=None, kv_format="bf16")
+    assert sum(odd.local_lens) == 1001 and odd.topk_workspace_bytes is None
+
+
+def test_planner_errors_name_the_argument():
+    with pytest.raises(DcpMlaError) as e:
+        dcp_mla.check_topk(3, 256)  # D·K = 768
+    assert e.value.status == "INVALID_CONFIG"
+    with pytest.raises(DcpMlaError) as e:
+        dcp_mla.check_topk(1, 300)
+    assert e.value.status == "INVALID_CONFIG"
+    with pytest.raises(DcpMlaError) as e:
+        dcp_mla.plan(context=4096, dcp_size=3, tp=8)
+    assert e.value.status == "INVALID_CONFIG" and "3" in e.value.message
+    with pytest.raises(DcpMlaError):
+        dcp_mla.check_config(8, 4, 3, 64)  # I does not divide B
+    with pytest.raises(DcpMlaError):
+        dcp_mla.local_len(10, 4, 1, 4)  # rank out of range
+    with pytest.raises(ValueError, match="kv_format"):
+        dcp_mla.plan(context=4096, dcp_size=2, kv_format="fp4")
+
+
+def test_prefill_plan_covers_every_prefix_token():
+    prefix, d, i, b = [300, 0, 1000], 2, 1, 16
+    pp = dcp_mla.prefill_plan(prefix, d, i, b, 1 << 20)
+    assert pp.chunk_tokens % (b * d) == 0 and pp.num_chunks >= 1
+    covered = 0
+    for c in range(pp.num_chunks):
+        table = dcp_mla.prefill_piece_table(prefix, d, i, b, 1 << 20, c)
+        assert len(table) == pp.max_pieces and all(len(row) == 8 for row in table)
+        covered += sum(1 for row in table if any(row))
+    assert covered >= 2  # the two non-empty prefixes have at least one piece each
