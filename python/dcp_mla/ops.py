@@ -13,7 +13,7 @@ implementations let `torch.compile(fullgraph=True)` trace a whole decode step.
 """
 
 import functools
-from ctypes import c_void_p, byref
+from ctypes import byref, c_void_p
 from typing import Optional, Tuple
 
 import torch
@@ -128,23 +128,45 @@ def _index(device):
     return device.index if device.index is not None else torch.cuda.current_device()
 
 
+# torch's current stream of a device as a raw cudaStream_t, without building a torch.cuda.Stream
+# object (what torch's own generated code calls); the public API where that is missing.
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+if _raw_stream is None:
+    def _raw_stream(index):
+        return torch.cuda.current_stream(index).cuda_stream
+
+
 def _dev_stream(x):
     index = _index(x.device)
-    return _device(index), c_void_p(torch.cuda.current_stream(index).cuda_stream)
+    return _device(index), _raw_stream(index)
 
 
 def _t(x):
-    """A tensor as a DcpMlaTensor (None: absent). The element count is what the storage holds
-    from the tensor's first element on, so the library bounds every access by the allocation."""
+    """A tensor as a DcpMlaTensor (None: absent). The element count is the extent the tensor's
+    shape and strides span from its first element (its numel when contiguous): the library
+    bounds every access it makes by it."""
     if x is None:
-        return Tensor(None, 0, DTYPE_U8)
-    storage = x.untyped_storage()
-    avail = (storage.nbytes() - (x.data_ptr() - storage.data_ptr())) // x.element_size()
-    return Tensor(x.data_ptr(), avail, _CODES[x.dtype])
+        return _ABSENT
+    if x.is_contiguous():
+        n = x.numel()
+    else:
+        n = 1 + sum((size - 1) * stride for size, stride in zip(x.shape, x.stride()) if size > 0)
+        if x.numel() == 0:
+            n = 0
+    return Tensor(x.data_ptr(), n, _CODES[x.dtype])
+
+
+_ABSENT = Tensor(None, 0, DTYPE_U8)
+_FNS = {}
 
 
 def _launch(name, dev_stream, *args):
-    _lib.call(name, *dev_stream, *args)
+    fn = _FNS.get(name)
+    if fn is None:
+        fn = _FNS[name] = getattr(_lib.lib(), name)
+    status = fn(*dev_stream, *args)
+    if status != 0:
+        _lib.check(name, status)
 
 
 # --- the custom ops: the raw launch of each operation, registered for torch.compile ------------
