@@ -72,7 +72,7 @@ template <DecodeKv Kv, int Tile, int Stages, Sm90Schedule Sched>
 constexpr int shared_bytes() {
     if constexpr (Sched == Sm90Schedule::Seesaw) return 1024 + kRows * kDimQk * 2 + Stages * Tile * kDimQk * 2 + seesaw_extra_bytes();
     return 1024 + kRows * kDimQk * 2 + Stages * Tile * kDimQk * 2 + valid_slots<Kv, Stages>() * Tile * 4 +
-           (Kv == DecodeKv::SparseFp8 && Sched != Sm90Schedule::Roles ? Tile * kFp8RowBytes : 0) +
+           (Kv == DecodeKv::SparseFp8 && Sched == Sm90Schedule::Plain ? Tile * kFp8RowBytes : 0) +
            s_share_extra_bytes<Tile, Sched>() +
            roles_extra_bytes<Tile, Sched>();
 }

@@ -1,6 +1,6 @@
-// The trio schedule of the Hopper decode kernel (Sm90Schedule::Trio; dense and sparse BF16, tiles
-// of 64 tokens in two buffers): three warpgroups, so that scoring the next tile runs beside P·V of
-// this one. Its own kernel family (384 threads).
+// The trio schedule of the Hopper decode kernel (Sm90Schedule::Trio; dense BF16, sparse BF16 and
+// sparse FP8-656, tiles of 64 tokens in two bf16 buffers): three warpgroups, so that scoring the
+// next tile runs beside P·V of this one. Its own kernel family (384 threads).
 #pragma once
 #include "decode/sm90_base.cuh"
 
@@ -16,8 +16,14 @@ namespace dcp {
 //   p_full(b), rescales, P·V over V's dims 256..511, arrives on empty(b), and refills buffer b with
 //   tile i + 2 once both P·V warpgroups are done with it.
 // warpgroup 2: O's left half (dims 0..255), as warpgroup 1 without the loads.
+// FP8-656: each P·V warpgroup dequantises the latent dims its own P·V reads (1: 256..511, 2:
+//   0..255) of tile i + 2 into buffer b as soon as its P·V(i) is done (no other reader of those
+//   dims is left: S(i) finished before P(i)); warpgroup 1 then waits for empty(b), as for BF16,
+//   before it copies the rope block (where P(i) was) and the token flags. The dequantisation
+//   runs in the time the P·V warpgroups otherwise wait for the next P.
 // Buffer b's full mbarrier completes when its copies have landed and its flags are written
-// (warpgroup 1: 128 cp.async arrivals and 128 arrivals, plus the TMA boxes' bytes); its empty
+// (warpgroup 1: 128 cp.async arrivals and 128 arrivals, plus the TMA boxes' bytes; FP8: also 128
+// arrivals of warpgroup 2 after its dequantised half); its empty
 // mbarrier when the 256 threads of warpgroups 1 and 2 finished P·V of it (S finished earlier: the
 // scorer waited for it). sAlpha has a slot per buffer: the scorer writes slot b for tile i + 2
 // only after full(b), which follows empty(b) of tile i, which follows every reader of tile i's.
@@ -38,7 +44,7 @@ struct OHalf {
 template <DecodeKv Kv, int Tile, int Stages, Sm90Schedule Sched>
 __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p) {
     [[maybe_unused]] constexpr bool kSparse = Kv != DecodeKv::DenseBf16;  // (unused off sm_90a)
-    static_assert(Kv != DecodeKv::SparseFp8, "trio schedule: BF16 tiles (FP8 has its own loader kernel)");
+    [[maybe_unused]] constexpr bool kFp8 = Kv == DecodeKv::SparseFp8;
     static_assert(Sched == Sm90Schedule::Trio && Tile == 64 && Stages == 2,
                   "trio schedule: P fills a 64-token rope block; two buffers");
     static_assert(decode_sm90::shared_bytes<Kv, Tile, Stages, Sched>() + decode::kWriteRowsStaticBytes <= 227 * 1024,
@@ -48,6 +54,7 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
     constexpr int kSRegs = Tile / 2;
     constexpr int kTileBytes = Tile * kDimQk * 2;
     constexpr int kLdPerTok = 128 / Tile;  // warpgroup 1's threads per token of a tile
+    constexpr int kFp8Batch = 4;           // FP8: 16-byte raw loads in flight a thread
     unsigned char* smem = aligned_smem<Kv, Tile, Stages, Sched>();
     unsigned char* sQ = smem;
     unsigned char* sKV = smem + kRows * kDimQk * 2;       // 2 × [Tile × 576] bf16
@@ -64,7 +71,7 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
     const int wg = warp >> 2, t = tid & 127, t4 = lane & 3;
     if (tid == 0) {
         for (int b = 0; b < 2; ++b) {
-            mbar_init(full(b), 256);
+            mbar_init(full(b), kFp8 ? 384 : 256);
             mbar_init(empty(b), 256);
             // one arrival per thread: racecheck does not see a warp's accesses ordered by
             // __syncwarp before lane 0's arrival (NOTES.md, fifth session)
@@ -209,18 +216,88 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                 mbar_arrive_cp_async(full(b));  // with the first tile, also covers Q's copies
                 mbar_arrive(full(b));
             };
+            // FP8: this warpgroup's latent half of tile's token ld_tok dequantised into buffer b
+            // (two threads a token, 128 values each: one scale group), zeros for an unread token.
+            auto fill_latent = [&](int tile, int page, int b) {
+                const int64_t row = token_row(tile, page);
+                const unsigned char* src = (const unsigned char*)p.cache + (row >= 0 ? row : 0) * kFp8RowBytes;
+                const float sc = row >= 0 ? __ldg((const float*)(src + kFp8ScaleOffset + 4 * (2 * kHalf + ld_part))) : 0.0f;
+                unsigned char* dst = sKV + b * kTileBytes;
+                const int c0 = kHalf * 32 + ld_part * 16;
+                // in two batches of 64 bytes: 16 registers of raw rows beside O's 128 (all 128
+                // bytes at once spilled; so did one batch of 64 with the BF16 budgets, hence FP8's
+                // scorer 88 / P·V 208 registers)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    uint4 raw[kFp8Batch];
+#pragma unroll
+                    for (int j = 0; j < kFp8Batch; ++j)
+                        raw[j] = row >= 0 ? __ldg((const uint4*)(src + kHalf * 256 + ld_part * 128 + 16 * (kFp8Batch * h + j)))
+                                          : make_uint4(0, 0, 0, 0);
+#pragma unroll
+                    for (int j = 0; j < kFp8Batch; ++j) {
+                        const int c = c0 + 2 * (kFp8Batch * h + j);
+                        *(uint4*)(dst + swizzled(Tile, ld_tok, c)) = decode::dequant8(make_uint2(raw[j].x, raw[j].y), sc);
+                        *(uint4*)(dst + swizzled(Tile, ld_tok, c + 1)) = decode::dequant8(make_uint2(raw[j].z, raw[j].w), sc);
+                    }
+                }
+                fence_proxy_async();  // these generic writes, before wgmma reads them
+            };
+            // FP8: this thread's 128 latent bytes of the token into L2 (the two 128-byte lines they
+            // touch), a tile before fill_latent gathers them, so the gathers wait on L2, not DRAM.
+            // Per-thread prefetch.global.L2, not a bulk prefetch: a bulk one takes uniform
+            // operands, and the compiler looped over the 32 lanes' addresses (NOTES.md).
+            auto prefetch_latent = [&](int tile, int page) {
+                const int64_t row = token_row(tile, page);
+                if (row >= 0) {
+                    const unsigned char* a = (const unsigned char*)p.cache + row * kFp8RowBytes + kHalf * 256 + ld_part * 128;
+                    asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
+                    asm volatile("prefetch.global.L2 [%0];" ::"l"(a + 127));
+                }
+            };
+            // FP8, warpgroup 1, once both P·V warpgroups are done with buffer b: the token flags
+            // and the rope block by cp.async (zero-filled for an unread token), then its arrivals.
+            auto fill_rope = [&](int tile, int page, int b) {
+                const int64_t row = token_row(tile, page);
+                if (ld_part == 0) sValid[b * Tile + ld_tok] = row >= 0;
+                const unsigned char* src =
+                    (const unsigned char*)p.cache + (row >= 0 ? row : 0) * kFp8RowBytes + kFp8RopeOffset + 64 * ld_part;
+#pragma unroll
+                for (int j = 0; j < 4; ++j)
+                    decode::cp_async16(sKV + b * kTileBytes + swizzled(Tile, ld_tok, 64 + 4 * ld_part + j), src + 16 * j,
+                                       row >= 0);
+                mbar_arrive_cp_async(full(b));  // with the first tile, also covers Q's copies
+                mbar_arrive(full(b));
+            };
             uint32_t fills = uses;
             // fill f reuses the buffer of use f − 2: wait until both P·V warpgroups are done with it
             auto wait_free = [&](uint32_t f) {
                 if (f >= 2) mbar_wait_sleep(empty(f & 1), ((f >> 1) - 1) & 1);
             };
+            // One fill of tile `tile` into buffer b by this warpgroup: BF16 warpgroup 1 all of it;
+            // FP8 each warpgroup its latent half, warpgroup 1 the rest after empty(b).
+            auto fill_mine = [&](int tile, int page, uint32_t f, bool first) {
+                const int b = f & 1;
+                if constexpr (kFp8) {
+                    fill_latent(tile, page, b);
+                    if constexpr (kRole == 1) {
+                        wait_free(f);
+                        if (first) load_q(p, sQ, seq_row0, row_base, row_limit, t, 128);
+                        fill_rope(tile, page, b);
+                    } else {
+                        mbar_arrive(full(b));
+                    }
+                } else {
+                    wait_free(f);
+                    if (first) load_q(p, sQ, seq_row0, row_base, row_limit, t, 128);
+                    fill(tile, page, b);
+                }
+            };
             [[maybe_unused]] int page = -1;  // the next fill's page (the block-table load is issued a fill ahead)
-            if constexpr (kRole == 1) {
+            if (kRole == 1 || kFp8) {
                 page = token_page(tile_begin);
                 for (int k = 0; k < 2 && k < n; ++k) {
-                    wait_free(fills);
-                    if (k == 0) load_q(p, sQ, seq_row0, row_base, row_limit, t, 128);
-                    fill(tile_begin + k, page, fills & 1);
+                    fill_mine(tile_begin + k, page, fills, k == 0);
                     page = token_page(tile_begin + k + 1);
                     ++fills;
                 }
@@ -231,6 +308,9 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
             for (int i = 0; i < n; ++i) {
                 const uint32_t u = uses + i;
                 const int b = u & 1;
+                if constexpr (kFp8) {
+                    if (i + 2 < n) prefetch_latent(tile_begin + i + 2, page);
+                }
                 mbar_wait_sleep(p_full(b), (u >> 1) & 1);  // P(u) and its factors are written
                 rescale_o(o, sAlpha[b * kRows + r0], sAlpha[b * kRows + r0 + 8]);
                 mbar_wait(full(b), (u >> 1) & 1);  // landed before S(u): this is the acquire
@@ -239,10 +319,9 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                 wgmma_wait0();
                 fence_regs(o);
                 mbar_arrive(empty(b));  // every thread: it read sAlpha, and its P·V is done
-                if constexpr (kRole == 1) {
+                if (kRole == 1 || kFp8) {
                     if (i + 2 < n) {
-                        wait_free(fills);
-                        fill(tile_begin + i + 2, page, fills & 1);
+                        fill_mine(tile_begin + i + 2, page, fills, false);
                         page = token_page(tile_begin + i + 3);
                         ++fills;
                     }
@@ -266,8 +345,9 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
     };
     // 384 threads start at 168 registers each (64K / 384, in steps of 8), and the CTA's pool is
     // exactly that: the scorer gives back what the P·V warpgroups (O's 128 accumulators each)
-    // take. Each role runs its own piece loop, so no code is shared between budgets.
-    constexpr int kLaunchRegs = 65536 / 384 / 8 * 8, kScorerRegs = 136, kPvRegs = 184;
+    // take. FP8's P·V warpgroups also hold a batch of raw rows (16 registers) and spilled at 184,
+    // and its scorer fits in 88. Each role runs its own piece loop, so no code is shared between budgets.
+    constexpr int kLaunchRegs = 65536 / 384 / 8 * 8, kScorerRegs = kFp8 ? 88 : 136, kPvRegs = kFp8 ? 208 : 184;
     static_assert(kScorerRegs + 2 * kPvRegs <= 3 * kLaunchRegs, "setmaxnreg must stay inside the CTA's pool");
     if (wg == 0) {
         setmaxnreg_dec<kScorerRegs>();

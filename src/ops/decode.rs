@@ -707,6 +707,7 @@ mod tests {
         let fp8 = |tile, stages, schedule| smem(sm90_kernel_id(axes::Kv::SparseFp8, tile, stages, schedule));
         assert_eq!(fp8(64, 1, Sm90Schedule::Plain), 1024 + 73_728 + 64 * 1152 + 2 * 64 * 4 + 64 * 656 + 8192);
         assert_eq!(fp8(64, 2, Sm90Schedule::Roles), base + 256 + 512 + 48, "no staging buffer: as BF16 roles");
+        assert_eq!(fp8(64, 2, Sm90Schedule::Trio), dense(64, 2, Sm90Schedule::Trio), "no staging buffer: as BF16 trio");
     }
 
     #[test]
@@ -737,8 +738,9 @@ mod tests {
         }
         assert_eq!(sm90_variants(KvFormat::Bf16, false)[0], (64, 2, Sm90Schedule::Trio));
         assert_eq!(sm90_variants(KvFormat::Bf16, true)[0], (64, 2, Sm90Schedule::Trio));
-        assert_eq!(sm90_variants(KvFormat::Fp8_656, true)[0], (64, 1, Sm90Schedule::Plain));
+        assert_eq!(sm90_variants(KvFormat::Fp8_656, true)[0], (64, 2, Sm90Schedule::Trio));
         assert!(sm90_variants(KvFormat::Fp8_656, true).contains(&(64, 2, Sm90Schedule::Roles)));
+        assert!(sm90_variants(KvFormat::Fp8_656, true).contains(&(64, 1, Sm90Schedule::Plain)));
         assert!(!sm90_variants(KvFormat::Bf16, false).contains(&(64, 1, Sm90Schedule::Plain)), "FP8 only");
         // every listed variant resolves to a kernel, and the mma.sync tile comes from kernels.toml
         for (format, sparse) in [(KvFormat::Bf16, false), (KvFormat::Bf16, true), (KvFormat::Fp8_656, true)] {
