@@ -56,9 +56,21 @@ def main():
         "decode_dense, C ABI call only": lambda: ops._decode_dense(q, cache, table, lens, dout, dlse, ws, scale, splits),
         "decode_dense, through torch.ops": lambda: torch.ops.dcp_mla.decode_dense(q, cache, table, lens, dout, dlse, ws,
                                                                                  scale, splits),
+        "decode_dense, 1 split, C ABI call only": lambda: ops._decode_dense(q, cache, table, lens, dout, dlse, None,
+                                                                             scale, 1),
         "topk_local": lambda: dcp_mla.topk_local(scores, slens, 512, out=idx),
+        # the pieces of a call
+        "piece: 6 tensor descriptors": lambda: [ops._t(x) for x in (q, dout, dlse, ws, cache, table)],
+        "piece: device and raw stream": lambda: ops._dev_stream(q),
+        "piece: argument checks of decode_dense": lambda: (ops._check(q, "q", (torch.bfloat16,), ndim=4),
+                                                           ops._cache(cache), ops._check(table, "t", (torch.int32,), 2),
+                                                           ops._check(lens, "l", (torch.int32,), 2),
+                                                           ops._check(dout, "o", ops._OUT, 4),
+                                                           ops._check(dlse, "s", (torch.float32,), 3)),
+        "piece: ctypes call, no arguments": lambda: dcp_mla._lib.lib().dcp_mla_abi_version(),
     }
-    report = {name: per_call_us(fn) for name, fn in cases.items()}
+    report = {"splits": splits}
+    report.update({name: per_call_us(fn) for name, fn in cases.items()})
     print(json.dumps(report, indent=1))
     if len(sys.argv) > 1:
         with open(sys.argv[1], "w") as f:

@@ -38,24 +38,29 @@ def _fail(name, what):
 def _check(x, name, dtypes, ndim=None, shape=None, contiguous=True, device=None):
     """`x` is a CUDA tensor of one of `dtypes`, `ndim` dims whose sizes match `shape` (None: any),
     on `device`, contiguous (or, with contiguous='rows', unit stride in its last dim)."""
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
-    if x.dtype not in dtypes:
-        raise TypeError(f"{name}: dtype {x.dtype}, expected {' or '.join(str(d) for d in dtypes)}")
-    if x.device.type != "cuda":
-        _fail(name, f"on {x.device}, expected a CUDA tensor")
-    if device is not None and x.device != device:
-        _fail(name, f"on {x.device}, the other tensors are on {device}")
-    if ndim is not None and x.dim() != ndim:
-        _fail(name, f"{x.dim()}-d {tuple(x.shape)}, expected {ndim}-d")
-    if shape is not None:
-        for i, (got, want) in enumerate(zip(x.shape, shape)):
-            if want is not None and got != want:
-                _fail(name, f"shape {tuple(x.shape)}, expected {tuple('*' if s is None else s for s in shape)} "
-                            f"(dim {i} is {got}, not {want})")
-    if contiguous is True and not x.is_contiguous():
-        _fail(name, f"must be contiguous (strides {x.stride()})")
-    if contiguous == "rows" and x.dim() > 0 and x.stride(-1) != 1 and x.shape[-1] > 1:
+    try:
+        dtype, dev = x.dtype, x.device
+    except AttributeError:
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}") from None
+    if dtype not in dtypes:
+        raise TypeError(f"{name}: dtype {dtype}, expected {' or '.join(str(d) for d in dtypes)}")
+    if dev.type != "cuda":
+        _fail(name, f"on {dev}, expected a CUDA tensor")
+    if device is not None and dev != device:
+        _fail(name, f"on {dev}, the other tensors are on {device}")
+    if ndim is not None or shape is not None:
+        got = x.shape
+        if ndim is not None and len(got) != ndim:
+            _fail(name, f"{len(got)}-d {tuple(got)}, expected {ndim}-d")
+        if shape is not None:
+            for i, want in enumerate(shape):
+                if want is not None and got[i] != want:
+                    _fail(name, f"shape {tuple(got)}, expected {tuple('*' if s is None else s for s in shape)} "
+                                f"(dim {i} is {got[i]}, not {want})")
+    if contiguous is True:
+        if not x.is_contiguous():
+            _fail(name, f"must be contiguous (strides {x.stride()})")
+    elif contiguous == "rows" and x.dim() > 0 and x.stride(-1) != 1 and x.shape[-1] > 1:
         _fail(name, f"last dim must have stride 1 (strides {x.stride()})")
     return x
 
@@ -102,26 +107,50 @@ def num_sms(index):
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-# Planner answers the wrappers need, as constants torch.compile evaluates while tracing (ctypes
-# calls cannot be traced; every one is a pure function of its integer arguments).
+# Planner answers the wrappers need: pure functions of their integer arguments, so cached (a
+# ctypes query costs several µs) behind functions torch.compile evaluates as constants while
+# tracing (it cannot trace ctypes, nor run an lru_cache wrapper as a constant).
+_cached = functools.lru_cache(maxsize=4096)
+
+
+@_cached
+def _splits_cached(b, nq, h, sparse, index):
+    return planner.decode_num_splits(b, nq, h, sparse, num_sms(index))
+
+
+@_cached
+def _workspace_bytes_cached(b, nq, h, sparse, num_splits):
+    return planner.decode_workspace_bytes(b, nq, h, sparse, num_splits)
+
+
+@_cached
+def _slot_bytes_cached(t, hl):
+    return planner.a2a_slot_bytes(t, hl)
+
+
+_DEFAULT_SCALE = []
+
+
 @torch.compiler.assume_constant_result
 def _splits(b, nq, h, sparse, index):
-    return planner.decode_num_splits(b, nq, h, sparse, num_sms(index))
+    return _splits_cached(b, nq, h, sparse, index)
 
 
 @torch.compiler.assume_constant_result
 def _workspace_bytes(b, nq, h, sparse, num_splits):
-    return planner.decode_workspace_bytes(b, nq, h, sparse, num_splits)
+    return _workspace_bytes_cached(b, nq, h, sparse, num_splits)
 
 
 @torch.compiler.assume_constant_result
 def _slot_bytes(t, hl):
-    return planner.a2a_slot_bytes(t, hl)
+    return _slot_bytes_cached(t, hl)
 
 
 @torch.compiler.assume_constant_result
 def _default_scale():
-    return planner.default_scale()
+    if not _DEFAULT_SCALE:
+        _DEFAULT_SCALE.append(planner.default_scale())
+    return _DEFAULT_SCALE[0]
 
 
 def _index(device):
