@@ -57,10 +57,11 @@ fn header_declares_every_exported_function() {
         src.split("extern \"C\" fn ").skip(1).map(|rest| rest.split('(').next().unwrap_or_default()).collect();
     assert!(exported.len() > 30, "found only {} exported functions", exported.len());
     assert!(fresh.contains("DCP_MLA_STATUS_NO_DEVICE"), "status enum missing");
-    // The Python client declares the types of every function it can call.
-    let python = std::fs::read_to_string(ffi_dir().join("python/dcp_mla.py")).expect("reading python/dcp_mla.py");
+    // The Python package declares the ctypes types of every function it can call.
+    let lib_py = ffi_dir().join("../python/dcp_mla/_lib.py");
+    let python = std::fs::read_to_string(&lib_py).expect("reading python/dcp_mla/_lib.py");
     for f in exported {
         assert!(fresh.contains(&format!("{f}(")), "the header lacks {f}");
-        assert!(python.contains(f), "python/dcp_mla.py does not declare {f}");
+        assert!(python.contains(&format!("\"{f}\"")), "python/dcp_mla/_lib.py does not declare {f}");
     }
 }
