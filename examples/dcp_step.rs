@@ -3,7 +3,6 @@
 //! combine) leaves rank d heads [d·H/D, (d+1)·H/D) merged over both shards. Checked against the
 //! CPU reference over the unsharded cache. `cargo run --release --example dcp_step`.
 
-use dcp_mla::bench::num_sms;
 use dcp_mla::formats::{D_LATENT, D_QK, D_ROPE, D_V};
 use dcp_mla::ops::combine::{a2a_aligned_slot_bytes, a2a_combine, a2a_pack, A2aCombine, A2aPack, CombineRows};
 use dcp_mla::ops::decode::{decode_num_splits, decode_workspace_bytes, default_scale, mla_decode_dense};
@@ -52,7 +51,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // from the shapes and SM count alone: allocate once, reuse every step (and graph replay);
     // 0 bytes when splits = 1, and the driver refuses empty allocations
-    let splits = decode_num_splits(t, 1, H, false, num_sms(&dev)?);
+    let splits = decode_num_splits(t, 1, H, false, dev.num_sms()?);
     let ws = s.alloc_zeros::<u8>(decode_workspace_bytes(t, 1, H, false, splits)?.max(1))?;
     let slot = a2a_aligned_slot_bytes(t, H_L)?;
 

@@ -381,11 +381,7 @@ fn sl<T>(s: &Arc<CudaStream>, b: &CudaSlice<T>) -> DeviceSlice<T> {
 
 /// The number of SMs of the device (sizes the decode's KV splits).
 pub fn num_sms(dev: &Device) -> Result<usize> {
-    let n = drv(
-        "cuDeviceGetAttribute",
-        dev.context().attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT),
-    )?;
-    Ok(n as usize)
+    dev.num_sms()
 }
 
 /// Allocates and initialises the buffers of `row` and returns its launch.

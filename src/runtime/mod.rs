@@ -77,6 +77,15 @@ impl Device {
         self.compute_capability
     }
 
+    /// The device's SM count: what `ops::decode::decode_num_splits` plans one wave of CTAs for.
+    pub fn num_sms(&self) -> Result<usize> {
+        let n = self
+            .ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(|source| Error::Driver { call: "cuDeviceGetAttribute", source })?;
+        Ok(n as usize)
+    }
+
     /// The launch behind [`Device::launch`] and [`Device::launch_dependent`].
     unsafe fn launch_with<P: Copy>(
         &self,
