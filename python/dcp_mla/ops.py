@@ -65,14 +65,15 @@ def _check(x, name, dtypes, ndim=None, shape=None, contiguous=True, device=None)
     return x
 
 
-def _cache(cache, name="cache"):
+def _cache(cache, name="cache", device=None):
     """A paged cache [pages, B, row] or FlashMLA's [pages, B, 1, row]: its 3-d view and format."""
-    _check(cache, name, (torch.bfloat16,) + _BYTES)
+    _check(cache, name, (torch.bfloat16,) + _BYTES, device=device)
     if cache.dim() == 4:
         if cache.shape[2] != 1:
             _fail(name, f"shape {tuple(cache.shape)}: a 4-d cache has one KV head (dim 2 of size 1)")
         cache = cache.view(cache.shape[0], cache.shape[1], cache.shape[3])
-    _check(cache, name, (torch.bfloat16,) + _BYTES, ndim=3)
+    elif cache.dim() != 3:
+        _fail(name, f"{cache.dim()}-d {tuple(cache.shape)}, expected [pages, B, row] or [pages, B, 1, row]")
     row_bytes = cache.shape[2] * cache.element_size()
     fmt = {1152: _lib.KV_BF16, 656: _lib.KV_FP8_656}.get(row_bytes)
     if fmt is None:
@@ -357,13 +358,16 @@ def kv_fill(ckv, kpe, req_idx, positions, block_table, cache, *, dcp_size, inter
 
 
 def _decode_outputs(q, out, lse, out_dtype):
+    """The caller's out and lse, checked, or new ones (which need no check)."""
     b, nq, h, _ = q.shape
     if out is None:
         out = _empty((b, nq, h, 512), out_dtype, q)
+    else:
+        _check(out, "out", _OUT, ndim=4, shape=(b, nq, h, 512), device=q.device)
     if lse is None:
         lse = _empty((b, nq, h), torch.float32, q)
-    _check(out, "out", _OUT, ndim=4, shape=(b, nq, h, 512), device=q.device)
-    _check(lse, "lse", (torch.float32,), ndim=3, shape=(b, nq, h), device=q.device)
+    else:
+        _check(lse, "lse", (torch.float32,), ndim=3, shape=(b, nq, h), device=q.device)
     return out, lse
 
 
@@ -403,10 +407,9 @@ def decode_dense(q, cache, block_table, lens, *, scale=None, num_splits=None, wo
     dev = q.device
     _check(q, "q", (torch.bfloat16,), ndim=4, shape=(None, None, None, 576))
     b, nq, h, _ = q.shape
-    cache3, fmt = _cache(cache)
-    if fmt != _lib.KV_BF16:
+    cache3, fmt = _cache(cache, device=dev)
+    if fmt != _lib.KV_BF16 or cache3.dtype != torch.bfloat16:
         _fail("cache", "dense decode reads a bf16 cache [pages, B, 576]; an FP8-656 cache is read by decode_sparse")
-    _check(cache3, "cache", (torch.bfloat16,), device=dev)
     _check(block_table, "block_table", (torch.int32,), ndim=2, shape=(b, None), contiguous="rows", device=dev)
     _check(lens, "lens", (torch.int32,), ndim=2, shape=(b, nq), device=dev)
     out, lse = _decode_outputs(q, out, lse, out_dtype)
@@ -425,9 +428,8 @@ def decode_sparse(q, cache, indices, *, topk_len=None, kv_format=None, scale=Non
     dev = q.device
     _check(q, "q", (torch.bfloat16,), ndim=4, shape=(None, None, None, 576))
     b, nq, h, _ = q.shape
-    cache3, fmt = _cache(cache)
+    cache3, fmt = _cache(cache, device=dev)
     _want_format("cache", fmt, kv_format)
-    _check(cache3, "cache", tuple(_CODES), device=dev)
     _check(indices, "indices", (torch.int32,), ndim=3, shape=(b, nq, None), device=dev)
     if topk_len is not None:
         _check(topk_len, "topk_len", (torch.int32,), ndim=2, shape=(b, nq), device=dev)
