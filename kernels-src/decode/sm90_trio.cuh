@@ -218,22 +218,31 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
             };
             // FP8: this warpgroup's latent half of tile's token ld_tok dequantised into buffer b
             // (two threads a token, 128 values each: one scale group), zeros for an unread token.
-            auto fill_latent = [&](int tile, int page, int b) {
+            auto load_batch = [&](uint4 (&raw)[kFp8Batch], int64_t row, int h) {
+                const unsigned char* src = (const unsigned char*)p.cache + (row >= 0 ? row : 0) * kFp8RowBytes;
+#pragma unroll
+                for (int j = 0; j < kFp8Batch; ++j)
+                    raw[j] = row >= 0 ? __ldg((const uint4*)(src + kHalf * 256 + ld_part * 128 + 16 * (kFp8Batch * h + j)))
+                                      : make_uint4(0, 0, 0, 0);
+            };
+            auto fill_latent = [&](int tile, int page, int b, uint4 (&pre)[kFp8Batch], bool have_pre) {
                 const int64_t row = token_row(tile, page);
                 const unsigned char* src = (const unsigned char*)p.cache + (row >= 0 ? row : 0) * kFp8RowBytes;
                 const float sc = row >= 0 ? __ldg((const float*)(src + kFp8ScaleOffset + 4 * (2 * kHalf + ld_part))) : 0.0f;
                 unsigned char* dst = sKV + b * kTileBytes;
                 const int c0 = kHalf * 32 + ld_part * 16;
                 // in two batches of 64 bytes: 16 registers of raw rows beside O's 128 (all 128
-                // bytes at once spilled; so did one batch of 64 with the BF16 budgets, hence FP8's
-                // scorer 88 / P·V 208 registers)
+                // bytes at once spilled); the first batch usually loaded before this tile's P·V
+                // (`pre`), so only the second one's L2 round trip follows it
 #pragma unroll
                 for (int h = 0; h < 2; ++h) {
                     uint4 raw[kFp8Batch];
+                    if (h == 0 && have_pre) {
 #pragma unroll
-                    for (int j = 0; j < kFp8Batch; ++j)
-                        raw[j] = row >= 0 ? __ldg((const uint4*)(src + kHalf * 256 + ld_part * 128 + 16 * (kFp8Batch * h + j)))
-                                          : make_uint4(0, 0, 0, 0);
+                        for (int j = 0; j < kFp8Batch; ++j) raw[j] = pre[j];
+                    } else {
+                        load_batch(raw, row, h);
+                    }
 #pragma unroll
                     for (int j = 0; j < kFp8Batch; ++j) {
                         const int c = c0 + 2 * (kFp8Batch * h + j);
@@ -276,10 +285,15 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
             };
             // One fill of tile `tile` into buffer b by this warpgroup: BF16 warpgroup 1 all of it;
             // FP8 each warpgroup its latent half, warpgroup 1 the rest after empty(b).
+            // FP8: the next fill's first batch, loaded before this tile's P·V (its latency hides
+            // behind the P·V; the prefetch covers the second batch's lines)
+            uint4 pre[kFp8Batch];
+            bool have_pre = false;
             auto fill_mine = [&](int tile, int page, uint32_t f, bool first) {
                 const int b = f & 1;
                 if constexpr (kFp8) {
-                    fill_latent(tile, page, b);
+                    fill_latent(tile, page, b, pre, have_pre);
+                    have_pre = false;
                     if constexpr (kRole == 1) {
                         wait_free(f);
                         if (first) load_q(p, sQ, seq_row0, row_base, row_limit, t, 128);
@@ -309,7 +323,11 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                 const uint32_t u = uses + i;
                 const int b = u & 1;
                 if constexpr (kFp8) {
-                    if (i + 2 < n) prefetch_latent(tile_begin + i + 2, page);
+                    if (i + 2 < n) {
+                        prefetch_latent(tile_begin + i + 2, page);
+                        load_batch(pre, token_row(tile_begin + i + 2, page), 0);
+                        have_pre = true;
+                    }
                 }
                 mbar_wait_sleep(p_full(b), (u >> 1) & 1);  // P(u) and its factors are written
                 rescale_o(o, sAlpha[b * kRows + r0], sAlpha[b * kRows + r0 + 8]);
@@ -345,9 +363,9 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
     };
     // 384 threads start at 168 registers each (64K / 384, in steps of 8), and the CTA's pool is
     // exactly that: the scorer gives back what the P·V warpgroups (O's 128 accumulators each)
-    // take. FP8's P·V warpgroups also hold a batch of raw rows (16 registers) and spilled at 184,
-    // and its scorer fits in 88. Each role runs its own piece loop, so no code is shared between budgets.
-    constexpr int kLaunchRegs = 65536 / 384 / 8 * 8, kScorerRegs = kFp8 ? 88 : 136, kPvRegs = kFp8 ? 208 : 184;
+    // take. FP8's P·V warpgroups also hold a batch of raw rows (16 registers) across P·V and
+    // spilled at 184 and 208; its scorer fits in 72. Each role runs its own piece loop, so no code is shared between budgets.
+    constexpr int kLaunchRegs = 65536 / 384 / 8 * 8, kScorerRegs = kFp8 ? 72 : 136, kPvRegs = kFp8 ? 216 : 184;
     static_assert(kScorerRegs + 2 * kPvRegs <= 3 * kLaunchRegs, "setmaxnreg must stay inside the CTA's pool");
     if (wg == 0) {
         setmaxnreg_dec<kScorerRegs>();
