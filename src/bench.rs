@@ -78,7 +78,7 @@ impl<'a> Timer<'a> {
             never: 1,
             reserved: 0,
         };
-        let evict_grid = 8 * num_sms(dev)? as u32;
+        let evict_grid = 8 * dev.num_sms()? as u32;
         Ok(Timer { dev, stream, _flush: flush, _sink: sink, evict, evict_grid, warmup, reps: reps.max(1) })
     }
 
@@ -379,11 +379,6 @@ fn sl<T>(s: &Arc<CudaStream>, b: &CudaSlice<T>) -> DeviceSlice<T> {
     DeviceSlice::of(b, s)
 }
 
-/// The number of SMs of the device (sizes the decode's KV splits).
-pub fn num_sms(dev: &Device) -> Result<usize> {
-    dev.num_sms()
-}
-
 /// Allocates and initialises the buffers of `row` and returns its launch.
 pub fn prepare<'a>(dev: &'a Device, s: &Arc<CudaStream>, row: &BenchRow) -> Result<Launch<'a>> {
     let st = Stream::from_cudarc(s);
@@ -432,7 +427,7 @@ pub fn prepare<'a>(dev: &'a Device, s: &Arc<CudaStream>, row: &BenchRow) -> Resu
             };
             let pages = sk.div_ceil(block);
             let rows = b * q * h;
-            let splits = if split { decode::decode_num_splits(b, q, h, false, num_sms(dev)?) } else { 1 };
+            let splits = if split { decode::decode_num_splits(b, q, h, false, dev.num_sms()?) } else { 1 };
             let qv = up(s, &(0..rows * D_QK).map(|_| bf16::from_f32(rng.unit())).collect::<Vec<_>>())?;
             let cache = random_cache(s, &mut rng, KvFormat::Bf16, b * pages * block)?;
             let table = up(s, &(0..(b * pages) as i32).collect::<Vec<_>>())?;
@@ -469,7 +464,7 @@ pub fn prepare<'a>(dev: &'a Device, s: &Arc<CudaStream>, row: &BenchRow) -> Resu
         Case::Sparse { format, b, q, h, k } => {
             let per_req = 8192usize;
             let rows = b * q * h;
-            let splits = decode::decode_num_splits(b, q, h, true, num_sms(dev)?);
+            let splits = decode::decode_num_splits(b, q, h, true, dev.num_sms()?);
             let qv = up(s, &(0..rows * D_QK).map(|_| bf16::from_f32(rng.unit())).collect::<Vec<_>>())?;
             let cache = random_cache(s, &mut rng, format, b * per_req)?;
             // k distinct slots of the request's own pages, in random order

@@ -216,8 +216,8 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                 mbar_arrive_cp_async(full(b));  // with the first tile, also covers Q's copies
                 mbar_arrive(full(b));
             };
-            // FP8: this warpgroup's latent half of tile's token ld_tok dequantised into buffer b
-            // (two threads a token, 128 values each: one scale group), zeros for an unread token.
+            // FP8: batch h (64 bytes) of this thread's 128 latent bytes of cache row `row` (zeros
+            // for an unread token, which dequantise to 0)
             auto load_batch = [&](uint4 (&raw)[kFp8Batch], int64_t row, int h) {
                 const unsigned char* src = (const unsigned char*)p.cache + (row >= 0 ? row : 0) * kFp8RowBytes;
 #pragma unroll
@@ -225,6 +225,8 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                     raw[j] = row >= 0 ? __ldg((const uint4*)(src + kHalf * 256 + ld_part * 128 + 16 * (kFp8Batch * h + j)))
                                       : make_uint4(0, 0, 0, 0);
             };
+            // FP8: this warpgroup's latent half of tile's token ld_tok dequantised into buffer b
+            // (two threads a token, 128 values each: one scale group)
             auto fill_latent = [&](int tile, int page, int b, uint4 (&pre)[kFp8Batch], bool have_pre) {
                 const int64_t row = token_row(tile, page);
                 const unsigned char* src = (const unsigned char*)p.cache + (row >= 0 ? row : 0) * kFp8RowBytes;
@@ -283,12 +285,12 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
             auto wait_free = [&](uint32_t f) {
                 if (f >= 2) mbar_wait_sleep(empty(f & 1), ((f >> 1) - 1) & 1);
             };
-            // One fill of tile `tile` into buffer b by this warpgroup: BF16 warpgroup 1 all of it;
-            // FP8 each warpgroup its latent half, warpgroup 1 the rest after empty(b).
             // FP8: the next fill's first batch, loaded before this tile's P·V (its latency hides
             // behind the P·V; the prefetch covers the second batch's lines)
             uint4 pre[kFp8Batch];
             bool have_pre = false;
+            // One fill of tile `tile` into buffer b by this warpgroup: BF16 warpgroup 1 all of it;
+            // FP8 each warpgroup its latent half, warpgroup 1 the rest after empty(b).
             auto fill_mine = [&](int tile, int page, uint32_t f, bool first) {
                 const int b = f & 1;
                 if constexpr (kFp8) {

@@ -114,19 +114,12 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
             raise ValueError("topk_length: only with indices (sparse attention)")
         if block_table is None or cache_seqlens is None:
             raise ValueError("block_table and cache_seqlens: required for dense attention")
-        lens = row_lens(cache_seqlens, s_q, causal)
+        # FlashMLA's masking is D = 1's local lengths: every row sees cache_seqlens[i] tokens, or
+        # with causal row j sees cache_seqlens[i] − s_q + 1 + j (at least 0)
+        lens = ops.local_lens(cache_seqlens, dcp_size=1, interleave=1, rank=0, num_q=s_q, causal=causal)
         out, lse = ops.decode_dense(q, k_cache, block_table, lens, scale=softmax_scale,
                                     num_splits=meta.num_splits, workspace=meta.workspace)
     # FlashMLA's lse: [b, h_q, s_q], +inf where a row sees no token.
     lse = lse.transpose(1, 2).contiguous()
     return out, lse.masked_fill_(lse == float("-inf"), float("inf"))
 
-
-def row_lens(cache_seqlens: torch.Tensor, s_q: int, causal: bool) -> torch.Tensor:
-    """Per-row lengths [b, s_q] int32 of FlashMLA's masking: every row sees cache_seqlens[i]
-    tokens, or with causal row j sees cache_seqlens[i] − s_q + 1 + j (at least 0)."""
-    lens = cache_seqlens.to(torch.int32).view(-1, 1)
-    if not causal or s_q == 1:
-        return lens.expand(-1, s_q).contiguous()
-    back = torch.arange(s_q - 1, -1, -1, dtype=torch.int32, device=lens.device)
-    return (lens - back).clamp_(min=0)

@@ -129,7 +129,9 @@ def _slot_bytes_cached(t, hl):
     return planner.a2a_slot_bytes(t, hl)
 
 
-_DEFAULT_SCALE = []
+@_cached
+def _default_scale_cached():
+    return planner.default_scale()
 
 
 @torch.compiler.assume_constant_result
@@ -149,9 +151,7 @@ def _slot_bytes(t, hl):
 
 @torch.compiler.assume_constant_result
 def _default_scale():
-    if not _DEFAULT_SCALE:
-        _DEFAULT_SCALE.append(planner.default_scale())
-    return _DEFAULT_SCALE[0]
+    return _default_scale_cached()
 
 
 def _index(device):
@@ -371,28 +371,30 @@ def _decode_outputs(q, out, lse, out_dtype):
     return out, lse
 
 
-def _workspace(q, sparse, num_splits, workspace):
-    b, nq, h, _ = q.shape
+def _split_plan(q_shape, sparse, num_splits, device):
+    """(num_splits, workspace bytes) of decodes of q shape [b, nq, H, 576] on `device`."""
+    b, nq, h = q_shape[0], q_shape[1], q_shape[2]
     if num_splits is None:
-        num_splits = _splits(b, nq, h, sparse, _index(q.device))
-    need = _workspace_bytes(b, nq, h, sparse, num_splits)
-    if workspace is None and need > 0:
-        workspace = _empty((need,), torch.uint8, q)
-    if workspace is not None:
-        _check(workspace, "workspace", tuple(_CODES), device=q.device)
-        if workspace.numel() * workspace.element_size() < need:
-            _fail("workspace", f"{workspace.numel() * workspace.element_size()} bytes, {num_splits} splits need {need}")
+        num_splits = _splits(b, nq, h, sparse, _index(device))
+    return num_splits, _workspace_bytes(b, nq, h, sparse, num_splits)
+
+
+def _workspace(q, sparse, num_splits, workspace):
+    """The caller's workspace, checked against what num_splits needs, or a new one."""
+    if workspace is None:
+        return decode_workspace(q.shape, sparse=sparse, num_splits=num_splits, device=q.device)
+    num_splits, need = _split_plan(q.shape, sparse, num_splits, q.device)
+    _check(workspace, "workspace", tuple(_CODES), device=q.device)
+    if workspace.numel() * workspace.element_size() < need:
+        _fail("workspace", f"{workspace.numel() * workspace.element_size()} bytes, {num_splits} splits need {need}")
     return num_splits, workspace
 
 
 def decode_workspace(q_shape, *, sparse, num_splits=None, device=None):
     """(num_splits, workspace or None) for decodes of q shape [b, nq, H, 576]: allocate it once
     and pass both to every decode of that shape (what a captured graph wants)."""
-    b, nq, h = q_shape[0], q_shape[1], q_shape[2]
     device = torch.device(device if device is not None else "cuda")
-    if num_splits is None:
-        num_splits = _splits(b, nq, h, sparse, _index(device))
-    need = _workspace_bytes(b, nq, h, sparse, num_splits)
+    num_splits, need = _split_plan(q_shape, sparse, num_splits, device)
     return num_splits, (torch.empty((need,), dtype=torch.uint8, device=device) if need else None)
 
 

@@ -350,11 +350,17 @@ def dense_reference(q, keys, lens):
     return ref, ref_lse, ref_abs
 
 
-def test_dcp_step_dense(dev):
-    lens = [300, 77, 2, 1000]
+def dense_step_inputs(lens, dev):
+    """A dense step's inputs: every rank's filled bf16 cache, the shared table, every token's
+    576 values, q [b, NQ, H, 576] and the lengths on the device."""
     table, caches, keys = filled_caches(lens, D, I, B, "bf16", dev)
     q = torch.randn(len(lens), NQ, H, 576, device=dev).to(torch.bfloat16)
-    seqlens = torch.tensor(lens, dtype=torch.int32, device=dev)
+    return table, caches, keys, q, torch.tensor(lens, dtype=torch.int32, device=dev)
+
+
+def test_dcp_step_dense(dev):
+    lens = [300, 77, 2, 1000]
+    table, caches, keys, q, seqlens = dense_step_inputs(lens, dev)
     outs, lses = dense_rank_decode(q, caches, table, seqlens)
     t = len(lens) * NQ
     ref, ref_lse, ref_abs = dense_reference(q, keys, lens)
@@ -407,9 +413,7 @@ def test_dcp_step_sparse_fp8_with_distributed_topk(dev):
 
 def test_compiled_step_matches_eager(dev):
     lens = [300, 77, 2, 1000]
-    table, caches, _ = filled_caches(lens, D, I, B, "bf16", dev)
-    q = torch.randn(len(lens), NQ, H, 576, device=dev).to(torch.bfloat16)
-    seqlens = torch.tensor(lens, dtype=torch.int32, device=dev)
+    table, caches, _, q, seqlens = dense_step_inputs(lens, dev)
     t = len(lens) * NQ
 
     def step(q, seqlens, c0, c1, c2, c3, table):
@@ -424,9 +428,7 @@ def test_compiled_step_matches_eager(dev):
 
 def test_graph_replay_with_changed_lengths(dev):
     lens = [900, 500, 64, 1000]
-    table, caches, keys = filled_caches(lens, D, I, B, "bf16", dev)
-    q = torch.randn(len(lens), NQ, H, 576, device=dev).to(torch.bfloat16)
-    seqlens = torch.tensor(lens, dtype=torch.int32, device=dev)
+    table, caches, keys, q, seqlens = dense_step_inputs(lens, dev)
     t = len(lens) * NQ
     shape_splits, _ = dcp_mla.decode_workspace(q.shape, sparse=False, device=dev)
     workspaces = [dcp_mla.decode_workspace(q.shape, sparse=False, device=dev)[1] for _ in range(D)]

@@ -4,7 +4,6 @@
 use super::problem::{add_time, place, Outputs, PathOutput, Problem};
 use super::problem::{STAGE_COMBINE, STAGE_DENSE, STAGE_FILL, STAGE_SPARSE, STAGE_TOPK};
 use cudarc::driver::{sys, CudaSlice, CudaStream, DevicePtr, DeviceRepr, DriverError, ValidAsZeroBits};
-use dcp_mla::bench::num_sms;
 use dcp_mla::formats::{D_LATENT, D_ROPE, D_V};
 use dcp_mla::ops::combine::{ag_rs_correct, ag_rs_finish, AgRsCorrect, AgRsFinish, CombineRows};
 use dcp_mla::ops::decode::{
@@ -78,7 +77,7 @@ pub fn run_gpu(dev: &Device, p: &Problem) -> Result<Outputs> {
     let st = Stream::from_cudarc(&s);
     let mut clock = Clock { s: s.clone(), stages: Vec::new() };
     let (d, b, q, h, k, t) = (p.dcp.size, p.batch(), p.q, p.heads, p.k, p.rows());
-    let sms = num_sms(dev)?;
+    let sms = dev.num_sms()?;
     let sigma = default_scale();
 
     let d_table = up(&s, &p.table)?;
