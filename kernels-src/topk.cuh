@@ -7,6 +7,7 @@
 // and ties are broken by position with stable block-wide scans: results are deterministic.
 #pragma once
 #include "common.cuh"
+#include "arch/sm90_ptx.cuh"
 
 namespace dcp {
 
@@ -15,6 +16,9 @@ constexpr int kRadixBins = 1 << kRadixBits;
 constexpr int kTopkBlock = 1024;   // topk_local's block (the DSL's `block`)
 constexpr int kTopkItems = 4;      // elements per thread per tile of a streamed row
 constexpr int kTopkBufCap = 4096;  // survivors buffered in shared memory once they fit
+constexpr int kTopkClusterBlock = 512;     // topk_local_cluster's block (the DSL's `block`)
+constexpr int kTopkClusterChunk = 16384;   // most elements one CTA of a cluster holds
+constexpr int kTopkClusterMax = 8;         // most CTAs a row's cluster has (the portable limit)
 constexpr int kMergeBlock = 512;   // topk_merge's block
 constexpr int kCompactBlock = 512; // topk_compact's block
 constexpr int kCompactItems = 4;
@@ -111,19 +115,18 @@ __device__ __forceinline__ void ordered_scan(const bool (&a)[ITEMS], const bool 
     total = s_scan[N];
 }
 
-// Radix-select step over a filled histogram: finds the digit whose bin holds the `need`-th best
-// element counting from the top bin. s_sel = {digit, need left inside that bin, bin count}.
-// Every thread returns after the result is visible.
+// Radix-select step: finds the digit whose bin holds the `need`-th best element counting from
+// the top bin. Thread t holds the counts of bins 2047 − (PER·t + j), j < PER (top bin first), in
+// `c`. s_sel = {digit, need left inside that bin, bin count}. Every thread returns after the
+// result is visible.
 template <int BLOCK>
-__device__ __forceinline__ void select_digit(const uint32_t* hist, uint32_t need, uint32_t* s_warp, uint32_t* s_sel) {
+__device__ __forceinline__ void select_digit_counts(const uint32_t (&c)[kRadixBins / BLOCK], uint32_t need,
+                                                    uint32_t* s_warp, uint32_t* s_sel) {
     constexpr int PER = kRadixBins / BLOCK;
     static_assert(PER * BLOCK == kRadixBins, "bins per thread");
-    uint32_t c[PER], sum = 0;
+    uint32_t sum = 0;
 #pragma unroll
-    for (int j = 0; j < PER; ++j) {
-        c[j] = hist[kRadixBins - 1 - (threadIdx.x * PER + j)];
-        sum += c[j];
-    }
+    for (int j = 0; j < PER; ++j) sum += c[j];
     uint32_t total;
     uint32_t above = block_exclusive_sum<BLOCK>(sum, total, s_warp);
 #pragma unroll
@@ -136,6 +139,16 @@ __device__ __forceinline__ void select_digit(const uint32_t* hist, uint32_t need
         above += c[j];
     }
     __syncthreads();
+}
+
+// The same over a filled histogram in shared memory.
+template <int BLOCK>
+__device__ __forceinline__ void select_digit(const uint32_t* hist, uint32_t need, uint32_t* s_warp, uint32_t* s_sel) {
+    constexpr int PER = kRadixBins / BLOCK;
+    uint32_t c[PER];
+#pragma unroll
+    for (int j = 0; j < PER; ++j) c[j] = hist[kRadixBins - 1 - (threadIdx.x * PER + j)];
+    select_digit_counts<BLOCK>(c, need, s_warp, s_sel);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -288,6 +301,143 @@ __device__ __forceinline__ void topk_local(const DcpTopkParams& p) {
             },
             out, s_scan, it);
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Local top-k, one thread-block cluster per row (sm_90): the row's CTAs (C = the cluster size,
+// 1..8) each read one chunk of ceil(cols / C) elements from global memory once, as keys into
+// their dynamic shared memory (chunk·4 bytes; the launch passes at least that), building the
+// first digit's histogram on the way. Each pass then sums the C histograms through distributed
+// shared memory, and every CTA picks the same digit (deterministic); later passes read only the
+// CTA's own shared keys. At the end each CTA knows how many of its elements are above the
+// threshold key and equal to it; an exclusive scan of those over the lower ranks places its
+// selected elements in the row's ascending-index output. Same output as topk_local, bit for bit.
+// Histograms alternate between two buffers: pass p + 2 rewrites the one the cluster read in
+// pass p only after the cluster barrier of pass p + 1, which every CTA reaches after its reads.
+// ---------------------------------------------------------------------------------------------
+template <int K>
+__device__ __forceinline__ void topk_local_cluster(const DcpTopkParams& p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    using namespace ptx_sm90;
+    constexpr int BLOCK = kTopkClusterBlock, ITEMS = kTopkItems, PER = kRadixBins / BLOCK, LOADS = 16;
+    static_assert(PER == 4, "one 16-byte read of each CTA's histogram per thread");
+    extern __shared__ uint32_t s_key[];  // this CTA's chunk of keys
+    __shared__ __align__(16) uint32_t s_hist[2][kRadixBins];
+    __shared__ uint32_t s_scan[2][ITEMS * BLOCK / 32 + 1];
+    __shared__ uint32_t s_warp[BLOCK / 32 + 1];
+    __shared__ uint32_t s_sel[3];
+    __shared__ __align__(8) uint32_t s_count[2];             // (above, at) of this CTA, read by the others
+    __shared__ uint32_t s_lower[kTopkClusterMax][2];          // the same of every CTA, copied here
+
+    const uint32_t csize = cluster_size(), crank = cluster_rank();
+    const int row = blockIdx.x / csize;
+    const int tid = threadIdx.x;
+    const int chunk = (p.cols + (int)csize - 1) / (int)csize;
+    if ((uint32_t)chunk * 4u > dynamic_smem_bytes()) __trap();  // a launch that passed too little
+    int32_t* out = (int32_t*)p.out + (int64_t)row * K;
+    const int len = max(0, min(((const int32_t*)p.lens)[row], p.cols));
+    if (len <= K) {  // the same decision in every CTA of the cluster: none touches another's memory
+        if (crank == 0)
+            for (int j = tid; j < K; j += BLOCK) out[j] = j < len ? j : -1;
+        return;
+    }
+    const int start = (int)crank * chunk;
+    const int count = max(0, min(len - start, chunk));
+    const float* x = (const float*)p.scores + (int64_t)row * p.row_stride + start;
+
+    // The one read of the row: keys into shared memory, first digit (bits 21..31) counted.
+    for (int i = tid; i < kRadixBins; i += BLOCK) s_hist[0][i] = 0;
+    __syncthreads();
+    for (int base = 0; base < count; base += LOADS * BLOCK) {
+        float v[LOADS];
+#pragma unroll
+        for (int u = 0; u < LOADS; ++u) {
+            const int e = base + u * BLOCK + tid;
+            v[u] = e < count ? __ldg(x + e) : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < LOADS; ++u) {
+            const int e = base + u * BLOCK + tid;
+            if (e < count) {
+                const uint32_t k = score_key(v[u]);
+                s_key[e] = k;
+                atomicAdd(&s_hist[0][k >> 21], 1u);
+            }
+        }
+    }
+
+    uint32_t prefix = 0, mask = 0, need = K;  // need: still to take among keys matching prefix
+    uint32_t above = 0, at = 0;               // this CTA's elements above the prefix / matching it
+#pragma unroll 1
+    for (int pass = 0; pass < 3; ++pass) {
+        const int shift = pass == 0 ? 21 : pass == 1 ? 10 : 0;
+        uint32_t* hist = s_hist[pass & 1];
+        if (pass > 0) {
+            for (int e = tid; e < count; e += BLOCK) {
+                const uint32_t k = s_key[e];
+                if ((k & mask) == prefix) atomicAdd(&hist[(k >> shift) & (kRadixBins - 1)], 1u);
+            }
+        }
+        cluster_sync();  // every CTA's histogram of this pass is complete and visible
+        // Thread t sums bins 2047 − 4t − j over the cluster (one 16-byte read per CTA).
+        const int low = kRadixBins - PER * (tid + 1);
+        uint32_t c[PER] = {0, 0, 0, 0};
+        for (uint32_t r = 0; r < csize; ++r) {
+            const uint4 h = cluster_ld_v4(cluster_map(&hist[low], r));
+            c[0] += h.w;
+            c[1] += h.z;
+            c[2] += h.y;
+            c[3] += h.x;
+        }
+        select_digit_counts<BLOCK>(c, need, s_warp, s_sel);
+        const uint32_t digit = s_sel[0], bucket = s_sel[2];
+        need = s_sel[1];
+        // This CTA's elements in bins above the digit join `above`; those in it are `at`.
+        uint32_t mine = 0, total;
+#pragma unroll
+        for (int j = 0; j < PER; ++j) mine += (uint32_t)(low + j) > digit ? hist[low + j] : 0u;
+        block_exclusive_sum<BLOCK>(mine, total, s_warp);
+        above += total;
+        at = hist[digit];
+        prefix |= digit << shift;
+        mask |= (uint32_t)(kRadixBins - 1) << shift;
+        if (bucket == need) break;  // the whole bin is taken: the prefix decides everything
+        uint32_t* next = s_hist[(pass + 1) & 1];
+        for (int i = tid; i < kRadixBins; i += BLOCK) next[i] = 0;
+        __syncthreads();  // cleared before anyone counts into it; s_sel and s_warp free again
+    }
+
+    // Where this CTA's selected elements go: after every lower rank's.
+    if (tid == 0) {
+        s_count[0] = above;
+        s_count[1] = at;
+    }
+    cluster_sync();
+    if (tid < (int)csize) {
+        const uint2 v = cluster_ld_v2(cluster_map(s_count, (uint32_t)tid));
+        s_lower[tid][0] = v.x;
+        s_lower[tid][1] = v.y;
+    }
+    __syncthreads();
+    cluster_arrive();  // no remote reads after this: the others may exit once every CTA arrived
+    uint32_t above_lower = 0, at_lower = 0;
+    for (uint32_t r = 0; r < crank; ++r) {
+        above_lower += s_lower[r][0];
+        at_lower += s_lower[r][1];
+    }
+    const uint32_t my_need = need > at_lower ? min(need - at_lower, at) : 0u;
+    int it = 0;
+    emit_selected<BLOCK, ITEMS>(
+        count, prefix, mask, my_need, above,
+        [&](int e, int32_t& idx) {
+            idx = start + e;
+            return s_key[e];
+        },
+        out + above_lower + min(at_lower, need), s_scan, it);
+    cluster_wait();
+#else
+    __trap();  // sm_80 launches topk_local (src/ops/topk.rs)
+#endif
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -102,7 +102,7 @@ fn local_topk_matches_reference() {
 
         let d_scores = upload(&s, &scores);
         let d_lens = upload(&s, &lens);
-        let d_out = upload(&s, &vec![POISON; rows * k]);
+        let mut d_out = upload(&s, &vec![POISON; rows * k]);
         // cols below the stride: lengths past cols (40,003 and 50,000 here) clamp to cols, in the
         // kernel and the reference alike (docs/semantics.md)
         let cols = row_stride - 3;
@@ -126,7 +126,37 @@ fn local_topk_matches_reference() {
                 k,
             );
         }
+        // Every schedule, on these columns and on 16,000 (where clusters of 1 and 2 fit): chunk
+        // boundaries fall inside the rows, lengths end inside and before a CTA's chunk.
+        for cols in [cols, 16_000] {
+            let want = reference::local_topk(&scores, rows, row_stride, cols, &lens, k);
+            for schedule in schedules(dev, cols) {
+                s.memcpy_htod(&vec![POISON; rows * k], &mut d_out).unwrap();
+                local_topk_with(dev, raw(&s), &LocalTopk { cols, ..args }, schedule).expect("local_topk_with");
+                let got = download(&s, &d_out);
+                for r in 0..rows {
+                    check_i32(
+                        &format!("{schedule:?}, cols {cols}, K = {k}, row {r} (kind {}, len {})", kinds[r], lens[r]),
+                        &got[r * k..(r + 1) * k],
+                        &want[r * k..(r + 1) * k],
+                        k,
+                    );
+                }
+            }
+        }
     }
+}
+
+/// One CTA per row, and on Hopper every cluster size that fits `cols` columns.
+fn schedules(dev: &dcp_mla::runtime::Device, cols: usize) -> Vec<TopkSchedule> {
+    let mut v = vec![TopkSchedule::CtaPerRow];
+    if dev.compute_capability().0 >= 9 {
+        let fewest = cols.div_ceil(TOPK_CLUSTER_CHUNK);
+        v.extend((fewest.max(1)..=TOPK_CLUSTER_MAX).map(|ctas| TopkSchedule::Cluster { ctas }));
+    } else {
+        eprintln!("compute capability below 9.0: top-k clusters not run");
+    }
+    v
 }
 
 /// A score buffer of 2^31 + 2^20 elements: row 1 starts at 2^31 − 2^20 and crosses 2^31, so a
@@ -171,6 +201,22 @@ fn local_topk_and_pack_beyond_2_pow_31_elements() {
     };
     pack_candidates(dev, raw(&s), &pack).expect("pack_candidates");
     let (got_s, got_i) = (download(&s, &d_cs), download(&s, &d_ci));
+    // Clusters hold at most 8 · 16,384 columns: rows 2^31 − 2^16 apart put row 1's across 2^31.
+    if dev.compute_capability().0 >= 9 {
+        let (c_cols, c_stride) = (TOPK_CLUSTER_MAX * TOPK_CLUSTER_CHUNK, (1usize << 31) - (1 << 16));
+        let c_lens = upload(&s, &vec![c_cols as i32; rows]);
+        let c_args = LocalTopk { row_stride: c_stride, cols: c_cols, lens: view(&s, &c_lens), ..args };
+        let c_out = upload(&s, &vec![POISON; rows * k]);
+        local_topk_with(dev, raw(&s), &LocalTopk { out: view(&s, &c_out), ..c_args }, TopkSchedule::Cluster { ctas: 8 })
+            .expect("local_topk_with");
+        let got_c = download(&s, &c_out);
+        // row 1 of this view is host row 1 from 2^20 − 2^16 on
+        let tail = (1usize << 20) - (1 << 16);
+        for (r, row) in [&host[0][..c_cols], &host[1][tail..tail + c_cols]].into_iter().enumerate() {
+            let want = reference::local_topk(row, 1, c_cols, c_cols, &[c_cols as i32], k);
+            check_i32(&format!("2^31 buffer, clusters of 8, row {r}"), &got_c[r * k..(r + 1) * k], &want, k);
+        }
+    }
     for r in 0..rows {
         let want = reference::local_topk(&host[r], 1, cols, cols, &lens[r..r + 1], k);
         check_i32(&format!("2^31 buffer, row {r}"), &got[r * k..(r + 1) * k], &want, k);

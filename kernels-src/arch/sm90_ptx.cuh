@@ -1,6 +1,6 @@
 // PTX wrappers of the Hopper (sm_90a) decode kernels: wgmma (descriptors, fences, the m64nNk16
 // shapes they use), mbarriers, TMA, proxy fences, register budgets (setmaxnreg) and L2
-// prefetch. Only compiled for sm_90a.
+// prefetch (sm_90a only), and the thread-block cluster operations of the top-k (sm_90).
 // Namespace dcp::ptx_sm90; the Hopper decode kernels see them through namespace decode_sm90
 // (decode/sm90_base.cuh).
 #pragma once
@@ -167,6 +167,55 @@ __device__ __forceinline__ void tma_prefetch_map(const void* tmap) {
     asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(tmap)) : "memory");
 }
 __device__ __forceinline__ void wgmma_wait1() { asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory"); }
+#endif
+
+// Thread-block clusters (sm_90, so compute_90 PTX holds them too): the CTA's rank and the
+// cluster's size, the cluster-wide split barrier (release on arrive, acquire on wait: shared
+// memory written before one CTA's arrive is visible to every CTA after its wait), and reads of
+// another CTA's shared memory through its address in the cluster window.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+__device__ __forceinline__ uint32_t cluster_rank() {
+    uint32_t r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ uint32_t cluster_size() {
+    uint32_t n;
+    asm volatile("mov.u32 %0, %%cluster_nctarank;\n" : "=r"(n));
+    return n;
+}
+__device__ __forceinline__ uint32_t dynamic_smem_bytes() {
+    uint32_t n;
+    asm volatile("mov.u32 %0, %%dynamic_smem_size;\n" : "=r"(n));
+    return n;
+}
+__device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void cluster_sync() {
+    cluster_arrive();
+    cluster_wait();
+}
+// `ptr` (this CTA's shared memory) as CTA `rank`'s copy, in the cluster window.
+__device__ __forceinline__ uint32_t cluster_map(const void* ptr, uint32_t rank) {
+    uint32_t out;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n"
+                 : "=r"(out)
+                 : "r"((uint32_t)__cvta_generic_to_shared(ptr)), "r"(rank));
+    return out;
+}
+__device__ __forceinline__ uint4 cluster_ld_v4(uint32_t addr) {
+    uint4 v;
+    asm volatile("ld.shared::cluster.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "r"(addr)
+                 : "memory");
+    return v;
+}
+__device__ __forceinline__ uint2 cluster_ld_v2(uint32_t addr) {
+    uint2 v;
+    asm volatile("ld.shared::cluster.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(addr) : "memory");
+    return v;
+}
 #endif
 }  // namespace ptx_sm90
 }  // namespace dcp

@@ -48,9 +48,98 @@ pub fn global_merge_compiled(dcp_size: usize, k: usize) -> bool {
 /// counts as −inf, −0 as +0), as ascending indices; a row with len ≤ K gives 0..len then −1.
 /// Bit-identical to [`crate::reference::topk::local_topk`] (with cols = row_stride).
 pub fn local_topk(dev: &Device, stream: Stream, a: &LocalTopk) -> Result<()> {
+    local_topk_with(dev, stream, a, topk_schedule(dev, a.rows, a.cols)?)
+}
+
+/// How [`local_topk`] spreads a row over the GPU (the same output either way, bit for bit).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TopkSchedule {
+    /// One CTA per row, streaming the row from memory once per radix pass (any GPU, any cols).
+    CtaPerRow,
+    /// One thread-block cluster of `ctas` CTAs per row (compute capability 9.0+; 1 ≤ ctas ≤ 8,
+    /// ceil(cols / ctas) ≤ [`TOPK_CLUSTER_CHUNK`]): each CTA holds its chunk of the row in shared
+    /// memory, so the row is read once and the whole GPU works on few rows.
+    Cluster { ctas: usize },
+}
+
+/// The most scores one CTA of a [`TopkSchedule::Cluster`] holds (`kTopkClusterChunk`).
+pub const TOPK_CLUSTER_CHUNK: usize = 16384;
+/// The most CTAs of a top-k cluster (the portable cluster size; `kTopkClusterMax`).
+pub const TOPK_CLUSTER_MAX: usize = 8;
+
+/// The schedule [`local_topk`] uses for `rows` rows of `cols` columns on `dev`: clusters on
+/// Hopper when a row fits 8 chunks, with the fewest CTAs a row that fill the GPU twice over
+/// (more CTAs a row: more parallel reads, more histogram traffic between them). The environment
+/// variable `DCP_MLA_TOPK_CLUSTER` (read once) overrides it: `0` for one CTA per row, `n` for
+/// clusters of n (an error if n does not fit these columns).
+pub fn topk_schedule(dev: &Device, rows: usize, cols: usize) -> Result<TopkSchedule> {
+    static FORCED: std::sync::OnceLock<std::result::Result<Option<usize>, String>> = std::sync::OnceLock::new();
+    let forced = FORCED.get_or_init(|| match std::env::var("DCP_MLA_TOPK_CLUSTER") {
+        Err(_) => Ok(None),
+        Ok(v) if v.is_empty() => Ok(None),
+        Ok(v) => v.parse().map(Some).map_err(|_| format!("`{v}` is not a number of CTAs (0 for one CTA per row)")),
+    });
+    let forced = forced.clone().map_err(|reason| Error::arg("DCP_MLA_TOPK_CLUSTER", reason))?;
+    if let Some(c) = forced {
+        return Ok(if c == 0 { TopkSchedule::CtaPerRow } else { TopkSchedule::Cluster { ctas: c } });
+    }
+    if dev.compute_capability().0 < 9 {
+        return Ok(TopkSchedule::CtaPerRow);
+    }
+    Ok(auto_schedule(rows, cols, dev.num_sms()?))
+}
+
+fn auto_schedule(rows: usize, cols: usize, sms: usize) -> TopkSchedule {
+    let fewest = cols.div_ceil(TOPK_CLUSTER_CHUNK).max(1);
+    if fewest > TOPK_CLUSTER_MAX {
+        return TopkSchedule::CtaPerRow;
+    }
+    let mut ctas = fewest;
+    while ctas < TOPK_CLUSTER_MAX && rows * ctas < 2 * sms {
+        ctas = (ctas * 2).min(TOPK_CLUSTER_MAX);
+    }
+    TopkSchedule::Cluster { ctas }
+}
+
+/// [`local_topk`] with the schedule named (tests run every one against the reference).
+pub fn local_topk_with(dev: &Device, stream: Stream, a: &LocalTopk, schedule: TopkSchedule) -> Result<()> {
     let params = local_topk_params(a)?;
-    let id = lookup(registry::topk_local(a.k as u32), || format!("topk_local for K = {}", a.k))?;
-    launch_rows(dev, stream, id, a.rows, &params)
+    match schedule {
+        TopkSchedule::CtaPerRow => {
+            let id = lookup(registry::topk_local(a.k as u32), || format!("topk_local for K = {}", a.k))?;
+            launch_rows(dev, stream, id, a.rows, &params)
+        }
+        TopkSchedule::Cluster { ctas } => {
+            ensure_arg!(
+                (1..=TOPK_CLUSTER_MAX).contains(&ctas),
+                "schedule",
+                "a top-k cluster has 1 to {TOPK_CLUSTER_MAX} CTAs, not {ctas}"
+            );
+            let chunk = a.cols.div_ceil(ctas);
+            ensure_arg!(
+                chunk <= TOPK_CLUSTER_CHUNK,
+                "schedule",
+                "{ctas} CTAs a row hold {chunk} of the {} columns each, above {TOPK_CLUSTER_CHUNK}",
+                a.cols
+            );
+            if dev.compute_capability().0 < 9 {
+                return Err(Error::Unsupported("top-k clusters need compute capability 9.0".into()));
+            }
+            let id = lookup(registry::topk_local_cluster(a.k as u32), || format!("topk_local_cluster for K = {}", a.k))?;
+            if a.rows == 0 {
+                return Ok(());
+            }
+            let grid = a
+                .rows
+                .checked_mul(ctas)
+                .and_then(|g| u32::try_from(g).ok())
+                .ok_or_else(|| Error::arg("rows", format!("{} rows of {ctas} CTAs exceed the grid limit", a.rows)))?;
+            // The kernel's keys: chunk·4 bytes of dynamic shared memory (it traps on less).
+            let shared = (chunk.max(1) * 4) as u32;
+            // SAFETY: local_topk_params checked every element the kernel reads and writes.
+            unsafe { dev.launch_cluster(id, (grid, 1, 1), ctas as u32, shared, stream, &params) }
+        }
+    }
 }
 
 fn local_topk_params(a: &LocalTopk) -> Result<DcpTopkParams> {
@@ -377,6 +466,18 @@ mod tests {
         let wide = PackCandidates { cols: (1 << 28) + 1, row_stride: (1 << 28) + 1, ..fits };
         assert_eq!(arg_of(pack_params(&wide).unwrap_err()), "cols");
         assert_eq!(arg_of(pack_params(&PackCandidates { rank: 8, ..pk }).unwrap_err()), "rank");
+    }
+
+    #[test]
+    fn topk_schedule_fills_the_gpu_with_the_fewest_ctas() {
+        // 132 SMs: twice over is 264 CTAs
+        assert_eq!(auto_schedule(128, 131_072, 132), TopkSchedule::Cluster { ctas: 8 });
+        assert_eq!(auto_schedule(128, 32_768, 132), TopkSchedule::Cluster { ctas: 4 });
+        assert_eq!(auto_schedule(512, 32_768, 132), TopkSchedule::Cluster { ctas: 2 });
+        assert_eq!(auto_schedule(1024, 1000, 132), TopkSchedule::Cluster { ctas: 1 });
+        assert_eq!(auto_schedule(100, 40_000, 132), TopkSchedule::Cluster { ctas: 3 });
+        assert_eq!(auto_schedule(1, 8 * 16_384, 132), TopkSchedule::Cluster { ctas: 8 });
+        assert_eq!(auto_schedule(1, 8 * 16_384 + 1, 132), TopkSchedule::CtaPerRow);
     }
 
     #[test]

@@ -95,6 +95,7 @@ impl Device {
         stream: Stream,
         params: &P,
         dependent: bool,
+        cluster: Option<u32>,
     ) -> Result<()> {
         let info = id.info();
         let f = *self.functions[id.index()]
@@ -116,16 +117,29 @@ impl Device {
         // cuLaunchKernel takes an array of pointers to the arguments; the one argument is the
         // params struct, passed by value.
         let mut args = [params as *const P as *mut std::ffi::c_void];
-        if !dependent || self.compute_capability.0 < 9 || !pdl_enabled() {
+        let programmatic = dependent && self.compute_capability.0 >= 9 && pdl_enabled();
+        if !programmatic && cluster.is_none() {
             return cu::launch_kernel(f, grid, (info.block, 1, 1), shared_bytes, stream.0, &mut args)
                 .map_err(|source| Error::Driver { call: "cuLaunchKernel", source });
         }
         // Programmatic dependent launch: the kernel may start while the stream's previous kernel
         // runs and waits for it with griddepcontrol.wait (kernels-src/common.cuh). Captured
-        // into a graph as a programmatic edge.
-        let mut attr: sys::CUlaunchAttribute = std::mem::zeroed();
-        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-        attr.value.programmaticStreamSerializationAllowed = 1;
+        // into a graph as a programmatic edge. A cluster launch groups `cluster` consecutive
+        // CTAs along x into one thread-block cluster (the grid's x a multiple of it).
+        let mut attrs: [sys::CUlaunchAttribute; 2] = std::mem::zeroed();
+        let mut n = 0;
+        if programmatic {
+            attrs[n].id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+            attrs[n].value.programmaticStreamSerializationAllowed = 1;
+            n += 1;
+        }
+        if let Some(c) = cluster {
+            attrs[n].id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+            attrs[n].value.clusterDim.x = c;
+            attrs[n].value.clusterDim.y = 1;
+            attrs[n].value.clusterDim.z = 1;
+            n += 1;
+        }
         let config = sys::CUlaunchConfig {
             gridDimX: grid.0,
             gridDimY: grid.1,
@@ -135,8 +149,8 @@ impl Device {
             blockDimZ: 1,
             sharedMemBytes: shared_bytes,
             hStream: stream.0,
-            attrs: &mut attr,
-            numAttrs: 1,
+            attrs: attrs.as_mut_ptr(),
+            numAttrs: n as u32,
         };
         sys::cuLaunchKernelEx(&config, f, args.as_mut_ptr(), std::ptr::null_mut())
             .result()
@@ -156,7 +170,25 @@ impl Device {
         stream: Stream,
         params: &P,
     ) -> Result<()> {
-        self.launch_with(id, grid, shared_bytes, stream, params, false)
+        self.launch_with(id, grid, shared_bytes, stream, params, false, None)
+    }
+
+    /// Launches `id` with thread-block clusters of `cluster` consecutive CTAs along x
+    /// (compute capability 9.0+; `grid.0` a multiple of `cluster`, at most 8 without the
+    /// non-portable opt-in).
+    ///
+    /// # Safety
+    /// As for [`Device::launch`].
+    pub(crate) unsafe fn launch_cluster<P: Copy>(
+        &self,
+        id: KernelId<P>,
+        grid: (u32, u32, u32),
+        cluster: u32,
+        shared_bytes: u32,
+        stream: Stream,
+        params: &P,
+    ) -> Result<()> {
+        self.launch_with(id, grid, shared_bytes, stream, params, false, Some(cluster))
     }
 
     /// Launches `id` as a programmatic dependent of the stream's previous kernel (compute
@@ -173,7 +205,7 @@ impl Device {
         stream: Stream,
         params: &P,
     ) -> Result<()> {
-        self.launch_with(id, grid, shared_bytes, stream, params, true)
+        self.launch_with(id, grid, shared_bytes, stream, params, true, None)
     }
 }
 
