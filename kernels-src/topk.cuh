@@ -17,7 +17,7 @@ constexpr int kTopkBlock = 1024;   // topk_local's block (the DSL's `block`)
 constexpr int kTopkItems = 4;      // elements per thread per tile of a streamed row
 constexpr int kTopkBufCap = 4096;  // survivors buffered in shared memory once they fit
 constexpr int kTopkClusterBlock = 512;     // topk_local_cluster's block (the DSL's `block`)
-constexpr int kTopkClusterChunk = 16384;   // most elements one CTA of a cluster holds
+constexpr int kTopkClusterChunk = 32768;   // most elements one CTA of a cluster holds (128 KB)
 constexpr int kTopkClusterMax = 8;         // most CTAs a row's cluster has (the portable limit)
 constexpr int kMergeBlock = 512;   // topk_merge's block
 constexpr int kCompactBlock = 512; // topk_compact's block
@@ -307,25 +307,31 @@ __device__ __forceinline__ void topk_local(const DcpTopkParams& p) {
 // Local top-k, one thread-block cluster per row (sm_90): the row's CTAs (C = the cluster size,
 // 1..8) each read one chunk of ceil(cols / C) elements from global memory once, as keys into
 // their dynamic shared memory (chunk·4 bytes; the launch passes at least that), building the
-// first digit's histogram on the way. Each pass then sums the C histograms through distributed
-// shared memory, and every CTA picks the same digit (deterministic); later passes read only the
-// CTA's own shared keys. At the end each CTA knows how many of its elements are above the
-// threshold key and equal to it; an exclusive scan of those over the lower ranks places its
-// selected elements in the row's ascending-index output. Same output as topk_local, bit for bit.
-// Histograms alternate between two buffers: pass p + 2 rewrites the one the cluster read in
-// pass p only after the cluster barrier of pass p + 1, which every CTA reaches after its reads.
+// first digit's histogram on the way; later passes read only the CTA's own shared keys. Each
+// pass sums the C histograms over distributed shared memory as a reduce-scatter (CTA r sums
+// slice r of the bins over the cluster: 2048 remote reads a CTA, not C·2048), then every CTA
+// finds the slice holding the need-th best element from the slices' totals and reads only that
+// slice's sums, so all of them pick the same digit. At the end each CTA knows how many of its
+// elements are above the threshold key and equal to it; an exclusive scan of those over the
+// lower ranks places its selected elements in the row's ascending-index output. Same output as
+// topk_local, bit for bit. Two cluster barriers a pass: after the counts (A) and after the
+// slice sums (B); a buffer another CTA reads between two barriers is rewritten only after the
+// next one, which every CTA reaches after its reads.
 // ---------------------------------------------------------------------------------------------
 template <int K>
 __device__ __forceinline__ void topk_local_cluster(const DcpTopkParams& p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     using namespace ptx_sm90;
     constexpr int BLOCK = kTopkClusterBlock, ITEMS = kTopkItems, PER = kRadixBins / BLOCK, LOADS = 16;
-    static_assert(PER == 4, "one 16-byte read of each CTA's histogram per thread");
+    static_assert(PER == 4, "one 16-byte group of bins per thread");
     extern __shared__ uint32_t s_key[];  // this CTA's chunk of keys
-    __shared__ __align__(16) uint32_t s_hist[2][kRadixBins];
+    __shared__ __align__(16) uint32_t s_hist[kRadixBins];   // this CTA's counts of the pass
+    __shared__ __align__(16) uint32_t s_slice[kRadixBins];  // the cluster's sums of this CTA's slice
     __shared__ uint32_t s_scan[2][ITEMS * BLOCK / 32 + 1];
     __shared__ uint32_t s_warp[BLOCK / 32 + 1];
     __shared__ uint32_t s_sel[3];
+    __shared__ uint32_t s_slice_total;                       // read by the cluster after barrier B
+    __shared__ uint32_t s_totals[kTopkClusterMax];           // every slice's total, copied here
     __shared__ __align__(8) uint32_t s_count[2];             // (above, at) of this CTA, read by the others
     __shared__ uint32_t s_lower[kTopkClusterMax][2];          // the same of every CTA, copied here
 
@@ -344,9 +350,12 @@ __device__ __forceinline__ void topk_local_cluster(const DcpTopkParams& p) {
     const int start = (int)crank * chunk;
     const int count = max(0, min(len - start, chunk));
     const float* x = (const float*)p.scores + (int64_t)row * p.row_stride + start;
+    // Bins are split into C slices of a multiple of 4 bins; a thread's group of 4 lies in one.
+    const int slice = ((kRadixBins / (int)csize + 3) / 4) * 4;
+    const int group = kRadixBins - PER * (tid + 1);  // this thread's bins: group .. group + 3
 
     // The one read of the row: keys into shared memory, first digit (bits 21..31) counted.
-    for (int i = tid; i < kRadixBins; i += BLOCK) s_hist[0][i] = 0;
+    for (int i = tid; i < kRadixBins; i += BLOCK) s_hist[i] = 0;
     __syncthreads();
     for (int base = 0; base < count; base += LOADS * BLOCK) {
         float v[LOADS];
@@ -361,7 +370,7 @@ __device__ __forceinline__ void topk_local_cluster(const DcpTopkParams& p) {
             if (e < count) {
                 const uint32_t k = score_key(v[u]);
                 s_key[e] = k;
-                atomicAdd(&s_hist[0][k >> 21], 1u);
+                atomicAdd(&s_hist[k >> 21], 1u);
             }
         }
     }
@@ -371,40 +380,68 @@ __device__ __forceinline__ void topk_local_cluster(const DcpTopkParams& p) {
 #pragma unroll 1
     for (int pass = 0; pass < 3; ++pass) {
         const int shift = pass == 0 ? 21 : pass == 1 ? 10 : 0;
-        uint32_t* hist = s_hist[pass & 1];
         if (pass > 0) {
             for (int e = tid; e < count; e += BLOCK) {
                 const uint32_t k = s_key[e];
-                if ((k & mask) == prefix) atomicAdd(&hist[(k >> shift) & (kRadixBins - 1)], 1u);
+                if ((k & mask) == prefix) atomicAdd(&s_hist[(k >> shift) & (kRadixBins - 1)], 1u);
             }
         }
-        cluster_sync();  // every CTA's histogram of this pass is complete and visible
-        // Thread t sums bins 2047 − 4t − j over the cluster (one 16-byte read per CTA).
-        const int low = kRadixBins - PER * (tid + 1);
-        uint32_t c[PER] = {0, 0, 0, 0};
-        for (uint32_t r = 0; r < csize; ++r) {
-            const uint4 h = cluster_ld_v4(cluster_map(&hist[low], r));
-            c[0] += h.w;
-            c[1] += h.z;
-            c[2] += h.y;
-            c[3] += h.x;
+        cluster_sync();  // A: every CTA's counts of this pass are complete and visible
+        // Reduce-scatter: this CTA sums its slice of the bins over the cluster.
+        const int lo = (int)crank * slice, hi = min(kRadixBins, lo + slice);
+        uint32_t part = 0;
+        if (lo + PER * tid < hi) {
+            const int b = lo + PER * tid;
+            uint4 h[kTopkClusterMax];
+#pragma unroll
+            for (int r = 0; r < kTopkClusterMax; ++r)
+                if (r < (int)csize) h[r] = cluster_ld_v4(cluster_map(&s_hist[b], (uint32_t)r));
+            uint4 acc = make_uint4(0, 0, 0, 0);
+#pragma unroll
+            for (int r = 0; r < kTopkClusterMax; ++r)
+                if (r < (int)csize) {
+                    acc.x += h[r].x;
+                    acc.y += h[r].y;
+                    acc.z += h[r].z;
+                    acc.w += h[r].w;
+                }
+            *(uint4*)&s_slice[b] = acc;
+            part = acc.x + acc.y + acc.z + acc.w;
         }
-        select_digit_counts<BLOCK>(c, need, s_warp, s_sel);
+        uint32_t slice_total;
+        block_exclusive_sum<BLOCK>(part, slice_total, s_warp);
+        if (tid == 0) s_slice_total = slice_total;
+        cluster_sync();  // B: every slice is summed
+        if (tid < (int)csize) s_totals[tid] = cluster_ld_u32(cluster_map(&s_slice_total, (uint32_t)tid));
+        __syncthreads();
+        // The slice holding the need-th best, counting from the top slice; then its digit.
+        uint32_t above_slices = 0;
+        int top = (int)csize - 1;
+        for (; top > 0 && above_slices + s_totals[top] < need; --top) above_slices += s_totals[top];
+        uint32_t c[PER] = {0, 0, 0, 0};
+        if (group >= top * slice && group < min(kRadixBins, (top + 1) * slice)) {
+            const uint4 h = cluster_ld_v4(cluster_map(&s_slice[group], (uint32_t)top));
+            c[0] = h.w;
+            c[1] = h.z;
+            c[2] = h.y;
+            c[3] = h.x;
+        }
+        select_digit_counts<BLOCK>(c, need - above_slices, s_warp, s_sel);
         const uint32_t digit = s_sel[0], bucket = s_sel[2];
         need = s_sel[1];
         // This CTA's elements in bins above the digit join `above`; those in it are `at`.
         uint32_t mine = 0, total;
 #pragma unroll
-        for (int j = 0; j < PER; ++j) mine += (uint32_t)(low + j) > digit ? hist[low + j] : 0u;
+        for (int j = 0; j < PER; ++j) mine += (uint32_t)(group + j) > digit ? s_hist[group + j] : 0u;
         block_exclusive_sum<BLOCK>(mine, total, s_warp);
         above += total;
-        at = hist[digit];
+        at = s_hist[digit];
         prefix |= digit << shift;
         mask |= (uint32_t)(kRadixBins - 1) << shift;
+        __syncthreads();  // s_hist, s_sel and s_warp read by every thread
         if (bucket == need) break;  // the whole bin is taken: the prefix decides everything
-        uint32_t* next = s_hist[(pass + 1) & 1];
-        for (int i = tid; i < kRadixBins; i += BLOCK) next[i] = 0;
-        __syncthreads();  // cleared before anyone counts into it; s_sel and s_warp free again
+        for (int i = tid; i < kRadixBins; i += BLOCK) s_hist[i] = 0;  // the cluster read it before B
+        __syncthreads();
     }
 
     // Where this CTA's selected elements go: after every lower rank's.

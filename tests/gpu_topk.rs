@@ -126,7 +126,7 @@ fn local_topk_matches_reference() {
                 k,
             );
         }
-        // Every schedule, on these columns and on 16,000 (where clusters of 1 and 2 fit): chunk
+        // Every schedule, on these columns and on 16,000: chunk
         // boundaries fall inside the rows, lengths end inside and before a CTA's chunk.
         for cols in [cols, 16_000] {
             let want = reference::local_topk(&scores, rows, row_stride, cols, &lens, k);
@@ -201,7 +201,7 @@ fn local_topk_and_pack_beyond_2_pow_31_elements() {
     };
     pack_candidates(dev, raw(&s), &pack).expect("pack_candidates");
     let (got_s, got_i) = (download(&s, &d_cs), download(&s, &d_ci));
-    // Clusters hold at most 8 · 16,384 columns: rows 2^31 − 2^16 apart put row 1's across 2^31.
+    // Clusters hold at most 8 · 32,768 columns: rows 2^31 − 2^16 apart put row 1's across 2^31.
     if dev.compute_capability().0 >= 9 {
         let (c_cols, c_stride) = (TOPK_CLUSTER_MAX * TOPK_CLUSTER_CHUNK, (1usize << 31) - (1 << 16));
         let c_lens = upload(&s, &vec![c_cols as i32; rows]);

@@ -211,6 +211,11 @@ __device__ __forceinline__ uint4 cluster_ld_v4(uint32_t addr) {
                  : "memory");
     return v;
 }
+__device__ __forceinline__ uint32_t cluster_ld_u32(uint32_t addr) {
+    uint32_t v;
+    asm volatile("ld.shared::cluster.u32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
+    return v;
+}
 __device__ __forceinline__ uint2 cluster_ld_v2(uint32_t addr) {
     uint2 v;
     asm volatile("ld.shared::cluster.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(addr) : "memory");

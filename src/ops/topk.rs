@@ -63,7 +63,7 @@ pub enum TopkSchedule {
 }
 
 /// The most scores one CTA of a [`TopkSchedule::Cluster`] holds (`kTopkClusterChunk`).
-pub const TOPK_CLUSTER_CHUNK: usize = 16384;
+pub const TOPK_CLUSTER_CHUNK: usize = 32768;
 /// The most CTAs of a top-k cluster (the portable cluster size; `kTopkClusterMax`).
 pub const TOPK_CLUSTER_MAX: usize = 8;
 
@@ -471,13 +471,13 @@ mod tests {
     #[test]
     fn topk_schedule_fills_the_gpu_with_the_fewest_ctas() {
         // 132 SMs: twice over is 264 CTAs
-        assert_eq!(auto_schedule(128, 131_072, 132), TopkSchedule::Cluster { ctas: 8 });
+        assert_eq!(auto_schedule(128, 131_072, 132), TopkSchedule::Cluster { ctas: 4 });
         assert_eq!(auto_schedule(128, 32_768, 132), TopkSchedule::Cluster { ctas: 4 });
-        assert_eq!(auto_schedule(512, 32_768, 132), TopkSchedule::Cluster { ctas: 2 });
+        assert_eq!(auto_schedule(512, 32_768, 132), TopkSchedule::Cluster { ctas: 1 });
         assert_eq!(auto_schedule(1024, 1000, 132), TopkSchedule::Cluster { ctas: 1 });
-        assert_eq!(auto_schedule(100, 40_000, 132), TopkSchedule::Cluster { ctas: 3 });
-        assert_eq!(auto_schedule(1, 8 * 16_384, 132), TopkSchedule::Cluster { ctas: 8 });
-        assert_eq!(auto_schedule(1, 8 * 16_384 + 1, 132), TopkSchedule::CtaPerRow);
+        assert_eq!(auto_schedule(100, 70_000, 132), TopkSchedule::Cluster { ctas: 3 });
+        assert_eq!(auto_schedule(1, 8 * 32_768, 132), TopkSchedule::Cluster { ctas: 8 });
+        assert_eq!(auto_schedule(1, 8 * 32_768 + 1, 132), TopkSchedule::CtaPerRow);
     }
 
     #[test]

@@ -102,10 +102,11 @@ impl Device {
             .as_ref()
             .map_err(|e| Error::Unsupported(format!("kernel {} cannot run on this device: {e}", info.symbol)))?;
         self.ctx.bind_to_thread().map_err(|source| Error::Driver { call: "cuCtxSetCurrent", source })?;
-        // More than 48 KiB of dynamic shared memory must be opted into per function (once per
-        // size: a larger opt-in covers every smaller launch).
+        // Static plus dynamic shared memory above 48 KiB must be opted into per function (once
+        // per size: a larger opt-in covers every smaller launch). Any dynamic size is opted
+        // into, since a kernel's static shared memory counts towards the 48 KiB as well.
         let opted = &self.shared_opt_in[id.index()];
-        if shared_bytes > 48 * 1024 && shared_bytes > opted.load(std::sync::atomic::Ordering::Relaxed) {
+        if shared_bytes > opted.load(std::sync::atomic::Ordering::Relaxed) {
             cu::function::set_function_attribute(
                 f,
                 sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
