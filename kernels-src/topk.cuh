@@ -303,6 +303,49 @@ __device__ __forceinline__ void topk_local(const DcpTopkParams& p) {
     }
 }
 
+// Emits, in index order, the selected of `count` keys in shared memory (gt: masked key above
+// `prefix`, all taken; eq: equal, the first `need` taken) as start + position, into `out` at
+// gt_before + min(eq_before, need) (eq: gt_before + eq_before). Each warp takes one contiguous
+// segment: a counting sweep (ballots), a scan of the warps' counts, a writing sweep. s_warp2
+// holds two words a warp.
+template <int BLOCK>
+__device__ __forceinline__ void emit_chunk(const uint32_t* keys, int count, int start, uint32_t prefix,
+                                           uint32_t mask, uint32_t need, int32_t* out, uint32_t (*s_warp2)[2]) {
+    constexpr int W = BLOCK / 32;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int seg = ((count + W - 1) / W + 31) & ~31;
+    const int lo = min(count, warp * seg), hi = min(count, lo + seg);
+    uint32_t gt = 0, eq = 0;
+    for (int e0 = lo; e0 < hi; e0 += 32) {
+        const int e = e0 + lane;
+        const uint32_t k = e < hi ? keys[e] & mask : 0u;
+        gt += __popc(__ballot_sync(0xffffffffu, e < hi && k > prefix));
+        eq += __popc(__ballot_sync(0xffffffffu, e < hi && k == prefix));
+    }
+    if (lane == 0) {
+        s_warp2[warp][0] = gt;
+        s_warp2[warp][1] = eq;
+    }
+    __syncthreads();
+    gt = eq = 0;
+    for (int w = 0; w < warp; ++w) {
+        gt += s_warp2[w][0];
+        eq += s_warp2[w][1];
+    }
+    const uint32_t lt = lanemask_lt();
+    for (int e0 = lo; e0 < hi; e0 += 32) {
+        const int e = e0 + lane;
+        const uint32_t k = e < hi ? keys[e] & mask : 0u;
+        const bool a = e < hi && k > prefix, b = e < hi && k == prefix;
+        const uint32_t ma = __ballot_sync(0xffffffffu, a), mb = __ballot_sync(0xffffffffu, b);
+        const uint32_t g = gt + __popc(ma & lt), q = eq + __popc(mb & lt);
+        if (a) out[g + min(q, need)] = start + e;
+        else if (b && q < need) out[g + q] = start + e;
+        gt += __popc(ma);
+        eq += __popc(mb);
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Local top-k, one thread-block cluster per row (sm_90): the row's CTAs (C = the cluster size,
 // 1..8) each read one chunk of ceil(cols / C) elements from global memory once, as keys into
@@ -322,18 +365,18 @@ template <int K>
 __device__ __forceinline__ void topk_local_cluster(const DcpTopkParams& p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     using namespace ptx_sm90;
-    constexpr int BLOCK = kTopkClusterBlock, ITEMS = kTopkItems, PER = kRadixBins / BLOCK, LOADS = 16;
+    constexpr int BLOCK = kTopkClusterBlock, PER = kRadixBins / BLOCK, LOADS = 16;
     static_assert(PER == 4, "one 16-byte group of bins per thread");
     extern __shared__ uint32_t s_key[];  // this CTA's chunk of keys
     __shared__ __align__(16) uint32_t s_hist[kRadixBins];   // this CTA's counts of the pass
     __shared__ __align__(16) uint32_t s_slice[kRadixBins];  // the cluster's sums of this CTA's slice
-    __shared__ uint32_t s_scan[2][ITEMS * BLOCK / 32 + 1];
     __shared__ uint32_t s_warp[BLOCK / 32 + 1];
     __shared__ uint32_t s_sel[3];
     __shared__ uint32_t s_slice_total;                       // read by the cluster after barrier B
     __shared__ uint32_t s_totals[kTopkClusterMax];           // every slice's total, copied here
     __shared__ __align__(8) uint32_t s_count[2];             // (above, at) of this CTA, read by the others
     __shared__ uint32_t s_lower[kTopkClusterMax][2];          // the same of every CTA, copied here
+    __shared__ uint32_t s_lower_warp[BLOCK / 32][2];           // the emission's per-warp counts
 
     const uint32_t csize = cluster_size(), crank = cluster_rank();
     const int row = blockIdx.x / csize;
@@ -351,27 +394,34 @@ __device__ __forceinline__ void topk_local_cluster(const DcpTopkParams& p) {
     const int count = max(0, min(len - start, chunk));
     const float* x = (const float*)p.scores + (int64_t)row * p.row_stride + start;
     // Bins are split into C slices of a multiple of 4 bins; a thread's group of 4 lies in one.
-    const int slice = ((kRadixBins / (int)csize + 3) / 4) * 4;
+    const int slice = (((kRadixBins + (int)csize - 1) / (int)csize + 3) / 4) * 4;  // C slices cover 2048
     const int group = kRadixBins - PER * (tid + 1);  // this thread's bins: group .. group + 3
 
     // The one read of the row: keys into shared memory, first digit (bits 21..31) counted.
+    // Counts go through 32-bit shared addresses (red.shared): a generic atomic in a cluster
+    // kernel recomputes the CTA's window address every time.
+    const uint32_t hist_addr = (uint32_t)__cvta_generic_to_shared(s_hist);
     for (int i = tid; i < kRadixBins; i += BLOCK) s_hist[i] = 0;
     __syncthreads();
-    for (int base = 0; base < count; base += LOADS * BLOCK) {
-        float v[LOADS];
+    {
+        const float* xt = x + tid;
+        uint32_t* kt = s_key + tid;
+        int base = 0;
+        for (; base + LOADS * BLOCK <= count; base += LOADS * BLOCK) {  // whole tiles, no bounds
+            float v[LOADS];
 #pragma unroll
-        for (int u = 0; u < LOADS; ++u) {
-            const int e = base + u * BLOCK + tid;
-            v[u] = e < count ? __ldg(x + e) : 0.0f;
-        }
+            for (int u = 0; u < LOADS; ++u) v[u] = __ldg(xt + base + u * BLOCK);
 #pragma unroll
-        for (int u = 0; u < LOADS; ++u) {
-            const int e = base + u * BLOCK + tid;
-            if (e < count) {
+            for (int u = 0; u < LOADS; ++u) {
                 const uint32_t k = score_key(v[u]);
-                s_key[e] = k;
-                atomicAdd(&s_hist[k >> 21], 1u);
+                kt[base + u * BLOCK] = k;
+                shared_add(hist_addr + (k >> 21) * 4, 1u);
             }
+        }
+        for (int e = base + tid; e < count; e += BLOCK) {
+            const uint32_t k = score_key(__ldg(x + e));
+            s_key[e] = k;
+            shared_add(hist_addr + (k >> 21) * 4, 1u);
         }
     }
 
@@ -383,7 +433,7 @@ __device__ __forceinline__ void topk_local_cluster(const DcpTopkParams& p) {
         if (pass > 0) {
             for (int e = tid; e < count; e += BLOCK) {
                 const uint32_t k = s_key[e];
-                if ((k & mask) == prefix) atomicAdd(&s_hist[(k >> shift) & (kRadixBins - 1)], 1u);
+                if ((k & mask) == prefix) shared_add(hist_addr + ((k >> shift) & (kRadixBins - 1)) * 4, 1u);
             }
         }
         cluster_sync();  // A: every CTA's counts of this pass are complete and visible
@@ -463,14 +513,7 @@ __device__ __forceinline__ void topk_local_cluster(const DcpTopkParams& p) {
         at_lower += s_lower[r][1];
     }
     const uint32_t my_need = need > at_lower ? min(need - at_lower, at) : 0u;
-    int it = 0;
-    emit_selected<BLOCK, ITEMS>(
-        count, prefix, mask, my_need, above,
-        [&](int e, int32_t& idx) {
-            idx = start + e;
-            return s_key[e];
-        },
-        out + above_lower + min(at_lower, need), s_scan, it);
+    emit_chunk<BLOCK>(s_key, count, start, prefix, mask, my_need, out + above_lower + min(at_lower, need), s_lower_warp);
     cluster_wait();
 #else
     __trap();  // sm_80 launches topk_local (src/ops/topk.rs)

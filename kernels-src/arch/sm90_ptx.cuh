@@ -211,6 +211,11 @@ __device__ __forceinline__ uint4 cluster_ld_v4(uint32_t addr) {
                  : "memory");
     return v;
 }
+// += v at a 32-bit shared address of this CTA (no result: red, not atom). No memory clobber,
+// so loads around it still pipeline: callers read the counts only after a barrier.
+__device__ __forceinline__ void shared_add(uint32_t addr, uint32_t v) {
+    asm volatile("red.shared::cta.add.u32 [%0], %1;\n" ::"r"(addr), "r"(v));
+}
 __device__ __forceinline__ uint32_t cluster_ld_u32(uint32_t addr) {
     uint32_t v;
     asm volatile("ld.shared::cluster.u32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
