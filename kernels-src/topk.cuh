@@ -19,6 +19,7 @@ constexpr int kTopkBufCap = 4096;  // survivors buffered in shared memory once t
 constexpr int kTopkClusterBlock = 512;     // topk_local_cluster's block (the DSL's `block`)
 constexpr int kTopkClusterChunk = 32768;   // most elements one CTA of a cluster holds (128 KB)
 constexpr int kTopkClusterMax = 8;         // most CTAs a row's cluster has (the portable limit)
+constexpr int kTopkListCap = 8192;         // a cluster CTA's list of elements at or above the first digit
 constexpr int kMergeBlock = 512;   // topk_merge's block
 constexpr int kCompactBlock = 512; // topk_compact's block
 constexpr int kCompactItems = 4;
@@ -303,24 +304,26 @@ __device__ __forceinline__ void topk_local(const DcpTopkParams& p) {
     }
 }
 
-// Emits, in index order, the selected of `count` keys in shared memory (gt: masked key above
-// `prefix`, all taken; eq: equal, the first `need` taken) as start + position, into `out` at
-// gt_before + min(eq_before, need) (eq: gt_before + eq_before). Each warp takes one contiguous
-// segment: a counting sweep (ballots), a scan of the warps' counts, a writing sweep. s_warp2
-// holds two words a warp.
-template <int BLOCK>
-__device__ __forceinline__ void emit_chunk(const uint32_t* keys, int count, int start, uint32_t prefix,
-                                           uint32_t mask, uint32_t need, int32_t* out, uint32_t (*s_warp2)[2]) {
+// Emits, in index order, the selected among `count` elements read through `load(i, idx)`
+// (returns the key, sets the element's index; elements in ascending index order): gt (masked
+// key above `prefix`) all taken, eq (equal) the first `need` taken, each written to
+// out[gt_before + min(eq_before, need)] (eq: gt_before + eq_before). Each warp takes one
+// contiguous segment: a counting sweep (ballots), a scan of the warps' counts, a writing sweep.
+// s_warp2 holds two words a warp.
+template <int BLOCK, typename Load>
+__device__ __forceinline__ void emit_segments(int count, uint32_t prefix, uint32_t mask, uint32_t need, Load load,
+                                              int32_t* out, uint32_t (*s_warp2)[2]) {
     constexpr int W = BLOCK / 32;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int seg = ((count + W - 1) / W + 31) & ~31;
     const int lo = min(count, warp * seg), hi = min(count, lo + seg);
     uint32_t gt = 0, eq = 0;
-    for (int e0 = lo; e0 < hi; e0 += 32) {
-        const int e = e0 + lane;
-        const uint32_t k = e < hi ? keys[e] & mask : 0u;
-        gt += __popc(__ballot_sync(0xffffffffu, e < hi && k > prefix));
-        eq += __popc(__ballot_sync(0xffffffffu, e < hi && k == prefix));
+    for (int i0 = lo; i0 < hi; i0 += 32) {
+        const int i = i0 + lane;
+        int32_t idx;
+        const uint32_t k = i < hi ? load(i, idx) & mask : 0u;
+        gt += __popc(__ballot_sync(0xffffffffu, i < hi && k > prefix));
+        eq += __popc(__ballot_sync(0xffffffffu, i < hi && k == prefix));
     }
     if (lane == 0) {
         s_warp2[warp][0] = gt;
@@ -333,14 +336,14 @@ __device__ __forceinline__ void emit_chunk(const uint32_t* keys, int count, int 
         eq += s_warp2[w][1];
     }
     const uint32_t lt = lanemask_lt();
-    for (int e0 = lo; e0 < hi; e0 += 32) {
-        const int e = e0 + lane;
-        const uint32_t k = e < hi ? keys[e] & mask : 0u;
-        const bool a = e < hi && k > prefix, b = e < hi && k == prefix;
+    for (int i0 = lo; i0 < hi; i0 += 32) {
+        const int i = i0 + lane;
+        int32_t idx = 0;
+        const uint32_t k = i < hi ? load(i, idx) & mask : 0u;
+        const bool a = i < hi && k > prefix, b = i < hi && k == prefix;
         const uint32_t ma = __ballot_sync(0xffffffffu, a), mb = __ballot_sync(0xffffffffu, b);
         const uint32_t g = gt + __popc(ma & lt), q = eq + __popc(mb & lt);
-        if (a) out[g + min(q, need)] = start + e;
-        else if (b && q < need) out[g + q] = start + e;
+        if (a || (b && q < need)) out[g + (a ? min(q, need) : q)] = idx;
         gt += __popc(ma);
         eq += __popc(mb);
     }
@@ -349,38 +352,41 @@ __device__ __forceinline__ void emit_chunk(const uint32_t* keys, int count, int 
 // ---------------------------------------------------------------------------------------------
 // Local top-k, one thread-block cluster per row (sm_90): the row's CTAs (C = the cluster size,
 // 1..8) each read one chunk of ceil(cols / C) elements from global memory once, as keys into
-// their dynamic shared memory (chunk·4 bytes; the launch passes at least that), building the
-// first digit's histogram on the way; later passes read only the CTA's own shared keys. Each
-// pass sums the C histograms over distributed shared memory as a reduce-scatter (CTA r sums
-// slice r of the bins over the cluster: 2048 remote reads a CTA, not C·2048), then every CTA
-// finds the slice holding the need-th best element from the slices' totals and reads only that
-// slice's sums, so all of them pick the same digit. At the end each CTA knows how many of its
-// elements are above the threshold key and equal to it; an exclusive scan of those over the
-// lower ranks places its selected elements in the row's ascending-index output. Same output as
-// topk_local, bit for bit. Two cluster barriers a pass: after the counts (A) and after the
-// slice sums (B); a buffer another CTA reads between two barriers is rewritten only after the
-// next one, which every CTA reaches after its reads.
+// their dynamic shared memory (chunk·4 bytes; the launch passes at least that), counting the
+// first digit on the way. Each pass sums the C histograms over distributed shared memory as a
+// reduce-scatter (CTA r sums slice r of the bins over the cluster: 2048 remote reads a CTA, not
+// C·2048), then every CTA finds the slice holding the need-th best element from the slices'
+// totals and reads only that slice's sums, so all of them pick the same digit. After the first
+// digit a CTA whose elements at or above it fit kTopkListCap lists their positions in index
+// order (two sweeps of its chunk), and the later passes and the output read only that list;
+// otherwise they sweep the whole chunk. At the end each CTA knows how many of its elements are
+// above the threshold key and equal to it; an exclusive scan of those over the lower ranks places
+// its selected elements in the row's ascending-index output. Same output as topk_local, bit for
+// bit. Two cluster barriers a pass: after the counts (A) and after the slice sums (B); a buffer
+// another CTA reads between two barriers is rewritten only after the next one, which every CTA
+// reaches after its reads.
 // ---------------------------------------------------------------------------------------------
 template <int K>
 __device__ __forceinline__ void topk_local_cluster(const DcpTopkParams& p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     using namespace ptx_sm90;
-    constexpr int BLOCK = kTopkClusterBlock, PER = kRadixBins / BLOCK, LOADS = 16;
+    constexpr int BLOCK = kTopkClusterBlock, PER = kRadixBins / BLOCK, LOADS = 16, W = BLOCK / 32;
     static_assert(PER == 4, "one 16-byte group of bins per thread");
     extern __shared__ uint32_t s_key[];  // this CTA's chunk of keys
     __shared__ __align__(16) uint32_t s_hist[kRadixBins];   // this CTA's counts of the pass
     __shared__ __align__(16) uint32_t s_slice[kRadixBins];  // the cluster's sums of this CTA's slice
+    __shared__ uint16_t s_list[kTopkListCap];                // positions at or above the first digit
     __shared__ uint32_t s_warp[BLOCK / 32 + 1];
+    __shared__ uint32_t s_warp2[W][2];
     __shared__ uint32_t s_sel[3];
     __shared__ uint32_t s_slice_total;                       // read by the cluster after barrier B
     __shared__ uint32_t s_totals[kTopkClusterMax];           // every slice's total, copied here
     __shared__ __align__(8) uint32_t s_count[2];             // (above, at) of this CTA, read by the others
     __shared__ uint32_t s_lower[kTopkClusterMax][2];          // the same of every CTA, copied here
-    __shared__ uint32_t s_lower_warp[BLOCK / 32][2];           // the emission's per-warp counts
 
     const uint32_t csize = cluster_size(), crank = cluster_rank();
     const int row = blockIdx.x / csize;
-    const int tid = threadIdx.x;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int chunk = (p.cols + (int)csize - 1) / (int)csize;
     if ((uint32_t)chunk * 4u > dynamic_smem_bytes()) __trap();  // a launch that passed too little
     int32_t* out = (int32_t*)p.out + (int64_t)row * K;
@@ -396,65 +402,36 @@ __device__ __forceinline__ void topk_local_cluster(const DcpTopkParams& p) {
     // Bins are split into C slices of a multiple of 4 bins; a thread's group of 4 lies in one.
     const int slice = (((kRadixBins + (int)csize - 1) / (int)csize + 3) / 4) * 4;  // C slices cover 2048
     const int group = kRadixBins - PER * (tid + 1);  // this thread's bins: group .. group + 3
-
-    // The one read of the row: keys into shared memory, first digit (bits 21..31) counted.
     // Counts go through 32-bit shared addresses (red.shared): a generic atomic in a cluster
     // kernel recomputes the CTA's window address every time.
     const uint32_t hist_addr = (uint32_t)__cvta_generic_to_shared(s_hist);
-    for (int i = tid; i < kRadixBins; i += BLOCK) s_hist[i] = 0;
-    __syncthreads();
-    {
-        const float* xt = x + tid;
-        uint32_t* kt = s_key + tid;
-        int base = 0;
-        for (; base + LOADS * BLOCK <= count; base += LOADS * BLOCK) {  // whole tiles, no bounds
-            float v[LOADS];
-#pragma unroll
-            for (int u = 0; u < LOADS; ++u) v[u] = __ldg(xt + base + u * BLOCK);
-#pragma unroll
-            for (int u = 0; u < LOADS; ++u) {
-                const uint32_t k = score_key(v[u]);
-                kt[base + u * BLOCK] = k;
-                shared_add(hist_addr + (k >> 21) * 4, 1u);
-            }
-        }
-        for (int e = base + tid; e < count; e += BLOCK) {
-            const uint32_t k = score_key(__ldg(x + e));
-            s_key[e] = k;
-            shared_add(hist_addr + (k >> 21) * 4, 1u);
-        }
-    }
 
     uint32_t prefix = 0, mask = 0, need = K;  // need: still to take among keys matching prefix
     uint32_t above = 0, at = 0;               // this CTA's elements above the prefix / matching it
-#pragma unroll 1
-    for (int pass = 0; pass < 3; ++pass) {
-        const int shift = pass == 0 ? 21 : pass == 1 ? 10 : 0;
-        if (pass > 0) {
-            for (int e = tid; e < count; e += BLOCK) {
-                const uint32_t k = s_key[e];
-                if ((k & mask) == prefix) shared_add(hist_addr + ((k >> shift) & (kRadixBins - 1)) * 4, 1u);
-            }
-        }
+    // One pass's cluster step, after this CTA counted its digit into s_hist: the digit every CTA
+    // picks, this CTA's share above and at it. True when the prefix decides everything.
+    auto select = [&](int shift) {
         cluster_sync();  // A: every CTA's counts of this pass are complete and visible
         // Reduce-scatter: this CTA sums its slice of the bins over the cluster.
         const int lo = (int)crank * slice, hi = min(kRadixBins, lo + slice);
         uint32_t part = 0;
         if (lo + PER * tid < hi) {
             const int b = lo + PER * tid;
-            uint4 h[kTopkClusterMax];
-#pragma unroll
-            for (int r = 0; r < kTopkClusterMax; ++r)
-                if (r < (int)csize) h[r] = cluster_ld_v4(cluster_map(&s_hist[b], (uint32_t)r));
             uint4 acc = make_uint4(0, 0, 0, 0);
+            for (int r0 = 0; r0 < (int)csize; r0 += 4) {  // four remote reads in flight
+                uint4 h[4];
 #pragma unroll
-            for (int r = 0; r < kTopkClusterMax; ++r)
-                if (r < (int)csize) {
-                    acc.x += h[r].x;
-                    acc.y += h[r].y;
-                    acc.z += h[r].z;
-                    acc.w += h[r].w;
-                }
+                for (int j = 0; j < 4; ++j)
+                    if (r0 + j < (int)csize) h[j] = cluster_ld_v4(cluster_map(&s_hist[b], (uint32_t)(r0 + j)));
+#pragma unroll
+                for (int j = 0; j < 4; ++j)
+                    if (r0 + j < (int)csize) {
+                        acc.x += h[j].x;
+                        acc.y += h[j].y;
+                        acc.z += h[j].z;
+                        acc.w += h[j].w;
+                    }
+            }
             *(uint4*)&s_slice[b] = acc;
             part = acc.x + acc.y + acc.z + acc.w;
         }
@@ -489,9 +466,73 @@ __device__ __forceinline__ void topk_local_cluster(const DcpTopkParams& p) {
         prefix |= digit << shift;
         mask |= (uint32_t)(kRadixBins - 1) << shift;
         __syncthreads();  // s_hist, s_sel and s_warp read by every thread
-        if (bucket == need) break;  // the whole bin is taken: the prefix decides everything
-        for (int i = tid; i < kRadixBins; i += BLOCK) s_hist[i] = 0;  // the cluster read it before B
+        // the cluster read s_hist before B: cleared for the next pass
+        for (int i = tid; i < kRadixBins; i += BLOCK) s_hist[i] = 0;
         __syncthreads();
+        return bucket == need;
+    };
+
+    // The one read of the row: keys into shared memory, first digit (bits 21..31) counted.
+    for (int i = tid; i < kRadixBins; i += BLOCK) s_hist[i] = 0;
+    __syncthreads();
+    {
+        const float* xt = x + tid;
+        uint32_t* kt = s_key + tid;
+        int base = 0;
+        for (; base + LOADS * BLOCK <= count; base += LOADS * BLOCK) {  // whole tiles, no bounds
+            float v[LOADS];
+#pragma unroll
+            for (int u = 0; u < LOADS; ++u) v[u] = __ldg(xt + base + u * BLOCK);
+#pragma unroll
+            for (int u = 0; u < LOADS; ++u) {
+                const uint32_t k = score_key(v[u]);
+                kt[base + u * BLOCK] = k;
+                shared_add(hist_addr + (k >> 21) * 4, 1u);
+            }
+        }
+        for (int e = base + tid; e < count; e += BLOCK) {
+            const uint32_t k = score_key(__ldg(x + e));
+            s_key[e] = k;
+            shared_add(hist_addr + (k >> 21) * 4, 1u);
+        }
+    }
+    bool done = select(21);
+
+    // At most kTopkListCap of this CTA's elements at or above the first digit (key ≥ prefix):
+    // their positions, in index order, replace the chunk for the rest.
+    const bool listed = !done && above + at <= (uint32_t)kTopkListCap;
+    if (listed) {
+        const int seg = ((count + W - 1) / W + 31) & ~31;
+        const int lo = min(count, warp * seg), hi = min(count, lo + seg);
+        uint32_t n = 0;
+        for (int e0 = lo; e0 < hi; e0 += 32) {
+            const int e = e0 + lane;
+            n += __popc(__ballot_sync(0xffffffffu, e < hi && s_key[e] >= prefix));
+        }
+        if (lane == 0) s_warp2[warp][0] = n;
+        __syncthreads();
+        n = 0;
+        for (int w = 0; w < warp; ++w) n += s_warp2[w][0];
+        const uint32_t lt = lanemask_lt();
+        for (int e0 = lo; e0 < hi; e0 += 32) {
+            const int e = e0 + lane;
+            const bool in = e < hi && s_key[e] >= prefix;
+            const uint32_t m = __ballot_sync(0xffffffffu, in);
+            if (in) s_list[n + __popc(m & lt)] = (uint16_t)e;
+            n += __popc(m);
+        }
+        __syncthreads();
+    }
+    const int items = listed ? (int)(above + at) : count;
+    auto key_of = [&](int i) { return listed ? s_key[s_list[i]] : s_key[i]; };
+#pragma unroll 1
+    for (int pass = 1; pass < 3 && !done; ++pass) {
+        const int shift = pass == 1 ? 10 : 0;
+        for (int i = tid; i < items; i += BLOCK) {
+            const uint32_t k = key_of(i);
+            if ((k & mask) == prefix) shared_add(hist_addr + ((k >> shift) & (kRadixBins - 1)) * 4, 1u);
+        }
+        done = select(shift);
     }
 
     // Where this CTA's selected elements go: after every lower rank's.
@@ -513,7 +554,15 @@ __device__ __forceinline__ void topk_local_cluster(const DcpTopkParams& p) {
         at_lower += s_lower[r][1];
     }
     const uint32_t my_need = need > at_lower ? min(need - at_lower, at) : 0u;
-    emit_chunk<BLOCK>(s_key, count, start, prefix, mask, my_need, out + above_lower + min(at_lower, need), s_lower_warp);
+    int32_t* my_out = out + above_lower + min(at_lower, need);
+    emit_segments<BLOCK>(
+        items, prefix, mask, my_need,
+        [&](int i, int32_t& idx) {
+            const int e = listed ? (int)s_list[i] : i;
+            idx = start + e;
+            return s_key[e];
+        },
+        my_out, s_warp2);
     cluster_wait();
 #else
     __trap();  // sm_80 launches topk_local (src/ops/topk.rs)

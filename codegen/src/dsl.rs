@@ -40,6 +40,10 @@ pub struct FamilySpec {
     pub template: String,
     pub params: String,
     pub block: u32,
+    /// CTAs an SM must hold at once (the second `__launch_bounds__` argument: ptxas keeps the
+    /// registers within 64K / (block · min_blocks) a thread); absent: no such bound.
+    #[serde(default)]
+    pub min_blocks: Option<u32>,
     #[serde(default)]
     pub hot: bool,
     /// Axis name -> its values, in the order of the template's parameters.
@@ -155,6 +159,11 @@ pub fn check(list: &KernelList) -> Result<Vec<Family>, String> {
         }
         if spec.block == 0 || spec.block > 1024 || spec.block % 32 != 0 {
             return Err(format!("{f}: block = {} must be a multiple of 32 in 32..=1024", spec.block));
+        }
+        if let Some(m) = spec.min_blocks {
+            if m == 0 || m * spec.block > 2048 {
+                return Err(format!("{f}: min_blocks = {m} of {} threads do not fit an SM (2048 threads)", spec.block));
+            }
         }
         let mut axes = Vec::new();
         for (name, v) in &spec.axes {
@@ -334,5 +343,8 @@ mod tests {
         assert!(parse(&family("block2 = 3\n")).unwrap_err().contains("block2"));
         let src = family("").replace("block = 128", "block = 100");
         assert!(check(&parse(&src).unwrap()).unwrap_err().contains("block = 100"));
+        let src = family("min_blocks = 17\n");
+        assert!(check(&parse(&src).unwrap()).unwrap_err().contains("min_blocks = 17"));
+        assert!(check(&parse(&family("min_blocks = 16\n")).unwrap()).is_ok());
     }
 }

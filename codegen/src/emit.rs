@@ -15,8 +15,11 @@ pub fn translation_unit(f: &Family) -> String {
     for v in &f.variants {
         let args = template_args(f, v);
         s.push_str(&format!(
-            "extern \"C\" __global__ void __launch_bounds__({block}) {sym}(const __grid_constant__ {params} p) {{\n    {tmpl}<{args}>(p);\n}}\n\n",
-            block = spec.block,
+            "extern \"C\" __global__ void __launch_bounds__({bounds}) {sym}(const __grid_constant__ {params} p) {{\n    {tmpl}<{args}>(p);\n}}\n\n",
+            bounds = match spec.min_blocks {
+                Some(m) => format!("{}, {m}", spec.block),
+                None => spec.block.to_string(),
+            },
             sym = v.symbol(&spec.name),
             params = spec.params,
             tmpl = spec.template,
