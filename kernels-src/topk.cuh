@@ -370,7 +370,7 @@ template <int K>
 __device__ __forceinline__ void topk_local_cluster(const DcpTopkParams& p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     using namespace ptx_sm90;
-    constexpr int BLOCK = kTopkClusterBlock, PER = kRadixBins / BLOCK, LOADS = 16, W = BLOCK / 32;
+    constexpr int BLOCK = kTopkClusterBlock, PER = kRadixBins / BLOCK, W = BLOCK / 32;
     static_assert(PER == 4, "one 16-byte group of bins per thread");
     extern __shared__ uint32_t s_key[];  // this CTA's chunk of keys
     __shared__ __align__(16) uint32_t s_hist[kRadixBins];   // this CTA's counts of the pass
@@ -387,7 +387,8 @@ __device__ __forceinline__ void topk_local_cluster(const DcpTopkParams& p) {
     const uint32_t csize = cluster_size(), crank = cluster_rank();
     const int row = blockIdx.x / csize;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int chunk = (p.cols + (int)csize - 1) / (int)csize;
+    // ceil(cols / C) rounded up to 4 keys (src/ops/topk.rs: topk_cluster_chunk)
+    const int chunk = (((p.cols + (int)csize - 1) / (int)csize) + 3) & ~3;
     if ((uint32_t)chunk * 4u > dynamic_smem_bytes()) __trap();  // a launch that passed too little
     int32_t* out = (int32_t*)p.out + (int64_t)row * K;
     const int len = max(0, min(((const int32_t*)p.lens)[row], p.cols));
@@ -476,18 +477,24 @@ __device__ __forceinline__ void topk_local_cluster(const DcpTopkParams& p) {
     for (int i = tid; i < kRadixBins; i += BLOCK) s_hist[i] = 0;
     __syncthreads();
     {
-        const float* xt = x + tid;
-        uint32_t* kt = s_key + tid;
         int base = 0;
-        for (; base + LOADS * BLOCK <= count; base += LOADS * BLOCK) {  // whole tiles, no bounds
-            float v[LOADS];
+        if ((reinterpret_cast<uintptr_t>(x) & 15) == 0) {
+            // Four float4 a thread in flight (16 scores), keys stored as uint4: 8192 a tile.
+            const float4* xv = reinterpret_cast<const float4*>(x) + tid;
+            uint4* kv = reinterpret_cast<uint4*>(s_key) + tid;
+            for (; base + 16 * BLOCK <= count; base += 16 * BLOCK) {
+                float4 v[4];
 #pragma unroll
-            for (int u = 0; u < LOADS; ++u) v[u] = __ldg(xt + base + u * BLOCK);
+                for (int u = 0; u < 4; ++u) v[u] = __ldg(xv + base / 4 + u * BLOCK);
 #pragma unroll
-            for (int u = 0; u < LOADS; ++u) {
-                const uint32_t k = score_key(v[u]);
-                kt[base + u * BLOCK] = k;
-                shared_add(hist_addr + (k >> 21) * 4, 1u);
+                for (int u = 0; u < 4; ++u) {
+                    const uint4 k = make_uint4(score_key(v[u].x), score_key(v[u].y), score_key(v[u].z), score_key(v[u].w));
+                    kv[base / 4 + u * BLOCK] = k;
+                    shared_add(hist_addr + (k.x >> 21) * 4, 1u);
+                    shared_add(hist_addr + (k.y >> 21) * 4, 1u);
+                    shared_add(hist_addr + (k.z >> 21) * 4, 1u);
+                    shared_add(hist_addr + (k.w >> 21) * 4, 1u);
+                }
             }
         }
         for (int e = base + tid; e < count; e += BLOCK) {
@@ -502,24 +509,49 @@ __device__ __forceinline__ void topk_local_cluster(const DcpTopkParams& p) {
     // their positions, in index order, replace the chunk for the rest.
     const bool listed = !done && above + at <= (uint32_t)kTopkListCap;
     if (listed) {
-        const int seg = ((count + W - 1) / W + 31) & ~31;
+        // Warp segments of whole 128-key steps; lane L of a step reads keys 4L..4L + 3 as one
+        // uint4 (the chunk is a multiple of 4 keys: see `chunk`), so key order is (step, lane, j).
+        const int seg = ((count + W - 1) / W + 127) & ~127;
         const int lo = min(count, warp * seg), hi = min(count, lo + seg);
+        const uint4* kv = reinterpret_cast<const uint4*>(s_key);
+        auto at_or_above = [&](int e0, bool (&in)[4]) {
+            const int e = e0 + 4 * lane;
+            const uint4 k = e < hi ? kv[e / 4] : make_uint4(0, 0, 0, 0);
+            in[0] = e < hi && k.x >= prefix;
+            in[1] = e + 1 < hi && k.y >= prefix;
+            in[2] = e + 2 < hi && k.z >= prefix;
+            in[3] = e + 3 < hi && k.w >= prefix;
+        };
         uint32_t n = 0;
-        for (int e0 = lo; e0 < hi; e0 += 32) {
-            const int e = e0 + lane;
-            n += __popc(__ballot_sync(0xffffffffu, e < hi && s_key[e] >= prefix));
+        for (int e0 = lo; e0 < hi; e0 += 128) {
+            bool in[4];
+            at_or_above(e0, in);
+#pragma unroll
+            for (int j = 0; j < 4; ++j) n += __popc(__ballot_sync(0xffffffffu, in[j]));
         }
         if (lane == 0) s_warp2[warp][0] = n;
         __syncthreads();
         n = 0;
         for (int w = 0; w < warp; ++w) n += s_warp2[w][0];
         const uint32_t lt = lanemask_lt();
-        for (int e0 = lo; e0 < hi; e0 += 32) {
-            const int e = e0 + lane;
-            const bool in = e < hi && s_key[e] >= prefix;
-            const uint32_t m = __ballot_sync(0xffffffffu, in);
-            if (in) s_list[n + __popc(m & lt)] = (uint16_t)e;
-            n += __popc(m);
+        const uint32_t list_addr = (uint32_t)__cvta_generic_to_shared(s_list);
+        for (int e0 = lo; e0 < hi; e0 += 128) {
+            bool in[4];
+            at_or_above(e0, in);
+            uint32_t m[4], before = n;
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                m[j] = __ballot_sync(0xffffffffu, in[j]);
+                before += __popc(m[j] & lt);
+                n += __popc(m[j]);
+            }
+            // this lane's listed keys go after the lower lanes' (all four slots) and its own
+            // lower slots
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                shared_store_u16_if(in[j], list_addr + 2 * before, (uint16_t)(e0 + 4 * lane + j));
+                before += in[j];
+            }
         }
         __syncthreads();
     }

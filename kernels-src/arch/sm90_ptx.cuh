@@ -216,6 +216,11 @@ __device__ __forceinline__ uint4 cluster_ld_v4(uint32_t addr) {
 __device__ __forceinline__ void shared_add(uint32_t addr, uint32_t v) {
     asm volatile("red.shared::cta.add.u32 [%0], %1;\n" ::"r"(addr), "r"(v));
 }
+// Stores v at a 32-bit shared address when `on`, without a branch.
+__device__ __forceinline__ void shared_store_u16_if(bool on, uint32_t addr, uint16_t v) {
+    asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %0, 0;\n @p st.shared.u16 [%1], %2;\n}\n" ::"r"((uint32_t)on), "r"(addr), "h"(v)
+                 : "memory");
+}
 __device__ __forceinline__ uint32_t cluster_ld_u32(uint32_t addr) {
     uint32_t v;
     asm volatile("ld.shared::cluster.u32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");

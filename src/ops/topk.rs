@@ -89,6 +89,12 @@ pub fn topk_schedule(dev: &Device, rows: usize, cols: usize) -> Result<TopkSched
     Ok(auto_schedule(rows, cols, dev.num_sms()?))
 }
 
+/// The scores each CTA of a `ctas`-CTA cluster holds: ceil(cols / ctas) rounded up to 4 (whole
+/// 16-byte vectors), as `topk_local_cluster` computes it.
+fn topk_cluster_chunk(cols: usize, ctas: usize) -> usize {
+    cols.div_ceil(ctas).next_multiple_of(4)
+}
+
 fn auto_schedule(rows: usize, cols: usize, sms: usize) -> TopkSchedule {
     let fewest = cols.div_ceil(TOPK_CLUSTER_CHUNK).max(1);
     if fewest > TOPK_CLUSTER_MAX {
@@ -115,7 +121,7 @@ pub fn local_topk_with(dev: &Device, stream: Stream, a: &LocalTopk, schedule: To
                 "schedule",
                 "a top-k cluster has 1 to {TOPK_CLUSTER_MAX} CTAs, not {ctas}"
             );
-            let chunk = a.cols.div_ceil(ctas);
+            let chunk = topk_cluster_chunk(a.cols, ctas);
             ensure_arg!(
                 chunk <= TOPK_CLUSTER_CHUNK,
                 "schedule",
