@@ -355,8 +355,8 @@ __device__ __forceinline__ void emit_segments(int count, uint32_t prefix, uint32
 // their dynamic shared memory (chunk·4 bytes; the launch passes at least that), counting the
 // first digit on the way. Each pass sums the C histograms over distributed shared memory as a
 // reduce-scatter (CTA r sums slice r of the bins over the cluster: 2048 remote reads a CTA, not
-// C·2048), then every CTA finds the slice holding the need-th best element from the slices'
-// totals and reads only that slice's sums, so all of them pick the same digit. After the first
+// C·2048, all in flight at once), then every CTA reads each bin's sum from the CTA whose slice
+// holds it, so all of them pick the same digit. After the first
 // digit a CTA whose elements at or above it fit kTopkListCap lists their positions in index
 // order (two sweeps of its chunk), and the later passes and the output read only that list;
 // otherwise they sweep the whole chunk. At the end each CTA knows how many of its elements are
@@ -364,7 +364,7 @@ __device__ __forceinline__ void emit_segments(int count, uint32_t prefix, uint32
 // its selected elements in the row's ascending-index output. Same output as topk_local, bit for
 // bit. Two cluster barriers a pass: after the counts (A) and after the slice sums (B); a buffer
 // another CTA reads between two barriers is rewritten only after the next one, which every CTA
-// reaches after its reads.
+// reaches after its reads (so the slice sums alternate between two buffers).
 // ---------------------------------------------------------------------------------------------
 template <int K>
 __device__ __forceinline__ void topk_local_cluster(const DcpTopkParams& p) {
@@ -374,13 +374,12 @@ __device__ __forceinline__ void topk_local_cluster(const DcpTopkParams& p) {
     static_assert(PER == 4, "one 16-byte group of bins per thread");
     extern __shared__ uint32_t s_key[];  // this CTA's chunk of keys
     __shared__ __align__(16) uint32_t s_hist[kRadixBins];   // this CTA's counts of the pass
-    __shared__ __align__(16) uint32_t s_slice[kRadixBins];  // the cluster's sums of this CTA's slice
+    __shared__ __align__(16) uint32_t s_slice[2][kRadixBins];  // the cluster's sums of this CTA's
+                                                               // slice, by pass parity
     __shared__ uint16_t s_list[kTopkListCap];                // positions at or above the first digit
     __shared__ uint32_t s_warp[BLOCK / 32 + 1];
     __shared__ uint32_t s_warp2[W][2];
     __shared__ uint32_t s_sel[3];
-    __shared__ uint32_t s_slice_total;                       // read by the cluster after barrier B
-    __shared__ uint32_t s_totals[kTopkClusterMax];           // every slice's total, copied here
     __shared__ __align__(8) uint32_t s_count[2];             // (above, at) of this CTA, read by the others
     __shared__ uint32_t s_lower[kTopkClusterMax][2];          // the same of every CTA, copied here
 
@@ -406,75 +405,61 @@ __device__ __forceinline__ void topk_local_cluster(const DcpTopkParams& p) {
     // Counts go through 32-bit shared addresses (red.shared): a generic atomic in a cluster
     // kernel recomputes the CTA's window address every time.
     const uint32_t hist_addr = (uint32_t)__cvta_generic_to_shared(s_hist);
+    const uint32_t slice_addr[2] = {(uint32_t)__cvta_generic_to_shared(s_slice[0]),
+                                    (uint32_t)__cvta_generic_to_shared(s_slice[1])};
 
     uint32_t prefix = 0, mask = 0, need = K;  // need: still to take among keys matching prefix
-    uint32_t above = 0, at = 0;               // this CTA's elements above the prefix / matching it
+    uint32_t above_part = 0, at = 0;          // this thread's bins' share of the CTA's elements
+                                              // above the prefix; the CTA's elements matching it
+    int round = 0;  // passes done: the parity of the slice buffers
     // One pass's cluster step, after this CTA counted its digit into s_hist: the digit every CTA
     // picks, this CTA's share above and at it. True when the prefix decides everything.
     auto select = [&](int shift) {
+        uint32_t* slice_sums = s_slice[round & 1];
         cluster_sync();  // A: every CTA's counts of this pass are complete and visible
-        // Reduce-scatter: this CTA sums its slice of the bins over the cluster.
-        const int lo = (int)crank * slice, hi = min(kRadixBins, lo + slice);
-        uint32_t part = 0;
-        if (lo + PER * tid < hi) {
-            const int b = lo + PER * tid;
-            uint4 acc = make_uint4(0, 0, 0, 0);
-            for (int r0 = 0; r0 < (int)csize; r0 += 4) {  // four remote reads in flight
-                uint4 h[4];
-#pragma unroll
-                for (int j = 0; j < 4; ++j)
-                    if (r0 + j < (int)csize) h[j] = cluster_ld_v4(cluster_map(&s_hist[b], (uint32_t)(r0 + j)));
-#pragma unroll
-                for (int j = 0; j < 4; ++j)
-                    if (r0 + j < (int)csize) {
-                        acc.x += h[j].x;
-                        acc.y += h[j].y;
-                        acc.z += h[j].z;
-                        acc.w += h[j].w;
-                    }
-            }
-            *(uint4*)&s_slice[b] = acc;
-            part = acc.x + acc.y + acc.z + acc.w;
+        // Reduce-scatter: this CTA sums its slice of the bins over the cluster, one remote
+        // 16-byte read a (group of 4 bins, CTA) pair, all in flight at once.
+        const int lo = (int)crank * slice, groups = (min(kRadixBins, lo + slice) - lo) / PER;
+        for (int q = tid; q < groups * (int)csize; q += BLOCK) {
+            const int b = lo + PER * (q / (int)csize);
+            const uint4 h = cluster_ld_v4(cluster_map(&s_hist[b], (uint32_t)(q % (int)csize)));
+            const uint32_t addr = slice_addr[round & 1] + 4 * b;
+            if (h.x) shared_add(addr, h.x);
+            if (h.y) shared_add(addr + 4, h.y);
+            if (h.z) shared_add(addr + 8, h.z);
+            if (h.w) shared_add(addr + 12, h.w);
         }
-        uint32_t slice_total;
-        block_exclusive_sum<BLOCK>(part, slice_total, s_warp);
-        if (tid == 0) s_slice_total = slice_total;
         cluster_sync();  // B: every slice is summed
-        if (tid < (int)csize) s_totals[tid] = cluster_ld_u32(cluster_map(&s_slice_total, (uint32_t)tid));
-        __syncthreads();
-        // The slice holding the need-th best, counting from the top slice; then its digit.
-        uint32_t above_slices = 0;
-        int top = (int)csize - 1;
-        for (; top > 0 && above_slices + s_totals[top] < need; --top) above_slices += s_totals[top];
-        uint32_t c[PER] = {0, 0, 0, 0};
-        if (group >= top * slice && group < min(kRadixBins, (top + 1) * slice)) {
-            const uint4 h = cluster_ld_v4(cluster_map(&s_slice[group], (uint32_t)top));
-            c[0] = h.w;
-            c[1] = h.z;
-            c[2] = h.y;
-            c[3] = h.x;
-        }
-        select_digit_counts<BLOCK>(c, need - above_slices, s_warp, s_sel);
+        // Every bin's sum, from the CTA whose slice holds it; then the digit.
+        const uint4 h = cluster_ld_v4(cluster_map(&slice_sums[group], (uint32_t)(group / slice)));
+        const uint32_t c[PER] = {h.w, h.z, h.y, h.x};
+        select_digit_counts<BLOCK>(c, need, s_warp, s_sel);
         const uint32_t digit = s_sel[0], bucket = s_sel[2];
         need = s_sel[1];
-        // This CTA's elements in bins above the digit join `above`; those in it are `at`.
-        uint32_t mine = 0, total;
+        // This CTA's elements in this thread's bins above the digit; those in it are `at`.
 #pragma unroll
-        for (int j = 0; j < PER; ++j) mine += (uint32_t)(group + j) > digit ? s_hist[group + j] : 0u;
-        block_exclusive_sum<BLOCK>(mine, total, s_warp);
-        above += total;
+        for (int j = 0; j < PER; ++j) above_part += (uint32_t)(group + j) > digit ? s_hist[group + j] : 0u;
         at = s_hist[digit];
         prefix |= digit << shift;
         mask |= (uint32_t)(kRadixBins - 1) << shift;
-        __syncthreads();  // s_hist, s_sel and s_warp read by every thread
-        // the cluster read s_hist before B: cleared for the next pass
+        // The other slice buffer was last read remotely before this pass's A: zeroed for the
+        // next pass; s_hist the cluster read before B.
+        uint32_t* next = s_slice[(round + 1) & 1];
+        for (int i = tid; i < kRadixBins; i += BLOCK) next[i] = 0;
+        __syncthreads();  // s_hist, s_sel read by every thread
         for (int i = tid; i < kRadixBins; i += BLOCK) s_hist[i] = 0;
         __syncthreads();
+        ++round;
         return bucket == need;
+    };
+    auto above_total = [&] {
+        uint32_t total;
+        block_exclusive_sum<BLOCK>(above_part, total, s_warp);
+        return total;
     };
 
     // The one read of the row: keys into shared memory, first digit (bits 21..31) counted.
-    for (int i = tid; i < kRadixBins; i += BLOCK) s_hist[i] = 0;
+    for (int i = tid; i < kRadixBins; i += BLOCK) s_hist[i] = s_slice[0][i] = 0;
     __syncthreads();
     {
         int base = 0;
@@ -507,7 +492,8 @@ __device__ __forceinline__ void topk_local_cluster(const DcpTopkParams& p) {
 
     // At most kTopkListCap of this CTA's elements at or above the first digit (key ≥ prefix):
     // their positions, in index order, replace the chunk for the rest.
-    const bool listed = !done && above + at <= (uint32_t)kTopkListCap;
+    const uint32_t above0 = above_total();
+    const bool listed = !done && above0 + at <= (uint32_t)kTopkListCap;
     if (listed) {
         // Warp segments of whole 128-key steps; lane L of a step reads keys 4L..4L + 3 as one
         // uint4 (the chunk is a multiple of 4 keys: see `chunk`), so key order is (step, lane, j).
@@ -555,7 +541,7 @@ __device__ __forceinline__ void topk_local_cluster(const DcpTopkParams& p) {
         }
         __syncthreads();
     }
-    const int items = listed ? (int)(above + at) : count;
+    const int items = listed ? (int)(above0 + at) : count;
     auto key_of = [&](int i) { return listed ? s_key[s_list[i]] : s_key[i]; };
 #pragma unroll 1
     for (int pass = 1; pass < 3 && !done; ++pass) {
@@ -568,6 +554,7 @@ __device__ __forceinline__ void topk_local_cluster(const DcpTopkParams& p) {
     }
 
     // Where this CTA's selected elements go: after every lower rank's.
+    const uint32_t above = above_total();
     if (tid == 0) {
         s_count[0] = above;
         s_count[1] = at;
