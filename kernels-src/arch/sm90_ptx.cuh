@@ -147,9 +147,10 @@ __device__ __forceinline__ void tma_load_2d(uint32_t dst, const void* tmap, int 
         "l"(reinterpret_cast<uint64_t>(tmap)), "r"(c0), "r"(c1), "r"(bar)
         : "memory");
 }
-// One arrival that also expects `bytes` more of asynchronous (TMA) writes in this phase.
+// One arrival on `bar` that also expects `bytes` more to land in this phase.
 __device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}\n" ::"r"(bar), "r"(bytes)
+                 : "memory");
 }
 // A bulk copy (TMA, no tensor map) of `bytes` (a multiple of 16; both addresses 16-byte
 // aligned) from global `src` to shared `dst`, completing its bytes on `bar`.
