@@ -382,7 +382,6 @@ __device__ __forceinline__ void topk_local_cluster(const DcpTopkParams& p) {
     __shared__ uint32_t s_sel[3];
     __shared__ __align__(8) uint32_t s_count[2];             // (above, at) of this CTA, read by the others
     __shared__ uint32_t s_lower[kTopkClusterMax][2];          // the same of every CTA, copied here
-    __shared__ __align__(8) uint64_t s_bar[kTopkClusterChunk / 4096];  // the bulk loads' mbarriers
 
     const uint32_t csize = cluster_size(), crank = cluster_rank();
     const int row = blockIdx.x / csize;
@@ -406,7 +405,8 @@ __device__ __forceinline__ void topk_local_cluster(const DcpTopkParams& p) {
     // Counts go through 32-bit shared addresses (red.shared): a generic atomic in a cluster
     // kernel recomputes the CTA's window address every time.
     const uint32_t hist_addr = (uint32_t)__cvta_generic_to_shared(s_hist);
-    const uint32_t slice_addr = (uint32_t)__cvta_generic_to_shared(s_slice);  // buffer b at + 4·2048·b
+    const uint32_t slice_addr[2] = {(uint32_t)__cvta_generic_to_shared(s_slice[0]),
+                                    (uint32_t)__cvta_generic_to_shared(s_slice[1])};
 
     uint32_t prefix = 0, mask = 0, need = K;  // need: still to take among keys matching prefix
     uint32_t above_part = 0, at = 0;          // this thread's bins' share of the CTA's elements
@@ -423,7 +423,7 @@ __device__ __forceinline__ void topk_local_cluster(const DcpTopkParams& p) {
         for (int q = tid; q < groups * (int)csize; q += BLOCK) {
             const int b = lo + PER * (q / (int)csize);
             const uint4 h = cluster_ld_v4(cluster_map(&s_hist[b], (uint32_t)(q % (int)csize)));
-            const uint32_t addr = slice_addr + 4 * (kRadixBins * (round & 1) + b);
+            const uint32_t addr = slice_addr[round & 1] + 4 * b;
             if (h.x) shared_add(addr, h.x);
             if (h.y) shared_add(addr + 4, h.y);
             if (h.z) shared_add(addr + 8, h.z);
@@ -463,42 +463,25 @@ __device__ __forceinline__ void topk_local_cluster(const DcpTopkParams& p) {
     __syncthreads();
     {
         int base = 0;
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
         if ((reinterpret_cast<uintptr_t>(x) & 15) == 0) {
-            // The chunk's whole 4-score vectors by bulk copies (TMA) straight into s_key, in
-            // pieces of 16 KB, each converted to keys in place as soon as it lands.
-            constexpr int PIECE = 4096;
-            const int vec = count & ~3, pieces = (vec + PIECE - 1) / PIECE;
-            const uint32_t bar0 = (uint32_t)__cvta_generic_to_shared(s_bar);
-            const uint32_t key0 = (uint32_t)__cvta_generic_to_shared(s_key);
-            if (tid == 0) {
-                for (int q = 0; q < pieces; ++q) mbar_init(bar0 + 8 * q, 1);
-                fence_proxy_async();
-            }
-            __syncthreads();
-            if (tid == 0)
-                for (int q = 0; q < pieces; ++q) {
-                    const uint32_t bytes = 4u * (uint32_t)min(PIECE, vec - q * PIECE);
-                    mbar_arrive_expect_tx(bar0 + 8 * q, bytes);
-                    bulk_load(key0 + 4 * q * PIECE, x + q * PIECE, bytes, bar0 + 8 * q);
-                }
-            for (int q = 0; q < pieces; ++q) {
-                mbar_wait(bar0 + 8 * q, 0);
-                const int n = min(PIECE, vec - q * PIECE) / 4;
-                uint4* kv = reinterpret_cast<uint4*>(s_key + q * PIECE);
-                for (int i = tid; i < n; i += BLOCK) {
-                    const float4 v = *reinterpret_cast<const float4*>(kv + i);
-                    const uint4 k = make_uint4(score_key(v.x), score_key(v.y), score_key(v.z), score_key(v.w));
-                    kv[i] = k;
+            // Four float4 a thread in flight (16 scores), keys stored as uint4: 8192 a tile.
+            const float4* xv = reinterpret_cast<const float4*>(x) + tid;
+            uint4* kv = reinterpret_cast<uint4*>(s_key) + tid;
+            for (; base + 16 * BLOCK <= count; base += 16 * BLOCK) {
+                float4 v[4];
+#pragma unroll
+                for (int u = 0; u < 4; ++u) v[u] = __ldg(xv + base / 4 + u * BLOCK);
+#pragma unroll
+                for (int u = 0; u < 4; ++u) {
+                    const uint4 k = make_uint4(score_key(v[u].x), score_key(v[u].y), score_key(v[u].z), score_key(v[u].w));
+                    kv[base / 4 + u * BLOCK] = k;
                     shared_add(hist_addr + (k.x >> 21) * 4, 1u);
                     shared_add(hist_addr + (k.y >> 21) * 4, 1u);
                     shared_add(hist_addr + (k.z >> 21) * 4, 1u);
                     shared_add(hist_addr + (k.w >> 21) * 4, 1u);
                 }
             }
-            base = vec;
         }
-#endif
         for (int e = base + tid; e < count; e += BLOCK) {
             const uint32_t k = score_key(__ldg(x + e));
             s_key[e] = k;
