@@ -120,9 +120,11 @@ __device__ __forceinline__ void ordered_scan(const bool (&a)[ITEMS], const bool 
 // the top bin. Thread t holds the counts of bins 2047 − (PER·t + j), j < PER (top bin first), in
 // `c`. s_sel = {digit, need left inside that bin, bin count}. Every thread returns after the
 // result is visible.
+// `local`, when given, holds another count of the same bins; s_sel[3] gets the chosen bin's.
 template <int BLOCK>
 __device__ __forceinline__ void select_digit_counts(const uint32_t (&c)[kRadixBins / BLOCK], uint32_t need,
-                                                    uint32_t* s_warp, uint32_t* s_sel) {
+                                                    uint32_t* s_warp, uint32_t* s_sel,
+                                                    const uint32_t* local = nullptr) {
     constexpr int PER = kRadixBins / BLOCK;
     static_assert(PER * BLOCK == kRadixBins, "bins per thread");
     uint32_t sum = 0;
@@ -136,6 +138,7 @@ __device__ __forceinline__ void select_digit_counts(const uint32_t (&c)[kRadixBi
             s_sel[0] = kRadixBins - 1 - (threadIdx.x * PER + j);
             s_sel[1] = need - above;
             s_sel[2] = c[j];
+            if (local) s_sel[3] = local[j];
         }
         above += c[j];
     }
@@ -379,7 +382,7 @@ __device__ __forceinline__ void topk_local_cluster(const DcpTopkParams& p) {
     __shared__ uint16_t s_list[kTopkListCap];                // positions at or above the first digit
     __shared__ uint32_t s_warp[BLOCK / 32 + 1];
     __shared__ uint32_t s_warp2[W][2];
-    __shared__ uint32_t s_sel[3];
+    __shared__ uint32_t s_sel[4];  // digit, need left in its bin, its cluster count, this CTA's
     __shared__ __align__(8) uint32_t s_count[2];             // (above, at) of this CTA, read by the others
     __shared__ uint32_t s_lower[kTopkClusterMax][2];          // the same of every CTA, copied here
 
@@ -415,40 +418,48 @@ __device__ __forceinline__ void topk_local_cluster(const DcpTopkParams& p) {
     // One pass's cluster step, after this CTA counted its digit into s_hist: the digit every CTA
     // picks, this CTA's share above and at it. True when the prefix decides everything.
     auto select = [&](int shift) {
-        uint32_t* slice_sums = s_slice[round & 1];
-        cluster_sync();  // A: every CTA's counts of this pass are complete and visible
-        // Reduce-scatter: this CTA sums its slice of the bins over the cluster, one remote
-        // 16-byte read a (group of 4 bins, CTA) pair, all in flight at once.
-        const int lo = (int)crank * slice, groups = (min(kRadixBins, lo + slice) - lo) / PER;
-        for (int q = tid; q < groups * (int)csize; q += BLOCK) {
-            const int b = lo + PER * (q / (int)csize);
-            const uint4 h = cluster_ld_v4(cluster_map(&s_hist[b], (uint32_t)(q % (int)csize)));
-            const uint32_t addr = slice_addr[round & 1] + 4 * b;
-            if (h.x) shared_add(addr, h.x);
-            if (h.y) shared_add(addr + 4, h.y);
-            if (h.z) shared_add(addr + 8, h.z);
-            if (h.w) shared_add(addr + 12, h.w);
+        uint32_t c[PER], mine[PER];  // this thread's bins: the cluster's counts, this CTA's
+        if (csize == 1) {
+            __syncthreads();  // the counts are complete
+            const uint4 h = *reinterpret_cast<const uint4*>(&s_hist[group]);
+            mine[0] = h.w, mine[1] = h.z, mine[2] = h.y, mine[3] = h.x;
+            *reinterpret_cast<uint4*>(&s_hist[group]) = make_uint4(0, 0, 0, 0);  // for the next pass
+#pragma unroll
+            for (int j = 0; j < PER; ++j) c[j] = mine[j];
+        } else {
+            uint32_t* slice_sums = s_slice[round & 1];
+            cluster_sync();  // A: every CTA's counts of this pass are complete and visible
+            // Reduce-scatter: this CTA sums its slice of the bins over the cluster, one remote
+            // 16-byte read a (group of 4 bins, CTA) pair, all in flight at once.
+            const int lo = (int)crank * slice, groups = (min(kRadixBins, lo + slice) - lo) / PER;
+            for (int q = tid; q < groups * (int)csize; q += BLOCK) {
+                const int b = lo + PER * (q / (int)csize);
+                const uint4 h = cluster_ld_v4(cluster_map(&s_hist[b], (uint32_t)(q % (int)csize)));
+                const uint32_t addr = slice_addr[round & 1] + 4 * b;
+                if (h.x) shared_add(addr, h.x);
+                if (h.y) shared_add(addr + 4, h.y);
+                if (h.z) shared_add(addr + 8, h.z);
+                if (h.w) shared_add(addr + 12, h.w);
+            }
+            cluster_sync();  // B: every slice is summed, and no CTA reads s_hist any more
+            const uint4 h = cluster_ld_v4(cluster_map(&slice_sums[group], (uint32_t)(group / slice)));
+            c[0] = h.w, c[1] = h.z, c[2] = h.y, c[3] = h.x;
+            const uint4 m = *reinterpret_cast<const uint4*>(&s_hist[group]);
+            mine[0] = m.w, mine[1] = m.z, mine[2] = m.y, mine[3] = m.x;
+            // A thread's own bins, zeroed by it for the next pass: s_hist, and the other slice
+            // buffer, last read remotely before this pass's A.
+            *reinterpret_cast<uint4*>(&s_hist[group]) = make_uint4(0, 0, 0, 0);
+            *reinterpret_cast<uint4*>(&s_slice[(round + 1) & 1][group]) = make_uint4(0, 0, 0, 0);
         }
-        cluster_sync();  // B: every slice is summed
-        // Every bin's sum, from the CTA whose slice holds it; then the digit.
-        const uint4 h = cluster_ld_v4(cluster_map(&slice_sums[group], (uint32_t)(group / slice)));
-        const uint32_t c[PER] = {h.w, h.z, h.y, h.x};
-        select_digit_counts<BLOCK>(c, need, s_warp, s_sel);
+        // The digit (s_sel, with this CTA's count in its bin), after which every thread sees it.
+        select_digit_counts<BLOCK>(c, need, s_warp, s_sel, mine);
         const uint32_t digit = s_sel[0], bucket = s_sel[2];
         need = s_sel[1];
-        // This CTA's elements in this thread's bins above the digit; those in it are `at`.
+        at = s_sel[3];
 #pragma unroll
-        for (int j = 0; j < PER; ++j) above_part += (uint32_t)(group + j) > digit ? s_hist[group + j] : 0u;
-        at = s_hist[digit];
+        for (int j = 0; j < PER; ++j) above_part += (uint32_t)(group + 3 - j) > digit ? mine[j] : 0u;
         prefix |= digit << shift;
         mask |= (uint32_t)(kRadixBins - 1) << shift;
-        // The other slice buffer was last read remotely before this pass's A: zeroed for the
-        // next pass; s_hist the cluster read before B.
-        uint32_t* next = s_slice[(round + 1) & 1];
-        for (int i = tid; i < kRadixBins; i += BLOCK) next[i] = 0;
-        __syncthreads();  // s_hist, s_sel read by every thread
-        for (int i = tid; i < kRadixBins; i += BLOCK) s_hist[i] = 0;
-        __syncthreads();
         ++round;
         return bucket == need;
     };
@@ -555,22 +566,24 @@ __device__ __forceinline__ void topk_local_cluster(const DcpTopkParams& p) {
 
     // Where this CTA's selected elements go: after every lower rank's.
     const uint32_t above = above_total();
-    if (tid == 0) {
-        s_count[0] = above;
-        s_count[1] = at;
-    }
-    cluster_sync();
-    if (tid < (int)csize) {
-        const uint2 v = cluster_ld_v2(cluster_map(s_count, (uint32_t)tid));
-        s_lower[tid][0] = v.x;
-        s_lower[tid][1] = v.y;
-    }
-    __syncthreads();
-    cluster_arrive();  // no remote reads after this: the others may exit once every CTA arrived
     uint32_t above_lower = 0, at_lower = 0;
-    for (uint32_t r = 0; r < crank; ++r) {
-        above_lower += s_lower[r][0];
-        at_lower += s_lower[r][1];
+    if (csize > 1) {
+        if (tid == 0) {
+            s_count[0] = above;
+            s_count[1] = at;
+        }
+        cluster_sync();
+        if (tid < (int)csize) {
+            const uint2 v = cluster_ld_v2(cluster_map(s_count, (uint32_t)tid));
+            s_lower[tid][0] = v.x;
+            s_lower[tid][1] = v.y;
+        }
+        __syncthreads();
+        cluster_arrive();  // no remote reads after this: the others may exit once every CTA arrived
+        for (uint32_t r = 0; r < crank; ++r) {
+            above_lower += s_lower[r][0];
+            at_lower += s_lower[r][1];
+        }
     }
     const uint32_t my_need = need > at_lower ? min(need - at_lower, at) : 0u;
     int32_t* my_out = out + above_lower + min(at_lower, need);
@@ -582,7 +595,7 @@ __device__ __forceinline__ void topk_local_cluster(const DcpTopkParams& p) {
             return s_key[e];
         },
         my_out, s_warp2);
-    cluster_wait();
+    if (csize > 1) cluster_wait();
 #else
     __trap();  // sm_80 launches topk_local (src/ops/topk.rs)
 #endif
