@@ -16,7 +16,7 @@ constexpr int kRadixBins = 1 << kRadixBits;
 constexpr int kTopkBlock = 1024;   // topk_local's block (the DSL's `block`)
 constexpr int kTopkItems = 4;      // elements per thread per tile of a streamed row
 constexpr int kTopkBufCap = 4096;  // survivors buffered in shared memory once they fit
-constexpr int kTopkClusterBlock = 512;     // topk_local_cluster's block (the DSL's `block`)
+constexpr int kTopkClusterBlock = 1024;    // topk_local_cluster's block (the DSL's `block`)
 constexpr int kTopkClusterChunk = 32768;   // most elements one CTA of a cluster holds (128 KB)
 constexpr int kTopkClusterMax = 8;         // most CTAs a row's cluster has (the portable limit)
 constexpr int kTopkListCap = 8192;         // a cluster CTA's list of elements at or above the first digit
@@ -121,12 +121,12 @@ __device__ __forceinline__ void ordered_scan(const bool (&a)[ITEMS], const bool 
 // `c`. s_sel = {digit, need left inside that bin, bin count}. Every thread returns after the
 // result is visible.
 // `local`, when given, holds another count of the same bins; s_sel[3] gets the chosen bin's.
-template <int BLOCK>
-__device__ __forceinline__ void select_digit_counts(const uint32_t (&c)[kRadixBins / BLOCK], uint32_t need,
-                                                    uint32_t* s_warp, uint32_t* s_sel,
-                                                    const uint32_t* local = nullptr) {
-    constexpr int PER = kRadixBins / BLOCK;
-    static_assert(PER * BLOCK == kRadixBins, "bins per thread");
+// PER may exceed 2048 / BLOCK' share only as far as every bin has a thread: threads past the
+// last bin hold zero counts.
+template <int BLOCK, int PER = kRadixBins / BLOCK>
+__device__ __forceinline__ void select_digit_counts(const uint32_t (&c)[PER], uint32_t need, uint32_t* s_warp,
+                                                    uint32_t* s_sel, const uint32_t* local = nullptr) {
+    static_assert(PER * BLOCK >= kRadixBins, "bins per thread");
     uint32_t sum = 0;
 #pragma unroll
     for (int j = 0; j < PER; ++j) sum += c[j];
@@ -373,8 +373,9 @@ template <int K>
 __device__ __forceinline__ void topk_local_cluster(const DcpTopkParams& p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     using namespace ptx_sm90;
-    constexpr int BLOCK = kTopkClusterBlock, PER = kRadixBins / BLOCK, W = BLOCK / 32;
-    static_assert(PER == 4, "one 16-byte group of bins per thread");
+    // The first 512 threads hold one group of 4 bins each (16-byte reads); the rest hold none.
+    constexpr int BLOCK = kTopkClusterBlock, PER = 4, GROUPS = kRadixBins / PER, W = BLOCK / 32;
+    static_assert(BLOCK >= GROUPS, "a thread for every group of bins");
     extern __shared__ uint32_t s_key[];  // this CTA's chunk of keys
     __shared__ __align__(16) uint32_t s_hist[kRadixBins];   // this CTA's counts of the pass
     __shared__ __align__(16) uint32_t s_slice[2][kRadixBins];  // the cluster's sums of this CTA's
@@ -405,6 +406,7 @@ __device__ __forceinline__ void topk_local_cluster(const DcpTopkParams& p) {
     // Bins are split into C slices of a multiple of 4 bins; a thread's group of 4 lies in one.
     const int slice = (((kRadixBins + (int)csize - 1) / (int)csize + 3) / 4) * 4;  // C slices cover 2048
     const int group = kRadixBins - PER * (tid + 1);  // this thread's bins: group .. group + 3
+    const bool grouped = tid < GROUPS;               // (else group < 0: no bins)
     // Counts go through 32-bit shared addresses (red.shared): a generic atomic in a cluster
     // kernel recomputes the CTA's window address every time.
     const uint32_t hist_addr = (uint32_t)__cvta_generic_to_shared(s_hist);
@@ -418,12 +420,15 @@ __device__ __forceinline__ void topk_local_cluster(const DcpTopkParams& p) {
     // One pass's cluster step, after this CTA counted its digit into s_hist: the digit every CTA
     // picks, this CTA's share above and at it. True when the prefix decides everything.
     auto select = [&](int shift) {
-        uint32_t c[PER], mine[PER];  // this thread's bins: the cluster's counts, this CTA's
+        uint32_t c[PER] = {0, 0, 0, 0}, mine[PER] = {0, 0, 0, 0};  // this thread's bins: the cluster's
+                                                                    // counts, this CTA's
         if (csize == 1) {
             __syncthreads();  // the counts are complete
-            const uint4 h = *reinterpret_cast<const uint4*>(&s_hist[group]);
-            mine[0] = h.w, mine[1] = h.z, mine[2] = h.y, mine[3] = h.x;
-            *reinterpret_cast<uint4*>(&s_hist[group]) = make_uint4(0, 0, 0, 0);  // for the next pass
+            if (grouped) {
+                const uint4 h = *reinterpret_cast<const uint4*>(&s_hist[group]);
+                mine[0] = h.w, mine[1] = h.z, mine[2] = h.y, mine[3] = h.x;
+                *reinterpret_cast<uint4*>(&s_hist[group]) = make_uint4(0, 0, 0, 0);  // for the next pass
+            }
 #pragma unroll
             for (int j = 0; j < PER; ++j) c[j] = mine[j];
         } else {
@@ -442,17 +447,19 @@ __device__ __forceinline__ void topk_local_cluster(const DcpTopkParams& p) {
                 if (h.w) shared_add(addr + 12, h.w);
             }
             cluster_sync();  // B: every slice is summed, and no CTA reads s_hist any more
-            const uint4 h = cluster_ld_v4(cluster_map(&slice_sums[group], (uint32_t)(group / slice)));
-            c[0] = h.w, c[1] = h.z, c[2] = h.y, c[3] = h.x;
-            const uint4 m = *reinterpret_cast<const uint4*>(&s_hist[group]);
-            mine[0] = m.w, mine[1] = m.z, mine[2] = m.y, mine[3] = m.x;
-            // A thread's own bins, zeroed by it for the next pass: s_hist, and the other slice
-            // buffer, last read remotely before this pass's A.
-            *reinterpret_cast<uint4*>(&s_hist[group]) = make_uint4(0, 0, 0, 0);
-            *reinterpret_cast<uint4*>(&s_slice[(round + 1) & 1][group]) = make_uint4(0, 0, 0, 0);
+            if (grouped) {
+                const uint4 h = cluster_ld_v4(cluster_map(&slice_sums[group], (uint32_t)(group / slice)));
+                c[0] = h.w, c[1] = h.z, c[2] = h.y, c[3] = h.x;
+                const uint4 m = *reinterpret_cast<const uint4*>(&s_hist[group]);
+                mine[0] = m.w, mine[1] = m.z, mine[2] = m.y, mine[3] = m.x;
+                // A thread's own bins, zeroed by it for the next pass: s_hist, and the other
+                // slice buffer, last read remotely before this pass's A.
+                *reinterpret_cast<uint4*>(&s_hist[group]) = make_uint4(0, 0, 0, 0);
+                *reinterpret_cast<uint4*>(&s_slice[(round + 1) & 1][group]) = make_uint4(0, 0, 0, 0);
+            }
         }
         // The digit (s_sel, with this CTA's count in its bin), after which every thread sees it.
-        select_digit_counts<BLOCK>(c, need, s_warp, s_sel, mine);
+        select_digit_counts<BLOCK, PER>(c, need, s_warp, s_sel, mine);
         const uint32_t digit = s_sel[0], bucket = s_sel[2];
         need = s_sel[1];
         at = s_sel[3];
@@ -475,23 +482,28 @@ __device__ __forceinline__ void topk_local_cluster(const DcpTopkParams& p) {
     {
         int base = 0;
         if ((reinterpret_cast<uintptr_t>(x) & 15) == 0) {
-            // Four float4 a thread in flight (16 scores), keys stored as uint4: 8192 a tile.
-            const float4* xv = reinterpret_cast<const float4*>(x) + tid;
-            uint4* kv = reinterpret_cast<uint4*>(s_key) + tid;
-            for (; base + 16 * BLOCK <= count; base += 16 * BLOCK) {
+            // Scores as float4 (up to four a thread in flight), keys stored as uint4.
+            const float4* xv = reinterpret_cast<const float4*>(x);
+            uint4* kv = reinterpret_cast<uint4*>(s_key);
+            const int vec = count / 4;
+            auto convert = [&](int i, float4 v) {
+                const uint4 k = make_uint4(score_key(v.x), score_key(v.y), score_key(v.z), score_key(v.w));
+                kv[i] = k;
+                shared_add(hist_addr + (k.x >> 21) * 4, 1u);
+                shared_add(hist_addr + (k.y >> 21) * 4, 1u);
+                shared_add(hist_addr + (k.z >> 21) * 4, 1u);
+                shared_add(hist_addr + (k.w >> 21) * 4, 1u);
+            };
+            int i0 = 0;
+            for (; i0 + 4 * BLOCK <= vec; i0 += 4 * BLOCK) {
                 float4 v[4];
 #pragma unroll
-                for (int u = 0; u < 4; ++u) v[u] = __ldg(xv + base / 4 + u * BLOCK);
+                for (int u = 0; u < 4; ++u) v[u] = __ldg(xv + i0 + u * BLOCK + tid);
 #pragma unroll
-                for (int u = 0; u < 4; ++u) {
-                    const uint4 k = make_uint4(score_key(v[u].x), score_key(v[u].y), score_key(v[u].z), score_key(v[u].w));
-                    kv[base / 4 + u * BLOCK] = k;
-                    shared_add(hist_addr + (k.x >> 21) * 4, 1u);
-                    shared_add(hist_addr + (k.y >> 21) * 4, 1u);
-                    shared_add(hist_addr + (k.z >> 21) * 4, 1u);
-                    shared_add(hist_addr + (k.w >> 21) * 4, 1u);
-                }
+                for (int u = 0; u < 4; ++u) convert(i0 + u * BLOCK + tid, v[u]);
             }
+            for (int i = i0 + tid; i < vec; i += BLOCK) convert(i, __ldg(xv + i));
+            base = 4 * vec;
         }
         for (int e = base + tid; e < count; e += BLOCK) {
             const uint32_t k = score_key(__ldg(x + e));
