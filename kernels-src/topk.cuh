@@ -523,23 +523,21 @@ __device__ __forceinline__ void topk_local_cluster(const DcpTopkParams& p) {
         const int seg = ((count + W - 1) / W + 127) & ~127;
         const int lo = min(count, warp * seg), hi = min(count, lo + seg);
         const uint4* kv = reinterpret_cast<const uint4*>(s_key);
-        // Keys 4L..4L + 3 of the step at e0, at or above the prefix; bounds only on the last step.
-        auto at_or_above = [&](int e0, bool bounded, bool (&in)[4]) {
+        auto at_or_above = [&](int e0, bool (&in)[4]) {
             const int e = e0 + 4 * lane;
-            const uint4 k = !bounded || e < hi ? kv[e / 4] : make_uint4(0, 0, 0, 0);
-            in[0] = k.x >= prefix && (!bounded || e < hi);
-            in[1] = k.y >= prefix && (!bounded || e + 1 < hi);
-            in[2] = k.z >= prefix && (!bounded || e + 2 < hi);
-            in[3] = k.w >= prefix && (!bounded || e + 3 < hi);
+            const uint4 k = e < hi ? kv[e / 4] : make_uint4(0, 0, 0, 0);
+            in[0] = e < hi && k.x >= prefix;
+            in[1] = e + 1 < hi && k.y >= prefix;
+            in[2] = e + 2 < hi && k.z >= prefix;
+            in[3] = e + 3 < hi && k.w >= prefix;
         };
-        const int full = lo + ((hi - lo) & ~127);  // whole steps end here
-        uint32_t n = 0;                             // this lane's count, summed over the warp below
+        uint32_t n = 0;
         for (int e0 = lo; e0 < hi; e0 += 128) {
             bool in[4];
-            at_or_above(e0, e0 >= full, in);
-            n += (uint32_t)in[0] + in[1] + in[2] + in[3];
+            at_or_above(e0, in);
+#pragma unroll
+            for (int j = 0; j < 4; ++j) n += __popc(__ballot_sync(0xffffffffu, in[j]));
         }
-        n = __reduce_add_sync(0xffffffffu, n);
         if (lane == 0) s_warp2[warp][0] = n;
         __syncthreads();
         n = 0;
@@ -548,7 +546,7 @@ __device__ __forceinline__ void topk_local_cluster(const DcpTopkParams& p) {
         const uint32_t list_addr = (uint32_t)__cvta_generic_to_shared(s_list);
         for (int e0 = lo; e0 < hi; e0 += 128) {
             bool in[4];
-            at_or_above(e0, e0 >= full, in);
+            at_or_above(e0, in);
             uint32_t m[4], before = n;
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
@@ -558,11 +556,11 @@ __device__ __forceinline__ void topk_local_cluster(const DcpTopkParams& p) {
             }
             // this lane's listed keys go after the lower lanes' (all four slots) and its own
             // lower slots
-            const uint32_t addr = list_addr + 2 * before, pos = (uint32_t)(e0 + 4 * lane);
-            shared_store_u16_if(in[0], addr, (uint16_t)pos);
-            shared_store_u16_if(in[1], addr + 2 * in[0], (uint16_t)(pos + 1));
-            shared_store_u16_if(in[2], addr + 2 * (in[0] + in[1]), (uint16_t)(pos + 2));
-            shared_store_u16_if(in[3], addr + 2 * (in[0] + in[1] + in[2]), (uint16_t)(pos + 3));
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                shared_store_u16_if(in[j], list_addr + 2 * before, (uint16_t)(e0 + 4 * lane + j));
+                before += in[j];
+            }
         }
         __syncthreads();
     }
