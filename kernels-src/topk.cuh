@@ -17,8 +17,9 @@ constexpr int kTopkBlock = 1024;   // topk_local's block (the DSL's `block`)
 constexpr int kTopkItems = 4;      // elements per thread per tile of a streamed row
 constexpr int kTopkBufCap = 4096;  // survivors buffered in shared memory once they fit
 constexpr int kTopkClusterBlock = 1024;    // topk_local_cluster's block (the DSL's `block`)
-constexpr int kTopkClusterChunk = 32768;   // most elements one CTA of a cluster holds (128 KB)
-constexpr int kTopkClusterMax = 8;         // most CTAs a row's cluster has (the portable limit)
+// A cluster CTA's chunk is whatever its dynamic shared memory holds (the launcher's
+// TOPK_CLUSTER_CHUNK, 32768, bounds it; the list's 16-bit positions need ≤ 65536).
+constexpr int kTopkClusterMax = 8;         // most CTAs a row's cluster has (the portable limit; TOPK_CLUSTER_MAX)
 constexpr int kTopkListCap = 8192;         // a cluster CTA's list of elements at or above the first digit
 constexpr int kMergeBlock = 512;   // topk_merge's block
 constexpr int kCompactBlock = 512; // topk_compact's block

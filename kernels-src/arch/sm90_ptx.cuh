@@ -221,11 +221,6 @@ __device__ __forceinline__ void shared_store_u16_if(bool on, uint32_t addr, uint
     asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %0, 0;\n @p st.shared.u16 [%1], %2;\n}\n" ::"r"((uint32_t)on), "r"(addr), "h"(v)
                  : "memory");
 }
-__device__ __forceinline__ uint32_t cluster_ld_u32(uint32_t addr) {
-    uint32_t v;
-    asm volatile("ld.shared::cluster.u32 %0, [%1];\n" : "=r"(v) : "r"(addr) : "memory");
-    return v;
-}
 __device__ __forceinline__ uint2 cluster_ld_v2(uint32_t addr) {
     uint2 v;
     asm volatile("ld.shared::cluster.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(addr) : "memory");

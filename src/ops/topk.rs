@@ -62,7 +62,7 @@ pub enum TopkSchedule {
     Cluster { ctas: usize },
 }
 
-/// The most scores one CTA of a [`TopkSchedule::Cluster`] holds (`kTopkClusterChunk`).
+/// The most scores one CTA of a [`TopkSchedule::Cluster`] holds (its dynamic shared memory: 128 KB).
 pub const TOPK_CLUSTER_CHUNK: usize = 32768;
 /// The most CTAs of a top-k cluster (the portable cluster size; `kTopkClusterMax`).
 pub const TOPK_CLUSTER_MAX: usize = 8;
