@@ -360,15 +360,17 @@ __device__ __forceinline__ void emit_segments(int count, uint32_t prefix, uint32
 // first digit on the way. Each pass sums the C histograms over distributed shared memory as a
 // reduce-scatter (CTA r sums slice r of the bins over the cluster: 2048 remote reads a CTA, not
 // C·2048, all in flight at once), then every CTA reads each bin's sum from the CTA whose slice
-// holds it, so all of them pick the same digit. After the first
-// digit a CTA whose elements at or above it fit kTopkListCap lists their positions in index
-// order (two sweeps of its chunk), and the later passes and the output read only that list;
-// otherwise they sweep the whole chunk. At the end each CTA knows how many of its elements are
-// above the threshold key and equal to it; an exclusive scan of those over the lower ranks places
-// its selected elements in the row's ascending-index output. Same output as topk_local, bit for
-// bit. Two cluster barriers a pass: after the counts (A) and after the slice sums (B); a buffer
-// another CTA reads between two barriers is rewritten only after the next one, which every CTA
-// reaches after its reads (so the slice sums alternate between two buffers).
+// holds it, so all of them pick the same digit (a one-CTA cluster skips the barriers and remote
+// reads). After the first digit a CTA whose elements at or above it fit kTopkListCap lists
+// their positions in index order (two sweeps of its chunk), and the later passes and the output
+// read only that list; otherwise they sweep the whole chunk. At the end each CTA knows how many
+// of its elements are above the threshold key and equal to it; an exclusive scan of those over
+// the lower ranks places its selected elements in the row's ascending-index output. Same output
+// as topk_local, bit for bit. Two cluster barriers a pass: after the counts (A) and after the
+// slice sums (B); a buffer another CTA reads between two barriers is rewritten only after the
+// next one, which every CTA reaches after its reads (so the slice sums alternate between two
+// buffers). Measured: the selection's instructions and each pass's barriers bound it, not the
+// row's bytes, so the launcher gives a row the fewest CTAs that hold it (NOTES.md).
 // ---------------------------------------------------------------------------------------------
 template <int K>
 __device__ __forceinline__ void topk_local_cluster(const DcpTopkParams& p) {
