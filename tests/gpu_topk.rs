@@ -207,8 +207,13 @@ fn local_topk_and_pack_beyond_2_pow_31_elements() {
         let c_lens = upload(&s, &vec![c_cols as i32; rows]);
         let c_args = LocalTopk { row_stride: c_stride, cols: c_cols, lens: view(&s, &c_lens), ..args };
         let c_out = upload(&s, &vec![POISON; rows * k]);
-        local_topk_with(dev, raw(&s), &LocalTopk { out: view(&s, &c_out), ..c_args }, TopkSchedule::Cluster { ctas: 8 })
-            .expect("local_topk_with");
+        local_topk_with(
+            dev,
+            raw(&s),
+            &LocalTopk { out: view(&s, &c_out), ..c_args },
+            TopkSchedule::Cluster { ctas: 8 },
+        )
+        .expect("local_topk_with");
         let got_c = download(&s, &c_out);
         // row 1 of this view is host row 1 from 2^20 − 2^16 on
         let tail = (1usize << 20) - (1 << 16);

@@ -128,15 +128,15 @@ pub fn local_topk_with(dev: &Device, stream: Stream, a: &LocalTopk, schedule: To
             if dev.compute_capability().0 < 9 {
                 return Err(Error::Unsupported("top-k clusters need compute capability 9.0".into()));
             }
-            let id = lookup(registry::topk_local_cluster(a.k as u32), || format!("topk_local_cluster for K = {}", a.k))?;
+            let id =
+                lookup(registry::topk_local_cluster(a.k as u32), || format!("topk_local_cluster for K = {}", a.k))?;
             if a.rows == 0 {
                 return Ok(());
             }
-            let grid = a
-                .rows
-                .checked_mul(ctas)
-                .and_then(|g| u32::try_from(g).ok())
-                .ok_or_else(|| Error::arg("rows", format!("{} rows of {ctas} CTAs exceed the grid limit", a.rows)))?;
+            let grid =
+                a.rows.checked_mul(ctas).and_then(|g| u32::try_from(g).ok()).ok_or_else(|| {
+                    Error::arg("rows", format!("{} rows of {ctas} CTAs exceed the grid limit", a.rows))
+                })?;
             // The kernel's keys: chunk·4 bytes of dynamic shared memory (it traps on less).
             let shared = (chunk.max(1) * 4) as u32;
             // SAFETY: local_topk_params checked every element the kernel reads and writes.
