@@ -94,9 +94,9 @@ impl Device {
         shared_bytes: u32,
         stream: Stream,
         params: &P,
-        dependent: bool,
-        cluster: Option<u32>,
+        attrs: LaunchAttrs,
     ) -> Result<()> {
+        let LaunchAttrs { dependent, cluster } = attrs;
         let info = id.info();
         let f = *self.functions[id.index()]
             .as_ref()
@@ -171,7 +171,7 @@ impl Device {
         stream: Stream,
         params: &P,
     ) -> Result<()> {
-        self.launch_with(id, grid, shared_bytes, stream, params, false, None)
+        self.launch_with(id, grid, shared_bytes, stream, params, LaunchAttrs::default())
     }
 
     /// Launches `id` with thread-block clusters of `cluster` consecutive CTAs along x
@@ -189,7 +189,14 @@ impl Device {
         stream: Stream,
         params: &P,
     ) -> Result<()> {
-        self.launch_with(id, grid, shared_bytes, stream, params, false, Some(cluster))
+        self.launch_with(
+            id,
+            grid,
+            shared_bytes,
+            stream,
+            params,
+            LaunchAttrs { cluster: Some(cluster), ..Default::default() },
+        )
     }
 
     /// Launches `id` as a programmatic dependent of the stream's previous kernel (compute
@@ -206,8 +213,15 @@ impl Device {
         stream: Stream,
         params: &P,
     ) -> Result<()> {
-        self.launch_with(id, grid, shared_bytes, stream, params, true, None)
+        self.launch_with(id, grid, shared_bytes, stream, params, LaunchAttrs { dependent: true, ..Default::default() })
     }
+}
+
+/// Launch attributes beyond the grid: a programmatic dependent launch, thread-block clusters.
+#[derive(Debug, Clone, Copy, Default)]
+struct LaunchAttrs {
+    dependent: bool,
+    cluster: Option<u32>,
 }
 
 /// A 2-D tiled TMA descriptor (`CUtensorMap`, 128 bytes) over a row-major bf16 matrix of
