@@ -67,7 +67,7 @@ pub const TOPK_CLUSTER_CHUNK: usize = 32768;
 /// The most CTAs of a top-k cluster (the portable cluster size; `kTopkClusterMax`).
 pub const TOPK_CLUSTER_MAX: usize = 8;
 
-/// The schedule [`local_topk`] uses for `rows` rows of `cols` columns on `dev`: on Hopper, when
+/// The schedule [`local_topk`] uses for rows of `cols` columns on `dev`: on Hopper, when
 /// a row fits 8 chunks, clusters of the fewest CTAs that hold it (each CTA's selection passes
 /// cost the same whatever its chunk, and the cluster's barriers grow with its size: on the H200
 /// 128 × 32768 ran in 21.7 µs with 1 CTA a row, 36.7 with 2, 67.7 with 4). The environment
@@ -104,6 +104,29 @@ fn auto_schedule(cols: usize) -> TopkSchedule {
     TopkSchedule::Cluster { ctas: fewest }
 }
 
+/// A cluster launch's grid (rows · ctas CTAs) and dynamic shared bytes (the chunk's keys, which
+/// the kernel traps on too few of), or the argument error.
+fn cluster_launch(a: &LocalTopk, ctas: usize) -> Result<(u32, u32)> {
+    ensure_arg!(
+        (1..=TOPK_CLUSTER_MAX).contains(&ctas),
+        "schedule",
+        "a top-k cluster has 1 to {TOPK_CLUSTER_MAX} CTAs, not {ctas}"
+    );
+    let chunk = topk_cluster_chunk(a.cols, ctas);
+    ensure_arg!(
+        chunk <= TOPK_CLUSTER_CHUNK,
+        "schedule",
+        "{ctas} CTAs a row hold {chunk} of the {} columns each, above {TOPK_CLUSTER_CHUNK}",
+        a.cols
+    );
+    let grid = a
+        .rows
+        .checked_mul(ctas)
+        .and_then(|g| u32::try_from(g).ok())
+        .ok_or_else(|| Error::arg("rows", format!("{} rows of {ctas} CTAs exceed the grid limit", a.rows)))?;
+    Ok((grid, (chunk.max(1) * 4) as u32))
+}
+
 /// [`local_topk`] with the schedule named (tests run every one against the reference).
 pub fn local_topk_with(dev: &Device, stream: Stream, a: &LocalTopk, schedule: TopkSchedule) -> Result<()> {
     let params = local_topk_params(a)?;
@@ -113,18 +136,7 @@ pub fn local_topk_with(dev: &Device, stream: Stream, a: &LocalTopk, schedule: To
             launch_rows(dev, stream, id, a.rows, &params)
         }
         TopkSchedule::Cluster { ctas } => {
-            ensure_arg!(
-                (1..=TOPK_CLUSTER_MAX).contains(&ctas),
-                "schedule",
-                "a top-k cluster has 1 to {TOPK_CLUSTER_MAX} CTAs, not {ctas}"
-            );
-            let chunk = topk_cluster_chunk(a.cols, ctas);
-            ensure_arg!(
-                chunk <= TOPK_CLUSTER_CHUNK,
-                "schedule",
-                "{ctas} CTAs a row hold {chunk} of the {} columns each, above {TOPK_CLUSTER_CHUNK}",
-                a.cols
-            );
+            let (grid, shared) = cluster_launch(a, ctas)?;
             if dev.compute_capability().0 < 9 {
                 return Err(Error::Unsupported("top-k clusters need compute capability 9.0".into()));
             }
@@ -133,12 +145,6 @@ pub fn local_topk_with(dev: &Device, stream: Stream, a: &LocalTopk, schedule: To
             if a.rows == 0 {
                 return Ok(());
             }
-            let grid =
-                a.rows.checked_mul(ctas).and_then(|g| u32::try_from(g).ok()).ok_or_else(|| {
-                    Error::arg("rows", format!("{} rows of {ctas} CTAs exceed the grid limit", a.rows))
-                })?;
-            // The kernel's keys: chunk·4 bytes of dynamic shared memory (it traps on less).
-            let shared = (chunk.max(1) * 4) as u32;
             // SAFETY: local_topk_params checked every element the kernel reads and writes.
             unsafe { dev.launch_cluster(id, (grid, 1, 1), ctas as u32, shared, stream, &params) }
         }
@@ -479,6 +485,28 @@ mod tests {
         assert_eq!(auto_schedule(0), TopkSchedule::Cluster { ctas: 1 });
         assert_eq!(auto_schedule(8 * 32_768), TopkSchedule::Cluster { ctas: 8 });
         assert_eq!(auto_schedule(8 * 32_768 + 1), TopkSchedule::CtaPerRow);
+    }
+
+    #[test]
+    fn cluster_launches_are_checked() {
+        let t = LocalTopk {
+            scores: fake(3 * 40_003),
+            row_stride: 40_003,
+            cols: 40_000,
+            lens: fake(3),
+            rows: 3,
+            k: 512,
+            out: fake(3 * 512),
+        };
+        // 40,000 columns: 2 CTAs hold 20,000 each, 1 would hold 40,000 > 32,768
+        assert_eq!(cluster_launch(&t, 2).unwrap(), (6, 80_000));
+        assert_eq!(cluster_launch(&t, 3).unwrap(), (9, 4 * 13_336));
+        for ctas in [0, 1, 9] {
+            assert_eq!(arg_of(cluster_launch(&t, ctas).unwrap_err()), "schedule", "{ctas} CTAs");
+        }
+        let many = LocalTopk { rows: 1 << 30, ..t };
+        assert_eq!(arg_of(cluster_launch(&many, 8).unwrap_err()), "rows");
+        assert_eq!(cluster_launch(&LocalTopk { cols: 0, ..t }, 1).unwrap(), (3, 4));
     }
 
     #[test]
