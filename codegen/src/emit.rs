@@ -322,4 +322,16 @@ mod tests {
         assert!(reg.contains("symbol: \"dcp_dec__kv_b__tile_64\", block: 128, dynamic_shared_bytes: 2048"), "{reg}");
         assert!(reg.contains("pub const SASS_TARGETS: &[&str] = &[\"sm_80\"];"), "{reg}");
     }
+
+    #[test]
+    fn entry_points_carry_the_launch_bounds() {
+        let src = SRC.replace("block = 64\n", "block = 64\nmin_blocks = 4\n");
+        let fams = check(&parse(&src).unwrap()).unwrap();
+        assert!(translation_unit(&fams[0]).contains("__launch_bounds__(128) dcp_dec__kv_a__tile_32("));
+        assert!(
+            translation_unit(&fams[1]).contains("__launch_bounds__(64, 4) dcp_plain("),
+            "{}",
+            translation_unit(&fams[1])
+        );
+    }
 }
