@@ -1,6 +1,6 @@
 // Where the KV fill's time goes (a measurement, not part of the library; NOTES.md, ninth session):
-// the fill kernel of kernels-src/fill.cuh against an empty kernel, a variant with the row loads
-// hoisted, a copy kernel of the same bytes and cudaMemcpyAsync, timed as `dcp-mla bench` times
+// the fill kernel of kernels-src/fill.cuh against an empty kernel, a copy kernel of the same
+// bytes and cudaMemcpyAsync, timed as `dcp-mla bench` times
 // (events, L2 evicted by a 256 MiB read before each launch, median of 30 after 5).
 // On the GPU machine, from the repository root:
 //   nvcc -arch=sm_90a -O3 -std=c++17 --expt-relaxed-constexpr -I kernels-src -o /tmp/fill-diag scripts/fill-diag.cu && /tmp/fill-diag
@@ -17,28 +17,6 @@ __global__ void flush_k(const uint4* p, size_t n, uint32_t* sink) {
   if (a == 0x12345678u) *sink = a;
 }
 template <KvFormat F> __global__ void __launch_bounds__(256) fill_k(const __grid_constant__ DcpKvFillParams p) { kv_fill<F>(p); }
-// the same with the token's row loads issued before its request/position checks
-template <KvFormat F> __global__ void __launch_bounds__(256) fill_hoist(const __grid_constant__ DcpKvFillParams p) {
-  const int lane = threadIdx.x & 31;
-  const int64_t token = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-  if (token >= p.num_tokens) return;
-  const uint4* ckv = (const uint4*)((const __nv_bfloat16*)p.ckv + token * p.ckv_stride);
-  const uint4* kpe = (const uint4*)((const __nv_bfloat16*)p.kpe + token * p.kpe_stride);
-  uint4 c0 = ckv[2 * lane], c1 = ckv[2 * lane + 1];
-  uint4 r = lane < 8 ? kpe[lane] : make_uint4(0, 0, 0, 0);
-  const int req = ((const int32_t*)p.req_idx)[token];
-  const int pos = ((const int32_t*)p.positions)[token];
-  if (pos < 0 || req < 0 || req >= p.batch) return;
-  if (owner_of(pos, p.dcp_size, p.interleave) != p.dcp_rank) return;
-  const int64_t local = local_of(pos, p.dcp_size, p.interleave);
-  const int64_t page_col = local / p.block_size;
-  if (page_col >= p.max_pages) return;
-  const int page = ((const int32_t*)p.block_table)[req * p.block_table_stride + page_col];
-  if (page < 0 || page >= p.num_pages) return;
-  const int64_t slot = (int64_t)page * p.block_size + local % p.block_size;
-  uint4* row = (uint4*)((__nv_bfloat16*)p.cache + slot * kDimQk);
-  row[2 * lane] = c0; row[2 * lane + 1] = c1; if (lane < 8) row[kDimLatent / 8 + lane] = r;
-}
 // copy of the same bytes, no indirection: warp per 1152-byte row
 __global__ void __launch_bounds__(256) rowcopy(const uint4* src, uint4* dst, int rows) {
   const int lane = threadIdx.x & 31; const int64_t t = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
@@ -80,7 +58,6 @@ int main() {
     char n[64];
     snprintf(n, 64, "fill bf16 T=%d", T); time(n, [&] { fill_k<KvFormat::Bf16><<<grid, 256, 0, s>>>(p); });
     snprintf(n, 64, "fill fp8 T=%d", T); time(n, [&] { fill_k<KvFormat::Fp8_656><<<grid, 256, 0, s>>>(p); });
-    snprintf(n, 64, "fill bf16 hoisted T=%d", T); time(n, [&] { fill_hoist<KvFormat::Bf16><<<grid, 256, 0, s>>>(p); });
     snprintf(n, 64, "rowcopy 1152B rows T=%d", T); time(n, [&] { rowcopy<<<grid, 256, 0, s>>>((const uint4*)src2, (uint4*)cache, T); });
     snprintf(n, 64, "cudaMemcpyAsync same bytes T=%d", T); time(n, [&] { cudaMemcpyAsync(cache, src2, (size_t)T * 1152, cudaMemcpyDeviceToDevice, s); });
     printf("   bytes (read+written) bf16 %.1f MB, fp8 %.1f MB\n", T * 2304 / 1e6, T * (1152 + 656) / 1e6);

@@ -437,17 +437,22 @@ mod tests {
         assert_eq!(arg_of(merge_params(&short).unwrap_err()), "cand_ids");
     }
 
-    #[test]
-    fn local_topk_and_pack_validate() {
-        let t = LocalTopk {
-            scores: fake(3 * 1000),
-            row_stride: 1000,
-            cols: 1000,
+    /// Three rows of `stride` scores, `cols` of them used, K = 512, every buffer its exact size.
+    fn three_rows(stride: usize, cols: usize) -> LocalTopk {
+        LocalTopk {
+            scores: fake(3 * stride),
+            row_stride: stride,
+            cols,
             lens: fake(3),
             rows: 3,
             k: 512,
             out: fake(3 * 512),
-        };
+        }
+    }
+
+    #[test]
+    fn local_topk_and_pack_validate() {
+        let t = three_rows(1000, 1000);
         let p = local_topk_params(&t).unwrap();
         assert_eq!((p.rows, p.cols, p.row_stride), (3, 1000, 1000));
         assert_eq!(arg_of(local_topk_params(&LocalTopk { k: 768, ..t }).unwrap_err()), "k");
@@ -489,15 +494,7 @@ mod tests {
 
     #[test]
     fn cluster_launches_are_checked() {
-        let t = LocalTopk {
-            scores: fake(3 * 40_003),
-            row_stride: 40_003,
-            cols: 40_000,
-            lens: fake(3),
-            rows: 3,
-            k: 512,
-            out: fake(3 * 512),
-        };
+        let t = three_rows(40_003, 40_000);
         // 40,000 columns: 2 CTAs hold 20,000 each, 1 would hold 40,000 > 32,768
         assert_eq!(cluster_launch(&t, 2).unwrap(), (6, 80_000));
         assert_eq!(cluster_launch(&t, 3).unwrap(), (9, 4 * 13_336));
