@@ -11,7 +11,7 @@
 
 use crate::error::{Error, Result};
 use crate::formats::{KvFormat, D_LATENT, D_QK, D_ROPE, D_V};
-use crate::ops::combine::{self, a2a_aligned_slot_bytes, A2aCombine, AgRsCorrect, CombineRows, MergeTwo};
+use crate::ops::combine::{self, a2a_aligned_slot_bytes, A2aCombine, A2aPack, AgRsCorrect, CombineRows, MergeTwo};
 use crate::ops::decode::{self, DecodeCommon, DecodeOut, DenseDecode, SparseDecode};
 use crate::ops::fill::{kv_fill, KvFill};
 use crate::ops::prefill::{self, piece_table, Flatten, Reorder};
@@ -218,7 +218,75 @@ pub enum Case {
     Flatten { format: KvFormat, prefix: usize, d: usize },
     /// Reorder of the all-gathered [D, prefix/D, 576] buffer.
     Reorder { prefix: usize, d: usize },
+    /// a2a send side: this rank's [T, H, 512] fp32 partial and lse packed into D bf16 slots.
+    A2aPack { d: usize, t: usize, h: usize },
+    /// One rank's local kernels of one layer's decode step ([`step_parts`]), without the NCCL
+    /// collectives (see [`STEP_COLLECTIVES_US`]); `d = 1` is the step without DCP.
+    DcpStep(StepShape),
 }
+
+/// A decode step of [`STEP_BATCH`] requests of `sk` tokens, `q` query rows each, `h_l` heads a
+/// rank under tensor parallelism, dense BF16 or sparse FP8-656 with a top-k of [`STEP_TOPK`],
+/// spread over a DCP group of `d` ranks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StepShape {
+    pub sparse: bool,
+    pub h_l: usize,
+    pub sk: usize,
+    pub q: usize,
+    pub d: usize,
+}
+
+/// The seed's step shapes: batch 64 (GLM-5.2 at TP8: H_l = 8; DeepSeek-V3 at TP8: H_l = 16).
+pub const STEP_BATCH: usize = 64;
+pub const STEP_TOPK: usize = 2048;
+
+/// The kernels one rank runs in a step, in order. Without DCP: the fill of the batch's new
+/// tokens, [the top-k over all `sk` scores], attention over `sk` tokens (sparse: K) with H_l
+/// heads. With DCP: the fill of the rank's share of the new tokens (b/D), [local top-k over its
+/// sk/D scores, candidate packing, the exact merge of D·K candidates, compaction to its own
+/// tokens], attention over its sk/D tokens (sparse: ~K/D) with the gathered D·H_l heads, and
+/// the a2a combine's pack and merge. The collectives between them are not here.
+pub fn step_parts(st: StepShape) -> Vec<Case> {
+    let StepShape { sparse, h_l, sk, q, d } = st;
+    let (b, t, h) = (STEP_BATCH, STEP_BATCH * q, d * h_l);
+    let format = if sparse { KvFormat::Fp8_656 } else { KvFormat::Bf16 };
+    let mut v = vec![Case::Fill { format, tokens: b.div_ceil(d) }];
+    if sparse {
+        let k = STEP_TOPK;
+        v.push(Case::TopkLocal { rows: t, n: sk / d, k });
+        if d > 1 {
+            v.push(Case::TopkPack { rows: t, k, d });
+            v.push(Case::TopkMerge { rows: t, d, k });
+            v.push(Case::TopkCompact { rows: t, d, k });
+        }
+        v.push(Case::Sparse { format, b, q, h, k: k / d });
+    } else {
+        v.push(Case::Dense { b, q, h, sk: sk / d });
+    }
+    if d > 1 {
+        v.push(Case::A2aPack { d, t, h });
+        v.push(Case::A2aCombine { d, t, h });
+    }
+    v
+}
+
+/// NCCL time a DCP step adds on each rank, µs, as measured at D = 2 on two H200s (NOTES.md,
+/// "Multi-GPU decode step": b = 64, 32K, q = 1): the a2a all-to-all 24.7 µs (H_l = 8) / 27.9
+/// (H_l = 16); the query-head all-gather and (sparse) the candidate all-gather were not timed
+/// apart, and are taken as the measured lse all-gather, 17 µs each (messages of the same
+/// latency-bound size class). Stated constants, used for every D and q until `bench-step`
+/// measures them on the machine.
+pub fn step_collectives_us(st: StepShape) -> f64 {
+    if st.d == 1 {
+        return 0.0;
+    }
+    let all_to_all = if st.h_l <= 8 { 24.7 } else { 27.9 };
+    let gathers = if st.sparse { 2.0 } else { 1.0 };
+    all_to_all + gathers * STEP_GATHER_US
+}
+const STEP_GATHER_US: f64 = 17.0;
+pub const STEP_COLLECTIVES_US: &str = "a2a all-to-all 24.7 / 27.9 µs (H_l = 8 / 16) + 17 µs an all-gather";
 
 /// One benchmark row: a named shape, its byte and FLOP counts, and its target.
 #[derive(Debug, Clone, PartialEq)]
@@ -268,10 +336,17 @@ fn describe(c: &Case) -> String {
         }
         Case::Flatten { format, prefix, d } => format!("{format:?} prefix={prefix} D={d}"),
         Case::Reorder { prefix, d } => format!("prefix={prefix} D={d}"),
+        Case::A2aPack { d, t, h } => format!("D={d} T={t} H={h}"),
+        Case::DcpStep(StepShape { sparse, h_l, sk, q, d }) => {
+            format!("{} H_l={h_l} s_k={sk} q={q} D={d}", if sparse { "fp8 K=2048" } else { "dense" })
+        }
     }
 }
 
 fn work(c: &Case) -> (f64, f64) {
+    if let Case::DcpStep(st) = *c {
+        return step_parts(st).iter().map(work).fold((0.0, 0.0), |a, w| (a.0 + w.0, a.1 + w.1));
+    }
     let attn_flops = |rows: usize, keys: usize| 2.0 * rows as f64 * keys as f64 * (D_QK + D_V) as f64;
     let (bytes, flops) = match *c {
         Case::Fill { format, tokens } => (tokens * ((D_LATENT + D_ROPE) * 2 + format.token_bytes()), 0.0),
@@ -295,6 +370,9 @@ fn work(c: &Case) -> (f64, f64) {
         Case::TopkCompact { rows, k, .. } => (rows * k * 8 + rows * 4, 0.0),
         Case::Flatten { format, prefix, d } => ((prefix / d) * (format.token_bytes() + D_QK * 2), 0.0),
         Case::Reorder { prefix, .. } => (prefix * D_QK * 2 * 2, 0.0),
+        // fp32 partial and lse read, the D bf16 slots written
+        Case::A2aPack { t, h, .. } => (t * h * (D_V * 4 + 4) + t * h * (D_V * 2 + 4), 0.0),
+        Case::DcpStep(_) => unreachable!("summed over its parts above"),
     };
     (bytes as f64, flops)
 }
@@ -361,7 +439,51 @@ pub fn rows() -> Vec<BenchRow> {
         ));
     }
     v.push(BenchRow::new("prefill_reorder", Case::Reorder { prefix: 32768, d: 4 }, Target::CopyFraction(0.7)));
+    // issue 20 item 4: one rank's step at the seed's shapes, D = 1 (no DCP) and 2, 4, 8; the
+    // bench prints the ratios with the collectives added (step_summary)
+    for sparse in [false, true] {
+        for h_l in [8, 16] {
+            for sk in [8192, 32768] {
+                for q in [1, 6] {
+                    for d in [1, 2, 4, 8] {
+                        let st = StepShape { sparse, h_l, sk, q, d };
+                        v.push(BenchRow::new("dcp_step", Case::DcpStep(st), Target::None));
+                    }
+                }
+            }
+        }
+    }
     v
+}
+
+/// The step rows' verdict: for each shape, the step without DCP against one rank's step with
+/// DCP at each D (its kernels as measured plus [`step_collectives_us`]); speedup > 1 means DCP
+/// makes the step faster. `measured` holds (row, µs) of this run.
+pub fn step_summary(measured: &[(&BenchRow, f64)]) -> String {
+    let us = |st: StepShape| measured.iter().find(|(r, _)| r.case == Case::DcpStep(st)).map(|&(_, us)| us);
+    let mut out = format!("DCP step, one rank (collectives added: {STEP_COLLECTIVES_US})\n");
+    out += &format!("{:<36} {:>10} {:>22} {:>22} {:>22}\n", "shape", "no DCP µs", "D=2 µs (speedup)", "D=4", "D=8");
+    for r in measured {
+        let Case::DcpStep(st) = r.0.case else { continue };
+        if st.d != 1 {
+            continue;
+        }
+        let Some(base) = us(st) else { continue };
+        let mut line = format!("{:<36} {:>10.1}", describe(&Case::DcpStep(st)).replace(" D=1", ""), base);
+        for d in [2, 4, 8] {
+            let with = StepShape { d, ..st };
+            line += &match us(with) {
+                Some(local) => {
+                    let total = local + step_collectives_us(with);
+                    format!(" {:>14.1} ({:>4.2})", total, base / total)
+                }
+                None => format!(" {:>22}", "-"),
+            };
+        }
+        out += &line;
+        out.push('\n');
+    }
+    out
 }
 
 /// A prepared row: its buffers live inside the closure, each call launches once.
@@ -699,6 +821,34 @@ pub fn prepare<'a>(dev: &'a Device, s: &Arc<CudaStream>, row: &BenchRow) -> Resu
                 prefill::flatten(dev, st, &args)
             })
         }
+        Case::DcpStep(st) => {
+            let mut parts = step_parts(st)
+                .into_iter()
+                .map(|case| prepare(dev, s, &BenchRow::new("dcp_step", case, Target::None)))
+                .collect::<Result<Vec<_>>>()?;
+            Box::new(move || parts.iter_mut().try_for_each(|launch| launch()))
+        }
+        Case::A2aPack { d, t, h } => {
+            let h_l = h / d;
+            let slot = a2a_aligned_slot_bytes(t, h_l)?;
+            let out = up(s, &(0..t * h * D_V).map(|_| rng.unit()).collect::<Vec<_>>())?;
+            let lse = up(s, &(0..t * h).map(|_| rng.unit() * 4.0).collect::<Vec<_>>())?;
+            let send = zeros::<u8>(s, d * slot)?;
+            let args = A2aPack {
+                out: CombineRows::F32(sl(s, &out)),
+                lse: sl(s, &lse),
+                send: sl(s, &send),
+                slot_bytes: slot,
+                num_tokens: t,
+                local_heads: h_l,
+                dcp_size: d,
+            };
+            let keep = (out, lse, send);
+            Box::new(move || {
+                let _ = &keep;
+                combine::a2a_pack(dev, st, &args)
+            })
+        }
         Case::Reorder { prefix, d } => {
             let dcp = DcpLayout { size: d, interleave: 1 };
             let plan = plan_prefill_chunks(&[prefix as u64], dcp, block, prefill_chunk_bytes(prefix as u64, d))?;
@@ -792,6 +942,39 @@ mod tests {
         let m = Measurement { us: 225.3, bytes: sparse.work().0, flops: sparse.work().1 };
         let r = sparse.target.ratio(&m, 4000.0).unwrap();
         assert!((r - 1.0).abs() < 0.01, "{r}");
+    }
+
+    #[test]
+    fn step_rows_split_the_work_and_their_summary_adds_the_collectives() {
+        let dense = StepShape { sparse: false, h_l: 8, sk: 32768, q: 1, d: 1 };
+        // without DCP: the fill and attention over every token with H_l heads
+        assert_eq!(
+            step_parts(dense),
+            vec![Case::Fill { format: KvFormat::Bf16, tokens: 64 }, Case::Dense { b: 64, q: 1, h: 8, sk: 32768 }]
+        );
+        // D = 4: a quarter of the fill and of the tokens, four times the heads, and the a2a combine
+        let d4 = StepShape { d: 4, ..dense };
+        assert_eq!(step_parts(d4)[1], Case::Dense { b: 64, q: 1, h: 32, sk: 8192 });
+        assert_eq!(step_parts(d4)[3], Case::A2aCombine { d: 4, t: 64, h: 32 });
+        let sparse = StepShape { sparse: true, h_l: 16, sk: 8192, q: 6, d: 8 };
+        let parts = step_parts(sparse);
+        assert!(parts.contains(&Case::TopkMerge { rows: 384, d: 8, k: 2048 }));
+        assert!(parts.contains(&Case::Sparse { format: KvFormat::Fp8_656, b: 64, q: 6, h: 128, k: 256 }));
+        // a step's work is the sum of its parts'
+        let (bytes, flops) = work(&Case::DcpStep(d4));
+        let sum = step_parts(d4).iter().map(work).fold((0.0, 0.0), |a, w| (a.0 + w.0, a.1 + w.1));
+        assert_eq!((bytes, flops), sum);
+        assert!(flops > 0.0);
+        // the summary: 600 µs alone; at D = 2 240 µs of kernels + 24.7 + 17 of NCCL
+        let rows: Vec<BenchRow> = [1, 2]
+            .into_iter()
+            .map(|d| BenchRow::new("dcp_step", Case::DcpStep(StepShape { d, ..dense }), Target::None))
+            .collect();
+        let text = step_summary(&[(&rows[0], 600.0), (&rows[1], 240.0)]);
+        let total = 240.0 + 24.7 + 17.0;
+        assert_eq!(step_collectives_us(StepShape { d: 2, ..dense }), 24.7 + 17.0);
+        assert!(text.contains(&format!("{total:.1} ({:.2})", 600.0 / total)), "{text}");
+        assert!(text.contains("dense H_l=8 s_k=32768 q=1 "), "{text}");
     }
 
     #[test]

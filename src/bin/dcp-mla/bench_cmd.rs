@@ -1,7 +1,7 @@
 //! `dcp-mla bench`: every row of `dcp_mla::bench::rows` on the GPU, with the same run's copy
 //! ceiling, each row's ratio to its docs/performance.md target, and JSON / CSV outputs.
 
-use dcp_mla::bench::{prepare, rows, BenchRow, Measurement, Timer};
+use dcp_mla::bench::{prepare, rows, step_summary, BenchRow, Measurement, Timer};
 use dcp_mla::runtime::Device;
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
@@ -93,6 +93,10 @@ pub fn run(a: &BenchArgs) -> i32 {
     }
     eprintln!("{} rows measured", results.len());
     print_table(&results, copy_gbs);
+    let steps: Vec<(&BenchRow, f64)> = results.iter().map(|r| (&r.row, r.m.us)).collect();
+    if steps.iter().any(|(r, _)| r.family == "dcp_step") {
+        print!("{}", step_summary(&steps));
+    }
     if let Some(path) = &a.json {
         if let Err(e) = std::fs::write(path, to_json(&dev, &results, copy_gbs, &failed)) {
             eprintln!("error: cannot write {}: {e}", path.display());
