@@ -38,10 +38,6 @@ namespace dcp {
 
 namespace decode_sm90 {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-// One arrival that also expects `bytes` more of asynchronous (TMA) writes in this phase.
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
 // x through an instruction the compiler cannot see through: an address computed from it is then
 // recomputed where it is used instead of once outside the tile loop (and spilled: the loop has
 // no register to spare).

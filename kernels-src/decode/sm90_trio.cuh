@@ -205,10 +205,11 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                     if (ld_part == 0 && (ld_tok & (box_rows - 1)) == 0) {
                         const int c1 = row >= 0 ? (int)row : p.num_pages * bs;
                         const uint32_t dst = kv_addr + b * kTileBytes + ld_tok * 128;
+                        const uint64_t policy = l2_evict_first_policy();  // each row is read once
                         mbar_expect_tx(full(b), kBlocks * box_rows * 128);
 #pragma unroll
                         for (int blk = 0; blk < kBlocks; ++blk)
-                            tma_load_2d(dst + blk * (Tile * 128), &p.kv_tmap, blk * 64, c1, full(b));
+                            tma_load_2d_hint(dst + blk * (Tile * 128), &p.kv_tmap, blk * 64, c1, full(b), policy);
                     }
                 } else {
                     copy_token<Tile, kLdPerTok>(sKV + b * kTileBytes, ld_tok, ld_part, p, row);
