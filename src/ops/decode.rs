@@ -145,9 +145,9 @@ pub type Sm90Variant = (u32, u32, Sm90Schedule);
 /// Every wgmma decode variant kernels.toml ships for a launch over `format` (`sparse`: index
 /// lists, else the dense block table), over the Hopper decode families (`mla_decode_sm90`, the
 /// trio family and the FP8 roles family): the one kernels.toml marks `default` first, then the
-/// rest in its order. Dense and sparse BF16 default to trio; FP8 to the plain schedule, which
-/// stages raw rows in shared memory and dequantises them into one bf16 tile (the FP8 roles
-/// kernel, `wgmma-roles-64x2`, measured no faster: NOTES.md).
+/// rest in its order. Every kind defaults to trio (FP8: its P·V warpgroups dequantise the next
+/// tiles); the FP8 plain (`wgmma-plain-64x1`) and roles (`wgmma-roles-64x2`) kernels measured
+/// slower and stay selectable (NOTES.md).
 pub fn sm90_variants(format: KvFormat, sparse: bool) -> Vec<Sm90Variant> {
     let kv = kv_axis(format, sparse);
     let mut v: Vec<(Sm90Variant, bool)> = registry::MLA_DECODE_SM90_TRIO_VARIANTS
