@@ -17,6 +17,7 @@ namespace dcp {
 //   its P·V of tile i − 1; warpgroup 1 loads the tiles and does the other half of P·V with P
 //   handed over through shared memory. Tiles and P are handed over by full/empty mbarriers,
 //   so neither warpgroup waits for the other at a CTA barrier (BF16 only).
+// (Sparse FP8 runs trio only; its plain and roles kernels measured slower and were removed.)
 // Seesaw: the two warpgroups split each pair of tiles evenly: each computes S of one tile and
 //   adds to its half of O the P·V of both, its own P from registers and the other's from shared
 //   memory; dense BF16 tiles by TMA only (decode/sm90_seesaw.cuh).
@@ -34,16 +35,9 @@ constexpr int kRows = 64;
 constexpr int kBlocks = kDimQk / 64;  // 9 column blocks of 64 dims
 constexpr int kChunks = kDimQk / 8;   // 72 16-byte chunks per row
 
-// Validity flags per token: a slot per ring buffer; FP8 keeps two (tile parity), as its next
-// tile's raw copies (and flags) are issued while the current tile's softmax reads its flags.
-template <DecodeKv Kv, int Stages>
-constexpr int valid_slots() {
-    return Kv == DecodeKv::SparseFp8 ? 2 : Stages;
-}
-
 // Dynamic shared memory (kernels.toml `dynamic_shared` evaluates it for the registry). The extra
-// 1024 bytes let the kernel align its buffers to the 1024-byte swizzle period. FP8 adds one
-// staging buffer of raw 656-byte rows.
+// 1024 bytes let the kernel align its buffers to the 1024-byte swizzle period; a token's validity
+// flag has a slot per ring buffer.
 // S shared between the warpgroups (plain schedule): warpgroup 0 computes S and hands its fp32
 // fragments to warpgroup 1 through the current tile's rope block (Tile × 128 bytes, read by S
 // only) and this many more bytes.
@@ -71,8 +65,7 @@ constexpr int seesaw_extra_bytes() { return 3 * kRows * 4 + 2 * kRows * 4 + 2 * 
 template <DecodeKv Kv, int Tile, int Stages, Sm90Schedule Sched>
 constexpr int shared_bytes() {
     if constexpr (Sched == Sm90Schedule::Seesaw) return 1024 + kRows * kDimQk * 2 + Stages * Tile * kDimQk * 2 + seesaw_extra_bytes();
-    return 1024 + kRows * kDimQk * 2 + Stages * Tile * kDimQk * 2 + valid_slots<Kv, Stages>() * Tile * 4 +
-           (Kv == DecodeKv::SparseFp8 && Sched == Sm90Schedule::Plain ? Tile * kFp8RowBytes : 0) +
+    return 1024 + kRows * kDimQk * 2 + Stages * Tile * kDimQk * 2 + Stages * Tile * 4 +
            s_share_extra_bytes<Tile, Sched>() +
            roles_extra_bytes<Tile, Sched>();
 }
@@ -99,12 +92,6 @@ __device__ __forceinline__ unsigned char* aligned_smem() {
 // A thread's first row in a warpgroup's 64-row accumulator (wgmma layout: warp w of the group
 // holds rows 16w.., lane l rows l / 4 and l / 4 + 8).
 __device__ __forceinline__ int row_of(int tid) { return ((tid >> 5) & 3) * 16 + ((tid & 31) >> 2); }
-
-// Picks a role's piece body at compile time (the roles schedule's FP8 loader).
-template <bool B>
-struct LoaderTag {
-    static constexpr bool value = B;
-};
 
 // The online softmax's second half for two adjacent scores of a row: p = 2^(s − m_use), added in
 // fp32 to the row's running sum l, and returned as the packed bf16 pair P·V multiplies (one

@@ -1,17 +1,17 @@
-// The plain (lockstep) schedule of the Hopper decode kernel: dense and sparse BF16, sparse FP8.
+// The plain (lockstep) schedule of the Hopper decode kernel: dense and sparse BF16.
 #pragma once
 #include "decode/sm90_base.cuh"
 
 namespace dcp {
 
 // The plain (lockstep) schedule: both warpgroups meet at one CTA barrier per tile; see the
-// file's head comment. Sparse FP8 runs only this one.
+// file's head comment.
 template <DecodeKv Kv, int Tile, int Stages, Sm90Schedule Sched>
 __device__ __forceinline__ void mla_decode_sm90_lockstep(const DcpMlaDecodeParams& p) {
     [[maybe_unused]] constexpr bool kSparse = Kv != DecodeKv::DenseBf16;  // (unused off sm_90a)
-    constexpr bool kFp8 = Kv == DecodeKv::SparseFp8;
+    static_assert(Kv != DecodeKv::SparseFp8, "sparse FP8 runs the trio schedule (decode/sm90_trio.cuh)");
     static_assert(Tile == 32 || Tile == 64, "S tile is one wgmma m64nTile");
-    static_assert(kFp8 ? Stages == 1 : Stages >= 2, "a ring of at least two buffers (FP8: one, fed by dequant)");
+    static_assert(Stages >= 2, "a ring of at least two buffers");
     static_assert(decode_sm90::shared_bytes<Kv, Tile, Stages, Sched>() + decode::kWriteRowsStaticBytes <= 227 * 1024,
                   "fits one H100/H200 CTA (dynamic + write_rows' static flags)");
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -22,9 +22,8 @@ __device__ __forceinline__ void mla_decode_sm90_lockstep(const DcpMlaDecodeParam
     unsigned char* smem = aligned_smem<Kv, Tile, Stages, Sched>();
     unsigned char* sQ = smem;
     unsigned char* sKV = smem + kRows * kDimQk * 2;  // Stages × [Tile × 576] bf16
-    int* sValid = (int*)(sKV + Stages * Tile * kDimQk * 2);  // [valid_slots][Tile]
-    unsigned char* sRaw = (unsigned char*)(sValid + valid_slots<Kv, Stages>() * Tile);  // FP8: [Tile][656]
-    float4* sSx = (float4*)(sRaw + (kFp8 ? Tile * kFp8RowBytes : 0));  // the S hand-over beyond the rope block
+    int* sValid = (int*)(sKV + Stages * Tile * kDimQk * 2);  // [Stages][Tile]
+    float4* sSx = (float4*)(sValid + Stages * Tile);         // the S hand-over beyond the rope block
     const uint32_t q_addr = decode::smem_addr(sQ), kv_addr = decode::smem_addr(sKV);
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -74,42 +73,10 @@ __device__ __forceinline__ void mla_decode_sm90_lockstep(const DcpMlaDecodeParam
             copy_token<Tile, kTilePerThread>(sKV + stage * (Tile * kDimQk * 2), ld_tok, ld_part, p, row);
         };
         auto issue_tile = [&](int tile, int stage) { issue_tile_row(token_row(tile, ld_tok), stage); };
-        // FP8: a token's raw 656-byte row into the staging buffer (41 chunks over kTilePerThread
-        // threads; unread tokens zero-filled, which dequantises to 0), its flag into `slot`.
-        auto issue_raw_row = [&](int64_t row, int slot) {
-            if (ld_part == 0) sValid[slot * Tile + ld_tok] = row >= 0;
-            const unsigned char* src = (const unsigned char*)p.cache + (row >= 0 ? row * kFp8RowBytes : 0);
-            unsigned char* dst = sRaw + ld_tok * kFp8RowBytes;
-            for (int c = ld_part; c < kFp8RowBytes / 16; c += kTilePerThread)
-                decode::cp_async16(dst + 16 * c, src + 16 * c, row >= 0);
-        };
-        // FP8: the staged raw tile → the bf16 tile, swizzled as the cp.async path writes it:
-        // 64 chunks of 8 latent values (e4m3 × the group's power-of-two scale: exact in bf16)
-        // and 8 chunks of bf16 rope copied.
-        auto dequant_tile = [&]() {
-            const unsigned char* raw = sRaw + ld_tok * kFp8RowBytes;
 #pragma unroll
-            for (int k = 0; k < kChunks / kTilePerThread; ++k) {
-                const int c = ld_part + kTilePerThread * k;
-                uint4 v;
-                if (c < kDimLatent / 8) {
-                    const float scale = *(const float*)(raw + kFp8ScaleOffset + 4 * (c / 16));
-                    v = decode::dequant8(*(const uint2*)(raw + 8 * c), scale);
-                } else {
-                    v = *(const uint4*)(raw + kFp8RopeOffset + 16 * (c - kDimLatent / 8));
-                }
-                *(uint4*)(sKV + swizzled(Tile, ld_tok, c)) = v;
-            }
-        };
-        if constexpr (kFp8) {
-            if (tile_begin < tile_end) issue_raw_row(token_row(tile_begin, ld_tok), 0);
+        for (int s = 0; s < Stages - 1; ++s) {
+            if (tile_begin + s < tile_end) issue_tile(tile_begin + s, s);
             decode::cp_async_commit();
-        } else {
-#pragma unroll
-            for (int s = 0; s < Stages - 1; ++s) {
-                if (tile_begin + s < tile_end) issue_tile(tile_begin + s, s);
-                decode::cp_async_commit();
-            }
         }
 
         const float scale_log2 = p.scale_log2;
@@ -119,38 +86,20 @@ __device__ __forceinline__ void mla_decode_sm90_lockstep(const DcpMlaDecodeParam
         float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
 
         // plain schedule: the table entry of the next tile to issue, read an iteration ahead
-        int next_page = token_page(tile_begin + (kFp8 ? 1 : Stages - 1), ld_tok);
+        int next_page = token_page(tile_begin + Stages - 1, ld_tok);
         for (int tile = tile_begin; tile < tile_end; ++tile) {
             const int i = tile - tile_begin, stage = i % Stages;
-            const int vslot = kFp8 ? (i & 1) : stage;
-            if constexpr (kFp8) {
-                // Raw tile i landed. A token's raw row is copied and dequantised by the same
-                // kTilePerThread (4) consecutive lanes of one warp, so a warp barrier orders the
-                // copies before the dequant and the dequant's reads before the next copies. The
-                // bf16 tile was last read by P·V of tile i − 1, which ended in a CTA barrier; the
-                // proxy fence and barrier below publish the dequantised tile to wgmma.
-                decode::cp_async_wait<0>();
-                __syncwarp();
-                dequant_tile();
-                __syncwarp();
-                if (tile + 1 < tile_end) issue_raw_row(page_row(tile + 1, ld_tok, next_page), (i + 1) & 1);
-                next_page = token_page(tile + 2, ld_tok);
-                decode::cp_async_commit();
-            } else {
-                // tile i's group is the oldest of the Stages − 1 in flight
-                decode::cp_async_wait<Stages - 2>();
-            }
+            // tile i's group is the oldest of the Stages − 1 in flight
+            decode::cp_async_wait<Stages - 2>();
             fence_proxy_async();  // this thread's cp.async writes, before wgmma reads them
             __syncthreads();
-            if constexpr (!kFp8) {
-                // Every warp is past iteration i − 1 (the barrier above), so the buffer it read,
-                // (i − 1) mod Stages, is free: refill it here, and the plain schedule needs no
-                // second barrier at the end of the tile.
-                if (tile + Stages - 1 < tile_end)
-                    issue_tile_row(page_row(tile + Stages - 1, ld_tok, next_page), (i + Stages - 1) % Stages);
-                next_page = token_page(tile + Stages, ld_tok);  // used next iteration
-                decode::cp_async_commit();
-            }
+            // Every warp is past iteration i − 1 (the barrier above), so the buffer it read,
+            // (i − 1) mod Stages, is free: refill it here, and the plain schedule needs no
+            // second barrier at the end of the tile.
+            if (tile + Stages - 1 < tile_end)
+                issue_tile_row(page_row(tile + Stages - 1, ld_tok, next_page), (i + Stages - 1) % Stages);
+            next_page = token_page(tile + Stages, ld_tok);  // used next iteration
+            decode::cp_async_commit();
             const uint32_t tile_addr = kv_addr + stage * (Tile * kDimQk * 2);
 
             // ---- score: S[64 × Tile] = Q·Kᵀ, both operands K-major ----
@@ -198,7 +147,7 @@ __device__ __forceinline__ void mla_decode_sm90_lockstep(const DcpMlaDecodeParam
 
             // ---- softmax: each thread holds rows g, g+8 of its warp's 16 rows, columns 8j + 2t4 (+1) ----
             float alpha[2], m_use[2];
-            softmax_max<kSRegs, Tile>(s, sValid + vslot * Tile, tile, row_len, t4, scale_log2, m_run, l_run, alpha, m_use);
+            softmax_max<kSRegs, Tile>(s, sValid + stage * Tile, tile, row_len, t4, scale_log2, m_run, l_run, alpha, m_use);
             // P as A fragments of m64k16 (the accumulator layout of S, two n8 blocks per k16 block)
             uint32_t p_frag[Tile / 16][4];
 #pragma unroll
@@ -222,8 +171,6 @@ __device__ __forceinline__ void mla_decode_sm90_lockstep(const DcpMlaDecodeParam
             wgmma_commit();
             wgmma_wait0();
             fence_regs(o);
-            // FP8: the next tile is dequantised into this one bf16 tile before any barrier
-            if constexpr (kFp8) __syncthreads();
         }
         decode::cp_async_wait<0>();
 

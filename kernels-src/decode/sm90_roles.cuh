@@ -1,5 +1,4 @@
-// The roles schedule of the Hopper decode kernel: dense and sparse BF16, and sparse FP8 with a
-// third (loader) warpgroup, whose entry mla_decode_sm90_fp8_roles is its own kernel family.
+// The roles schedule of the Hopper decode kernel: dense and sparse BF16.
 #pragma once
 #include "decode/sm90_base.cuh"
 
@@ -22,7 +21,7 @@ template <DecodeKv Kv, int Tile, int Stages>
 __device__ __forceinline__ void mla_decode_sm90_roles(const DcpMlaDecodeParams& p) {
     [[maybe_unused]] constexpr bool kSparse = Kv != DecodeKv::DenseBf16;  // (unused off sm_90a)
     constexpr Sm90Schedule Sched = Sm90Schedule::Roles;
-    constexpr bool kFp8 = Kv == DecodeKv::SparseFp8;
+    static_assert(Kv != DecodeKv::SparseFp8, "sparse FP8 runs the trio schedule (decode/sm90_trio.cuh)");
     static_assert(Tile == 64 && Stages == 2, "roles schedule: P fills a 64-token rope block; two buffers");
     static_assert(decode_sm90::shared_bytes<Kv, Tile, Stages, Sched>() + decode::kWriteRowsStaticBytes <= 227 * 1024,
                   "fits one H100/H200 CTA (dynamic + write_rows' static flags)");
@@ -64,10 +63,8 @@ __device__ __forceinline__ void mla_decode_sm90_roles(const DcpMlaDecodeParams& 
     const int r0 = wr * 16 + g;  // this thread's rows r0 and r0 + 8
     uint32_t uses = 0;           // tiles consumed before this piece: buffer uses & 1, phase uses >> 1
 
-    // One piece of this CTA's work: by the math warpgroups (loader_tag false), or for FP8 by the
-    // loader warpgroup (true), which runs its own piece loop under its own register budget.
-    auto piece = [&](const decode::Piece pc, auto loader_tag) {
-        constexpr bool kLoader = decltype(loader_tag)::value;
+    // One piece of this CTA's work.
+    auto piece = [&](const decode::Piece pc) {
         __syncthreads();  // the previous piece is done with shared memory (and the mbarriers are set up)
         const int seq = pc.seq;
         const int64_t seq_row0 = (int64_t)seq * seq_rows;
@@ -78,7 +75,7 @@ __device__ __forceinline__ void mla_decode_sm90_roles(const DcpMlaDecodeParams& 
         const int n_tokens = pt.tokens, tile_begin = pt.begin, tile_end = pt.end;
         const int n = tile_end - tile_begin;
 
-        // ---- the loader's view of a tile (warpgroup 1; FP8: warpgroup 2) ----
+        // ---- the loader's view of a tile (warpgroup 1) ----
         const int ld_tok = t / kLdPerTok, ld_part = t % kLdPerTok;
         // Dense: a power-of-two block size (the usual case) divides by shifting; the integer
         // division the general case needs costs warpgroup 1 more than its whole refill.
@@ -107,72 +104,6 @@ __device__ __forceinline__ void mla_decode_sm90_roles(const DcpMlaDecodeParams& 
         auto wait_free = [&](uint32_t f) {
             if (f >= 2) mbar_wait(empty(f & 1), ((f >> 1) - 1) & 1);
         };
-
-        if constexpr (kLoader) {
-            // ---- FP8: the loader warpgroup (gather, dequantise, hand over) ----
-            // A token's raw 656-byte row into registers, two threads a token (part h: latent
-            // bytes [256h, 256h + 256), the scales of groups 2h and 2h + 1, rope values [32h,
-            // 32h + 32)); zeros for an unread token (they dequantise to 0).
-            struct Fp8Raw {
-                uint4 lat[16], rope[4];
-                uint2 scale;
-            };
-            auto gather = [&](Fp8Raw& r, int64_t row) {
-                const unsigned char* src = (const unsigned char*)p.cache + (row >= 0 ? row : 0) * kFp8RowBytes;
-#pragma unroll
-                for (int j = 0; j < 16; ++j)
-                    r.lat[j] = row >= 0 ? __ldg((const uint4*)(src + 256 * ld_part + 16 * j)) : make_uint4(0, 0, 0, 0);
-#pragma unroll
-                for (int j = 0; j < 4; ++j)
-                    r.rope[j] = row >= 0 ? __ldg((const uint4*)(src + kFp8RopeOffset + 64 * ld_part + 16 * j))
-                                         : make_uint4(0, 0, 0, 0);
-                r.scale = row >= 0 ? __ldg((const uint2*)(src + kFp8ScaleOffset + 8 * ld_part)) : make_uint2(0, 0);
-            };
-            // The gathered row dequantised into buffer b (e4m3 × the group's power-of-two scale,
-            // exact in bf16), swizzled as the BF16 copies land; then the two arrivals (the
-            // cp.async one covers Q's copies with the first tile). The proxy fence makes these
-            // generic-proxy writes visible to wgmma.
-            auto fill_fp8 = [&](const Fp8Raw& r, int64_t row, int b) {
-                if (ld_part == 0) sValid[b * Tile + ld_tok] = row >= 0;
-                unsigned char* dst = sKV + b * kTileBytes;
-                const float s0 = __uint_as_float(r.scale.x), s1 = __uint_as_float(r.scale.y);
-#pragma unroll
-                for (int j = 0; j < 16; ++j) {
-                    const int c = 32 * ld_part + 2 * j;
-                    const float sc = j < 8 ? s0 : s1;
-                    *(uint4*)(dst + swizzled(Tile, ld_tok, c)) = decode::dequant8(make_uint2(r.lat[j].x, r.lat[j].y), sc);
-                    *(uint4*)(dst + swizzled(Tile, ld_tok, c + 1)) =
-                        decode::dequant8(make_uint2(r.lat[j].z, r.lat[j].w), sc);
-                }
-#pragma unroll
-                for (int j = 0; j < 4; ++j) *(uint4*)(dst + swizzled(Tile, ld_tok, 64 + 4 * ld_part + j)) = r.rope[j];
-                fence_proxy_async();
-                mbar_arrive_cp_async(full(b));
-                mbar_arrive(full(b));
-            };
-            // Per tile: the next tile's rows are sent to L2 (no registers), this tile's rows
-            // are gathered (from L2 but for the first), then the buffer is awaited and filled:
-            // the gather's latency runs while the buffer's last P·V finishes.
-            int page = token_page(tile_begin);
-            for (int k = 0; k < n; ++k) {
-                if (k == 0) load_q(p, sQ, seq_row0, row_base, row_limit, t, 128);
-                const int64_t row = token_row(tile_begin + k, page);
-                page = token_page(tile_begin + k + 1);
-                const int64_t ahead = token_row(tile_begin + k + 1, page);
-                if (ahead >= 0)
-                    prefetch_l2((const unsigned char*)p.cache + ahead * kFp8RowBytes + 336 * ld_part,
-                                ld_part == 0 ? 336 : 320);  // this thread's 21 or 20 of the row's 41 chunks
-                Fp8Raw r;
-                gather(r, row);
-                wait_free(fills);
-                fill_fp8(r, row, fills & 1);
-                ++fills;
-            }
-            uses += n;
-            __syncthreads();                // the math warpgroups' end of the piece
-            decode::write_rows_barriers();  // the loader holds no rows
-            return;
-        }
 
         float o[128];
 #pragma unroll
@@ -209,16 +140,13 @@ __device__ __forceinline__ void mla_decode_sm90_roles(const DcpMlaDecodeParams& 
                 mbar_arrive(full(b));
             };
             // the next fill's page (the block-table load is issued a fill ahead)
-            [[maybe_unused]] int page = -1;
-            if constexpr (!kFp8) {
-                page = token_page(tile_begin);
-                for (int k = 0; k < 2 && k < n; ++k) {
-                    wait_free(fills);
-                    if (k == 0) load_q(p, sQ, seq_row0, row_base, row_limit, t, 128);
-                    fill(tile_begin + k, page, fills & 1);  // tile 0's arrivals also cover Q
-                    page = token_page(tile_begin + k + 1);
-                    ++fills;
-                }
+            int page = token_page(tile_begin);
+            for (int k = 0; k < 2 && k < n; ++k) {
+                wait_free(fills);
+                if (k == 0) load_q(p, sQ, seq_row0, row_base, row_limit, t, 128);
+                fill(tile_begin + k, page, fills & 1);  // tile 0's arrivals also cover Q
+                page = token_page(tile_begin + k + 1);
+                ++fills;
             }
             for (int i = 0; i < n; ++i) {
                 const uint32_t u = uses + i;
@@ -233,13 +161,11 @@ __device__ __forceinline__ void mla_decode_sm90_roles(const DcpMlaDecodeParams& 
                 mbar_arrive(p_empty);  // done with sAlpha (P is in the tile, freed by empty(b))
                 __syncwarp();
                 if (lane == 0) mbar_arrive(empty(b));
-                if constexpr (!kFp8) {
-                    if (i + 2 < n) {
-                        wait_free(fills);
-                        fill(tile_begin + i + 2, page, fills & 1);
-                        page = token_page(tile_begin + i + 3);
-                        ++fills;
-                    }
+                if (i + 2 < n) {
+                    wait_free(fills);
+                    fill(tile_begin + i + 2, page, fills & 1);
+                    page = token_page(tile_begin + i + 3);
+                    ++fills;
                 }
             }
         } else {
@@ -344,7 +270,7 @@ __device__ __forceinline__ void mla_decode_sm90_roles(const DcpMlaDecodeParams& 
                 if (lane == 0) mbar_arrive(empty((uses + n - 1) & 1));
             }
             // the rows' place in sStats from a fresh read of the thread index: else its address
-            // lives from the kernel's start to here and spills under the FP8 kernel's budget
+            // lives from the kernel's start to here (and spilled under a tighter register budget)
             const int rs = decode_sm90::row_of(decode::thread_index());
 #pragma unroll
             for (int k = 0; k < 2; ++k) {
@@ -368,34 +294,10 @@ __device__ __forceinline__ void mla_decode_sm90_roles(const DcpMlaDecodeParams& 
         decode::write_rows(p, pc.slot, seq_row0, seq_rows, row_base, row_limit, r0, wg * 256 + 2 * t4,
                            wg == 0 && t4 == 0, l_row, m_run, [&](int c, int e) { return o[4 * c + e]; });
     };
-    if constexpr (kFp8) {
-        // 384 threads start at 168 registers each (64K / 384, in steps of 8), and the CTA's
-        // pool is exactly that: what the math warpgroups take the loader must give back first,
-        // or setmaxnreg.inc waits forever. The loader holds one tile's rows (82 registers)
-        // beside its addresses; the math warpgroups hold half of O each (warpgroup 0 S
-        // besides). 120 + 2·192 = 3·168 (a loader of 112 or 96 spilled). Each role runs its
-        // own piece loop, so no code is shared between budgets.
-        constexpr int kLaunchRegs = 65536 / 384 / 8 * 8, kLoaderRegs = 120, kMathRegs = 192;
-        static_assert(kLoaderRegs + 2 * kMathRegs <= 3 * kLaunchRegs, "setmaxnreg must stay inside the CTA's pool");
-        if (wg == 2) {
-            setmaxnreg_dec<kLoaderRegs>();
-            decode::for_each_piece(p, seqs, block_seq, [&](const decode::Piece pc) { piece(pc, LoaderTag<true>{}); });
-            return;
-        }
-        setmaxnreg_inc<kMathRegs>();
-    }
-    decode::for_each_piece(p, seqs, block_seq, [&](const decode::Piece pc) { piece(pc, LoaderTag<false>{}); });
+    decode::for_each_piece(p, seqs, block_seq, piece);
 #elif defined(__CUDA_ARCH__)
     __trap();  // sm_90a only: the launcher never picks this family elsewhere
 #endif
-}
-
-// The FP8 roles kernel's entry (its own family: 384 threads, a third warpgroup gathers and
-// dequantises; NOTES.md, sixth session).
-template <DecodeKv Kv, int Tile, int Stages, Sm90Schedule Sched>
-__device__ __forceinline__ void mla_decode_sm90_fp8_roles(const DcpMlaDecodeParams& p) {
-    static_assert(Kv == DecodeKv::SparseFp8 && Sched == Sm90Schedule::Roles, "the FP8 roles family");
-    mla_decode_sm90_roles<Kv, Tile, Stages>(p);
 }
 
 }  // namespace dcp

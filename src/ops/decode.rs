@@ -144,16 +144,14 @@ pub type Sm90Variant = (u32, u32, Sm90Schedule);
 
 /// Every wgmma decode variant kernels.toml ships for a launch over `format` (`sparse`: index
 /// lists, else the dense block table), over the Hopper decode families (`mla_decode_sm90`, the
-/// trio family and the FP8 roles family): the one kernels.toml marks `default` first, then the
+/// trio family): the one kernels.toml marks `default` first, then the
 /// rest in its order. Every kind defaults to trio (FP8: its P·V warpgroups dequantise the next
-/// tiles); the FP8 plain (`wgmma-plain-64x1`) and roles (`wgmma-roles-64x2`) kernels measured
-/// slower and stay selectable (NOTES.md).
+/// tiles). FP8 runs trio only (its plain and roles kernels measured slower and were removed).
 pub fn sm90_variants(format: KvFormat, sparse: bool) -> Vec<Sm90Variant> {
     let kv = kv_axis(format, sparse);
     let mut v: Vec<(Sm90Variant, bool)> = registry::MLA_DECODE_SM90_TRIO_VARIANTS
         .iter()
         .chain(registry::MLA_DECODE_SM90_VARIANTS)
-        .chain(registry::MLA_DECODE_SM90_FP8_VARIANTS)
         .filter(|((k, ..), _)| *k == kv)
         .map(|&((_, tile, stages, schedule), default)| ((tile, stages, schedule), default))
         .collect();
@@ -212,7 +210,7 @@ fn parse_wgmma_path(s: &str) -> Option<DecodePath> {
 }
 
 /// The wgmma kernel of one variant, in whichever Hopper decode family kernels.toml puts it (the
-/// trio and FP8 roles kernels are families of their own, 384 threads; a variant is in at most one).
+/// trio kernels are a family of their own, 384 threads; a variant is in at most one).
 fn sm90_kernel_id(
     kv: axes::Kv,
     tile: u32,
@@ -221,7 +219,6 @@ fn sm90_kernel_id(
 ) -> Option<KernelId<DcpMlaDecodeParams>> {
     registry::mla_decode_sm90(kv, tile, stages, schedule)
         .or_else(|| registry::mla_decode_sm90_trio(kv, tile, stages, schedule))
-        .or_else(|| registry::mla_decode_sm90_fp8(kv, tile, stages, schedule))
 }
 
 /// The mma.sync kernel for `kv` and its tile (kernels.toml's `tile` axis, which the kernel checks
@@ -705,8 +702,6 @@ mod tests {
         assert_eq!(dense(64, 2, Sm90Schedule::Trio), base + 2 * 256 + 512 + 48, "a factor slot a buffer");
         assert_eq!(dense(64, 2, Sm90Schedule::Seesaw), 1024 + 73_728 + 2 * 73_728 + 1280 + 16 + 192);
         let fp8 = |tile, stages, schedule| smem(sm90_kernel_id(axes::Kv::SparseFp8, tile, stages, schedule));
-        assert_eq!(fp8(64, 1, Sm90Schedule::Plain), 1024 + 73_728 + 64 * 1152 + 2 * 64 * 4 + 64 * 656 + 8192);
-        assert_eq!(fp8(64, 2, Sm90Schedule::Roles), base + 256 + 512 + 48, "no staging buffer: as BF16 roles");
         assert_eq!(fp8(64, 2, Sm90Schedule::Trio), dense(64, 2, Sm90Schedule::Trio), "no staging buffer: as BF16 trio");
     }
 
@@ -731,7 +726,6 @@ mod tests {
             let marked = registry::MLA_DECODE_SM90_VARIANTS
                 .iter()
                 .chain(registry::MLA_DECODE_SM90_TRIO_VARIANTS)
-                .chain(registry::MLA_DECODE_SM90_FP8_VARIANTS)
                 .filter(|((k, ..), default)| *k == kv && *default)
                 .count();
             assert_eq!(marked, 1, "{kv:?}: kernels.toml must mark exactly one wgmma variant `default`");
@@ -739,9 +733,7 @@ mod tests {
         assert_eq!(sm90_variants(KvFormat::Bf16, false)[0], (64, 2, Sm90Schedule::Trio));
         assert_eq!(sm90_variants(KvFormat::Bf16, true)[0], (64, 2, Sm90Schedule::Trio));
         assert_eq!(sm90_variants(KvFormat::Fp8_656, true)[0], (64, 2, Sm90Schedule::Trio));
-        assert!(sm90_variants(KvFormat::Fp8_656, true).contains(&(64, 2, Sm90Schedule::Roles)));
-        assert!(sm90_variants(KvFormat::Fp8_656, true).contains(&(64, 1, Sm90Schedule::Plain)));
-        assert!(!sm90_variants(KvFormat::Bf16, false).contains(&(64, 1, Sm90Schedule::Plain)), "FP8 only");
+        assert_eq!(sm90_variants(KvFormat::Fp8_656, true), vec![(64, 2, Sm90Schedule::Trio)], "FP8: trio only");
         // every listed variant resolves to a kernel, and the mma.sync tile comes from kernels.toml
         for (format, sparse) in [(KvFormat::Bf16, false), (KvFormat::Bf16, true), (KvFormat::Fp8_656, true)] {
             for (t, st, sc) in sm90_variants(format, sparse) {
@@ -759,7 +751,7 @@ mod tests {
         assert_eq!(parse_wgmma_path("wgmma-trio-64x3"), None, "not shipped");
         assert_eq!(parse_wgmma_path("wgmma-plain-32x4"), w(32, 4, Sm90Schedule::Plain));
         assert_eq!(parse_wgmma_path("wgmma-roles-64x2"), w(64, 2, Sm90Schedule::Roles));
-        assert_eq!(parse_wgmma_path("wgmma-plain-64x1"), w(64, 1, Sm90Schedule::Plain), "the FP8 sparse variant");
+        assert_eq!(parse_wgmma_path("wgmma-plain-64x1"), None, "the FP8 plain kernel, removed");
         assert_eq!(parse_wgmma_path("wgmma-plain-32x3"), None, "not shipped");
         assert_eq!(parse_wgmma_path("wgmma-roles-32x4"), None, "not shipped");
         assert_eq!(parse_wgmma_path("wgmma-64x2"), None, "no schedule");
