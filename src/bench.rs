@@ -221,7 +221,7 @@ pub enum Case {
     /// a2a send side: this rank's [T, H, 512] fp32 partial and lse packed into D bf16 slots.
     A2aPack { d: usize, t: usize, h: usize },
     /// One rank's local kernels of one layer's decode step ([`step_parts`]), without the NCCL
-    /// collectives (see [`STEP_COLLECTIVES_US`]); `d = 1` is the step without DCP.
+    /// collectives (see [`step_collectives_us`]); `d = 1` is the step without DCP.
     DcpStep(StepShape),
 }
 
@@ -281,12 +281,13 @@ pub fn step_collectives_us(st: StepShape) -> f64 {
     if st.d == 1 {
         return 0.0;
     }
-    let all_to_all = if st.h_l <= 8 { 24.7 } else { 27.9 };
+    let all_to_all = if st.h_l <= 8 { STEP_A2A_US[0] } else { STEP_A2A_US[1] };
     let gathers = if st.sparse { 2.0 } else { 1.0 };
     all_to_all + gathers * STEP_GATHER_US
 }
+/// The a2a all-to-all at H_l = 8 and 16, and one all-gather (see [`step_collectives_us`]).
+const STEP_A2A_US: [f64; 2] = [24.7, 27.9];
 const STEP_GATHER_US: f64 = 17.0;
-pub const STEP_COLLECTIVES_US: &str = "a2a all-to-all 24.7 / 27.9 µs (H_l = 8 / 16) + 17 µs an all-gather";
 
 /// One benchmark row: a named shape, its byte and FLOP counts, and its target.
 #[derive(Debug, Clone, PartialEq)]
@@ -337,16 +338,26 @@ fn describe(c: &Case) -> String {
         Case::Flatten { format, prefix, d } => format!("{format:?} prefix={prefix} D={d}"),
         Case::Reorder { prefix, d } => format!("prefix={prefix} D={d}"),
         Case::A2aPack { d, t, h } => format!("D={d} T={t} H={h}"),
-        Case::DcpStep(StepShape { sparse, h_l, sk, q, d }) => {
-            format!("{} H_l={h_l} s_k={sk} q={q} D={d}", if sparse { "fp8 K=2048" } else { "dense" })
-        }
+        Case::DcpStep(st) => format!("{} D={}", step_label(st), st.d),
     }
 }
 
+/// A step's shape but its group size.
+fn step_label(st: StepShape) -> String {
+    let StepShape { sparse, h_l, sk, q, .. } = st;
+    format!("{} H_l={h_l} s_k={sk} q={q}", if sparse { "fp8 K=2048" } else { "dense" })
+}
+
+/// Bytes and FLOPs of a row; a step's are its parts'.
 fn work(c: &Case) -> (f64, f64) {
-    if let Case::DcpStep(st) = *c {
-        return step_parts(st).iter().map(work).fold((0.0, 0.0), |a, w| (a.0 + w.0, a.1 + w.1));
+    match *c {
+        Case::DcpStep(st) => step_parts(st).iter().map(kernel_work).fold((0.0, 0.0), |a, w| (a.0 + w.0, a.1 + w.1)),
+        _ => kernel_work(c),
     }
+}
+
+/// Bytes a kernel must move at least, and its FLOPs.
+fn kernel_work(c: &Case) -> (f64, f64) {
     let attn_flops = |rows: usize, keys: usize| 2.0 * rows as f64 * keys as f64 * (D_QK + D_V) as f64;
     let (bytes, flops) = match *c {
         Case::Fill { format, tokens } => (tokens * ((D_LATENT + D_ROPE) * 2 + format.token_bytes()), 0.0),
@@ -372,7 +383,7 @@ fn work(c: &Case) -> (f64, f64) {
         Case::Reorder { prefix, .. } => (prefix * D_QK * 2 * 2, 0.0),
         // fp32 partial and lse read, the D bf16 slots written
         Case::A2aPack { t, h, .. } => (t * h * (D_V * 4 + 4) + t * h * (D_V * 2 + 4), 0.0),
-        Case::DcpStep(_) => unreachable!("summed over its parts above"),
+        Case::DcpStep(_) => return work(c),
     };
     (bytes as f64, flops)
 }
@@ -461,7 +472,11 @@ pub fn rows() -> Vec<BenchRow> {
 /// makes the step faster. `measured` holds (row, µs) of this run.
 pub fn step_summary(measured: &[(&BenchRow, f64)]) -> String {
     let us = |st: StepShape| measured.iter().find(|(r, _)| r.case == Case::DcpStep(st)).map(|&(_, us)| us);
-    let mut out = format!("DCP step, one rank (collectives added: {STEP_COLLECTIVES_US})\n");
+    let [a2a_8, a2a_16] = STEP_A2A_US;
+    let mut out = format!(
+        "DCP step, one rank (collectives added: a2a all-to-all {a2a_8} / {a2a_16} µs (H_l = 8 / 16) + \
+         {STEP_GATHER_US} µs an all-gather)\n"
+    );
     out += &format!("{:<36} {:>10} {:>22} {:>22} {:>22}\n", "shape", "no DCP µs", "D=2 µs (speedup)", "D=4", "D=8");
     for r in measured {
         let Case::DcpStep(st) = r.0.case else { continue };
@@ -469,7 +484,7 @@ pub fn step_summary(measured: &[(&BenchRow, f64)]) -> String {
             continue;
         }
         let Some(base) = us(st) else { continue };
-        let mut line = format!("{:<36} {:>10.1}", describe(&Case::DcpStep(st)).replace(" D=1", ""), base);
+        let mut line = format!("{:<36} {:>10.1}", step_label(st), base);
         for d in [2, 4, 8] {
             let with = StepShape { d, ..st };
             line += &match us(with) {
