@@ -975,11 +975,14 @@ mod tests {
         let parts = step_parts(sparse);
         assert!(parts.contains(&Case::TopkMerge { rows: 384, d: 8, k: 2048 }));
         assert!(parts.contains(&Case::Sparse { format: KvFormat::Fp8_656, b: 64, q: 6, h: 128, k: 256 }));
-        // a step's work is the sum of its parts'
-        let (bytes, flops) = work(&Case::DcpStep(d4));
-        let sum = step_parts(d4).iter().map(work).fold((0.0, 0.0), |a, w| (a.0 + w.0, a.1 + w.1));
-        assert_eq!((bytes, flops), sum);
-        assert!(flops > 0.0);
+        // a step's work is its parts': without DCP the fill's bytes and the attention's; with DCP
+        // a rank does the same FLOPs (D·H_l heads over L/D tokens) and moves fewer bytes
+        let (bytes, flops) = work(&Case::DcpStep(dense));
+        let (fill, attn) = (work(&step_parts(dense)[0]), work(&step_parts(dense)[1]));
+        assert_eq!((bytes, flops), (fill.0 + attn.0, attn.1));
+        let (bytes4, flops4) = work(&Case::DcpStep(d4));
+        assert_eq!(flops4, flops);
+        assert!(bytes4 < bytes / 2.0, "{bytes4} vs {bytes}");
         // the summary: 600 µs alone; at D = 2 240 µs of kernels + 24.7 + 17 of NCCL
         let rows: Vec<BenchRow> = [1, 2]
             .into_iter()

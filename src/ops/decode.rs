@@ -129,13 +129,13 @@ pub enum DecodePath {
 /// How the wgmma kernel's two warpgroups share a tile: the `schedule` axis of kernels.toml
 /// itself (`Sm90Schedule` in decode/sm90_base.cuh describes each). `Plain`: lockstep, one CTA
 /// barrier per tile, warpgroup 0 computes S and hands it over. `Roles`: warpgroup 0 does S, the
-/// softmax, half of P·V and S of the next tile queued behind it, warpgroup 1 the loads (for FP8
-/// a third warpgroup) and the other half of P·V, tiles handed over by mbarriers. `Seesaw`: each
+/// softmax, half of P·V and S of the next tile queued behind it, warpgroup 1 the loads and the
+/// other half of P·V, tiles handed over by mbarriers (BF16 only). `Seesaw`: each
 /// warpgroup computes S and the softmax of one tile of a pair and adds half of O's P·V of both;
 /// dense BF16 caches that TMA can load ([`dense_tma_fits`]) only: a launch whose cache does not
 /// fit runs the roles schedule instead. `Trio`: three warpgroups, one computing S, the softmax
 /// and P, two holding O's halves and doing P·V (one also loads), so the next tile is scored
-/// while this one is multiplied (BF16, dense and sparse).
+/// while this one is multiplied (dense and sparse BF16, and sparse FP8: its only schedule).
 pub type Sm90Schedule = axes::Schedule;
 
 /// A wgmma decode variant: its tile (KV tokens per S step), stages (buffers) and schedule, as
