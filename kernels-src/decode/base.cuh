@@ -39,6 +39,15 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
     return *reinterpret_cast<uint32_t*>(&v);
 }
 
+// 2^x by the SFU alone (ex2.approx.ftz): exp2f adds a guard around it that keeps results below
+// 2^-126, which a softmax weight never needs (P is bf16 and the row sums fp32: a weight at 2^-126
+// of the row's max changes neither). 2^-inf = 0, 2^NaN = NaN.
+__device__ __forceinline__ float exp2_sfu(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
 // 8 e4m3 values × a power-of-two scale → 8 bf16 (exact: ≤ 4 significant bits each).
 __device__ __forceinline__ uint4 dequant8(uint2 raw, float scale) {
     uint32_t w[2] = {raw.x, raw.y};

@@ -93,11 +93,12 @@ __device__ __forceinline__ unsigned char* aligned_smem() {
 // holds rows 16w.., lane l rows l / 4 and l / 4 + 8).
 __device__ __forceinline__ int row_of(int tid) { return ((tid >> 5) & 3) * 16 + ((tid & 31) >> 2); }
 
-// The online softmax's second half for two adjacent scores of a row: p = 2^(s − m_use), added in
-// fp32 to the row's running sum l, and returned as the packed bf16 pair P·V multiplies (one
-// rounding: docs/contract.md §9's 2^-8·A_c).
-__device__ __forceinline__ uint32_t p_bf16(float s0, float s1, float m_use, float& l) {
-    const float p0 = exp2f(s0 - m_use), p1 = exp2f(s1 - m_use);
+// The online softmax's second half for two adjacent raw scores of a row: p = 2^(s·σ' − m_use)
+// (σ' = σ·log2 e; one FFMA and the SFU's exp2), added in fp32 to the row's running sum l, and
+// returned as the packed bf16 pair P·V multiplies (one rounding: docs/contract.md §9's
+// 2^-8·A_c). A masked score is −inf and gives p = 0.
+__device__ __forceinline__ uint32_t p_bf16(float s0, float s1, float scale_log2, float m_use, float& l) {
+    const float p0 = decode::exp2_sfu(fmaf(s0, scale_log2, -m_use)), p1 = decode::exp2_sfu(fmaf(s1, scale_log2, -m_use));
     l += p0 + p1;
     return decode::pack_bf16(p0, p1);
 }
@@ -122,32 +123,50 @@ __device__ __forceinline__ void issue_pv_half(float (&o)[128], uint32_t tile_add
     wgmma_commit();
 }
 
-// The online softmax's first half, shared by both schedules: masks a tile's scores (a token
-// counts when its flag is set and it lies inside the row; a select, so a NaN score never
-// survives), scales them to log2 units, and moves the thread's two rows' running max m_run:
-// alpha is the factor the rows' earlier sums shrink by, m_use the max this tile's p are taken
-// against (0 while a row has seen nothing, so p = 0 and no NaN). Rows r0, r0 + 8 of the warp's
-// 16, columns 8j + 2t4 (+1).
-template <int kSRegs, int Tile>
+// The online softmax's first half, shared by the plain, roles and trio schedules: masks a tile's
+// raw scores (a token counts when its flag is set and it lies inside the row; a select, so a NaN
+// score never survives) and moves the thread's two rows' running max m_run (log2 units): alpha is
+// the factor the rows' earlier sums shrink by, m_use the max this tile's p are taken against (0
+// while a row has seen nothing, so p = 0 and no NaN). The scores stay unscaled: the max is taken
+// on them and scaled once (σ > 0 keeps the order, and rounding is monotonic, so this is the max
+// of the scaled scores exactly); p_bf16 scales each in its FFMA. A tile whose every token is
+// flagged and inside both rows of every lane of the warp (all but a row's last tile, when no page
+// is invalid) skips the per-score select, when kCleanTiles (the roles schedule passes false: its
+// warpgroup 0 holds half of O beside S at 255 registers, and the test spilled its sparse build).
+// Rows r0, r0 + 8 of the warp's 16, columns 8j + 2t4 (+1).
+template <int kSRegs, int Tile, bool kCleanTiles = true>
 __device__ __forceinline__ void softmax_max(float (&s)[kSRegs], const int* valid, int tile, const int (&row_len)[2],
                                             int t4, float scale_log2, float (&m_run)[2], float (&l_run)[2],
                                             float (&alpha)[2], float (&m_use)[2]) {
     float tmax[2] = {-INFINITY, -INFINITY};
+    bool clean = kCleanTiles && (tile + 1) * Tile <= min(row_len[0], row_len[1]);
+    if constexpr (kCleanTiles) {
 #pragma unroll
-    for (int e = 0; e < kSRegs; ++e) {
-        const int col = 8 * (e >> 2) + 2 * t4 + (e & 1);
-        const int k = (e >> 1) & 1;
-        const bool ok = valid[col] && tile * Tile + col < row_len[k];
-        s[e] = ok ? s[e] * scale_log2 : -INFINITY;
-        tmax[k] = fmaxf(tmax[k], s[e]);
+        for (int j = 0; j < kSRegs / 4; ++j) {
+            const int2 f = *(const int2*)(valid + 8 * j + 2 * t4);
+            clean = clean && f.x != 0 && f.y != 0;
+        }
+    }
+    if (kCleanTiles && __all_sync(0xffffffffu, clean)) {
+#pragma unroll
+        for (int e = 0; e < kSRegs; ++e) tmax[(e >> 1) & 1] = fmaxf(tmax[(e >> 1) & 1], s[e]);
+    } else {
+#pragma unroll
+        for (int e = 0; e < kSRegs; ++e) {
+            const int col = 8 * (e >> 2) + 2 * t4 + (e & 1);
+            const int k = (e >> 1) & 1;
+            const bool ok = valid[col] && tile * Tile + col < row_len[k];
+            s[e] = ok ? s[e] : -INFINITY;
+            tmax[k] = fmaxf(tmax[k], s[e]);
+        }
     }
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
         tmax[k] = fmaxf(tmax[k], __shfl_xor_sync(0xffffffffu, tmax[k], 1));
         tmax[k] = fmaxf(tmax[k], __shfl_xor_sync(0xffffffffu, tmax[k], 2));
-        const float m_new = fmaxf(m_run[k], tmax[k]);
+        const float m_new = fmaxf(m_run[k], tmax[k] * scale_log2);
         m_use[k] = m_new == -INFINITY ? 0.0f : m_new;
-        alpha[k] = exp2f(m_run[k] - m_use[k]);
+        alpha[k] = decode::exp2_sfu(m_run[k] - m_use[k]);
         m_run[k] = m_new;
         l_run[k] *= alpha[k];
     }

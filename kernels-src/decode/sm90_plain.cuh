@@ -155,7 +155,7 @@ __device__ __forceinline__ void mla_decode_sm90_lockstep(const DcpMlaDecodeParam
                 const int k = (e >> 1) & 1;
                 // e = 8kk + 4h + 2k: k16 block kk, n8 half h, row half k → register 2h + k
                 const int kk = e >> 3, reg = 2 * ((e >> 2) & 1) + k;
-                p_frag[kk][reg] = p_bf16(s[e], s[e + 1], m_use[k], l_run[k]);
+                p_frag[kk][reg] = p_bf16(s[e], s[e + 1], scale_log2, m_use[k], l_run[k]);
             }
             rescale_o(o, alpha[0], alpha[1]);
 

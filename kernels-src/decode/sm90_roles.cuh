@@ -206,7 +206,7 @@ __device__ __forceinline__ void mla_decode_sm90_roles(const DcpMlaDecodeParams& 
             // 1. Needs warpgroup 1's P·V(i − 1) done with sAlpha.
             auto softmax_hand_over = [&](float (&s)[kSRegs], int i, int b) {
                 float m_use[2];
-                softmax_max<kSRegs, Tile>(s, sValid + b * Tile, tile_begin + i, row_len, t4, scale_log2, m_run, l_run,
+                softmax_max<kSRegs, Tile, false>(s, sValid + b * Tile, tile_begin + i, row_len, t4, scale_log2, m_run, l_run,
                                           alpha, m_use);
                 // warpgroup 1's P·V of the previous tile (maybe of the previous piece) is done with
                 // sAlpha
@@ -223,7 +223,7 @@ __device__ __forceinline__ void mla_decode_sm90_roles(const DcpMlaDecodeParams& 
                     // columns 8(e >> 2) + 2t4, +1 of row r0 + 8k: 16-byte chunk e >> 2, swizzled by
                     // the row mod 8 (= g for both rows)
                     const uint32_t off = row_off + k * 1024 + (((e >> 2) ^ gv) << 4);
-                    *(uint32_t*)(p_dst + off) = p_bf16(s[e], s[e + 1], m_use[k], l_run[k]);
+                    *(uint32_t*)(p_dst + off) = p_bf16(s[e], s[e + 1], scale_log2, m_use[k], l_run[k]);
                 }
                 if (t4 == 0) {
                     sAlpha[r0] = alpha[0];

@@ -269,7 +269,7 @@ __device__ __forceinline__ void mla_decode_sm90_seesaw(const DcpMlaDecodeParams&
                 const float m_prev = sM[r0 + 8 * k];
                 m_new[k] = fmaxf(m_prev, m_new[k]);
                 m_use[k] = m_new[k] == -INFINITY ? 0.0f : m_new[k];  // a row that saw nothing: p = 0, no NaN
-                scale[k] = exp2f(m_prev - m_use[k]);
+                scale[k] = decode::exp2_sfu(m_prev - m_use[k]);
                 f[k] = prior ? prior[r0 + 8 * k] * scale[k] : scale[k];
             }
             __syncwarp();  // the warp's four lanes of each row have read sM
@@ -285,8 +285,8 @@ __device__ __forceinline__ void mla_decode_sm90_seesaw(const DcpMlaDecodeParams&
 #pragma unroll
             for (int e = 0; e < kSRegs; e += 2) {
                 const int k = (e >> 1) & 1;
-                s[e] = exp2f(s[e] - m_use[k]);
-                s[e + 1] = exp2f(s[e + 1] - m_use[k]);
+                s[e] = decode::exp2_sfu(s[e] - m_use[k]);
+                s[e + 1] = decode::exp2_sfu(s[e + 1] - m_use[k]);
                 sum[k] += s[e] + s[e + 1];
                 pf[e >> 3][2 * ((e >> 2) & 1) + k] = decode::pack_bf16(s[e], s[e + 1]);
             }

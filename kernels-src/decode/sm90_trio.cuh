@@ -147,7 +147,7 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                     // columns 8(e >> 2) + 2t4, +1 of row r0 + 8k: 16-byte chunk e >> 2, swizzled
                     // by the row mod 8 (= g for both rows)
                     const uint32_t off = row_off + k * 1024 + (((e >> 2) ^ gv) << 4);
-                    *(uint32_t*)(p_dst + off) = p_bf16(s[e], s[e + 1], m_use[k], l_run[k]);
+                    *(uint32_t*)(p_dst + off) = p_bf16(s[e], s[e + 1], scale_log2, m_use[k], l_run[k]);
                 }
                 if (t4 == 0) {
                     sAlpha[b * kRows + r0] = alpha[0];
