@@ -148,11 +148,11 @@ typedef struct DcpA2aCombineParams {
 
 /* DCP combine, two-way merge of chunked prefill (docs/contract.md §5.3). */
 typedef struct DcpMergeTwoParams {
-    uint64_t out_a;          /* f32 [rows, 512] */
+    uint64_t out_a;          /* bf16 or f32 [rows, 512] (the variant's input dtype) */
     uint64_t lse_a;          /* f32 [rows] */
-    uint64_t out_b;          /* f32 [rows, 512] */
+    uint64_t out_b;          /* as out_a */
     uint64_t lse_b;          /* f32 [rows] */
-    uint64_t out;            /* bf16 or f32 [rows, 512]: written; may be exactly out_a or out_b */
+    uint64_t out;            /* bf16 or f32 [rows, 512]: written; may be exactly out_a or out_b when of their dtype */
     uint64_t lse_out;        /* f32 [rows]: written, natural log; may be exactly lse_a or lse_b */
     int64_t rows;            /* T · H */
     int32_t lse_a_base2;     /* 1: lse_a is base 2; 0: natural log (docs/contract.md §5.3: each input its own) */

@@ -322,20 +322,22 @@ __device__ __forceinline__ void combine_a2a_combine(const DcpA2aCombineParams& p
     for (int g = 0; g < G; ++g) combine_store<E>(dst + combine_offset<E>(g, lane), acc[g]);
 }
 
-// Two-way merge of chunked prefill (docs/contract.md §5.3): fp32 (out_a, lse_a) + (out_b, lse_b) → out
-// (fp32 or bf16) and lse. `out` may be exactly `out_a` or `out_b` (and `lse_out` exactly `lse_a`
-// or `lse_b`): each warp reads its whole row before writing it.
-template <CombineDtype Out>
+// Two-way merge of chunked prefill (docs/contract.md §5.3): (out_a, lse_a) + (out_b, lse_b) → out
+// and lse, the two inputs in `In` (bf16 or fp32, widened exactly to fp32), the output in `Out`.
+// `out` may be exactly `out_a` or `out_b` when In = Out (and `lse_out` exactly `lse_a` or
+// `lse_b`): each warp reads its whole row before writing it.
+template <CombineDtype In, CombineDtype Out>
 __device__ __forceinline__ void combine_merge_two(const DcpMergeTwoParams& p) {
+    using TI = typename CombineElem<In>::type;
     using T = typename CombineElem<Out>::type;
-    constexpr int E = combine_group<CombineDtype::F32, Out>();
+    constexpr int E = combine_group<In, Out>();
     constexpr int G = kCombinePerLane / E;
     const int lane = threadIdx.x & 31;
     const int64_t row = combine_row_index();
     if (row >= p.rows) return;
 
-    const float* a = (const float*)p.out_a + row * kCombineRow;
-    const float* b = (const float*)p.out_b + row * kCombineRow;
+    const TI* a = (const TI*)p.out_a + row * kCombineRow;
+    const TI* b = (const TI*)p.out_b + row * kCombineRow;
     float va[G][E], vb[G][E];
 #pragma unroll
     for (int g = 0; g < G; ++g) {

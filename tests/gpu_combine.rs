@@ -478,10 +478,21 @@ fn a2a_matches_reference() {
 }
 
 /// Two-way merge of `rows` rows, input a's lse in `base_a` and b's in `base_b` (docs/contract.md §5.3: each
-/// its own); `in_place` writes out over out_a and lse over lse_b.
-fn run_merge_two(rows: usize, base_a: LseBase, base_b: LseBase, f32_out: bool, in_place: bool, rng: &mut Rng) {
+/// its own), the two inputs fp32 or bf16 (`f32_in`), the output fp32 or bf16 (`f32_out`);
+/// `in_place` writes out over out_a (same dtype) and lse over lse_b.
+fn run_merge_two(
+    rows: usize,
+    base_a: LseBase,
+    base_b: LseBase,
+    f32_in: bool,
+    f32_out: bool,
+    in_place: bool,
+    rng: &mut Rng,
+) {
+    assert!(!in_place || f32_in == f32_out, "in place needs out in the inputs' dtype");
     let (s, dev) = (stream(), gpu());
-    let p = partials(rng, 2, rows, 1, false);
+    // bf16 inputs: values bf16 holds exactly, so the reference and the oracle see what the kernel reads
+    let p = partials(rng, 2, rows, 1, !f32_in);
     // the fp64 oracle sees both inputs in natural log, converted as docs/contract.md §5 says (× ln 2 in fp32)
     let natural = |l: f32, b: LseBase| if b == LseBase::Two { l * std::f32::consts::LN_2 } else { l };
     let mut nat = Partials { d: 2, t: rows, h: 1, out: p.out.clone(), lse: p.lse.clone() };
@@ -489,29 +500,29 @@ fn run_merge_two(rows: usize, base_a: LseBase, base_b: LseBase, f32_out: bool, i
         *l = natural(*l, if i < rows { base_a } else { base_b });
     }
     let want = oracle(&nat, LseBase::E);
-    let tag = format!("merge_two rows={rows} {base_a:?}+{base_b:?} f32_out={f32_out} in_place={in_place}");
+    let tag =
+        format!("merge_two rows={rows} {base_a:?}+{base_b:?} f32_in={f32_in} f32_out={f32_out} in_place={in_place}");
     let (ref_out, ref_lse) = ref_merge_two(p.rank_out(0), p.rank_lse(0), base_a, p.rank_out(1), p.rank_lse(1), base_b);
 
-    let d_out_a = upload(&s, p.rank_out(0));
+    let d_out_a = DevRows::from_f32(&s, p.rank_out(0), f32_in);
     let d_lse_a = upload(&s, p.rank_lse(0));
-    let d_out_b = upload(&s, p.rank_out(1));
+    let d_out_b = DevRows::from_f32(&s, p.rank_out(1), f32_in);
     let d_lse_b = upload(&s, p.rank_lse(1));
     let d_out = DevRows::poisoned(&s, rows * D_V, f32_out);
     let d_lse = upload(&s, &vec![POISON_F32; rows]);
     let args = MergeTwo {
-        out_a: view(&s, &d_out_a),
+        out_a: d_out_a.view(&s),
         lse_a: view(&s, &d_lse_a),
-        out_b: view(&s, &d_out_b),
+        out_b: d_out_b.view(&s),
         lse_b: view(&s, &d_lse_b),
         lse_a_base: base_a,
         lse_b_base: base_b,
-        out: if in_place { CombineRows::F32(view(&s, &d_out_a)) } else { d_out.view(&s) },
+        out: if in_place { d_out_a.view(&s) } else { d_out.view(&s) },
         lse: if in_place { view(&s, &d_lse_b) } else { view(&s, &d_lse) },
         rows,
     };
     merge_two(dev, raw(&s), &args).expect("merge_two");
-    let (got_lse, got_out) =
-        if in_place { (download(&s, &d_lse_b), DevRows::F32(d_out_a)) } else { (download(&s, &d_lse), d_out) };
+    let (got_lse, got_out) = if in_place { (download(&s, &d_lse_b), d_out_a) } else { (download(&s, &d_lse), d_out) };
     check_lse(&format!("{tag}: lse vs reference"), &got_lse, &ref_lse);
     check_lse(&format!("{tag}: lse vs fp64 merge"), &got_lse, &want.lse);
     if let DevRows::F32(b) = &got_out {
@@ -525,17 +536,29 @@ fn run_merge_two(rows: usize, base_a: LseBase, base_b: LseBase, f32_out: bool, i
 fn merge_two_matches_reference() {
     let mut rng = Rng::new(seed());
     use LseBase::{Two, E};
-    run_merge_two(16, E, E, true, false, &mut rng);
-    run_merge_two(16, Two, Two, false, false, &mut rng);
-    run_merge_two(128 * 64, Two, Two, false, false, &mut rng);
-    run_merge_two(128 * 64, E, E, true, false, &mut rng);
-    run_merge_two(4096 * 8, E, E, true, false, &mut rng);
-    run_merge_two(4096 * 8, Two, Two, false, false, &mut rng);
-    run_merge_two(128 * 16, E, E, true, true, &mut rng);
-    // mixed bases: a natural-log running result merged with a base-2 chunk, and the reverse
-    run_merge_two(128 * 64, E, Two, true, false, &mut rng);
-    run_merge_two(128 * 64, Two, E, false, false, &mut rng);
-    run_merge_two(128 * 16, E, Two, true, true, &mut rng);
+    // (rows, base a, base b, fp32 in, fp32 out, in place)
+    let cases = [
+        (16, E, E, true, true, false),
+        (16, Two, Two, true, false, false),
+        (128 * 64, Two, Two, true, false, false),
+        (128 * 64, E, E, true, true, false),
+        (4096 * 8, E, E, true, true, false),
+        (4096 * 8, Two, Two, true, false, false),
+        (128 * 16, E, E, true, true, true),
+        // mixed bases: a natural-log running result merged with a base-2 chunk, and the reverse
+        (128 * 64, E, Two, true, true, false),
+        (128 * 64, Two, E, true, false, false),
+        (128 * 16, E, Two, true, true, true),
+        // bf16 inputs (what attention kernels write), either output, and bf16 in place
+        (16, E, Two, false, false, false),
+        (128 * 64, E, E, false, false, false),
+        (128 * 64, Two, E, false, true, false),
+        (4096 * 8, E, Two, false, false, false),
+        (128 * 16, E, Two, false, false, true),
+    ];
+    for (rows, a, b, f32_in, f32_out, in_place) in cases {
+        run_merge_two(rows, a, b, f32_in, f32_out, in_place, &mut rng);
+    }
 }
 
 #[test]
@@ -545,9 +568,9 @@ fn launchers_reject_bad_arguments_before_launching() {
     let buf = upload(&s, &vec![0.0f32; 4 * 512]);
     let lse = upload(&s, &[0.0f32; 4]);
     let m = MergeTwo {
-        out_a: view(&s, &buf),
+        out_a: CombineRows::F32(view(&s, &buf)),
         lse_a: view(&s, &lse),
-        out_b: view(&s, &buf),
+        out_b: CombineRows::F32(view(&s, &buf)),
         lse_b: view(&s, &lse),
         lse_a_base: LseBase::E,
         lse_b_base: LseBase::E,
@@ -557,6 +580,11 @@ fn launchers_reject_bad_arguments_before_launching() {
     };
     let e = merge_two(dev, raw(&s), &m).unwrap_err();
     assert_eq!(e.argument(), Some("out_a"), "{e}");
+    // the two inputs in different dtypes
+    let half = upload(&s, &vec![bf16::ZERO; 4 * 512]);
+    let mixed = MergeTwo { rows: 4, out_b: CombineRows::Bf16(view(&s, &half)), ..m };
+    let e = merge_two(dev, raw(&s), &mixed).unwrap_err();
+    assert_eq!(e.argument(), Some("out_b"), "{e}");
 }
 
 /// One CUDA graph holding an ag_rs correction, an a2a combine and a two-way merge, replayed with
@@ -608,9 +636,9 @@ fn graph_replay_reads_new_lse() {
         dcp_size: d,
     };
     let merge = MergeTwo {
-        out_a: view(&s, &d_m_a),
+        out_a: CombineRows::F32(view(&s, &d_m_a)),
         lse_a: view(&s, &d_m_lse_a),
-        out_b: view(&s, &d_m_b),
+        out_b: CombineRows::F32(view(&s, &d_m_b)),
         lse_b: view(&s, &d_m_lse_b),
         lse_a_base: LseBase::E,
         lse_b_base: LseBase::E,

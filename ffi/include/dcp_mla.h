@@ -361,9 +361,11 @@ enum DcpMlaStatus dcp_mla_a2a_combine(const struct DcpMlaDevice *device,
                                       size_t dcp_size);
 
 // The two-way merge of chunked prefill (docs/contract.md §5.3): (out_a, lse_a) + (out_b, lse_b) over
-// `rows` rows, f32 accumulation. An f32 `out` may be exactly `out_a` or `out_b` (in place).
+// `rows` rows, f32 accumulation. An `out` of the inputs' dtype may be exactly `out_a` or `out_b`
+// (in place).
 //
-// - `out_a`, `out_b`: f32 [rows, 512]; `lse_a`, `lse_b`: f32 [rows], each in its own base
+// - `out_a`, `out_b`: bf16 or f32 [rows, 512], both the same dtype; `lse_a`, `lse_b`: f32
+//   [rows], each in its own base
 //   (`lse_a_base_code`, `lse_b_base_code`: a running natural-log result merged with a base-2
 //   chunk is the normal case).
 // - `out`: bf16 or f32 [rows, 512]; `lse`: f32 [rows], natural log.

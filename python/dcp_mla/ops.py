@@ -505,14 +505,16 @@ def a2a_combine(recv, *, num_tokens, local_heads, lse_base="e", out=None, lse=No
 
 
 def merge_two(out_a, lse_a, out_b, lse_b, *, lse_a_base="e", lse_b_base="e", out=None, lse=None,
-              out_dtype=torch.float32):
-    """The two-way merge of chunked prefill (docs/contract.md §5.3): out_a, out_b f32 [rows, 512],
-    lse_a, lse_b f32 [rows], each in its own base. Returns out [rows, 512] (f32 by default; may be
-    out_a itself, in place) and lse f32 [rows] (natural log)."""
-    _check(out_a, "out_a", (torch.float32,), ndim=2, shape=(None, 512))
+              out_dtype=None):
+    """The two-way merge of chunked prefill (docs/contract.md §5.3): out_a, out_b [rows, 512], both
+    bf16 or both f32, lse_a, lse_b f32 [rows], each in its own base. Returns out [rows, 512] (in
+    out_dtype, by default the inputs' dtype; may be out_a itself, in place, when of their dtype)
+    and lse f32 [rows] (natural log)."""
+    _check(out_a, "out_a", _OUT, ndim=2, shape=(None, 512))
     rows = out_a.shape[0]
     dev = out_a.device
-    _check(out_b, "out_b", (torch.float32,), ndim=2, shape=(rows, 512), device=dev)
+    _check(out_b, "out_b", (out_a.dtype,), ndim=2, shape=(rows, 512), device=dev)
+    out_dtype = out_a.dtype if out_dtype is None else out_dtype
     _check(lse_a, "lse_a", (torch.float32,), ndim=1, shape=(rows,), device=dev)
     _check(lse_b, "lse_b", (torch.float32,), ndim=1, shape=(rows,), device=dev)
     out = _empty((rows, 512), out_dtype, out_a) if out is None else out

@@ -201,6 +201,23 @@ def test_merge_two_matches_the_formula(dev, base_a, base_b):
     assert out2 is oa and torch.equal(oa, out)
 
 
+def test_merge_two_takes_bf16_inputs(dev):
+    # bf16 in (as attention writes it): the same merge as on the inputs widened to f32, and by
+    # default a bf16 result (the f32 result rounded to nearest even)
+    rows = 300
+    oa, ob = torch.randn(rows, 512, device=dev).bfloat16(), torch.randn(rows, 512, device=dev).bfloat16()
+    la, lb = torch.randn(rows, device=dev) * 4, torch.randn(rows, device=dev) * 4
+    la[:7] = -INF
+    wide, wide_lse = dcp_mla.merge_two(oa.float(), la, ob.float(), lb, lse_b_base="2")
+    out, lse = dcp_mla.merge_two(oa, la, ob, lb, lse_b_base="2")
+    assert out.dtype == torch.bfloat16 and torch.equal(out, wide.bfloat16())
+    assert torch.equal(lse, wide_lse)
+    out32, _ = dcp_mla.merge_two(oa, la, ob, lb, lse_b_base="2", out_dtype=torch.float32)
+    assert torch.equal(out32, wide)
+    with pytest.raises(Exception, match="out_b"):
+        dcp_mla.merge_two(oa, la, ob.float(), lb)
+
+
 @pytest.mark.parametrize("k", [256, 2048])
 def test_topk_local_is_the_exact_top_k(dev, k):
     rows, cols = 6, 5000

@@ -6,7 +6,7 @@
 //!   casts this rank's heads to the output dtype and writes their merged lse.
 //! - a2a: [`a2a_pack`] packs out (bf16) and lse (fp32) into one slot per destination rank; the
 //!   caller runs one all-to-all; [`a2a_combine`] merges the D received slots.
-//! - [`merge_two`]: the two-way merge of chunked prefill, fp32 in, fp32 or bf16 out.
+//! - [`merge_two`]: the two-way merge of chunked prefill, bf16 or fp32 in, bf16 or fp32 out.
 //!
 //! Every lse input comes with its base ([`LseBase`]); every lse output is a natural log.
 
@@ -115,19 +115,20 @@ pub struct A2aCombine {
 /// Arguments of [`merge_two`]: `rows` rows (T·H) of two partial results.
 #[derive(Debug, Clone, Copy)]
 pub struct MergeTwo {
-    /// fp32 [rows, 512].
-    pub out_a: DeviceSlice<f32>,
+    /// [rows, 512], bf16 (as an attention kernel writes it) or fp32 (a running merge's result);
+    /// `out_b` must have the same dtype.
+    pub out_a: CombineRows,
     /// fp32 [rows], in `lse_a_base`.
     pub lse_a: DeviceSlice<f32>,
-    pub out_b: DeviceSlice<f32>,
+    pub out_b: CombineRows,
     /// fp32 [rows], in `lse_b_base`.
     pub lse_b: DeviceSlice<f32>,
     /// The base of each input's lse (docs/contract.md §5.3): a running result in natural log (this merge's
     /// own output) merged with a base-2 chunk from another kernel is the normal case.
     pub lse_a_base: LseBase,
     pub lse_b_base: LseBase,
-    /// [rows, 512] fp32 or bf16: written. An fp32 `out` may be exactly `out_a` or `out_b`
-    /// (accumulating chunk after chunk in place); any other overlap is rejected.
+    /// [rows, 512] fp32 or bf16: written. An `out` of the inputs' dtype may be exactly `out_a` or
+    /// `out_b` (accumulating chunk after chunk in place); any other overlap is rejected.
     pub out: CombineRows,
     /// fp32 [rows], natural log: written. May be exactly `lse_a` or `lse_b`.
     pub lse: DeviceSlice<f32>,
@@ -280,24 +281,32 @@ fn validate_a2a_combine(a: &A2aCombine) -> Result<(DcpA2aCombineParams, usize)> 
 
 /// The two-way merge of chunked prefill (docs/contract.md §5.3): (out_a, lse_a) + (out_b, lse_b) → out, lse,
 /// fp32 accumulation, a part with coefficient 0 skipped. Matches
-/// [`crate::reference::merge::merge_two`] (followed by `to_bf16` for bf16 output).
+/// [`crate::reference::merge::merge_two`] on the inputs widened to fp32 (bf16 → fp32 is exact),
+/// followed by `to_bf16` for bf16 output.
 pub fn merge_two(dev: &Device, stream: Stream, a: &MergeTwo) -> Result<()> {
     let (params, rows) = validate_merge_two(a)?;
-    let id = lookup(registry::combine_merge_two(a.out.axis()), "combine_merge_two")?;
+    let id = lookup(registry::combine_merge_two(a.out_a.dtype().into(), a.out.axis()), "combine_merge_two")?;
     launch_rows(dev, stream, id, rows, &params)
 }
 
 fn validate_merge_two(a: &MergeTwo) -> Result<(DcpMergeTwoParams, usize)> {
     let rows = row_count("rows", &[a.rows])?;
-    check_f32("out_a", &a.out_a, rows * D_V, 16)?;
+    ensure_arg!(
+        a.out_b.dtype() == a.out_a.dtype(),
+        "out_b",
+        "is {:?} where out_a is {:?}: the two inputs share one dtype",
+        a.out_b.dtype(),
+        a.out_a.dtype()
+    );
+    check_rows_buf("out_a", &a.out_a, rows)?;
     check_f32("lse_a", &a.lse_a, rows, 4)?;
-    check_f32("out_b", &a.out_b, rows * D_V, 16)?;
+    check_rows_buf("out_b", &a.out_b, rows)?;
     check_f32("lse_b", &a.lse_b, rows, 4)?;
     check_rows_buf("out", &a.out, rows)?;
     check_f32("lse", &a.lse, rows, 4)?;
     let out = a.out.extent(rows);
     let lse = f32_extent(&a.lse, rows);
-    let (out_a, out_b) = (f32_extent(&a.out_a, rows * D_V), f32_extent(&a.out_b, rows * D_V));
+    let (out_a, out_b) = (a.out_a.extent(rows), a.out_b.extent(rows));
     let (lse_a, lse_b) = (f32_extent(&a.lse_a, rows), f32_extent(&a.lse_b, rows));
     same_or_disjoint("out", out, "out_a", out_a)?;
     same_or_disjoint("out", out, "out_b", out_b)?;
@@ -550,9 +559,9 @@ mod tests {
     fn merge_two_accepts_exact_in_place_only() {
         let rows = 10;
         let m = MergeTwo {
-            out_a: slice(0x1000_0000, rows * D_V),
+            out_a: CombineRows::F32(slice(0x1000_0000, rows * D_V)),
             lse_a: slice(0x2000_0000, rows),
-            out_b: slice(0x3000_0000, rows * D_V),
+            out_b: CombineRows::F32(slice(0x3000_0000, rows * D_V)),
             lse_b: slice(0x4000_0000, rows),
             lse_a_base: LseBase::E,
             lse_b_base: LseBase::E,
@@ -562,13 +571,27 @@ mod tests {
         };
         let check = |a: MergeTwo| validate_merge_two(&a).map(|_| ());
         assert!(check(m).is_ok());
-        assert!(check(MergeTwo { out: CombineRows::F32(m.out_a), lse: m.lse_b, ..m }).is_ok());
+        assert!(check(MergeTwo { out: m.out_a, lse: m.lse_b, ..m }).is_ok());
         assert_eq!(
             err_arg(check(MergeTwo { out: CombineRows::F32(slice(0x1000_0000 + 2048, rows * D_V)), ..m })),
             "out"
         );
         assert_eq!(err_arg(check(MergeTwo { out: CombineRows::Bf16(slice(0x1000_0000, rows * D_V)), ..m })), "out");
         assert_eq!(err_arg(check(MergeTwo { lse: slice(0x2000_0004, rows), ..m })), "lse");
+        // bf16 inputs: a bf16 out may be exactly one of them, an fp32 out over their bytes may not
+        let (a16, b16) =
+            (CombineRows::Bf16(slice(0x1000_0000, rows * D_V)), CombineRows::Bf16(slice(0x3000_0000, rows * D_V)));
+        let h = MergeTwo { out_a: a16, out_b: b16, ..m };
+        assert!(check(h).is_ok());
+        assert!(check(MergeTwo { out: b16, ..h }).is_ok());
+        assert_eq!(err_arg(check(MergeTwo { out: CombineRows::F32(slice(0x1000_0000, rows * D_V)), ..h })), "out");
+        // the two inputs share one dtype
+        assert_eq!(err_arg(check(MergeTwo { out_b: b16, ..m })), "out_b");
+        // a bf16 input too short for its rows, by its own element size
+        assert_eq!(
+            err_arg(check(MergeTwo { out_a: CombineRows::Bf16(slice(0x1000_0000, rows * D_V - 1)), ..h })),
+            "out_a"
+        );
         // rows·512 wraps (a C caller's size, on trust): refused by name, not a panic or a tiny size
         assert_eq!(err_arg(check(MergeTwo { rows: usize::MAX / 256, ..m })), "rows");
     }
