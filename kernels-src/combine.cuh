@@ -157,11 +157,12 @@ __device__ __forceinline__ void combine_ag_rs_correct(const DcpAgRsCorrectParams
     using T = typename CombineElem<In>::type;
     constexpr int E = combine_group<In, CombineDtype::F32>();
     const int lane = threadIdx.x & 31;
-    const int64_t row = combine_row_index();  // t·H + h
     const int64_t rows = (int64_t)p.num_tokens * p.num_heads;
-    if (row >= rows) return;
-    const int64_t t = row / p.num_heads;
-    const int64_t h = row - t * p.num_heads;
+    const int64_t job = combine_row_index();  // h·T + t: warps in write order (the larger side)
+    if (job >= rows) return;
+    const int64_t h = job / p.num_tokens;
+    const int64_t t = job - h * p.num_tokens;
+    const int64_t row = t * p.num_heads + h;
 
     // The row is held as loaded (16 bytes per group) and widened to fp32 only when scaled: a
     // bf16 row then takes 8 registers, not 16, which keeps 8 blocks of 256 resident per SM.
