@@ -93,12 +93,12 @@ typedef struct DcpMlaDecodeCombineParams {
     int32_t out_f32;
 } DcpMlaDecodeCombineParams;
 
-/* DCP combine, ag_rs step 1 (docs/contract.md §5.1): this rank's fp32 head-major contribution
+/* DCP combine, ag_rs step 1 (docs/contract.md §5.1): this rank's head-major contribution
  * contrib[h, t, :] = (w_rank / S) · out[t, h, :], from the all-gathered lse. */
 typedef struct DcpAgRsCorrectParams {
     uint64_t out;            /* bf16 or f32 [T, H, 512]: this rank's partial attention output */
     uint64_t lse_all;        /* f32 [D, T, H]: every rank's lse, in base e or 2 */
-    uint64_t contrib;        /* f32 [H, T, 512]: written */
+    uint64_t contrib;        /* f32 or bf16 [H, T, 512] (the variant's contrib dtype): written */
     int32_t num_tokens;      /* T */
     int32_t num_heads;       /* H = D · H_l */
     int32_t dcp_size;        /* D, 1..8 */
@@ -110,7 +110,7 @@ typedef struct DcpAgRsCorrectParams {
 /* DCP combine, ag_rs step 2: casts this rank's reduce-scattered heads to the output dtype and
  * writes their merged lse. */
 typedef struct DcpAgRsFinishParams {
-    uint64_t summed;         /* f32 [H_l, T, 512]: heads [rank·H_l, (rank+1)·H_l) summed over ranks */
+    uint64_t summed;         /* f32 or bf16 [H_l, T, 512]: heads [rank·H_l, (rank+1)·H_l) summed over ranks */
     uint64_t lse_all;        /* f32 [D, T, D·H_l] */
     uint64_t out;            /* bf16 or f32 [T, H_l, 512]: written */
     uint64_t lse_out;        /* f32 [T, H_l]: written, natural log */

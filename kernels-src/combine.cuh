@@ -150,12 +150,14 @@ __device__ __forceinline__ int64_t combine_row_index() {
     return ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
 }
 
-// ag_rs step 1 (docs/contract.md §5.1) on rank p.dcp_rank: contrib[h, t, :] = coef_rank · out[t, h, :] in
-// fp32, head-major, from the all-gathered lse [D, T, H]; exactly 0 where coef_rank = 0.
-template <CombineDtype In>
+// ag_rs step 1 (docs/contract.md §5.1) on rank p.dcp_rank: contrib[h, t, :] = coef_rank · out[t, h, :],
+// head-major, from the all-gathered lse [D, T, H]; computed in fp32 and stored in C (bf16: rounded
+// to nearest even); exactly 0 where coef_rank = 0.
+template <CombineDtype In, CombineDtype C>
 __device__ __forceinline__ void combine_ag_rs_correct(const DcpAgRsCorrectParams& p) {
     using T = typename CombineElem<In>::type;
-    constexpr int E = combine_group<In, CombineDtype::F32>();
+    using TC = typename CombineElem<C>::type;
+    constexpr int E = combine_group<In, C>();
     const int lane = threadIdx.x & 31;
     const int64_t rows = (int64_t)p.num_tokens * p.num_heads;
     const int64_t job = combine_row_index();  // h·T + t: warps in write order (the larger side)
@@ -164,14 +166,17 @@ __device__ __forceinline__ void combine_ag_rs_correct(const DcpAgRsCorrectParams
     const int64_t t = job - h * p.num_tokens;
     const int64_t row = t * p.num_heads + h;
 
-    // The row is held as loaded (16 bytes per group) and widened to fp32 only when scaled: a
-    // bf16 row then takes 8 registers, not 16, which keeps 8 blocks of 256 resident per SM.
+    // The row is held as loaded (16-byte vectors) and widened to fp32 only when scaled: a bf16
+    // row then takes 8 registers, not 16, which keeps 8 blocks of 256 resident per SM.
     constexpr int G = kCombinePerLane / E;
-    static_assert(E * sizeof(T) == 16, "one 16-byte vector per group");
+    constexpr int V = E * (int)sizeof(T) / 16;  // 16-byte vectors per group
+    static_assert(V >= 1 && E * sizeof(T) == 16 * V, "whole 16-byte vectors per group");
     const uint4* src = (const uint4*)((const T*)p.out + row * kCombineRow);
-    uint4 raw[G];
+    uint4 raw[G][V];
 #pragma unroll
-    for (int g = 0; g < G; ++g) raw[g] = src[g * 32 + lane];
+    for (int g = 0; g < G; ++g)
+#pragma unroll
+        for (int v = 0; v < V; ++v) raw[g][v] = src[(g * 32 + lane) * V + v];
 
     const float* lse_all = (const float*)p.lse_all;
     float lse[kCombineMaxRanks], m, s;
@@ -181,7 +186,7 @@ __device__ __forceinline__ void combine_ag_rs_correct(const DcpAgRsCorrectParams
     // Reloaded rather than picked out of lse[] by a run-time index, which would go to local memory.
     const float c = combine_coef(lse_all[(int64_t)p.dcp_rank * rows + row], p.lse_base2, m, s);
 
-    float* dst = (float*)p.contrib + (h * p.num_tokens + t) * kCombineRow;
+    TC* dst = (TC*)p.contrib + (h * p.num_tokens + t) * kCombineRow;
     if (c == 0.0f) {
         combine_zero_row(dst, lane);
         return;
@@ -189,7 +194,7 @@ __device__ __forceinline__ void combine_ag_rs_correct(const DcpAgRsCorrectParams
 #pragma unroll
     for (int g = 0; g < G; ++g) {
         float v[E];
-        combine_load<E>((const T*)&raw[g], v);
+        combine_load<E>((const T*)&raw[g][0], v);
 #pragma unroll
         for (int i = 0; i < E; ++i) v[i] *= c;
         combine_store<E>(dst + combine_offset<E>(g, lane), v);
@@ -199,10 +204,11 @@ __device__ __forceinline__ void combine_ag_rs_correct(const DcpAgRsCorrectParams
 // ag_rs step 2: rank p.dcp_rank's reduce-scattered sum [H_l, T, 512] (heads [rank·H_l,
 // (rank+1)·H_l)) is cast to out [T, H_l, 512] with the merged lse [T, H_l]. A row whose shards
 // are all empty gets out = 0 and lse = −inf.
-template <CombineDtype Out>
+template <CombineDtype Summed, CombineDtype Out>
 __device__ __forceinline__ void combine_ag_rs_finish(const DcpAgRsFinishParams& p) {
+    using TS = typename CombineElem<Summed>::type;
     using T = typename CombineElem<Out>::type;
-    constexpr int E = combine_group<CombineDtype::F32, Out>();
+    constexpr int E = combine_group<Summed, Out>();
     const int lane = threadIdx.x & 31;
     const int64_t row = combine_row_index();  // t·H_l + hl
     const int64_t rows = (int64_t)p.num_tokens * p.local_heads;
@@ -212,7 +218,7 @@ __device__ __forceinline__ void combine_ag_rs_finish(const DcpAgRsFinishParams& 
     const int64_t heads = (int64_t)p.dcp_size * p.local_heads;
     const int64_t rank_stride = p.num_tokens * heads;
 
-    const float* src = (const float*)p.summed + (hl * p.num_tokens + t) * kCombineRow;
+    const TS* src = (const TS*)p.summed + (hl * p.num_tokens + t) * kCombineRow;
     float v[kCombinePerLane / E][E];
 #pragma unroll
     for (int g = 0; g < kCombinePerLane / E; ++g) combine_load<E>(src + combine_offset<E>(g, lane), v[g]);

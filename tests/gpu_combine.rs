@@ -277,11 +277,40 @@ struct AgRsCase {
     h_l: usize,
     base: LseBase,
     f32_in: bool,
+    /// the contribution (what the reduce-scatter moves) in fp32, else bf16
+    f32_contrib: bool,
     f32_out: bool,
 }
 
+/// Rows as fp32 values (bf16 widened exactly).
+fn download_rows(s: &Arc<CudaStream>, rows: &DevRows) -> Vec<f32> {
+    match rows {
+        DevRows::F32(b) => download(s, b),
+        DevRows::Bf16(b) => download(s, b).iter().map(|x| x.to_f32()).collect(),
+    }
+}
+
+/// A result that went through bf16 contributions and a bf16 sum against the fp64 merge: each
+/// rank's contribution and the sum round once (2^-9 relative each, of at most the row's
+/// magnitude), then the output rounds (1 bf16 ulp for bf16 out).
+fn check_out_bf16_path(what: &str, got: &[f32], want: &Oracle, bf16_out: bool) {
+    assert_eq!(got.len(), want.out.len(), "{what}: length");
+    let (mut bad, mut first) = (0, None);
+    for (i, &g) in got.iter().enumerate() {
+        let w = want.out[i];
+        let ulp = if bf16_out { bf16_ulp(bf16::from_f64(w)) } else { 0.0 };
+        let ok = if w.is_nan() { g.is_nan() } else { (g as f64 - w).abs() <= 2f64.powi(-8) * want.mag[i] + ulp };
+        if !ok {
+            bad += 1;
+            first.get_or_insert_with(|| format!("[{i}] got {g:e}, want {w:e} (mag {:e})", want.mag[i]));
+        }
+    }
+    report(what, bad, got.len(), first);
+}
+
 /// The whole ag_rs path: every rank's contribution vs the reference, the reduce-scatter on the
-/// host, every rank's final cast vs the reference (bit for bit given the same sum) and vs the fp64
+/// host (its sum rounded to bf16 for a bf16 contribution, as a bf16 reduce-scatter delivers it),
+/// every rank's final cast vs the reference (bit for bit given the same sum) and vs the fp64
 /// merge of all partials.
 fn run_ag_rs(c: &AgRsCase, rng: &mut Rng) {
     let (s, dev) = (stream(), gpu());
@@ -289,36 +318,53 @@ fn run_ag_rs(c: &AgRsCase, rng: &mut Rng) {
     let h = d * h_l;
     let p = partials(rng, d, t, h, !c.f32_in);
     let want = oracle(&p, c.base);
-    let tag = format!("ag_rs D={d} T={t} H_l={h_l} {:?} f32_in={} f32_out={}", c.base, c.f32_in, c.f32_out);
+    let tag = format!(
+        "ag_rs D={d} T={t} H_l={h_l} {:?} f32_in={} f32_contrib={} f32_out={}",
+        c.base, c.f32_in, c.f32_contrib, c.f32_out
+    );
 
     let d_lse = upload(&s, &p.lse);
     let mut contribs = Vec::with_capacity(d);
     for r in 0..d {
         let d_out = DevRows::from_f32(&s, p.rank_out(r), c.f32_in);
-        let d_contrib = upload(&s, &vec![POISON_F32; h * t * D_V]);
+        let d_contrib = DevRows::poisoned(&s, h * t * D_V, c.f32_contrib);
         let args = AgRsCorrect {
             out: d_out.view(&s),
             lse_all: view(&s, &d_lse),
             lse_base: c.base,
-            contrib: view(&s, &d_contrib),
+            contrib: d_contrib.view(&s),
             num_tokens: t,
             local_heads: h_l,
             dcp_size: d,
             rank: r,
         };
         ag_rs_correct(dev, raw(&s), &args).expect("ag_rs_correct");
-        let got = download(&s, &d_contrib);
+        let got = download_rows(&s, &d_contrib);
         let reference = ag_rs_contribution(r, p.rank_out(r), &p.lse, d, t, h, c.base);
-        check_close(&format!("{tag}: contribution of rank {r}"), &got, &reference);
+        if c.f32_contrib {
+            check_close(&format!("{tag}: contribution of rank {r}"), &got, &reference);
+        } else {
+            // the fp32 value (within 1e-5 of the reference's) rounded: at most 1 ulp from the
+            // reference rounded, NaN where it is NaN
+            let rounded = to_bf16(&reference);
+            let bad = got
+                .iter()
+                .zip(&rounded)
+                .position(|(&g, &w)| !((g.is_nan() && w.is_nan()) || (g as f64 - w.to_f64()).abs() <= bf16_ulp(w)));
+            assert!(bad.is_none(), "{tag}: bf16 contribution of rank {r}: first difference at {bad:?}");
+        }
         contribs.push(got);
     }
     for rank in 0..d {
-        let summed = reduce_scatter(&contribs, rank, h_l, t);
-        let d_summed = upload(&s, &summed);
+        let mut summed = reduce_scatter(&contribs, rank, h_l, t);
+        if !c.f32_contrib {
+            summed = to_bf16(&summed).iter().map(|x| x.to_f32()).collect();
+        }
+        let d_summed = DevRows::from_f32(&s, &summed, c.f32_contrib);
         let d_out = DevRows::poisoned(&s, t * h_l * D_V, c.f32_out);
         let d_lse_out = upload(&s, &vec![POISON_F32; t * h_l]);
         let args = AgRsFinish {
-            summed: view(&s, &d_summed),
+            summed: d_summed.view(&s),
             lse_all: view(&s, &d_lse),
             lse_base: c.base,
             out: d_out.view(&s),
@@ -334,7 +380,12 @@ fn run_ag_rs(c: &AgRsCase, rng: &mut Rng) {
         let got_lse = download(&s, &d_lse_out);
         check_lse(&format!("{tag}: finish lse of rank {rank} vs reference"), &got_lse, &ref_lse);
         let mine = want.for_rank(t, h, h_l, rank);
-        d_out.check(&s, &format!("{tag}: out of rank {rank} vs fp64 merge"), &mine);
+        let what = format!("{tag}: out of rank {rank} vs fp64 merge");
+        if c.f32_contrib {
+            d_out.check(&s, &what, &mine);
+        } else {
+            check_out_bf16_path(&what, &download_rows(&s, &d_out), &mine, !c.f32_out);
+        }
         check_lse(&format!("{tag}: lse of rank {rank} vs fp64 merge"), &got_lse, &mine.lse);
     }
 }
@@ -343,14 +394,21 @@ fn run_ag_rs(c: &AgRsCase, rng: &mut Rng) {
 #[ignore = "needs a CUDA GPU"]
 fn ag_rs_matches_reference() {
     let mut rng = Rng::new(seed());
+    let case =
+        |d, t, h_l, base, f32_in, f32_contrib, f32_out| AgRsCase { d, t, h_l, base, f32_in, f32_contrib, f32_out };
     let cases = [
-        AgRsCase { d: 2, t: 1, h_l: 16, base: LseBase::E, f32_in: false, f32_out: false },
-        AgRsCase { d: 4, t: 128, h_l: 16, base: LseBase::Two, f32_in: true, f32_out: true },
-        AgRsCase { d: 8, t: 128, h_l: 4, base: LseBase::E, f32_in: false, f32_out: true },
-        AgRsCase { d: 8, t: 1, h_l: 16, base: LseBase::Two, f32_in: true, f32_out: false },
-        AgRsCase { d: 2, t: 4096, h_l: 2, base: LseBase::E, f32_in: false, f32_out: false },
-        AgRsCase { d: 4, t: 4096, h_l: 1, base: LseBase::Two, f32_in: false, f32_out: true },
-        AgRsCase { d: 1, t: 5, h_l: 8, base: LseBase::E, f32_in: true, f32_out: true },
+        case(2, 1, 16, LseBase::E, false, true, false),
+        case(4, 128, 16, LseBase::Two, true, true, true),
+        case(8, 128, 4, LseBase::E, false, true, true),
+        case(8, 1, 16, LseBase::Two, true, true, false),
+        case(2, 4096, 2, LseBase::E, false, true, false),
+        case(4, 4096, 1, LseBase::Two, false, true, true),
+        case(1, 5, 8, LseBase::E, true, true, true),
+        // bf16 contributions (a bf16 reduce-scatter), from bf16 and fp32 inputs, to either output
+        case(4, 128, 16, LseBase::E, false, false, false),
+        case(8, 128, 4, LseBase::Two, true, false, false),
+        case(2, 4096, 2, LseBase::E, false, false, true),
+        case(1, 5, 8, LseBase::Two, true, false, true),
     ];
     for c in &cases {
         run_ag_rs(c, &mut rng);
@@ -619,7 +677,7 @@ fn graph_replay_reads_new_lse() {
         out: CombineRows::Bf16(view(&s, &d_ag_out)),
         lse_all: view(&s, &d_ag_lse),
         lse_base: LseBase::Two,
-        contrib: view(&s, &d_contrib),
+        contrib: CombineRows::F32(view(&s, &d_contrib)),
         num_tokens: t,
         local_heads: h_l,
         dcp_size: d,

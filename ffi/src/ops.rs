@@ -194,11 +194,11 @@ pub unsafe extern "C" fn dcp_mla_decode_sparse(
 }
 
 /// ag_rs combine, step 1 (docs/contract.md §5.1) on rank `rank` of D = `dcp_size` (H = D·local_heads):
-/// contrib[h, t, :] = (w_rank / S) · out[t, h, :] in f32, head-major for a reduce-scatter.
+/// contrib[h, t, :] = (w_rank / S) · out[t, h, :] computed in f32, head-major for a reduce-scatter.
 ///
 /// - `out`: bf16 or f32 [num_tokens, H, 512], this rank's partial attention output.
 /// - `lse_all`: f32 [D, num_tokens, H], every rank's lse (all-gathered), base `lse_base_code`.
-/// - `contrib`: f32 [H, num_tokens, 512], written.
+/// - `contrib`: f32 or bf16 [H, num_tokens, 512] (bf16: rounded to nearest even), written.
 ///
 /// # Safety
 /// As for dcp_mla_kv_fill.
@@ -220,7 +220,7 @@ pub unsafe extern "C" fn dcp_mla_ag_rs_correct(
             out: out.bf16_or_f32("out")?,
             lse_all: lse_all.typed("lse_all")?,
             lse_base: lse_base("lse_base", lse_base_code)?,
-            contrib: contrib.typed("contrib")?,
+            contrib: contrib.bf16_or_f32("contrib")?,
             num_tokens,
             local_heads,
             dcp_size,
@@ -233,7 +233,7 @@ pub unsafe extern "C" fn dcp_mla_ag_rs_correct(
 /// ag_rs combine, step 2: casts this rank's reduce-scattered heads to the output dtype and
 /// writes their merged lse (natural log; −inf with out = 0 where every shard is empty).
 ///
-/// - `summed`: f32 [local_heads, num_tokens, 512], the reduce-scattered contributions.
+/// - `summed`: f32 or bf16 [local_heads, num_tokens, 512], the reduce-scattered contributions.
 /// - `lse_all`: f32 [D, num_tokens, D·local_heads], the same all-gathered lse, base `lse_base_code`.
 /// - `out`: bf16 or f32 [num_tokens, local_heads, 512]; `lse`: f32 [num_tokens, local_heads].
 ///
@@ -255,7 +255,7 @@ pub unsafe extern "C" fn dcp_mla_ag_rs_finish(
 ) -> DcpMlaStatus {
     guard(|| {
         let a = AgRsFinish {
-            summed: summed.typed("summed")?,
+            summed: summed.bf16_or_f32("summed")?,
             lse_all: lse_all.typed("lse_all")?,
             lse_base: lse_base("lse_base", lse_base_code)?,
             out: out.bf16_or_f32("out")?,

@@ -442,27 +442,29 @@ def decode_sparse(q, cache, indices, *, topk_len=None, kv_format=None, scale=Non
     return out, lse
 
 
-def ag_rs_correct(out, lse_all, *, dcp_size, rank, lse_base="e", contrib=None) -> torch.Tensor:
-    """ag_rs combine, step 1 (docs/contract.md §5.1): contrib[h, t] = (w_rank / S) · out[t, h] in
-    f32, head-major for the reduce-scatter. out bf16/f32 [T, H, 512] (H = D·H_l); lse_all f32
-    [D, T, H], every rank's lse in base `lse_base`. Returns contrib f32 [H, T, 512]."""
+def ag_rs_correct(out, lse_all, *, dcp_size, rank, lse_base="e", contrib=None,
+                  contrib_dtype=torch.float32) -> torch.Tensor:
+    """ag_rs combine, step 1 (docs/contract.md §5.1): contrib[h, t] = (w_rank / S) · out[t, h]
+    computed in f32, head-major for the reduce-scatter. out bf16/f32 [T, H, 512] (H = D·H_l);
+    lse_all f32 [D, T, H], every rank's lse in base `lse_base`. Returns contrib [H, T, 512] in
+    contrib_dtype (f32 by default; bf16 rounds to nearest even)."""
     _check(out, "out", _OUT, ndim=3, shape=(None, None, 512))
     t, h, _ = out.shape
     if h % dcp_size:
         _fail("out", f"{h} heads are not a multiple of dcp_size {dcp_size}")
     _check(lse_all, "lse_all", (torch.float32,), ndim=3, shape=(dcp_size, t, h), device=out.device)
     if contrib is None:
-        contrib = _empty((h, t, 512), torch.float32, out)
-    _check(contrib, "contrib", (torch.float32,), ndim=3, shape=(h, t, 512), device=out.device)
+        contrib = _empty((h, t, 512), contrib_dtype, out)
+    _check(contrib, "contrib", _OUT, ndim=3, shape=(h, t, 512), device=out.device)
     _run("ag_rs_correct", out, lse_all, _base("lse_base", lse_base), contrib, dcp_size, rank)
     return contrib
 
 
 def ag_rs_finish(summed, lse_all, *, dcp_size, rank, lse_base="e", out=None, lse=None, out_dtype=torch.bfloat16):
-    """ag_rs combine, step 2: this rank's reduce-scattered heads summed f32 [H_l, T, 512] cast to
+    """ag_rs combine, step 2: this rank's reduce-scattered heads summed f32/bf16 [H_l, T, 512] cast to
     out [T, H_l, 512] with their merged lse f32 [T, H_l] (natural log; −inf with out = 0 where
     every shard is empty). lse_all is step 1's [D, T, D·H_l]. Returns (out, lse)."""
-    _check(summed, "summed", (torch.float32,), ndim=3, shape=(None, None, 512))
+    _check(summed, "summed", _OUT, ndim=3, shape=(None, None, 512))
     hl, t, _ = summed.shape
     _check(lse_all, "lse_all", (torch.float32,), ndim=3, shape=(dcp_size, t, dcp_size * hl), device=summed.device)
     out = _empty((t, hl, 512), out_dtype, summed) if out is None else out

@@ -341,6 +341,22 @@ def ag_rs(outs, lses, t):
     return torch.cat([o for o, _ in full], dim=1), torch.cat([l for _, l in full], dim=1)
 
 
+def test_ag_rs_bf16_contribution_is_the_f32_one_rounded(dev):
+    # a bf16 contribution (for a bf16 reduce-scatter) is the f32 one rounded to nearest even, and
+    # the finish takes the bf16 sum
+    t = 40
+    outs = torch.randn(t, H, 512, device=dev).bfloat16()
+    lse_all = (torch.randn(D, t, H, device=dev) * 4).contiguous()
+    lse_all[1, :5] = -INF
+    wide = dcp_mla.ag_rs_correct(outs, lse_all, dcp_size=D, rank=1)
+    half = dcp_mla.ag_rs_correct(outs, lse_all, dcp_size=D, rank=1, contrib_dtype=torch.bfloat16)
+    assert half.dtype == torch.bfloat16 and torch.equal(half, wide.bfloat16())
+    summed = half[H_L:2 * H_L].contiguous()
+    out, lse = dcp_mla.ag_rs_finish(summed, lse_all, dcp_size=D, rank=1, out_dtype=torch.float32)
+    out_w, lse_w = dcp_mla.ag_rs_finish(summed.float(), lse_all, dcp_size=D, rank=1, out_dtype=torch.float32)
+    assert torch.equal(out, out_w) and torch.equal(lse, lse_w)
+
+
 def dense_rank_decode(q, caches, table, seqlens, num_splits=None, workspaces=None):
     """Every rank's partial decode of the step: local lengths on the device, then decode."""
     outs, lses = [], []

@@ -662,7 +662,7 @@ impl<'a> DecodeStep<'a> {
                     out: CombineRows::F32(v.attn_out),
                     lse_all: v.lse_all,
                     lse_base: LseBase::E,
-                    contrib: v.contrib,
+                    contrib: CombineRows::F32(v.contrib),
                     num_tokens: t,
                     local_heads: h_l,
                     dcp_size: d,
@@ -674,7 +674,7 @@ impl<'a> DecodeStep<'a> {
                 dev,
                 st,
                 &combine::AgRsFinish {
-                    summed: v.summed,
+                    summed: CombineRows::F32(v.summed),
                     lse_all: v.lse_all,
                     lse_base: LseBase::E,
                     out: CombineRows::Bf16(v.out),

@@ -1,7 +1,7 @@
 //! The DCP combine launchers (docs/contract.md §5) in its three shapes. Reference:
 //! [`crate::reference::merge`]; kernels: `kernels-src/combine.cuh`.
 //!
-//! - ag_rs: [`ag_rs_correct`] writes this rank's fp32 head-major contribution from the
+//! - ag_rs: [`ag_rs_correct`] writes this rank's head-major contribution (fp32 or bf16) from the
 //!   all-gathered lse; the caller reduce-scatters the contributions over heads; [`ag_rs_finish`]
 //!   casts this rank's heads to the output dtype and writes their merged lse.
 //! - a2a: [`a2a_pack`] packs out (bf16) and lse (fp32) into one slot per destination rank; the
@@ -51,8 +51,10 @@ pub struct AgRsCorrect {
     /// fp32 [D, T, H]: every rank's lse (all-gathered), in `lse_base`.
     pub lse_all: DeviceSlice<f32>,
     pub lse_base: LseBase,
-    /// fp32 [H, T, 512]: written; head-major, ready for a reduce-scatter over heads.
-    pub contrib: DeviceSlice<f32>,
+    /// [H, T, 512]: written; head-major, ready for a reduce-scatter over heads. fp32 (what
+    /// docs/contract.md §5.1 prefers: only the final cast rounds) or bf16 (rounded to nearest even,
+    /// as engines reduce-scatter today).
+    pub contrib: CombineRows,
     pub num_tokens: usize,
     pub local_heads: usize,
     pub dcp_size: usize,
@@ -62,8 +64,9 @@ pub struct AgRsCorrect {
 /// Arguments of [`ag_rs_finish`] on rank `rank`, which holds heads [rank·H_l, (rank+1)·H_l).
 #[derive(Debug, Clone, Copy)]
 pub struct AgRsFinish {
-    /// fp32 [H_l, T, 512]: the reduce-scattered sum of every rank's contribution to this rank's heads.
-    pub summed: DeviceSlice<f32>,
+    /// [H_l, T, 512], fp32 or bf16: the reduce-scattered sum of every rank's contribution to this
+    /// rank's heads.
+    pub summed: CombineRows,
     /// fp32 [D, T, D·H_l]: the same all-gathered lse the contributions used, in `lse_base`.
     pub lse_all: DeviceSlice<f32>,
     pub lse_base: LseBase,
@@ -135,12 +138,13 @@ pub struct MergeTwo {
     pub rows: usize,
 }
 
-/// ag_rs step 1 (docs/contract.md §5.1): `contrib[h, t, :] = (w_rank / S) · out[t, h, :]` in fp32, exactly 0
-/// where w_rank / S = 0 (an empty shard's NaN never leaks). Matches
-/// [`crate::reference::merge::ag_rs_contribution`].
+/// ag_rs step 1 (docs/contract.md §5.1): `contrib[h, t, :] = (w_rank / S) · out[t, h, :]` in fp32 (stored
+/// as `contrib`'s dtype), exactly 0 where w_rank / S = 0 (an empty shard's NaN never leaks).
+/// Matches [`crate::reference::merge::ag_rs_contribution`] (followed by `to_bf16` for a bf16
+/// contribution).
 pub fn ag_rs_correct(dev: &Device, stream: Stream, a: &AgRsCorrect) -> Result<()> {
     let (params, rows) = validate_ag_rs_correct(a)?;
-    let id = lookup(registry::combine_ag_rs_correct(a.out.axis()), "combine_ag_rs_correct")?;
+    let id = lookup(registry::combine_ag_rs_correct(a.out.axis(), a.contrib.dtype().into()), "combine_ag_rs_correct")?;
     launch_rows(dev, stream, id, rows, &params)
 }
 
@@ -150,8 +154,8 @@ fn validate_ag_rs_correct(a: &AgRsCorrect) -> Result<(DcpAgRsCorrectParams, usiz
     let lse_all = product("num_tokens", &[a.dcp_size, rows])?;
     check_rows_buf("out", &a.out, rows)?;
     check_f32("lse_all", &a.lse_all, lse_all, 4)?;
-    check_f32("contrib", &a.contrib, rows * D_V, 16)?;
-    let contrib = f32_extent(&a.contrib, rows * D_V);
+    check_rows_buf("contrib", &a.contrib, rows)?;
+    let contrib = a.contrib.extent(rows);
     disjoint("contrib", contrib, "out", a.out.extent(rows))?;
     disjoint("contrib", contrib, "lse_all", f32_extent(&a.lse_all, lse_all))?;
     let params = DcpAgRsCorrectParams {
@@ -170,10 +174,11 @@ fn validate_ag_rs_correct(a: &AgRsCorrect) -> Result<(DcpAgRsCorrectParams, usiz
 
 /// ag_rs step 2: `out[t, hl, :]` = `summed[hl, t, :]` cast to the output dtype, and `lse[t, hl]` =
 /// the merged lse of head rank·H_l + hl; a row whose shards are all empty gets out = 0 and lse = −inf.
-/// Matches [`crate::reference::merge::ag_rs_finish`] (followed by `to_bf16` for bf16 output).
+/// Matches [`crate::reference::merge::ag_rs_finish`] on `summed` widened to fp32 (followed by
+/// `to_bf16` for bf16 output).
 pub fn ag_rs_finish(dev: &Device, stream: Stream, a: &AgRsFinish) -> Result<()> {
     let (params, rows) = validate_ag_rs_finish(a)?;
-    let id = lookup(registry::combine_ag_rs_finish(a.out.axis()), "combine_ag_rs_finish")?;
+    let id = lookup(registry::combine_ag_rs_finish(a.summed.dtype().into(), a.out.axis()), "combine_ag_rs_finish")?;
     launch_rows(dev, stream, id, rows, &params)
 }
 
@@ -181,13 +186,13 @@ fn validate_ag_rs_finish(a: &AgRsFinish) -> Result<(DcpAgRsFinishParams, usize)>
     let heads = check_group(a.dcp_size, a.rank, a.local_heads, AG_RS_MAX_RANKS)?;
     let rows = row_count("num_tokens", &[a.num_tokens, a.local_heads])?;
     let lse_all = product("num_tokens", &[a.dcp_size, a.num_tokens, heads])?;
-    check_f32("summed", &a.summed, rows * D_V, 16)?;
+    check_rows_buf("summed", &a.summed, rows)?;
     check_f32("lse_all", &a.lse_all, lse_all, 4)?;
     check_rows_buf("out", &a.out, rows)?;
     check_f32("lse", &a.lse, rows, 4)?;
     let (out, lse) = (a.out.extent(rows), f32_extent(&a.lse, rows));
     disjoint("out", out, "lse", lse)?;
-    for (name, e) in [("summed", f32_extent(&a.summed, rows * D_V)), ("lse_all", f32_extent(&a.lse_all, lse_all))] {
+    for (name, e) in [("summed", a.summed.extent(rows)), ("lse_all", f32_extent(&a.lse_all, lse_all))] {
         disjoint("out", out, name, e)?;
         disjoint("lse", lse, name, e)?;
     }
@@ -475,7 +480,7 @@ mod tests {
             out: CombineRows::Bf16(slice(0x1000_0000, rows * D_V)),
             lse_all: slice(0x2000_0000, d * rows),
             lse_base: LseBase::E,
-            contrib: slice(0x3000_0000, rows * D_V),
+            contrib: CombineRows::F32(slice(0x3000_0000, rows * D_V)),
             num_tokens: t,
             local_heads: h_l,
             dcp_size: d,
@@ -491,10 +496,30 @@ mod tests {
             err_arg(check(AgRsCorrect { out: CombineRows::F32(slice(0x1000_0008, rows * D_V)), ..good })),
             "out"
         );
-        assert_eq!(err_arg(check(AgRsCorrect { contrib: slice(0x1000_0000 + 512, rows * D_V), ..good })), "contrib");
+        let contrib_at = |addr, n, f32: bool| {
+            if f32 {
+                CombineRows::F32(slice(addr, n))
+            } else {
+                CombineRows::Bf16(slice(addr, n))
+            }
+        };
+        assert_eq!(
+            err_arg(check(AgRsCorrect { contrib: contrib_at(0x1000_0000 + 512, rows * D_V, true), ..good })),
+            "contrib"
+        );
+        // a bf16 contribution: sized and aligned by its own elements
+        assert!(check(AgRsCorrect { contrib: contrib_at(0x3000_0000, rows * D_V, false), ..good }).is_ok());
+        assert_eq!(
+            err_arg(check(AgRsCorrect { contrib: contrib_at(0x3000_0000, rows * D_V - 1, false), ..good })),
+            "contrib"
+        );
+        assert_eq!(
+            err_arg(check(AgRsCorrect { contrib: contrib_at(0x3000_0008, rows * D_V, false), ..good })),
+            "contrib"
+        );
 
         let finish = AgRsFinish {
-            summed: slice(0x1000_0000, t * h_l * D_V),
+            summed: CombineRows::F32(slice(0x1000_0000, t * h_l * D_V)),
             lse_all: slice(0x2000_0000, d * rows),
             lse_base: LseBase::Two,
             out: CombineRows::Bf16(slice(0x3000_0000, t * h_l * D_V)),
@@ -507,7 +532,15 @@ mod tests {
         let check = |a: AgRsFinish| validate_ag_rs_finish(&a).map(|_| ());
         assert!(check(finish).is_ok());
         assert_eq!(err_arg(check(AgRsFinish { lse: slice(0x3000_0000 + 16, t * h_l), ..finish })), "out");
-        assert_eq!(err_arg(check(AgRsFinish { summed: slice(0x1000_0000, t * h_l * D_V - 1), ..finish })), "summed");
+        assert_eq!(
+            err_arg(check(AgRsFinish { summed: contrib_at(0x1000_0000, t * h_l * D_V - 1, true), ..finish })),
+            "summed"
+        );
+        assert!(check(AgRsFinish { summed: contrib_at(0x1000_0000, t * h_l * D_V, false), ..finish }).is_ok());
+        assert_eq!(
+            err_arg(check(AgRsFinish { summed: contrib_at(0x1000_0000, t * h_l * D_V - 1, false), ..finish })),
+            "summed"
+        );
     }
 
     #[test]

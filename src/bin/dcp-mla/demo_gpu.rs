@@ -292,7 +292,7 @@ fn combine_gpu(
             out: CombineRows::F32(sl(s, out)),
             lse_all: sl(s, &lse_all),
             lse_base: LseBase::E,
-            contrib: sl(s, &contrib),
+            contrib: CombineRows::F32(sl(s, &contrib)),
             num_tokens: t,
             local_heads: h_l,
             dcp_size: d,
@@ -307,7 +307,7 @@ fn combine_gpu(
         let out = poisoned::<bf16>(s, t * h_l * D_V, 0xff)?;
         let lse = poisoned::<f32>(s, t * h_l, 0xff)?;
         let args = AgRsFinish {
-            summed: sl(s, &summed),
+            summed: CombineRows::F32(sl(s, &summed)),
             lse_all: sl(s, &lse_all),
             lse_base: LseBase::E,
             out: CombineRows::Bf16(sl(s, &out)),
