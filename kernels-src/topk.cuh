@@ -647,7 +647,7 @@ __device__ __forceinline__ void topk_pack(const DcpTopkPackParams& p) {
 // ---------------------------------------------------------------------------------------------
 template <int D, int K>
 __device__ __forceinline__ void topk_merge(const DcpTopkMergeParams& p) {
-    constexpr int BLOCK = kMergeBlock, N = D * K, ITEMS = N / BLOCK, G = ITEMS < 4 ? ITEMS : 4;
+    constexpr int BLOCK = kMergeBlock, N = D * K, ITEMS = N / BLOCK, G = ITEMS <= 16 ? ITEMS : 8;
     static_assert(N % BLOCK == 0 && ITEMS % G == 0, "D*K must be a multiple of the merge block");
     __shared__ uint32_t s_hist[kRadixBins];
     __shared__ uint32_t s_scan[2][G * BLOCK / 32 + 1];
@@ -702,7 +702,9 @@ __device__ __forceinline__ void topk_merge(const DcpTopkMergeParams& p) {
 
     // Selected: valid and key above the prefix, or equal and among the first `need` in candidate
     // order (equal full keys only arise from duplicate (score, id) pairs). Scanned in groups of
-    // G items to bound register pressure; candidate order is (item, thread), so groups follow it.
+    // G items (all of them up to 16: each group is one block scan with two barriers; 32 at once
+    // spill, so D·K = 16,384 takes four groups of 8); candidate order is (item, thread), so
+    // groups follow it.
     uint32_t gt0 = 0, eq0 = 0;
 #pragma unroll
     for (int g = 0; g < ITEMS / G; ++g) {
