@@ -124,8 +124,8 @@ __device__ __forceinline__ void issue_pv_half(float (&o)[128], uint32_t tile_add
 }
 
 // The online softmax's first half, shared by the plain, roles and trio schedules: masks a tile's
-// raw scores (a token counts when its flag is set and it lies inside the row; a select, so a NaN
-// score never survives) and moves the thread's two rows' running max m_run (log2 units): alpha is
+// raw scores (a token counts when its flag is set and it lies inside the row; a select, so a
+// masked token's NaN score never survives, while a counted one's makes its row NaN) and moves the thread's two rows' running max m_run (log2 units): alpha is
 // the factor the rows' earlier sums shrink by, m_use the max this tile's p are taken against (0
 // while a row has seen nothing, so p = 0 and no NaN). The scores stay unscaled: the max is taken
 // on them and scaled once (σ > 0 keeps the order, and rounding is monotonic, so this is the max
