@@ -26,7 +26,11 @@ fn small_kernels(dir: &Path) {
         }
     }
     // [rust_types] may only name axes of kept families (codegen checks it): the fill keeps `format`
-    let dsl: String = dsl.lines().filter(|l| !l.starts_with("dtype = ")).map(|l| format!("{l}\n")).collect();
+    let dsl: String = dsl
+        .lines()
+        .filter(|l| !l.contains("= \"crate::") || l.starts_with("format = "))
+        .map(|l| format!("{l}\n"))
+        .collect();
     std::fs::write(dir.join("kernels.toml"), dsl).unwrap();
 }
 
