@@ -160,7 +160,7 @@ __device__ __forceinline__ void combine_ag_rs_correct(const DcpAgRsCorrectParams
     constexpr int E = combine_group<In, C>();
     const int lane = threadIdx.x & 31;
     const int64_t rows = (int64_t)p.num_tokens * p.num_heads;
-    const int64_t job = combine_row_index();  // h·T + t: warps in write order (the larger side)
+    const int64_t job = combine_row_index();  // h·T + t: warps in the head-major output's order
     if (job >= rows) return;
     const int64_t h = job / p.num_tokens;
     const int64_t t = job - h * p.num_tokens;

@@ -201,9 +201,9 @@ pub enum Case {
     DenseRamp { b: usize, h: usize, sk: usize, split: bool },
     /// Sparse decode over `k` distinct random slots of each request's 8192-token cache.
     Sparse { format: KvFormat, b: usize, q: usize, h: usize, k: usize },
-    /// Two-way merge of T·H rows, fp32 in, bf16 out.
+    /// Two-way merge of T·H rows, `input` in, bf16 out.
     MergeTwo { t: usize, h: usize, input: RowsDtype },
-    /// ag_rs step 1 on one rank: bf16 partials [T, H, 512] → fp32 contribution.
+    /// ag_rs step 1 on one rank: bf16 partials [T, H, 512] → a `contrib` contribution.
     AgRsCorrect { d: usize, t: usize, h: usize, contrib: RowsDtype },
     /// a2a receive side: D slots of T·(H/D) rows → bf16 out.
     A2aCombine { d: usize, t: usize, h: usize },
@@ -371,16 +371,10 @@ fn kernel_work(c: &Case) -> (f64, f64) {
         Case::Sparse { format, b, q, h, k } => {
             (b * q * k * format.token_bytes() + b * q * h * (D_QK + D_V) * 2, attn_flops(b * q * h, k))
         }
-        // fp32 inputs and lse read, bf16 out and fp32 lse written
-        Case::MergeTwo { t, h, input } => {
-            let in_bytes = if input == RowsDtype::F32 { 4 } else { 2 };
-            (t * h * (2 * (D_V * in_bytes + 4) + D_V * 2 + 4), 0.0)
-        }
-        // bf16 partial and the D lse of each row read, fp32 contribution written
-        Case::AgRsCorrect { d, t, h, contrib } => {
-            let contrib_bytes = if contrib == RowsDtype::F32 { 4 } else { 2 };
-            (t * h * (D_V * 2 + d * 4 + D_V * contrib_bytes), 0.0)
-        }
+        // both inputs and lse read, bf16 out and fp32 lse written
+        Case::MergeTwo { t, h, input } => (t * h * (2 * (D_V * input.bytes() + 4) + D_V * 2 + 4), 0.0),
+        // bf16 partial and the D lse of each row read, the contribution written
+        Case::AgRsCorrect { d, t, h, contrib } => (t * h * (D_V * 2 + d * 4 + D_V * contrib.bytes()), 0.0),
         // the D slots (bf16 + lse) read, bf16 out and lse written
         Case::A2aCombine { d, t, h } => (t * h * (D_V * 2 + 4) + t * (h / d) * (D_V * 2 + 4), 0.0),
         Case::TopkLocal { rows, n, k } => (rows * n * 4 + rows * k * 4, 0.0),
@@ -429,10 +423,10 @@ pub fn rows() -> Vec<BenchRow> {
     {
         v.push(BenchRow::new("mla_decode", Case::Sparse { format: Fp8_656, b: 128, q, h, k }, Target::Tflops(tflops)));
     }
-    // not in docs/performance.md: the BF16 cache's sparse decode (the wgmma trio schedule; FP8 runs the plain one)
+    // not in docs/performance.md: the BF16 cache's sparse decode (the wgmma trio schedule, as FP8's)
     v.push(BenchRow::new("mla_decode", Case::Sparse { format: Bf16, b: 128, q: 2, h: 64, k: 2048 }, Target::None));
     // vLLM's Triton two-way merge (bf16 in, bf16 out; docs/performance.md): at T ≤ 768 in 0.8 of
-    // its time, at T = 4096 at 90% of copy; the fp32-in variant (SPEC §5's intermediates) at 90%
+    // its time, at T = 4096 at 90% of copy; the fp32-in variant (docs/contract.md §5's intermediates) at 90%
     // of copy for the bytes it moves.
     for (t, h, us) in [(128, 64, 11.6), (128, 128, 19.2), (768, 64, 49.0)] {
         v.push(BenchRow::new("combine_merge_two", Case::MergeTwo { t, h, input: RowsDtype::Bf16 }, faster(us, 1.25)));
@@ -450,7 +444,7 @@ pub fn rows() -> Vec<BenchRow> {
         ));
     }
     // vLLM's DCP correction (bf16 in, bf16 out; docs/performance.md): in 0.8 of its time; the
-    // fp32 contribution (SPEC §5's intermediate) at 90% of copy for its bytes; the a2a combine
+    // fp32 contribution (docs/contract.md §5.1's intermediate) at 90% of copy for its bytes; the a2a combine
     // does the same job in the other shape and is held to vLLM's times.
     for (d, t, h, us) in [(4, 128, 64, 10.3), (8, 128, 128, 16.0), (4, 768, 64, 37.9)] {
         let bf16 = Case::AgRsCorrect { d, t, h, contrib: RowsDtype::Bf16 };

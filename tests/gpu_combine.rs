@@ -1,6 +1,7 @@
 //! The DCP combine kernels (docs/contract.md §5) on the GPU against the CPU reference
 //! (`dcp_mla::reference::merge`), within docs/contract.md §9: fp32 out rel 1e-5, bf16 out within 1 bf16
-//! ulp of the rounded fp64 result, lse abs 1e-5, inf positions exact.
+//! ulp of the rounded fp64 result, lse abs 1e-5, inf positions exact; the ag_rs path through a
+//! bf16 contribution and a once-rounded bf16 sum within (2^-7 + 1e-5)·mag (+ 1 ulp for bf16 out).
 //!
 //! "Relative" is measured against the size of the merged terms, mag = Σ_r (w_r/S)·|out_r| (the
 //! fp64 merge of |out|), not against |out|: with mixed signs the result can cancel to far below
@@ -292,8 +293,8 @@ fn download_rows(s: &Arc<CudaStream>, rows: &DevRows) -> Vec<f32> {
 
 /// A result that went through bf16 contributions and a bf16 sum against the fp64 merge: the
 /// contributions and the sum each round once (bf16's unit roundoff is 2^-8: 8 significant bits),
-/// together at most 2^-8 of the row's magnitude each, so 2^-7 in all, then the output rounds (1
-/// bf16 ulp for bf16 out); plus the fp32 tolerance 1e-5·mag of the other checks.
+/// each about 2^-8 of the row's magnitude, so about 2^-7 in all, then the output rounds (1 bf16
+/// ulp for bf16 out); plus the fp32 tolerance 1e-5·mag of the other checks.
 fn check_out_bf16_path(what: &str, got: &[f32], want: &Oracle, bf16_out: bool) {
     assert_eq!(got.len(), want.out.len(), "{what}: length");
     let (mut bad, mut first) = (0, None);
@@ -311,7 +312,8 @@ fn check_out_bf16_path(what: &str, got: &[f32], want: &Oracle, bf16_out: bool) {
 }
 
 /// The whole ag_rs path: every rank's contribution vs the reference, the reduce-scatter on the
-/// host (its sum rounded to bf16 for a bf16 contribution, as a bf16 reduce-scatter delivers it),
+/// host (its sum rounded to bf16 once for a bf16 contribution, as a reduce-scatter that
+/// accumulates in fp32 delivers it),
 /// every rank's final cast vs the reference (bit for bit given the same sum) and vs the fp64
 /// merge of all partials.
 fn run_ag_rs(c: &AgRsCase, rng: &mut Rng) {

@@ -20,6 +20,16 @@ pub enum RowsDtype {
     F32,
 }
 
+impl RowsDtype {
+    /// Bytes of one value.
+    pub fn bytes(self) -> usize {
+        match self {
+            RowsDtype::Bf16 => 2,
+            RowsDtype::F32 => 4,
+        }
+    }
+}
+
 /// Rows of 512 values in bf16 or fp32: a decode's attention output [batch, q, H, 512], or a
 /// combine's input or output. One type for every launcher ([`decode::DecodeOut`] and
 /// [`combine::CombineRows`] name it where it plays those parts) and for the C ABI.
@@ -53,11 +63,7 @@ impl Rows {
         }
     }
     pub(crate) fn elem_bytes(&self) -> u64 {
-        if self.is_f32() {
-            4
-        } else {
-            2
-        }
+        self.dtype().bytes() as u64
     }
 }
 
