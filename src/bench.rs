@@ -544,6 +544,19 @@ enum Part {
 }
 
 impl Part {
+    /// `values` uploaded in `dtype` (bf16: rounded to nearest even).
+    fn upload(s: &Arc<CudaStream>, dtype: RowsDtype, values: &[f32]) -> Result<Part> {
+        Ok(match dtype {
+            RowsDtype::F32 => Part::F32(up(s, values)?),
+            RowsDtype::Bf16 => Part::Bf16(up(s, &values.iter().map(|&v| bf16::from_f32(v)).collect::<Vec<_>>())?),
+        })
+    }
+    fn zeros(s: &Arc<CudaStream>, dtype: RowsDtype, n: usize) -> Result<Part> {
+        Ok(match dtype {
+            RowsDtype::F32 => Part::F32(zeros::<f32>(s, n)?),
+            RowsDtype::Bf16 => Part::Bf16(zeros::<bf16>(s, n)?),
+        })
+    }
     fn rows(&self, s: &Arc<CudaStream>) -> CombineRows {
         match self {
             Part::Bf16(b) => CombineRows::Bf16(sl(s, b)),
@@ -682,16 +695,8 @@ pub fn prepare<'a>(dev: &'a Device, s: &Arc<CudaStream>, row: &BenchRow) -> Resu
         }
         Case::MergeTwo { t, h, input } => {
             let rows = t * h;
-            let values = |rng: &mut Rng| (0..rows * D_V).map(|_| rng.unit()).collect::<Vec<f32>>();
-            let part = |rng: &mut Rng| -> Result<_> {
-                Ok(match input {
-                    RowsDtype::F32 => Part::F32(up(s, &values(rng))?),
-                    RowsDtype::Bf16 => {
-                        Part::Bf16(up(s, &values(rng).into_iter().map(bf16::from_f32).collect::<Vec<_>>())?)
-                    }
-                })
-            };
-            let (out_a, out_b) = (part(&mut rng)?, part(&mut rng)?);
+            let out_a = Part::upload(s, input, &(0..rows * D_V).map(|_| rng.unit()).collect::<Vec<_>>())?;
+            let out_b = Part::upload(s, input, &(0..rows * D_V).map(|_| rng.unit()).collect::<Vec<_>>())?;
             let lse_a = up(s, &(0..rows).map(|_| rng.unit() * 4.0).collect::<Vec<_>>())?;
             let lse_b = up(s, &(0..rows).map(|_| rng.unit() * 4.0).collect::<Vec<_>>())?;
             let out = zeros::<bf16>(s, rows * D_V)?;
@@ -716,10 +721,7 @@ pub fn prepare<'a>(dev: &'a Device, s: &Arc<CudaStream>, row: &BenchRow) -> Resu
         Case::AgRsCorrect { d, t, h, contrib } => {
             let out = up(s, &(0..t * h * D_V).map(|_| bf16::from_f32(rng.unit())).collect::<Vec<_>>())?;
             let lse_all = up(s, &(0..d * t * h).map(|_| rng.unit() * 4.0).collect::<Vec<_>>())?;
-            let contrib = match contrib {
-                RowsDtype::F32 => Part::F32(zeros::<f32>(s, t * h * D_V)?),
-                RowsDtype::Bf16 => Part::Bf16(zeros::<bf16>(s, t * h * D_V)?),
-            };
+            let contrib = Part::zeros(s, contrib, t * h * D_V)?;
             let args = AgRsCorrect {
                 out: CombineRows::Bf16(sl(s, &out)),
                 lse_all: sl(s, &lse_all),

@@ -147,14 +147,15 @@ fn bad_dtype_and_format_codes_are_refused() {
         assert_status(fill(null(), t(0x1000_0000, 4 * 512, F32), DCP_MLA_KV_BF16), DcpMlaStatus::BadDtype, "`ckv`");
         assert_status(fill(null(), t(0x1000_0000, 4 * 512, 99), DCP_MLA_KV_BF16), DcpMlaStatus::BadDtype, "99");
         assert_status(fill(null(), t(0x1000_0000, 4 * 512, BF16), 7), DcpMlaStatus::BadDtype, "`format`");
-        // each input's base code is checked, and named, on its own
-        let merge = |base_a: i32, base_b: i32| {
+        // each input's base code is checked, and named, on its own; the combines' row tensors
+        // take bf16 or f32 (merge_two's inputs, the ag_rs contribution and sum), nothing else
+        let merge = |base_a: i32, base_b: i32, dtype_b: i32| {
             dcp_mla_merge_two(
                 null(),
                 null_mut(),
                 t(0x1000_0000, 512, F32),
                 t(0x2000_0000, 1, F32),
-                t(0x3000_0000, 512, F32),
+                t(0x3000_0000, 512, dtype_b),
                 t(0x4000_0000, 1, F32),
                 base_a,
                 base_b,
@@ -163,26 +164,9 @@ fn bad_dtype_and_format_codes_are_refused() {
                 1,
             )
         };
-        assert_status(merge(0, DCP_MLA_LSE_BASE_E), DcpMlaStatus::BadDtype, "`lse_a_base`");
-        assert_status(merge(DCP_MLA_LSE_BASE_2, 9), DcpMlaStatus::BadDtype, "`lse_b_base`");
-        // the combines' row tensors take bf16 or f32 (merge_two's inputs, the ag_rs contribution
-        // and sum), nothing else
-        let merge_in = |dtype: i32| {
-            dcp_mla_merge_two(
-                null(),
-                null_mut(),
-                t(0x1000_0000, 512, F32),
-                t(0x2000_0000, 1, F32),
-                t(0x3000_0000, 512, dtype),
-                t(0x4000_0000, 1, F32),
-                DCP_MLA_LSE_BASE_E,
-                DCP_MLA_LSE_BASE_E,
-                t(0x5000_0000, 512, F32),
-                t(0x6000_0000, 1, F32),
-                1,
-            )
-        };
-        assert_status(merge_in(I32), DcpMlaStatus::BadDtype, "`out_b`");
+        assert_status(merge(0, DCP_MLA_LSE_BASE_E, F32), DcpMlaStatus::BadDtype, "`lse_a_base`");
+        assert_status(merge(DCP_MLA_LSE_BASE_2, 9, F32), DcpMlaStatus::BadDtype, "`lse_b_base`");
+        assert_status(merge(DCP_MLA_LSE_BASE_E, DCP_MLA_LSE_BASE_E, I32), DcpMlaStatus::BadDtype, "`out_b`");
         let correct = dcp_mla_ag_rs_correct(
             null(),
             null_mut(),
