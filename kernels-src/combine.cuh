@@ -24,13 +24,27 @@ constexpr int kCombineMaxRanks = 8;      // ag_rs takes D at run time, up to thi
 constexpr int kCombinePerLane = kCombineRow / 32;
 constexpr float kCombineLn2 = 0.693147180559945309417f;
 
-// Values one lane moves per access group: 8 when a bf16 tensor is involved (one 16-byte bf16
-// vector), else 4 (one 16-byte fp32 vector), so that the bf16 side, or the fp32 side when there
-// is no bf16 side, is read and written fully coalesced.
+// Values one lane moves per access group: 8 when both tensors are bf16 (one 16-byte vector),
+// else 4 (one 16-byte fp32 vector; the bf16 side of a mixed pair moves 8 bytes a lane), so that
+// every warp instruction on either side covers one contiguous run (256 or 512 bytes). With 8
+// values a lane in a mixed pair, each fp32 instruction covered half of every 32-byte sector it
+// touched (16 bytes a lane at a 32-byte stride), which held the fp32 rows at 52-80% of copy.
 template <CombineDtype A, CombineDtype B>
 constexpr int combine_group() {
-    return (A == CombineDtype::Bf16 || B == CombineDtype::Bf16) ? 8 : 4;
+    return (A == CombineDtype::Bf16 && B == CombineDtype::Bf16) ? 8 : 4;
 }
+
+// The register type of one group as loaded: 8 or 16 bytes.
+template <int Bytes>
+struct CombineRaw;
+template <>
+struct CombineRaw<8> {
+    using type = uint2;
+};
+template <>
+struct CombineRaw<16> {
+    using type = uint4;
+};
 
 // Group g of this lane covers values [(g·32 + lane)·E, (g·32 + lane)·E + E) of the row.
 template <int E>
@@ -53,7 +67,17 @@ __device__ __forceinline__ void combine_load(const float* p, float (&v)[E]) {
 
 template <int E>
 __device__ __forceinline__ void combine_load(const __nv_bfloat16* p, float (&v)[E]) {
-    static_assert(E % 8 == 0, "bf16 groups are whole 16-byte vectors");
+    static_assert(E == 4 || E % 8 == 0, "bf16 groups are one 8-byte or whole 16-byte vectors");
+    if constexpr (E == 4) {
+        const uint2 x = *reinterpret_cast<const uint2*>(p);
+        const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&x.x));
+        const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&x.y));
+        v[0] = a.x;
+        v[1] = a.y;
+        v[2] = b.x;
+        v[3] = b.y;
+        return;
+    }
 #pragma unroll
     for (int i = 0; i < E / 8; ++i) {
         const uint4 x = reinterpret_cast<const uint4*>(p)[i];
@@ -77,6 +101,12 @@ __device__ __forceinline__ void combine_store(float* p, const float (&v)[E]) {
 // Rounds to nearest even, like the reference's final cast.
 template <int E>
 __device__ __forceinline__ void combine_store(__nv_bfloat16* p, const float (&v)[E]) {
+    static_assert(E == 4 || E % 8 == 0, "bf16 groups are one 8-byte or whole 16-byte vectors");
+    if constexpr (E == 4) {
+        const __nv_bfloat162 a = __floats2bfloat162_rn(v[0], v[1]), b = __floats2bfloat162_rn(v[2], v[3]);
+        *reinterpret_cast<uint2*>(p) = make_uint2(*reinterpret_cast<const uint32_t*>(&a), *reinterpret_cast<const uint32_t*>(&b));
+        return;
+    }
 #pragma unroll
     for (int i = 0; i < E / 8; ++i) {
         uint4 x;
@@ -169,14 +199,12 @@ __device__ __forceinline__ void combine_ag_rs_correct(const DcpAgRsCorrectParams
     // The row is held as loaded (16-byte vectors) and widened to fp32 only when scaled: a bf16
     // row then takes 8 registers, not 16, which keeps 8 blocks of 256 resident per SM.
     constexpr int G = kCombinePerLane / E;
-    constexpr int V = E * (int)sizeof(T) / 16;  // 16-byte vectors per group
-    static_assert(V >= 1 && E * sizeof(T) == 16 * V, "whole 16-byte vectors per group");
-    const uint4* src = (const uint4*)((const T*)p.out + row * kCombineRow);
-    uint4 raw[G][V];
+    // a group is one 16-byte vector, or one 8-byte vector (bf16 in, fp32 contribution)
+    using Raw = CombineRaw<E * (int)sizeof(T)>;
+    const typename Raw::type* src = (const typename Raw::type*)((const T*)p.out + row * kCombineRow);
+    typename Raw::type raw[G];
 #pragma unroll
-    for (int g = 0; g < G; ++g)
-#pragma unroll
-        for (int v = 0; v < V; ++v) raw[g][v] = src[(g * 32 + lane) * V + v];
+    for (int g = 0; g < G; ++g) raw[g] = src[g * 32 + lane];
 
     const float* lse_all = (const float*)p.lse_all;
     float lse[kCombineMaxRanks], m, s;
@@ -194,7 +222,7 @@ __device__ __forceinline__ void combine_ag_rs_correct(const DcpAgRsCorrectParams
 #pragma unroll
     for (int g = 0; g < G; ++g) {
         float v[E];
-        combine_load<E>((const T*)&raw[g][0], v);
+        combine_load<E>((const T*)&raw[g], v);
 #pragma unroll
         for (int i = 0; i < E; ++i) v[i] *= c;
         combine_store<E>(dst + combine_offset<E>(g, lane), v);
