@@ -11,20 +11,21 @@
 // from shared memory. Per pair each warpgroup does 64·64·(576 + 512) of tensor work, and the two
 // softmaxes run side by side.
 //
-// Per pair, with m the rows' running max (sM, log2 units) and every P relative to the pair's
-// final max:
-//   WG0: softmax of S0 against max(m, max S0) = m0: scale0 = 2^(m − m0), O_L ·= scale0, P0 in fp32;
-//        hands over scale0 and m0 (scale0_ready); O_L += bf16(P0)·V0_L from registers; waits for
-//        WG1's scale1 (scale1_ready); refills K0's blocks 0..3 (V0_L, done); writes bf16(P0·scale1)
-//        into K0's rope block (only S read it) for WG1 (p0_ready); O_L ·= scale1 and, with WG1's
-//        P1 (p1_ready), O_L += P1·V1_L from shared memory; once that is done, refills K1's
-//        blocks 0..3 and 8 (before anything else: S of the next K1 waits for them), then
-//        computes S of the next K0.
-//   WG1: waits for scale0; softmax of S1 against max(m0, max S1) = m1: scale1 = 2^(m0 − m1),
-//        O_R ·= scale0·scale1; hands over scale1 and m1; writes bf16(P1) into K1's rope block (p1_ready);
-//        O_R += P1·V1_R from registers, then (p0_ready) O_R += P0·V0_R from shared memory; refills
-//        K1's blocks 4..7 and K0's 4..8 as each is done; computes S of the next K1 over blocks
-//        4..8 first (its own refill) and 0..3 last (WG0's, which lands later).
+// Per pair, with m the rows' running max (log2 units, kept in registers: the same in both):
+//   both: the masked, scaled maxima of its own tile's rows to sTmax0 / sTmax1 (tmax0_ready /
+//        tmax1_ready), then the other's; m' = max(m, both maxima), O and l ·= 2^(m − m'), P against
+//        m' (so P0 and P1 share one max and O needs no rescale between the pair's two P·V).
+//   WG0: writes bf16(P0) into K0's rope block (only S read it) for WG1 (p0_ready); O_L +=
+//        P0·V0_L from registers and, with WG1's P1 (p1_ready), O_L += P1·V1_L from shared memory,
+//        queued back to back; refills K0's blocks 0..3 (V0_L) once the first is done and K1's
+//        blocks 0..3 and 8 once the second is (S of the next K1 waits for them), then computes S
+//        of the next K0.
+//   WG1: writes bf16(P1) into K1's rope block (p1_ready); O_R += P1·V1_R from registers, then
+//        (p0_ready) O_R += P0·V0_R from shared memory; refills K1's blocks 4..7 and K0's 4..8 as
+//        each is done; computes S of the next K1 over blocks 4..8 first (its own refill) and 0..3
+//        last (WG0's, which lands later).
+// (FlashMLA's dense kernel shares one max a pair the same way; the earlier chained softmax —
+// WG1's max after WG0's, P0 rescaled for it — measured 2-4% slower, NOTES.md twelfth session.)
 // Each warpgroup's row sums l cover its own P; the two are added at the end. Every column block
 // of a buffer has its own full mbarrier (TMA bytes), so S starts on block 0 while the rest land.
 // The sequence's last, partial tile: pages are TMA'd whole, so the tokens past the sequence hold
@@ -69,27 +70,26 @@ __device__ __forceinline__ void mla_decode_sm90_seesaw(const DcpMlaDecodeParams&
     unsigned char* smem = aligned_smem<Kv, Tile, Stages, Sched>();
     unsigned char* sQ = smem;
     unsigned char* sKV = smem + kRows * kDimQk * 2;  // K0, K1: [Tile × 576] bf16 each
-    float* sM = (float*)(sKV + 2 * kTileBytes);      // [64] the rows' running max
-    float* sScale0 = sM + kRows;                     // [64] 2^(m − m0) of the pair
-    float* sScale1 = sScale0 + kRows;                // [64] 2^(m0 − m1) of the pair
-    float* sL = sScale1 + kRows;                     // [2][64] each warpgroup's row sums, at the end
+    float* sTmax0 = (float*)(sKV + 2 * kTileBytes);  // [64] WG0's tile maxima of the pair
+    float* sTmax1 = sTmax0 + kRows;                  // [64] WG1's
+    float* sL = sTmax1 + kRows;                     // [2][64] each warpgroup's row sums, at the end
     uint64_t* sMask = (uint64_t*)(sL + 2 * kRows);   // [2] valid tokens of the tile in K0, K1
     const uint32_t bars = decode::smem_addr(sMask + 2);
     auto full = [&](int b, int blk) { return bars + 8 * (b * kBlocks + blk); };
-    const uint32_t scale0_ready = bars + 8 * (2 * kBlocks), scale1_ready = scale0_ready + 8;
-    const uint32_t p0_ready = scale0_ready + 16, p1_ready = scale0_ready + 24;
+    const uint32_t tmax0_ready = bars + 8 * (2 * kBlocks), tmax1_ready = tmax0_ready + 8;
+    const uint32_t p0_ready = tmax0_ready + 16, p1_ready = tmax0_ready + 24;
     const uint32_t q_addr = decode::smem_addr(sQ), kv_addr = decode::smem_addr(sKV);
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wg = warp >> 2, wr = warp & 3, t = tid & 127;
     const int g = lane >> 2, t4 = lane & 3;
-    const uint32_t tail_bar = scale0_ready + 32 + 8 * wg;
+    const uint32_t tail_bar = tmax0_ready + 32 + 8 * wg;
     if (tid == 0) {
         for (int b = 0; b < 2 * kBlocks; ++b) mbar_init(bars + 8 * b, 1);
         // hand-overs and tail barriers: one arrival per thread of the warpgroup (each releasing its
         // own writes; one per warp after __syncwarp measured no faster, and racecheck does not see
         // it order the other lanes' accesses)
-        for (int b = 0; b < 6; ++b) mbar_init(scale0_ready + 8 * b, 128);
+        for (int b = 0; b < 6; ++b) mbar_init(tmax0_ready + 8 * b, 128);
         fence_proxy_async();
         tma_prefetch_map(&p.kv_tmap);
     }
@@ -97,8 +97,8 @@ __device__ __forceinline__ void mla_decode_sm90_seesaw(const DcpMlaDecodeParams&
     const CtaRows rows = cta_rows<false>(p, seq_rows);
     const int block_seq = rows.seq, row_base = rows.base, row_limit = rows.limit;
     const int r0 = wr * 16 + g;  // this thread's rows r0 and r0 + 8 (the same in both warpgroups)
-    // Phases, counted over this CTA's pieces: pairs (each loads K0 once and hands over scale0,
-    // scale1 and P0 once), pairs with a K1 tile (each loads K1 once and hands over P1 once), and
+    // Phases, counted over this CTA's pieces: pairs (each loads K0 once and hands over both
+    // tile maxima and P0 once), pairs with a K1 tile (each loads K1 once and hands over P1 once), and
     // this warpgroup's tail zeroings.
     uint32_t pairs_done = 0, loads1 = 0, tails = 0;
 
@@ -255,32 +255,30 @@ __device__ __forceinline__ void mla_decode_sm90_seesaw(const DcpMlaDecodeParams&
             }
         };
 
-        // The softmax of this warpgroup's tile (`has`: the pair has one for it), shared by both:
-        // against the rows' running max m in sM, m' = max(m, max S) goes to sM and scale =
-        // 2^(m − m') to s_scale for the other warpgroup; O and l ·= scale·prior[row] (prior: what O
-        // still owes an earlier max of this pair, WG0's scale0 for WG1; none for WG0); P goes to s
-        // in fp32 and to pf as bf16 A fragments.
+        // The softmax of this warpgroup's tile (`has`: the pair has one for it), the same in both:
+        // its rows' tile maxima go to `own` (own_ready), the other warpgroup's are read from
+        // `other` once other_ready completes, and both take m' = max(m, both maxima), so P0 and
+        // P1 share one max and neither O half is rescaled between the pair's two P·V. O and l ·=
+        // 2^(m − m'); P goes to s in fp32 and to pf as bf16 A fragments.
         auto softmax = [&](float (&s)[kSRegs], uint32_t (&pf)[Tile / 16][4], float (&o)[128], float (&l)[2],
-                           int tile, int b, bool has, float* s_scale, const float* prior) {
-            float m_new[2], m_use[2], scale[2], f[2];
-            tile_max(s, tile, sMask[b], has, m_new);
+                           float (&m_run)[2], int tile, int b, bool has, float* own, const float* other,
+                           uint32_t own_ready, uint32_t other_ready, uint32_t par) {
+            float tmax[2], m_use[2], scale[2];
+            tile_max(s, tile, sMask[b], has, tmax);
+            if (t4 == 0) {
+                own[r0] = tmax[0];
+                own[r0 + 8] = tmax[1];
+            }
+            mbar_arrive(own_ready);
+            mbar_wait(other_ready, par);
 #pragma unroll
             for (int k = 0; k < 2; ++k) {
-                const float m_prev = sM[r0 + 8 * k];
-                m_new[k] = fmaxf(m_prev, m_new[k]);
-                m_use[k] = m_new[k] == -INFINITY ? 0.0f : m_new[k];  // a row that saw nothing: p = 0, no NaN
-                scale[k] = decode::exp2_sfu(m_prev - m_use[k]);
-                f[k] = prior ? prior[r0 + 8 * k] * scale[k] : scale[k];
+                const float m_new = fmaxf(m_run[k], fmaxf(tmax[k], other[r0 + 8 * k]));
+                m_use[k] = m_new == -INFINITY ? 0.0f : m_new;  // a row that saw nothing: p = 0, no NaN
+                scale[k] = decode::exp2_sfu(m_run[k] - m_use[k]);
+                m_run[k] = m_new;
             }
-            __syncwarp();  // the warp's four lanes of each row have read sM
-            if (t4 == 0) {
-#pragma unroll
-                for (int k = 0; k < 2; ++k) {
-                    s_scale[r0 + 8 * k] = scale[k];
-                    sM[r0 + 8 * k] = m_new[k];
-                }
-            }
-            rescale_o(o, f[0], f[1]);
+            rescale_o(o, scale[0], scale[1]);
             float sum[2] = {0.0f, 0.0f};
 #pragma unroll
             for (int e = 0; e < kSRegs; e += 2) {
@@ -291,7 +289,7 @@ __device__ __forceinline__ void mla_decode_sm90_seesaw(const DcpMlaDecodeParams&
                 pf[e >> 3][2 * ((e >> 2) & 1) + k] = decode::pack_bf16(s[e], s[e + 1]);
             }
 #pragma unroll
-            for (int k = 0; k < 2; ++k) l[k] = l[k] * f[k] + sum[k];
+            for (int k = 0; k < 2; ++k) l[k] = l[k] * scale[k] + sum[k];
         };
 
         // ---- prologue: the first two tiles, Q, and their S ----
@@ -309,15 +307,15 @@ __device__ __forceinline__ void mla_decode_sm90_seesaw(const DcpMlaDecodeParams&
         // (the thread index read afresh: else load_q's first addresses live through the tile loop)
         load_q(p, sQ, seq_row0, row_base, row_limit, decode::thread_index(), kThreads);
         decode::cp_async_commit();
-        if (wg == 0 && t4 == 0) sM[r0] = sM[r0 + 8] = -INFINITY;
         decode::cp_async_wait<0>();
         fence_proxy_async();
-        __syncthreads();  // Q and sM
+        __syncthreads();  // Q
 
         float o[128];
 #pragma unroll
         for (int i = 0; i < 128; ++i) o[i] = 0.0f;
         float l[2] = {0.0f, 0.0f};
+        float m_run[2] = {-INFINITY, -INFINITY};  // the rows' running max, the same in both warpgroups
         float s[kSRegs];
 #pragma unroll
         for (int e = 0; e < kSRegs; ++e) s[e] = 0.0f;
@@ -339,37 +337,31 @@ __device__ __forceinline__ void mla_decode_sm90_seesaw(const DcpMlaDecodeParams&
             if (wg == 0) {
                 // ---- softmax of S0 ----
                 uint32_t pf[Tile / 16][4];
-                softmax(s, pf, o, l, t0, 0, true, sScale0, nullptr);
-                mbar_arrive(scale0_ready);
+                softmax(s, pf, o, l, m_run, t0, 0, true, sTmax0, sTmax1, tmax0_ready, tmax1_ready, par);
+                // P0 into K0's rope block for WG1 (only S of K0 read it), then O_L += P0·V0_L
+                store_p(s, 0, 1.0f, 1.0f);
+                fence_proxy_async();
+                mbar_arrive(p0_ready);
                 if (is_tail(t0)) zero_tail(0, t0, ld0);
-                // ---- O_L += P0·V0_L (P0 from registers) ----
                 fence_regs(o);
                 wgmma_fence();
                 issue_pv_local(o, pf, 0);
-                // ---- while it runs: P0 relative to the pair's max, for WG1 ----
-                mbar_wait(scale1_ready, par);
-                const float sc1[2] = {sScale1[r0], sScale1[r0 + 8]};
-                store_p(s, 0, sc1[0], sc1[1]);
-                fence_proxy_async();
-                mbar_arrive(p0_ready);
-                wgmma_wait0();
-                fence_regs(o);
-                if (next0) load_blocks(0, row_n0, 0, 4, false, true);  // V0_L and S of K0 are done
-                // ---- O_L += P1·V1_L ----
-                rescale_o(o, sc1[0], sc1[1]);
-#pragma unroll
-                for (int k = 0; k < 2; ++k) l[k] *= sc1[k];
                 if (has1) {
+                    // ---- O_L += P1·V1_L, queued behind it (same max: no rescale between) ----
                     if (is_tail(t1)) zero_tail(1, t1, ld1);
                     mbar_wait(p1_ready, ld1 & 1);
-                    fence_regs(o);
                     wgmma_fence();
                     issue_pv_remote(o, 1);
-                    // K1's refill as soon as P1·V1_L is done: S of the next K1 waits for it, so it
-                    // must not queue behind S of the next K0 (which waits for K0's own refill)
+                    wgmma_wait<1>();
+                    if (next0) load_blocks(0, row_n0, 0, 4, false, true);  // V0_L and S of K0 are done
                     wgmma_wait0();
                     fence_regs(o);
+                    // K1's refill as soon as P1·V1_L is done: S of the next K1 waits for it
                     if (next1) load_blocks(1, row_n1, 0, 4, true, true);
+                } else {
+                    wgmma_wait0();
+                    fence_regs(o);
+                    if (next0) load_blocks(0, row_n0, 0, 4, false, true);
                 }
                 // ---- S of the next K0 ----
                 if (next0) {
@@ -379,12 +371,9 @@ __device__ __forceinline__ void mla_decode_sm90_seesaw(const DcpMlaDecodeParams&
                     fence_regs(s);
                 }
             } else {
-                // ---- softmax of S1 (none when the pair has no K1 tile); O_R was relative to the
-                // previous pair's max, so it also owes WG0's scale0 ----
-                mbar_wait(scale0_ready, par);
+                // ---- softmax of S1 (none when the pair has no K1 tile) ----
                 uint32_t pf[Tile / 16][4];
-                softmax(s, pf, o, l, t1, 1, has1, sScale1, sScale0);
-                mbar_arrive(scale1_ready);
+                softmax(s, pf, o, l, m_run, t1, 1, has1, sTmax1, sTmax0, tmax1_ready, tmax0_ready, par);
                 // ---- O_R += P1·V1_R (P1 from registers), then O_R += P0·V0_R ----
                 fence_regs(o);
                 if (has1) {
@@ -433,7 +422,7 @@ __device__ __forceinline__ void mla_decode_sm90_seesaw(const DcpMlaDecodeParams&
 #pragma unroll
         for (int k = 0; k < 2; ++k) {
             l_row[k] = sL[r0 + 8 * k] + sL[kRows + r0 + 8 * k];
-            m_row[k] = sM[r0 + 8 * k];
+            m_row[k] = m_run[k];
         }
         // the CTA's rows read afresh (blockIdx.x is the row block of a dense CTA): else the row
         // count is kept live through the tile loop, which has no register to spare
