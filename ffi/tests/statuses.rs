@@ -352,3 +352,102 @@ fn a_rejected_launch_writes_nothing() {
         assert_eq!(dcp_mla_device_close(dev), DcpMlaStatus::Success);
     }
 }
+
+/// bf16 merge inputs through the C ABI (a dtype code the Rust API takes as a type): the merged
+/// rows match the reference on the widened inputs, for a bf16 and an fp32 output, and a row
+/// whose lse is +inf (an empty shard) takes the other input whole.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn bf16_merge_inputs_through_the_c_abi_match_the_reference() {
+    use dcp_mla::reference::merge::merge_two as ref_merge_two;
+    use half::bf16;
+    const N: usize = 6;
+    const W: usize = 512;
+    // deterministic inputs of mixed sign and size (a multiplicative hash, no RNG dependency)
+    let val = |i: usize, salt: u32| {
+        let h = (i as u32 ^ salt).wrapping_mul(2_654_435_761) >> 8;
+        (h % 4001) as f32 / 1000.0 - 2.0
+    };
+    let a: Vec<bf16> = (0..N * W).map(|i| bf16::from_f32(val(i, 0x51))).collect();
+    let b: Vec<bf16> = (0..N * W).map(|i| bf16::from_f32(val(i, 0xA7))).collect();
+    let lse_a: Vec<f32> = vec![1.5, -0.25, 3.0, 0.0, f32::INFINITY, 7.0];
+    let lse_b: Vec<f32> = vec![0.75, 2.0, 3.0, -4.0, 1.0, f32::INFINITY];
+    let wide = |x: &[bf16]| x.iter().map(|v| v.to_f32()).collect::<Vec<f32>>();
+    let (want_out, want_lse) =
+        ref_merge_two(&wide(&a), &lse_a, dcp_mla::LseBase::E, &wide(&b), &lse_b, dcp_mla::LseBase::Two);
+    let dev = open();
+    // SAFETY: buffers from dcp_mla_malloc on the open device, sized as passed; copies of host
+    // vectors of those sizes.
+    unsafe {
+        let up = |bytes: &[u8]| {
+            let mut p = null_mut();
+            assert_eq!(dcp_mla_malloc(dev, bytes.len(), &mut p), DcpMlaStatus::Success);
+            assert_eq!(dcp_mla_memcpy_htod(dev, p, bytes.as_ptr().cast(), bytes.len()), DcpMlaStatus::Success);
+            p
+        };
+        let bytes_of = |x: &[bf16]| x.iter().flat_map(|v| v.to_bits().to_le_bytes()).collect::<Vec<u8>>();
+        let f32_bytes = |x: &[f32]| x.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>();
+        let (d_a, d_b) = (up(&bytes_of(&a)), up(&bytes_of(&b)));
+        let (d_la, d_lb) = (up(&f32_bytes(&lse_a)), up(&f32_bytes(&lse_b)));
+        for out_dtype in [BF16, F32] {
+            let elem = if out_dtype == BF16 { 2 } else { 4 };
+            let d_out = up(&vec![0xFFu8; N * W * elem]);
+            let d_lse = up(&[0xFFu8; N * 4]);
+            let s = dcp_mla_merge_two(
+                dev,
+                null_mut(),
+                t(d_a as usize, N * W, BF16),
+                t(d_la as usize, N, F32),
+                t(d_b as usize, N * W, BF16),
+                t(d_lb as usize, N, F32),
+                DCP_MLA_LSE_BASE_E,
+                DCP_MLA_LSE_BASE_2,
+                t(d_out as usize, N * W, out_dtype),
+                t(d_lse as usize, N, F32),
+                N,
+            );
+            assert_status(s, DcpMlaStatus::Success, "");
+            assert_eq!(dcp_mla_synchronize(dev), DcpMlaStatus::Success);
+            let mut raw = vec![0u8; N * W * elem];
+            assert_eq!(dcp_mla_memcpy_dtoh(dev, raw.as_mut_ptr().cast(), d_out, raw.len()), DcpMlaStatus::Success);
+            let got: Vec<f32> = if out_dtype == BF16 {
+                raw.chunks(2).map(|c| bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32()).collect()
+            } else {
+                raw.chunks(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+            };
+            let mut lraw = vec![0u8; N * 4];
+            assert_eq!(dcp_mla_memcpy_dtoh(dev, lraw.as_mut_ptr().cast(), d_lse, lraw.len()), DcpMlaStatus::Success);
+            let got_lse: Vec<f32> = lraw.chunks(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+            for r in 0..N {
+                let l = (got_lse[r], want_lse[r]);
+                assert!(
+                    (l.0 - l.1).abs() <= 1e-5 * l.1.abs().max(1.0),
+                    "dtype {out_dtype} row {r}: lse {} vs {}",
+                    l.0,
+                    l.1
+                );
+                // a merged value is a convex combination: bound by the row's largest input
+                // (one bf16 rounding of the output, 2^-8 of it, plus fp32 and exp differences)
+                let mag =
+                    (0..W).map(|j| a[r * W + j].to_f32().abs().max(b[r * W + j].to_f32().abs())).fold(0.0f32, f32::max);
+                for j in 0..W {
+                    let (g, w) = (got[r * W + j], want_out[r * W + j]);
+                    assert!((g - w).abs() <= mag / 256.0 + 1e-5, "dtype {out_dtype} [{r}, {j}]: {g} vs {w}");
+                }
+            }
+            // the empty-shard rows take the other input exactly (coefficient 1 and 0)
+            for (r, src) in [(4, &b), (5, &a)] {
+                for j in 0..W {
+                    assert_eq!(got[r * W + j], src[r * W + j].to_f32(), "dtype {out_dtype} row {r} is the other input");
+                }
+            }
+            for p in [d_out, d_lse] {
+                assert_eq!(dcp_mla_free(dev, p), DcpMlaStatus::Success);
+            }
+        }
+        for p in [d_a, d_b, d_la, d_lb] {
+            assert_eq!(dcp_mla_free(dev, p), DcpMlaStatus::Success);
+        }
+        assert_eq!(dcp_mla_device_close(dev), DcpMlaStatus::Success);
+    }
+}
