@@ -196,7 +196,7 @@ __device__ __forceinline__ void combine_ag_rs_correct(const DcpAgRsCorrectParams
     const int64_t t = job - h * p.num_tokens;
     const int64_t row = t * p.num_heads + h;
 
-    // The row is held as loaded (16-byte vectors) and widened to fp32 only when scaled: a bf16
+    // The row is held as loaded (8- or 16-byte vectors) and widened to fp32 only when scaled: a bf16
     // row then takes 8 registers, not 16, which keeps 8 blocks of 256 resident per SM.
     constexpr int G = kCombinePerLane / E;
     // a group is one 16-byte vector, or one 8-byte vector (bf16 in, fp32 contribution)

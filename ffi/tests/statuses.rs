@@ -385,6 +385,13 @@ fn bf16_merge_inputs_through_the_c_abi_match_the_reference() {
             assert_eq!(dcp_mla_memcpy_htod(dev, p, bytes.as_ptr().cast(), bytes.len()), DcpMlaStatus::Success);
             p
         };
+        let down = |p: *mut c_void, len: usize| {
+            let mut raw = vec![0u8; len];
+            assert_eq!(dcp_mla_memcpy_dtoh(dev, raw.as_mut_ptr().cast(), p, len), DcpMlaStatus::Success);
+            raw
+        };
+        let f32s =
+            |raw: &[u8]| raw.chunks(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect::<Vec<f32>>();
         let bytes_of = |x: &[bf16]| x.iter().flat_map(|v| v.to_bits().to_le_bytes()).collect::<Vec<u8>>();
         let f32_bytes = |x: &[f32]| x.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>();
         let (d_a, d_b) = (up(&bytes_of(&a)), up(&bytes_of(&b)));
@@ -408,16 +415,13 @@ fn bf16_merge_inputs_through_the_c_abi_match_the_reference() {
             );
             assert_status(s, DcpMlaStatus::Success, "");
             assert_eq!(dcp_mla_synchronize(dev), DcpMlaStatus::Success);
-            let mut raw = vec![0u8; N * W * elem];
-            assert_eq!(dcp_mla_memcpy_dtoh(dev, raw.as_mut_ptr().cast(), d_out, raw.len()), DcpMlaStatus::Success);
+            let raw = down(d_out, N * W * elem);
             let got: Vec<f32> = if out_dtype == BF16 {
                 raw.chunks(2).map(|c| bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32()).collect()
             } else {
-                raw.chunks(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+                f32s(&raw)
             };
-            let mut lraw = vec![0u8; N * 4];
-            assert_eq!(dcp_mla_memcpy_dtoh(dev, lraw.as_mut_ptr().cast(), d_lse, lraw.len()), DcpMlaStatus::Success);
-            let got_lse: Vec<f32> = lraw.chunks(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+            let got_lse = f32s(&down(d_lse, N * 4));
             for r in 0..N {
                 let l = (got_lse[r], want_lse[r]);
                 assert!(

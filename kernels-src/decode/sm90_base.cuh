@@ -56,8 +56,9 @@ constexpr int roles_extra_bytes() {
                                          : 0;
 }
 
-// Seesaw schedule: the two warpgroups' tile maxima of a pair, their row sums, a token mask per buffer, and the mbarriers: a full one per column block of each buffer,
-// four hand-overs, and one per warpgroup for its tail zeroing (decode/sm90_seesaw.cuh).
+// Seesaw schedule: the two warpgroups' tile maxima of a pair, their row sums, a token mask per
+// buffer, and the mbarriers: a full one per column block of each buffer, four hand-overs, and
+// one per warpgroup for its tail zeroing (decode/sm90_seesaw.cuh).
 constexpr int kSeesawBars = 2 * kBlocks + 4 + 2;
 constexpr int seesaw_extra_bytes() { return 2 * kRows * 4 + 2 * kRows * 4 + 2 * 8 + kSeesawBars * 8; }
 

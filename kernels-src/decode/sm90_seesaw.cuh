@@ -238,9 +238,9 @@ __device__ __forceinline__ void mla_decode_sm90_seesaw(const DcpMlaDecodeParams&
             mbar_wait(tail_bar, tails & 1);
             ++tails;
         };
-        // P (fp32 in s, × f per row) as bf16 into buffer b's rope block, in the K-major swizzled
-        // layout of a wgmma A operand (the layout of one column block of Q).
-        auto store_p = [&](const float (&s)[kSRegs], int b, float f0, float f1) {
+        // P (fp32 in s) as bf16 into buffer b's rope block, in the K-major swizzled layout of a
+        // wgmma A operand (the layout of one column block of Q).
+        auto store_p = [&](const float (&s)[kSRegs], int b) {
             unsigned char* dst = sKV + b * kTileBytes + (kBlocks - 1) * kBlockBytes;
             // the thread's place in P from a fresh read of its index (else the compiler hoists all
             // 32 store addresses out of the loop and spills them)
@@ -249,9 +249,8 @@ __device__ __forceinline__ void mla_decode_sm90_seesaw(const DcpMlaDecodeParams&
 #pragma unroll
             for (int e = 0; e < kSRegs; e += 2) {
                 const int k = (e >> 1) & 1;
-                const float f = k ? f1 : f0;
                 const uint32_t off = row_off + k * 1024 + (((e >> 2) ^ gv) << 4);
-                *(uint32_t*)(dst + off) = decode::pack_bf16(s[e] * f, s[e + 1] * f);
+                *(uint32_t*)(dst + off) = decode::pack_bf16(s[e], s[e + 1]);
             }
         };
 
@@ -339,7 +338,7 @@ __device__ __forceinline__ void mla_decode_sm90_seesaw(const DcpMlaDecodeParams&
                 uint32_t pf[Tile / 16][4];
                 softmax(s, pf, o, l, m_run, t0, 0, true, sTmax0, sTmax1, tmax0_ready, tmax1_ready, par);
                 // P0 into K0's rope block for WG1 (only S of K0 read it), then O_L += P0·V0_L
-                store_p(s, 0, 1.0f, 1.0f);
+                store_p(s, 0);
                 fence_proxy_async();
                 mbar_arrive(p0_ready);
                 if (is_tail(t0)) zero_tail(0, t0, ld0);
@@ -377,7 +376,7 @@ __device__ __forceinline__ void mla_decode_sm90_seesaw(const DcpMlaDecodeParams&
                 // ---- O_R += P1·V1_R (P1 from registers), then O_R += P0·V0_R ----
                 fence_regs(o);
                 if (has1) {
-                    store_p(s, 1, 1.0f, 1.0f);
+                    store_p(s, 1);
                     fence_proxy_async();
                     mbar_arrive(p1_ready);
                     if (is_tail(t1)) zero_tail(1, t1, ld1);
