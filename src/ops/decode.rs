@@ -531,6 +531,18 @@ fn validate_common(c: &DecodeCommon, sparse: bool) -> Result<DcpMlaDecodeParams>
     })
 }
 
+/// The combine's grid: a CTA per (part, 8 rows) when each split row has few partials (many
+/// sequences), a CTA per row of every sequence, its warps splitting the partials, when few
+/// sequences spread over many parts give each split row about parts / seqs of them
+/// (kernels-src/decode/combine.cuh says why; NOTES.md, thirteenth session).
+fn combine_grid(parts: usize, seqs: usize) -> axes::Grid {
+    if parts >= 4 * seqs {
+        axes::Grid::Row
+    } else {
+        axes::Grid::Part
+    }
+}
+
 fn launch(
     dev: &Device,
     stream: Stream,
@@ -553,8 +565,9 @@ fn launch(
     }
     params.sched_tile = kernel.tile as i32;
     let schedule = registry::mla_decode_schedule().ok_or_else(|| Error::Unsupported("mla_decode_schedule".into()))?;
-    let combine = registry::mla_decode_combine().ok_or_else(|| Error::Unsupported("mla_decode_combine".into()))?;
     let (seqs, seq_rows) = seq_shape(c.batch, c.nq, c.heads, sparse);
+    let by = combine_grid(c.num_splits, seqs);
+    let combine = registry::mla_decode_combine(by).ok_or_else(|| Error::Unsupported("mla_decode_combine".into()))?;
     // SAFETY: as above; the workspace holds the unit prefix and 2·num_splits slots (validated),
     // which the schedule writes and the decode and combine kernels read and write.
     unsafe {
@@ -573,7 +586,13 @@ fn launch(
             num_splits: params.num_splits,
             out_f32: params.out_f32,
         };
-        dev.launch_dependent(combine, (rows as u32, 1, 1), 0, stream, &merge)?;
+        let grid = match by {
+            // a CTA per (part, group of rows, a warp each)
+            axes::Grid::Part => (c.num_splits as u32, seq_rows.div_ceil(combine.info().block as usize / 32) as u32, 1),
+            // a CTA per row of every sequence
+            axes::Grid::Row => (rows as u32, 1, 1),
+        };
+        dev.launch_dependent(combine, grid, 0, stream, &merge)?;
     }
     Ok(())
 }
