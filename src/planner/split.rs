@@ -45,11 +45,7 @@ pub fn decode_num_splits(batch: usize, nq: usize, heads: usize, sparse: bool, nu
     }
     let wave = (num_sms / rb).clamp(1, MAX_SPLITS);
     let seqs = seq_shape(batch, nq, heads, sparse).0;
-    let aligned = if seqs <= wave {
-        wave / seqs * seqs
-    } else {
-        (1..=wave).rev().find(|p| seqs % p == 0).unwrap_or(1)
-    };
+    let aligned = if seqs <= wave { wave / seqs * seqs } else { (1..=wave).rev().find(|p| seqs % p == 0).unwrap_or(1) };
     if aligned * 10 >= wave * 9 {
         aligned
     } else {
