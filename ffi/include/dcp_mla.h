@@ -589,9 +589,10 @@ enum DcpMlaStatus dcp_mla_capacity(uint64_t bytes_per_rank,
                                    uint64_t *tokens,
                                    uint64_t *pages_per_rank);
 
-// Split-KV parts that make one wave of `num_sms` decode CTAs (the parts share the batch's KV
-// tiles evenly whatever the lengths; 1 when a sequence's row blocks alone fill the machine); a
-// function of the shapes only, so a captured graph stays valid for any lengths.
+// Split-KV parts that make about one wave of `num_sms` decode CTAs (the parts share the batch's
+// KV tiles evenly whatever the lengths, and their count is aligned with the sequences' so that
+// equal lengths split none; 1 when a sequence's row blocks alone fill the machine); a function
+// of the shapes only, so a captured graph stays valid for any lengths.
 //
 // # Safety
 // `out` must be valid for a write.

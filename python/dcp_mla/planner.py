@@ -92,7 +92,8 @@ def capacity(bytes_per_rank: int, kv_format, block_size: int, dcp_size: int):
 
 
 def decode_num_splits(batch: int, nq: int, heads: int, sparse: bool, num_sms: int = H200_SMS) -> int:
-    """Split-KV parts for one wave of `num_sms` decode CTAs (a function of the shapes only)."""
+    """Split-KV parts for about one wave of `num_sms` decode CTAs, aligned with the sequences so
+    that equal lengths split none (a function of the shapes only)."""
     return _lib.query("dcp_mla_decode_num_splits", batch, nq, heads, int(sparse), num_sms, out_types=(c_size_t,))[0]
 
 

@@ -725,6 +725,17 @@ mod tests {
     }
 
     #[test]
+    fn combine_grid_follows_partials_per_row() {
+        // b = 128 over 128-132 parts: ~2 partials a split row, a CTA per (part, 8 rows)
+        assert_eq!(combine_grid(132, 128), axes::Grid::Part);
+        assert_eq!(combine_grid(22, 128), axes::Grid::Part);
+        // b = 2 over 132 parts: ~66 partials a split row, a CTA per row with its warps splitting them
+        assert_eq!(combine_grid(132, 2), axes::Grid::Row);
+        assert_eq!(combine_grid(8, 2), axes::Grid::Row);
+        assert_eq!(combine_grid(7, 2), axes::Grid::Part);
+    }
+
+    #[test]
     fn tma_takes_power_of_two_pages_of_8_or_more() {
         assert!(dense_tma_fits(1000, 64));
         assert!(dense_tma_fits(1000, 8), "eight pages a tile, each box on a 1024-byte atom");
