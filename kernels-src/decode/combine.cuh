@@ -8,7 +8,8 @@ namespace dcp {
 // ByPart: a CTA per (part, group of 8 rows), a warp a row. A split sequence holds the last unit of
 //   its first part fp (it runs past it), and each part's last unit belongs to one sequence: so a
 //   CTA finds the sequence holding its part's last unit and merges its rows only when that
-//   sequence starts in this part and is split (every split sequence once). For many sequences
+//   sequence starts in this part and is split (every split sequence once: the host mirror
+//   planner::schedule::combine_part_owner and its property test). For many sequences
 //   (few partials each): the first version, a CTA per row of every sequence, took 31 µs at
 //   b = 128, H = 64 under ncu, 8,192 CTAs mostly finding their row unsplit; this one 8.5 µs.
 // ByRow: a CTA per row of every sequence, its 8 warps splitting the row's partials (slots

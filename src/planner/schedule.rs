@@ -93,6 +93,21 @@ pub fn seq_slots(u: &[i64], parts: usize, seq: usize) -> Vec<usize> {
     (fp..=lp).map(|q| 2 * q as usize + usize::from(q == fp && a > fp * w)).collect()
 }
 
+/// The split sequence the combine's CTAs of part `part` merge when its grid is by part
+/// (`kernels-src/decode/combine.cuh`, `CombineGrid::ByPart`): the sequence holding the part's
+/// last unit, when it starts in this part and runs past it. A split sequence holds the last unit
+/// of its first part, so over all parts every split sequence has exactly one such part.
+pub fn combine_part_owner(u: &[i64], parts: usize, part: usize) -> Option<usize> {
+    let total = *u.last()?;
+    let w = units_per_part(u, parts);
+    let last = total.min((part as i64 + 1) * w) - 1;
+    if last < part as i64 * w {
+        return None;
+    }
+    let s = u.partition_point(|&x| x <= last) - 1;
+    (u[s] / w == part as i64 && !seq_slots(u, parts, s).is_empty()).then_some(s)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -131,6 +146,11 @@ mod tests {
             assert_eq!(seen[s].len() > 1, !slots_of[s].is_empty(), "sequence {s}: direct iff one piece");
             assert_eq!(seq_slots(&u, parts, s), slots_of[s], "sequence {s}: combine slots");
         }
+        // the combine by part merges every split sequence once, at its first part
+        let mut owners: Vec<usize> = (0..parts).filter_map(|p| combine_part_owner(&u, parts, p)).collect();
+        let split: Vec<usize> = (0..lens.len()).filter(|&s| !slots_of[s].is_empty()).collect();
+        owners.sort();
+        assert_eq!(owners, split, "{lens:?} over {parts} parts: split sequences and their merging parts");
     }
 
     #[test]
