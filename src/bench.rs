@@ -199,6 +199,9 @@ pub enum Case {
     /// Dense decode, q = 1, of a ramp of lengths: request i has s_k·(i + 1)/b tokens, with the
     /// automatic split-KV schedule (`split`) or one CTA per request: what balancing buys.
     DenseRamp { b: usize, h: usize, sk: usize, split: bool },
+    /// Dense decode, q = 1, equal lengths, one CTA per request (no schedule, no combine): beside
+    /// the same shape's `Dense` row, what a split launch's fixed cost is where it buys nothing.
+    DenseUnsplit { b: usize, h: usize, sk: usize },
     /// Sparse decode over `k` distinct random slots of each request's 8192-token cache.
     Sparse { format: KvFormat, b: usize, q: usize, h: usize, k: usize },
     /// Two-way merge of T·H rows, `input` in, bf16 out.
@@ -326,6 +329,7 @@ fn describe(c: &Case) -> String {
     match *c {
         Case::Fill { format, tokens } => format!("{format:?} tokens={tokens}"),
         Case::Dense { b, q, h, sk } => format!("b={b} q={q} H={h} s_k={sk}"),
+        Case::DenseUnsplit { b, h, sk } => format!("b={b} q=1 H={h} s_k={sk} split=1"),
         Case::DenseRamp { b, h, sk, split } => {
             format!("b={b} q=1 H={h} s_k=ramp..{sk} {}", if split { "split=auto" } else { "split=1" })
         }
@@ -364,6 +368,7 @@ fn kernel_work(c: &Case) -> (f64, f64) {
     let (bytes, flops) = match *c {
         Case::Fill { format, tokens } => (tokens * ((D_LATENT + D_ROPE) * 2 + format.token_bytes()), 0.0),
         Case::Dense { b, q, h, sk } => (b * sk * D_QK * 2 + b * q * h * (D_QK + D_V) * 2, attn_flops(b * q * h, sk)),
+        Case::DenseUnsplit { b, h, sk } => (b * sk * D_QK * 2 + b * h * (D_QK + D_V) * 2, attn_flops(b * h, sk)),
         Case::DenseRamp { b, h, sk, .. } => {
             let tokens: usize = ramp_lens(b, sk).iter().sum();
             (tokens * D_QK * 2 + b * h * (D_QK + D_V) * 2, attn_flops(h, tokens))
@@ -414,6 +419,8 @@ pub fn rows() -> Vec<BenchRow> {
     ] {
         v.push(BenchRow::new("mla_decode", Case::Dense { b, q, h, sk }, target));
     }
+    // not in docs/performance.md: the 8K H = 64 row unsplit (its split launch's fixed cost)
+    v.push(BenchRow::new("mla_decode", Case::DenseUnsplit { b: 128, h: 64, sk: 8192 }, Target::None));
     // not in docs/performance.md: uneven lengths, with and without the split schedule
     for split in [true, false] {
         v.push(BenchRow::new("mla_decode", Case::DenseRamp { b: 128, h: 64, sk: 32768, split }, Target::None));
@@ -603,9 +610,10 @@ pub fn prepare<'a>(dev: &'a Device, s: &Arc<CudaStream>, row: &BenchRow) -> Resu
                 kv_fill(dev, st, &args)
             })
         }
-        Case::Dense { .. } | Case::DenseRamp { .. } => {
+        Case::Dense { .. } | Case::DenseRamp { .. } | Case::DenseUnsplit { .. } => {
             let (b, q, h, sk, lens, split) = match row.case {
                 Case::Dense { b, q, h, sk } => (b, q, h, sk, vec![sk as i32; b * q], true),
+                Case::DenseUnsplit { b, h, sk } => (b, 1, h, sk, vec![sk as i32; b], false),
                 Case::DenseRamp { b, h, sk, split } => {
                     (b, 1, h, sk, ramp_lens(b, sk).into_iter().map(|l| l as i32).collect(), split)
                 }
