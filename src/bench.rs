@@ -368,7 +368,7 @@ fn kernel_work(c: &Case) -> (f64, f64) {
     let (bytes, flops) = match *c {
         Case::Fill { format, tokens } => (tokens * ((D_LATENT + D_ROPE) * 2 + format.token_bytes()), 0.0),
         Case::Dense { b, q, h, sk } => (b * sk * D_QK * 2 + b * q * h * (D_QK + D_V) * 2, attn_flops(b * q * h, sk)),
-        Case::DenseUnsplit { b, h, sk } => (b * sk * D_QK * 2 + b * h * (D_QK + D_V) * 2, attn_flops(b * h, sk)),
+        Case::DenseUnsplit { b, h, sk } => return kernel_work(&Case::Dense { b, q: 1, h, sk }),
         Case::DenseRamp { b, h, sk, .. } => {
             let tokens: usize = ramp_lens(b, sk).iter().sum();
             (tokens * D_QK * 2 + b * h * (D_QK + D_V) * 2, attn_flops(h, tokens))

@@ -105,7 +105,7 @@ pub fn combine_part_owner(u: &[i64], parts: usize, part: usize) -> Option<usize>
         return None;
     }
     let s = u.partition_point(|&x| x <= last) - 1;
-    (u[s] / w == part as i64 && !seq_slots(u, parts, s).is_empty()).then_some(s)
+    (u[s] / w == part as i64 && (u[s + 1] - 1) / w != part as i64).then_some(s)
 }
 
 #[cfg(test)]
