@@ -43,12 +43,21 @@ __device__ __forceinline__ float merge_lse(float l) { return l == INFINITY ? -IN
 
 // Programmatic dependent launch (sm_90+): a kernel launched as a dependent of the previous one
 // in its stream (Device::launch_dependent) is set up while that one runs and must wait before
-// reading what it writes. A no-op on sm_80 and without a dependent launch. (No kernel triggers
-// its dependents early with griddepcontrol.launch_dependents: measured, it made a small split
-// launch 1.7× slower; NOTES.md.)
+// reading what it writes. A no-op on sm_80 and without a dependent launch.
 __device__ __forceinline__ void griddep_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+// Lets the dependent launch start its CTAs now, before this kernel ends (they still wait for its
+// end and its writes in griddep_wait). Only the split schedule kernel does this, for the decode
+// grid: triggered from the decode kernel, the combine's CTAs took SMs the decode's parts still
+// needed and a small split launch ran 1.7× slower (NOTES.md, "Programmatic dependent launch and
+// empty shares").
+__device__ __forceinline__ void griddep_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
 }
 

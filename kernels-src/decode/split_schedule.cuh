@@ -150,6 +150,8 @@ __device__ __forceinline__ void for_each_piece(const DcpMlaDecodeParams& p, int 
 template <int Unused = 0>
 __device__ __forceinline__ void mla_decode_schedule(const DcpMlaDecodeParams& p) {
     using namespace decode;
+    // the decode grid's CTAs start and set up while this runs (they wait for the prefix)
+    griddep_launch_dependents();
     const bool sparse = p.indices != 0;
     const int seqs = num_seqs(p, sparse), tile = p.sched_tile;
     const int per = (seqs + blockDim.x - 1) / blockDim.x;
