@@ -52,9 +52,10 @@ __device__ __forceinline__ void griddep_wait() {
 
 // Lets the dependent launch start its CTAs now, before this kernel ends (they still wait for its
 // end and its writes in griddep_wait). Only the split schedule kernel does this, for the decode
-// grid: triggered from the decode kernel, the combine's CTAs took SMs the decode's parts still
-// needed and a small split launch ran 1.7× slower (NOTES.md, "Programmatic dependent launch and
-// empty shares").
+// grid. An earlier version triggered from the decode kernel as well, and a small split launch ran
+// 1.7× slower, likely because the combine's waiting CTAs took SMs the decode's parts still needed
+// (NOTES.md, "Programmatic dependent launch and empty shares"); the schedule kernel's trigger
+// alone measured −1 to −2 µs (NOTES.md, fourteenth session).
 __device__ __forceinline__ void griddep_launch_dependents() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");

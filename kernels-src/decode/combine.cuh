@@ -101,7 +101,8 @@ __device__ __forceinline__ void store_merged(const DcpMlaDecodeCombineParams& p,
 template <CombineGrid Grid>
 __device__ __forceinline__ void mla_decode_combine(const DcpMlaDecodeCombineParams& p) {
     using namespace decode;
-    if (blockDim.x != 32 * kCombineWarps) __trap();  // kernels.toml's block: the rows a ByPart CTA covers
+    // kernels.toml's block, which the launcher's ByPart row groups and ByRow's s_acc assume
+    if (blockDim.x != 32 * kCombineWarps) __trap();
     griddep_wait();  // launched as a dependent of the decode kernel: its partials and rows
     const int64_t* u = (const int64_t*)p.sched;
     const int64_t total = u[p.seqs];
