@@ -5,7 +5,9 @@
 
 use dcp_mla::formats::{D_LATENT, D_QK, D_ROPE, D_V};
 use dcp_mla::ops::combine::{a2a_aligned_slot_bytes, a2a_combine, a2a_pack, A2aCombine, A2aPack, CombineRows};
-use dcp_mla::ops::decode::{decode_num_splits, decode_workspace_bytes, default_scale, mla_decode_dense};
+use dcp_mla::ops::decode::{
+    decode_num_splits, decode_workspace_bytes, default_scale, mla_decode_dense, DecodeSchedule,
+};
 use dcp_mla::ops::decode::{DecodeCommon, DecodeOut, DenseDecode};
 use dcp_mla::ops::fill::{kv_fill, KvFill};
 use dcp_mla::reference::attention::{decode_oracle, QueryShape, Selection};
@@ -92,6 +94,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             lse: lse_v,
             num_splits: splits,
             workspace: DeviceSlice::of(&ws, &s),
+            schedule: DecodeSchedule::Compute,
         };
         let decode = DenseDecode {
             common,

@@ -62,6 +62,8 @@ typedef struct DcpMlaDecodeParams {
     uint64_t out;            /* bf16 or fp32 [batch, nq, heads, 512] */
     uint64_t lse;            /* fp32 [batch, nq, heads], natural log */
     uint64_t sched;          /* num_splits > 1: int64 [seqs + 1] unit prefix (written by the schedule) */
+    uint64_t sched_stamp;    /* num_splits > 1: int32 [4], what the prefix was made for (magic, sched_tile, */
+                             /* sequences, num_splits): written with it, checked by every decode launch */
     uint64_t ws_out;         /* num_splits > 1: fp32 [2·num_splits, rows per sequence, 512] */
     uint64_t ws_lse;         /* num_splits > 1: fp32 [2·num_splits, rows per sequence] */
     int64_t block_table_stride;

@@ -12,7 +12,7 @@
 use crate::error::{Error, Result};
 use crate::formats::{KvFormat, D_LATENT, D_QK, D_ROPE, D_V};
 use crate::ops::combine::{self, a2a_aligned_slot_bytes, A2aCombine, A2aPack, AgRsCorrect, CombineRows, MergeTwo};
-use crate::ops::decode::{self, DecodeCommon, DecodeOut, DenseDecode, SparseDecode};
+use crate::ops::decode::{self, DecodeCommon, DecodeOut, DecodeSchedule, DenseDecode, SparseDecode};
 use crate::ops::fill::{kv_fill, KvFill};
 use crate::ops::prefill::{self, piece_table, Flatten, Reorder};
 use crate::ops::topk::{self, Compact, GlobalMerge, LocalTopk, PackCandidates, PageTranslate};
@@ -194,10 +194,15 @@ impl Measurement {
 pub enum Case {
     /// KV fill of `tokens` new tokens into a D = 1 cache.
     Fill { format: KvFormat, tokens: usize },
-    /// Dense decode: b requests of s_k tokens, q rows, H heads, BF16 cache, automatic splits.
+    /// Dense decode: b requests of s_k tokens, q rows, H heads, BF16 cache, automatic splits,
+    /// the split schedule computed by the first (untimed) launch and reused by the timed ones, as
+    /// a step's layers share it (and as FlashMLA's metadata is timed).
     Dense { b: usize, q: usize, h: usize, sk: usize },
+    /// `Dense` with q = 1 and the split schedule computed by every launch (a step's first layer).
+    DenseScheduled { b: usize, h: usize, sk: usize },
     /// Dense decode, q = 1, of a ramp of lengths: request i has s_k·(i + 1)/b tokens, with the
-    /// automatic split-KV schedule (`split`) or one CTA per request: what balancing buys.
+    /// automatic split-KV schedule (`split`, reused as in `Dense`) or one CTA per request: what
+    /// balancing buys.
     DenseRamp { b: usize, h: usize, sk: usize, split: bool },
     /// Dense decode, q = 1, equal lengths, one CTA per request (no schedule, no combine): beside
     /// the same shape's `Dense` row, what a split launch's fixed cost is where it buys nothing.
@@ -330,6 +335,7 @@ fn describe(c: &Case) -> String {
         Case::Fill { format, tokens } => format!("{format:?} tokens={tokens}"),
         Case::Dense { b, q, h, sk } => format!("b={b} q={q} H={h} s_k={sk}"),
         Case::DenseUnsplit { b, h, sk } => format!("b={b} q=1 H={h} s_k={sk} split=1"),
+        Case::DenseScheduled { b, h, sk } => format!("b={b} q=1 H={h} s_k={sk} schedule=every launch"),
         Case::DenseRamp { b, h, sk, split } => {
             format!("b={b} q=1 H={h} s_k=ramp..{sk} {}", if split { "split=auto" } else { "split=1" })
         }
@@ -368,7 +374,9 @@ fn kernel_work(c: &Case) -> (f64, f64) {
     let (bytes, flops) = match *c {
         Case::Fill { format, tokens } => (tokens * ((D_LATENT + D_ROPE) * 2 + format.token_bytes()), 0.0),
         Case::Dense { b, q, h, sk } => (b * sk * D_QK * 2 + b * q * h * (D_QK + D_V) * 2, attn_flops(b * q * h, sk)),
-        Case::DenseUnsplit { b, h, sk } => return kernel_work(&Case::Dense { b, q: 1, h, sk }),
+        Case::DenseUnsplit { b, h, sk } | Case::DenseScheduled { b, h, sk } => {
+            return kernel_work(&Case::Dense { b, q: 1, h, sk })
+        }
         Case::DenseRamp { b, h, sk, .. } => {
             let tokens: usize = ramp_lens(b, sk).iter().sum();
             (tokens * D_QK * 2 + b * h * (D_QK + D_V) * 2, attn_flops(h, tokens))
@@ -421,6 +429,8 @@ pub fn rows() -> Vec<BenchRow> {
     }
     // not in docs/performance.md: the 8K H = 64 row unsplit (its split launch's fixed cost)
     v.push(BenchRow::new("mla_decode", Case::DenseUnsplit { b: 128, h: 64, sk: 8192 }, Target::None));
+    // not in docs/performance.md: the 8K H = 64 row with its schedule computed every launch
+    v.push(BenchRow::new("mla_decode", Case::DenseScheduled { b: 128, h: 64, sk: 8192 }, Target::None));
     // not in docs/performance.md: uneven lengths, with and without the split schedule
     for split in [true, false] {
         v.push(BenchRow::new("mla_decode", Case::DenseRamp { b: 128, h: 64, sk: 32768, split }, Target::None));
@@ -610,9 +620,12 @@ pub fn prepare<'a>(dev: &'a Device, s: &Arc<CudaStream>, row: &BenchRow) -> Resu
                 kv_fill(dev, st, &args)
             })
         }
-        Case::Dense { .. } | Case::DenseRamp { .. } | Case::DenseUnsplit { .. } => {
+        Case::Dense { .. } | Case::DenseRamp { .. } | Case::DenseUnsplit { .. } | Case::DenseScheduled { .. } => {
+            // every split launch after the first reuses its schedule, but DenseScheduled's
+            let reuse = !matches!(row.case, Case::DenseScheduled { .. });
             let (b, q, h, sk, lens, split) = match row.case {
                 Case::Dense { b, q, h, sk } => (b, q, h, sk, vec![sk as i32; b * q], true),
+                Case::DenseScheduled { b, h, sk } => (b, 1, h, sk, vec![sk as i32; b], true),
                 Case::DenseUnsplit { b, h, sk } => (b, 1, h, sk, vec![sk as i32; b], false),
                 Case::DenseRamp { b, h, sk, split } => {
                     (b, 1, h, sk, ramp_lens(b, sk).into_iter().map(|l| l as i32).collect(), split)
@@ -629,7 +642,7 @@ pub fn prepare<'a>(dev: &'a Device, s: &Arc<CudaStream>, row: &BenchRow) -> Resu
             let out = zeros::<bf16>(s, rows * D_V)?;
             let lse = zeros::<f32>(s, rows)?;
             let ws = zeros::<u8>(s, decode::decode_workspace_bytes(b, q, h, false, splits)?)?;
-            let args = DenseDecode {
+            let mut args = DenseDecode {
                 common: DecodeCommon {
                     q: sl(s, &qv),
                     batch: b,
@@ -640,6 +653,7 @@ pub fn prepare<'a>(dev: &'a Device, s: &Arc<CudaStream>, row: &BenchRow) -> Resu
                     lse: sl(s, &lse),
                     num_splits: splits,
                     workspace: sl(s, &ws),
+                    schedule: DecodeSchedule::Compute,
                 },
                 cache: sl(s, &cache),
                 num_pages: b * pages,
@@ -652,7 +666,11 @@ pub fn prepare<'a>(dev: &'a Device, s: &Arc<CudaStream>, row: &BenchRow) -> Resu
             let keep = (qv, cache, table, lens, out, lse, ws);
             Box::new(move || {
                 let _ = &keep;
-                decode::mla_decode_dense(dev, st, &args)
+                let r = decode::mla_decode_dense(dev, st, &args);
+                if reuse {
+                    args.common.schedule = DecodeSchedule::Reuse;
+                }
+                r
             })
         }
         Case::Sparse { format, b, q, h, k } => {
@@ -675,7 +693,7 @@ pub fn prepare<'a>(dev: &'a Device, s: &Arc<CudaStream>, row: &BenchRow) -> Resu
             let out = zeros::<bf16>(s, rows * D_V)?;
             let lse = zeros::<f32>(s, rows)?;
             let ws = zeros::<u8>(s, decode::decode_workspace_bytes(b, q, h, true, splits)?)?;
-            let args = SparseDecode {
+            let mut args = SparseDecode {
                 common: DecodeCommon {
                     q: sl(s, &qv),
                     batch: b,
@@ -686,6 +704,7 @@ pub fn prepare<'a>(dev: &'a Device, s: &Arc<CudaStream>, row: &BenchRow) -> Resu
                     lse: sl(s, &lse),
                     num_splits: splits,
                     workspace: sl(s, &ws),
+                    schedule: DecodeSchedule::Compute,
                 },
                 cache: sl(s, &cache),
                 format,
@@ -698,7 +717,10 @@ pub fn prepare<'a>(dev: &'a Device, s: &Arc<CudaStream>, row: &BenchRow) -> Resu
             let keep = (qv, cache, idx, out, lse, ws);
             Box::new(move || {
                 let _ = &keep;
-                decode::mla_decode_sparse(dev, st, &args)
+                // the first launch computes the schedule (when split), the timed ones reuse it
+                let r = decode::mla_decode_sparse(dev, st, &args);
+                args.common.schedule = DecodeSchedule::Reuse;
+                r
             })
         }
         Case::MergeTwo { t, h, input } => {

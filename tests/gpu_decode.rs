@@ -10,6 +10,7 @@ use cudarc::driver::sys;
 use dcp_mla::formats::{encode_fp8_row, KvFormat, D_LATENT, D_QK, D_V};
 use dcp_mla::ops::decode::*;
 use dcp_mla::planner::schedule;
+use dcp_mla::planner::split::sched_stamp;
 use dcp_mla::reference::attention::{decode_oracle, QueryShape, Selection};
 use dcp_mla::reference::fill::PagedCache;
 use dcp_mla::reference::merge::merge_f64;
@@ -144,6 +145,7 @@ impl DevOut {
             lse: view(&s, &self.lse),
             num_splits: splits,
             workspace: view(&s, &self.ws),
+            schedule: DecodeSchedule::Compute,
         }
     }
 
@@ -160,7 +162,8 @@ impl DevOut {
     }
 
     /// With a split launch, asserts that the unit prefix the schedule kernel wrote at the start
-    /// of the workspace is the host mirror's for these sequence lengths and KV tile.
+    /// of the workspace is the host mirror's for these sequence lengths and KV tile, and that its
+    /// stamp names the tile, the sequences and the parts.
     fn check_schedule(&self, what: &str, splits: usize, seq_tokens: &[u64], tile: u64) {
         if splits <= 1 {
             return;
@@ -169,6 +172,20 @@ impl DevOut {
         let got: Vec<i64> =
             bytes[..(seq_tokens.len() + 1) * 8].chunks(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect();
         assert_eq!(got, schedule::schedule_units(seq_tokens, tile), "{what}: split schedule");
+        let seqs = seq_tokens.len();
+        // the stamp's offset depends on the sequence count only (sparse: a sequence a row)
+        let at = SplitPlan::new(seqs, 1, 1, true, splits).unwrap().stamp_offset as usize;
+        let stamp: Vec<i32> = bytes[at..at + 16].chunks(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect();
+        assert_eq!(stamp, sched_stamp(tile as usize, seqs, splits), "{what}: the schedule's stamp");
+    }
+
+    /// Fills out and lse with the poison again (a second launch into the same outputs).
+    fn poison(&mut self) {
+        let s = stream();
+        let rows = self.lse.len();
+        s.memcpy_htod(&vec![bf16::from_f32(POISON); rows * D_V], &mut self.out_bf16).unwrap();
+        s.memcpy_htod(&vec![POISON; rows * D_V], &mut self.out_f32).unwrap();
+        s.memcpy_htod(&vec![POISON; rows], &mut self.lse).unwrap();
     }
 }
 
@@ -680,6 +697,7 @@ fn graph_replay_case(path: DecodePath) {
         lse,
         num_splits: splits,
         workspace: ws,
+        schedule: DecodeSchedule::Compute,
     };
     let dense = DenseDecode {
         common: common(
@@ -734,6 +752,87 @@ fn graph_replay_case(path: DecodePath) {
         let sel = Selection::Sparse { indices: idx, k, topk_len: None };
         let want = decode_oracle(&q, shape, &shc.paged(), &shc.bytes, &sel, default_scale());
         check("graph sparse", &out, &lse, &want);
+    }
+}
+
+/// A step's later layers reuse the split schedule of its first (DecodeSchedule::Reuse): with the
+/// lengths it was made for, and with other lengths (longer, shorter, empty), every dense and
+/// sparse kernel's result is the reference's for the lengths of the launch, and the reusing
+/// launch leaves the prefix as it was.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn reused_schedule_is_exact_whatever_the_lengths() {
+    let mut rng = Rng::new(seed());
+    let s = stream();
+    let one = DcpLayout { size: 1, interleave: 1 };
+    // dense: b = 4, q = 2, H = 32 over 9 parts; lengths A schedule, B grow, shrink and empty rows
+    let shape = QueryShape { batch: 4, rows: 2, heads: 32 };
+    let (totals_a, totals_b) = ([300usize, 10, 0, 64], [900usize, 700, 40, 0]);
+    let (lens_a, lens_b) = (mtp_lens(&totals_a, 2, one, 0), mtp_lens(&totals_b, 2, one, 0));
+    let hc = dense_cache(&mut rng, KvFormat::Bf16, 64, &[900, 700, 300, 64]);
+    let q = random_q(&mut rng, shape);
+    let splits = 9;
+    for path in dense_paths() {
+        let (d_q, d_cache, d_table) = (upload(&s, &q), upload(&s, &hc.bytes), upload(&s, &hc.table));
+        let mut d_lens = upload(&s, &lens_a);
+        let mut outs = DevOut::new(shape, splits, true);
+        let mut args = DenseDecode {
+            common: outs.common(view(&s, &d_q), shape, splits),
+            cache: view(&s, &d_cache),
+            num_pages: hc.num_pages,
+            block_size: hc.block_size,
+            block_table: view(&s, &d_table),
+            block_table_stride: hc.stride,
+            max_pages: hc.max_pages,
+            lens: view(&s, &d_lens),
+        };
+        mla_decode_dense_on(gpu(), raw(&s), &args, path).expect("dense launch");
+        let seq_a: Vec<u64> = lens_a.chunks(2).map(|r| *r.iter().max().unwrap() as u64).collect();
+        for (lens, label) in [(&lens_a, "the same lengths"), (&lens_b, "other lengths")] {
+            s.memcpy_htod(lens, &mut d_lens).unwrap();
+            outs.poison();
+            args.common.schedule = DecodeSchedule::Reuse;
+            mla_decode_dense_on(gpu(), raw(&s), &args, path).expect("dense launch, schedule reused");
+            let (out, lse) = outs.read();
+            let want = decode_oracle(&q, shape, &hc.paged(), &hc.bytes, &Selection::Dense { lens }, default_scale());
+            check(&format!("{path:?} dense, schedule reused with {label}"), &out, &lse, &want);
+            outs.check_schedule(&format!("{path:?} dense, after a reuse"), splits, &seq_a, schedule_tile(path));
+        }
+    }
+    // sparse FP8: b = 2, q = 2, H = 16, K = 512 over 3 parts; topk_len A schedules, B differs
+    let shape = QueryShape { batch: 2, rows: 2, heads: 16 };
+    let k = 512;
+    let (hc, idx) = sparse_case(&mut rng, KvFormat::Fp8_656, shape, k, &[]);
+    let (tl_a, tl_b) = (vec![100, 0, 512, 7], vec![512, 300, 0, 64]);
+    let q = random_q(&mut rng, shape);
+    let splits = 3;
+    for path in sparse_paths(KvFormat::Fp8_656) {
+        let (d_q, d_cache, d_idx) = (upload(&s, &q), upload(&s, &hc.bytes), upload(&s, &idx));
+        let mut d_tl = upload(&s, &tl_a);
+        let mut outs = DevOut::new(shape, splits, false);
+        let mut args = SparseDecode {
+            common: outs.common(view(&s, &d_q), shape, splits),
+            cache: view(&s, &d_cache),
+            format: hc.format,
+            num_pages: hc.num_pages,
+            block_size: hc.block_size,
+            indices: view(&s, &d_idx),
+            topk: k,
+            topk_len: Some(view(&s, &d_tl)),
+        };
+        mla_decode_sparse_on(gpu(), raw(&s), &args, path).expect("sparse launch");
+        let seq_a: Vec<u64> = tl_a.iter().map(|&n| n as u64).collect();
+        for (tl, label) in [(&tl_a, "the same lengths"), (&tl_b, "other lengths")] {
+            s.memcpy_htod(tl, &mut d_tl).unwrap();
+            outs.poison();
+            args.common.schedule = DecodeSchedule::Reuse;
+            mla_decode_sparse_on(gpu(), raw(&s), &args, path).expect("sparse launch, schedule reused");
+            let (out, lse) = outs.read();
+            let sel = Selection::Sparse { indices: &idx, k, topk_len: Some(tl) };
+            let want = decode_oracle(&q, shape, &hc.paged(), &hc.bytes, &sel, default_scale());
+            check(&format!("{path:?} sparse, schedule reused with {label}"), &out, &lse, &want);
+            outs.check_schedule(&format!("{path:?} sparse, after a reuse"), splits, &seq_a, schedule_tile(path));
+        }
     }
 }
 

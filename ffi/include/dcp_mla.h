@@ -15,7 +15,7 @@
 #include <stdint.h>
 
 // The ABI revision of this header: bumped whenever a signature or a struct changes.
-#define DCP_MLA_ABI_VERSION 1
+#define DCP_MLA_ABI_VERSION 2
 
 // Dtype code: bytes (caches, workspaces, a2a buffers).
 #define DCP_MLA_DTYPE_U8 1
@@ -34,6 +34,13 @@
 
 // KV-cache format code: FlashMLA's FP8 "656" row (512 e4m3, 4 fp32 scales, 64 bf16 k_pe).
 #define DCP_MLA_KV_FP8_656 2
+
+// Decode schedule code: a split launch computes its schedule into the workspace.
+#define DCP_MLA_SCHEDULE_COMPUTE 0
+
+// Decode schedule code: a split launch reuses the schedule an earlier launch of the same shape
+// left in the workspace (e.g. the step's first layer); see dcp_mla_decode_dense.
+#define DCP_MLA_SCHEDULE_REUSE 1
 
 // LSE base code: natural log (dcp-mla's and FlashMLA's kernels).
 #define DCP_MLA_LSE_BASE_E 1
@@ -228,6 +235,11 @@ enum DcpMlaStatus dcp_mla_kv_fill(const struct DcpMlaDevice *device,
 //   −inf for a row that sees no token.
 // - `num_splits`: KV splits (dcp_mla_decode_num_splits); with more than 1, `workspace` must hold
 //   dcp_mla_decode_workspace_bytes bytes (16-byte aligned); with 1 it may be null.
+// - `schedule`: DCP_MLA_SCHEDULE_COMPUTE, or DCP_MLA_SCHEDULE_REUSE to reuse the split schedule an
+//   earlier COMPUTE launch of the same batch, nq, heads, num_splits and kind (dense or sparse,
+//   cache format) left in this workspace, e.g. the step's first layer: it saves a kernel and
+//   the wait for it. Exact whatever the lengths are now (other lengths cost only balance); a
+//   workspace no schedule of that shape wrote makes the kernel trap. Ignored with one split.
 // - `cache`: [num_pages, block_size, 576] bf16 (any dtype); `block_table`: int32
 //   [batch, block_table_stride], first `max_pages` columns used; `lens`: int32 [batch, nq].
 //
@@ -244,6 +256,7 @@ enum DcpMlaStatus dcp_mla_decode_dense(const struct DcpMlaDevice *device,
                                        struct DcpMlaTensor lse,
                                        size_t num_splits,
                                        struct DcpMlaTensor workspace,
+                                       int32_t schedule,
                                        struct DcpMlaTensor cache,
                                        size_t num_pages,
                                        size_t block_size,
@@ -255,7 +268,7 @@ enum DcpMlaStatus dcp_mla_decode_dense(const struct DcpMlaDevice *device,
 // Sparse MLA decode (docs/contract.md §4) over the BF16 or FP8-656 cache: row (i, j) attends to the
 // cache rows page·block_size + slot listed in `indices[i][j]` (−1 or out of range: unused).
 //
-// - `q`, `scale`, `out`, `lse`, `num_splits`, `workspace`: as for dcp_mla_decode_dense.
+// - `q`, `scale`, `out`, `lse`, `num_splits`, `workspace`, `schedule`: as for dcp_mla_decode_dense.
 // - `cache`: [num_pages, block_size, row] in `format` (DCP_MLA_KV_*), any dtype.
 // - `indices`: int32 [batch, nq, topk]; `topk_len`: optional int32 [batch, nq] (null data:
 //   every entry counts), only the first topk_len[i][j] entries count.
@@ -273,6 +286,7 @@ enum DcpMlaStatus dcp_mla_decode_sparse(const struct DcpMlaDevice *device,
                                         struct DcpMlaTensor lse,
                                         size_t num_splits,
                                         struct DcpMlaTensor workspace,
+                                        int32_t schedule,
                                         struct DcpMlaTensor cache,
                                         int32_t format,
                                         size_t num_pages,

@@ -55,7 +55,7 @@ pub enum DcpMlaStatus {
 }
 
 /// The ABI revision of this header: bumped whenever a signature or a struct changes.
-pub const DCP_MLA_ABI_VERSION: u32 = 1;
+pub const DCP_MLA_ABI_VERSION: u32 = 2;
 
 /// Dtype code: bytes (caches, workspaces, a2a buffers).
 pub const DCP_MLA_DTYPE_U8: i32 = 1;
@@ -70,6 +70,12 @@ pub const DCP_MLA_DTYPE_I32: i32 = 4;
 pub const DCP_MLA_KV_BF16: i32 = 1;
 /// KV-cache format code: FlashMLA's FP8 "656" row (512 e4m3, 4 fp32 scales, 64 bf16 k_pe).
 pub const DCP_MLA_KV_FP8_656: i32 = 2;
+
+/// Decode schedule code: a split launch computes its schedule into the workspace.
+pub const DCP_MLA_SCHEDULE_COMPUTE: i32 = 0;
+/// Decode schedule code: a split launch reuses the schedule an earlier launch of the same shape
+/// left in the workspace (e.g. the step's first layer); see dcp_mla_decode_dense.
+pub const DCP_MLA_SCHEDULE_REUSE: i32 = 1;
 
 /// LSE base code: natural log (dcp-mla's and FlashMLA's kernels).
 pub const DCP_MLA_LSE_BASE_E: i32 = 1;
@@ -301,6 +307,18 @@ pub(crate) fn kv_format(arg: &str, code: i32) -> R<dcp_mla::KvFormat> {
         _ => Err(fail(
             DcpMlaStatus::BadDtype,
             format!("`{arg}`: unknown KV format code {code} (DCP_MLA_KV_BF16 = 1, DCP_MLA_KV_FP8_656 = 2)"),
+        )),
+    }
+}
+
+pub(crate) fn decode_schedule(arg: &str, code: i32) -> R<dcp_mla::ops::decode::DecodeSchedule> {
+    use dcp_mla::ops::decode::DecodeSchedule;
+    match code {
+        DCP_MLA_SCHEDULE_COMPUTE => Ok(DecodeSchedule::Compute),
+        DCP_MLA_SCHEDULE_REUSE => Ok(DecodeSchedule::Reuse),
+        _ => Err(fail(
+            DcpMlaStatus::InvalidArgument,
+            format!("`{arg}`: unknown schedule code {code} (DCP_MLA_SCHEDULE_COMPUTE = 0, DCP_MLA_SCHEDULE_REUSE = 1)"),
         )),
     }
 }

@@ -3,7 +3,9 @@
 //! alignment), check what can be checked without a device (variants, planner constraints), then
 //! call the launcher, which validates every extent before it launches.
 
-use crate::{device, fail, guard, kv_format, lse_base, stream, DcpMlaDevice, DcpMlaStatus, DcpMlaTensor, R};
+use crate::{
+    decode_schedule, device, fail, guard, kv_format, lse_base, stream, DcpMlaDevice, DcpMlaStatus, DcpMlaTensor, R,
+};
 use dcp_mla::ops::combine::{self, A2aCombine, A2aPack, AgRsCorrect, AgRsFinish, MergeTwo};
 use dcp_mla::ops::decode::{self, DecodeCommon, DecodeOut, DenseDecode, SparseDecode};
 use dcp_mla::ops::fill::{kv_fill, KvFill};
@@ -86,7 +88,9 @@ fn decode_common(
     lse: DcpMlaTensor,
     num_splits: usize,
     workspace: DcpMlaTensor,
+    schedule: i32,
 ) -> R<DecodeCommon> {
+    let schedule = decode_schedule("schedule", schedule)?;
     let out: DecodeOut = out.bf16_or_f32("out")?;
     // The workspace is only touched with more than one split: an absent one is 0 bytes.
     let workspace = if workspace.data.is_null() && num_splits <= 1 {
@@ -95,7 +99,18 @@ fn decode_common(
     } else {
         workspace.bytes("workspace")?
     };
-    Ok(DecodeCommon { q: q.typed("q")?, batch, nq, heads, scale, out, lse: lse.typed("lse")?, num_splits, workspace })
+    Ok(DecodeCommon {
+        q: q.typed("q")?,
+        batch,
+        nq,
+        heads,
+        scale,
+        out,
+        lse: lse.typed("lse")?,
+        num_splits,
+        workspace,
+        schedule,
+    })
 }
 
 /// Dense MLA decode over the BF16 paged cache (docs/contract.md §4): row (i, j) attends to the first
@@ -106,6 +121,11 @@ fn decode_common(
 ///   −inf for a row that sees no token.
 /// - `num_splits`: KV splits (dcp_mla_decode_num_splits); with more than 1, `workspace` must hold
 ///   dcp_mla_decode_workspace_bytes bytes (16-byte aligned); with 1 it may be null.
+/// - `schedule`: DCP_MLA_SCHEDULE_COMPUTE, or DCP_MLA_SCHEDULE_REUSE to reuse the split schedule an
+///   earlier COMPUTE launch of the same batch, nq, heads, num_splits and kind (dense or sparse,
+///   cache format) left in this workspace, e.g. the step's first layer: it saves a kernel and
+///   the wait for it. Exact whatever the lengths are now (other lengths cost only balance); a
+///   workspace no schedule of that shape wrote makes the kernel trap. Ignored with one split.
 /// - `cache`: [num_pages, block_size, 576] bf16 (any dtype); `block_table`: int32
 ///   [batch, block_table_stride], first `max_pages` columns used; `lens`: int32 [batch, nq].
 ///
@@ -124,6 +144,7 @@ pub unsafe extern "C" fn dcp_mla_decode_dense(
     lse: DcpMlaTensor,
     num_splits: usize,
     workspace: DcpMlaTensor,
+    schedule: i32,
     cache: DcpMlaTensor,
     num_pages: usize,
     block_size: usize,
@@ -134,7 +155,7 @@ pub unsafe extern "C" fn dcp_mla_decode_dense(
 ) -> DcpMlaStatus {
     guard(|| {
         let a = DenseDecode {
-            common: decode_common(q, batch, nq, heads, scale, out, lse, num_splits, workspace)?,
+            common: decode_common(q, batch, nq, heads, scale, out, lse, num_splits, workspace, schedule)?,
             cache: cache.bytes("cache")?,
             num_pages,
             block_size,
@@ -150,7 +171,7 @@ pub unsafe extern "C" fn dcp_mla_decode_dense(
 /// Sparse MLA decode (docs/contract.md §4) over the BF16 or FP8-656 cache: row (i, j) attends to the
 /// cache rows page·block_size + slot listed in `indices[i][j]` (−1 or out of range: unused).
 ///
-/// - `q`, `scale`, `out`, `lse`, `num_splits`, `workspace`: as for dcp_mla_decode_dense.
+/// - `q`, `scale`, `out`, `lse`, `num_splits`, `workspace`, `schedule`: as for dcp_mla_decode_dense.
 /// - `cache`: [num_pages, block_size, row] in `format` (DCP_MLA_KV_*), any dtype.
 /// - `indices`: int32 [batch, nq, topk]; `topk_len`: optional int32 [batch, nq] (null data:
 ///   every entry counts), only the first topk_len[i][j] entries count.
@@ -170,6 +191,7 @@ pub unsafe extern "C" fn dcp_mla_decode_sparse(
     lse: DcpMlaTensor,
     num_splits: usize,
     workspace: DcpMlaTensor,
+    schedule: i32,
     cache: DcpMlaTensor,
     format: i32,
     num_pages: usize,
@@ -180,7 +202,7 @@ pub unsafe extern "C" fn dcp_mla_decode_sparse(
 ) -> DcpMlaStatus {
     guard(|| {
         let a = SparseDecode {
-            common: decode_common(q, batch, nq, heads, scale, out, lse, num_splits, workspace)?,
+            common: decode_common(q, batch, nq, heads, scale, out, lse, num_splits, workspace, schedule)?,
             cache: cache.bytes("cache")?,
             format: kv_format("format", format)?,
             num_pages,

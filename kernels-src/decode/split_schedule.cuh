@@ -96,6 +96,16 @@ __device__ __forceinline__ PieceTiles piece_tiles(const DcpMlaDecodeParams& p, c
     return PieceTiles{n_tokens, tile_begin, tile_end, skip};
 }
 
+// What a split launch's prefix was made for, written beside it by mla_decode_schedule: a launch
+// that reuses it (DecodeSchedule::Reuse) must have the same tile, sequences and parts, or the
+// pieces would not cover its work. A mismatch (or a workspace no schedule ever wrote) is a
+// caller's error the launcher cannot see, since the stamp lives on the device: trap, loudly.
+constexpr int kSchedStampMagic = 0x64637053;  // planner::split::SCHED_STAMP_MAGIC
+__device__ __forceinline__ void check_sched_stamp(const DcpMlaDecodeParams& p, int seqs) {
+    const int4 st = *(const int4*)p.sched_stamp;
+    if (st.x != kSchedStampMagic || st.y != p.sched_tile || st.z != seqs || st.w != p.num_splits) __trap();
+}
+
 // Calls f(piece) for each piece of this CTA, in order. One part: the whole of `block_seq`. Else
 // part blockIdx.z's units [z·W, (z + 1)·W) of the prefix that mla_decode_schedule wrote. Only the
 // sequence index lives across f (the rest is re-read from the prefix), so the piece loop costs
@@ -116,7 +126,8 @@ __device__ __forceinline__ void for_each_piece(const DcpMlaDecodeParams& p, int 
         f(Piece{block_seq, 0, INT_MAX, -1});
         return;
     }
-    // launched as a dependent of the schedule kernel: wait for its prefix
+    // launched as a dependent of the schedule kernel: wait for its prefix (a launch that reuses
+    // an earlier one's prefix is not a dependent, and passes at once)
     griddep_wait();
     const int64_t* u = (const int64_t*)p.sched;
     int s;
@@ -131,13 +142,18 @@ __device__ __forceinline__ void for_each_piece(const DcpMlaDecodeParams& p, int 
         }
         s = lo;
     }
+    // after the search (in bounds whatever the prefix holds), so the stamp's load overlaps it
+    check_sched_stamp(p, seqs);
     for (; s < seqs; ++s) {
         const PartRange r = part_range(p, u, seqs);
         const int64_t a = u[s], z = u[s + 1];
         if (a >= r.e) break;
         const int64_t first = a + 1;  // unit of tile 0; unit a is the sequence's fixed cost
         const int tb = (int)(max(r.b, first) - first);
-        const int te = max(tb, (int)(min(r.e, z) - first));
+        // the sequence's last piece runs to its last tile, whatever the prefix counted: a reused
+        // prefix made for shorter lengths then costs balance, never tokens (piece_tiles clamps
+        // the end to the tiles the lengths have now; with the prefix's own lengths it is z − first)
+        const int te = z <= r.e ? INT_MAX : max(tb, (int)(min(r.e, z) - first));
         const bool split = a / r.w != (z - 1) / r.w;
         f(Piece{s, tb, te, split ? 2 * (int)blockIdx.z + (a > r.b ? 1 : 0) : -1});
     }
@@ -185,7 +201,10 @@ __device__ __forceinline__ void mla_decode_schedule(const DcpMlaDecodeParams& p)
         u[s] = acc;
         acc += units;
     }
-    if (threadIdx.x == 0) u[seqs] = total;
+    if (threadIdx.x == 0) {
+        u[seqs] = total;
+        *(int4*)p.sched_stamp = make_int4(kSchedStampMagic, tile, seqs, p.num_splits);
+    }
 }
 
 }  // namespace dcp

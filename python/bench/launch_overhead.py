@@ -43,6 +43,7 @@ def main():
     dlse = torch.empty(b, 1, h, device=dev)
     splits, ws = dcp_mla.decode_workspace(q.shape, sparse=False, device=dev)
     scale = dcp_mla.default_scale()
+    compute = dcp_mla._lib.SCHEDULE_COMPUTE
     scores = torch.randn(4, 4096, device=dev)
     slens = torch.full((4,), 4096, dtype=torch.int32, device=dev)
     idx = torch.empty(4, 512, dtype=torch.int32, device=dev)
@@ -53,11 +54,12 @@ def main():
         "merge_two, C ABI call only": lambda: ops._merge_two(oa, la, ob, lb, 1, 1, out, lse),
         "decode_dense": lambda: dcp_mla.decode_dense(q, cache, table, lens, out=dout, lse=dlse, num_splits=splits,
                                                      workspace=ws),
-        "decode_dense, C ABI call only": lambda: ops._decode_dense(q, cache, table, lens, dout, dlse, ws, scale, splits),
+        "decode_dense, C ABI call only": lambda: ops._decode_dense(q, cache, table, lens, dout, dlse, ws, scale, splits,
+                                                                    compute),
         "decode_dense, through torch.ops": lambda: torch.ops.dcp_mla.decode_dense(q, cache, table, lens, dout, dlse, ws,
-                                                                                 scale, splits),
+                                                                                 scale, splits, compute),
         "decode_dense, 1 split, C ABI call only": lambda: ops._decode_dense(q, cache, table, lens, dout, dlse, None,
-                                                                             scale, 1),
+                                                                             scale, 1, compute),
         "topk_local": lambda: dcp_mla.topk_local(scores, slens, 512, out=idx),
         # the pieces of a call
         "piece: 6 tensor descriptors": lambda: [ops._t(x) for x in (q, dout, dlse, ws, cache, table)],

@@ -35,9 +35,12 @@ from . import ops
 
 @dataclasses.dataclass
 class FlashMLASchedMeta:
-    """The schedule of one decode shape: made on the first flash_mla_with_kvcache call (split-KV
-    parts and their workspace, allocated once so a captured graph replays with new lengths).
-    Reuse it only for calls of the same shapes, as with FlashMLA."""
+    """The schedule of one decode shape, as FlashMLA's: the first flash_mla_with_kvcache call
+    with it picks the split-KV parts, allocates their workspace and computes the split schedule
+    from its lengths; later calls (the step's other layers) reuse that schedule, one small kernel
+    less each. Make one a step (get_mla_metadata() per forward, inside a captured graph too):
+    results are exact whatever the lengths, but a schedule kept across steps keeps the SMs'
+    balance of the lengths it was made with. Use it only for calls of the same shapes."""
     have_initialized: bool = False
     config: Optional[tuple] = None
     num_splits: Optional[int] = None
@@ -91,6 +94,7 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
     sparse = indices is not None
     config = (b, s_q, h_q, k_cache.shape[1], bool(causal), bool(is_fp8_kvcache),
               None if indices is None else indices.shape[-1])
+    reuse = meta.have_initialized
     if not meta.have_initialized:
         meta.num_splits, meta.workspace = ops.decode_workspace(q.shape, sparse=sparse, device=q.device)
         meta.config = config
@@ -105,7 +109,7 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
         if topk_length is not None:
             topk_len = topk_length.to(torch.int32).view(b, 1).expand(b, s_q).contiguous()
         out, lse = ops.decode_sparse(q, k_cache, indices, topk_len=topk_len, scale=softmax_scale,
-                                     num_splits=meta.num_splits, workspace=meta.workspace)
+                                     num_splits=meta.num_splits, workspace=meta.workspace, reuse_schedule=reuse)
     else:
         if is_fp8_kvcache:
             raise NotImplementedError("is_fp8_kvcache: dense decode over an FP8 cache is not in dcp-mla "
@@ -118,7 +122,7 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
         # with causal row j sees cache_seqlens[i] − s_q + 1 + j (at least 0)
         lens = ops.local_lens(cache_seqlens, dcp_size=1, interleave=1, rank=0, num_q=s_q, causal=causal)
         out, lse = ops.decode_dense(q, k_cache, block_table, lens, scale=softmax_scale,
-                                    num_splits=meta.num_splits, workspace=meta.workspace)
+                                    num_splits=meta.num_splits, workspace=meta.workspace, reuse_schedule=reuse)
     # FlashMLA's lse: [b, h_q, s_q], +inf where a row sees no token.
     lse = lse.transpose(1, 2).contiguous()
     return out, lse.masked_fill_(lse == float("-inf"), float("inf"))

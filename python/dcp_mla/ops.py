@@ -233,20 +233,20 @@ def _kv_fill(ckv: torch.Tensor, kpe: torch.Tensor, req_idx: torch.Tensor, positi
 @_op(("out", "lse", "workspace"))
 def _decode_dense(q: torch.Tensor, cache: torch.Tensor, block_table: torch.Tensor, lens: torch.Tensor,
                   out: torch.Tensor, lse: torch.Tensor, workspace: Optional[torch.Tensor], scale: float,
-                  num_splits: int) -> None:
+                  num_splits: int, schedule: int) -> None:
     b, nq, h, _ = q.shape
     _launch("dcp_mla_decode_dense", _dev_stream(q), _t(q), b, nq, h, scale, _t(out), _t(lse), num_splits,
-            _t(workspace), _t(cache), cache.shape[0], cache.shape[1], _t(block_table), block_table.stride(0),
+            _t(workspace), schedule, _t(cache), cache.shape[0], cache.shape[1], _t(block_table), block_table.stride(0),
             block_table.shape[1], _t(lens))
 
 
 @_op(("out", "lse", "workspace"))
 def _decode_sparse(q: torch.Tensor, cache: torch.Tensor, fmt: int, indices: torch.Tensor,
                    topk_len: Optional[torch.Tensor], out: torch.Tensor, lse: torch.Tensor,
-                   workspace: Optional[torch.Tensor], scale: float, num_splits: int) -> None:
+                   workspace: Optional[torch.Tensor], scale: float, num_splits: int, schedule: int) -> None:
     b, nq, h, _ = q.shape
     _launch("dcp_mla_decode_sparse", _dev_stream(q), _t(q), b, nq, h, scale, _t(out), _t(lse), num_splits,
-            _t(workspace), _t(cache), fmt, cache.shape[0], cache.shape[1], _t(indices), indices.shape[-1],
+            _t(workspace), schedule, _t(cache), fmt, cache.shape[0], cache.shape[1], _t(indices), indices.shape[-1],
             _t(topk_len))
 
 
@@ -399,13 +399,17 @@ def decode_workspace(q_shape, *, sparse, num_splits=None, device=None):
 
 
 def decode_dense(q, cache, block_table, lens, *, scale=None, num_splits=None, workspace=None, out=None, lse=None,
-                 out_dtype=torch.bfloat16) -> Tuple[torch.Tensor, torch.Tensor]:
+                 out_dtype=torch.bfloat16, reuse_schedule=False) -> Tuple[torch.Tensor, torch.Tensor]:
     """Dense MLA decode on one rank's shard (docs/contract.md §4): row (i, j) attends to the
     first lens[i, j] local tokens of request i. q bf16 [b, nq, H, 576]; cache bf16 [pages, B, 576]
     (or [pages, B, 1, 576]); block_table int32 [b, max_pages] (unit last stride); lens int32
     [b, nq]. Returns out [b, nq, H, 512] (bf16, or f32 with out_dtype) and lse f32 [b, nq, H],
     natural log, −inf for a row that sees no token. num_splits defaults to the planner's for this
-    device (decode_workspace gives both for graphs); scale to 576^-1/2."""
+    device (decode_workspace gives both for graphs); scale to 576^-1/2. reuse_schedule=True reuses
+    the split schedule an earlier call of the same shapes left in `workspace` (the step's first
+    layer computes it, the others reuse it: one small kernel less a layer); the result is exact
+    whatever the lengths are now, only the balance is the older lengths'. A workspace no call of
+    these shapes scheduled makes the kernel trap."""
     dev = q.device
     _check(q, "q", (torch.bfloat16,), ndim=4, shape=(None, None, None, 576))
     b, nq, h, _ = q.shape
@@ -415,18 +419,22 @@ def decode_dense(q, cache, block_table, lens, *, scale=None, num_splits=None, wo
     _check(block_table, "block_table", (torch.int32,), ndim=2, shape=(b, None), contiguous="rows", device=dev)
     _check(lens, "lens", (torch.int32,), ndim=2, shape=(b, nq), device=dev)
     out, lse = _decode_outputs(q, out, lse, out_dtype)
+    given = workspace
     num_splits, workspace = _workspace(q, False, num_splits, workspace)
+    if reuse_schedule and given is None and workspace is not None:
+        _fail("workspace", "reuse_schedule=True needs the workspace an earlier call scheduled")
     _run("decode_dense", q, cache3, block_table, lens, out, lse, workspace,
-         _default_scale() if scale is None else float(scale), num_splits)
+         _default_scale() if scale is None else float(scale), num_splits,
+         _lib.SCHEDULE_REUSE if reuse_schedule else _lib.SCHEDULE_COMPUTE)
     return out, lse
 
 
 def decode_sparse(q, cache, indices, *, topk_len=None, kv_format=None, scale=None, num_splits=None, workspace=None,
-                  out=None, lse=None, out_dtype=torch.bfloat16) -> Tuple[torch.Tensor, torch.Tensor]:
+                  out=None, lse=None, out_dtype=torch.bfloat16, reuse_schedule=False) -> Tuple[torch.Tensor, torch.Tensor]:
     """Sparse MLA decode (docs/contract.md §4) over a bf16 or FP8-656 cache: row (i, j) attends to
     the cache rows page·B + slot listed in indices[i, j] (−1 or out of range: unused; only the
     first topk_len[i, j] count when topk_len int32 [b, nq] is given). q bf16 [b, nq, H, 576];
-    indices int32 [b, nq, topk]. Returns (out, lse) as decode_dense."""
+    indices int32 [b, nq, topk]. Returns (out, lse) as decode_dense; reuse_schedule as there."""
     dev = q.device
     _check(q, "q", (torch.bfloat16,), ndim=4, shape=(None, None, None, 576))
     b, nq, h, _ = q.shape
@@ -436,9 +444,13 @@ def decode_sparse(q, cache, indices, *, topk_len=None, kv_format=None, scale=Non
     if topk_len is not None:
         _check(topk_len, "topk_len", (torch.int32,), ndim=2, shape=(b, nq), device=dev)
     out, lse = _decode_outputs(q, out, lse, out_dtype)
+    given = workspace
     num_splits, workspace = _workspace(q, True, num_splits, workspace)
+    if reuse_schedule and given is None and workspace is not None:
+        _fail("workspace", "reuse_schedule=True needs the workspace an earlier call scheduled")
     _run("decode_sparse", q, cache3, fmt, indices, topk_len, out, lse, workspace,
-         _default_scale() if scale is None else float(scale), num_splits)
+         _default_scale() if scale is None else float(scale), num_splits,
+         _lib.SCHEDULE_REUSE if reuse_schedule else _lib.SCHEDULE_COMPUTE)
     return out, lse
 
 

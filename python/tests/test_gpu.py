@@ -155,6 +155,36 @@ def test_decode_dense_matches_attention(dev, out_dtype, splits):
         start += n
 
 
+def test_decode_dense_reuses_a_schedule_exactly(dev):
+    # a step's first layer computes the split schedule, the others reuse it: with the lengths it
+    # was made for the result is bit for bit the computing call's, with other lengths (longer,
+    # shorter, empty) it is still the attention of the new lengths
+    lens, nq, h, b = [1000, 0, 77, 3], 1, 16, 64
+    table, caches, keys = filled_caches(lens, 1, 1, b, "bf16", dev)
+    q = torch.randn(len(lens), nq, h, 576, device=dev).to(torch.bfloat16)
+    splits, ws = dcp_mla.decode_workspace(q.shape, sparse=False, num_splits=7, device=dev)
+    first = torch.tensor([[300], [0], [77], [3]], dtype=torch.int32, device=dev)
+    out0, lse0 = dcp_mla.decode_dense(q, caches[0], table, first, num_splits=splits, workspace=ws)
+    out1, lse1 = dcp_mla.decode_dense(q, caches[0], table, first, num_splits=splits, workspace=ws,
+                                      reuse_schedule=True)
+    assert torch.equal(out0, out1) and torch.equal(lse0, lse1)
+    other = torch.tensor([[1000], [0], [5], [0]], dtype=torch.int32, device=dev)
+    out, lse = dcp_mla.decode_dense(q, caches[0], table, other, num_splits=splits, workspace=ws,
+                                    reuse_schedule=True, out_dtype=torch.float32)
+    scale = dcp_mla.default_scale()
+    start = 0
+    for req, n in enumerate(lens):
+        o, s, a = attention(q[req, 0], keys[start:start + other[req, 0].item()], scale)
+        assert within_contract(out[req, 0].double(), o, a), req
+        if other[req, 0] == 0:
+            assert torch.all(out[req, 0] == 0) and torch.all(lse[req, 0] == -INF)
+        else:
+            assert (lse[req, 0].double() - s).abs().max().item() <= 1e-5 + 2e-6 * s.abs().max().item()
+        start += n
+    with pytest.raises(ValueError, match="workspace"):
+        dcp_mla.decode_dense(q, caches[0], table, first, num_splits=splits, reuse_schedule=True)
+
+
 def test_decode_sparse_bf16_reads_listed_rows(dev):
     lens, nq, h, b, k = [700, 40], 1, 32, 64, 512
     table, caches, keys = filled_caches(lens, 1, 1, b, "bf16", dev)
@@ -511,6 +541,9 @@ def test_flash_mla_face_dense_matches_native(dev):
     nl = nlse.transpose(1, 2)
     assert torch.equal(lse, torch.where(nl == -INF, INF, nl)), "FlashMLA's lse: [b, h, s_q], +inf for empty rows"
     assert torch.isinf(lse[1, :, 0]).all() and (lse[1, :, 0] > 0).all(), "request 1's first causal row sees nothing"
+    # the second call with the same metadata (a step's next layer) reuses its schedule
+    out2, lse2 = flash_mla_with_kvcache(q, k_cache, table, seqlens, 512, meta, splits, causal=True)
+    assert torch.equal(out2, out) and torch.equal(lse2, lse)
     with pytest.raises(ValueError, match="tile_scheduler_metadata"):
         flash_mla_with_kvcache(q[:2], k_cache, table[:2], seqlens[:2], 512, meta, None, causal=True)
     with pytest.raises(NotImplementedError, match="attn_sink"):

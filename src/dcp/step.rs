@@ -622,6 +622,7 @@ impl<'a> DecodeStep<'a> {
                     lse: v.attn_lse,
                     num_splits: self.num_splits,
                     workspace: v.split_ws,
+                    schedule: decode::DecodeSchedule::Compute,
                 };
                 match c.attention {
                     Attention::Dense => decode::mla_decode_dense(

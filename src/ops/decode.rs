@@ -13,6 +13,12 @@
 //! leaves fp32 partials that a combine kernel merges (docs/contract.md §5). Everything the split depends
 //! on is computed on the device, so a captured graph replays correctly when lengths or indices
 //! change. [`crate::planner::schedule`] is the host mirror and explains the partition.
+//!
+//! The prefix depends only on the lengths, so the layers of one decode step can share it: the
+//! first launch of a step computes it ([`DecodeSchedule::Compute`]) and the others reuse it from
+//! the same workspace ([`DecodeSchedule::Reuse`]), which saves the schedule kernel and the wait
+//! for it (as FlashMLA's metadata is made once a step). A reused prefix made for other lengths
+//! costs balance, never correctness: a sequence's last piece runs to its last tile.
 
 use super::to_i32;
 use crate::abi::{DcpMlaDecodeCombineParams, DcpMlaDecodeParams};
@@ -34,6 +40,24 @@ pub fn default_scale() -> f32 {
 /// Where the attention output goes: bf16 (the default) or fp32 [batch, q, H, 512].
 pub type DecodeOut = super::Rows;
 
+/// Whether a split launch (`num_splits > 1`) computes the split schedule (the unit prefix in
+/// the workspace) or reuses the one already there. One-part launches have no schedule and
+/// ignore it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DecodeSchedule {
+    /// Compute the prefix from this launch's lengths (or index counts): a one-CTA kernel before
+    /// the decode, which waits for it.
+    #[default]
+    Compute,
+    /// Reuse the prefix an earlier `Compute` launch left in this workspace, e.g. the first layer's
+    /// of the same step. It must have been made for the same batch, nq, heads, `num_splits` and
+    /// decode kernel (sparse or dense, format and path): the decode kernel checks the prefix's
+    /// stamp and traps on a mismatch or on a workspace no schedule wrote (the stream then
+    /// reports a launch failure). Lengths may differ from the computing launch's: the result is
+    /// exact either way, only the balance between SMs is the older lengths'.
+    Reuse,
+}
+
 /// What every decode launch shares: the queries, the outputs and the split-KV workspace.
 #[derive(Debug, Clone, Copy)]
 pub struct DecodeCommon {
@@ -54,6 +78,8 @@ pub struct DecodeCommon {
     pub num_splits: usize,
     /// At least [`decode_workspace_bytes`] bytes when `num_splits > 1`, 16-byte aligned.
     pub workspace: DeviceSlice<u8>,
+    /// Compute the split schedule into `workspace`, or reuse the one there (see [`DecodeSchedule`]).
+    pub schedule: DecodeSchedule,
 }
 
 /// Dense decode over the BF16 paged cache: row (i, j) attends to the first `lens[i][j]` local
@@ -512,6 +538,7 @@ fn validate_common(c: &DecodeCommon, sparse: bool) -> Result<DcpMlaDecodeParams>
         out: c.out.ptr(),
         lse: c.lse.ptr(),
         sched: if ws_need > 0 { sched } else { 0 },
+        sched_stamp: if ws_need > 0 { sched + plan.stamp_offset } else { 0 },
         ws_out: if ws_need > 0 { ws_out } else { 0 },
         ws_lse: if ws_need > 0 { ws_lse } else { 0 },
         block_table_stride: 0,
@@ -568,13 +595,20 @@ fn launch(
     let (seqs, seq_rows) = seq_shape(c.batch, c.nq, c.heads, sparse);
     let by = combine_grid(c.num_splits, seqs);
     let combine = registry::mla_decode_combine(by).ok_or_else(|| Error::Unsupported("mla_decode_combine".into()))?;
-    // SAFETY: as above; the workspace holds the unit prefix and 2·num_splits slots (validated),
-    // which the schedule writes and the decode and combine kernels read and write.
+    // SAFETY: as above; the workspace holds the unit prefix, its stamp and 2·num_splits slots
+    // (validated), which the schedule writes and the decode and combine kernels read and write.
     unsafe {
         // schedule → decode → combine as programmatic dependents (Hopper): each launch's setup
         // overlaps the previous kernel, which it waits for on the device before reading
-        dev.launch(schedule, (1, 1, 1), 0, stream, params)?;
-        dev.launch_dependent(kernel.id, (rb, 1, c.num_splits as u32), kernel.shared_bytes as u32, stream, params)?;
+        let grid = (rb, 1, c.num_splits as u32);
+        match c.schedule {
+            DecodeSchedule::Compute => {
+                dev.launch(schedule, (1, 1, 1), 0, stream, params)?;
+                dev.launch_dependent(kernel.id, grid, kernel.shared_bytes as u32, stream, params)?;
+            }
+            // the prefix is already in the workspace (its stamp is checked on the device)
+            DecodeSchedule::Reuse => dev.launch(kernel.id, grid, kernel.shared_bytes as u32, stream, params)?,
+        }
         let merge = DcpMlaDecodeCombineParams {
             sched: params.sched,
             ws_out: params.ws_out,
@@ -614,6 +648,7 @@ mod tests {
             lse: fake(rows),
             num_splits: 1,
             workspace: fake(0),
+            schedule: DecodeSchedule::Compute,
         }
     }
 
@@ -678,10 +713,11 @@ mod tests {
     #[test]
     fn workspace_holds_the_prefix_and_two_slots_per_part() {
         assert_eq!(decode_workspace_bytes(2, 3, 16, false, 1).unwrap(), 0);
-        // dense: 2 sequences of 48 rows; prefix of 3 int64 rounded up to 32 bytes
-        assert_eq!(decode_workspace_bytes(2, 3, 16, false, 5).unwrap(), 32 + 10 * 48 * 513 * 4);
-        // sparse: 6 sequences of 16 rows; prefix of 7 int64 = 56 -> 64 bytes
-        assert_eq!(decode_workspace_bytes(2, 3, 16, true, 5).unwrap(), 64 + 10 * 16 * 513 * 4);
+        // dense: 2 sequences of 48 rows; prefix of 3 int64 rounded up to 32 bytes, its stamp 16,
+        // the partials from the next 128 bytes
+        assert_eq!(decode_workspace_bytes(2, 3, 16, false, 5).unwrap(), 128 + 10 * 48 * 513 * 4);
+        // sparse: 6 sequences of 16 rows; prefix of 7 int64 = 56 -> 64 bytes, its stamp 16 -> 128
+        assert_eq!(decode_workspace_bytes(2, 3, 16, true, 5).unwrap(), 128 + 10 * 16 * 513 * 4);
     }
 
     /// A shipped variant's dynamic shared memory, as the registry holds it (evaluated from the

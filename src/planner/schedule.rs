@@ -56,7 +56,10 @@ pub fn units_per_part(u: &[i64], parts: usize) -> i64 {
     (total + parts as i64 - 1) / parts as i64
 }
 
-/// The pieces of part `part`, in the order the kernel runs them.
+/// The pieces of part `part`, in the order the kernel runs them. The kernel ends a sequence's
+/// last piece at the sequence's last tile under the launch's own lengths, which is `tile_end`
+/// here when the prefix was made from them; a launch reusing a prefix of other lengths
+/// (`DecodeSchedule::Reuse`) runs that piece to its longer or shorter end.
 pub fn part_pieces(u: &[i64], parts: usize, part: usize) -> Vec<Piece> {
     let seqs = u.len() - 1;
     let total = u[seqs];

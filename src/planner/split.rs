@@ -54,17 +54,32 @@ pub fn decode_num_splits(batch: usize, nq: usize, heads: usize, sparse: bool, nu
     }
 }
 
-/// The split-KV workspace of one decode launch: the int64 unit prefix of the sequences
-/// (16-byte aligned) at offset 0, then fp32 partial out [2·parts, rows per sequence, 512] at
-/// `out_offset` and lse [2·parts, rows per sequence] at `lse_offset`; `bytes` in all, 0 for one
-/// part. A sequence is a request (dense: q·H rows) or one query row of a request (sparse: H
-/// rows). Every product is checked: the shapes come from callers on trust.
+/// The first word of the stamp the schedule kernel writes beside the unit prefix
+/// (`kernels-src/decode/split_schedule.cuh`, `kSchedStampMagic`): see [`sched_stamp`].
+pub const SCHED_STAMP_MAGIC: i32 = 0x6463_7053;
+
+/// The four int32 the schedule kernel writes at [`SplitPlan::stamp_offset`] with the prefix: what
+/// it was made for (the decode kernel's KV tile, the sequences and the parts). Every split decode
+/// launch checks them before it reads the prefix, so a reused prefix (`DecodeSchedule::Reuse`)
+/// made for another shape or kernel, or a workspace no schedule wrote, traps instead of
+/// computing from a foreign prefix.
+pub fn sched_stamp(tile: usize, seqs: usize, num_splits: usize) -> [i32; 4] {
+    [SCHED_STAMP_MAGIC, tile as i32, seqs as i32, num_splits as i32]
+}
+
+/// The split-KV workspace of one decode launch: the int64 unit prefix of the sequences at
+/// offset 0, its 16-byte stamp ([`sched_stamp`]) at `stamp_offset` (16-byte aligned), then fp32
+/// partial out [2·parts, rows per sequence, 512] at `out_offset` (128-byte aligned) and lse
+/// [2·parts, rows per sequence] at `lse_offset`; `bytes` in all, 0 for one part. A sequence is a
+/// request (dense: q·H rows) or one query row of a request (sparse: H rows). Every product is
+/// checked: the shapes come from callers on trust.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SplitPlan {
     pub num_splits: usize,
     /// Sequences of the launch, and query rows per sequence.
     pub seqs: usize,
     pub rows_per_seq: usize,
+    pub stamp_offset: u64,
     pub out_offset: u64,
     pub lse_offset: u64,
     pub bytes: u64,
@@ -82,16 +97,26 @@ impl SplitPlan {
         };
         let (seqs, rows_per_seq) = (seqs as usize, rows_per_seq as usize);
         if num_splits <= 1 {
-            return Ok(SplitPlan { num_splits, seqs, rows_per_seq, out_offset: 0, lse_offset: 0, bytes: 0 });
+            return Ok(SplitPlan {
+                num_splits,
+                seqs,
+                rows_per_seq,
+                stamp_offset: 0,
+                out_offset: 0,
+                lse_offset: 0,
+                bytes: 0,
+            });
         }
-        // the prefix: (seqs + 1) int64 entries, rounded up to 16 bytes (the partials stay aligned)
-        let prefix = checked("batch", "the unit prefix", &[(seqs as u64).saturating_add(1), 8], 15)? & !15;
+        // the prefix: (seqs + 1) int64 entries, rounded up to 16 bytes, then its 16-byte stamp;
+        // the partials start at the next 128 bytes (whole cache lines a row)
+        let stamp = checked("batch", "the unit prefix", &[(seqs as u64).saturating_add(1), 8], 15)? & !15;
+        let prefix = checked("batch", "the unit prefix", &[stamp], 16 + 127)? & !127;
         let (parts, rows) = (num_splits as u64, rows_per_seq as u64);
         let out = checked("num_splits", "the partial out 2·parts·rows·2048", &[2, parts, rows, D_V as u64 * 4], 0)?;
         let lse = checked("num_splits", "the partial lse 2·parts·rows·4", &[2, parts, rows, 4], 0)?;
         let lse_offset = checked("num_splits", "the workspace", &[out], prefix)?;
         let bytes = checked("num_splits", "the workspace", &[lse], lse_offset)?;
-        Ok(SplitPlan { num_splits, seqs, rows_per_seq, out_offset: prefix, lse_offset, bytes })
+        Ok(SplitPlan { num_splits, seqs, rows_per_seq, stamp_offset: stamp, out_offset: prefix, lse_offset, bytes })
     }
 
     /// [`SplitPlan::bytes`] as a host size, or an error when it exceeds the address range.
@@ -108,14 +133,17 @@ mod tests {
 
     #[test]
     fn offsets_follow_the_layout() {
-        // dense b = 2, q = 3, H = 16: 2 sequences of 48 rows; prefix 3·8 → 32 bytes
+        // dense b = 2, q = 3, H = 16: 2 sequences of 48 rows; prefix 3·8 → 32 bytes, stamp 16,
+        // partials from 128
         let p = SplitPlan::new(2, 3, 16, false, 5).unwrap();
-        assert_eq!((p.seqs, p.rows_per_seq, p.out_offset), (2, 48, 32));
-        assert_eq!(p.lse_offset, 32 + 10 * 48 * 512 * 4);
-        assert_eq!(p.bytes, 32 + 10 * 48 * 513 * 4);
-        // sparse: 6 sequences of 16 rows; prefix 7·8 → 64
+        assert_eq!((p.seqs, p.rows_per_seq, p.stamp_offset, p.out_offset), (2, 48, 32, 128));
+        assert_eq!(p.lse_offset, 128 + 10 * 48 * 512 * 4);
+        assert_eq!(p.bytes, 128 + 10 * 48 * 513 * 4);
+        // sparse: 6 sequences of 16 rows; prefix 7·8 → 64, stamp 16; b = 128: 1,040 + 16 → 1,152
         let s = SplitPlan::new(2, 3, 16, true, 5).unwrap();
-        assert_eq!((s.seqs, s.rows_per_seq, s.out_offset, s.bytes), (6, 16, 64, 64 + 10 * 16 * 513 * 4));
+        assert_eq!((s.seqs, s.rows_per_seq, s.stamp_offset, s.out_offset), (6, 16, 64, 128));
+        assert_eq!(s.bytes, 128 + 10 * 16 * 513 * 4);
+        assert_eq!(SplitPlan::new(128, 1, 64, false, 128).unwrap().out_offset, 1152);
         assert_eq!(SplitPlan::new(2, 3, 16, false, 1).unwrap().bytes, 0);
     }
 

@@ -118,8 +118,8 @@ mod tests {
         assert_eq!(merge_a2a_bytes(4, 1, 1).unwrap(), 2 * 4 * 1040);
         assert_eq!(topk_bytes(4, 128, 2048).unwrap(), 128 * 2048 * (4 + 8 + 4 * 8 + 4));
         assert_eq!(decode_split_bytes(2, 3, 16, false, 1).unwrap(), 0);
-        assert_eq!(decode_split_bytes(2, 3, 16, false, 5).unwrap(), 32 + 10 * 48 * 513 * 4);
-        assert_eq!(decode_split_bytes(2, 3, 16, true, 5).unwrap(), 64 + 10 * 16 * 513 * 4);
+        assert_eq!(decode_split_bytes(2, 3, 16, false, 5).unwrap(), 128 + 10 * 48 * 513 * 4);
+        assert_eq!(decode_split_bytes(2, 3, 16, true, 5).unwrap(), 128 + 10 * 16 * 513 * 4);
     }
 
     #[test]

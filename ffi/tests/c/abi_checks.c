@@ -64,12 +64,12 @@ static void launcher_checks(const DcpMlaDevice *dev) {
   expect("decode_dense, wrapped heads",
          dcp_mla_decode_dense(dev, NULL, fake(0x43000000, 64 * 576, DCP_MLA_DTYPE_BF16), 1, 1, SIZE_MAX / 64, 0.04f,
                               fake(0x44000000, 64 * 512, DCP_MLA_DTYPE_BF16), fake(0x45000000, 64, DCP_MLA_DTYPE_F32), 1,
-                              ws, cache, 4, 64, table, 1, 1, dlens),
+                              ws, DCP_MLA_SCHEDULE_COMPUTE, cache, 4, 64, table, 1, 1, dlens),
          DCP_MLA_STATUS_INVALID_ARGUMENT, "heads");
   expect("decode_dense, misaligned q",
          dcp_mla_decode_dense(dev, NULL, fake(0x43000002, 64 * 576, DCP_MLA_DTYPE_BF16), 1, 1, 64, 0.04f,
                               fake(0x44000000, 64 * 512, DCP_MLA_DTYPE_BF16), fake(0x45000000, 64, DCP_MLA_DTYPE_F32), 1,
-                              ws, cache, 4, 64, table, 1, 1, dlens),
+                              ws, DCP_MLA_SCHEDULE_COMPUTE, cache, 4, 64, table, 1, 1, dlens),
          DCP_MLA_STATUS_MISALIGNED, "`q`");
 
   /* two-way merge: rows * 512 wraps; a null lse */
