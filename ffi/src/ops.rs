@@ -125,7 +125,8 @@ fn decode_common(
 ///   earlier COMPUTE launch of the same batch, nq, heads, num_splits and kind (dense or sparse,
 ///   cache format) left in this workspace, e.g. the step's first layer: it saves a kernel and
 ///   the wait for it. Exact whatever the lengths are now (other lengths cost only balance); a
-///   workspace no schedule of that shape wrote makes the kernel trap. Ignored with one split.
+///   workspace whose schedule has another sequence count, part count or KV tile, or that no
+///   schedule wrote, makes the kernel trap. Ignored with one split.
 /// - `cache`: [num_pages, block_size, 576] bf16 (any dtype); `block_table`: int32
 ///   [batch, block_table_stride], first `max_pages` columns used; `lens`: int32 [batch, nq].
 ///

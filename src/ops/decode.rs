@@ -50,11 +50,12 @@ pub enum DecodeSchedule {
     #[default]
     Compute,
     /// Reuse the prefix an earlier `Compute` launch left in this workspace, e.g. the first layer's
-    /// of the same step. It must have been made for the same batch, nq, heads, `num_splits` and
-    /// decode kernel (sparse or dense, format and path): the decode kernel checks the prefix's
-    /// stamp and traps on a mismatch or on a workspace no schedule wrote (the stream then
-    /// reports a launch failure). Lengths may differ from the computing launch's: the result is
-    /// exact either way, only the balance between SMs is the older lengths'.
+    /// of the same step, made for the same batch, nq, heads, `num_splits` and decode kernel. The
+    /// decode kernel checks the prefix's stamp and traps (the stream then reports a launch
+    /// failure) when its sequence count, part count or KV tile differ from this launch's, or
+    /// when no schedule wrote it. Lengths may differ from the computing launch's: the result is
+    /// exact either way (any prefix of this launch's sequences covers every tile once), only the
+    /// balance between SMs is the older lengths'.
     Reuse,
 }
 
