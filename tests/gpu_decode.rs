@@ -836,6 +836,70 @@ fn reused_schedule_is_exact_whatever_the_lengths() {
     }
 }
 
+/// A reused schedule that the launch cannot use traps rather than being computed from: a
+/// workspace no schedule wrote, and one scheduled for another part count (the stamp's check,
+/// kernels-src/decode/split_schedule.cuh). A trap ends the CUDA context, so each case runs in a
+/// child process of this test binary, and this test checks that each child saw its launch fail.
+/// (The sanitizer runs skip it: a trap is what they report.)
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn reuse_of_a_foreign_schedule_traps() {
+    const CASE: &str = "DCP_MLA_TEST_TRAP_CASE";
+    if let Ok(case) = std::env::var(CASE) {
+        trap_child(&case);
+    }
+    for case in ["unscheduled", "other_parts"] {
+        let out = std::process::Command::new(std::env::current_exe().expect("the test binary"))
+            .args(["--exact", "reuse_of_a_foreign_schedule_traps", "--include-ignored", "--nocapture"])
+            .env(CASE, case)
+            .output()
+            .expect("spawning the test binary");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success() && text.contains(&format!("trapped: {case}")), "{case}: {text}");
+    }
+}
+
+/// The child of reuse_of_a_foreign_schedule_traps: a dense split launch that reuses a schedule it
+/// must not use; exits the process once the stream reported the failure (the context is gone,
+/// so nothing is freed).
+fn trap_child(case: &str) -> ! {
+    let s = stream();
+    let mut rng = Rng::new(seed());
+    let shape = QueryShape { batch: 2, rows: 1, heads: 16 };
+    let hc = dense_cache(&mut rng, KvFormat::Bf16, 64, &[300, 200]);
+    let q = random_q(&mut rng, shape);
+    let (d_q, d_cache, d_table) = (upload(&s, &q), upload(&s, &hc.bytes), upload(&s, &hc.table));
+    let d_lens = upload(&s, &[300i32, 200]);
+    // the workspace holds 5 parts' slots and starts as 0xff bytes: no stamp
+    let outs = DevOut::new(shape, 5, false);
+    let mut args = DenseDecode {
+        common: outs.common(view(&s, &d_q), shape, 5),
+        cache: view(&s, &d_cache),
+        num_pages: hc.num_pages,
+        block_size: hc.block_size,
+        block_table: view(&s, &d_table),
+        block_table_stride: hc.stride,
+        max_pages: hc.max_pages,
+        lens: view(&s, &d_lens),
+    };
+    match case {
+        "unscheduled" => {}
+        "other_parts" => {
+            args.common.num_splits = 3;
+            mla_decode_dense(gpu(), raw(&s), &args).expect("the computing launch");
+            s.synchronize().expect("the computing launch runs");
+            args.common.num_splits = 5;
+        }
+        _ => panic!("unknown case {case}"),
+    }
+    args.common.schedule = DecodeSchedule::Reuse;
+    mla_decode_dense(gpu(), raw(&s), &args).expect("the reusing launch is queued");
+    let r = s.synchronize();
+    assert!(r.is_err(), "{case}: the launch reusing a foreign schedule did not trap");
+    println!("trapped: {case}: {:?}", r.unwrap_err());
+    std::process::exit(0);
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn invalid_arguments_are_named() {
