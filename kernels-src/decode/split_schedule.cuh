@@ -133,6 +133,9 @@ __device__ __forceinline__ void for_each_piece(const DcpMlaDecodeParams& p, int 
     int s;
     {
         const PartRange r = part_range(p, u, seqs);
+        // before anything the prefix decides (an empty part returns below), after the prefix's
+        // first load is issued, so the stamp's load overlaps it
+        check_sched_stamp(p, seqs);
         if (r.b >= r.e) return;
         int lo = 0, hi = seqs;  // u[lo] <= b < u[hi]
         while (hi - lo > 1) {
@@ -142,8 +145,6 @@ __device__ __forceinline__ void for_each_piece(const DcpMlaDecodeParams& p, int 
         }
         s = lo;
     }
-    // after the search (in bounds whatever the prefix holds), so the stamp's load overlaps it
-    check_sched_stamp(p, seqs);
     for (; s < seqs; ++s) {
         const PartRange r = part_range(p, u, seqs);
         const int64_t a = u[s], z = u[s + 1];
