@@ -42,6 +42,9 @@ class FlashMLASchedMeta:
     results are exact whatever the lengths, but a schedule kept across steps keeps the SMs'
     balance of the lengths it was made with. Use it only for calls of the same shapes."""
     have_initialized: bool = False
+    # set once a call has launched with it, i.e. its workspace holds a computed schedule (a
+    # first call that raised before its launch leaves the next call to compute it)
+    scheduled: bool = False
     config: Optional[tuple] = None
     num_splits: Optional[int] = None
     workspace: Optional[torch.Tensor] = None
@@ -94,7 +97,7 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
     sparse = indices is not None
     config = (b, s_q, h_q, k_cache.shape[1], bool(causal), bool(is_fp8_kvcache),
               None if indices is None else indices.shape[-1])
-    reuse = meta.have_initialized
+    reuse = meta.scheduled
     if not meta.have_initialized:
         meta.num_splits, meta.workspace = ops.decode_workspace(q.shape, sparse=sparse, device=q.device)
         meta.config = config
@@ -110,6 +113,7 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
             topk_len = topk_length.to(torch.int32).view(b, 1).expand(b, s_q).contiguous()
         out, lse = ops.decode_sparse(q, k_cache, indices, topk_len=topk_len, scale=softmax_scale,
                                      num_splits=meta.num_splits, workspace=meta.workspace, reuse_schedule=reuse)
+        meta.scheduled = True
     else:
         if is_fp8_kvcache:
             raise NotImplementedError("is_fp8_kvcache: dense decode over an FP8 cache is not in dcp-mla "
@@ -123,6 +127,7 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
         lens = ops.local_lens(cache_seqlens, dcp_size=1, interleave=1, rank=0, num_q=s_q, causal=causal)
         out, lse = ops.decode_dense(q, k_cache, block_table, lens, scale=softmax_scale,
                                     num_splits=meta.num_splits, workspace=meta.workspace, reuse_schedule=reuse)
+        meta.scheduled = True
     # FlashMLA's lse: [b, h_q, s_q], +inf where a row sees no token.
     lse = lse.transpose(1, 2).contiguous()
     return out, lse.masked_fill_(lse == float("-inf"), float("inf"))

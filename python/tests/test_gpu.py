@@ -542,8 +542,16 @@ def test_flash_mla_face_dense_matches_native(dev):
     assert torch.equal(lse, torch.where(nl == -INF, INF, nl)), "FlashMLA's lse: [b, h, s_q], +inf for empty rows"
     assert torch.isinf(lse[1, :, 0]).all() and (lse[1, :, 0] > 0).all(), "request 1's first causal row sees nothing"
     # the second call with the same metadata (a step's next layer) reuses its schedule
+    assert meta.scheduled
     out2, lse2 = flash_mla_with_kvcache(q, k_cache, table, seqlens, 512, meta, splits, causal=True)
     assert torch.equal(out2, out) and torch.equal(lse2, lse)
+    # a first call that raises before its launch leaves the schedule to the next call
+    fresh = get_mla_metadata()[0]
+    with pytest.raises(ValueError, match="topk_length"):
+        flash_mla_with_kvcache(q, k_cache, table, seqlens, 512, fresh, None, causal=True, topk_length=seqlens)
+    assert fresh.have_initialized and not fresh.scheduled
+    out3, _ = flash_mla_with_kvcache(q, k_cache, table, seqlens, 512, fresh, None, causal=True)
+    assert torch.equal(out3, out)
     with pytest.raises(ValueError, match="tile_scheduler_metadata"):
         flash_mla_with_kvcache(q[:2], k_cache, table[:2], seqlens[:2], 512, meta, None, causal=True)
     with pytest.raises(NotImplementedError, match="attn_sink"):
