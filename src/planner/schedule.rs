@@ -56,10 +56,8 @@ pub fn units_per_part(u: &[i64], parts: usize) -> i64 {
     (total + parts as i64 - 1) / parts as i64
 }
 
-/// The pieces of part `part`, in the order the kernel runs them. The kernel ends a sequence's
-/// last piece at the sequence's last tile under the launch's own lengths, which is `tile_end`
-/// here when the prefix was made from them; a launch reusing a prefix of other lengths
-/// (`DecodeSchedule::Reuse`) runs that piece to its longer or shorter end.
+/// The pieces of part `part`, in the order the kernel runs them, with the tiles the prefix counts;
+/// [`piece_tiles_now`] gives the tiles a launch of other lengths (a reused schedule) computes.
 pub fn part_pieces(u: &[i64], parts: usize, part: usize) -> Vec<Piece> {
     let seqs = u.len() - 1;
     let total = u[seqs];
@@ -82,6 +80,19 @@ pub fn part_pieces(u: &[i64], parts: usize, part: usize) -> Vec<Piece> {
         s += 1;
     }
     out
+}
+
+/// The tiles `[begin, end)` piece `pc` of part `part` computes in a launch whose sequence has
+/// `tiles` KV tiles now: the decode kernels' rule (`for_each_piece`, `piece_tiles`). The
+/// sequence's last piece (its part holds the sequence's last unit) runs to `tiles`, the others
+/// keep the prefix's range, both clamped to `tiles`. With the lengths the prefix was made from
+/// this is `(pc.tile_begin, pc.tile_end)`; with others (a reused schedule) every tile is still
+/// computed once.
+pub fn piece_tiles_now(u: &[i64], parts: usize, part: usize, pc: &Piece, tiles: u64) -> (u64, u64) {
+    let w = units_per_part(u, parts);
+    let e = ((part as i64 + 1) * w).min(*u.last().unwrap_or(&0));
+    let end = if u[pc.seq + 1] <= e { tiles } else { pc.tile_end.min(tiles) };
+    (pc.tile_begin.min(end), end)
 }
 
 /// The workspace slots holding sequence `seq`'s partials, in part order; empty when the
@@ -125,6 +136,8 @@ mod tests {
         for p in 0..parts {
             for pc in part_pieces(&u, parts, p) {
                 seen[pc.seq].push((pc.tile_begin, pc.tile_end));
+                let now = piece_tiles_now(&u, parts, p, &pc, lens[pc.seq].div_ceil(tile));
+                assert_eq!(now, (pc.tile_begin, pc.tile_end), "the prefix's own lengths keep the piece");
                 if let Some(sl) = pc.slot {
                     assert!(sl / 2 == p, "slot {sl} of part {p}");
                     assert!(used.insert(sl), "slot {sl} used twice");
@@ -170,6 +183,40 @@ mod tests {
             let lens: Vec<u64> = (0..n).map(|_| if rng.below(4) == 0 { 0 } else { rng.below(5000) }).collect();
             let tile = if rng.below(2) == 0 { 32 } else { 64 };
             check(&lens, tile, 1 + rng.below(140) as usize);
+        }
+    }
+
+    /// A prefix made from other lengths (a reused schedule) still has every tile of the launch's
+    /// lengths computed exactly once: longer, shorter and empty sequences, any part count.
+    #[test]
+    fn a_prefix_of_other_lengths_covers_every_tile_once() {
+        let mut rng = crate::rng::Rng::new(11);
+        let mut draw = |n: usize, rng: &mut crate::rng::Rng| -> Vec<u64> {
+            (0..n).map(|_| if rng.below(4) == 0 { 0 } else { rng.below(5000) }).collect()
+        };
+        for round in 0..400 {
+            let n = 1 + rng.below(40) as usize;
+            let (made, now) = (draw(n, &mut rng), draw(n, &mut rng));
+            let tile = if rng.below(2) == 0 { 32 } else { 64 };
+            let parts = 1 + rng.below(140) as usize;
+            let u = schedule_units(&made, tile);
+            let mut seen: Vec<Vec<(u64, u64)>> = vec![Vec::new(); n];
+            for p in 0..parts {
+                for pc in part_pieces(&u, parts, p) {
+                    seen[pc.seq].push(piece_tiles_now(&u, parts, p, &pc, now[pc.seq].div_ceil(tile)));
+                }
+            }
+            for s in 0..n {
+                let tiles = now[s].div_ceil(tile);
+                let mut r = seen[s].clone();
+                r.sort();
+                let mut next = 0;
+                for (b, e) in r.into_iter().filter(|(b, e)| b < e) {
+                    assert_eq!(b, next, "round {round}: gap or overlap in sequence {s} ({made:?} → {now:?})");
+                    next = e;
+                }
+                assert_eq!(next, tiles, "round {round}: sequence {s}'s tiles covered");
+            }
         }
     }
 
