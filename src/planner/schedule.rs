@@ -191,7 +191,7 @@ mod tests {
     #[test]
     fn a_prefix_of_other_lengths_covers_every_tile_once() {
         let mut rng = crate::rng::Rng::new(11);
-        let mut draw = |n: usize, rng: &mut crate::rng::Rng| -> Vec<u64> {
+        let draw = |n: usize, rng: &mut crate::rng::Rng| -> Vec<u64> {
             (0..n).map(|_| if rng.below(4) == 0 { 0 } else { rng.below(5000) }).collect()
         };
         for round in 0..400 {
