@@ -28,6 +28,9 @@ export DCP_MLA_ABI_CHECKS="$work/bin/dcp_mla_abi_checks"
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 skips=()
 [ "$gpus" -ge 2 ] || skips+=(--skip decode_step_across_gpus)
+# Under a sanitizer: the 8.6 GB buffer test takes far too long, and the trap test's children trap
+# on purpose, which the sanitizers report as errors.
+sanitizer_skips=(--skip beyond_2_pow_31 --skip reuse_of_a_foreign_schedule_traps)
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv,noheader || true
 status=0
 run_tests() {
@@ -46,15 +49,13 @@ run_tests() {
 case "$mode" in
   tests) run_tests '*' ;;
   sanitize)
-    # The 8.6 GB buffer test takes far too long under the sanitizer; the trap test's children
-    # trap on purpose, which the sanitizers report as errors.
-    skips+=(--skip beyond_2_pow_31 --skip reuse_of_a_foreign_schedule_traps)
+    skips+=("${sanitizer_skips[@]}")
     # Only the binaries that launch kernels.
     run_tests 'gpu_*' compute-sanitizer --tool memcheck --error-exitcode 99
     run_tests 'gpu_*' compute-sanitizer --tool racecheck --error-exitcode 99 ;;
   memcheck|racecheck)
     # One tool of `sanitize` (each fits a device call's 10 minutes on its own).
-    skips+=(--skip beyond_2_pow_31 --skip reuse_of_a_foreign_schedule_traps)
+    skips+=("${sanitizer_skips[@]}")
     run_tests 'gpu_*' compute-sanitizer --tool "$mode" --error-exitcode 99 ;;
   bench)
     "$work/bin/dcp-mla" bench --json "$out/bench.json" 2>&1 | tee -a "$logs/bench.log" || status=1

@@ -236,6 +236,83 @@ fn schedule_tile(path: DecodePath) -> u64 {
     }
 }
 
+/// A dense launch's inputs on the device (q, cache, block table, lengths); `lens` is mutable so a
+/// test can relaunch with other lengths.
+struct DenseDev {
+    q: cudarc::driver::CudaSlice<bf16>,
+    cache: cudarc::driver::CudaSlice<u8>,
+    table: cudarc::driver::CudaSlice<i32>,
+    lens: cudarc::driver::CudaSlice<i32>,
+}
+
+impl DenseDev {
+    fn new(hc: &HostCache, q: &[bf16], lens: &[i32]) -> Self {
+        let s = stream();
+        DenseDev {
+            q: upload(&s, q),
+            cache: upload(&s, &hc.bytes),
+            table: upload(&s, &hc.table),
+            lens: upload(&s, lens),
+        }
+    }
+
+    /// The launch of these inputs over `hc`'s pages into `outs` in `splits` parts.
+    fn args(&self, hc: &HostCache, outs: &DevOut, shape: QueryShape, splits: usize) -> DenseDecode {
+        let s = stream();
+        DenseDecode {
+            common: outs.common(view(&s, &self.q), shape, splits),
+            cache: view(&s, &self.cache),
+            num_pages: hc.num_pages,
+            block_size: hc.block_size,
+            block_table: view(&s, &self.table),
+            block_table_stride: hc.stride,
+            max_pages: hc.max_pages,
+            lens: view(&s, &self.lens),
+        }
+    }
+}
+
+/// Tokens the split schedule counts for each request: its longest row, clamped to the block
+/// table's capacity.
+fn dense_seq_tokens(hc: &HostCache, lens: &[i32], nq: usize) -> Vec<u64> {
+    let cap = (hc.max_pages * hc.block_size) as i64;
+    lens.chunks(nq).map(|r| r.iter().map(|&l| (l as i64).clamp(0, cap)).max().unwrap() as u64).collect()
+}
+
+/// A sparse launch's inputs on the device (q, cache, indices, optional topk_len).
+struct SparseDev {
+    q: cudarc::driver::CudaSlice<bf16>,
+    cache: cudarc::driver::CudaSlice<u8>,
+    idx: cudarc::driver::CudaSlice<i32>,
+    topk_len: Option<cudarc::driver::CudaSlice<i32>>,
+}
+
+impl SparseDev {
+    fn new(hc: &HostCache, q: &[bf16], idx: &[i32], topk_len: Option<&[i32]>) -> Self {
+        let s = stream();
+        SparseDev {
+            q: upload(&s, q),
+            cache: upload(&s, &hc.bytes),
+            idx: upload(&s, idx),
+            topk_len: topk_len.map(|t| upload(&s, t)),
+        }
+    }
+
+    fn args(&self, hc: &HostCache, outs: &DevOut, shape: QueryShape, k: usize, splits: usize) -> SparseDecode {
+        let s = stream();
+        SparseDecode {
+            common: outs.common(view(&s, &self.q), shape, splits),
+            cache: view(&s, &self.cache),
+            format: hc.format,
+            num_pages: hc.num_pages,
+            block_size: hc.block_size,
+            indices: view(&s, &self.idx),
+            topk: k,
+            topk_len: self.topk_len.as_ref().map(|t| view(&s, t)),
+        }
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 fn launch_dense(
     path: DecodePath,
@@ -246,27 +323,11 @@ fn launch_dense(
     splits: usize,
     f32_out: bool,
 ) -> (Vec<f32>, Vec<f32>) {
-    let s = stream();
-    let (d_q, d_cache, d_table, d_lens) =
-        (upload(&s, q), upload(&s, &hc.bytes), upload(&s, &hc.table), upload(&s, lens));
+    let dev = DenseDev::new(hc, q, lens);
     let outs = DevOut::new(shape, splits, f32_out);
-    let args = DenseDecode {
-        common: outs.common(view(&s, &d_q), shape, splits),
-        cache: view(&s, &d_cache),
-        num_pages: hc.num_pages,
-        block_size: hc.block_size,
-        block_table: view(&s, &d_table),
-        block_table_stride: hc.stride,
-        max_pages: hc.max_pages,
-        lens: view(&s, &d_lens),
-    };
-    mla_decode_dense_on(gpu(), raw(&s), &args, path).expect("dense launch");
+    mla_decode_dense_on(gpu(), raw(&stream()), &dev.args(hc, &outs, shape, splits), path).expect("dense launch");
     let res = outs.read();
-    // the schedule counts a request's longest row, clamped to the block table's capacity
-    let cap = (hc.max_pages * hc.block_size) as i64;
-    let seq_tokens: Vec<u64> =
-        lens.chunks(shape.rows).map(|r| r.iter().map(|&l| (l as i64).clamp(0, cap)).max().unwrap() as u64).collect();
-    outs.check_schedule(&format!("{path:?}"), splits, &seq_tokens, schedule_tile(path));
+    outs.check_schedule(&format!("{path:?}"), splits, &dense_seq_tokens(hc, lens, shape.rows), schedule_tile(path));
     res
 }
 
@@ -512,21 +573,9 @@ fn launch_sparse(
     splits: usize,
     f32_out: bool,
 ) -> (Vec<f32>, Vec<f32>) {
-    let s = stream();
-    let (d_q, d_cache, d_idx) = (upload(&s, q), upload(&s, &hc.bytes), upload(&s, idx));
-    let d_tl = topk_len.map(|t| upload(&s, t));
+    let dev = SparseDev::new(hc, q, idx, topk_len);
     let outs = DevOut::new(shape, splits, f32_out);
-    let args = SparseDecode {
-        common: outs.common(view(&s, &d_q), shape, splits),
-        cache: view(&s, &d_cache),
-        format: hc.format,
-        num_pages: hc.num_pages,
-        block_size: hc.block_size,
-        indices: view(&s, &d_idx),
-        topk: k,
-        topk_len: d_tl.as_ref().map(|t| view(&s, t)),
-    };
-    mla_decode_sparse_on(gpu(), raw(&s), &args, path).expect("sparse launch");
+    mla_decode_sparse_on(gpu(), raw(&stream()), &dev.args(hc, &outs, shape, k, splits), path).expect("sparse launch");
     let res = outs.read();
     let rows = shape.batch * shape.rows;
     let seq_tokens: Vec<u64> =
@@ -772,24 +821,14 @@ fn reused_schedule_is_exact_whatever_the_lengths() {
     let hc = dense_cache(&mut rng, KvFormat::Bf16, 64, &[900, 700, 300, 64]);
     let q = random_q(&mut rng, shape);
     let splits = 9;
+    let seq_a = dense_seq_tokens(&hc, &lens_a, 2);
     for path in dense_paths() {
-        let (d_q, d_cache, d_table) = (upload(&s, &q), upload(&s, &hc.bytes), upload(&s, &hc.table));
-        let mut d_lens = upload(&s, &lens_a);
+        let mut dev = DenseDev::new(&hc, &q, &lens_a);
         let mut outs = DevOut::new(shape, splits, true);
-        let mut args = DenseDecode {
-            common: outs.common(view(&s, &d_q), shape, splits),
-            cache: view(&s, &d_cache),
-            num_pages: hc.num_pages,
-            block_size: hc.block_size,
-            block_table: view(&s, &d_table),
-            block_table_stride: hc.stride,
-            max_pages: hc.max_pages,
-            lens: view(&s, &d_lens),
-        };
+        let mut args = dev.args(&hc, &outs, shape, splits);
         mla_decode_dense_on(gpu(), raw(&s), &args, path).expect("dense launch");
-        let seq_a: Vec<u64> = lens_a.chunks(2).map(|r| *r.iter().max().unwrap() as u64).collect();
         for (lens, label) in [(&lens_a, "the same lengths"), (&lens_b, "other lengths")] {
-            s.memcpy_htod(lens, &mut d_lens).unwrap();
+            s.memcpy_htod(lens, &mut dev.lens).unwrap();
             outs.poison();
             args.common.schedule = DecodeSchedule::Reuse;
             mla_decode_dense_on(gpu(), raw(&s), &args, path).expect("dense launch, schedule reused");
@@ -806,24 +845,14 @@ fn reused_schedule_is_exact_whatever_the_lengths() {
     let (tl_a, tl_b) = (vec![100, 0, 512, 7], vec![512, 300, 0, 64]);
     let q = random_q(&mut rng, shape);
     let splits = 3;
+    let seq_a: Vec<u64> = tl_a.iter().map(|&n| n as u64).collect();
     for path in sparse_paths(KvFormat::Fp8_656) {
-        let (d_q, d_cache, d_idx) = (upload(&s, &q), upload(&s, &hc.bytes), upload(&s, &idx));
-        let mut d_tl = upload(&s, &tl_a);
+        let mut dev = SparseDev::new(&hc, &q, &idx, Some(&tl_a));
         let mut outs = DevOut::new(shape, splits, false);
-        let mut args = SparseDecode {
-            common: outs.common(view(&s, &d_q), shape, splits),
-            cache: view(&s, &d_cache),
-            format: hc.format,
-            num_pages: hc.num_pages,
-            block_size: hc.block_size,
-            indices: view(&s, &d_idx),
-            topk: k,
-            topk_len: Some(view(&s, &d_tl)),
-        };
+        let mut args = dev.args(&hc, &outs, shape, k, splits);
         mla_decode_sparse_on(gpu(), raw(&s), &args, path).expect("sparse launch");
-        let seq_a: Vec<u64> = tl_a.iter().map(|&n| n as u64).collect();
         for (tl, label) in [(&tl_a, "the same lengths"), (&tl_b, "other lengths")] {
-            s.memcpy_htod(tl, &mut d_tl).unwrap();
+            s.memcpy_htod(tl, dev.topk_len.as_mut().expect("topk_len")).unwrap();
             outs.poison();
             args.common.schedule = DecodeSchedule::Reuse;
             mla_decode_sparse_on(gpu(), raw(&s), &args, path).expect("sparse launch, schedule reused");
@@ -868,20 +897,10 @@ fn trap_child(case: &str) -> ! {
     let shape = QueryShape { batch: 2, rows: 1, heads: 16 };
     let hc = dense_cache(&mut rng, KvFormat::Bf16, 64, &[300, 200]);
     let q = random_q(&mut rng, shape);
-    let (d_q, d_cache, d_table) = (upload(&s, &q), upload(&s, &hc.bytes), upload(&s, &hc.table));
-    let d_lens = upload(&s, &[300i32, 200]);
+    let dev = DenseDev::new(&hc, &q, &[300, 200]);
     // the workspace holds 5 parts' slots and starts as 0xff bytes: no stamp
     let outs = DevOut::new(shape, 5, false);
-    let mut args = DenseDecode {
-        common: outs.common(view(&s, &d_q), shape, 5),
-        cache: view(&s, &d_cache),
-        num_pages: hc.num_pages,
-        block_size: hc.block_size,
-        block_table: view(&s, &d_table),
-        block_table_stride: hc.stride,
-        max_pages: hc.max_pages,
-        lens: view(&s, &d_lens),
-    };
+    let mut args = dev.args(&hc, &outs, shape, 5);
     match case {
         "unscheduled" => {}
         "other_parts" => {

@@ -113,7 +113,6 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
             topk_len = topk_length.to(torch.int32).view(b, 1).expand(b, s_q).contiguous()
         out, lse = ops.decode_sparse(q, k_cache, indices, topk_len=topk_len, scale=softmax_scale,
                                      num_splits=meta.num_splits, workspace=meta.workspace, reuse_schedule=reuse)
-        meta.scheduled = True
     else:
         if is_fp8_kvcache:
             raise NotImplementedError("is_fp8_kvcache: dense decode over an FP8 cache is not in dcp-mla "
@@ -127,7 +126,7 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
         lens = ops.local_lens(cache_seqlens, dcp_size=1, interleave=1, rank=0, num_q=s_q, causal=causal)
         out, lse = ops.decode_dense(q, k_cache, block_table, lens, scale=softmax_scale,
                                     num_splits=meta.num_splits, workspace=meta.workspace, reuse_schedule=reuse)
-        meta.scheduled = True
+    meta.scheduled = True  # both paths launched (an error above leaves it as it was)
     # FlashMLA's lse: [b, h_q, s_q], +inf where a row sees no token.
     lse = lse.transpose(1, 2).contiguous()
     return out, lse.masked_fill_(lse == float("-inf"), float("inf"))

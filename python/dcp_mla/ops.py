@@ -379,15 +379,19 @@ def _split_plan(q_shape, sparse, num_splits, device):
     return num_splits, _workspace_bytes(b, nq, h, sparse, num_splits)
 
 
-def _workspace(q, sparse, num_splits, workspace):
-    """The caller's workspace, checked against what num_splits needs, or a new one."""
-    if workspace is None:
-        return decode_workspace(q.shape, sparse=sparse, num_splits=num_splits, device=q.device)
+def _workspace(q, sparse, num_splits, workspace, reuse_schedule):
+    """The caller's workspace, checked against what num_splits needs, or a new one (which holds
+    no schedule to reuse); and the launch's schedule code."""
     num_splits, need = _split_plan(q.shape, sparse, num_splits, q.device)
+    code = _lib.SCHEDULE_REUSE if reuse_schedule else _lib.SCHEDULE_COMPUTE
+    if workspace is None:
+        if reuse_schedule and need:
+            _fail("workspace", "reuse_schedule=True needs the workspace an earlier call scheduled")
+        return (*decode_workspace(q.shape, sparse=sparse, num_splits=num_splits, device=q.device), code)
     _check(workspace, "workspace", tuple(_CODES), device=q.device)
     if workspace.numel() * workspace.element_size() < need:
         _fail("workspace", f"{workspace.numel() * workspace.element_size()} bytes, {num_splits} splits need {need}")
-    return num_splits, workspace
+    return num_splits, workspace, code
 
 
 def decode_workspace(q_shape, *, sparse, num_splits=None, device=None):
@@ -419,13 +423,9 @@ def decode_dense(q, cache, block_table, lens, *, scale=None, num_splits=None, wo
     _check(block_table, "block_table", (torch.int32,), ndim=2, shape=(b, None), contiguous="rows", device=dev)
     _check(lens, "lens", (torch.int32,), ndim=2, shape=(b, nq), device=dev)
     out, lse = _decode_outputs(q, out, lse, out_dtype)
-    given = workspace
-    num_splits, workspace = _workspace(q, False, num_splits, workspace)
-    if reuse_schedule and given is None and workspace is not None:
-        _fail("workspace", "reuse_schedule=True needs the workspace an earlier call scheduled")
+    num_splits, workspace, schedule = _workspace(q, False, num_splits, workspace, reuse_schedule)
     _run("decode_dense", q, cache3, block_table, lens, out, lse, workspace,
-         _default_scale() if scale is None else float(scale), num_splits,
-         _lib.SCHEDULE_REUSE if reuse_schedule else _lib.SCHEDULE_COMPUTE)
+         _default_scale() if scale is None else float(scale), num_splits, schedule)
     return out, lse
 
 
@@ -444,13 +444,9 @@ def decode_sparse(q, cache, indices, *, topk_len=None, kv_format=None, scale=Non
     if topk_len is not None:
         _check(topk_len, "topk_len", (torch.int32,), ndim=2, shape=(b, nq), device=dev)
     out, lse = _decode_outputs(q, out, lse, out_dtype)
-    given = workspace
-    num_splits, workspace = _workspace(q, True, num_splits, workspace)
-    if reuse_schedule and given is None and workspace is not None:
-        _fail("workspace", "reuse_schedule=True needs the workspace an earlier call scheduled")
+    num_splits, workspace, schedule = _workspace(q, True, num_splits, workspace, reuse_schedule)
     _run("decode_sparse", q, cache3, fmt, indices, topk_len, out, lse, workspace,
-         _default_scale() if scale is None else float(scale), num_splits,
-         _lib.SCHEDULE_REUSE if reuse_schedule else _lib.SCHEDULE_COMPUTE)
+         _default_scale() if scale is None else float(scale), num_splits, schedule)
     return out, lse
 
 

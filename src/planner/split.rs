@@ -60,7 +60,7 @@ pub const SCHED_STAMP_MAGIC: i32 = 0x6463_7053;
 
 /// The four int32 the schedule kernel writes at [`SplitPlan::stamp_offset`] with the prefix: what
 /// it was made for (the decode kernel's KV tile, the sequences and the parts). Every split decode
-/// launch checks them before it reads the prefix, so a reused prefix (`DecodeSchedule::Reuse`)
+/// launch checks them before anything the prefix decides, so a reused prefix (`DecodeSchedule::Reuse`)
 /// made for another shape or kernel, or a workspace no schedule wrote, traps instead of
 /// computing from a foreign prefix.
 pub fn sched_stamp(tile: usize, seqs: usize, num_splits: usize) -> [i32; 4] {
@@ -110,13 +110,13 @@ impl SplitPlan {
         // the prefix: (seqs + 1) int64 entries, rounded up to 16 bytes, then its 16-byte stamp;
         // the partials start at the next 128 bytes (whole cache lines a row)
         let stamp = checked("batch", "the unit prefix", &[(seqs as u64).saturating_add(1), 8], 15)? & !15;
-        let prefix = checked("batch", "the unit prefix", &[stamp], 16 + 127)? & !127;
+        let partials = checked("batch", "the unit prefix", &[stamp], 16 + 127)? & !127;
         let (parts, rows) = (num_splits as u64, rows_per_seq as u64);
         let out = checked("num_splits", "the partial out 2·parts·rows·2048", &[2, parts, rows, D_V as u64 * 4], 0)?;
         let lse = checked("num_splits", "the partial lse 2·parts·rows·4", &[2, parts, rows, 4], 0)?;
-        let lse_offset = checked("num_splits", "the workspace", &[out], prefix)?;
+        let lse_offset = checked("num_splits", "the workspace", &[out], partials)?;
         let bytes = checked("num_splits", "the workspace", &[lse], lse_offset)?;
-        Ok(SplitPlan { num_splits, seqs, rows_per_seq, stamp_offset: stamp, out_offset: prefix, lse_offset, bytes })
+        Ok(SplitPlan { num_splits, seqs, rows_per_seq, stamp_offset: stamp, out_offset: partials, lse_offset, bytes })
     }
 
     /// [`SplitPlan::bytes`] as a host size, or an error when it exceeds the address range.
