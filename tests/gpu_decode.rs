@@ -601,6 +601,10 @@ fn sparse_matches_reference() {
         (KvFormat::Bf16, 2, 6, 16, 512, true, &[5]),
         (KvFormat::Fp8_656, 1, 1, 16, 512, false, &[0]),
         (KvFormat::Bf16, 2, 2, 32, 2048, true, &[2]),
+        // two row blocks a query row: FP8 runs the pair schedule (a cluster of the row's CTAs),
+        // the second block full (128) or half empty (96)
+        (KvFormat::Fp8_656, 2, 2, 128, 2048, true, &[1]),
+        (KvFormat::Fp8_656, 3, 1, 96, 512, false, &[2]),
     ];
     for (n, &(format, batch, nq, heads, k, with_len, empty)) in cases.iter().enumerate() {
         let shape = QueryShape { batch, rows: nq, heads };

@@ -245,6 +245,55 @@ __device__ __forceinline__ uint2 cluster_ld_v2(uint32_t addr) {
     asm volatile("ld.shared::cluster.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(addr) : "memory");
     return v;
 }
+// A shared::cta address of this CTA (an mbarrier's, a buffer's) as CTA `rank`'s copy of it.
+__device__ __forceinline__ uint32_t cluster_map_addr(uint32_t addr, uint32_t rank) {
+    uint32_t out;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(out) : "r"(addr), "r"(rank));
+    return out;
+}
+// `bytes` (a multiple of 16) of this CTA's shared memory at `src` copied by the bulk-copy engine
+// into another CTA's at `dst_cluster` (a cluster-window address), completing them on its mbarrier
+// `bar_cluster` (whose phase expects them: mbar_arrive_expect_tx there). Reads `src` through the
+// async proxy: generic writes to it need fence_proxy_async first.
+__device__ __forceinline__ void bulk_copy_to_cluster(uint32_t dst_cluster, uint32_t src, uint32_t bytes,
+                                                     uint32_t bar_cluster) {
+    asm volatile("cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                     dst_cluster),
+                 "r"(src), "r"(bytes), "r"(bar_cluster)
+                 : "memory");
+}
+// A named barrier of `threads` threads (a warpgroup: 128), id 1..15 (0 is __syncthreads').
+__device__ __forceinline__ void named_bar_sync(uint32_t id, uint32_t threads) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+// mbarrier inits visible to the cluster's other CTAs (before a cluster barrier).
+__device__ __forceinline__ void fence_mbarrier_init_cluster() {
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+// One arrival on another CTA's mbarrier (a cluster-window address), relaxed: it orders none of
+// this thread's memory accesses, so it only says "done" about work already complete (reads whose
+// values are in registers). A release at cluster scope measured ~7% of a launch (NOTES.md).
+__device__ __forceinline__ void mbar_arrive_remote_relaxed(uint32_t cluster_bar) {
+    asm volatile("mbarrier.arrive.relaxed.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(cluster_bar) : "memory");
+}
+// mbar_wait / mbar_wait_sleep acquiring at cluster scope: for a phase that threads of another CTA
+// of the cluster complete (their writes are then visible here).
+__device__ __forceinline__ void mbar_wait_cluster(uint32_t bar, uint32_t parity) {
+    asm volatile(
+        "{\n.reg .pred done;\nWAIT:\n"
+        "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
+        "@!done bra WAIT;\n}\n" ::"r"(bar),
+        "r"(parity)
+        : "memory");
+}
+__device__ __forceinline__ void mbar_wait_sleep_cluster(uint32_t bar, uint32_t parity) {
+    asm volatile(
+        "{\n.reg .pred done;\nWAIT:\n"
+        "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1, %2;\n"
+        "@!done bra WAIT;\n}\n" ::"r"(bar),
+        "r"(parity), "r"(500000)
+        : "memory");
+}
 #endif
 }  // namespace ptx_sm90
 }  // namespace dcp

@@ -23,9 +23,12 @@ namespace dcp {
 //   memory; dense BF16 tiles by TMA only (decode/sm90_seesaw.cuh).
 // Trio: three warpgroups (its own family, 384 threads): one scores (S, softmax, P), two hold O's
 //   halves and do P·V, so scoring tile i + 1 runs beside P·V of tile i (decode/sm90_trio.cuh).
+// Pair: trio for sparse FP8 when a query row has two row blocks (65..128 heads): the two CTAs of
+//   the row form a cluster and each dequantises half of every tile's tokens into both CTAs'
+//   shared memory, so a tile is dequantised once, not twice (decode/sm90_trio.cuh).
 // (A fourth, P·V left in flight across the next tile's barrier, was never faster: ptxas serialised
 // its wgmma, C7514. codegen now rejects a hot kernel whose wgmma ptxas serialises.)
-enum class Sm90Schedule { Plain, Roles, Seesaw, Trio };
+enum class Sm90Schedule { Plain, Roles, Seesaw, Trio, Pair };
 
 namespace decode_sm90 {
 using namespace ptx_sm90;  // the PTX wrappers (arch/sm90_ptx.cuh) as decode_sm90::...
@@ -48,11 +51,13 @@ constexpr int s_share_extra_bytes() {
 
 // Roles schedule (P itself goes to the tile's rope block): the rows' rescale factors, their
 // final (l, m), and the full/empty mbarriers of the two buffers and of P's hand-over.
-// Trio schedule: the same with a slot of rescale factors per buffer.
+// Trio schedule: the same with a slot of rescale factors per buffer; pair: and four mbarriers
+// more (the peer's P·V warpgroups done with a buffer, a barrier per half and buffer).
 template <int Tile, Sm90Schedule Sched>
 constexpr int roles_extra_bytes() {
     return Sched == Sm90Schedule::Roles  ? kRows * 4 + kRows * 8 + 6 * 8
            : Sched == Sm90Schedule::Trio ? 2 * kRows * 4 + kRows * 8 + 6 * 8
+           : Sched == Sm90Schedule::Pair ? 2 * kRows * 4 + kRows * 8 + 10 * 8
                                          : 0;
 }
 

@@ -30,6 +30,20 @@ namespace dcp {
 // empty(b) takes one arrival a thread, not one a warp after __syncwarp: racecheck follows that
 // chain only through each reader's own arrival (with one a warp it reported the factors as races;
 // a separate barrier for them, tried first, measured 1-3% slower: NOTES.md).
+// Pair (Sm90Schedule::Pair; sparse FP8 with two row blocks a query row, 65..128 heads): the two
+// CTAs of a query row (row blocks 0 and 1, consecutive along x) form a cluster and share every
+// tile's dequantisation: P·V warpgroup h of CTA c dequantises latent half h of the tile's tokens
+// 32c..32c + 31 (four threads a token, 64 values each: one 64-byte raw load, made a tile ahead)
+// into its own buffer; then its thread 0 has the bulk-copy engine copy those rows (four
+// contiguous 4 KB runs) into the peer's buffer, completing their bytes on the peer's full(b)
+// (warpgroup 1's thread 0 expects the peer's 32 KB with its arrival; full(b)'s waits acquire at
+// cluster scope). Before writing tile i + 2 a warpgroup waits for the peer's warpgroup h to be
+// done with tile i in its buffer b (peer_free(h, b): 128 relaxed remote arrivals a phase, one per
+// P·V thread of the peer's warpgroup h after its P·V), which also proves this warpgroup's copy of
+// tile i has landed there, so its source rows here may be overwritten. Remote stores by the
+// threads themselves (st.async) and release arrivals measured far slower (NOTES.md). The rope
+// block, the flags and Q stay each CTA's own. A cluster barrier after the mbarriers' set-up and
+// one before exit (the peer's last arrivals land in this CTA's shared memory).
 template <int R>
 struct RoleTag {
     static constexpr int value = R;
@@ -45,8 +59,10 @@ template <DecodeKv Kv, int Tile, int Stages, Sm90Schedule Sched>
 __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p) {
     [[maybe_unused]] constexpr bool kSparse = Kv != DecodeKv::DenseBf16;  // (unused off sm_90a)
     [[maybe_unused]] constexpr bool kFp8 = Kv == DecodeKv::SparseFp8;
-    static_assert(Sched == Sm90Schedule::Trio && Tile == 64 && Stages == 2,
-                  "trio schedule: P fills a 64-token rope block; two buffers");
+    // pair: two CTAs share each FP8 tile's dequantisation (only FP8 dequantises)
+    [[maybe_unused]] constexpr bool kPair = Sched == Sm90Schedule::Pair;
+    static_assert((Sched == Sm90Schedule::Trio || (kPair && kFp8)) && Tile == 64 && Stages == 2,
+                  "trio schedule: P fills a 64-token rope block; two buffers; pair: FP8 only");
     static_assert(decode_sm90::shared_bytes<Kv, Tile, Stages, Sched>() + decode::kWriteRowsStaticBytes <= 227 * 1024,
                   "fits one H100/H200 CTA (dynamic + write_rows' static flags)");
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -55,16 +71,18 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
     constexpr int kTileBytes = Tile * kDimQk * 2;
     constexpr int kLdPerTok = 128 / Tile;  // warpgroup 1's threads per token of a tile
     constexpr int kFp8Batch = 4;           // FP8: 16-byte raw loads in flight a thread
+    [[maybe_unused]] constexpr uint32_t kPeerBytes = Tile / 2 * kDimLatent * 2;  // pair: the peer's dequantised half of a tile
     unsigned char* smem = aligned_smem<Kv, Tile, Stages, Sched>();
     unsigned char* sQ = smem;
     unsigned char* sKV = smem + kRows * kDimQk * 2;       // 2 × [Tile × 576] bf16
     int* sValid = (int*)(sKV + Stages * kTileBytes);      // [2][Tile]
     float* sAlpha = (float*)(sValid + Stages * Tile);     // [2][64] rescale factors of P(i)
     float2* sStats = (float2*)(sAlpha + 2 * kRows);       // [64] final (l, m) of the rows
-    const uint32_t bars = decode::smem_addr(sStats + kRows);  // full[2], empty[2], p_full[2]
+    const uint32_t bars = decode::smem_addr(sStats + kRows);  // full[2], empty[2], p_full[2] (pair: peer_free[2][2])
     auto full = [&](int b) { return bars + 8 * b; };
     auto empty = [&](int b) { return bars + 16 + 8 * b; };
     auto p_full = [&](int b) { return bars + 32 + 8 * b; };
+    [[maybe_unused]] auto peer_free = [&](int h, int b) { return bars + 48 + 16 * h + 8 * b; };
     const uint32_t q_addr = decode::smem_addr(sQ), kv_addr = decode::smem_addr(sKV);
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -76,9 +94,16 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
             // one arrival per thread: racecheck does not see a warp's accesses ordered by
             // __syncwarp before lane 0's arrival (NOTES.md, fifth session)
             mbar_init(p_full(b), 128);
+            if constexpr (kPair) {
+                mbar_init(peer_free(0, b), 128);
+                mbar_init(peer_free(1, b), 128);
+            }
         }
         fence_proxy_async();
+        if constexpr (kPair) fence_mbarrier_init_cluster();
     }
+    // pair: the peer's mbarriers are set up before anything arrives on them
+    if constexpr (kPair) cluster_sync();
     if (!kSparse && p.kv_tma != 0 && tid == 128) tma_prefetch_map(&p.kv_tmap);  // warpgroup 1 issues the boxes
     const int seqs = decode::num_seqs(p, kSparse), seq_rows = decode::rows_per_seq(p, kSparse);
     const CtaRows rows = cta_rows<kSparse>(p, seq_rows);
@@ -108,7 +133,8 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                 const uint32_t u = uses + i;
                 const int b = u & 1;
                 float s[kSRegs];
-                mbar_wait_sleep(full(b), (u >> 1) & 1);
+                if constexpr (kPair) mbar_wait_sleep_cluster(full(b), (u >> 1) & 1);  // the peer's half too
+                else mbar_wait_sleep(full(b), (u >> 1) & 1);
                 fence_proxy_async();
                 {
                     // Q's address through an opaque copy: else the compiler computes Q's 36
@@ -176,15 +202,17 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
             const bool bs_pow2 = (bs & (bs - 1)) == 0;
             auto div_bs = [&](int pos) { return bs_pow2 ? pos >> bs_log : pos / bs; };
             auto mod_bs = [&](int pos) { return bs_pow2 ? pos & (bs - 1) : pos % bs; };
-            auto token_page = [&](int tile) -> int {
-                const int pos = tile * Tile + ld_tok;
+            // the page (dense) or cache row (sparse) of tile's token `tok`, or -1 past the sequence
+            auto token_page_of = [&](int tile, int tok) -> int {
+                const int pos = tile * Tile + tok;
                 if (pos >= n_tokens) return -1;
                 if constexpr (kSparse) return ((const int32_t*)p.indices)[(int64_t)seq * p.topk + pos];
                 return ((const int32_t*)p.block_table)[(int64_t)seq * p.block_table_stride + div_bs(pos)];
             };
-            // the cache row of tile's token ld_tok, or -1 (past the sequence, or an invalid page)
-            auto token_row = [&](int tile, int page) -> int64_t {
-                const int pos = tile * Tile + ld_tok;
+            auto token_page = [&](int tile) { return token_page_of(tile, ld_tok); };
+            // the cache row of tile's token `tok`, or -1 (past the sequence, or an invalid page)
+            auto token_row_of = [&](int tile, int tok, int page) -> int64_t {
+                const int pos = tile * Tile + tok;
                 if constexpr (kSparse) {
                     if (pos < n_tokens && page >= 0 && (int64_t)page < (int64_t)p.num_pages * bs) return page;
                 } else {
@@ -192,6 +220,7 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                 }
                 return -1;
             };
+            auto token_row = [&](int tile, int page) { return token_row_of(tile, ld_tok, page); };
             // Dense tiles wholly inside the sequence load by TMA when the launch passed a tensor
             // map (boxes of box_rows tokens × 64 columns, each issued by the thread holding its
             // first token; an invalid page's box points past the cache's last row and fills
@@ -279,7 +308,65 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                     decode::cp_async16(sKV + b * kTileBytes + swizzled(Tile, ld_tok, 64 + 4 * ld_part + j), src + 16 * j,
                                        row >= 0);
                 mbar_arrive_cp_async(full(b));  // with the first tile, also covers Q's copies
-                mbar_arrive(full(b));
+                // pair: the peer's half of the tile lands here as kPeerBytes of st.async
+                if (kPair && t == 0) mbar_arrive_expect_tx(full(b), kPeerBytes);
+                else mbar_arrive(full(b));
+            };
+            // Pair: this thread's token among the tile's half this CTA dequantises (cluster rank c:
+            // tokens 32c..32c + 31, four threads a token) and its quarter of latent half kHalf
+            [[maybe_unused]] const int dq_tok = kPair ? 32 * (int)cluster_rank() + t / 4 : ld_tok;
+            [[maybe_unused]] const int dq_part = t & 3;
+            // Pair: the thread's 64 raw bytes of cache row `row` (zeros for an unread token)
+            auto load_pair = [&](uint4 (&raw)[kFp8Batch], int64_t row) {
+                const unsigned char* src =
+                    (const unsigned char*)p.cache + (row >= 0 ? row : 0) * kFp8RowBytes + kHalf * 256 + dq_part * 64;
+#pragma unroll
+                for (int j = 0; j < kFp8Batch; ++j)
+                    raw[j] = row >= 0 ? __ldg((const uint4*)(src + 16 * j)) : make_uint4(0, 0, 0, 0);
+            };
+            // Pair: fill f's latent half kHalf of this CTA's tokens, dequantised into buffer f & 1
+            // here, then copied by the bulk-copy engine into the peer's (four 4 KB runs of rows,
+            // completing their bytes on the peer's full(f & 1)). First, each thread waits for the
+            // peer's warpgroup kHalf to be done with use f − 2 of that buffer: that also means this
+            // warpgroup's copy of fill f − 2 has landed there (it completed the peer's full), so
+            // its source rows here are free to overwrite.
+            auto fill_latent_pair = [&](int tile, int dpage, uint32_t f, uint4 (&pre)[kFp8Batch], bool have_pre) {
+                const int b = f & 1;
+                const int64_t row = token_row_of(tile, dq_tok, dpage);
+                uint4 raw[kFp8Batch];
+                if (have_pre) {
+#pragma unroll
+                    for (int j = 0; j < kFp8Batch; ++j) raw[j] = pre[j];
+                } else {
+                    load_pair(raw, row);
+                }
+                const float sc = row >= 0 ? __ldg((const float*)((const unsigned char*)p.cache + row * kFp8RowBytes +
+                                                                 kFp8ScaleOffset + 4 * (2 * kHalf + (dq_part >> 1))))
+                                          : 0.0f;
+                if (f >= 2) mbar_wait_cluster(peer_free(kHalf, b), ((f >> 1) - 1) & 1);
+                unsigned char* dst = sKV + b * kTileBytes;
+                const int c0 = kHalf * 32 + dq_part * 8;
+#pragma unroll
+                for (int j = 0; j < kFp8Batch; ++j) {
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        const uint4 v = decode::dequant8(e ? make_uint2(raw[j].z, raw[j].w) : make_uint2(raw[j].x, raw[j].y), sc);
+                        const uint32_t off = swizzled(Tile, dq_tok, c0 + 2 * j + e);
+                        *(uint4*)(dst + off) = v;
+                    }
+                }
+                fence_proxy_async();  // these writes, before the bulk copy and wgmma read them
+                named_bar_sync(1 + kHalf, 128);  // the warpgroup's rows are all written
+                if (t == 0) {
+                    const uint32_t rank = cluster_rank(), peer = rank ^ 1;
+                    const uint32_t peer_full = cluster_map_addr(full(b), peer);
+#pragma unroll
+                    for (int blk = 0; blk < 4; ++blk) {
+                        // column block 4·kHalf + blk, rows (tokens) 32·rank.. + 31: contiguous
+                        const uint32_t src = kv_addr + b * kTileBytes + (4 * kHalf + blk) * (Tile * 128) + 32 * rank * 128;
+                        bulk_copy_to_cluster(cluster_map_addr(src, peer), src, 32 * 128, peer_full);
+                    }
+                }
             };
             uint32_t fills = uses;
             // fill f reuses the buffer of use f − 2: wait until both P·V warpgroups are done with it
@@ -292,9 +379,21 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
             bool have_pre = false;
             // One fill of tile `tile` into buffer b by this warpgroup: BF16 warpgroup 1 all of it;
             // FP8 each warpgroup its latent half, warpgroup 1 the rest after empty(b).
+            [[maybe_unused]] int page = -1;  // the next fill's page (the block-table load is issued a fill ahead)
+            [[maybe_unused]] int dq_page = -1;  // pair: the next fill's row of this thread's dequantised token
             auto fill_mine = [&](int tile, int page, uint32_t f, bool first) {
                 const int b = f & 1;
-                if constexpr (kFp8) {
+                if constexpr (kPair) {
+                    fill_latent_pair(tile, dq_page, f, pre, have_pre);
+                    have_pre = false;
+                    if constexpr (kRole == 1) {
+                        wait_free(f);
+                        if (first) load_q(p, sQ, seq_row0, row_base, row_limit, t, 128);
+                        fill_rope(tile, page, b);
+                    } else {
+                        mbar_arrive(full(b));
+                    }
+                } else if constexpr (kFp8) {
                     fill_latent(tile, page, b, pre, have_pre);
                     have_pre = false;
                     if constexpr (kRole == 1) {
@@ -310,12 +409,16 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                     fill(tile, page, b);
                 }
             };
-            [[maybe_unused]] int page = -1;  // the next fill's page (the block-table load is issued a fill ahead)
+            // the pages of the fill after tile's (pair: warpgroup 2 needs only its dequantised token's)
+            auto next_pages = [&](int tile) {
+                if constexpr (kRole == 1 || !kPair) page = token_page(tile);
+                if constexpr (kPair) dq_page = token_page_of(tile, dq_tok);
+            };
             if (kRole == 1 || kFp8) {
-                page = token_page(tile_begin);
+                next_pages(tile_begin);
                 for (int k = 0; k < 2 && k < n; ++k) {
                     fill_mine(tile_begin + k, page, fills, k == 0);
-                    page = token_page(tile_begin + k + 1);
+                    next_pages(tile_begin + k + 1);
                     ++fills;
                 }
             }
@@ -325,7 +428,12 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
             for (int i = 0; i < n; ++i) {
                 const uint32_t u = uses + i;
                 const int b = u & 1;
-                if constexpr (kFp8) {
+                if constexpr (kPair) {
+                    if (i + 2 < n) {
+                        load_pair(pre, token_row_of(tile_begin + i + 2, dq_tok, dq_page));
+                        have_pre = true;
+                    }
+                } else if constexpr (kFp8) {
                     if (i + 2 < n) {
                         prefetch_latent(tile_begin + i + 2, page);
                         load_batch(pre, token_row(tile_begin + i + 2, page), 0);
@@ -334,16 +442,20 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                 }
                 mbar_wait_sleep(p_full(b), (u >> 1) & 1);  // P(u) and its factors are written
                 rescale_o(o, sAlpha[b * kRows + r0], sAlpha[b * kRows + r0 + 8]);
-                mbar_wait(full(b), (u >> 1) & 1);  // landed before S(u): this is the acquire
+                // landed before S(u): this is the acquire
+                if constexpr (kPair) mbar_wait_cluster(full(b), (u >> 1) & 1);
+                else mbar_wait(full(b), (u >> 1) & 1);
                 fence_proxy_async();
                 issue_pv_half<Tile>(o, kv_addr + b * kTileBytes, kHalf);
                 wgmma_wait0();
                 fence_regs(o);
                 mbar_arrive(empty(b));  // every thread: it read sAlpha, and its P·V is done
+                // pair: the peer's warpgroup kHalf may write tile u + 2's half into buffer b
+                if constexpr (kPair) mbar_arrive_remote_relaxed(cluster_map_addr(peer_free(kHalf, b), cluster_rank() ^ 1));
                 if (kRole == 1 || kFp8) {
                     if (i + 2 < n) {
                         fill_mine(tile_begin + i + 2, page, fills, false);
-                        page = token_page(tile_begin + i + 3);
+                        next_pages(tile_begin + i + 3);
                         ++fills;
                     }
                 }
@@ -373,6 +485,7 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
     if (wg == 0) {
         setmaxnreg_dec<kScorerRegs>();
         decode::for_each_piece(p, seqs, block_seq, [&](const decode::Piece pc) { piece(pc, RoleTag<0>{}); });
+        if constexpr (kPair) cluster_sync();  // the peer's last arrivals here have landed
         return;
     }
     setmaxnreg_inc<kPvRegs>();
@@ -381,6 +494,7 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
     } else {
         decode::for_each_piece(p, seqs, block_seq, [&](const decode::Piece pc) { piece(pc, RoleTag<2>{}); });
     }
+    if constexpr (kPair) cluster_sync();  // as the scorer's: every thread of both CTAs
 #elif defined(__CUDA_ARCH__)
     __trap();  // sm_90a only: the launcher never picks this family elsewhere
 #endif

@@ -162,7 +162,10 @@ pub enum DecodePath {
 /// dense BF16 caches that TMA can load ([`dense_tma_fits`]) only: a launch whose cache does not
 /// fit runs the roles schedule instead. `Trio`: three warpgroups, one computing S, the softmax
 /// and P, two holding O's halves and doing P·V (one also loads), so the next tile is scored
-/// while this one is multiplied (dense and sparse BF16, and sparse FP8: its only schedule).
+/// while this one is multiplied (dense and sparse BF16, and sparse FP8). `Pair`: sparse FP8 trio
+/// whose query rows have two row blocks (65..=128 heads): the row's two CTAs form a thread-block
+/// cluster and each dequantises half of every tile into both; what [`DecodePath::Auto`] runs
+/// there (a launch naming it whose rows have one block or more than two runs trio instead).
 pub type Sm90Schedule = axes::Schedule;
 
 /// A wgmma decode variant: its tile (KV tokens per S step), stages (buffers) and schedule, as
@@ -173,7 +176,8 @@ pub type Sm90Variant = (u32, u32, Sm90Schedule);
 /// lists, else the dense block table), over the Hopper decode families (`mla_decode_sm90`, the
 /// trio family): the one kernels.toml marks `default` first, then the
 /// rest in its order. Every kind defaults to trio (FP8: its P·V warpgroups dequantise the next
-/// tiles). FP8 runs trio only (its plain and roles kernels measured slower and were removed).
+/// tiles; pair where a query row has two row blocks). FP8 runs trio and pair only (its plain and
+/// roles kernels measured slower and were removed).
 pub fn sm90_variants(format: KvFormat, sparse: bool) -> Vec<Sm90Variant> {
     let kv = kv_axis(format, sparse);
     let mut v: Vec<(Sm90Variant, bool)> = registry::MLA_DECODE_SM90_TRIO_VARIANTS
@@ -264,6 +268,8 @@ struct Kernel {
     takes_tensor_map: bool,
     /// Loads every tile by TMA and cannot run without a tensor map (the seesaw schedule).
     needs_tensor_map: bool,
+    /// Consecutive CTAs along x launched as one thread-block cluster (the pair schedule: 2).
+    cluster: u32,
 }
 
 /// The DSL's `kv` axis of a launch over `format` (`sparse`: index lists, else the dense block
@@ -291,6 +297,7 @@ fn decode_kernel(dev: &Device, format: KvFormat, sparse: bool, path: DecodePath)
             tile,
             takes_tensor_map: false,
             needs_tensor_map: false,
+            cluster: 1,
         })
     };
     // the registry holds exactly the variants kernels.toml builds for `kv`
@@ -304,6 +311,7 @@ fn decode_kernel(dev: &Device, format: KvFormat, sparse: bool, path: DecodePath)
             tile,
             takes_tensor_map: kv == axes::Kv::DenseBf16 && schedule != Sm90Schedule::Plain,
             needs_tensor_map: schedule == Sm90Schedule::Seesaw,
+            cluster: if schedule == Sm90Schedule::Pair { 2 } else { 1 },
         })
     };
     let default = || {
@@ -424,7 +432,20 @@ pub fn mla_decode_sparse(dev: &Device, stream: Stream, a: &SparseDecode) -> Resu
 /// [`mla_decode_sparse`] on a chosen kernel; `Error::Unsupported` when it cannot run on `dev`.
 pub fn mla_decode_sparse_on(dev: &Device, stream: Stream, a: &SparseDecode, path: DecodePath) -> Result<()> {
     let mut params = sparse_params(a)?;
-    let kernel = decode_kernel(dev, a.format, true, path)?;
+    let mut kernel = decode_kernel(dev, a.format, true, path)?;
+    let two_blocks = row_blocks_per_seq(a.common.nq, a.common.heads, true) == 2;
+    let pair = DecodePath::Wgmma { tile: 64, stages: 2, schedule: Sm90Schedule::Pair };
+    if kernel.cluster == 2 && !two_blocks {
+        // the pair schedule shares a query row's tiles between its two row blocks: other head
+        // counts take trio
+        let trio = DecodePath::Wgmma { tile: 64, stages: 2, schedule: Sm90Schedule::Trio };
+        kernel = decode_kernel(dev, a.format, true, trio)?;
+    } else if two_blocks && path == DecodePath::Auto && env_path()?.is_none() {
+        // Auto: the pair schedule wherever it applies and is built (sparse FP8 on sm_90a)
+        if let Ok(k) = decode_kernel(dev, a.format, true, pair) {
+            kernel = k;
+        }
+    }
     launch(dev, stream, &kernel, &a.common, &mut params, true)
 }
 
@@ -589,7 +610,9 @@ fn launch(
         let grid = if sparse { (rb * c.nq as u32, c.batch as u32, 1) } else { (rb, c.batch as u32, 1) };
         // SAFETY: the validate functions checked every buffer against the extents the kernel
         // addresses; lengths and indices are clamped or skipped on the device.
-        return unsafe { dev.launch(kernel.id, grid, kernel.shared_bytes as u32, stream, params) };
+        return unsafe {
+            dev.launch_grouped(kernel.id, grid, kernel.cluster, false, kernel.shared_bytes as u32, stream, params)
+        };
     }
     params.sched_tile = kernel.tile as i32;
     let schedule = registry::mla_decode_schedule().ok_or_else(|| Error::Unsupported("mla_decode_schedule".into()))?;
@@ -605,10 +628,12 @@ fn launch(
         match c.schedule {
             DecodeSchedule::Compute => {
                 dev.launch(schedule, (1, 1, 1), 0, stream, params)?;
-                dev.launch_dependent(kernel.id, grid, kernel.shared_bytes as u32, stream, params)?;
+                dev.launch_grouped(kernel.id, grid, kernel.cluster, true, kernel.shared_bytes as u32, stream, params)?;
             }
             // the prefix is already in the workspace (its stamp is checked on the device)
-            DecodeSchedule::Reuse => dev.launch(kernel.id, grid, kernel.shared_bytes as u32, stream, params)?,
+            DecodeSchedule::Reuse => {
+                dev.launch_grouped(kernel.id, grid, kernel.cluster, false, kernel.shared_bytes as u32, stream, params)?
+            }
         }
         let merge = DcpMlaDecodeCombineParams {
             sched: params.sched,
@@ -759,6 +784,7 @@ mod tests {
         assert_eq!(dense(64, 2, Sm90Schedule::Seesaw), 1024 + 73_728 + 2 * 73_728 + 1024 + 16 + 192);
         let fp8 = |tile, stages, schedule| smem(sm90_kernel_id(axes::Kv::SparseFp8, tile, stages, schedule));
         assert_eq!(fp8(64, 2, Sm90Schedule::Trio), dense(64, 2, Sm90Schedule::Trio), "no staging buffer: as BF16 trio");
+        assert_eq!(fp8(64, 2, Sm90Schedule::Pair), fp8(64, 2, Sm90Schedule::Trio) + 32, "four peer_free mbarriers");
     }
 
     #[test]
@@ -800,7 +826,11 @@ mod tests {
         assert_eq!(sm90_variants(KvFormat::Bf16, false)[0], (64, 2, Sm90Schedule::Trio));
         assert_eq!(sm90_variants(KvFormat::Bf16, true)[0], (64, 2, Sm90Schedule::Trio));
         assert_eq!(sm90_variants(KvFormat::Fp8_656, true)[0], (64, 2, Sm90Schedule::Trio));
-        assert_eq!(sm90_variants(KvFormat::Fp8_656, true), vec![(64, 2, Sm90Schedule::Trio)], "FP8: trio only");
+        assert_eq!(
+            sm90_variants(KvFormat::Fp8_656, true),
+            vec![(64, 2, Sm90Schedule::Trio), (64, 2, Sm90Schedule::Pair)],
+            "FP8: trio, and pair for two row blocks"
+        );
         // every listed variant resolves to a kernel, and the mma.sync tile comes from kernels.toml
         for (format, sparse) in [(KvFormat::Bf16, false), (KvFormat::Bf16, true), (KvFormat::Fp8_656, true)] {
             for (t, st, sc) in sm90_variants(format, sparse) {

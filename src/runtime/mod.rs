@@ -217,6 +217,29 @@ impl Device {
     }
 }
 
+impl Device {
+    /// Launches `id` with thread-block clusters of `cluster` consecutive CTAs along x (1: no
+    /// cluster), as a programmatic dependent of the stream's previous kernel when `dependent`:
+    /// [`Device::launch`], [`Device::launch_cluster`] and [`Device::launch_dependent`] in one.
+    ///
+    /// # Safety
+    /// As for [`Device::launch_dependent`] when `dependent`, else [`Device::launch`].
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) unsafe fn launch_grouped<P: Copy>(
+        &self,
+        id: KernelId<P>,
+        grid: (u32, u32, u32),
+        cluster: u32,
+        dependent: bool,
+        shared_bytes: u32,
+        stream: Stream,
+        params: &P,
+    ) -> Result<()> {
+        let cluster = (cluster > 1).then_some(cluster);
+        self.launch_with(id, grid, shared_bytes, stream, params, LaunchAttrs { dependent, cluster })
+    }
+}
+
 /// Launch attributes beyond the grid: a programmatic dependent launch, thread-block clusters.
 #[derive(Debug, Clone, Copy, Default)]
 struct LaunchAttrs {
