@@ -262,10 +262,6 @@ __device__ __forceinline__ void bulk_copy_to_cluster(uint32_t dst_cluster, uint3
                  "r"(src), "r"(bytes), "r"(bar_cluster)
                  : "memory");
 }
-// A named barrier of `threads` threads (a warpgroup: 128), id 1..15 (0 is __syncthreads').
-__device__ __forceinline__ void named_bar_sync(uint32_t id, uint32_t threads) {
-    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
-}
 // mbarrier inits visible to the cluster's other CTAs (before a cluster barrier).
 __device__ __forceinline__ void fence_mbarrier_init_cluster() {
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");

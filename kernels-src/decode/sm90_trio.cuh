@@ -34,8 +34,8 @@ namespace dcp {
 // CTAs of a query row (row blocks 0 and 1, consecutive along x) form a cluster and share every
 // tile's dequantisation: P·V warpgroup h of CTA c dequantises latent half h of the tile's tokens
 // 32c..32c + 31 (four threads a token, 64 values each: one 64-byte raw load, made a tile ahead)
-// into its own buffer; then its thread 0 has the bulk-copy engine copy those rows (four
-// contiguous 4 KB runs) into the peer's buffer, completing their bytes on the peer's full(b)
+// into its own buffer; then each warp's lane 0 has the bulk-copy engine copy the warp's 8 rows
+// (four contiguous 1 KB runs) into the peer's buffer, completing their bytes on the peer's full(b)
 // (warpgroup 1's thread 0 expects the peer's 32 KB with its arrival; full(b)'s waits acquire at
 // cluster scope). Before writing tile i + 2 a warpgroup waits for the peer's warpgroup h to be
 // done with tile i in its buffer b (peer_free(h, b): 128 relaxed remote arrivals a phase, one per
@@ -325,8 +325,9 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                     raw[j] = row >= 0 ? __ldg((const uint4*)(src + 16 * j)) : make_uint4(0, 0, 0, 0);
             };
             // Pair: fill f's latent half kHalf of this CTA's tokens, dequantised into buffer f & 1
-            // here, then copied by the bulk-copy engine into the peer's (four 4 KB runs of rows,
-            // completing their bytes on the peer's full(f & 1)). First, each thread waits for the
+            // here, then copied by the bulk-copy engine into the peer's (each warp its 8 rows: four
+            // 1 KB runs, completing their bytes on the peer's full(f & 1); by warp rather than by
+            // warpgroup after a named barrier: −3%, NOTES.md). First, each thread waits for the
             // peer's warpgroup kHalf to be done with use f − 2 of that buffer: that also means this
             // warpgroup's copy of fill f − 2 has landed there (it completed the peer's full), so
             // its source rows here are free to overwrite.
@@ -356,15 +357,16 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                     }
                 }
                 fence_proxy_async();  // these writes, before the bulk copy and wgmma read them
-                named_bar_sync(1 + kHalf, 128);  // the warpgroup's rows are all written
-                if (t == 0) {
+                __syncwarp();         // the warp's 8 tokens are all written
+                if (lane == 0) {
                     const uint32_t rank = cluster_rank(), peer = rank ^ 1;
                     const uint32_t peer_full = cluster_map_addr(full(b), peer);
 #pragma unroll
                     for (int blk = 0; blk < 4; ++blk) {
-                        // column block 4·kHalf + blk, rows (tokens) 32·rank.. + 31: contiguous
-                        const uint32_t src = kv_addr + b * kTileBytes + (4 * kHalf + blk) * (Tile * 128) + 32 * rank * 128;
-                        bulk_copy_to_cluster(cluster_map_addr(src, peer), src, 32 * 128, peer_full);
+                        // column block 4·kHalf + blk, the warp's rows (tokens) 32·rank + 8·w.. + 7
+                        const uint32_t src = kv_addr + b * kTileBytes + (4 * kHalf + blk) * (Tile * 128) +
+                                             (32 * rank + 8 * (t >> 5)) * 128;
+                        bulk_copy_to_cluster(cluster_map_addr(src, peer), src, 8 * 128, peer_full);
                     }
                 }
             };
