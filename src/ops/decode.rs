@@ -433,20 +433,39 @@ pub fn mla_decode_sparse(dev: &Device, stream: Stream, a: &SparseDecode) -> Resu
 pub fn mla_decode_sparse_on(dev: &Device, stream: Stream, a: &SparseDecode, path: DecodePath) -> Result<()> {
     let mut params = sparse_params(a)?;
     let mut kernel = decode_kernel(dev, a.format, true, path)?;
-    let two_blocks = row_blocks_per_seq(a.common.nq, a.common.heads, true) == 2;
-    let pair = DecodePath::Wgmma { tile: 64, stages: 2, schedule: Sm90Schedule::Pair };
-    if kernel.cluster == 2 && !two_blocks {
-        // the pair schedule shares a query row's tiles between its two row blocks: other head
-        // counts take trio
-        let trio = DecodePath::Wgmma { tile: 64, stages: 2, schedule: Sm90Schedule::Trio };
-        kernel = decode_kernel(dev, a.format, true, trio)?;
-    } else if two_blocks && path == DecodePath::Auto && env_path()?.is_none() {
-        // Auto: the pair schedule wherever it applies and is built (sparse FP8 on sm_90a)
-        if let Ok(k) = decode_kernel(dev, a.format, true, pair) {
-            kernel = k;
+    let wgmma = |schedule| DecodePath::Wgmma { tile: 64, stages: 2, schedule };
+    match pair_choice(kernel.cluster == 2, a.common.nq, a.common.heads, path, env_path()?) {
+        PairChoice::Keep => {}
+        PairChoice::Trio => kernel = decode_kernel(dev, a.format, true, wgmma(Sm90Schedule::Trio))?,
+        // where it is built (sparse FP8 on sm_90a); else the kernel Auto chose
+        PairChoice::PairIfBuilt => {
+            if let Ok(k) = decode_kernel(dev, a.format, true, wgmma(Sm90Schedule::Pair)) {
+                kernel = k;
+            }
         }
     }
     launch(dev, stream, &kernel, &a.common, &mut params, true)
+}
+
+/// What a sparse launch does about the pair schedule, given whether the kernel chosen so far is
+/// the pair one: it shares a query row's tiles between exactly two row blocks, so other head
+/// counts take trio; `Auto` with no `DCP_MLA_DECODE_PATH` takes it wherever a row has two blocks.
+#[derive(Debug, PartialEq, Eq)]
+enum PairChoice {
+    Keep,
+    Trio,
+    PairIfBuilt,
+}
+
+fn pair_choice(is_pair: bool, nq: usize, heads: usize, path: DecodePath, env: Option<DecodePath>) -> PairChoice {
+    let two_blocks = row_blocks_per_seq(nq, heads, true) == 2;
+    if is_pair && !two_blocks {
+        PairChoice::Trio
+    } else if !is_pair && two_blocks && path == DecodePath::Auto && env.is_none() {
+        PairChoice::PairIfBuilt
+    } else {
+        PairChoice::Keep
+    }
 }
 
 /// Every check of a sparse launch, and its kernel parameters.
@@ -785,6 +804,27 @@ mod tests {
         let fp8 = |tile, stages, schedule| smem(sm90_kernel_id(axes::Kv::SparseFp8, tile, stages, schedule));
         assert_eq!(fp8(64, 2, Sm90Schedule::Trio), dense(64, 2, Sm90Schedule::Trio), "no staging buffer: as BF16 trio");
         assert_eq!(fp8(64, 2, Sm90Schedule::Pair), fp8(64, 2, Sm90Schedule::Trio) + 32, "four peer_free mbarriers");
+    }
+
+    #[test]
+    fn pair_runs_where_a_query_row_has_two_row_blocks() {
+        let pair = DecodePath::Wgmma { tile: 64, stages: 2, schedule: Sm90Schedule::Pair };
+        let trio = DecodePath::Wgmma { tile: 64, stages: 2, schedule: Sm90Schedule::Trio };
+        // Auto, no override: pair at 65..=128 heads (any nq: sparse rows are per query row)
+        for heads in [65, 96, 128] {
+            assert_eq!(pair_choice(false, 2, heads, DecodePath::Auto, None), PairChoice::PairIfBuilt, "H={heads}");
+        }
+        for heads in [16, 64, 129, 256] {
+            assert_eq!(pair_choice(false, 1, heads, DecodePath::Auto, None), PairChoice::Keep, "H={heads}");
+        }
+        // a named kernel or an override is kept where it applies
+        assert_eq!(pair_choice(false, 1, 128, trio, None), PairChoice::Keep);
+        assert_eq!(pair_choice(false, 1, 128, DecodePath::Auto, Some(trio)), PairChoice::Keep);
+        assert_eq!(pair_choice(false, 1, 128, DecodePath::Mma, None), PairChoice::Keep);
+        assert_eq!(pair_choice(true, 1, 128, pair, None), PairChoice::Keep);
+        // pair named for rows of one block or of more than two: trio instead
+        assert_eq!(pair_choice(true, 1, 64, pair, None), PairChoice::Trio);
+        assert_eq!(pair_choice(true, 1, 256, DecodePath::Auto, Some(pair)), PairChoice::Trio);
     }
 
     #[test]

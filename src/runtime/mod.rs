@@ -215,9 +215,7 @@ impl Device {
     ) -> Result<()> {
         self.launch_with(id, grid, shared_bytes, stream, params, LaunchAttrs { dependent: true, ..Default::default() })
     }
-}
 
-impl Device {
     /// Launches `id` with thread-block clusters of `cluster` consecutive CTAs along x (1: no
     /// cluster), as a programmatic dependent of the stream's previous kernel when `dependent`:
     /// [`Device::launch`], [`Device::launch_cluster`] and [`Device::launch_dependent`] in one.
