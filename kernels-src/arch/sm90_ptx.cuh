@@ -6,6 +6,14 @@
 #pragma once
 #include <stdint.h>
 
+// The try-wait loop of every mbarrier wait below (one PTX text for all of them): `sem` the
+// acquire's scope ("" for the default CTA scope, ".acquire.cluster"), `hint` the suspend-time
+// operand ("" or ", %2"). Operands: %0 the mbarrier, %1 the parity, %2 the hint's nanoseconds.
+#define DCP_MBAR_WAIT_LOOP(sem, hint)                                          \
+    "{\n.reg .pred done;\nWAIT:\n"                                            \
+    "mbarrier.try_wait.parity" sem ".shared::cta.b64 done, [%0], %1" hint ";\n" \
+    "@!done bra WAIT;\n}\n"
+
 namespace dcp {
 namespace ptx_sm90 {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -102,23 +110,13 @@ __device__ __forceinline__ void mbar_arrive_cp_async(uint32_t bar) {
 }
 // Until the phase of parity `parity` has completed.
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-    asm volatile(
-        "{\n.reg .pred done;\nWAIT:\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-        "@!done bra WAIT;\n}\n" ::"r"(bar),
-        "r"(parity)
-        : "memory");
+    asm volatile(DCP_MBAR_WAIT_LOOP("", "") ::"r"(bar), "r"(parity) : "memory");
 }
 // mbar_wait for a waiter that may wait long (a role waiting for another's whole tile): each try
 // suspends the thread for up to ~0.5 ms (it wakes when the phase completes), so a waiting warp
 // retries rarely instead of taking issue slots from the warps it shares a scheduler with.
 __device__ __forceinline__ void mbar_wait_sleep(uint32_t bar, uint32_t parity) {
-    asm volatile(
-        "{\n.reg .pred done;\nWAIT:\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1, %2;\n"
-        "@!done bra WAIT;\n}\n" ::"r"(bar),
-        "r"(parity), "r"(500000)
-        : "memory");
+    asm volatile(DCP_MBAR_WAIT_LOOP("", ", %2") ::"r"(bar), "r"(parity), "r"(500000) : "memory");
 }
 // A K-major 128B-swizzle descriptor as its two words (make_desc's fields): the low word holds the
 // start address >> 4 in its low 14 bits, which no shared-memory address reaches past, so a
@@ -275,20 +273,10 @@ __device__ __forceinline__ void mbar_arrive_remote_relaxed(uint32_t cluster_bar)
 // mbar_wait / mbar_wait_sleep acquiring at cluster scope: for a phase that threads of another CTA
 // of the cluster complete (their writes are then visible here).
 __device__ __forceinline__ void mbar_wait_cluster(uint32_t bar, uint32_t parity) {
-    asm volatile(
-        "{\n.reg .pred done;\nWAIT:\n"
-        "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
-        "@!done bra WAIT;\n}\n" ::"r"(bar),
-        "r"(parity)
-        : "memory");
+    asm volatile(DCP_MBAR_WAIT_LOOP(".acquire.cluster", "") ::"r"(bar), "r"(parity) : "memory");
 }
 __device__ __forceinline__ void mbar_wait_sleep_cluster(uint32_t bar, uint32_t parity) {
-    asm volatile(
-        "{\n.reg .pred done;\nWAIT:\n"
-        "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1, %2;\n"
-        "@!done bra WAIT;\n}\n" ::"r"(bar),
-        "r"(parity), "r"(500000)
-        : "memory");
+    asm volatile(DCP_MBAR_WAIT_LOOP(".acquire.cluster", ", %2") ::"r"(bar), "r"(parity), "r"(500000) : "memory");
 }
 #endif
 }  // namespace ptx_sm90

@@ -385,18 +385,9 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
             [[maybe_unused]] int dq_page = -1;  // pair: the next fill's row of this thread's dequantised token
             auto fill_mine = [&](int tile, int page, uint32_t f, bool first) {
                 const int b = f & 1;
-                if constexpr (kPair) {
-                    fill_latent_pair(tile, dq_page, f, pre, have_pre);
-                    have_pre = false;
-                    if constexpr (kRole == 1) {
-                        wait_free(f);
-                        if (first) load_q(p, sQ, seq_row0, row_base, row_limit, t, 128);
-                        fill_rope(tile, page, b);
-                    } else {
-                        mbar_arrive(full(b));
-                    }
-                } else if constexpr (kFp8) {
-                    fill_latent(tile, page, b, pre, have_pre);
+                if constexpr (kFp8) {
+                    if constexpr (kPair) fill_latent_pair(tile, dq_page, f, pre, have_pre);
+                    else fill_latent(tile, page, b, pre, have_pre);
                     have_pre = false;
                     if constexpr (kRole == 1) {
                         wait_free(f);
