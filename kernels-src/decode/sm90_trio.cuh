@@ -33,7 +33,8 @@ namespace dcp {
 // Pair (Sm90Schedule::Pair; sparse FP8 with two row blocks a query row, 65..128 heads): the two
 // CTAs of a query row (row blocks 0 and 1, consecutive along x) form a cluster and share every
 // tile's dequantisation: P·V warpgroup h of CTA c dequantises latent half h of the tile's tokens
-// 32c..32c + 31 (four threads a token, 64 values each: one 64-byte raw load, made a tile ahead)
+// 32c..32c + 31 (four threads a token, 64 values each: one 64-byte raw load and its scale, made a
+// tile ahead from pages loaded a tile before that)
 // into its own buffer; then each warp's lane 0 has the bulk-copy engine copy the warp's 8 rows
 // (four contiguous 1 KB runs) into the peer's buffer, completing their bytes on the peer's full(b)
 // (warpgroup 1's thread 0 expects the peer's 32 KB with its arrival; full(b)'s waits acquire at
@@ -255,6 +256,14 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                     raw[j] = row >= 0 ? __ldg((const uint4*)(src + kHalf * 256 + ld_part * 128 + 16 * (kFp8Batch * h + j)))
                                       : make_uint4(0, 0, 0, 0);
             };
+            // Pair: this thread's scale of cache row `row` (0 for an unread token), loaded with the
+            // raw batch a tile ahead (trio loads its scale in the fill: the same move, and the pages
+            // below, measured 3-6% slower there and 5% faster in the pair: NOTES.md)
+            auto load_scale = [&](int64_t row, int part) -> float {
+                return row >= 0 ? __ldg((const float*)((const unsigned char*)p.cache + row * kFp8RowBytes + kFp8ScaleOffset +
+                                                       4 * (2 * kHalf + part)))
+                                : 0.0f;
+            };
             // FP8: this warpgroup's latent half of tile's token ld_tok dequantised into buffer b
             // (two threads a token, 128 values each: one scale group)
             auto fill_latent = [&](int tile, int page, int b, uint4 (&pre)[kFp8Batch], bool have_pre) {
@@ -331,7 +340,7 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
             // peer's warpgroup kHalf to be done with use f − 2 of that buffer: that also means this
             // warpgroup's copy of fill f − 2 has landed there (it completed the peer's full), so
             // its source rows here are free to overwrite.
-            auto fill_latent_pair = [&](int tile, int dpage, uint32_t f, uint4 (&pre)[kFp8Batch], bool have_pre) {
+            auto fill_latent_pair = [&](int tile, int dpage, uint32_t f, uint4 (&pre)[kFp8Batch], float pre_sc, bool have_pre) {
                 const int b = f & 1;
                 const int64_t row = token_row_of(tile, dq_tok, dpage);
                 uint4 raw[kFp8Batch];
@@ -341,9 +350,7 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                 } else {
                     load_pair(raw, row);
                 }
-                const float sc = row >= 0 ? __ldg((const float*)((const unsigned char*)p.cache + row * kFp8RowBytes +
-                                                                 kFp8ScaleOffset + 4 * (2 * kHalf + (dq_part >> 1))))
-                                          : 0.0f;
+                const float sc = have_pre ? pre_sc : load_scale(row, dq_part >> 1);
                 if (f >= 2) mbar_wait_cluster(peer_free(kHalf, b), ((f >> 1) - 1) & 1);
                 unsigned char* dst = sKV + b * kTileBytes;
                 const int c0 = kHalf * 32 + dq_part * 8;
@@ -377,8 +384,9 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
             };
             // FP8: the next fill's first batch, loaded before this tile's P·V (its latency hides
             // behind the P·V; the prefetch covers the second batch's lines)
-            uint4 pre[kFp8Batch];
-            bool have_pre = false;
+            [[maybe_unused]] uint4 pre[kFp8Batch];
+            [[maybe_unused]] float pre_sc = 0.0f;
+            [[maybe_unused]] bool have_pre = false;
             // One fill of tile `tile` into buffer b by this warpgroup: BF16 warpgroup 1 all of it;
             // FP8 each warpgroup its latent half, warpgroup 1 the rest after empty(b).
             [[maybe_unused]] int page = -1;  // the next fill's page (the block-table load is issued a fill ahead)
@@ -386,7 +394,7 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
             auto fill_mine = [&](int tile, int page, uint32_t f, bool first) {
                 const int b = f & 1;
                 if constexpr (kFp8) {
-                    if constexpr (kPair) fill_latent_pair(tile, dq_page, f, pre, have_pre);
+                    if constexpr (kPair) fill_latent_pair(tile, dq_page, f, pre, pre_sc, have_pre);
                     else fill_latent(tile, page, b, pre, have_pre);
                     have_pre = false;
                     if constexpr (kRole == 1) {
@@ -402,11 +410,16 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                     fill(tile, page, b);
                 }
             };
-            // the pages of the fill after tile's (pair: warpgroup 2 needs only its dequantised token's)
-            auto next_pages = [&](int tile) {
-                if constexpr (kRole == 1 || !kPair) page = token_page(tile);
-                if constexpr (kPair) dq_page = token_page_of(tile, dq_tok);
+            // the pages of tile's fill (pair: warpgroup 2 needs only its dequantised token's)
+            auto pages_of = [&](int tile, int& pg, int& dpg) {
+                if constexpr (kRole == 1 || !kPair) pg = token_page(tile);
+                if constexpr (kPair) dpg = token_page_of(tile, dq_tok);
             };
+            auto next_pages = [&](int tile) { pages_of(tile, page, dq_page); };
+            // Pair: the pages of the fill after the next, loaded a whole iteration before that fill's
+            // raw bytes need them (one iteration ahead, the index load's L2 round trip is waited for
+            // at the top of the next iteration, before the raw load can be issued)
+            [[maybe_unused]] int page_next = -1, dq_page_next = -1;
             if (kRole == 1 || kFp8) {
                 next_pages(tile_begin);
                 for (int k = 0; k < 2 && k < n; ++k) {
@@ -414,6 +427,7 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                     next_pages(tile_begin + k + 1);
                     ++fills;
                 }
+                if constexpr (kPair) pages_of(tile_begin + 3, page_next, dq_page_next);
             }
             float o[128];
 #pragma unroll
@@ -423,7 +437,9 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                 const int b = u & 1;
                 if constexpr (kPair) {
                     if (i + 2 < n) {
-                        load_pair(pre, token_row_of(tile_begin + i + 2, dq_tok, dq_page));
+                        const int64_t row = token_row_of(tile_begin + i + 2, dq_tok, dq_page);
+                        load_pair(pre, row);
+                        pre_sc = load_scale(row, dq_part >> 1);
                         have_pre = true;
                     }
                 } else if constexpr (kFp8) {
@@ -448,7 +464,13 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                 if (kRole == 1 || kFp8) {
                     if (i + 2 < n) {
                         fill_mine(tile_begin + i + 2, page, fills, false);
-                        next_pages(tile_begin + i + 3);
+                        if constexpr (kPair) {
+                            page = page_next;
+                            dq_page = dq_page_next;
+                            pages_of(tile_begin + i + 4, page_next, dq_page_next);
+                        } else {
+                            next_pages(tile_begin + i + 3);
+                        }
                         ++fills;
                     }
                 }
