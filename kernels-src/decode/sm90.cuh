@@ -4,8 +4,9 @@
 // 64 rows of a sequence × one part; pieces of split sequences go to the fp32 workspace and
 // mla_decode_combine merges them), so the launcher only swaps the kernel, shared size and tile.
 // Sparse differs in where a tile's tokens come from (the index list instead of the block table)
-// and, for FP8, in how they arrive: the trio schedule's P·V warpgroups dequantise them into the
-// bf16 tiles (decode/sm90_trio.cuh, its own family; this family is BF16 only).
+// and, for FP8, in how they arrive: the quad schedule's producer warpgroup (or trio's and pair's
+// P·V warpgroups) dequantise them into the bf16 tiles (decode/sm90_trio.cuh, families of their
+// own; this family is BF16 only).
 // Files: sm90_base.cuh (layout, shared helpers), sm90_plain.cuh, sm90_roles.cuh,
 // sm90_seesaw.cuh (the schedules), arch/sm90_ptx.cuh (the PTX wrappers); this file dispatches.
 //

@@ -28,7 +28,7 @@ namespace dcp {
 //   shared memory, so a tile is dequantised once, not twice (decode/sm90_trio.cuh).
 // (A fourth, P·V left in flight across the next tile's barrier, was never faster: ptxas serialised
 // its wgmma, C7514. codegen now rejects a hot kernel whose wgmma ptxas serialises.)
-enum class Sm90Schedule { Plain, Roles, Seesaw, Trio, Pair };
+enum class Sm90Schedule { Plain, Roles, Seesaw, Trio, Pair, Quad };
 
 namespace decode_sm90 {
 using namespace ptx_sm90;  // the PTX wrappers (arch/sm90_ptx.cuh) as decode_sm90::...
@@ -56,7 +56,7 @@ constexpr int s_share_extra_bytes() {
 template <int Tile, Sm90Schedule Sched>
 constexpr int roles_extra_bytes() {
     return Sched == Sm90Schedule::Roles  ? kRows * 4 + kRows * 8 + 6 * 8
-           : Sched == Sm90Schedule::Trio ? 2 * kRows * 4 + kRows * 8 + 6 * 8
+           : Sched == Sm90Schedule::Trio || Sched == Sm90Schedule::Quad ? 2 * kRows * 4 + kRows * 8 + 6 * 8
            : Sched == Sm90Schedule::Pair ? 2 * kRows * 4 + kRows * 8 + 10 * 8
                                          : 0;
 }
@@ -124,6 +124,25 @@ __device__ __forceinline__ void issue_pv_half(float (&o)[128], uint32_t tile_add
     for (int kk = 0; kk < Tile / 16; ++kk) {
         const uint64_t dv = make_desc(tile_addr + 4 * half * (Tile * 128) + kk * 16 * 128, Tile * 128, 1024);
         wgmma_ss_n256(o, p_desc(p_addr, kk), dv);
+    }
+    wgmma_commit();
+}
+
+// issue_pv_half as two m64n128k16 a k-step (columns 0..127, then 128..255 of the half: o[0..63]
+// and o[64..127]). The quad schedule's 512 threads compile under a 128-register cap, and ptxas
+// checks each instruction against that cap: m64n256's 128 accumulators need 154.
+template <int Tile>
+__device__ __forceinline__ void issue_pv_half_n128(float (&o)[128], uint32_t tile_addr, int half) {
+    const uint32_t p_addr = tile_addr + (kBlocks - 1) * (Tile * 128);
+    float (&lo)[64] = *reinterpret_cast<float (*)[64]>(&o[0]);
+    float (&hi)[64] = *reinterpret_cast<float (*)[64]>(&o[64]);
+    fence_regs(o);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < Tile / 16; ++kk) {
+        const uint32_t v = tile_addr + 4 * half * (Tile * 128) + kk * 16 * 128;
+        wgmma_ss_n128(lo, p_desc(p_addr, kk), make_desc(v, Tile * 128, 1024));
+        wgmma_ss_n128(hi, p_desc(p_addr, kk), make_desc(v + 2 * (Tile * 128), Tile * 128, 1024));
     }
     wgmma_commit();
 }

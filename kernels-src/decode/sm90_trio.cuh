@@ -1,6 +1,8 @@
 // The trio schedule of the Hopper decode kernel (Sm90Schedule::Trio; dense BF16, sparse BF16 and
 // sparse FP8-656, tiles of 64 tokens in two bf16 buffers): three warpgroups, so that scoring the
-// next tile runs beside P·V of this one. Its own kernel family (384 threads).
+// next tile runs beside P·V of this one. Its own kernel family (384 threads). The quad schedule
+// (Sm90Schedule::Quad, sparse FP8's default; 512 threads, a family of its own too) is trio plus
+// a producer warpgroup, described below the pair.
 #pragma once
 #include "decode/sm90_base.cuh"
 
@@ -45,6 +47,13 @@ namespace dcp {
 // threads themselves (st.async) and release arrivals measured far slower (NOTES.md). The rope
 // block, the flags and Q stay each CTA's own. A cluster barrier after the mbarriers' set-up and
 // one before exit (the peer's last arrivals land in this CTA's shared memory).
+// Quad (Sm90Schedule::Quad; sparse FP8): warpgroup 3, the producer, loads Q and fills every tile
+// (flags, rope block by cp.async, the latent dequantised from registers); the P·V warpgroups only
+// wait for P and the tile, rescale, multiply and arrive on empty(b), as for BF16, so no
+// dequantisation sits between two P·V. full(b) takes the producer's 128 cp.async arrivals and 128
+// arrivals. Registers: 512 threads start at 128; scorer 64, P·V 176 each, producer 96 (the splits
+// that spill are in NOTES.md), and since ptxas checks each instruction against the launch's 128,
+// P·V is issued as two m64n128k16 a k-step (m64n256 asks for 154).
 template <int R>
 struct RoleTag {
     static constexpr int value = R;
@@ -62,8 +71,10 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
     [[maybe_unused]] constexpr bool kFp8 = Kv == DecodeKv::SparseFp8;
     // pair: two CTAs share each FP8 tile's dequantisation (only FP8 dequantises)
     [[maybe_unused]] constexpr bool kPair = Sched == Sm90Schedule::Pair;
-    static_assert((Sched == Sm90Schedule::Trio || (kPair && kFp8)) && Tile == 64 && Stages == 2,
-                  "trio schedule: P fills a 64-token rope block; two buffers; pair: FP8 only");
+    // quad: a fourth warpgroup (the producer) fills every FP8 tile; the P·V warpgroups only multiply
+    [[maybe_unused]] constexpr bool kQuad = Sched == Sm90Schedule::Quad;
+    static_assert((Sched == Sm90Schedule::Trio || ((kPair || kQuad) && kFp8)) && Tile == 64 && Stages == 2,
+                  "trio schedule: P fills a 64-token rope block; two buffers; pair and quad: FP8 only");
     static_assert(decode_sm90::shared_bytes<Kv, Tile, Stages, Sched>() + decode::kWriteRowsStaticBytes <= 227 * 1024,
                   "fits one H100/H200 CTA (dynamic + write_rows' static flags)");
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -90,7 +101,7 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
     const int wg = warp >> 2, t = tid & 127, t4 = lane & 3;
     if (tid == 0) {
         for (int b = 0; b < 2; ++b) {
-            mbar_init(full(b), kFp8 ? 384 : 256);
+            mbar_init(full(b), kFp8 && !kQuad ? 384 : 256);
             mbar_init(empty(b), 256);
             // one arrival per thread: racecheck does not see a warp's accesses ordered by
             // __syncwarp before lane 0's arrival (NOTES.md, fifth session)
@@ -193,6 +204,100 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
             uses += n;
             __syncthreads();                // sStats written, before the P·V warpgroups read it
             decode::write_rows_barriers();  // the scorer holds no columns of O
+            return;
+        } else if constexpr (kRole == 3) {
+            // ---- quad's producer: Q, and per tile the flags, the rope block and the latent ----
+            // Two threads a token: thread t fills token t / 2's latent half t & 1 (256 values in
+            // four 64-byte batches, scale groups 2·half and 2·half + 1) and half of its rope block.
+            // A fill's first two batches and its scales are loaded before the wait for its buffer
+            // (their latency hides behind that wait), the other two after, from L2: each row is
+            // prefetched a fill before its raw loads, and its index loaded a fill before that.
+            const int tok = t >> 1, half = t & 1;
+            const unsigned char* cache = (const unsigned char*)p.cache;
+            auto page_of = [&](int tile) -> int {
+                const int pos = tile * Tile + tok;
+                return pos < n_tokens ? ((const int32_t*)p.indices)[(int64_t)seq * p.topk + pos] : -1;
+            };
+            // the cache row of an index, or -1 (past the list, or out of the cache: reads zeros)
+            auto row_of = [&](int page) -> int64_t {
+                return page >= 0 && (int64_t)page < (int64_t)p.num_pages * p.block_size ? page : -1;
+            };
+            auto src_of = [&](int64_t row) { return cache + (row >= 0 ? row : 0) * kFp8RowBytes; };
+            auto load_batch = [&](uint4 (&raw)[kFp8Batch], int64_t row, int h) {
+                const unsigned char* src = src_of(row) + half * 256 + 64 * h;
+#pragma unroll
+                for (int j = 0; j < kFp8Batch; ++j)
+                    raw[j] = row >= 0 ? __ldg((const uint4*)(src + 16 * j)) : make_uint4(0, 0, 0, 0);
+            };
+            auto load_scale = [&](int64_t row, int g) -> float {
+                return row >= 0 ? __ldg((const float*)(src_of(row) + kFp8ScaleOffset + 4 * (2 * half + g))) : 0.0f;
+            };
+            // a row's 656 bytes touch at most 7 lines of 128 bytes: 4 from one thread, 3 from the other
+            auto prefetch_row = [&](int64_t row) {
+                if (row < 0) return;
+                const unsigned char* a = src_of(row);
+#pragma unroll
+                for (int k = 0; k < 4; ++k) {
+                    const int off = half == 0 ? 128 * k : min(512 + 128 * k, kFp8RowBytes - 1);
+                    asm volatile("prefetch.global.L2 [%0];" ::"l"(a + off));
+                }
+            };
+            auto store_batch = [&](const uint4 (&raw)[kFp8Batch], int b, int h, float sc) {
+                unsigned char* dst = sKV + b * kTileBytes;
+                const int c0 = half * 32 + 8 * h;
+#pragma unroll
+                for (int j = 0; j < kFp8Batch; ++j) {
+                    *(uint4*)(dst + swizzled(Tile, tok, c0 + 2 * j)) = decode::dequant8(make_uint2(raw[j].x, raw[j].y), sc);
+                    *(uint4*)(dst + swizzled(Tile, tok, c0 + 2 * j + 1)) = decode::dequant8(make_uint2(raw[j].z, raw[j].w), sc);
+                }
+            };
+            // Q first: it waits for nothing (the previous piece is done with it), and the first
+            // fill's cp.async arrival covers its copies
+            load_q(p, sQ, seq_row0, row_base, row_limit, t, 128);
+            int pg1 = n > 1 ? page_of(tile_begin + 1) : -1;  // the next fill's index
+            int pg2 = n > 2 ? page_of(tile_begin + 2) : -1;  // the one after
+            int64_t row = row_of(page_of(tile_begin));
+            prefetch_row(row);
+            uint4 ra[kFp8Batch], rb[kFp8Batch];
+            load_batch(ra, row, 0);
+            load_batch(rb, row, 1);
+            float s0 = load_scale(row, 0), s1 = load_scale(row, 1);
+            prefetch_row(row_of(pg1));
+            for (int f = 0; f < n; ++f) {
+                const uint32_t u = uses + f;
+                const int b = u & 1;
+                if (u >= 2) mbar_wait_sleep(empty(b), ((u >> 1) - 1) & 1);  // P·V of use u − 2 is done
+                if (half == 0) sValid[b * Tile + tok] = row >= 0;
+                {
+                    const unsigned char* src = src_of(row) + kFp8RopeOffset + 64 * half;
+#pragma unroll
+                    for (int j = 0; j < 4; ++j)
+                        decode::cp_async16(sKV + b * kTileBytes + swizzled(Tile, tok, 64 + 4 * half + j), src + 16 * j,
+                                           row >= 0);
+                }
+                store_batch(ra, b, 0, s0);
+                load_batch(ra, row, 2);
+                store_batch(rb, b, 1, s0);
+                load_batch(rb, row, 3);
+                store_batch(ra, b, 2, s1);
+                store_batch(rb, b, 3, s1);
+                fence_proxy_async();            // these generic writes, before wgmma reads them
+                mbar_arrive_cp_async(full(b));  // the rope's copies (the first fill's: and Q's)
+                mbar_arrive(full(b));
+                if (f + 1 < n) {
+                    row = row_of(pg1);
+                    load_batch(ra, row, 0);
+                    load_batch(rb, row, 1);
+                    s0 = load_scale(row, 0);
+                    s1 = load_scale(row, 1);
+                    prefetch_row(row_of(pg2));
+                    pg1 = pg2;
+                    pg2 = f + 3 < n ? page_of(tile_begin + f + 3) : -1;
+                }
+            }
+            uses += n;
+            __syncthreads();                // the scorer's sStats
+            decode::write_rows_barriers();  // the producer holds no columns of O
             return;
         } else {
             // ---- P·V of O's right half (warpgroup 1, which also loads) or left half (2) ----
@@ -420,7 +525,7 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
             // raw bytes need them (one iteration ahead, the index load's L2 round trip is waited for
             // at the top of the next iteration, before the raw load can be issued)
             [[maybe_unused]] int page_next = -1, dq_page_next = -1;
-            if (kRole == 1 || kFp8) {
+            if (!kQuad && (kRole == 1 || kFp8)) {
                 next_pages(tile_begin);
                 for (int k = 0; k < 2 && k < n; ++k) {
                     fill_mine(tile_begin + k, page, fills, k == 0);
@@ -442,7 +547,7 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                         pre_sc = load_scale(row, dq_part >> 1);
                         have_pre = true;
                     }
-                } else if constexpr (kFp8) {
+                } else if constexpr (kFp8 && !kQuad) {
                     if (i + 2 < n) {
                         prefetch_latent(tile_begin + i + 2, page);
                         load_batch(pre, token_row(tile_begin + i + 2, page), 0);
@@ -455,13 +560,14 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                 if constexpr (kPair) mbar_wait_cluster(full(b), (u >> 1) & 1);
                 else mbar_wait(full(b), (u >> 1) & 1);
                 fence_proxy_async();
-                issue_pv_half<Tile>(o, kv_addr + b * kTileBytes, kHalf);
+                if constexpr (kQuad) issue_pv_half_n128<Tile>(o, kv_addr + b * kTileBytes, kHalf);
+                else issue_pv_half<Tile>(o, kv_addr + b * kTileBytes, kHalf);
                 wgmma_wait0();
                 fence_regs(o);
                 mbar_arrive(empty(b));  // every thread: it read sAlpha, and its P·V is done
                 // pair: the peer's warpgroup kHalf may write tile u + 2's half into buffer b
                 if constexpr (kPair) mbar_arrive_remote_relaxed(cluster_map_addr(peer_free(kHalf, b), cluster_rank() ^ 1));
-                if (kRole == 1 || kFp8) {
+                if (!kQuad && (kRole == 1 || kFp8)) {
                     if (i + 2 < n) {
                         fill_mine(tile_begin + i + 2, page, fills, false);
                         if constexpr (kPair) {
@@ -495,13 +601,26 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
     // exactly that: the scorer gives back what the P·V warpgroups (O's 128 accumulators each)
     // take. FP8's P·V warpgroups also hold a batch of raw rows (16 registers) across P·V and
     // spilled at 184 and 208; its scorer fits in 72. Each role runs its own piece loop, so no code is shared between budgets.
-    constexpr int kLaunchRegs = 65536 / 384 / 8 * 8, kScorerRegs = kFp8 ? 72 : 136, kPvRegs = kFp8 ? 216 : 184;
-    static_assert(kScorerRegs + 2 * kPvRegs <= 3 * kLaunchRegs, "setmaxnreg must stay inside the CTA's pool");
+    // Quad (512 threads, 128 registers each at launch): the P·V warpgroups hold no raw rows (as
+    // BF16's), the producer two raw batches of the next fill; 0 spills at 64 / 176 / 176 / 96.
+    constexpr int kThreads = kQuad ? 512 : 384;
+    constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
+    constexpr int kScorerRegs = kQuad ? 64 : kFp8 ? 72 : 136, kPvRegs = kQuad ? 176 : kFp8 ? 216 : 184;
+    constexpr int kProducerRegs = kQuad ? 4 * kLaunchRegs - kScorerRegs - 2 * kPvRegs : 0;
+    static_assert(kScorerRegs + 2 * kPvRegs + kProducerRegs <= (kQuad ? 4 : 3) * kLaunchRegs,
+                  "setmaxnreg must stay inside the CTA's pool");
     if (wg == 0) {
         setmaxnreg_dec<kScorerRegs>();
         decode::for_each_piece(p, seqs, block_seq, [&](const decode::Piece pc) { piece(pc, RoleTag<0>{}); });
         if constexpr (kPair) cluster_sync();  // the peer's last arrivals here have landed
         return;
+    }
+    if constexpr (kQuad) {
+        if (wg == 3) {
+            setmaxnreg_dec<kProducerRegs>();
+            decode::for_each_piece(p, seqs, block_seq, [&](const decode::Piece pc) { piece(pc, RoleTag<3>{}); });
+            return;
+        }
     }
     setmaxnreg_inc<kPvRegs>();
     if (wg == 1) {

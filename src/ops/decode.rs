@@ -162,7 +162,9 @@ pub enum DecodePath {
 /// dense BF16 caches that TMA can load ([`dense_tma_fits`]) only: a launch whose cache does not
 /// fit runs the roles schedule instead. `Trio`: three warpgroups, one computing S, the softmax
 /// and P, two holding O's halves and doing P·V (one also loads), so the next tile is scored
-/// while this one is multiplied (dense and sparse BF16, and sparse FP8). `Pair`: sparse FP8 trio
+/// while this one is multiplied (dense and sparse BF16, and sparse FP8 by name). `Quad`: sparse
+/// FP8's default, trio's three warpgroups and a fourth, the producer, which dequantises every tile
+/// so that the P·V warpgroups only multiply (512 threads). `Pair`: sparse FP8 trio
 /// whose query rows have two row blocks (65..=128 heads): the row's two CTAs form a thread-block
 /// cluster and each dequantises half of every tile into both; what [`DecodePath::Auto`] runs
 /// there (a launch naming it whose rows have one block or more than two runs trio instead).
@@ -174,14 +176,15 @@ pub type Sm90Variant = (u32, u32, Sm90Schedule);
 
 /// Every wgmma decode variant kernels.toml ships for a launch over `format` (`sparse`: index
 /// lists, else the dense block table), over the Hopper decode families (`mla_decode_sm90`, the
-/// trio family): the one kernels.toml marks `default` first, then the
-/// rest in its order. Every kind defaults to trio (FP8: its P·V warpgroups dequantise the next
-/// tiles; pair where a query row has two row blocks). FP8 runs trio and pair only (its plain and
-/// roles kernels measured slower and were removed).
+/// trio and quad families): the one kernels.toml marks `default` first, then the rest in its
+/// order. BF16 defaults to trio, FP8 to quad (its producer warpgroup dequantises the tiles; pair
+/// where a query row has two row blocks). FP8 runs quad, trio and pair only (its plain and roles
+/// kernels measured slower and were removed).
 pub fn sm90_variants(format: KvFormat, sparse: bool) -> Vec<Sm90Variant> {
     let kv = kv_axis(format, sparse);
     let mut v: Vec<(Sm90Variant, bool)> = registry::MLA_DECODE_SM90_TRIO_VARIANTS
         .iter()
+        .chain(registry::MLA_DECODE_SM90_QUAD_VARIANTS)
         .chain(registry::MLA_DECODE_SM90_VARIANTS)
         .filter(|((k, ..), _)| *k == kv)
         .map(|&((_, tile, stages, schedule), default)| ((tile, stages, schedule), default))
@@ -241,7 +244,8 @@ fn parse_wgmma_path(s: &str) -> Option<DecodePath> {
 }
 
 /// The wgmma kernel of one variant, in whichever Hopper decode family kernels.toml puts it (the
-/// trio kernels are a family of their own, 384 threads; a variant is in at most one).
+/// trio kernels are a family of their own, 384 threads, and quad's, 512; a variant is in at most
+/// one).
 fn sm90_kernel_id(
     kv: axes::Kv,
     tile: u32,
@@ -250,6 +254,7 @@ fn sm90_kernel_id(
 ) -> Option<KernelId<DcpMlaDecodeParams>> {
     registry::mla_decode_sm90(kv, tile, stages, schedule)
         .or_else(|| registry::mla_decode_sm90_trio(kv, tile, stages, schedule))
+        .or_else(|| registry::mla_decode_sm90_quad(kv, tile, stages, schedule))
 }
 
 /// The mma.sync kernel for `kv` and its tile (kernels.toml's `tile` axis, which the kernel checks
@@ -436,7 +441,10 @@ pub fn mla_decode_sparse_on(dev: &Device, stream: Stream, a: &SparseDecode, path
     let wgmma = |schedule| DecodePath::Wgmma { tile: 64, stages: 2, schedule };
     match pair_choice(kernel.cluster == 2, a.common.nq, a.common.heads, path, env_path()?) {
         PairChoice::Keep => {}
-        PairChoice::Trio => kernel = decode_kernel(dev, a.format, true, wgmma(Sm90Schedule::Trio))?,
+        PairChoice::Default => {
+            let (tile, stages, schedule) = sm90_variants(a.format, true)[0];
+            kernel = decode_kernel(dev, a.format, true, DecodePath::Wgmma { tile, stages, schedule })?
+        }
         // where it is built (sparse FP8 on sm_90a); else the kernel Auto chose
         PairChoice::PairIfBuilt => {
             if let Ok(k) = decode_kernel(dev, a.format, true, wgmma(Sm90Schedule::Pair)) {
@@ -449,18 +457,19 @@ pub fn mla_decode_sparse_on(dev: &Device, stream: Stream, a: &SparseDecode, path
 
 /// What a sparse launch does about the pair schedule, given whether the kernel chosen so far is
 /// the pair one: it shares a query row's tiles between exactly two row blocks, so other head
-/// counts take trio; `Auto` with no `DCP_MLA_DECODE_PATH` takes it wherever a row has two blocks.
+/// counts take the kind's default (quad); `Auto` with no `DCP_MLA_DECODE_PATH` takes it wherever
+/// a row has two blocks.
 #[derive(Debug, PartialEq, Eq)]
 enum PairChoice {
     Keep,
-    Trio,
+    Default,
     PairIfBuilt,
 }
 
 fn pair_choice(is_pair: bool, nq: usize, heads: usize, path: DecodePath, env: Option<DecodePath>) -> PairChoice {
     let two_blocks = row_blocks_per_seq(nq, heads, true) == 2;
     if is_pair && !two_blocks {
-        PairChoice::Trio
+        PairChoice::Default
     } else if !is_pair && two_blocks && path == DecodePath::Auto && env.is_none() {
         PairChoice::PairIfBuilt
     } else {
@@ -804,6 +813,7 @@ mod tests {
         let fp8 = |tile, stages, schedule| smem(sm90_kernel_id(axes::Kv::SparseFp8, tile, stages, schedule));
         assert_eq!(fp8(64, 2, Sm90Schedule::Trio), dense(64, 2, Sm90Schedule::Trio), "no staging buffer: as BF16 trio");
         assert_eq!(fp8(64, 2, Sm90Schedule::Pair), fp8(64, 2, Sm90Schedule::Trio) + 32, "four peer_free mbarriers");
+        assert_eq!(fp8(64, 2, Sm90Schedule::Quad), fp8(64, 2, Sm90Schedule::Trio), "trio's layout, a fourth warpgroup");
     }
 
     #[test]
@@ -822,9 +832,9 @@ mod tests {
         assert_eq!(pair_choice(false, 1, 128, DecodePath::Auto, Some(trio)), PairChoice::Keep);
         assert_eq!(pair_choice(false, 1, 128, DecodePath::Mma, None), PairChoice::Keep);
         assert_eq!(pair_choice(true, 1, 128, pair, None), PairChoice::Keep);
-        // pair named for rows of one block or of more than two: trio instead
-        assert_eq!(pair_choice(true, 1, 64, pair, None), PairChoice::Trio);
-        assert_eq!(pair_choice(true, 1, 256, DecodePath::Auto, Some(pair)), PairChoice::Trio);
+        // pair named for rows of one block or of more than two: the default (quad) instead
+        assert_eq!(pair_choice(true, 1, 64, pair, None), PairChoice::Default);
+        assert_eq!(pair_choice(true, 1, 256, DecodePath::Auto, Some(pair)), PairChoice::Default);
     }
 
     #[test]
@@ -859,17 +869,17 @@ mod tests {
             let marked = registry::MLA_DECODE_SM90_VARIANTS
                 .iter()
                 .chain(registry::MLA_DECODE_SM90_TRIO_VARIANTS)
+                .chain(registry::MLA_DECODE_SM90_QUAD_VARIANTS)
                 .filter(|((k, ..), default)| *k == kv && *default)
                 .count();
             assert_eq!(marked, 1, "{kv:?}: kernels.toml must mark exactly one wgmma variant `default`");
         }
         assert_eq!(sm90_variants(KvFormat::Bf16, false)[0], (64, 2, Sm90Schedule::Trio));
         assert_eq!(sm90_variants(KvFormat::Bf16, true)[0], (64, 2, Sm90Schedule::Trio));
-        assert_eq!(sm90_variants(KvFormat::Fp8_656, true)[0], (64, 2, Sm90Schedule::Trio));
         assert_eq!(
             sm90_variants(KvFormat::Fp8_656, true),
-            vec![(64, 2, Sm90Schedule::Trio), (64, 2, Sm90Schedule::Pair)],
-            "FP8: trio, and pair for two row blocks"
+            vec![(64, 2, Sm90Schedule::Quad), (64, 2, Sm90Schedule::Trio), (64, 2, Sm90Schedule::Pair)],
+            "FP8: quad, trio, and pair for two row blocks"
         );
         // every listed variant resolves to a kernel, and the mma.sync tile comes from kernels.toml
         for (format, sparse) in [(KvFormat::Bf16, false), (KvFormat::Bf16, true), (KvFormat::Fp8_656, true)] {
