@@ -605,6 +605,8 @@ fn sparse_matches_reference() {
         // the second block full (128) or half empty (96)
         (KvFormat::Fp8_656, 2, 2, 128, 2048, true, &[1]),
         (KvFormat::Fp8_656, 3, 1, 96, 512, false, &[2]),
+        // more query rows than SMs, unsplit: several waves of CTAs (lists of length 0 among them)
+        (KvFormat::Fp8_656, 150, 2, 16, 512, true, &[7]),
     ];
     for (n, &(format, batch, nq, heads, k, with_len, empty)) in cases.iter().enumerate() {
         let shape = QueryShape { batch, rows: nq, heads };
