@@ -251,6 +251,17 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                     *(uint4*)(dst + swizzled(Tile, tok, c0 + 2 * j + 1)) = decode::dequant8(make_uint2(raw[j].z, raw[j].w), sc);
                 }
             };
+            // Every copy of the previous piece has landed (its readers finished before this
+            // piece's barrier): waited for here too, so that this thread itself has seen them
+            // complete before it copies into the same bytes (racecheck cannot follow the
+            // mbarrier chain from another thread's wait). A piece without tiles loads no Q: no
+            // fill's arrival would cover its copies, which could then land over the next piece's.
+            decode::cp_async_wait<0>();
+            if (n == 0) {
+                __syncthreads();                // the scorer's sStats
+                decode::write_rows_barriers();  // the producer holds no columns of O
+                return;
+            }
             // Q first: it waits for nothing (the previous piece is done with it), and the first
             // fill's cp.async arrival covers its copies
             load_q(p, sQ, seq_row0, row_base, row_limit, t, 128);
@@ -267,6 +278,9 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                 const uint32_t u = uses + f;
                 const int b = u & 1;
                 if (u >= 2) mbar_wait_sleep(empty(b), ((u >> 1) - 1) & 1);  // P·V of use u − 2 is done
+                // fill f − 2's copies into this buffer have landed (full, then its P·V, came
+                // before empty): seen by this thread too, for racecheck (one group a fill)
+                decode::cp_async_wait<1>();
                 if (half == 0) sValid[b * Tile + tok] = row >= 0;
                 {
                     const unsigned char* src = src_of(row) + kFp8RopeOffset + 64 * half;
@@ -283,6 +297,7 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                 store_batch(rb, b, 3, s1);
                 fence_proxy_async();            // these generic writes, before wgmma reads them
                 mbar_arrive_cp_async(full(b));  // the rope's copies (the first fill's: and Q's)
+                decode::cp_async_commit();
                 mbar_arrive(full(b));
                 if (f + 1 < n) {
                     row = row_of(pg1);
