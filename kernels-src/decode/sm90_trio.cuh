@@ -137,6 +137,29 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
         const int n_tokens = pt.tokens, tile_begin = pt.begin, tile_end = pt.end;
         const int n = tile_end - tile_begin;
 
+        // Where a tile's tokens are (the P·V warpgroups' loads and quad's producer). Dense: a
+        // power-of-two block size (the usual case) divides by shifting.
+        const int bs = p.block_size, bs_log = 31 - __clz(bs);
+        const bool bs_pow2 = (bs & (bs - 1)) == 0;
+        auto div_bs = [&](int pos) { return bs_pow2 ? pos >> bs_log : pos / bs; };
+        auto mod_bs = [&](int pos) { return bs_pow2 ? pos & (bs - 1) : pos % bs; };
+        // the page (dense) or cache row (sparse) of tile's token `tok`, or -1 past the sequence
+        auto token_page_of = [&](int tile, int tok) -> int {
+            const int pos = tile * Tile + tok;
+            if (pos >= n_tokens) return -1;
+            if constexpr (kSparse) return ((const int32_t*)p.indices)[(int64_t)seq * p.topk + pos];
+            return ((const int32_t*)p.block_table)[(int64_t)seq * p.block_table_stride + div_bs(pos)];
+        };
+        // the cache row of tile's token `tok`, or -1 (past the sequence, or an invalid page)
+        auto token_row_of = [&](int tile, int tok, int page) -> int64_t {
+            const int pos = tile * Tile + tok;
+            if constexpr (kSparse) {
+                if (pos < n_tokens && page >= 0 && (int64_t)page < (int64_t)p.num_pages * bs) return page;
+            } else {
+                if (pos < n_tokens && page >= 0 && page < p.num_pages) return (int64_t)page * bs + mod_bs(pos);
+            }
+            return -1;
+        };
         if constexpr (kRole == 0) {
             // ---- the scorer: S, the softmax, P and the rescale factors ----
             const float scale_log2 = p.scale_log2;
@@ -214,14 +237,9 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
             // prefetched a fill before its raw loads, and its index loaded a fill before that.
             const int tok = t >> 1, half = t & 1;
             const unsigned char* cache = (const unsigned char*)p.cache;
-            auto page_of = [&](int tile) -> int {
-                const int pos = tile * Tile + tok;
-                return pos < n_tokens ? ((const int32_t*)p.indices)[(int64_t)seq * p.topk + pos] : -1;
-            };
-            // the cache row of an index, or -1 (past the list, or out of the cache: reads zeros)
-            auto row_of = [&](int page) -> int64_t {
-                return page >= 0 && (int64_t)page < (int64_t)p.num_pages * p.block_size ? page : -1;
-            };
+            auto page_of = [&](int tile) { return token_page_of(tile, tok); };
+            // the cache row of tile's token, or -1 (past the list, or out of the cache: reads zeros)
+            auto row_of = [&](int tile, int page) { return token_row_of(tile, tok, page); };
             auto src_of = [&](int64_t row) { return cache + (row >= 0 ? row : 0) * kFp8RowBytes; };
             auto load_batch = [&](uint4 (&raw)[kFp8Batch], int64_t row, int h) {
                 const unsigned char* src = src_of(row) + half * 256 + 64 * h;
@@ -257,23 +275,18 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
             // mbarrier chain from another thread's wait). A piece without tiles loads no Q: no
             // fill's arrival would cover its copies, which could then land over the next piece's.
             decode::cp_async_wait<0>();
-            if (n == 0) {
-                __syncthreads();                // the scorer's sStats
-                decode::write_rows_barriers();  // the producer holds no columns of O
-                return;
-            }
             // Q first: it waits for nothing (the previous piece is done with it), and the first
             // fill's cp.async arrival covers its copies
-            load_q(p, sQ, seq_row0, row_base, row_limit, t, 128);
+            if (n > 0) load_q(p, sQ, seq_row0, row_base, row_limit, t, 128);
             int pg1 = n > 1 ? page_of(tile_begin + 1) : -1;  // the next fill's index
             int pg2 = n > 2 ? page_of(tile_begin + 2) : -1;  // the one after
-            int64_t row = row_of(page_of(tile_begin));
+            int64_t row = row_of(tile_begin, page_of(tile_begin));
             prefetch_row(row);
             uint4 ra[kFp8Batch], rb[kFp8Batch];
             load_batch(ra, row, 0);
             load_batch(rb, row, 1);
             float s0 = load_scale(row, 0), s1 = load_scale(row, 1);
-            prefetch_row(row_of(pg1));
+            prefetch_row(row_of(tile_begin + 1, pg1));
             for (int f = 0; f < n; ++f) {
                 const uint32_t u = uses + f;
                 const int b = u & 1;
@@ -300,12 +313,12 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                 decode::cp_async_commit();
                 mbar_arrive(full(b));
                 if (f + 1 < n) {
-                    row = row_of(pg1);
+                    row = row_of(tile_begin + f + 1, pg1);
                     load_batch(ra, row, 0);
                     load_batch(rb, row, 1);
                     s0 = load_scale(row, 0);
                     s1 = load_scale(row, 1);
-                    prefetch_row(row_of(pg2));
+                    prefetch_row(row_of(tile_begin + f + 2, pg2));
                     pg1 = pg2;
                     pg2 = f + 3 < n ? page_of(tile_begin + f + 3) : -1;
                 }
@@ -318,29 +331,7 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
             // ---- P·V of O's right half (warpgroup 1, which also loads) or left half (2) ----
             constexpr int kHalf = kRole == 1 ? 1 : 0;
             const int ld_tok = t / kLdPerTok, ld_part = t % kLdPerTok;
-            // Dense: a power-of-two block size (the usual case) divides by shifting.
-            const int bs = p.block_size, bs_log = 31 - __clz(bs);
-            const bool bs_pow2 = (bs & (bs - 1)) == 0;
-            auto div_bs = [&](int pos) { return bs_pow2 ? pos >> bs_log : pos / bs; };
-            auto mod_bs = [&](int pos) { return bs_pow2 ? pos & (bs - 1) : pos % bs; };
-            // the page (dense) or cache row (sparse) of tile's token `tok`, or -1 past the sequence
-            auto token_page_of = [&](int tile, int tok) -> int {
-                const int pos = tile * Tile + tok;
-                if (pos >= n_tokens) return -1;
-                if constexpr (kSparse) return ((const int32_t*)p.indices)[(int64_t)seq * p.topk + pos];
-                return ((const int32_t*)p.block_table)[(int64_t)seq * p.block_table_stride + div_bs(pos)];
-            };
             auto token_page = [&](int tile) { return token_page_of(tile, ld_tok); };
-            // the cache row of tile's token `tok`, or -1 (past the sequence, or an invalid page)
-            auto token_row_of = [&](int tile, int tok, int page) -> int64_t {
-                const int pos = tile * Tile + tok;
-                if constexpr (kSparse) {
-                    if (pos < n_tokens && page >= 0 && (int64_t)page < (int64_t)p.num_pages * bs) return page;
-                } else {
-                    if (pos < n_tokens && page >= 0 && page < p.num_pages) return (int64_t)page * bs + mod_bs(pos);
-                }
-                return -1;
-            };
             auto token_row = [&](int tile, int page) { return token_row_of(tile, ld_tok, page); };
             // Dense tiles wholly inside the sequence load by TMA when the launch passed a tensor
             // map (boxes of box_rows tokens × 64 columns, each issued by the thread holding its

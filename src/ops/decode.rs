@@ -442,7 +442,9 @@ pub fn mla_decode_sparse_on(dev: &Device, stream: Stream, a: &SparseDecode, path
     match pair_choice(kernel.cluster == 2, a.common.nq, a.common.heads, path, env_path()?) {
         PairChoice::Keep => {}
         PairChoice::Default => {
-            let (tile, stages, schedule) = sm90_variants(a.format, true)[0];
+            let &(tile, stages, schedule) = sm90_variants(a.format, true)
+                .first()
+                .ok_or_else(|| Error::Unsupported(format!("mla_decode sparse {:?}: no wgmma variant", a.format)))?;
             kernel = decode_kernel(dev, a.format, true, DecodePath::Wgmma { tile, stages, schedule })?
         }
         // where it is built (sparse FP8 on sm_90a); else the kernel Auto chose
