@@ -558,6 +558,14 @@ fn sparse_paths(format: KvFormat) -> Vec<DecodePath> {
         let shipped = sm90_variants(format, true);
         v.extend(shipped.into_iter().map(|(tile, stages, schedule)| DecodePath::Wgmma { tile, stages, schedule }));
     }
+    // DCP_MLA_TEST_SCHEDULES=quad,pair: only those sm90 schedules, so that a sanitizer run of one
+    // kernel fits a device call (a diagnostic narrowing, never set by scripts/gpu-run.sh; the
+    // paths kept are printed, and a format left with none runs none)
+    if let Ok(only) = std::env::var("DCP_MLA_TEST_SCHEDULES") {
+        let keep: Vec<String> = only.split(',').map(|x| x.trim().to_lowercase()).collect();
+        v.retain(|p| matches!(p, DecodePath::Wgmma { schedule, .. } if keep.contains(&format!("{schedule:?}").to_lowercase())));
+        eprintln!("DCP_MLA_TEST_SCHEDULES={only}: {format:?} paths {v:?}");
+    }
     v
 }
 
