@@ -558,13 +558,18 @@ fn sparse_paths(format: KvFormat) -> Vec<DecodePath> {
         let shipped = sm90_variants(format, true);
         v.extend(shipped.into_iter().map(|(tile, stages, schedule)| DecodePath::Wgmma { tile, stages, schedule }));
     }
-    // DCP_MLA_TEST_SCHEDULES=quad,pair: only those sm90 schedules, so that a sanitizer run of one
-    // kernel fits a device call (a diagnostic narrowing, never set by scripts/gpu-run.sh; the
-    // paths kept are printed, and a format left with none runs none)
+    // DCP_MLA_TEST_SCHEDULES=quad,trio: only those sm90 schedules (kernels.toml's spelling), so
+    // that a sanitizer run of one kernel fits a device call (a diagnostic narrowing, never set by
+    // scripts/gpu-run.sh). The paths kept are printed; a format left with none fails, never
+    // passes by running nothing.
     if let Ok(only) = std::env::var("DCP_MLA_TEST_SCHEDULES") {
-        let keep: Vec<String> = only.split(',').map(|x| x.trim().to_lowercase()).collect();
-        v.retain(|p| matches!(p, DecodePath::Wgmma { schedule, .. } if keep.contains(&format!("{schedule:?}").to_lowercase())));
+        let keep: Vec<&str> = only.split(',').map(str::trim).collect();
+        v.retain(|p| matches!(p, DecodePath::Wgmma { schedule, .. } if keep.contains(&schedule.name())));
         eprintln!("DCP_MLA_TEST_SCHEDULES={only}: {format:?} paths {v:?}");
+        assert!(
+            !v.is_empty(),
+            "DCP_MLA_TEST_SCHEDULES={only} leaves no {format:?} path: name one of its schedules too"
+        );
     }
     v
 }
