@@ -67,25 +67,15 @@ __device__ __forceinline__ uint4 dequant8(uint2 raw, float scale) {
 // write_rows' static shared flags, beside a kernel's dynamic shared memory.
 constexpr int kWriteRowsStaticBytes = 2 * kRows * 4;
 
-// The epilogue of both decode kernels: a thread's two rows (row0 and row0 + 8 of its 16-row
-// group) of O / l and lse = (m + log2 l)·ln 2. Row r of the CTA is row row_base + r of its
-// sequence: out row seq_row0 + row_base + r, or with slot >= 0 row row_base + r of workspace
-// slot `slot` (rows_per_seq rows each). `o(n, e)` is the accumulator of column col0 + 8n + e
-// (e = 0, 1) of row k = e >> 1 pairs: o(n, 2k) and o(n, 2k + 1). A row that saw nothing
-// (l = 0) writes 0 and −inf. Every thread of the CTA calls it (it holds two CTA barriers); a
-// row's 512 columns are the 4 threads of a quad (t4 = (col0 & 255) / 2) in each of the two
-// column halves (col0 < 256 or not).
+// The NaN flags of a thread's two rows (write_rows' first CTA barrier): docs/contract.md §9: a NaN
+// anywhere in a row's accumulators (a NaN in the v part of a token it read) makes all of its out
+// and its lse NaN, as a NaN score already does through l: else its lse stays finite and the merge
+// across ranks keeps the row. The quad's flags are OR-ed by shuffles, the two halves' through
+// shared memory (one writer per row and half).
 template <typename Acc>
-__device__ __forceinline__ void write_rows(const DcpMlaDecodeParams& p, int slot, int64_t seq_row0, int rows_per_seq,
-                                           int row_base, int row_limit, int row0, int col0, bool writes_lse,
-                                           const float (&l)[2], const float (&m)[2], Acc o) {
-    // docs/contract.md §9: a NaN anywhere in a row's accumulators (a NaN in the v part of a token it read)
-    // makes all of its out and its lse NaN, as a NaN score already does through l: else its lse
-    // stays finite and the merge across ranks keeps the row. The quad's flags are OR-ed by
-    // shuffles, the two halves' through shared memory (one writer per row and half).
+__device__ __forceinline__ void rows_nan(int row0, int col0, Acc o, bool (&row_nan)[2]) {
     __shared__ int s_row_nan[2][kRows];
     const int half = col0 >= 256 ? 1 : 0;
-    bool row_nan[2];
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
         bool f = false;
@@ -98,38 +88,127 @@ __device__ __forceinline__ void write_rows(const DcpMlaDecodeParams& p, int slot
     __syncthreads();
 #pragma unroll
     for (int k = 0; k < 2; ++k) row_nan[k] = (s_row_nan[0][row0 + 8 * k] | s_row_nan[1][row0 + 8 * k]) != 0;
+}
+
+// A row's 1 / l and lse: l = 0, the row saw nothing (0 and −inf); a NaN l (a NaN score from q or
+// a cache row it read) or a NaN accumulator gives NaN out and lse, never the empty row's
+// (docs/contract.md §9)
+__device__ __forceinline__ void row_scale(float l, float m, bool nan, float& inv, float& lse) {
+    const bool empty = l == 0.0f && !nan;
+    inv = nan ? __int_as_float(0x7fffffff) : empty ? 0.0f : 1.0f / l;
+    lse = nan ? __int_as_float(0x7fffffff) : empty ? -INFINITY : (m + log2f(l)) * kLn2;
+}
+
+// A thread's part of row k (of its two) of O·inv, stored straight to out (bf16 or fp32) or the
+// workspace (fp32) row `grow`: each warp store writes 8 or 4 bytes into each of 8 rows.
+template <typename Acc>
+__device__ __forceinline__ void store_row(const DcpMlaDecodeParams& p, bool to_ws, int64_t grow, int col0, int k,
+                                          float inv, Acc o) {
+    if (to_ws || p.out_f32) {
+        float* dst = (float*)(to_ws ? p.ws_out : p.out) + grow * kDimLatent;
+#pragma unroll
+        for (int n = 0; n < 32; ++n)
+            *(float2*)(dst + col0 + 8 * n) = make_float2(o(n, 2 * k) * inv, o(n, 2 * k + 1) * inv);
+    } else {
+        __nv_bfloat16* dst = (__nv_bfloat16*)p.out + grow * kDimLatent;
+#pragma unroll
+        for (int n = 0; n < 32; ++n)
+            *(uint32_t*)(dst + col0 + 8 * n) = pack_bf16(o(n, 2 * k) * inv, o(n, 2 * k + 1) * inv);
+    }
+}
+
+// The epilogue of both decode kernels: a thread's two rows (row0 and row0 + 8 of its 16-row
+// group) of O / l and lse = (m + log2 l)·ln 2. Row r of the CTA is row row_base + r of its
+// sequence: out row seq_row0 + row_base + r, or with slot >= 0 row row_base + r of workspace
+// slot `slot` (rows_per_seq rows each). `o(n, e)` is the accumulator of column col0 + 8n + e
+// (e = 0, 1) of row k = e >> 1 pairs: o(n, 2k) and o(n, 2k + 1). A row that saw nothing
+// (l = 0) writes 0 and −inf. Every thread of the CTA calls it (it holds two CTA barriers); a
+// row's 512 columns are the 4 threads of a quad (t4 = (col0 & 255) / 2) in each of the two
+// column halves (col0 < 256 or not).
+template <typename Acc>
+__device__ __forceinline__ void write_rows(const DcpMlaDecodeParams& p, int slot, int64_t seq_row0, int rows_per_seq,
+                                           int row_base, int row_limit, int row0, int col0, bool writes_lse,
+                                           const float (&l)[2], const float (&m)[2], Acc o) {
+    bool row_nan[2];
+    rows_nan(row0, col0, o, row_nan);
     __syncthreads();  // the flags are read before a later piece's write_rows sets them again (write_rows_barriers)
     const bool to_ws = slot >= 0;
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
         const int r = row0 + 8 * k;
         if (r >= row_limit) continue;
-        // l = 0: the row saw nothing (0 and −inf); a NaN l (a NaN score from q or a cache row it
-        // read) or a NaN accumulator gives NaN out and lse, never the empty row's (docs/contract.md §9)
-        const bool empty = l[k] == 0.0f && !row_nan[k];
-        const float inv = row_nan[k] ? __int_as_float(0x7fffffff) : empty ? 0.0f : 1.0f / l[k];
-        const float lse = row_nan[k] ? __int_as_float(0x7fffffff) : empty ? -INFINITY : (m[k] + log2f(l[k])) * kLn2;
+        float inv, lse;
+        row_scale(l[k], m[k], row_nan[k], inv, lse);
         const int64_t grow = to_ws ? (int64_t)slot * rows_per_seq + row_base + r : seq_row0 + row_base + r;
         if (writes_lse) ((float*)(to_ws ? p.ws_lse : p.lse))[grow] = lse;
-        if (to_ws || p.out_f32) {
-            float* dst = (float*)(to_ws ? p.ws_out : p.out) + grow * kDimLatent;
-#pragma unroll
-            for (int n = 0; n < 32; ++n)
-                *(float2*)(dst + col0 + 8 * n) = make_float2(o(n, 2 * k) * inv, o(n, 2 * k + 1) * inv);
-        } else {
-            __nv_bfloat16* dst = (__nv_bfloat16*)p.out + grow * kDimLatent;
-#pragma unroll
-            for (int n = 0; n < 32; ++n)
-                *(uint32_t*)(dst + col0 + 8 * n) = pack_bf16(o(n, 2 * k) * inv, o(n, 2 * k + 1) * inv);
-        }
+        store_row(p, to_ws, grow, col0, k, inv, o);
     }
 }
 
-// write_rows' CTA barriers, for a warpgroup of the CTA that holds no rows (the FP8 loader):
-// exactly as many __syncthreads as write_rows has.
+// write_rows with the rows going out through `stage`: `stage_bytes` of shared memory that no
+// thread reads or writes between the call's first CTA barrier and its last (the caller's other
+// roles call write_rows_barriers<true>). Each thread writes its values into the staged rows (64 ×
+// (row bytes + 16)); after the second barrier the `writers` threads that hold O (this one is
+// `writer` among them) copy them out in 16-byte pieces, so a warp's store covers 512 contiguous
+// bytes instead of 16 bytes in each of 8 rows (NOTES.md, nineteenth and twentieth sessions: the
+// direct stores took ~5 µs of a sparse CTA). The 16-byte pad puts the 8 rows a warp writes at once
+// on distinct banks. Rows that do not fit the stage (fp32 in a small one) are stored directly.
+// Three CTA barriers: write_rows' two, and one after the copy-out, before a later piece's fills
+// (or Q) overwrite the stage.
+template <typename Acc>
+__device__ __forceinline__ void write_rows_staged(const DcpMlaDecodeParams& p, int slot, int64_t seq_row0,
+                                                  int rows_per_seq, int row_base, int row_limit, int row0, int col0,
+                                                  bool writes_lse, const float (&l)[2], const float (&m)[2], Acc o,
+                                                  unsigned char* stage, int stage_bytes, int writer, int writers) {
+    bool row_nan[2];
+    rows_nan(row0, col0, o, row_nan);
+    const bool to_ws = slot >= 0;
+    const bool f32 = to_ws || p.out_f32;
+    const int row_bytes = f32 ? kDimLatent * 4 : kDimLatent * 2, pitch = row_bytes + 16;
+    const bool staged = kRows * pitch <= stage_bytes;  // the same in every thread of the CTA
+    if (!staged) __syncthreads();  // as write_rows' second
+    const int64_t grow0 = to_ws ? (int64_t)slot * rows_per_seq + row_base : seq_row0 + row_base;  // row 0's
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+        const int r = row0 + 8 * k;
+        if (r >= row_limit) continue;
+        float inv, lse;
+        row_scale(l[k], m[k], row_nan[k], inv, lse);
+        if (writes_lse) ((float*)(to_ws ? p.ws_lse : p.lse))[grow0 + r] = lse;
+        if (!staged) {
+            store_row(p, to_ws, grow0 + r, col0, k, inv, o);
+            continue;
+        }
+        unsigned char* dst = stage + r * pitch;
+        if (f32) {
+#pragma unroll
+            for (int n = 0; n < 32; ++n)
+                *(float2*)(dst + 4 * (col0 + 8 * n)) = make_float2(o(n, 2 * k) * inv, o(n, 2 * k + 1) * inv);
+        } else {
+#pragma unroll
+            for (int n = 0; n < 32; ++n)
+                *(uint32_t*)(dst + 2 * (col0 + 8 * n)) = pack_bf16(o(n, 2 * k) * inv, o(n, 2 * k + 1) * inv);
+        }
+    }
+    if (staged) {
+        __syncthreads();  // the staged rows are written, and the flags read (as write_rows' second)
+        unsigned char* out = (unsigned char*)(to_ws ? p.ws_out : p.out) + grow0 * row_bytes;
+        const int chunk_log = f32 ? 7 : 6;  // 16-byte pieces a row: 128 or 64
+        for (int c = writer; c < (row_limit << chunk_log); c += writers) {
+            const int r = c >> chunk_log, j = c & ((1 << chunk_log) - 1);
+            *(uint4*)(out + (int64_t)r * row_bytes + 16 * j) = *(const uint4*)(stage + r * pitch + 16 * j);
+        }
+    }
+    __syncthreads();  // the stage is read out before anyone writes it again
+}
+
+// write_rows' (Staged: write_rows_staged's) CTA barriers, for a warpgroup of the CTA that holds no
+// rows (a scorer, a loader): exactly as many __syncthreads as the rows' writers have.
+template <bool Staged>
 __device__ __forceinline__ void write_rows_barriers() {
     __syncthreads();
     __syncthreads();
+    if constexpr (Staged) __syncthreads();
 }
 
 }  // namespace decode

@@ -81,12 +81,15 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
     using namespace decode_sm90;
     constexpr int kSRegs = Tile / 2;
     constexpr int kTileBytes = Tile * kDimQk * 2;
+    constexpr int kQBytes = kRows * kDimQk * 2;
+    // the sparse kernels' P·V warpgroups write their rows through shared memory (write_rows_staged)
+    constexpr bool kStagedRows = kSparse;
     constexpr int kLdPerTok = 128 / Tile;  // warpgroup 1's threads per token of a tile
     constexpr int kFp8Batch = 4;           // FP8: 16-byte raw loads in flight a thread
     [[maybe_unused]] constexpr uint32_t kPeerBytes = Tile / 2 * kDimLatent * 2;  // pair: the peer's dequantised half of a tile
     unsigned char* smem = aligned_smem<Kv, Tile, Stages, Sched>();
     unsigned char* sQ = smem;
-    unsigned char* sKV = smem + kRows * kDimQk * 2;       // 2 × [Tile × 576] bf16
+    unsigned char* sKV = smem + kQBytes;                  // 2 × [Tile × 576] bf16
     int* sValid = (int*)(sKV + Stages * kTileBytes);      // [2][Tile]
     float* sAlpha = (float*)(sValid + Stages * Tile);     // [2][64] rescale factors of P(i)
     float2* sStats = (float2*)(sAlpha + 2 * kRows);       // [64] final (l, m) of the rows
@@ -226,7 +229,7 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
             }
             uses += n;
             __syncthreads();                // sStats written, before the P·V warpgroups read it
-            decode::write_rows_barriers();  // the scorer holds no columns of O
+            decode::write_rows_barriers<kStagedRows>();  // the scorer holds no columns of O
             return;
         } else if constexpr (kRole == 3) {
             // ---- quad's producer: Q, and per tile the flags, the rope block and the latent ----
@@ -325,7 +328,7 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
             }
             uses += n;
             __syncthreads();                // the scorer's sStats
-            decode::write_rows_barriers();  // the producer holds no columns of O
+            decode::write_rows_barriers<kStagedRows>();  // the producer holds no columns of O
             return;
         } else {
             // ---- P·V of O's right half (warpgroup 1, which also loads) or left half (2) ----
@@ -598,9 +601,18 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                 m_row[k] = v.y;
             }
             // one accessor type for both halves: write_rows' static NaN flags are per instantiation,
-            // and the two halves must OR theirs in the same array
-            decode::write_rows(p, pc.slot, seq_row0, seq_rows, row_base, row_limit, r0, kHalf * 256 + 2 * t4,
-                               kHalf == 0 && t4 == 0, l_row, m_row, OHalf{o});
+            // and the two halves must OR theirs in the same array. Sparse rows go out through
+            // shared memory that every reader is done with (the barrier above): the tile buffers,
+            // or pair's Q (the peer's bulk copies may still read or fill its buffers: bf16 rows
+            // fit, fp32 ones go out directly); dense P·V warpgroups spilled with it (12 bytes at
+            // 184 registers).
+            if constexpr (!kStagedRows)
+                decode::write_rows(p, pc.slot, seq_row0, seq_rows, row_base, row_limit, r0, kHalf * 256 + 2 * t4,
+                                   kHalf == 0 && t4 == 0, l_row, m_row, OHalf{o});
+            else
+                decode::write_rows_staged(p, pc.slot, seq_row0, seq_rows, row_base, row_limit, r0, kHalf * 256 + 2 * t4,
+                                          kHalf == 0 && t4 == 0, l_row, m_row, OHalf{o}, kPair ? sQ : sKV,
+                                          kPair ? kQBytes : Stages * kTileBytes, tid - 128, 256);
         }
     };
     // 384 threads start at 168 registers each (64K / 384, in steps of 8), and the CTA's pool is
