@@ -145,7 +145,7 @@ __device__ __forceinline__ void write_rows(const DcpMlaDecodeParams& p, int slot
     }
 }
 
-// write_rows with the rows going out through `stage`: `stage_bytes` of shared memory that no
+// write_rows with the rows going out through `stage`: StageBytes of shared memory that no
 // thread reads or writes between the call's first CTA barrier and its last (the caller's other
 // roles call write_rows_barriers<true>). Each thread writes its values into the staged rows (64 ×
 // (row bytes + 16)); after the second barrier the `writers` threads that hold O (this one is
@@ -155,17 +155,18 @@ __device__ __forceinline__ void write_rows(const DcpMlaDecodeParams& p, int slot
 // on distinct banks. Rows that do not fit the stage (fp32 in a small one) are stored directly.
 // Three CTA barriers: write_rows' two, and one after the copy-out, before a later piece's fills
 // (or Q) overwrite the stage.
-template <typename Acc>
+template <int StageBytes, typename Acc>
 __device__ __forceinline__ void write_rows_staged(const DcpMlaDecodeParams& p, int slot, int64_t seq_row0,
                                                   int rows_per_seq, int row_base, int row_limit, int row0, int col0,
                                                   bool writes_lse, const float (&l)[2], const float (&m)[2], Acc o,
-                                                  unsigned char* stage, int stage_bytes, int writer, int writers) {
+                                                  unsigned char* stage, int writer, int writers) {
     bool row_nan[2];
     rows_nan(row0, col0, o, row_nan);
     const bool to_ws = slot >= 0;
     const bool f32 = to_ws || p.out_f32;
     const int row_bytes = f32 ? kDimLatent * 4 : kDimLatent * 2, pitch = row_bytes + 16;
-    const bool staged = kRows * pitch <= stage_bytes;  // the same in every thread of the CTA
+    // the same in every thread of the CTA; known at compile time where fp32 rows fit
+    const bool staged = StageBytes >= kRows * (kDimLatent * 4 + 16) || kRows * pitch <= StageBytes;
     if (!staged) __syncthreads();  // as write_rows' second
     const int64_t grow0 = to_ws ? (int64_t)slot * rows_per_seq + row_base : seq_row0 + row_base;  // row 0's
 #pragma unroll

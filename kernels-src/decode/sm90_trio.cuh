@@ -610,9 +610,9 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                 decode::write_rows(p, pc.slot, seq_row0, seq_rows, row_base, row_limit, r0, kHalf * 256 + 2 * t4,
                                    kHalf == 0 && t4 == 0, l_row, m_row, OHalf{o});
             else
-                decode::write_rows_staged(p, pc.slot, seq_row0, seq_rows, row_base, row_limit, r0, kHalf * 256 + 2 * t4,
-                                          kHalf == 0 && t4 == 0, l_row, m_row, OHalf{o}, kPair ? sQ : sKV,
-                                          kPair ? kQBytes : Stages * kTileBytes, tid - 128, 256);
+                decode::write_rows_staged<kPair ? kQBytes : Stages * kTileBytes>(
+                    p, pc.slot, seq_row0, seq_rows, row_base, row_limit, r0, kHalf * 256 + 2 * t4, kHalf == 0 && t4 == 0,
+                    l_row, m_row, OHalf{o}, kPair ? sQ : sKV, tid - 128, 256);
         }
     };
     // 384 threads start at 168 registers each (64K / 384, in steps of 8), and the CTA's pool is
