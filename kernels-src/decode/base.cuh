@@ -131,7 +131,7 @@ __device__ __forceinline__ void write_rows(const DcpMlaDecodeParams& p, int slot
                                            const float (&l)[2], const float (&m)[2], Acc o) {
     bool row_nan[2];
     rows_nan(row0, col0, o, row_nan);
-    __syncthreads();  // the flags are read before a later piece's write_rows sets them again (write_rows_barriers)
+    __syncthreads();  // the flags are read before a later piece's write_rows sets them again (write_rows_staged_barriers)
     const bool to_ws = slot >= 0;
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
@@ -147,7 +147,7 @@ __device__ __forceinline__ void write_rows(const DcpMlaDecodeParams& p, int slot
 
 // write_rows with the rows going out through `stage`: StageBytes of shared memory that no
 // thread reads or writes between the call's first CTA barrier and its last (the caller's other
-// roles call write_rows_barriers<true>). Each thread writes its values into the staged rows (64 ×
+// roles call write_rows_staged_barriers). Each thread writes its values into the staged rows (64 ×
 // (row bytes + 16)); after the second barrier the `writers` threads that hold O (this one is
 // `writer` among them) copy them out in 16-byte pieces, so a warp's store covers 512 contiguous
 // bytes instead of 16 bytes in each of 8 rows (NOTES.md, nineteenth and twentieth sessions: the
@@ -203,13 +203,12 @@ __device__ __forceinline__ void write_rows_staged(const DcpMlaDecodeParams& p, i
     __syncthreads();  // the stage is read out before anyone writes it again
 }
 
-// write_rows' (Staged: write_rows_staged's) CTA barriers, for a warpgroup of the CTA that holds no
-// rows (a scorer, a loader): exactly as many __syncthreads as the rows' writers have.
-template <bool Staged>
-__device__ __forceinline__ void write_rows_barriers() {
+// write_rows_staged's CTA barriers, for a warpgroup of the CTA that holds no rows (a scorer, a
+// loader): exactly as many __syncthreads as the rows' writers have.
+__device__ __forceinline__ void write_rows_staged_barriers() {
     __syncthreads();
     __syncthreads();
-    if constexpr (Staged) __syncthreads();
+    __syncthreads();
 }
 
 }  // namespace decode

@@ -82,8 +82,6 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
     constexpr int kSRegs = Tile / 2;
     constexpr int kTileBytes = Tile * kDimQk * 2;
     constexpr int kQBytes = kRows * kDimQk * 2;
-    // the sparse kernels' P·V warpgroups write their rows through shared memory (write_rows_staged)
-    constexpr bool kStagedRows = kSparse;
     constexpr int kLdPerTok = 128 / Tile;  // warpgroup 1's threads per token of a tile
     constexpr int kFp8Batch = 4;           // FP8: 16-byte raw loads in flight a thread
     [[maybe_unused]] constexpr uint32_t kPeerBytes = Tile / 2 * kDimLatent * 2;  // pair: the peer's dequantised half of a tile
@@ -229,7 +227,7 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
             }
             uses += n;
             __syncthreads();                // sStats written, before the P·V warpgroups read it
-            decode::write_rows_barriers<kStagedRows>();  // the scorer holds no columns of O
+            decode::write_rows_staged_barriers();  // the scorer holds no columns of O
             return;
         } else if constexpr (kRole == 3) {
             // ---- quad's producer: Q, and per tile the flags, the rope block and the latent ----
@@ -328,7 +326,7 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
             }
             uses += n;
             __syncthreads();                // the scorer's sStats
-            decode::write_rows_barriers<kStagedRows>();  // the producer holds no columns of O
+            decode::write_rows_staged_barriers();  // the producer holds no columns of O
             return;
         } else {
             // ---- P·V of O's right half (warpgroup 1, which also loads) or left half (2) ----
@@ -601,29 +599,26 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                 m_row[k] = v.y;
             }
             // one accessor type for both halves: write_rows' static NaN flags are per instantiation,
-            // and the two halves must OR theirs in the same array. Sparse rows go out through
-            // shared memory that every reader is done with (the barrier above): the tile buffers,
-            // or pair's Q (the peer's bulk copies may still read or fill its buffers: bf16 rows
-            // fit, fp32 ones go out directly); dense P·V warpgroups spilled with it (12 bytes at
-            // 184 registers).
-            if constexpr (!kStagedRows)
-                decode::write_rows(p, pc.slot, seq_row0, seq_rows, row_base, row_limit, r0, kHalf * 256 + 2 * t4,
-                                   kHalf == 0 && t4 == 0, l_row, m_row, OHalf{o});
-            else
-                decode::write_rows_staged<kPair ? kQBytes : Stages * kTileBytes>(
-                    p, pc.slot, seq_row0, seq_rows, row_base, row_limit, r0, kHalf * 256 + 2 * t4, kHalf == 0 && t4 == 0,
-                    l_row, m_row, OHalf{o}, kPair ? sQ : sKV, tid - 128, 256);
+            // and the two halves must OR theirs in the same array. The rows go out through shared
+            // memory that every reader is done with (the barrier above): the tile buffers, or pair's
+            // Q (the peer's bulk copies may still read or fill its buffers: bf16 rows fit there,
+            // fp32 ones go out directly).
+            decode::write_rows_staged<kPair ? kQBytes : Stages * kTileBytes>(
+                p, pc.slot, seq_row0, seq_rows, row_base, row_limit, r0, kHalf * 256 + 2 * t4, kHalf == 0 && t4 == 0,
+                l_row, m_row, OHalf{o}, kPair ? sQ : sKV, tid - 128, 256);
         }
     };
     // 384 threads start at 168 registers each (64K / 384, in steps of 8), and the CTA's pool is
     // exactly that: the scorer gives back what the P·V warpgroups (O's 128 accumulators each)
-    // take. FP8's P·V warpgroups also hold a batch of raw rows (16 registers) across P·V and
-    // spilled at 184 and 208; its scorer fits in 72. Each role runs its own piece loop, so no code is shared between budgets.
+    // take. BF16: 120 / 192 / 192 (at 136 / 184 the P·V warpgroups spilled 12-16 bytes in the staged
+    // epilogue). FP8's P·V warpgroups also hold a batch of raw rows (16 registers) across P·V and
+    // spilled at 184 and 208; its scorer fits in 72. Each role runs its own piece loop, so no code
+    // is shared between budgets.
     // Quad (512 threads, 128 registers each at launch): the P·V warpgroups hold no raw rows (as
     // BF16's), the producer two raw batches of the next fill; 0 spills at 64 / 176 / 176 / 96.
     constexpr int kThreads = kQuad ? 512 : 384;
     constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
-    constexpr int kScorerRegs = kQuad ? 64 : kFp8 ? 72 : 136, kPvRegs = kQuad ? 176 : kFp8 ? 216 : 184;
+    constexpr int kScorerRegs = kQuad ? 64 : kFp8 ? 72 : 120, kPvRegs = kQuad ? 176 : kFp8 ? 216 : 192;
     constexpr int kProducerRegs = kQuad ? 4 * kLaunchRegs - kScorerRegs - 2 * kPvRegs : 0;
     static_assert(kScorerRegs + 2 * kPvRegs + kProducerRegs <= (kQuad ? 4 : 3) * kLaunchRegs,
                   "setmaxnreg must stay inside the CTA's pool");
