@@ -131,7 +131,7 @@ __device__ __forceinline__ void write_rows(const DcpMlaDecodeParams& p, int slot
                                            const float (&l)[2], const float (&m)[2], Acc o) {
     bool row_nan[2];
     rows_nan(row0, col0, o, row_nan);
-    __syncthreads();  // the flags are read before a later piece's write_rows sets them again (write_rows_staged_barriers)
+    __syncthreads();  // the flags are read before a later piece's write_rows sets them again
     const bool to_ws = slot >= 0;
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
