@@ -1,0 +1,78 @@
+#!/usr/bin/env python3
+"""Copies kernels-src into DST with globaltimer stamps in decode/sm90_trio.cuh, for
+scripts/decode-timeline.cu (a measurement, not part of the library; NOTES.md, nineteenth and
+twentieth sessions). Usage: decode-timeline-stamp.py KERNELS_SRC DST
+
+Slots a CTA records (the harness prints each slot's spread over the CTAs):
+  stamps, µs from the CTA's entry: 3/12 the scorer's first/last tile landed, 4 its first P handed
+  over, 6 its loop's end; 10/11 P·V warpgroup 1's first/last P, 5 its first P·V done, 7 its loop's
+  end, 8 its epilogue's end; quad only: 1 the producer's Q issued, 2 its first fill arrived, 9 its
+  loop's end.
+  sums over the CTA's tiles, µs (pair and trio): 9 the scorer's waits for a tile; 13 / 14 P·V
+  warpgroup 1's waits for P and for the tile; pair only: 2 its waits for the peer's peer_free.
+Each anchor must match exactly once (or, where marked optional, not at all): when the kernel's
+text moves on, this script fails rather than stamping the wrong place.
+"""
+import shutil
+import sys
+
+src, dst = sys.argv[1], sys.argv[2]
+shutil.copytree(src, dst, dirs_exist_ok=True)
+path = f"{dst}/decode/sm90_trio.cuh"
+s = open(path).read()
+
+
+def rep(a, b, optional=False):
+    global s
+    c = s.count(a)
+    if c == 0 and optional:
+        return
+    if c != 1:
+        raise SystemExit(f"anchor found {c} times: {a!r}")
+    s = s.replace(a, b)
+
+
+# the scorer: its waits for a tile (sum), first and last tile, first P, loop end
+rep("                if constexpr (kPair) mbar_wait_sleep_cluster(full(b), (u >> 1) & 1);  // the peer's half too\n"
+    "                else mbar_wait_sleep(full(b), (u >> 1) & 1);\n",
+    "                const unsigned long long tl_w0 = DCP_NOW();\n"
+    "                if constexpr (kPair) mbar_wait_sleep_cluster(full(b), (u >> 1) & 1);  // the peer's half too\n"
+    "                else mbar_wait_sleep(full(b), (u >> 1) & 1);\n"
+    "                if (t == 0 && !kQuad) DCP_ACC(9, DCP_NOW() - tl_w0);\n"
+    "                if (t == 0 && i == 0) DCP_TL(3);\n"
+    "                if (t == 0 && i == n - 1) DCP_TL(12);\n")
+rep("                mbar_arrive(p_full(b));\n            }\n",
+    "                mbar_arrive(p_full(b));\n                if (t == 0 && i == 0) DCP_TL(4);\n            }\n"
+    "            if (t == 0) DCP_TL(6);\n")
+# quad's producer: Q issued, first fill arrived, loop end
+rep("            if (n > 0) load_q(p, sQ, seq_row0, row_base, row_limit, t, 128);\n",
+    "            if (n > 0) load_q(p, sQ, seq_row0, row_base, row_limit, t, 128);\n            if (t == 0) DCP_TL(1);\n")
+rep("                mbar_arrive(full(b));\n                if (f + 1 < n) {",
+    "                mbar_arrive(full(b));\n                if (t == 0 && f == 0) DCP_TL(2);\n                if (f + 1 < n) {")
+rep("            uses += n;\n            __syncthreads();                // the scorer's sStats\n",
+    "            if (t == 0) DCP_TL(9);\n            uses += n;\n            __syncthreads();                // the scorer's sStats\n")
+# P·V warpgroup 1: its waits for P and for the tile (sums), first and last P, first P·V, loop end, end
+rep("                mbar_wait_sleep(p_full(b), (u >> 1) & 1);  // P(u) and its factors are written\n",
+    "                const unsigned long long tl_p0 = DCP_NOW();\n"
+    "                mbar_wait_sleep(p_full(b), (u >> 1) & 1);  // P(u) and its factors are written\n"
+    "                if (kRole == 1 && t == 0) DCP_ACC(13, DCP_NOW() - tl_p0);\n"
+    "                if (kRole == 1 && t == 0 && i == 0) DCP_TL(10);\n"
+    "                if (kRole == 1 && t == 0 && i == n - 1) DCP_TL(11);\n")
+rep("                if constexpr (kPair) mbar_wait_cluster(full(b), (u >> 1) & 1);\n"
+    "                else mbar_wait(full(b), (u >> 1) & 1);\n",
+    "                const unsigned long long tl_f0 = DCP_NOW();\n"
+    "                if constexpr (kPair) mbar_wait_cluster(full(b), (u >> 1) & 1);\n"
+    "                else mbar_wait(full(b), (u >> 1) & 1);\n"
+    "                if (kRole == 1 && t == 0) DCP_ACC(14, DCP_NOW() - tl_f0);\n")
+rep("                if (f >= 2) mbar_wait_cluster(peer_free(kHalf, b), ((f >> 1) - 1) & 1);\n",
+    "                const unsigned long long tl_q0 = DCP_NOW();\n"
+    "                if (f >= 2) mbar_wait_cluster(peer_free(kHalf, b), ((f >> 1) - 1) & 1);\n"
+    "                if (kHalf == 1 && t == 0) DCP_ACC(2, DCP_NOW() - tl_q0);\n")
+a = "                mbar_arrive(empty(b));  // every thread: it read sAlpha, and its P·V is done\n"
+rep(a, a + "                if (kRole == 1 && t == 0 && i == 0) DCP_TL(5);\n")
+a = "            uses += n;\n            __syncthreads();  // the scorer's sStats\n            float l_row"
+rep(a, "            if (kRole == 1 && t == 0) DCP_TL(7);\n" + a)
+a = "l_row, m_row, OHalf{o}, kPair ? sQ : sKV, tid - 128, 256);\n"
+rep(a, a + "            if (kRole == 1 && t == 0) DCP_TL(8);\n")
+open(path, "w").write(s)
+print(f"stamped {path}")

@@ -1,0 +1,234 @@
+// A sparse FP8 decode CTA's timeline (a measurement, not part of the library; NOTES.md,
+// nineteenth and twentieth sessions): times the quad, trio or pair kernel of decode/sm90_trio.cuh
+// standalone with `dcp-mla bench`'s method (events, L2 flushed by a 256 MiB read before each
+// launch, median of 30 after 5) on b = 128 requests of 8,192 tokens (64-token pages, random
+// distinct indices), then records one flushed launch's per-CTA stamps and wait sums (the slots
+// scripts/decode-timeline-stamp.py places) and prints each slot's spread over the CTAs.
+// On the GPU machine, from the repository root (a stamped copy of kernels-src first; without it,
+// -I kernels-src gives the unstamped kernel's time alone):
+//   python3 scripts/decode-timeline-stamp.py kernels-src /tmp/kst
+//   nvcc -O3 -std=c++17 --expt-relaxed-constexpr -gencode arch=compute_90a,code=sm_90a -I /tmp/kst \
+//        -DSCHED=Pair -o /tmp/tl scripts/decode-timeline.cu
+//   /tmp/tl q K [timeline.txt] [heads]      (pair: heads 65..128; quad and trio: up to 64)
+#include <cuda_runtime.h>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#define NSLOT 16
+__device__ unsigned long long g_tl[4096 * NSLOT];
+#define DCP_TL(slot)                                                                        \
+    do {                                                                                    \
+        unsigned long long _t;                                                              \
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(_t));                              \
+        g_tl[(blockIdx.y * gridDim.x + blockIdx.x) * NSLOT + (slot)] = _t;                 \
+    } while (0)
+
+#define DCP_NOW()                                                                           \
+    ([] {                                                                                   \
+        unsigned long long _t;                                                              \
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(_t));                              \
+        return _t;                                                                          \
+    }())
+#define DCP_ACC(slot, v) (g_tl[(blockIdx.y * gridDim.x + blockIdx.x) * NSLOT + (slot)] += (v))
+#include "decode/sm90_trio.cuh"
+using namespace dcp;
+
+#ifndef SCHED
+#define SCHED Quad
+#endif
+constexpr bool kPairLaunch = Sm90Schedule::SCHED == Sm90Schedule::Pair;
+constexpr int THREADS = Sm90Schedule::SCHED == Sm90Schedule::Quad ? 512 : 384;
+extern "C" __global__ void __launch_bounds__(THREADS) k_dec(const __grid_constant__ DcpMlaDecodeParams p) {
+    if (threadIdx.x == 0) {
+        unsigned smid;
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+        g_tl[(blockIdx.y * gridDim.x + blockIdx.x) * NSLOT + 15] = smid;
+        DCP_TL(0);
+    }
+    mla_decode_sm90_trio<DecodeKv::SparseFp8, 64, 2, Sm90Schedule::SCHED>(p);
+}
+
+#define CK(x)                                                                                  \
+    do {                                                                                       \
+        cudaError_t e = (x);                                                                   \
+        if (e != cudaSuccess) {                                                                \
+            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e)); \
+            exit(1);                                                                           \
+        }                                                                                      \
+    } while (0)
+
+static uint64_t rng = 0x12345678abcdefull;
+static uint64_t next() {
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return rng;
+}
+
+__global__ void flush_k(const float4* p, size_t n, float* sink) {
+    float4 a = make_float4(0, 0, 0, 0);
+    for (size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        float4 v = p[i];
+        a.x += v.x;
+    }
+    if (a.x == 12345.0f) *sink = a.x;
+}
+
+static void launch(dim3 grid, dim3 blk, int smem, DcpMlaDecodeParams& p) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = blk;
+    cfg.dynamicSmemBytes = smem;
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeClusterDimension;
+    at[0].val.clusterDim.x = kPairLaunch ? 2 : 1;  // pair: a query row's two row blocks
+    at[0].val.clusterDim.y = 1;
+    at[0].val.clusterDim.z = 1;
+    cfg.attrs = at;
+    cfg.numAttrs = 1;
+    CK(cudaLaunchKernelEx(&cfg, k_dec, p));
+}
+
+// slots holding a sum of waits (µs) rather than a timestamp
+static bool is_sum(int s) {
+    const bool quad = Sm90Schedule::SCHED == Sm90Schedule::Quad;
+    return s == 13 || s == 14 || (!quad && s == 9) || (kPairLaunch && s == 2);
+}
+
+int main(int argc, char** argv) {
+    const int b = 128, q = argc > 1 ? atoi(argv[1]) : 2, h = argc > 4 ? atoi(argv[4]) : kPairLaunch ? 128 : 64, k = argc > 2 ? atoi(argv[2]) : 2048;
+    const char* tlout = argc > 3 ? argv[3] : nullptr;
+    const int per_req = 8192, block = 64;
+    const size_t rows = (size_t)b * q * h;
+    const size_t cache_bytes = (size_t)b * per_req * 656;
+    // inputs
+    std::vector<uint16_t> hq(rows * 576);
+    for (auto& x : hq) x = 0x3f00 | (next() & 0x7f);  // bf16 in [0.5, 1)
+    std::vector<unsigned char> hc(cache_bytes);
+    for (size_t r = 0; r < (size_t)b * per_req; ++r) {
+        unsigned char* row = hc.data() + r * 656;
+        for (int i = 0; i < 512; ++i) row[i] = (unsigned char)(next() & 0x77);  // e4m3, no NaN
+        float sc[4] = {0.0625f, 0.125f, 0.0625f, 0.125f};
+        memcpy(row + 512, sc, 16);
+        for (int i = 0; i < 64; ++i) {
+            uint16_t v = 0x3c00 | (next() & 0x7f);
+            memcpy(row + 528 + 2 * i, &v, 2);
+        }
+    }
+    std::vector<int> idx((size_t)b * q * k);
+    std::vector<int> slots(per_req);
+    for (int i = 0; i < per_req; ++i) slots[i] = i;
+    for (int i = 0; i < b * q; ++i) {
+        for (int j = 0; j < k; ++j) {
+            int pick = j + next() % (per_req - j);
+            std::swap(slots[j], slots[pick]);
+        }
+        for (int j = 0; j < k; ++j) idx[(size_t)i * k + j] = slots[j] + (i / q) * per_req;
+    }
+    void *dq, *dc, *di, *dout, *dlse, *dflush;
+    float* sink;
+    CK(cudaMalloc(&dq, hq.size() * 2));
+    CK(cudaMalloc(&dc, cache_bytes));
+    CK(cudaMalloc(&di, idx.size() * 4));
+    CK(cudaMalloc(&dout, rows * 512 * 2));
+    CK(cudaMalloc(&dlse, rows * 4));
+    const size_t flush_bytes = 256ull << 20;
+    CK(cudaMalloc(&dflush, flush_bytes));
+    CK(cudaMalloc(&sink, 4));
+    CK(cudaMemset(dflush, 0, flush_bytes));
+    CK(cudaMemcpy(dq, hq.data(), hq.size() * 2, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dc, hc.data(), cache_bytes, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(di, idx.data(), idx.size() * 4, cudaMemcpyHostToDevice));
+
+    DcpMlaDecodeParams p;
+    memset(&p, 0, sizeof(p));
+    p.q = (uint64_t)dq;
+    p.cache = (uint64_t)dc;
+    p.indices = (uint64_t)di;
+    p.topk_len = 0;
+    p.out = (uint64_t)dout;
+    p.lse = (uint64_t)dlse;
+    p.scale_log2 = 0.0416667f * 1.4426950408889634f;
+    p.batch = b;
+    p.nq = q;
+    p.heads = h;
+    p.num_pages = b * per_req / block;
+    p.block_size = block;
+    p.topk = k;
+    p.num_splits = 1;
+    p.sched_tile = 64;
+    p.out_f32 = 0;
+    const int smem = decode_sm90::shared_bytes<DecodeKv::SparseFp8, 64, 2, Sm90Schedule::SCHED>();
+    CK(cudaFuncSetAttribute(k_dec, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    dim3 grid(q * ((h + 63) / 64), b), blk(THREADS);
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    std::vector<float> ts;
+    const size_t nf = flush_bytes / 16;
+    for (int it = 0; it < 35; ++it) {
+        flush_k<<<264, 512>>>((const float4*)dflush, nf, sink);
+        CK(cudaEventRecord(e0));
+        launch(grid, blk, smem, p);
+        CK(cudaEventRecord(e1));
+        CK(cudaEventSynchronize(e1));
+        CK(cudaGetLastError());
+        float ms;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        if (it >= 5) ts.push_back(ms * 1000);
+    }
+    std::sort(ts.begin(), ts.end());
+    printf("q=%d K=%d grid=%dx%d smem=%d median %.1f us (min %.1f)\n", q, k, grid.x, grid.y, smem, ts[ts.size() / 2], ts[0]);
+    // timeline of one flushed launch
+    std::vector<unsigned long long> tl(4096 * NSLOT);
+    unsigned long long* dtl;
+    CK(cudaGetSymbolAddress((void**)&dtl, g_tl));
+    CK(cudaMemset(dtl, 0, tl.size() * 8));
+    flush_k<<<264, 512>>>((const float4*)dflush, nf, sink);
+    CK(cudaEventRecord(e0));
+    k_dec<<<grid, blk, smem>>>(p);
+    CK(cudaEventRecord(e1));
+    CK(cudaEventSynchronize(e1));
+    CK(cudaMemcpy(tl.data(), dtl, tl.size() * 8, cudaMemcpyDeviceToHost));
+    const int ctas = grid.x * grid.y;
+    unsigned long long t0 = ~0ull, tend = 0;
+    for (int c = 0; c < ctas; ++c) {
+        t0 = std::min(t0, tl[c * NSLOT]);
+        for (int s = 0; s < 15; ++s) if (tl[c * NSLOT + s] && !is_sum(s)) tend = std::max(tend, tl[c * NSLOT + s]);
+    }
+    printf("timeline: first entry to last stamp %.2f us\n", (tend - t0) / 1000.0);
+    // per slot: distribution relative to the CTA's own entry, and of entry relative to t0
+    // quad's producer stamps slots 1, 2 and 9; pair and trio use 2 and 9 for sums
+    const char* names[15] = {"entry", "prod Q issued", kPairLaunch ? "SUM pv1 peer_free" : "prod fill0 arrived",
+                             "scorer full0", "scorer P0", "pv1 PV0 done", "scorer loop end", "pv1 loop end", "pv1 end",
+                             Sm90Schedule::SCHED == Sm90Schedule::Quad ? "prod loop end" : "SUM scorer full",
+                             "pv1 first p_full", "pv1 last p_full", "scorer last full", "SUM pv1 p_full", "SUM pv1 full"};
+    for (int s = 0; s < 15; ++s) {
+        std::vector<double> rel, abs_;
+        for (int c = 0; c < ctas; ++c) {
+            if (!tl[c * NSLOT + s]) continue;
+            rel.push_back(is_sum(s) ? tl[c * NSLOT + s] / 1000.0 : (tl[c * NSLOT + s] - tl[c * NSLOT]) / 1000.0);
+            abs_.push_back(is_sum(s) ? 0.0 : (tl[c * NSLOT + s] - t0) / 1000.0);
+        }
+        if (rel.empty()) continue;
+        std::sort(rel.begin(), rel.end());
+        std::sort(abs_.begin(), abs_.end());
+        auto pc = [](std::vector<double>& v, double f) { return v[(size_t)(f * (v.size() - 1))]; };
+        printf("%-20s n=%4zu  rel min %7.2f p50 %7.2f p90 %7.2f max %7.2f | abs min %7.2f p50 %7.2f max %7.2f\n", names[s],
+               rel.size(), rel[0], pc(rel, 0.5), pc(rel, 0.9), rel.back(), abs_[0], pc(abs_, 0.5), abs_.back());
+    }
+    if (tlout) {
+        FILE* f = fopen(tlout, "w");
+        for (int c = 0; c < ctas; ++c) {
+            fprintf(f, "%d", c);
+            for (int s = 0; s < NSLOT; ++s) fprintf(f, " %lld", s == 15 || is_sum(s) ? (long long)tl[c * NSLOT + s] : tl[c * NSLOT + s] ? (long long)(tl[c * NSLOT + s] - t0) : -1);
+            fprintf(f, "\n");
+        }
+        fclose(f);
+    }
+    return 0;
+}
