@@ -37,7 +37,7 @@ def main():
     # regions: split after every EXIT (predicated or not)
     bounds, start = [], 0
     for i, r in enumerate(rows):
-        if r[1].strip().split()[-1:] == ["EXIT"] or r[1].strip().endswith("EXIT"):
+        if r[1].strip().endswith("EXIT"):
             bounds.append((start, i + 1))
             start = i + 1
     bounds.append((start, len(rows)))
