@@ -99,21 +99,34 @@ __device__ __forceinline__ void row_scale(float l, float m, bool nan, float& inv
     lse = nan ? __int_as_float(0x7fffffff) : empty ? -INFINITY : (m + log2f(l)) * kLn2;
 }
 
+// A thread's column pairs col0 + 8n (+1) of row k (of its two) of O·inv, into the row at `row`
+// (global or shared memory) as fp32 or packed bf16.
+template <typename Acc>
+__device__ __forceinline__ void put_row(unsigned char* row, bool f32, int col0, int k, float inv, Acc o) {
+    if (f32) {
+#pragma unroll
+        for (int n = 0; n < 32; ++n)
+            *(float2*)(row + 4 * (col0 + 8 * n)) = make_float2(o(n, 2 * k) * inv, o(n, 2 * k + 1) * inv);
+    } else {
+#pragma unroll
+        for (int n = 0; n < 32; ++n)
+            *(uint32_t*)(row + 2 * (col0 + 8 * n)) = pack_bf16(o(n, 2 * k) * inv, o(n, 2 * k + 1) * inv);
+    }
+}
+
 // A thread's part of row k (of its two) of O·inv, stored straight to out (bf16 or fp32) or the
 // workspace (fp32) row `grow`: each warp store writes 8 or 4 bytes into each of 8 rows.
 template <typename Acc>
 __device__ __forceinline__ void store_row(const DcpMlaDecodeParams& p, bool to_ws, int64_t grow, int col0, int k,
                                           float inv, Acc o) {
+    // (the row's address from a typed pointer: the same arithmetic as before put_row existed, so
+    // the unstaged kernels' text is unchanged)
     if (to_ws || p.out_f32) {
         float* dst = (float*)(to_ws ? p.ws_out : p.out) + grow * kDimLatent;
-#pragma unroll
-        for (int n = 0; n < 32; ++n)
-            *(float2*)(dst + col0 + 8 * n) = make_float2(o(n, 2 * k) * inv, o(n, 2 * k + 1) * inv);
+        put_row((unsigned char*)dst, true, col0, k, inv, o);
     } else {
         __nv_bfloat16* dst = (__nv_bfloat16*)p.out + grow * kDimLatent;
-#pragma unroll
-        for (int n = 0; n < 32; ++n)
-            *(uint32_t*)(dst + col0 + 8 * n) = pack_bf16(o(n, 2 * k) * inv, o(n, 2 * k + 1) * inv);
+        put_row((unsigned char*)dst, false, col0, k, inv, o);
     }
 }
 
@@ -180,16 +193,7 @@ __device__ __forceinline__ void write_rows_staged(const DcpMlaDecodeParams& p, i
             store_row(p, to_ws, grow0 + r, col0, k, inv, o);
             continue;
         }
-        unsigned char* dst = stage + r * pitch;
-        if (f32) {
-#pragma unroll
-            for (int n = 0; n < 32; ++n)
-                *(float2*)(dst + 4 * (col0 + 8 * n)) = make_float2(o(n, 2 * k) * inv, o(n, 2 * k + 1) * inv);
-        } else {
-#pragma unroll
-            for (int n = 0; n < 32; ++n)
-                *(uint32_t*)(dst + 2 * (col0 + 8 * n)) = pack_bf16(o(n, 2 * k) * inv, o(n, 2 * k + 1) * inv);
-        }
+        put_row(stage + r * pitch, f32, col0, k, inv, o);
     }
     if (staged) {
         __syncthreads();  // the staged rows are written, and the flags read (as write_rows' second)
