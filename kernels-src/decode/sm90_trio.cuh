@@ -73,6 +73,9 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
     [[maybe_unused]] constexpr bool kPair = Sched == Sm90Schedule::Pair;
     // quad: a fourth warpgroup (the producer) fills every FP8 tile; the P·V warpgroups only multiply
     [[maybe_unused]] constexpr bool kQuad = Sched == Sm90Schedule::Quad;
+    // BF16 scorers (120 registers) hold Q's last kQRegBlocks column blocks in registers as wgmma A
+    // fragments (RS: only K is read from shared memory for them); FP8's (64-72) none
+    constexpr int kQRegBlocks = kFp8 ? 0 : 1;
     static_assert((Sched == Sm90Schedule::Trio || ((kPair || kQuad) && kFp8)) && Tile == 64 && Stages == 2,
                   "trio schedule: P fills a 64-token rope block; two buffers; pair and quad: FP8 only");
     static_assert(decode_sm90::shared_bytes<Kv, Tile, Stages, Sched>() + decode::kWriteRowsStaticBytes <= 227 * 1024,
@@ -165,6 +168,8 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
             // ---- the scorer: S, the softmax, P and the rescale factors ----
             const float scale_log2 = p.scale_log2;
             float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+            // Q's last kQRegBlocks blocks as A fragments, [block][k-step][4], loaded once Q has landed
+            [[maybe_unused]] uint32_t qr[kQRegBlocks > 0 ? kQRegBlocks : 1][4][4];
             for (int i = 0; i < n; ++i) {
                 const uint32_t u = uses + i;
                 const int b = u & 1;
@@ -172,6 +177,23 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                 if constexpr (kPair) mbar_wait_sleep_cluster(full(b), (u >> 1) & 1);  // the peer's half too
                 else mbar_wait_sleep(full(b), (u >> 1) & 1);
                 fence_proxy_async();
+                if constexpr (kQRegBlocks > 0) {
+                    // the first tile's fill covered Q's copies: its blocks into registers, once a piece
+                    if (i == 0) {
+                        // the thread's rows from a fresh read of its index (else the compiler hoists
+                        // these addresses above the roles' branch and the P·V warpgroups spill)
+                        const int tv = decode::thread_index(), w = (tv >> 5) & 3, g = (tv & 31) >> 2, tq = tv & 3;
+#pragma unroll
+                        for (int j = 0; j < kQRegBlocks; ++j)
+#pragma unroll
+                            for (int kk = 0; kk < 4; ++kk)
+#pragma unroll
+                                for (int f = 0; f < 4; ++f) {
+                                    const int row = 16 * w + g + 8 * (f & 1), chunk = 8 * (kBlocks - kQRegBlocks + j) + 2 * kk + (f >> 1);
+                                    qr[j][kk][f] = *(const uint32_t*)(sQ + swizzled(kRows, row, chunk) + 4 * tq);
+                                }
+                    }
+                }
                 {
                     // Q's address through an opaque copy: else the compiler computes Q's 36
                     // descriptors once, outside the tile loop, and spills them.
@@ -188,6 +210,8 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                         const uint64_t da = desc_words(qlo + (((ks >> 2) * (kRows * 128) + koff) >> 4), 1024);
                         const uint64_t db = desc_words(klo + (((ks >> 2) * (Tile * 128) + koff) >> 4), 1024);
                         if (ks == 0) wgmma_ss_n64_first(s, da, db);
+                        else if (kQRegBlocks > 0 && (ks >> 2) >= kBlocks - kQRegBlocks)
+                            wgmma_rs_n64(s, qr[(ks >> 2) - (kBlocks - kQRegBlocks)][ks & 3], db);
                         else wgmma_ss_n64(s, da, db, 1);
                     }
                     wgmma_commit();
@@ -610,15 +634,16 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
     };
     // 384 threads start at 168 registers each (64K / 384, in steps of 8), and the CTA's pool is
     // exactly that: the scorer gives back what the P·V warpgroups (O's 128 accumulators each)
-    // take. BF16: 120 / 192 / 192 (at 136 / 184 the P·V warpgroups spilled 12-16 bytes in the staged
-    // epilogue). FP8's P·V warpgroups also hold a batch of raw rows (16 registers) across P·V and
+    // take. BF16: 104 / 200 / 200 (at 136 / 184 the P·V warpgroups spilled 12-16 bytes in the staged
+    // epilogue; with Q's rope block in the scorer's registers, 120 / 192 spilled 8 bytes in a P·V
+    // warpgroup's piece set-up, and the scorer fits in 104). FP8's P·V warpgroups also hold a batch of raw rows (16 registers) across P·V and
     // spilled at 184 and 208; its scorer fits in 72. Each role runs its own piece loop, so no code
     // is shared between budgets.
     // Quad (512 threads, 128 registers each at launch): the P·V warpgroups hold no raw rows (as
     // BF16's), the producer two raw batches of the next fill; 0 spills at 64 / 176 / 176 / 96.
     constexpr int kThreads = kQuad ? 512 : 384;
     constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
-    constexpr int kScorerRegs = kQuad ? 64 : kFp8 ? 72 : 120, kPvRegs = kQuad ? 176 : kFp8 ? 216 : 192;
+    constexpr int kScorerRegs = kQuad ? 64 : kFp8 ? 72 : 104, kPvRegs = kQuad ? 176 : kFp8 ? 216 : 200;
     constexpr int kProducerRegs = kQuad ? 4 * kLaunchRegs - kScorerRegs - 2 * kPvRegs : 0;
     static_assert(kScorerRegs + 2 * kPvRegs + kProducerRegs <= (kQuad ? 4 : 3) * kLaunchRegs,
                   "setmaxnreg must stay inside the CTA's pool");
