@@ -73,8 +73,9 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
     [[maybe_unused]] constexpr bool kPair = Sched == Sm90Schedule::Pair;
     // quad: a fourth warpgroup (the producer) fills every FP8 tile; the P·V warpgroups only multiply
     [[maybe_unused]] constexpr bool kQuad = Sched == Sm90Schedule::Quad;
-    // BF16 scorers (120 registers) hold Q's last kQRegBlocks column blocks in registers as wgmma A
-    // fragments (RS: only K is read from shared memory for them); FP8's (64-72) none
+    // BF16 scorers (104 registers) hold Q's last kQRegBlocks column blocks (the rope block) in
+    // registers as wgmma A fragments (RS: only K is read from shared memory for them); FP8's (72)
+    // none. Measured on the H200: one block −0.7% on compute-bound rows, two no better (NOTES.md).
     constexpr int kQRegBlocks = kFp8 ? 0 : 1;
     static_assert((Sched == Sm90Schedule::Trio || ((kPair || kQuad) && kFp8)) && Tile == 64 && Stages == 2,
                   "trio schedule: P fills a 64-token rope block; two buffers; pair and quad: FP8 only");
