@@ -660,13 +660,36 @@ __device__ __forceinline__ void topk_merge(const DcpTopkMergeParams& p) {
     const float* cs = (const float*)p.cand_scores;
     const int32_t* ci = (const int32_t*)p.cand_ids;
 
+    // Every id and score of the thread is requested before any is used: one DRAM round trip, not
+    // one per item (reading a score only for a valid id made its load wait for the id's).
+    // With K ≥ BLOCK an item lies in one rank's list, so its address is one of D row bases plus a
+    // constant: a few base registers instead of one 64-bit address per item (whose pressure made
+    // ptxas hold some loads back until earlier ones had been used).
+    const int64_t rank_stride = (int64_t)p.rows * K;
+    const int32_t* ci_row = ci + (int64_t)row * K + tid;
+    const float* cs_row = cs + (int64_t)row * K + tid;
+    int32_t ids[ITEMS];
+    float scores[ITEMS];
+#pragma unroll
+    for (int i = 0; i < ITEMS; ++i) {
+        // candidate index c = i·BLOCK + tid, rank-major: rank c / K, position c % K in its list
+        int64_t off;
+        if constexpr (K >= BLOCK) {
+            off = (int64_t)(i / (K / BLOCK)) * rank_stride + (i % (K / BLOCK)) * BLOCK;
+        } else {
+            const int c = i * BLOCK + tid;
+            off = (int64_t)(c / K) * rank_stride + c % K - tid;
+        }
+        ids[i] = __ldg(ci_row + off);
+        scores[i] = __ldg(cs_row + off);
+    }
+    // The key is computed for every item and then selected (not computed under `ids[i] >= 0`, which
+    // lets the compiler move the score's load into that branch, after the id has arrived).
     uint64_t key[ITEMS];
 #pragma unroll
     for (int i = 0; i < ITEMS; ++i) {
-        const int c = i * BLOCK + tid;  // candidate index, rank-major
-        const int64_t off = ((int64_t)(c / K) * p.rows + row) * K + c % K;
-        const int32_t id = __ldg(ci + off);
-        key[i] = id >= 0 ? ((uint64_t)score_key(__ldg(cs + off)) << 32) | (uint32_t)~(uint32_t)id : 0ull;
+        const uint64_t k = ((uint64_t)score_key(scores[i]) << 32) | (uint32_t)~(uint32_t)ids[i];
+        key[i] = ids[i] >= 0 ? k : 0ull;
     }
     auto id_of = [](uint64_t k) { return (int32_t)~(uint32_t)k; };
 
