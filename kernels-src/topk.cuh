@@ -649,6 +649,7 @@ template <int D, int K>
 __device__ __forceinline__ void topk_merge(const DcpTopkMergeParams& p) {
     constexpr int BLOCK = kMergeBlock, N = D * K, ITEMS = N / BLOCK, G = ITEMS <= 16 ? ITEMS : 8;
     static_assert(N % BLOCK == 0 && ITEMS % G == 0, "D*K must be a multiple of the merge block");
+    static_assert(K < BLOCK || K % BLOCK == 0, "an item lies in one rank's list (the loads' addresses)");
     __shared__ uint32_t s_hist[kRadixBins];
     __shared__ uint32_t s_scan[2][G * BLOCK / 32 + 1];
     __shared__ uint32_t s_warp[BLOCK / 32 + 1];
