@@ -707,7 +707,8 @@ __device__ __forceinline__ void topk_merge(const DcpTopkMergeParams& p) {
         for (int pass = 0; pass < 6; ++pass) {
             // 11-bit digits at bits 53, 42, 32 (score key), then 21, 10, 0 (id key).
             const int shift = (pass < 3 ? 32 : 0) + (pass % 3 == 0 ? 21 : pass % 3 == 1 ? 10 : 0);
-            for (int i = tid; i < kRadixBins; i += BLOCK) s_hist[i] = 0;
+#pragma unroll
+            for (int j = 0; j < kRadixBins / BLOCK; ++j) s_hist[j * BLOCK + tid] = 0;  // (launched with BLOCK threads)
             __syncthreads();
 #pragma unroll
             for (int i = 0; i < ITEMS; ++i)
@@ -744,8 +745,9 @@ __device__ __forceinline__ void topk_merge(const DcpTopkMergeParams& p) {
 #pragma unroll
         for (int j = 0; j < G; ++j) {
             const uint32_t gt = gt0 + (before[j] & 0xffffu), eq = eq0 + (before[j] >> 16);
-            if (a[j]) out[gt + min(eq, need)] = id_of(key[g * G + j]);
-            else if (b[j] && eq < need) out[gt + eq] = id_of(key[g * G + j]);
+            // one store, predicated: a branch a class made each item a divergent two-way block
+            const uint32_t at = a[j] ? gt + min(eq, need) : gt + eq;
+            if (a[j] || (b[j] && eq < need)) out[at] = id_of(key[g * G + j]);
         }
         gt0 += tile & 0xffffu;
         eq0 += tile >> 16;
