@@ -14,7 +14,11 @@ import sys
 src, dst = sys.argv[1], sys.argv[2]
 shutil.copytree(src, dst, dirs_exist_ok=True)
 path = f"{dst}/topk.cuh"
-s = open(path).read()
+text = open(path).read()
+# only topk_merge's text is stamped (its anchors may recur in the other kernels)
+start = text.index("__device__ __forceinline__ void topk_merge(")
+end = text.index("\n}\n", start) + 3
+head, s, tail = text[:start], text[start:end], text[end:]
 
 
 def rep(a, b):
@@ -29,8 +33,7 @@ rep("    block_exclusive_sum<BLOCK>(valid, total, s_warp);\n",
     "    block_exclusive_sum<BLOCK>(valid, total, s_warp);\n    if (tid == 0) DCP_TL(1);\n")
 rep("            need = s_sel[1];\n            prefix |= (uint64_t)digit << shift;\n",
     "            need = s_sel[1];\n            if (tid == 0) DCP_ACC(8, 1);\n            prefix |= (uint64_t)digit << shift;\n")
-rep("    uint32_t gt0 = 0, eq0 = 0;\n#pragma unroll\n    for (int g = 0; g < ITEMS / G; ++g) {\n",
-    "    if (tid == 0) DCP_TL(2);\n    uint32_t gt0 = 0, eq0 = 0;\n#pragma unroll\n    for (int g = 0; g < ITEMS / G; ++g) {\n")
+rep("    uint32_t gt0 = 0, eq0 = 0;\n", "    if (tid == 0) DCP_TL(2);\n    uint32_t gt0 = 0, eq0 = 0;\n")
 rep("    const uint32_t emitted = gt0 + min(eq0, need);\n",
     "    if (tid == 0) DCP_TL(3);\n    const uint32_t emitted = gt0 + min(eq0, need);\n")
-open(path, "w").write(s)
+open(path, "w").write(head + s + tail)
