@@ -10,30 +10,9 @@
 //   nvcc -O3 -std=c++17 --expt-relaxed-constexpr -gencode arch=compute_90a,code=sm_90a -I /tmp/kst \
 //        -DSCHED=Pair -o /tmp/tl scripts/decode-timeline.cu
 //   /tmp/tl q K [timeline.txt] [heads]      (pair: heads 65..128; quad and trio: up to 64)
-#include <cuda_runtime.h>
-#include <cstdio>
-#include <cstdlib>
-#include <vector>
-#include <algorithm>
 #include <cstring>
 #include <string>
-
-#define NSLOT 16
-__device__ unsigned long long g_tl[4096 * NSLOT];
-#define DCP_TL(slot)                                                                        \
-    do {                                                                                    \
-        unsigned long long _t;                                                              \
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(_t));                              \
-        g_tl[(blockIdx.y * gridDim.x + blockIdx.x) * NSLOT + (slot)] = _t;                 \
-    } while (0)
-
-#define DCP_NOW()                                                                           \
-    ([] {                                                                                   \
-        unsigned long long _t;                                                              \
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(_t));                              \
-        return _t;                                                                          \
-    }())
-#define DCP_ACC(slot, v) (g_tl[(blockIdx.y * gridDim.x + blockIdx.x) * NSLOT + (slot)] += (v))
+#include "timeline.cuh"
 #include "decode/sm90_trio.cuh"
 using namespace dcp;
 
@@ -46,36 +25,10 @@ extern "C" __global__ void __launch_bounds__(THREADS) k_dec(const __grid_constan
     if (threadIdx.x == 0) {
         unsigned smid;
         asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
-        g_tl[(blockIdx.y * gridDim.x + blockIdx.x) * NSLOT + 15] = smid;
+        DCP_CTA_SLOT(15) = smid;
         DCP_TL(0);
     }
     mla_decode_sm90_trio<DecodeKv::SparseFp8, 64, 2, Sm90Schedule::SCHED>(p);
-}
-
-#define CK(x)                                                                                  \
-    do {                                                                                       \
-        cudaError_t e = (x);                                                                   \
-        if (e != cudaSuccess) {                                                                \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e)); \
-            exit(1);                                                                           \
-        }                                                                                      \
-    } while (0)
-
-static uint64_t rng = 0x12345678abcdefull;
-static uint64_t next() {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return rng;
-}
-
-__global__ void flush_k(const float4* p, size_t n, float* sink) {
-    float4 a = make_float4(0, 0, 0, 0);
-    for (size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
-        float4 v = p[i];
-        a.x += v.x;
-    }
-    if (a.x == 12345.0f) *sink = a.x;
 }
 
 static void launch(dim3 grid, dim3 blk, int smem, DcpMlaDecodeParams& p) {
@@ -129,17 +82,12 @@ int main(int argc, char** argv) {
         }
         for (int j = 0; j < k; ++j) idx[(size_t)i * k + j] = slots[j] + (i / q) * per_req;
     }
-    void *dq, *dc, *di, *dout, *dlse, *dflush;
-    float* sink;
+    void *dq, *dc, *di, *dout, *dlse;
     CK(cudaMalloc(&dq, hq.size() * 2));
     CK(cudaMalloc(&dc, cache_bytes));
     CK(cudaMalloc(&di, idx.size() * 4));
     CK(cudaMalloc(&dout, rows * 512 * 2));
     CK(cudaMalloc(&dlse, rows * 4));
-    const size_t flush_bytes = 256ull << 20;
-    CK(cudaMalloc(&dflush, flush_bytes));
-    CK(cudaMalloc(&sink, 4));
-    CK(cudaMemset(dflush, 0, flush_bytes));
     CK(cudaMemcpy(dq, hq.data(), hq.size() * 2, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(dc, hc.data(), cache_bytes, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(di, idx.data(), idx.size() * 4, cudaMemcpyHostToDevice));
@@ -165,36 +113,14 @@ int main(int argc, char** argv) {
     const int smem = decode_sm90::shared_bytes<DecodeKv::SparseFp8, 64, 2, Sm90Schedule::SCHED>();
     CK(cudaFuncSetAttribute(k_dec, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     dim3 grid(q * ((h + 63) / 64), b), blk(THREADS);
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
-    std::vector<float> ts;
-    const size_t nf = flush_bytes / 16;
-    for (int it = 0; it < 35; ++it) {
-        flush_k<<<264, 512>>>((const float4*)dflush, nf, sink);
-        CK(cudaEventRecord(e0));
-        launch(grid, blk, smem, p);
-        CK(cudaEventRecord(e1));
-        CK(cudaEventSynchronize(e1));
-        CK(cudaGetLastError());
-        float ms;
-        CK(cudaEventElapsedTime(&ms, e0, e1));
-        if (it >= 5) ts.push_back(ms * 1000);
-    }
-    std::sort(ts.begin(), ts.end());
-    printf("q=%d K=%d grid=%dx%d smem=%d median %.1f us (min %.1f)\n", q, k, grid.x, grid.y, smem, ts[ts.size() / 2], ts[0]);
-    // timeline of one flushed launch
-    std::vector<unsigned long long> tl(4096 * NSLOT);
-    unsigned long long* dtl;
-    CK(cudaGetSymbolAddress((void**)&dtl, g_tl));
-    CK(cudaMemset(dtl, 0, tl.size() * 8));
-    flush_k<<<264, 512>>>((const float4*)dflush, nf, sink);
-    CK(cudaEventRecord(e0));
-    launch(grid, blk, smem, p);  // (pair: as a cluster launch, like the timed ones)
-    CK(cudaEventRecord(e1));
-    CK(cudaEventSynchronize(e1));
-    CK(cudaGetLastError());
-    CK(cudaMemcpy(tl.data(), dtl, tl.size() * 8, cudaMemcpyDeviceToHost));
+    FlushedTimer timer;
+    float min_us;
+    const float med = timer.median([&] { launch(grid, blk, smem, p); }, &min_us);
+    printf("q=%d K=%d grid=%dx%d smem=%d median %.1f us (min %.1f)\n", q, k, grid.x, grid.y, smem, med, min_us);
+    // timeline of one flushed launch (pair: as a cluster launch, like the timed ones)
+    clear_slots();
+    timer.once([&] { launch(grid, blk, smem, p); });
+    const std::vector<unsigned long long> tl = read_slots();
     const int ctas = grid.x * grid.y;
     unsigned long long t0 = ~0ull, tend = 0;
     for (int c = 0; c < ctas; ++c) {

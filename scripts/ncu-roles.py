@@ -10,7 +10,8 @@ then here: scripts/ncu-roles.py trio_src.csv [--top N]
 
 Each role's code follows its setmaxnreg (USETMAXREG) and runs to the EXITs of its piece loops;
 a region is the SASS between two EXITs. For every region with samples it prints the total, the
-stall reasons, and the instructions with the most samples. For a scorer region it also splits a
+warp-instructions and HGMMA it executed, the stall reasons, and the instructions with the most
+samples. (It replaces ncu-regions.py, which split at SETMAXREG only.) For a scorer region it also splits a
 tile into: the wait for the tile (before the first HGMMA), issuing S (first to last HGMMA), the
 wait for S (WARPGROUP.DEPBAR) and the softmax up to the last mbarrier arrival.
 """
@@ -20,9 +21,17 @@ import sys
 
 
 def load(path):
-    rows = list(csv.reader(open(path)))
+    with open(path, newline="") as f:
+        rows = list(csv.reader(f))
     head = next(i for i, r in enumerate(rows) if r and r[0] == "Address")
-    return rows[head], rows[head + 1:]
+    return rows[head], [r for r in rows[head + 1:] if len(r) == len(rows[head])]
+
+
+def num(x):
+    try:
+        return float(x.replace(",", ""))
+    except ValueError:
+        return 0.0
 
 
 def main():
@@ -31,7 +40,8 @@ def main():
     h, rows = load(path)
     col = {k: i for i, k in enumerate(h)}
     stalls = [k for k in h if k.startswith("stall_") and "Not Issued" not in k]
-    samples = lambda r: int(r[col["Warp Stall Sampling (All Samples)"]] or 0)
+    samples = lambda r: int(num(r[col["Warp Stall Sampling (All Samples)"]]))
+    executed = lambda r: num(r[col["Instructions Executed"]]) if "Instructions Executed" in col else 0.0
     total = sum(samples(r) for r in rows)
     print(f"{len(rows)} SASS lines, {total} samples")
     # regions: split after every EXIT (predicated or not)
@@ -50,8 +60,11 @@ def main():
         st = collections.Counter()
         for r in seg:
             for k in stalls:
-                st[k[6:]] += int(r[col[k]] or 0)
-        print(f"\nlines {a}-{b}: {tot} samples ({100 * tot / total:.1f}%)" + (f", after {regs[-1]}" if regs else ""))
+                st[k[6:]] += int(num(r[col[k]]))
+        ex = sum(executed(r) for r in seg)
+        hg_ex = sum(executed(r) for r in seg if "HGMMA" in r[1])
+        print(f"\nlines {a}-{b}: {tot} samples ({100 * tot / total:.1f}%), warp-instructions executed {ex:.0f}, "
+              f"HGMMA {hg_ex:.0f}" + (f", after {regs[-1]}" if regs else ""))
         print("  stalls: " + ", ".join(f"{k} {v}" for k, v in st.most_common(6)))
         for s, i, r in sorted(((samples(r), i, r) for i, r in enumerate(seg, a)), reverse=True)[:top_n]:
             print(f"  {i:6d} {s:6d} {100 * s / tot:5.1f}%  {r[1].strip()[:70]}")

@@ -8,21 +8,8 @@
 //   nvcc -O3 -std=c++17 --expt-relaxed-constexpr -gencode arch=compute_90a,code=sm_90a -I /tmp/kst \
 //        -o /tmp/tm scripts/topk-merge-timeline.cu && /tmp/tm
 // (-I kernels-src instead gives the unstamped kernel's time alone.)
-#include <cuda_runtime.h>
-#include <algorithm>
-#include <cstdio>
-#include <cstdlib>
-#include <vector>
-
-#define NSLOT 16
-__device__ unsigned long long g_tl[1024 * NSLOT];
-#define DCP_TL(slot)                                                       \
-    do {                                                                   \
-        unsigned long long _t;                                             \
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(_t));             \
-        g_tl[blockIdx.x * NSLOT + (slot)] = _t;                            \
-    } while (0)
-#define DCP_ACC(slot, v) (g_tl[blockIdx.x * NSLOT + (slot)] += (v))
+#define TL_MAX_CTAS 1024
+#include "timeline.cuh"
 #include "abi.h"
 #include "topk.cuh"
 
@@ -35,29 +22,6 @@ extern "C" __global__ void __launch_bounds__(dcp::kMergeBlock) k_merge(const __g
 // A launch that only enters and leaves: the method's floor.
 extern "C" __global__ void k_empty() {}
 
-#define CK(x)                                                                                  \
-    do {                                                                                       \
-        cudaError_t e = (x);                                                                   \
-        if (e != cudaSuccess) {                                                                \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e)); \
-            exit(1);                                                                           \
-        }                                                                                      \
-    } while (0)
-
-__global__ void flush_k(const float4* p, size_t n, float* sink) {
-    float4 a = make_float4(0, 0, 0, 0);
-    for (size_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) a.x += p[i].x;
-    if (a.x == 12345.0f) *sink = a.x;
-}
-
-static uint64_t rng = 0x12345678abcdefull;
-static uint64_t next() {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return rng;
-}
-
 int main() {
     const size_t n = (size_t)D * ROWS * K;
     std::vector<float> cs(n);
@@ -69,15 +33,10 @@ int main() {
                 cs[e] = (float)(next() >> 40) / (float)(1u << 23) - 1.0f;
                 ci[e] = j * 4 * D + r;
             }
-    void *dcs, *dci, *dout, *dflush;
-    float* sink;
+    void *dcs, *dci, *dout;
     CK(cudaMalloc(&dcs, n * 4));
     CK(cudaMalloc(&dci, n * 4));
     CK(cudaMalloc(&dout, (size_t)ROWS * K * 4));
-    const size_t flush_bytes = 256ull << 20, nf = flush_bytes / 16;
-    CK(cudaMalloc(&dflush, flush_bytes));
-    CK(cudaMemset(dflush, 0, flush_bytes));
-    CK(cudaMalloc(&sink, 4));
     CK(cudaMemcpy(dcs, cs.data(), n * 4, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(dci, ci.data(), n * 4, cudaMemcpyHostToDevice));
     DcpTopkMergeParams p{};
@@ -85,45 +44,25 @@ int main() {
     p.cand_ids = (uint64_t)dci;
     p.out = (uint64_t)dout;
     p.rows = ROWS;
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
+    FlushedTimer timer;
     auto timed = [&](auto launch, const char* what) {
-        std::vector<float> ts;
-        for (int it = 0; it < 35; ++it) {
-            flush_k<<<264, 512>>>((const float4*)dflush, nf, sink);
-            CK(cudaEventRecord(e0));
-            launch();
-            CK(cudaEventRecord(e1));
-            CK(cudaEventSynchronize(e1));
-            float ms;
-            CK(cudaEventElapsedTime(&ms, e0, e1));
-            if (it >= 5) ts.push_back(ms * 1000.0f);
-        }
-        std::sort(ts.begin(), ts.end());
-        printf("%-28s median %.2f us (min %.2f)\n", what, ts[ts.size() / 2], ts[0]);
+        float min_us;
+        const float med = timer.median(launch, &min_us);
+        printf("%-28s median %.2f us (min %.2f)\n", what, med, min_us);
     };
     timed([&] { k_empty<<<ROWS, dcp::kMergeBlock>>>(); }, "empty kernel, same grid");
     timed([&] { k_merge<<<ROWS, dcp::kMergeBlock>>>(p); }, "topk_merge D=4 K=2048");
-    CK(cudaGetLastError());
 
     // One flushed launch's stamps.
-    std::vector<unsigned long long> zero(1024 * NSLOT, 0), tl(1024 * NSLOT);
-    CK(cudaMemcpyToSymbol(g_tl, zero.data(), zero.size() * 8));
-    flush_k<<<264, 512>>>((const float4*)dflush, nf, sink);
-    CK(cudaEventRecord(e0));
-    k_merge<<<ROWS, dcp::kMergeBlock>>>(p);
-    CK(cudaEventRecord(e1));
-    CK(cudaEventSynchronize(e1));
-    float ms;
-    CK(cudaEventElapsedTime(&ms, e0, e1));
-    CK(cudaMemcpyFromSymbol(tl.data(), g_tl, tl.size() * 8));
+    clear_slots();
+    const float us = timer.once([&] { k_merge<<<ROWS, dcp::kMergeBlock>>>(p); });
+    const std::vector<unsigned long long> tl = read_slots();
     unsigned long long first = ~0ull, last = 0;
     for (int b = 0; b < ROWS; ++b) {
         first = std::min(first, tl[b * NSLOT + 0]);
         last = std::max(last, tl[b * NSLOT + 4]);
     }
-    printf("stamped launch %.2f us by events; first entry to last exit %.2f us\n", ms * 1000.0f, (last - first) / 1e3);
+    printf("stamped launch %.2f us by events; first entry to last exit %.2f us\n", us, (last - first) / 1e3);
     const char* names[] = {"entry (from the first CTA's)", "valid count (loads landed)", "radix passes done",
                            "emission done", "exit"};
     for (int s = 0; s <= 4; ++s) {
