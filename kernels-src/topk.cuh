@@ -710,10 +710,22 @@ __device__ __forceinline__ void topk_merge(const DcpTopkMergeParams& p) {
 #pragma unroll
             for (int j = 0; j < kRadixBins / BLOCK; ++j) s_hist[j * BLOCK + tid] = 0;  // (launched with BLOCK threads)
             __syncthreads();
+            if (pass < 3) {
+                // The score key's word alone: the mask's low word is still zero, and a valid key's
+                // high word is never zero (score_key ≥ 0x007fffff), an invalid one's always.
+                const uint32_t mhi = (uint32_t)(mask >> 32), phi = (uint32_t)(prefix >> 32);
 #pragma unroll
-            for (int i = 0; i < ITEMS; ++i)
-                if (key[i] != 0 && (key[i] & mask) == prefix)
-                    atomicAdd(&s_hist[(uint32_t)(key[i] >> shift) & (kRadixBins - 1)], 1u);
+                for (int i = 0; i < ITEMS; ++i) {
+                    const uint32_t hi = (uint32_t)(key[i] >> 32);
+                    if (hi != 0 && (hi & mhi) == phi)
+                        atomicAdd(&s_hist[(hi >> (shift - 32)) & (kRadixBins - 1)], 1u);
+                }
+            } else {
+#pragma unroll
+                for (int i = 0; i < ITEMS; ++i)
+                    if (key[i] != 0 && (key[i] & mask) == prefix)
+                        atomicAdd(&s_hist[(uint32_t)(key[i] >> shift) & (kRadixBins - 1)], 1u);
+            }
             __syncthreads();
             select_digit<BLOCK>(s_hist, need, s_warp, s_sel);
             const uint32_t digit = s_sel[0], bucket = s_sel[2];
@@ -730,15 +742,26 @@ __device__ __forceinline__ void topk_merge(const DcpTopkMergeParams& p) {
     // G items (all of them up to 16: each group is one block scan with two barriers; 32 at once
     // spill, so D·K = 16,384 takes four groups of 8); candidate order is (item, thread), so
     // groups follow it.
+    // Two forms of the emission: while the mask's low word is zero (at most three passes: the
+    // score decided), the classes come from the key's high word alone.
     uint32_t gt0 = 0, eq0 = 0;
+    auto emit = [&](auto score_only) {
+    constexpr bool kScoreOnly = decltype(score_only)::value;
 #pragma unroll
     for (int g = 0; g < ITEMS / G; ++g) {
         bool a[G], b[G];
 #pragma unroll
         for (int j = 0; j < G; ++j) {
-            const uint64_t k = key[g * G + j] & mask;
-            a[j] = key[g * G + j] != 0 && k > prefix;
-            b[j] = key[g * G + j] != 0 && k == prefix;
+            if constexpr (kScoreOnly) {
+                const uint32_t hi = (uint32_t)(key[g * G + j] >> 32), hm = hi & (uint32_t)(mask >> 32),
+                               ph = (uint32_t)(prefix >> 32);
+                a[j] = hm > ph;  // (an invalid key's word is 0, never above the prefix's)
+                b[j] = hi != 0 && hm == ph;
+            } else {
+                const uint64_t k = key[g * G + j] & mask;
+                a[j] = key[g * G + j] != 0 && k > prefix;
+                b[j] = key[g * G + j] != 0 && k == prefix;
+            }
         }
         uint32_t before[G], tile;
         ordered_scan<BLOCK, G>(a, b, before, tile, s_scan[g & 1]);
@@ -752,6 +775,9 @@ __device__ __forceinline__ void topk_merge(const DcpTopkMergeParams& p) {
         gt0 += tile & 0xffffu;
         eq0 += tile >> 16;
     }
+    };
+    if ((uint32_t)mask == 0) emit(std::true_type{});
+    else emit(std::false_type{});
     const uint32_t emitted = gt0 + min(eq0, need);
     for (int j = (int)emitted + tid; j < K; j += BLOCK) out[j] = -1;
 }
