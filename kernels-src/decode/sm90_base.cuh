@@ -147,10 +147,33 @@ __device__ __forceinline__ void issue_pv_half_n128(float (&o)[128], uint32_t til
     wgmma_commit();
 }
 
+// Whether a tile is clean for the warp: every token flagged and inside both rows of every lane
+// (softmax_max's fast path). Reads only the tile's flags, so a schedule may ask while S runs.
+template <int kSRegs, int Tile>
+__device__ __forceinline__ bool tile_clean(const int* valid, int tile, const int (&row_len)[2], int t4) {
+    bool clean = (tile + 1) * Tile <= min(row_len[0], row_len[1]);
+#pragma unroll
+    for (int j = 0; j < kSRegs / 4; ++j) {
+        const int2 f = *(const int2*)(valid + 8 * j + 2 * t4);
+        clean = clean && f.x != 0 && f.y != 0;
+    }
+    return __all_sync(0xffffffffu, clean);
+}
+
+// The max of N of a thread's scores of row K (0: r0, 1: r0 + 8), from the row's J-th on (its
+// scores are s[4j + 2K], s[4j + 2K + 1]), as a tree of fmaxf: log2 N dependent steps. Recursion,
+// not an array: an array indexed in unrolled loops was left in local memory.
+template <int kSRegs, int K, int J, int N>
+__device__ __forceinline__ float row_max_tree(const float (&s)[kSRegs]) {
+    if constexpr (N == 1) return s[4 * (J >> 1) + 2 * K + (J & 1)];
+    else return fmaxf(row_max_tree<kSRegs, K, J, N / 2>(s), row_max_tree<kSRegs, K, J + N / 2, N / 2>(s));
+}
+
 // The online softmax's first half, shared by the plain, roles and trio schedules: masks a tile's
 // raw scores (a token counts when its flag is set and it lies inside the row; a select, so a
-// masked token's NaN score never survives, while a counted one's makes its row NaN) and moves the thread's two rows' running max m_run (log2 units): alpha is
-// the factor the rows' earlier sums shrink by, m_use the max this tile's p are taken against (0
+// masked token's NaN score never survives, while a counted one's makes its row NaN) and moves the
+// thread's two rows' running max m_run (log2 units): alpha is the factor the rows' earlier sums
+// shrink by, m_use the max this tile's p are taken against (0
 // while a row has seen nothing, so p = 0 and no NaN). The scores stay unscaled: the max is taken
 // on them and scaled once (σ > 0 keeps the order, and rounding is monotonic, so this is the max
 // of the scaled scores exactly); p_bf16 scales each in its FFMA. A tile whose every token is
@@ -158,31 +181,31 @@ __device__ __forceinline__ void issue_pv_half_n128(float (&o)[128], uint32_t til
 // is invalid) skips the per-score select, when kCleanTiles (the roles schedule passes false: its
 // warpgroup 0 holds half of O beside S at 255 registers, and the test spilled its sparse build).
 // Rows r0, r0 + 8 of the warp's 16, columns 8j + 2t4 (+1).
-template <int kSRegs, int Tile, bool kCleanTiles = true>
-__device__ __forceinline__ void softmax_max(float (&s)[kSRegs], const int* valid, int tile, const int (&row_len)[2],
-                                            int t4, float scale_log2, float (&m_run)[2], float (&l_run)[2],
-                                            float (&alpha)[2], float (&m_use)[2]) {
-    float tmax[2] = {-INFINITY, -INFINITY};
-    bool clean = kCleanTiles && (tile + 1) * Tile <= min(row_len[0], row_len[1]);
-    if constexpr (kCleanTiles) {
-#pragma unroll
-        for (int j = 0; j < kSRegs / 4; ++j) {
-            const int2 f = *(const int2*)(valid + 8 * j + 2 * t4);
-            clean = clean && f.x != 0 && f.y != 0;
-        }
-    }
-    if (kCleanTiles && __all_sync(0xffffffffu, clean)) {
-#pragma unroll
-        for (int e = 0; e < kSRegs; ++e) tmax[(e >> 1) & 1] = fmaxf(tmax[(e >> 1) & 1], s[e]);
-    } else {
+// softmax_max_known takes the tile's cleanness from its caller (tile_clean, or false to mask every
+// score); softmax_max asks tile_clean itself and takes each row's max as a chain. kTreeMax: each
+// row's max as a tree over the thread's scores (4 dependent steps, not 16; BF16 trio only: the
+// roles schedule, at 255 registers, spills with it, and FP8's trio family measured 1-4% slower
+// with it and the early flags, NOTES.md).
+template <int kSRegs, int Tile, bool kTreeMax>
+__device__ __forceinline__ void softmax_max_known(float (&s)[kSRegs], bool clean, const int* valid, int tile,
+                                                  const int (&row_len)[2], int t4, float scale_log2, float (&m_run)[2],
+                                                  float (&l_run)[2], float (&alpha)[2], float (&m_use)[2]) {
+    if (!clean) {
 #pragma unroll
         for (int e = 0; e < kSRegs; ++e) {
             const int col = 8 * (e >> 2) + 2 * t4 + (e & 1);
             const int k = (e >> 1) & 1;
             const bool ok = valid[col] && tile * Tile + col < row_len[k];
             s[e] = ok ? s[e] : -INFINITY;
-            tmax[k] = fmaxf(tmax[k], s[e]);
         }
+    }
+    float tmax[2] = {-INFINITY, -INFINITY};
+    if constexpr (!kTreeMax) {
+#pragma unroll
+        for (int e = 0; e < kSRegs; ++e) tmax[(e >> 1) & 1] = fmaxf(tmax[(e >> 1) & 1], s[e]);
+    } else {
+        tmax[0] = row_max_tree<kSRegs, 0, 0, kSRegs / 2>(s);
+        tmax[1] = row_max_tree<kSRegs, 1, 0, kSRegs / 2>(s);
     }
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
@@ -194,6 +217,14 @@ __device__ __forceinline__ void softmax_max(float (&s)[kSRegs], const int* valid
         m_run[k] = m_new;
         l_run[k] *= alpha[k];
     }
+}
+
+template <int kSRegs, int Tile, bool kCleanTiles = true>
+__device__ __forceinline__ void softmax_max(float (&s)[kSRegs], const int* valid, int tile, const int (&row_len)[2],
+                                            int t4, float scale_log2, float (&m_run)[2], float (&l_run)[2],
+                                            float (&alpha)[2], float (&m_use)[2]) {
+    const bool clean = kCleanTiles && tile_clean<kSRegs, Tile>(valid, tile, row_len, t4);
+    softmax_max_known<kSRegs, Tile, false>(s, clean, valid, tile, row_len, t4, scale_log2, m_run, l_run, alpha, m_use);
 }
 
 // O ·= alpha per row (rows r0 and r0 + 8 of the thread's 128 accumulators). Once a row's running
