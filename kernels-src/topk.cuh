@@ -711,8 +711,9 @@ __device__ __forceinline__ void topk_merge(const DcpTopkMergeParams& p) {
             for (int j = 0; j < kRadixBins / BLOCK; ++j) s_hist[j * BLOCK + tid] = 0;  // (launched with BLOCK threads)
             __syncthreads();
             if (pass < 3) {
-                // The score key's word alone: the mask's low word is still zero, and a valid key's
-                // high word is never zero (score_key ≥ 0x007fffff), an invalid one's always.
+                // A digit of the score key (shift ≥ 32): the key's high word alone (the mask's low
+                // word is still zero, and a valid key's high word is never zero (score_key ≥
+                // 0x007fffff), an invalid one's always).
                 const uint32_t mhi = (uint32_t)(mask >> 32), phi = (uint32_t)(prefix >> 32);
 #pragma unroll
                 for (int i = 0; i < ITEMS; ++i) {
@@ -746,35 +747,35 @@ __device__ __forceinline__ void topk_merge(const DcpTopkMergeParams& p) {
     // score decided), the classes come from the key's high word alone.
     uint32_t gt0 = 0, eq0 = 0;
     auto emit = [&](auto score_only) {
-    constexpr bool kScoreOnly = decltype(score_only)::value;
+        constexpr bool kScoreOnly = decltype(score_only)::value;
 #pragma unroll
-    for (int g = 0; g < ITEMS / G; ++g) {
-        bool a[G], b[G];
+        for (int g = 0; g < ITEMS / G; ++g) {
+            bool a[G], b[G];
 #pragma unroll
-        for (int j = 0; j < G; ++j) {
-            if constexpr (kScoreOnly) {
-                const uint32_t hi = (uint32_t)(key[g * G + j] >> 32), hm = hi & (uint32_t)(mask >> 32),
-                               ph = (uint32_t)(prefix >> 32);
-                a[j] = hm > ph;  // (an invalid key's word is 0, never above the prefix's)
-                b[j] = hi != 0 && hm == ph;
-            } else {
-                const uint64_t k = key[g * G + j] & mask;
-                a[j] = key[g * G + j] != 0 && k > prefix;
-                b[j] = key[g * G + j] != 0 && k == prefix;
+            for (int j = 0; j < G; ++j) {
+                if constexpr (kScoreOnly) {
+                    const uint32_t hi = (uint32_t)(key[g * G + j] >> 32), hm = hi & (uint32_t)(mask >> 32),
+                                   ph = (uint32_t)(prefix >> 32);
+                    a[j] = hm > ph;  // (an invalid key's word is 0, never above the prefix's)
+                    b[j] = hi != 0 && hm == ph;
+                } else {
+                    const uint64_t k = key[g * G + j] & mask;
+                    a[j] = key[g * G + j] != 0 && k > prefix;
+                    b[j] = key[g * G + j] != 0 && k == prefix;
+                }
             }
-        }
-        uint32_t before[G], tile;
-        ordered_scan<BLOCK, G>(a, b, before, tile, s_scan[g & 1]);
+            uint32_t before[G], tile;
+            ordered_scan<BLOCK, G>(a, b, before, tile, s_scan[g & 1]);
 #pragma unroll
-        for (int j = 0; j < G; ++j) {
-            const uint32_t gt = gt0 + (before[j] & 0xffffu), eq = eq0 + (before[j] >> 16);
-            // one store, predicated: a branch a class made each item a divergent two-way block
-            const uint32_t at = a[j] ? gt + min(eq, need) : gt + eq;
-            if (a[j] || (b[j] && eq < need)) out[at] = id_of(key[g * G + j]);
+            for (int j = 0; j < G; ++j) {
+                const uint32_t gt = gt0 + (before[j] & 0xffffu), eq = eq0 + (before[j] >> 16);
+                // one store, predicated: a branch a class made each item a divergent two-way block
+                const uint32_t at = a[j] ? gt + min(eq, need) : gt + eq;
+                if (a[j] || (b[j] && eq < need)) out[at] = id_of(key[g * G + j]);
+            }
+            gt0 += tile & 0xffffu;
+            eq0 += tile >> 16;
         }
-        gt0 += tile & 0xffffu;
-        eq0 += tile >> 16;
-    }
     };
     if ((uint32_t)mask == 0) emit(std::true_type{});
     else emit(std::false_type{});

@@ -66,6 +66,14 @@ pub struct PtxasEntry {
     pub spill_loads: u32,
 }
 
+impl PtxasEntry {
+    /// Whether the kernel touches local memory: a spill, or a stack frame (an array ptxas left
+    /// indexed at run time). A hot kernel may do neither.
+    pub fn uses_local_memory(&self) -> bool {
+        self.spill_stores > 0 || self.spill_loads > 0 || self.stack_bytes > 0
+    }
+}
+
 fn number_before(s: &str, unit: &str) -> Option<u32> {
     let i = s.find(unit)?;
     s[..i].split(|c: char| !c.is_ascii_digit()).rfind(|t| !t.is_empty())?.parse().ok()
@@ -341,6 +349,20 @@ ptxas info    : Used 38 registers, used 0 barriers, 360 bytes cmem[0]\n";
         assert_eq!(v[1].1.arch, "sm_80");
         assert_eq!(v[1].1.registers, 38);
         assert_eq!(v[1].1.shared_bytes, 0);
+        assert!(v[0].1.uses_local_memory());
+        assert!(!v[1].1.uses_local_memory());
+    }
+
+    #[test]
+    fn a_stack_frame_alone_is_local_memory() {
+        let log = "ptxas info    : Compiling entry function 'dcp_c' for 'sm_90a'\n\
+ptxas info    : Function properties for dcp_c\n\
+    64 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n\
+ptxas info    : Used 168 registers, used 1 barriers, 512 bytes smem, 400 bytes cmem[0]\n";
+        let v = parse_ptxas(log);
+        assert_eq!(v.len(), 1);
+        assert_eq!(v[0].1.stack_bytes, 64);
+        assert!(v[0].1.uses_local_memory());
     }
 
     #[test]

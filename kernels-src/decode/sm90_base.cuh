@@ -199,8 +199,9 @@ __device__ __forceinline__ void softmax_max_known(float (&s)[kSRegs], bool clean
             s[e] = ok ? s[e] : -INFINITY;
         }
     }
-    float tmax[2] = {-INFINITY, -INFINITY};
+    float tmax[2];
     if constexpr (!kTreeMax) {
+        tmax[0] = tmax[1] = -INFINITY;
 #pragma unroll
         for (int e = 0; e < kSRegs; ++e) tmax[(e >> 1) & 1] = fmaxf(tmax[(e >> 1) & 1], s[e]);
     } else {
