@@ -372,105 +372,8 @@ __device__ __forceinline__ void emit_segments(int count, uint32_t prefix, uint32
 // buffers). Measured: the selection's instructions and each pass's barriers bound it, not the
 // row's bytes, so the launcher gives a row the fewest CTAs that hold it (NOTES.md).
 // ---------------------------------------------------------------------------------------------
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-// topk_local_chunks' second half, after the CTA's own selection over its chunk (prefix, mask,
-// need as that selection left them): its candidates into s_cidx / s_ckey, one cluster barrier,
-// then the top K of the cluster's C·K candidates (read over distributed shared memory into
-// registers, four keys a 16-byte read) and this CTA's share of the output.
-template <int K, int BLOCK, typename Select>
-__device__ __forceinline__ void topk_chunks_merge(int items, int count, bool listed, int start, uint32_t csize,
-                                                  uint32_t crank, uint32_t& prefix, uint32_t& mask, uint32_t& need,
-                                                  const uint32_t* s_key, const uint16_t* s_list, int32_t* s_cidx,
-                                                  uint32_t* s_ckey, uint32_t* s_hist, uint32_t hist_addr, int32_t* out,
-                                                  uint32_t* s_warp, uint32_t (*s_warp2)[2], Select& select) {
-    using namespace ptx_sm90;
-    const int tid = threadIdx.x;
-    // The chunk's top K (or every element of a chunk of at most K), positions in index order.
-    emit_segments<BLOCK>(
-        items, prefix, mask, need,
-        [&](int i, int32_t& idx) {
-            const int e = listed ? (int)s_list[i] : i;
-            idx = e;
-            return s_key[e];
-        },
-        s_cidx, s_warp2);
-    __syncthreads();
-    const int n_cand = min(count, K);
-    // Key 0 marks no candidate: no score maps to it (-inf and NaN map to 0x007fffff).
-    for (int j = tid; j < K; j += BLOCK) s_ckey[j] = j < n_cand ? s_key[s_cidx[j]] : 0u;
-    for (int i = tid; i < kRadixBins; i += BLOCK) s_hist[i] = 0;  // a chunk of ≤ K left its counts
-    cluster_sync();  // every CTA's candidates are written and visible
-    // Thread t holds candidate vectors q = t + BLOCK·v (candidates 4q .. 4q + 3, one rank's each:
-    // K is a multiple of 4), so a warp's reads are contiguous.
-    constexpr int V = (kTopkClusterMax * K / 4 + BLOCK - 1) / BLOCK;
-    const int n_vec = (int)csize * (K / 4);
-    uint4 kv[V];
-#pragma unroll
-    for (int v = 0; v < V; ++v) {
-        const int q = tid + BLOCK * v;
-        kv[v] = make_uint4(0, 0, 0, 0);
-        if (q < n_vec) {
-            const int r = q / (K / 4), j = 4 * (q - r * (K / 4));
-            kv[v] = cluster_ld_v4(cluster_map(&s_ckey[j], (uint32_t)r));
-        }
-    }
-    cluster_arrive();  // this CTA reads no other CTA's memory after this; cluster_wait before exit
-    // The same exact radix select over the candidates in every CTA (at least K are valid: len > K).
-    prefix = 0, mask = 0, need = K;
-    bool done = false;
-#pragma unroll 1
-    for (int pass = 0; pass < 3 && !done; ++pass) {
-        const int shift = pass == 0 ? 21 : pass == 1 ? 10 : 0;
-#pragma unroll
-        for (int v = 0; v < V; ++v) {
-            const uint32_t k4[4] = {kv[v].x, kv[v].y, kv[v].z, kv[v].w};
-#pragma unroll
-            for (int e = 0; e < 4; ++e)
-                if (k4[e] != 0u && (k4[e] & mask) == prefix)
-                    shared_add(hist_addr + ((k4[e] >> shift) & (kRadixBins - 1)) * 4, 1u);
-        }
-        done = select(shift);
-    }
-    // The lower ranks' candidates above the threshold and at it (each < 2^16: C·K ≤ 16384).
-    const int lower = (int)crank * K;
-    uint32_t gt = 0, eq = 0;
-#pragma unroll
-    for (int v = 0; v < V; ++v) {
-        const int q = tid + BLOCK * v;
-        const uint32_t k4[4] = {kv[v].x, kv[v].y, kv[v].z, kv[v].w};
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const bool in = 4 * q + e < lower;
-            const uint32_t m = k4[e] & mask;  // key 0: never above or at prefix (prefix ≥ 3 << 21)
-            gt += in && m > prefix;
-            eq += in && m == prefix && k4[e] != 0u;
-        }
-    }
-    uint32_t both;
-    block_exclusive_sum<BLOCK>(gt | (eq << 16), both, s_warp);
-    const uint32_t gt_lower = both & 0xffffu, eq_lower = both >> 16;
-    const uint32_t my_need = need > eq_lower ? need - eq_lower : 0u;
-    emit_segments<BLOCK>(
-        n_cand, prefix, mask, my_need,
-        [&](int i, int32_t& idx) {
-            idx = start + s_cidx[i];
-            return s_ckey[i];
-        },
-        out + gt_lower + min(eq_lower, need), s_warp2);
-    cluster_wait();  // every CTA's reads of this CTA's candidates are done
-}
-#endif
-
-// kMerge (topk_local_chunks): the cluster's CTAs do not select together. Each selects its own
-// chunk's top K alone (the one-CTA path: no cluster barrier a pass), keeps the candidates' chunk
-// positions and keys in shared memory, and after one cluster barrier every CTA reads all C·K
-// candidates over distributed shared memory and runs the same radix select over them: every CTA
-// finds the same threshold, and its own candidates' place in the output from the counts of the
-// lower ranks' candidates. Exact: an element of the row's top K is in its chunk's top K (the
-// order restricted to a chunk is the chunk's order), and candidate order (rank, then position)
-// is index order, so ties at the threshold are taken in the same order as by topk_local.
-template <int K, bool kMerge>
-__device__ __forceinline__ void topk_local_cluster_impl(const DcpTopkParams& p) {
+template <int K>
+__device__ __forceinline__ void topk_local_cluster(const DcpTopkParams& p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     using namespace ptx_sm90;
     // The first 512 threads hold one group of 4 bins each (16-byte reads); the rest hold none.
@@ -478,11 +381,8 @@ __device__ __forceinline__ void topk_local_cluster_impl(const DcpTopkParams& p) 
     static_assert(BLOCK >= GROUPS, "a thread for every group of bins");
     extern __shared__ uint32_t s_key[];  // this CTA's chunk of keys
     __shared__ __align__(16) uint32_t s_hist[kRadixBins];   // this CTA's counts of the pass
-    // the cluster's sums of this CTA's slice, by pass parity (kMerge: unused)
-    __shared__ __align__(16) uint32_t s_slice[2][kMerge ? 4 : kRadixBins];
-    // kMerge: this CTA's candidates, in index order: chunk positions, and keys (0 past the last)
-    __shared__ __align__(16) int32_t s_cidx[kMerge ? K : 4];
-    __shared__ __align__(16) uint32_t s_ckey[kMerge ? K : 4];
+    __shared__ __align__(16) uint32_t s_slice[2][kRadixBins];  // the cluster's sums of this CTA's
+                                                               // slice, by pass parity
     __shared__ uint16_t s_list[kTopkListCap];                // positions at or above the first digit
     __shared__ uint32_t s_warp[BLOCK / 32 + 1];
     __shared__ uint32_t s_warp2[W][2];
@@ -525,7 +425,7 @@ __device__ __forceinline__ void topk_local_cluster_impl(const DcpTopkParams& p) 
     auto select = [&](int shift) {
         uint32_t c[PER] = {0, 0, 0, 0}, mine[PER] = {0, 0, 0, 0};  // this thread's bins: the cluster's
                                                                     // counts, this CTA's
-        if (kMerge || csize == 1) {
+        if (csize == 1) {
             __syncthreads();  // the counts are complete
             if (grouped) {
                 const uint4 h = *reinterpret_cast<const uint4*>(&s_hist[group]);
@@ -580,10 +480,7 @@ __device__ __forceinline__ void topk_local_cluster_impl(const DcpTopkParams& p) 
     };
 
     // The one read of the row: keys into shared memory, first digit (bits 21..31) counted.
-    for (int i = tid; i < kRadixBins; i += BLOCK) {
-        s_hist[i] = 0;
-        if constexpr (!kMerge) s_slice[0][i] = 0;
-    }
+    for (int i = tid; i < kRadixBins; i += BLOCK) s_hist[i] = s_slice[0][i] = 0;
     __syncthreads();
     {
         int base = 0;
@@ -617,10 +514,7 @@ __device__ __forceinline__ void topk_local_cluster_impl(const DcpTopkParams& p) 
             shared_add(hist_addr + (k >> 21) * 4, 1u);
         }
     }
-    // kMerge, a chunk of at most K elements: all are candidates (prefix = mask = 0, need = K
-    // takes every one below); the decision is the CTA's own, so no other CTA waits on it here
-    const bool all = kMerge && count <= K;
-    bool done = all || select(21);
+    bool done = select(21);
 
     // At most kTopkListCap of this CTA's elements at or above the first digit (key ≥ prefix):
     // their positions, in index order, replace the chunk for the rest.
@@ -685,11 +579,6 @@ __device__ __forceinline__ void topk_local_cluster_impl(const DcpTopkParams& p) 
         done = select(shift);
     }
 
-    if constexpr (kMerge) {
-        topk_chunks_merge<K, BLOCK>(items, count, listed, start, csize, crank, prefix, mask, need, s_key, s_list,
-                                    s_cidx, s_ckey, s_hist, hist_addr, out, s_warp, s_warp2, select);
-        return;
-    }
     // Where this CTA's selected elements go: after every lower rank's.
     const uint32_t above = above_total();
     uint32_t above_lower = 0, at_lower = 0;
@@ -725,16 +614,6 @@ __device__ __forceinline__ void topk_local_cluster_impl(const DcpTopkParams& p) 
 #else
     __trap();  // sm_80 launches topk_local (src/ops/topk.rs)
 #endif
-}
-
-template <int K>
-__device__ __forceinline__ void topk_local_cluster(const DcpTopkParams& p) {
-    topk_local_cluster_impl<K, false>(p);
-}
-
-template <int K>
-__device__ __forceinline__ void topk_local_chunks(const DcpTopkParams& p) {
-    topk_local_cluster_impl<K, true>(p);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -147,13 +147,12 @@ fn local_topk_matches_reference() {
     }
 }
 
-/// One CTA per row, and on Hopper every cluster size that fits `cols` columns, both kinds.
+/// One CTA per row, and on Hopper every cluster size that fits `cols` columns.
 fn schedules(dev: &dcp_mla::runtime::Device, cols: usize) -> Vec<TopkSchedule> {
     let mut v = vec![TopkSchedule::CtaPerRow];
     if dev.compute_capability().0 >= 9 {
         let fewest = cols.div_ceil(TOPK_CLUSTER_CHUNK);
         v.extend((fewest.max(1)..=TOPK_CLUSTER_MAX).map(|ctas| TopkSchedule::Cluster { ctas }));
-        v.extend((fewest.max(1)..=TOPK_CLUSTER_MAX).map(|ctas| TopkSchedule::ChunkMerge { ctas }));
     } else {
         eprintln!("compute capability below 9.0: top-k clusters not run");
     }

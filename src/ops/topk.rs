@@ -60,10 +60,6 @@ pub enum TopkSchedule {
     /// ceil(cols / ctas) ≤ [`TOPK_CLUSTER_CHUNK`]): each CTA holds its chunk of the row in shared
     /// memory, so the row is read once and the whole GPU works on few rows.
     Cluster { ctas: usize },
-    /// The same clusters, but each CTA selects its chunk's top K alone, then every CTA the top K
-    /// of the cluster's `ctas`·K candidates (compute capability 9.0+; the same limits): one
-    /// cluster barrier in all instead of two a radix pass.
-    ChunkMerge { ctas: usize },
 }
 
 /// The most scores one CTA of a [`TopkSchedule::Cluster`] holds (its dynamic shared memory: 128 KB).
@@ -74,42 +70,24 @@ pub const TOPK_CLUSTER_MAX: usize = 8;
 /// The schedule [`local_topk`] uses for rows of `cols` columns on `dev`: on Hopper, when
 /// a row fits 8 chunks, clusters of the fewest CTAs that hold it (each CTA's selection passes
 /// cost the same whatever its chunk, and the cluster's barriers grow with its size: on the H200
-/// 128 × 32768 ran in 21.7 µs with 1 CTA a row, 36.7 with 2, 67.7 with 4), as
-/// [`TopkSchedule::ChunkMerge`] when that is more than one CTA. The environment variable
-/// `DCP_MLA_TOPK_CLUSTER` (read once) overrides it: `0` for one CTA per row, `n` for clusters
-/// of n that select together, `nm` (e.g. `4m`) for chunk-merge clusters of n (an error if n does
-/// not fit these columns).
+/// 128 × 32768 ran in 21.7 µs with 1 CTA a row, 36.7 with 2, 67.7 with 4). The environment
+/// variable `DCP_MLA_TOPK_CLUSTER` (read once) overrides it: `0` for one CTA per row, `n` for
+/// clusters of n (an error if n does not fit these columns).
 pub fn topk_schedule(dev: &Device, cols: usize) -> Result<TopkSchedule> {
-    static FORCED: std::sync::OnceLock<std::result::Result<Option<TopkSchedule>, String>> =
-        std::sync::OnceLock::new();
+    static FORCED: std::sync::OnceLock<std::result::Result<Option<usize>, String>> = std::sync::OnceLock::new();
     let forced = FORCED.get_or_init(|| match std::env::var("DCP_MLA_TOPK_CLUSTER") {
         Err(_) => Ok(None),
         Ok(v) if v.is_empty() => Ok(None),
-        Ok(v) => parse_forced_schedule(&v).map(Some),
+        Ok(v) => v.parse().map(Some).map_err(|_| format!("`{v}` is not a number of CTAs (0 for one CTA per row)")),
     });
-    if let Some(schedule) = forced.clone().map_err(|reason| Error::arg("DCP_MLA_TOPK_CLUSTER", reason))? {
-        return Ok(schedule);
+    let forced = forced.clone().map_err(|reason| Error::arg("DCP_MLA_TOPK_CLUSTER", reason))?;
+    if let Some(c) = forced {
+        return Ok(if c == 0 { TopkSchedule::CtaPerRow } else { TopkSchedule::Cluster { ctas: c } });
     }
     if dev.compute_capability().0 < 9 {
         return Ok(TopkSchedule::CtaPerRow);
     }
     Ok(auto_schedule(cols))
-}
-
-/// `DCP_MLA_TOPK_CLUSTER`'s value: `0`, `n` or `nm`.
-fn parse_forced_schedule(v: &str) -> std::result::Result<TopkSchedule, String> {
-    let (digits, merge) = match v.strip_suffix('m') {
-        Some(d) => (d, true),
-        None => (v, false),
-    };
-    let bad = || format!("`{v}` is not 0 (one CTA per row), n (clusters of n) or nm (chunk-merge clusters of n)");
-    let c: usize = digits.parse().map_err(|_| bad())?;
-    Ok(match (c, merge) {
-        (0, false) => TopkSchedule::CtaPerRow,
-        (0, true) => return Err(bad()),
-        (c, false) => TopkSchedule::Cluster { ctas: c },
-        (c, true) => TopkSchedule::ChunkMerge { ctas: c },
-    })
 }
 
 /// The scores each CTA of a `ctas`-CTA cluster holds: ceil(cols / ctas) rounded up to 4 (whole
@@ -123,11 +101,7 @@ fn auto_schedule(cols: usize) -> TopkSchedule {
     if fewest > TOPK_CLUSTER_MAX {
         return TopkSchedule::CtaPerRow;
     }
-    if fewest == 1 {
-        TopkSchedule::Cluster { ctas: 1 }
-    } else {
-        TopkSchedule::ChunkMerge { ctas: fewest }
-    }
+    TopkSchedule::Cluster { ctas: fewest }
 }
 
 /// A cluster launch's grid (rows · ctas CTAs) and dynamic shared bytes (the chunk's keys, which
@@ -161,16 +135,13 @@ pub fn local_topk_with(dev: &Device, stream: Stream, a: &LocalTopk, schedule: To
             let id = lookup(registry::topk_local(a.k as u32), || format!("topk_local for K = {}", a.k))?;
             launch_rows(dev, stream, id, a.rows, &params)
         }
-        TopkSchedule::Cluster { ctas } | TopkSchedule::ChunkMerge { ctas } => {
+        TopkSchedule::Cluster { ctas } => {
             let (grid, shared) = cluster_launch(a, ctas)?;
             if dev.compute_capability().0 < 9 {
                 return Err(Error::Unsupported("top-k clusters need compute capability 9.0".into()));
             }
-            let id = if matches!(schedule, TopkSchedule::ChunkMerge { .. }) {
-                lookup(registry::topk_local_chunks(a.k as u32), || format!("topk_local_chunks for K = {}", a.k))?
-            } else {
-                lookup(registry::topk_local_cluster(a.k as u32), || format!("topk_local_cluster for K = {}", a.k))?
-            };
+            let id =
+                lookup(registry::topk_local_cluster(a.k as u32), || format!("topk_local_cluster for K = {}", a.k))?;
             if a.rows == 0 {
                 return Ok(());
             }
@@ -512,22 +483,12 @@ mod tests {
     }
 
     #[test]
-    fn forced_schedules_parse() {
-        assert_eq!(parse_forced_schedule("0"), Ok(TopkSchedule::CtaPerRow));
-        assert_eq!(parse_forced_schedule("4"), Ok(TopkSchedule::Cluster { ctas: 4 }));
-        assert_eq!(parse_forced_schedule("4m"), Ok(TopkSchedule::ChunkMerge { ctas: 4 }));
-        for bad in ["0m", "m", "x", "4mm", "-1"] {
-            assert!(parse_forced_schedule(bad).is_err(), "{bad}");
-        }
-    }
-
-    #[test]
     fn topk_schedule_takes_the_fewest_ctas_that_hold_a_row() {
-        assert_eq!(auto_schedule(131_072), TopkSchedule::ChunkMerge { ctas: 4 });
+        assert_eq!(auto_schedule(131_072), TopkSchedule::Cluster { ctas: 4 });
         assert_eq!(auto_schedule(32_768), TopkSchedule::Cluster { ctas: 1 });
-        assert_eq!(auto_schedule(32_769), TopkSchedule::ChunkMerge { ctas: 2 });
+        assert_eq!(auto_schedule(32_769), TopkSchedule::Cluster { ctas: 2 });
         assert_eq!(auto_schedule(0), TopkSchedule::Cluster { ctas: 1 });
-        assert_eq!(auto_schedule(8 * 32_768), TopkSchedule::ChunkMerge { ctas: 8 });
+        assert_eq!(auto_schedule(8 * 32_768), TopkSchedule::Cluster { ctas: 8 });
         assert_eq!(auto_schedule(8 * 32_768 + 1), TopkSchedule::CtaPerRow);
     }
 
