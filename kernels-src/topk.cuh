@@ -371,15 +371,27 @@ __device__ __forceinline__ void emit_segments(int count, uint32_t prefix, uint32
 // next one, which every CTA reaches after its reads (so the slice sums alternate between two
 // buffers). Measured: the selection's instructions and each pass's barriers bound it, not the
 // row's bytes, so the launcher gives a row the fewest CTAs that hold it (NOTES.md).
+// KeyBits = 16: a CTA keeps only each key's top 16 bits (chunk·2 bytes), so it holds twice the
+// chunk and a row needs half the CTAs (a 131,072-column row two, not four). The first two
+// digits come from those bits (bits 21..31, then 16..20); the elements at or above that 16-bit
+// prefix are listed, their full keys recomputed from the scores in global memory (at most
+// kTopkListCap reads a CTA), and the last two digits (bits 5..15, 0..4) run over those. A CTA
+// whose list would overflow (more than kTopkListCap elements tie on the top 16 bits) reads its
+// chunk's scores from global memory again for the rest: slower, the same output.
 // ---------------------------------------------------------------------------------------------
-template <int K>
+template <int K, int KeyBits>
 __device__ __forceinline__ void topk_local_cluster(const DcpTopkParams& p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     using namespace ptx_sm90;
     // The first 512 threads hold one group of 4 bins each (16-byte reads); the rest hold none.
     constexpr int BLOCK = kTopkClusterBlock, PER = 4, GROUPS = kRadixBins / PER, W = BLOCK / 32;
     static_assert(BLOCK >= GROUPS, "a thread for every group of bins");
-    extern __shared__ uint32_t s_key[];  // this CTA's chunk of keys
+    static_assert(KeyBits == 32 || KeyBits == 16, "whole keys or their top halves");
+    constexpr bool kHalf = KeyBits == 16;
+    extern __shared__ uint32_t s_key[];  // this CTA's chunk of keys (kHalf: their top 16 bits, packed)
+    [[maybe_unused]] uint16_t* s_key16 = reinterpret_cast<uint16_t*>(s_key);
+    // kHalf: the listed elements' full keys, recomputed from their scores
+    __shared__ uint32_t s_lkey[kHalf ? kTopkListCap : 1];
     __shared__ __align__(16) uint32_t s_hist[kRadixBins];   // this CTA's counts of the pass
     __shared__ __align__(16) uint32_t s_slice[2][kRadixBins];  // the cluster's sums of this CTA's
                                                                // slice, by pass parity
@@ -395,7 +407,7 @@ __device__ __forceinline__ void topk_local_cluster(const DcpTopkParams& p) {
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     // ceil(cols / C) rounded up to 4 keys (src/ops/topk.rs: topk_cluster_chunk)
     const int chunk = (((p.cols + (int)csize - 1) / (int)csize) + 3) & ~3;
-    if ((uint32_t)chunk * 4u > dynamic_smem_bytes()) __trap();  // a launch that passed too little
+    if ((uint32_t)chunk * (KeyBits / 8) > dynamic_smem_bytes()) __trap();  // a launch that passed too little
     int32_t* out = (int32_t*)p.out + (int64_t)row * K;
     const int len = max(0, min(((const int32_t*)p.lens)[row], p.cols));
     if (len <= K) {  // the same decision in every CTA of the cluster: none touches another's memory
@@ -420,9 +432,10 @@ __device__ __forceinline__ void topk_local_cluster(const DcpTopkParams& p) {
     uint32_t above_part = 0, at = 0;          // this thread's bins' share of the CTA's elements
                                               // above the prefix; the CTA's elements matching it
     int round = 0;  // passes done: the parity of the slice buffers
-    // One pass's cluster step, after this CTA counted its digit into s_hist: the digit every CTA
-    // picks, this CTA's share above and at it. True when the prefix decides everything.
-    auto select = [&](int shift) {
+    // One pass's cluster step, after this CTA counted its digit (`bits` wide at `shift`) into
+    // s_hist: the digit every CTA picks, this CTA's share above and at it. True when the prefix
+    // decides everything.
+    auto select = [&](int shift, int bits) {
         uint32_t c[PER] = {0, 0, 0, 0}, mine[PER] = {0, 0, 0, 0};  // this thread's bins: the cluster's
                                                                     // counts, this CTA's
         if (csize == 1) {
@@ -469,7 +482,7 @@ __device__ __forceinline__ void topk_local_cluster(const DcpTopkParams& p) {
 #pragma unroll
         for (int j = 0; j < PER; ++j) above_part += (uint32_t)(group + 3 - j) > digit ? mine[j] : 0u;
         prefix |= digit << shift;
-        mask |= (uint32_t)(kRadixBins - 1) << shift;
+        mask |= ((1u << bits) - 1u) << shift;
         ++round;
         return bucket == need;
     };
@@ -491,7 +504,10 @@ __device__ __forceinline__ void topk_local_cluster(const DcpTopkParams& p) {
             const int vec = count / 4;
             auto convert = [&](int i, float4 v) {
                 const uint4 k = make_uint4(score_key(v.x), score_key(v.y), score_key(v.z), score_key(v.w));
-                kv[i] = k;
+                if constexpr (kHalf)
+                    reinterpret_cast<uint2*>(s_key)[i] = make_uint2((k.x >> 16) | (k.y & 0xffff0000u), (k.z >> 16) | (k.w & 0xffff0000u));
+                else
+                    kv[i] = k;
                 shared_add(hist_addr + (k.x >> 21) * 4, 1u);
                 shared_add(hist_addr + (k.y >> 21) * 4, 1u);
                 shared_add(hist_addr + (k.z >> 21) * 4, 1u);
@@ -510,11 +526,33 @@ __device__ __forceinline__ void topk_local_cluster(const DcpTopkParams& p) {
         }
         for (int e = base + tid; e < count; e += BLOCK) {
             const uint32_t k = score_key(__ldg(x + e));
-            s_key[e] = k;
+            if constexpr (kHalf) s_key16[e] = (uint16_t)(k >> 16);
+            else s_key[e] = k;
             shared_add(hist_addr + (k >> 21) * 4, 1u);
         }
     }
-    bool done = select(21);
+    bool done = select(21, 11);
+    // kHalf: the second digit (bits 16..20) from the top halves in shared memory, 8 a 16-byte read
+    if constexpr (kHalf) {
+        if (!done) {
+            const uint4* kv = reinterpret_cast<const uint4*>(s_key);
+            const uint32_t p16 = prefix >> 16;  // bits 21..31 as a 16-bit key's top 11
+            auto count16 = [&](uint32_t h) {
+                if ((h >> 5) == (p16 >> 5)) shared_add(hist_addr + (h & 31) * 4, 1u);
+            };
+            for (int i = tid; i < count / 8; i += BLOCK) {
+                const uint4 v = kv[i];
+                const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    count16(w[j] & 0xffffu);
+                    count16(w[j] >> 16);
+                }
+            }
+            for (int e = (count / 8) * 8 + tid; e < count; e += BLOCK) count16(s_key16[e]);
+            done = select(16, 5);
+        }
+    }
 
     // At most kTopkListCap of this CTA's elements at or above the first digit (key ≥ prefix):
     // their positions, in index order, replace the chunk for the rest.
@@ -526,9 +564,17 @@ __device__ __forceinline__ void topk_local_cluster(const DcpTopkParams& p) {
         const int seg = ((count + W - 1) / W + 127) & ~127;
         const int lo = min(count, warp * seg), hi = min(count, lo + seg);
         const uint4* kv = reinterpret_cast<const uint4*>(s_key);
+        const uint2* kv16 = reinterpret_cast<const uint2*>(s_key);
         auto at_or_above = [&](int e0, bool (&in)[4]) {
             const int e = e0 + 4 * lane;
-            const uint4 k = e < hi ? kv[e / 4] : make_uint4(0, 0, 0, 0);
+            uint4 k;
+            if constexpr (kHalf) {
+                // the prefix covers bits 16..31 here, so a top half compares exactly
+                const uint2 h = e < hi ? kv16[e / 4] : make_uint2(0, 0);
+                k = make_uint4(h.x << 16, h.x & 0xffff0000u, h.y << 16, h.y & 0xffff0000u);
+            } else {
+                k = e < hi ? kv[e / 4] : make_uint4(0, 0, 0, 0);
+            }
             in[0] = e < hi && k.x >= prefix;
             in[1] = e + 1 < hi && k.y >= prefix;
             in[2] = e + 2 < hi && k.z >= prefix;
@@ -568,15 +614,30 @@ __device__ __forceinline__ void topk_local_cluster(const DcpTopkParams& p) {
         __syncthreads();
     }
     const int items = listed ? (int)(above0 + at) : count;
-    auto key_of = [&](int i) { return listed ? s_key[s_list[i]] : s_key[i]; };
+    if constexpr (kHalf) {
+        // the listed elements' full keys (the scores were read once already: mostly from L2)
+        if (listed) {
+            for (int i = tid; i < items; i += BLOCK) s_lkey[i] = score_key(__ldg(x + s_list[i]));
+            __syncthreads();
+        }
+    }
+    // item i's full key (kHalf holds only the top halves: an unlisted element's key is
+    // recomputed from its score)
+    auto key_of = [&](int i) -> uint32_t {
+        if constexpr (kHalf) return listed ? s_lkey[i] : score_key(__ldg(x + i));
+        else return listed ? s_key[s_list[i]] : s_key[i];
+    };
+    // the remaining digits: bits 10..20 and 0..10 (bit 10 again: the prefix fixes it), or
+    // (kHalf) 5..15 and 0..4
+    constexpr int kShift1 = kHalf ? 5 : 10, kBits1 = 11, kBits2 = kHalf ? 5 : 11;
 #pragma unroll 1
     for (int pass = 1; pass < 3 && !done; ++pass) {
-        const int shift = pass == 1 ? 10 : 0;
+        const int shift = pass == 1 ? kShift1 : 0, bits = pass == 1 ? kBits1 : kBits2;
         for (int i = tid; i < items; i += BLOCK) {
             const uint32_t k = key_of(i);
-            if ((k & mask) == prefix) shared_add(hist_addr + ((k >> shift) & (kRadixBins - 1)) * 4, 1u);
+            if ((k & mask) == prefix) shared_add(hist_addr + ((k >> shift) & ((1u << bits) - 1u)) * 4, 1u);
         }
-        done = select(shift);
+        done = select(shift, bits);
     }
 
     // Where this CTA's selected elements go: after every lower rank's.
@@ -607,7 +668,13 @@ __device__ __forceinline__ void topk_local_cluster(const DcpTopkParams& p) {
         [&](int i, int32_t& idx) {
             const int e = listed ? (int)s_list[i] : i;
             idx = start + e;
-            return s_key[e];
+            if constexpr (kHalf) {
+                if (listed) return s_lkey[i];
+                // the emission compares masked keys: a top half is enough while the mask is
+                return (mask & 0xffffu) == 0 ? (uint32_t)s_key16[e] << 16 : score_key(__ldg(x + e));
+            } else {
+                return s_key[e];
+            }
         },
         my_out, s_warp2);
     if (csize > 1) cluster_wait();

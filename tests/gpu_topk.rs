@@ -147,12 +147,14 @@ fn local_topk_matches_reference() {
     }
 }
 
-/// One CTA per row, and on Hopper every cluster size that fits `cols` columns.
+/// One CTA per row, and on Hopper every cluster size that fits `cols` columns, whole and half keys.
 fn schedules(dev: &dcp_mla::runtime::Device, cols: usize) -> Vec<TopkSchedule> {
     let mut v = vec![TopkSchedule::CtaPerRow];
     if dev.compute_capability().0 >= 9 {
         let fewest = cols.div_ceil(TOPK_CLUSTER_CHUNK);
         v.extend((fewest.max(1)..=TOPK_CLUSTER_MAX).map(|ctas| TopkSchedule::Cluster { ctas }));
+        let fewest_half = cols.div_ceil(TOPK_CLUSTER_CHUNK_HALF);
+        v.extend((fewest_half.max(1)..=TOPK_CLUSTER_MAX).map(|ctas| TopkSchedule::HalfKeyCluster { ctas }));
     } else {
         eprintln!("compute capability below 9.0: top-k clusters not run");
     }
@@ -201,25 +203,26 @@ fn local_topk_and_pack_beyond_2_pow_31_elements() {
     };
     pack_candidates(dev, raw(&s), &pack).expect("pack_candidates");
     let (got_s, got_i) = (download(&s, &d_cs), download(&s, &d_ci));
-    // Clusters hold at most 8 · 32,768 columns: rows 2^31 − 2^16 apart put row 1's across 2^31.
+    // Clusters hold at most 8 · 32,768 columns (8 · 65,536 with half keys): rows 2^31 − 2^16
+    // apart put row 1's across 2^31.
     if dev.compute_capability().0 >= 9 {
-        let (c_cols, c_stride) = (TOPK_CLUSTER_MAX * TOPK_CLUSTER_CHUNK, (1usize << 31) - (1 << 16));
-        let c_lens = upload(&s, &vec![c_cols as i32; rows]);
-        let c_args = LocalTopk { row_stride: c_stride, cols: c_cols, lens: view(&s, &c_lens), ..args };
-        let c_out = upload(&s, &vec![POISON; rows * k]);
-        local_topk_with(
-            dev,
-            raw(&s),
-            &LocalTopk { out: view(&s, &c_out), ..c_args },
-            TopkSchedule::Cluster { ctas: 8 },
-        )
-        .expect("local_topk_with");
-        let got_c = download(&s, &c_out);
-        // row 1 of this view is host row 1 from 2^20 − 2^16 on
-        let tail = (1usize << 20) - (1 << 16);
-        for (r, row) in [&host[0][..c_cols], &host[1][tail..tail + c_cols]].into_iter().enumerate() {
-            let want = reference::local_topk(row, 1, c_cols, c_cols, &[c_cols as i32], k);
-            check_i32(&format!("2^31 buffer, clusters of 8, row {r}"), &got_c[r * k..(r + 1) * k], &want, k);
+        let c_stride = (1usize << 31) - (1 << 16);
+        for (schedule, c_cols) in [
+            (TopkSchedule::Cluster { ctas: 8 }, TOPK_CLUSTER_MAX * TOPK_CLUSTER_CHUNK),
+            (TopkSchedule::HalfKeyCluster { ctas: 8 }, TOPK_CLUSTER_MAX * TOPK_CLUSTER_CHUNK_HALF),
+        ] {
+            let c_lens = upload(&s, &vec![c_cols as i32; rows]);
+            let c_args = LocalTopk { row_stride: c_stride, cols: c_cols, lens: view(&s, &c_lens), ..args };
+            let c_out = upload(&s, &vec![POISON; rows * k]);
+            local_topk_with(dev, raw(&s), &LocalTopk { out: view(&s, &c_out), ..c_args }, schedule)
+                .expect("local_topk_with");
+            let got_c = download(&s, &c_out);
+            // row 1 of this view is host row 1 from 2^20 − 2^16 on
+            let tail = (1usize << 20) - (1 << 16);
+            for (r, row) in [&host[0][..c_cols], &host[1][tail..tail + c_cols]].into_iter().enumerate() {
+                let want = reference::local_topk(row, 1, c_cols, c_cols, &[c_cols as i32], k);
+                check_i32(&format!("2^31 buffer, {schedule:?}, row {r}"), &got_c[r * k..(r + 1) * k], &want, k);
+            }
         }
     }
     for r in 0..rows {

@@ -60,34 +60,58 @@ pub enum TopkSchedule {
     /// ceil(cols / ctas) ≤ [`TOPK_CLUSTER_CHUNK`]): each CTA holds its chunk of the row in shared
     /// memory, so the row is read once and the whole GPU works on few rows.
     Cluster { ctas: usize },
+    /// The same clusters with each CTA keeping only the top 16 bits of every key in shared
+    /// memory, so it holds twice the columns ([`TOPK_CLUSTER_CHUNK_HALF`]) and a row needs half
+    /// the CTAs; the elements left after the first two digits are listed and their full keys
+    /// recomputed from the scores (compute capability 9.0+).
+    HalfKeyCluster { ctas: usize },
 }
 
 /// The most scores one CTA of a [`TopkSchedule::Cluster`] holds (its dynamic shared memory: 128 KB).
 pub const TOPK_CLUSTER_CHUNK: usize = 32768;
+/// The most scores one CTA of a [`TopkSchedule::HalfKeyCluster`] holds (16-bit keys, 128 KB).
+pub const TOPK_CLUSTER_CHUNK_HALF: usize = 65536;
 /// The most CTAs of a top-k cluster (the portable cluster size; `kTopkClusterMax`).
 pub const TOPK_CLUSTER_MAX: usize = 8;
 
-/// The schedule [`local_topk`] uses for rows of `cols` columns on `dev`: on Hopper, when
-/// a row fits 8 chunks, clusters of the fewest CTAs that hold it (each CTA's selection passes
-/// cost the same whatever its chunk, and the cluster's barriers grow with its size: on the H200
-/// 128 × 32768 ran in 21.7 µs with 1 CTA a row, 36.7 with 2, 67.7 with 4). The environment
-/// variable `DCP_MLA_TOPK_CLUSTER` (read once) overrides it: `0` for one CTA per row, `n` for
-/// clusters of n (an error if n does not fit these columns).
+/// The schedule [`local_topk`] uses for rows of `cols` columns on `dev`: on Hopper, clusters of
+/// the fewest CTAs that hold the row (each CTA's selection passes cost the same whatever its
+/// chunk, and the cluster's barriers grow with its size: on the H200 128 × 32768 ran in 21.7 µs
+/// with 1 CTA a row, 36.7 with 2, 67.7 with 4): whole keys up to 32,768 columns, else half keys
+/// (up to 8 × 65,536 columns), else one CTA per row. The environment variable
+/// `DCP_MLA_TOPK_CLUSTER` (read once) overrides it: `0` for one CTA per row, `n` for clusters of
+/// n with whole keys, `nh` (e.g. `2h`) with half keys (an error if n does not fit these columns).
 pub fn topk_schedule(dev: &Device, cols: usize) -> Result<TopkSchedule> {
-    static FORCED: std::sync::OnceLock<std::result::Result<Option<usize>, String>> = std::sync::OnceLock::new();
+    static FORCED: std::sync::OnceLock<std::result::Result<Option<TopkSchedule>, String>> =
+        std::sync::OnceLock::new();
     let forced = FORCED.get_or_init(|| match std::env::var("DCP_MLA_TOPK_CLUSTER") {
         Err(_) => Ok(None),
         Ok(v) if v.is_empty() => Ok(None),
-        Ok(v) => v.parse().map(Some).map_err(|_| format!("`{v}` is not a number of CTAs (0 for one CTA per row)")),
+        Ok(v) => parse_forced_schedule(&v).map(Some),
     });
-    let forced = forced.clone().map_err(|reason| Error::arg("DCP_MLA_TOPK_CLUSTER", reason))?;
-    if let Some(c) = forced {
-        return Ok(if c == 0 { TopkSchedule::CtaPerRow } else { TopkSchedule::Cluster { ctas: c } });
+    if let Some(schedule) = forced.clone().map_err(|reason| Error::arg("DCP_MLA_TOPK_CLUSTER", reason))? {
+        return Ok(schedule);
     }
     if dev.compute_capability().0 < 9 {
         return Ok(TopkSchedule::CtaPerRow);
     }
     Ok(auto_schedule(cols))
+}
+
+/// `DCP_MLA_TOPK_CLUSTER`'s value: `0`, `n` or `nh`.
+fn parse_forced_schedule(v: &str) -> std::result::Result<TopkSchedule, String> {
+    let (digits, half) = match v.strip_suffix('h') {
+        Some(d) => (d, true),
+        None => (v, false),
+    };
+    let bad = || format!("`{v}` is not 0 (one CTA per row), n (clusters of n) or nh (half-key clusters of n)");
+    let c: usize = digits.parse().map_err(|_| bad())?;
+    Ok(match (c, half) {
+        (0, false) => TopkSchedule::CtaPerRow,
+        (0, true) => return Err(bad()),
+        (c, false) => TopkSchedule::Cluster { ctas: c },
+        (c, true) => TopkSchedule::HalfKeyCluster { ctas: c },
+    })
 }
 
 /// The scores each CTA of a `ctas`-CTA cluster holds: ceil(cols / ctas) rounded up to 4 (whole
@@ -97,16 +121,20 @@ fn topk_cluster_chunk(cols: usize, ctas: usize) -> usize {
 }
 
 fn auto_schedule(cols: usize) -> TopkSchedule {
-    let fewest = cols.div_ceil(TOPK_CLUSTER_CHUNK).max(1);
+    if cols <= TOPK_CLUSTER_CHUNK {
+        return TopkSchedule::Cluster { ctas: 1 };
+    }
+    let fewest = cols.div_ceil(TOPK_CLUSTER_CHUNK_HALF);
     if fewest > TOPK_CLUSTER_MAX {
         return TopkSchedule::CtaPerRow;
     }
-    TopkSchedule::Cluster { ctas: fewest }
+    TopkSchedule::HalfKeyCluster { ctas: fewest }
 }
 
-/// A cluster launch's grid (rows · ctas CTAs) and dynamic shared bytes (the chunk's keys, which
-/// the kernel traps on too few of), or the argument error.
-fn cluster_launch(a: &LocalTopk, ctas: usize) -> Result<(u32, u32)> {
+/// A cluster launch's grid (rows · ctas CTAs) and dynamic shared bytes (the chunk's keys of
+/// `key_bits` bits, which the kernel traps on too few of), or the argument error.
+fn cluster_launch(a: &LocalTopk, ctas: usize, key_bits: u32) -> Result<(u32, u32)> {
+    let cap = if key_bits == 16 { TOPK_CLUSTER_CHUNK_HALF } else { TOPK_CLUSTER_CHUNK };
     ensure_arg!(
         (1..=TOPK_CLUSTER_MAX).contains(&ctas),
         "schedule",
@@ -114,9 +142,9 @@ fn cluster_launch(a: &LocalTopk, ctas: usize) -> Result<(u32, u32)> {
     );
     let chunk = topk_cluster_chunk(a.cols, ctas);
     ensure_arg!(
-        chunk <= TOPK_CLUSTER_CHUNK,
+        chunk <= cap,
         "schedule",
-        "{ctas} CTAs a row hold {chunk} of the {} columns each, above {TOPK_CLUSTER_CHUNK}",
+        "{ctas} CTAs a row hold {chunk} of the {} columns each, above {cap} ({key_bits}-bit keys)",
         a.cols
     );
     let grid = a
@@ -124,7 +152,7 @@ fn cluster_launch(a: &LocalTopk, ctas: usize) -> Result<(u32, u32)> {
         .checked_mul(ctas)
         .and_then(|g| u32::try_from(g).ok())
         .ok_or_else(|| Error::arg("rows", format!("{} rows of {ctas} CTAs exceed the grid limit", a.rows)))?;
-    Ok((grid, (chunk.max(1) * 4) as u32))
+    Ok((grid, (chunk.max(1) * key_bits as usize / 8) as u32))
 }
 
 /// [`local_topk`] with the schedule named (tests run every one against the reference).
@@ -135,13 +163,15 @@ pub fn local_topk_with(dev: &Device, stream: Stream, a: &LocalTopk, schedule: To
             let id = lookup(registry::topk_local(a.k as u32), || format!("topk_local for K = {}", a.k))?;
             launch_rows(dev, stream, id, a.rows, &params)
         }
-        TopkSchedule::Cluster { ctas } => {
-            let (grid, shared) = cluster_launch(a, ctas)?;
+        TopkSchedule::Cluster { ctas } | TopkSchedule::HalfKeyCluster { ctas } => {
+            let key_bits = if matches!(schedule, TopkSchedule::HalfKeyCluster { .. }) { 16 } else { 32 };
+            let (grid, shared) = cluster_launch(a, ctas, key_bits)?;
             if dev.compute_capability().0 < 9 {
                 return Err(Error::Unsupported("top-k clusters need compute capability 9.0".into()));
             }
-            let id =
-                lookup(registry::topk_local_cluster(a.k as u32), || format!("topk_local_cluster for K = {}", a.k))?;
+            let id = lookup(registry::topk_local_cluster(a.k as u32, key_bits), || {
+                format!("topk_local_cluster for K = {}, {key_bits}-bit keys", a.k)
+            })?;
             if a.rows == 0 {
                 return Ok(());
             }
@@ -484,26 +514,43 @@ mod tests {
 
     #[test]
     fn topk_schedule_takes_the_fewest_ctas_that_hold_a_row() {
-        assert_eq!(auto_schedule(131_072), TopkSchedule::Cluster { ctas: 4 });
+        assert_eq!(auto_schedule(131_072), TopkSchedule::HalfKeyCluster { ctas: 2 });
         assert_eq!(auto_schedule(32_768), TopkSchedule::Cluster { ctas: 1 });
-        assert_eq!(auto_schedule(32_769), TopkSchedule::Cluster { ctas: 2 });
+        assert_eq!(auto_schedule(32_769), TopkSchedule::HalfKeyCluster { ctas: 1 });
+        assert_eq!(auto_schedule(65_537), TopkSchedule::HalfKeyCluster { ctas: 2 });
         assert_eq!(auto_schedule(0), TopkSchedule::Cluster { ctas: 1 });
-        assert_eq!(auto_schedule(8 * 32_768), TopkSchedule::Cluster { ctas: 8 });
-        assert_eq!(auto_schedule(8 * 32_768 + 1), TopkSchedule::CtaPerRow);
+        assert_eq!(auto_schedule(8 * 65_536), TopkSchedule::HalfKeyCluster { ctas: 8 });
+        assert_eq!(auto_schedule(8 * 65_536 + 1), TopkSchedule::CtaPerRow);
     }
 
     #[test]
     fn cluster_launches_are_checked() {
         let t = three_rows(40_003, 40_000);
         // 40,000 columns: 2 CTAs hold 20,000 each, 1 would hold 40,000 > 32,768
-        assert_eq!(cluster_launch(&t, 2).unwrap(), (6, 80_000));
-        assert_eq!(cluster_launch(&t, 3).unwrap(), (9, 4 * 13_336));
+        assert_eq!(cluster_launch(&t, 2, 32).unwrap(), (6, 80_000));
+        assert_eq!(cluster_launch(&t, 3, 32).unwrap(), (9, 4 * 13_336));
         for ctas in [0, 1, 9] {
-            assert_eq!(arg_of(cluster_launch(&t, ctas).unwrap_err()), "schedule", "{ctas} CTAs");
+            assert_eq!(arg_of(cluster_launch(&t, ctas, 32).unwrap_err()), "schedule", "{ctas} CTAs");
         }
+        // half keys: one CTA holds the 40,000 (2 bytes each); 140,000 columns need 3
+        assert_eq!(cluster_launch(&t, 1, 16).unwrap(), (3, 80_000));
+        assert_eq!(cluster_launch(&t, 2, 16).unwrap(), (6, 40_000));
+        let wide = three_rows(140_000, 140_000);
+        assert_eq!(arg_of(cluster_launch(&wide, 2, 16).unwrap_err()), "schedule");
+        assert_eq!(cluster_launch(&wide, 3, 16).unwrap(), (9, 2 * 46_668));
         let many = LocalTopk { rows: 1 << 30, ..t };
-        assert_eq!(arg_of(cluster_launch(&many, 8).unwrap_err()), "rows");
-        assert_eq!(cluster_launch(&LocalTopk { cols: 0, ..t }, 1).unwrap(), (3, 4));
+        assert_eq!(arg_of(cluster_launch(&many, 8, 32).unwrap_err()), "rows");
+        assert_eq!(cluster_launch(&LocalTopk { cols: 0, ..t }, 1, 32).unwrap(), (3, 4));
+    }
+
+    #[test]
+    fn forced_schedules_parse() {
+        assert_eq!(parse_forced_schedule("0"), Ok(TopkSchedule::CtaPerRow));
+        assert_eq!(parse_forced_schedule("4"), Ok(TopkSchedule::Cluster { ctas: 4 }));
+        assert_eq!(parse_forced_schedule("2h"), Ok(TopkSchedule::HalfKeyCluster { ctas: 2 }));
+        for bad in ["0h", "h", "x", "2hh", "-1"] {
+            assert!(parse_forced_schedule(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]
