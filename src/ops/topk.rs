@@ -82,8 +82,7 @@ pub const TOPK_CLUSTER_MAX: usize = 8;
 /// `DCP_MLA_TOPK_CLUSTER` (read once) overrides it: `0` for one CTA per row, `n` for clusters of
 /// n with whole keys, `nh` (e.g. `2h`) with half keys (an error if n does not fit these columns).
 pub fn topk_schedule(dev: &Device, cols: usize) -> Result<TopkSchedule> {
-    static FORCED: std::sync::OnceLock<std::result::Result<Option<TopkSchedule>, String>> =
-        std::sync::OnceLock::new();
+    static FORCED: std::sync::OnceLock<std::result::Result<Option<TopkSchedule>, String>> = std::sync::OnceLock::new();
     let forced = FORCED.get_or_init(|| match std::env::var("DCP_MLA_TOPK_CLUSTER") {
         Err(_) => Ok(None),
         Ok(v) if v.is_empty() => Ok(None),
