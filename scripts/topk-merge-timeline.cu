@@ -53,6 +53,14 @@ int main() {
     timed([&] { k_empty<<<ROWS, dcp::kMergeBlock>>>(); }, "empty kernel, same grid");
     timed([&] { k_merge<<<ROWS, dcp::kMergeBlock>>>(p); }, "topk_merge D=4 K=2048");
 
+    // The output's checksum: two builds of the kernel (a change and HEAD) must print the same.
+    {
+        std::vector<int> got((size_t)ROWS * K);
+        CK(cudaMemcpy(got.data(), dout, got.size() * 4, cudaMemcpyDeviceToHost));
+        unsigned long long h = 1469598103934665603ull;
+        for (int v : got) h = (h ^ (unsigned)v) * 1099511628211ull;
+        printf("output checksum %016llx\n", h);
+    }
     // One flushed launch's stamps.
     clear_slots();
     const float us = timer.once([&] { k_merge<<<ROWS, dcp::kMergeBlock>>>(p); });
