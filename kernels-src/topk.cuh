@@ -122,10 +122,11 @@ __device__ __forceinline__ void ordered_scan(const bool (&a)[ITEMS], const bool 
 // `c`. s_sel = {digit, need left inside that bin, bin count}. Every thread returns after the
 // result is visible.
 // `local`, when given, holds another count of the same bins; s_sel[3] gets the chosen bin's.
+// Returns the block's total count (when it is below `need`, no bin is chosen and s_sel is left).
 // PER may exceed 2048 / BLOCK' share only as far as every bin has a thread: threads past the
 // last bin hold zero counts.
 template <int BLOCK, int PER = kRadixBins / BLOCK>
-__device__ __forceinline__ void select_digit_counts(const uint32_t (&c)[PER], uint32_t need, uint32_t* s_warp,
+__device__ __forceinline__ uint32_t select_digit_counts(const uint32_t (&c)[PER], uint32_t need, uint32_t* s_warp,
                                                     uint32_t* s_sel, const uint32_t* local = nullptr) {
     static_assert(PER * BLOCK >= kRadixBins, "bins per thread");
     uint32_t sum = 0;
@@ -144,16 +145,17 @@ __device__ __forceinline__ void select_digit_counts(const uint32_t (&c)[PER], ui
         above += c[j];
     }
     __syncthreads();
+    return total;
 }
 
 // The same over a filled histogram in shared memory.
 template <int BLOCK>
-__device__ __forceinline__ void select_digit(const uint32_t* hist, uint32_t need, uint32_t* s_warp, uint32_t* s_sel) {
+__device__ __forceinline__ uint32_t select_digit(const uint32_t* hist, uint32_t need, uint32_t* s_warp, uint32_t* s_sel) {
     constexpr int PER = kRadixBins / BLOCK;
     uint32_t c[PER];
 #pragma unroll
     for (int j = 0; j < PER; ++j) c[j] = hist[kRadixBins - 1 - (threadIdx.x * PER + j)];
-    select_digit_counts<BLOCK>(c, need, s_warp, s_sel);
+    return select_digit_counts<BLOCK>(c, need, s_warp, s_sel);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -761,15 +763,13 @@ __device__ __forceinline__ void topk_merge(const DcpTopkMergeParams& p) {
     }
     auto id_of = [](uint64_t k) { return (int32_t)~(uint32_t)k; };
 
-    // Count the valid candidates. If at most K are valid, all of them are emitted: with an empty
-    // mask every valid key equals the prefix and the first K "equal" ones are taken.
-    uint32_t valid = 0, total;
-#pragma unroll
-    for (int i = 0; i < ITEMS; ++i) valid += key[i] != 0;
-    block_exclusive_sum<BLOCK>(valid, total, s_warp);
+    // Radix passes. If at most K candidates are valid (the first pass's histogram counts all of
+    // them), all are emitted: with an empty mask every valid key equals the prefix and the first
+    // K "equal" ones are taken. (A separate count of the valid ones cost a block scan: −1.5 to
+    // −3% measured without it.)
     uint64_t prefix = 0, mask = 0;
     uint32_t need = K;
-    if (total > (uint32_t)K) {
+    {
 #pragma unroll 1
         for (int pass = 0; pass < 6; ++pass) {
             // 11-bit digits at bits 53, 42, 32 (score key), then 21, 10, 0 (id key).
@@ -795,7 +795,8 @@ __device__ __forceinline__ void topk_merge(const DcpTopkMergeParams& p) {
                         atomicAdd(&s_hist[(uint32_t)(key[i] >> shift) & (kRadixBins - 1)], 1u);
             }
             __syncthreads();
-            select_digit<BLOCK>(s_hist, need, s_warp, s_sel);
+            const uint32_t counted = select_digit<BLOCK>(s_hist, need, s_warp, s_sel);
+            if (pass == 0 && counted <= (uint32_t)K) break;  // no digit was chosen: take every valid one
             const uint32_t digit = s_sel[0], bucket = s_sel[2];
             need = s_sel[1];
             prefix |= (uint64_t)digit << shift;
