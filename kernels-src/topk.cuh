@@ -394,12 +394,7 @@ __device__ __forceinline__ void topk_local_cluster(const DcpTopkParams& p) {
     [[maybe_unused]] uint16_t* s_key16 = reinterpret_cast<uint16_t*>(s_key);
     // kHalf: the listed elements' full keys, recomputed from their scores
     __shared__ uint32_t s_lkey[kHalf ? kTopkListCap : 1];
-    // this CTA's counts of the pass, in kHistCopies copies (lane & 3 counts into copy lane & 3:
-    // the lanes of one red.shared that hit one bin, which scores crowding a few bins make
-    // common, serialise a quarter as deep), folded into copy 0 by `select`. Copies are 4 words
-    // more than the bins apart, so one bin's copies sit on different banks.
-    constexpr int kHistCopies = 4, kHistStride = kRadixBins + 4;
-    __shared__ __align__(16) uint32_t s_hist[kHistCopies * kHistStride];
+    __shared__ __align__(16) uint32_t s_hist[kRadixBins];   // this CTA's counts of the pass
     __shared__ __align__(16) uint32_t s_slice[2][kRadixBins];  // the cluster's sums of this CTA's
                                                                // slice, by pass parity
     __shared__ uint16_t s_list[kTopkListCap];                // positions at or above the first digit
@@ -431,8 +426,7 @@ __device__ __forceinline__ void topk_local_cluster(const DcpTopkParams& p) {
     const bool grouped = tid < GROUPS;               // (else group < 0: no bins)
     // Counts go through 32-bit shared addresses (red.shared): a generic atomic in a cluster
     // kernel recomputes the CTA's window address every time.
-    const uint32_t hist_addr = (uint32_t)__cvta_generic_to_shared(s_hist)
-                               + (uint32_t)((lane & (kHistCopies - 1)) * kHistStride * 4);  // this lane's copy
+    const uint32_t hist_addr = (uint32_t)__cvta_generic_to_shared(s_hist);
     const uint32_t slice_addr[2] = {(uint32_t)__cvta_generic_to_shared(s_slice[0]),
                                     (uint32_t)__cvta_generic_to_shared(s_slice[1])};
 
@@ -446,23 +440,8 @@ __device__ __forceinline__ void topk_local_cluster(const DcpTopkParams& p) {
     auto select = [&](int shift, int bits) {
         uint32_t c[PER] = {0, 0, 0, 0}, mine[PER] = {0, 0, 0, 0};  // this thread's bins: the cluster's
                                                                     // counts, this CTA's
-        // the copies into copy 0 (a thread folds its own group of bins)
-        auto fold = [&] {
-            if (grouped) {
-                uint4 h = *reinterpret_cast<const uint4*>(&s_hist[group]);
-#pragma unroll
-                for (int c = 1; c < kHistCopies; ++c) {
-                    uint4* hc = reinterpret_cast<uint4*>(&s_hist[c * kHistStride + group]);
-                    const uint4 v = *hc;
-                    h.x += v.x, h.y += v.y, h.z += v.z, h.w += v.w;
-                    *hc = make_uint4(0, 0, 0, 0);  // for the next pass
-                }
-                *reinterpret_cast<uint4*>(&s_hist[group]) = h;
-            }
-        };
         if (csize == 1) {
             __syncthreads();  // the counts are complete
-            fold();
             if (grouped) {
                 const uint4 h = *reinterpret_cast<const uint4*>(&s_hist[group]);
                 mine[0] = h.w, mine[1] = h.z, mine[2] = h.y, mine[3] = h.x;
@@ -472,8 +451,6 @@ __device__ __forceinline__ void topk_local_cluster(const DcpTopkParams& p) {
             for (int j = 0; j < PER; ++j) c[j] = mine[j];
         } else {
             uint32_t* slice_sums = s_slice[round & 1];
-            __syncthreads();  // the counts are complete
-            fold();
             cluster_sync();  // A: every CTA's counts of this pass are complete and visible
             // Reduce-scatter: this CTA sums its slice of the bins over the cluster, one remote
             // 16-byte read a (group of 4 bins, CTA) pair, all in flight at once.
@@ -518,8 +495,7 @@ __device__ __forceinline__ void topk_local_cluster(const DcpTopkParams& p) {
     };
 
     // The one read of the row: keys into shared memory, first digit (bits 21..31) counted.
-    for (int i = tid; i < kHistCopies * kHistStride; i += BLOCK) s_hist[i] = 0;
-    for (int i = tid; i < kRadixBins; i += BLOCK) s_slice[0][i] = 0;
+    for (int i = tid; i < kRadixBins; i += BLOCK) s_hist[i] = s_slice[0][i] = 0;
     __syncthreads();
     {
         int base = 0;
