@@ -8,6 +8,9 @@
 //   Str  trio's S as built: the first 32 steps SS, the rope block's 4 RS
 //   S128 36 m64n128k16 (S over 128 tokens; B MN-major, same bytes as K-major)
 //   PV   one P·V warpgroup: 4 m64n256k16, P (K-major) and V (MN-major) from shared memory
+//   S48t, PV48  the same over 48-token tiles (m64n48k16 S with the rope block RS (all-SS S48
+//        spilled: not run);
+//        3 m64n256k16 for P·V)
 // and prints, per configuration, each warpgroup's SM cycles an iteration against its ideal
 // (m64nNk16 = N / 2 cycles at 2,048 bf16 FMA a cycle an SM) and the CTA's tensor-pipe use: the
 // ideal cycles of all the work over the elapsed cycles.
@@ -20,7 +23,25 @@
 #include "arch/sm90_ptx.cuh"
 using namespace dcp::ptx_sm90;
 
-enum Role { Idle = 0, S = 1, Srs = 2, Str = 3, S128 = 4, PV = 5 };
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// m64n48k16 (S over 48-token tiles), A and B K-major from shared memory / A from registers
+__device__ __forceinline__ void wgmma_ss_n48(float (&d)[24], uint64_t desc_a, uint64_t desc_b) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n48k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23}, %24, %25, 1, 1, 1, 0, 0;\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23])
+        : "l"(desc_a), "l"(desc_b));
+}
+__device__ __forceinline__ void wgmma_rs_n48(float (&d)[24], const uint32_t (&a)[4], uint64_t desc_b) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n48k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23}, {%24, %25, %26, %27}, %28, 1, 1, 1, 0;\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
+}
+#endif
+enum Role { Idle = 0, S = 1, Srs = 2, Str = 3, S128 = 4, PV = 5, S48 = 6, S48tr = 7, PV48 = 8 };
 constexpr int kSmem = 160 * 1024;  // Q 72 KB | K tile 72 KB | P 8 KB
 constexpr uint32_t kQ = 0, kK = 72 * 1024, kP = 144 * 1024;
 
@@ -34,7 +55,7 @@ template <int R>
 __device__ __forceinline__ void run_role(int iters, float* sink, unsigned long long* t0, unsigned long long* t1) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
     const uint32_t base = smem_base();
-    constexpr int kAcc = R == PV ? 128 : R == S128 ? 64 : 32;  // accumulators of the role's shape
+    constexpr int kAcc = R == PV || R == PV48 ? 128 : R == S128 ? 64 : R == S48 || R == S48tr ? 24 : 32;  // accumulators of the role's shape
     float d[kAcc];
     // A fragments for the RS steps: four k-steps' worth (as trio's rope block), reused in turn
     uint32_t qr[4][4];
@@ -63,6 +84,23 @@ __device__ __forceinline__ void run_role(int iters, float* sink, unsigned long l
                 // 128 columns (two 64-column blocks) of 16 rows: MN-major, the bytes K-major would read
                 const uint64_t db = make_desc(base + kK + ((ks >> 2) & 3) * 16384 + (ks & 3) * 2048, 8192, 1024);
                 wgmma_ss_n128(d, da, db);
+            }
+        } else if constexpr (R == S48 || R == S48tr) {
+#pragma unroll
+            for (int ks = 0; ks < 36; ++ks) {
+                const uint32_t koff = (ks & 3) * 32;
+                const uint64_t da = make_desc(base + kQ + (ks >> 2) * 8192 + koff, 16, 1024);
+                const uint64_t db = make_desc(base + kK + (ks >> 2) * 6144 + koff, 16, 1024);
+                if (R == S48tr && ks >= 32) wgmma_rs_n48(d, qr[ks & 3], db);
+                else wgmma_ss_n48(d, da, db);
+            }
+        } else if constexpr (R == PV48) {
+            const int half = (threadIdx.x >> 7) & 1;
+#pragma unroll
+            for (int kk = 0; kk < 3; ++kk) {
+                const uint64_t dp = make_desc(base + kP + kk * 32, 16, 1024);
+                const uint64_t dv = make_desc(base + kK + 4 * half * 6144 + kk * 2048, 6144, 1024);
+                wgmma_ss_n256(d, dp, dv);
             }
         } else if constexpr (R == PV) {
             const int half = (threadIdx.x >> 7) & 1;
@@ -118,10 +156,15 @@ static const char* role_name(int r) {
         case Str: return "Str";
         case S128: return "S128";
         case PV: return "PV";
+        case S48: return "S48";
+        case S48tr: return "S48t";
+        case PV48: return "PV48";
         default: return "-";
     }
 }
-static double ideal(int r) { return r == S || r == Srs || r == Str ? 36 * 32.0 : r == S128 ? 36 * 64.0 : r == PV ? 4 * 128.0 : 0.0; }
+static double ideal(int r) {
+    return r == S || r == Srs || r == Str ? 36 * 32.0 : r == S128 ? 36 * 64.0 : r == PV ? 4 * 128.0 : r == S48 || r == S48tr ? 36 * 24.0 : r == PV48 ? 3 * 128.0 : 0.0;
+}
 
 #define CK(x)                                                                   \
     do {                                                                        \
@@ -201,5 +244,8 @@ int main(int argc, char** argv) {
     run<Srs, Srs, Idle>(sms, iters, sink, times);
     run<S, S, PV>(sms, iters, sink, times);
     run<S, S, S>(sms, iters, sink, times);
+    run<S48tr, Idle, Idle>(sms, iters, sink, times);
+    run<Idle, PV48, PV48>(sms, iters, sink, times);
+    run<S48tr, PV48, PV48>(sms, iters, sink, times);
     return 0;
 }
