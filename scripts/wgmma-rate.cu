@@ -8,9 +8,9 @@
 //   Str  trio's S as built: the first 32 steps SS, the rope block's 4 RS
 //   S128 36 m64n128k16 (S over 128 tokens; B MN-major, same bytes as K-major)
 //   PV   one P·V warpgroup: 4 m64n256k16, P (K-major) and V (MN-major) from shared memory
-//   S48t, PV48  the same over 48-token tiles (m64n48k16 S with the rope block RS (all-SS S48
-//        spilled: not run);
-//        3 m64n256k16 for P·V)
+//   S48t 36 m64n48k16 (S over a 48-token tile), the rope block's 4 RS as in Str (the all-SS
+//        form, role S48, spilled under this script's 168-register cap and is not run)
+//   PV48 P·V over a 48-token tile: 3 m64n256k16
 // and prints, per configuration, each warpgroup's SM cycles an iteration against its ideal
 // (m64nNk16 = N / 2 cycles at 2,048 bf16 FMA a cycle an SM) and the CTA's tensor-pipe use: the
 // ideal cycles of all the work over the elapsed cycles.
@@ -22,7 +22,6 @@
 #include <cuda_runtime.h>
 #include "arch/sm90_ptx.cuh"
 using namespace dcp::ptx_sm90;
-
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // m64n48k16 (S over 48-token tiles), A and B K-major from shared memory / A from registers
@@ -41,6 +40,7 @@ __device__ __forceinline__ void wgmma_rs_n48(float (&d)[24], const uint32_t (&a)
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
 }
 #endif
+
 enum Role { Idle = 0, S = 1, Srs = 2, Str = 3, S128 = 4, PV = 5, S48 = 6, S48tr = 7, PV48 = 8 };
 constexpr int kSmem = 160 * 1024;  // Q 72 KB | K tile 72 KB | P 8 KB
 constexpr uint32_t kQ = 0, kK = 72 * 1024, kP = 144 * 1024;
