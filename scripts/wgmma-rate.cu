@@ -8,8 +8,8 @@
 //   Str  trio's S as built: the first 32 steps SS, the rope block's 4 RS
 //   S128 36 m64n128k16 (S over 128 tokens; B MN-major, same bytes as K-major)
 //   PV   one P·V warpgroup: 4 m64n256k16, P (K-major) and V (MN-major) from shared memory
-//   S48t 36 m64n48k16 (S over a 48-token tile), the rope block's 4 RS as in Str (the all-SS
-//        form, role S48, spilled under this script's 168-register cap and is not run)
+//   S48t 36 m64n48k16 (S over a 48-token tile), the rope block's 4 RS as in Str (an all-SS
+//        form spilled under this script's 168-register cap: not kept)
 //   PV48 P·V over a 48-token tile: 3 m64n256k16
 // and prints, per configuration, each warpgroup's SM cycles an iteration against its ideal
 // (m64nNk16 = N / 2 cycles at 2,048 bf16 FMA a cycle an SM) and the CTA's tensor-pipe use: the
@@ -17,9 +17,7 @@
 // On the GPU machine, from the repository root:
 //   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -I kernels-src -o /tmp/wr scripts/wgmma-rate.cu
 //   /tmp/wr [iters]
-#include <cstdio>
-#include <cstdlib>
-#include <cuda_runtime.h>
+#include "timeline.cuh"  // CK
 #include "arch/sm90_ptx.cuh"
 using namespace dcp::ptx_sm90;
 
@@ -39,9 +37,33 @@ __device__ __forceinline__ void wgmma_rs_n48(float (&d)[24], const uint32_t (&a)
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b));
 }
+// one S step of the accumulator's shape (n64 or n48: the array's size says which)
+__device__ __forceinline__ void s_ss(float (&d)[32], uint64_t da, uint64_t db) { wgmma_ss_n64(d, da, db, 1); }
+__device__ __forceinline__ void s_ss(float (&d)[24], uint64_t da, uint64_t db) { wgmma_ss_n48(d, da, db); }
+__device__ __forceinline__ void s_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t db) { wgmma_rs_n64(d, a, db); }
+__device__ __forceinline__ void s_rs(float (&d)[24], const uint32_t (&a)[4], uint64_t db) { wgmma_rs_n48(d, a, db); }
 #endif
 
-enum Role { Idle = 0, S = 1, Srs = 2, Str = 3, S128 = 4, PV = 5, S48 = 6, S48tr = 7, PV48 = 8 };
+enum Role { Idle = 0, S, Srs, Str, S128, PV, S48t, PV48 };
+// Per role: its name, the tokens of its tile, its accumulators, the k-step from which S takes A
+// from registers (36: none), and its ideal tensor cycles (m64nNk16 = N / 2 cycles)
+struct RoleInfo {
+    const char* name;
+    int tokens, acc, rs_from;
+    double ideal;
+};
+__host__ __device__ constexpr RoleInfo role_info(int r) {
+    switch (r) {
+        case S: return {"S", 64, 32, 36, 36 * 32.0};
+        case Srs: return {"Srs", 64, 32, 0, 36 * 32.0};
+        case Str: return {"Str", 64, 32, 32, 36 * 32.0};
+        case S128: return {"S128", 128, 64, 36, 36 * 64.0};
+        case PV: return {"PV", 64, 128, 36, 4 * 128.0};
+        case S48t: return {"S48t", 48, 24, 32, 36 * 24.0};
+        case PV48: return {"PV48", 48, 128, 36, 3 * 128.0};
+        default: return {"-", 64, 1, 36, 0.0};
+    }
+}
 constexpr int kSmem = 160 * 1024;  // Q 72 KB | K tile 72 KB | P 8 KB
 constexpr uint32_t kQ = 0, kK = 72 * 1024, kP = 144 * 1024;
 
@@ -54,61 +76,43 @@ __device__ __forceinline__ uint32_t smem_base() {
 template <int R>
 __device__ __forceinline__ void run_role(int iters, float* sink, unsigned long long* t0, unsigned long long* t1) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr RoleInfo kInfo = role_info(R);
+    constexpr int kTok = kInfo.tokens, kBlock = kTok * 128;  // a 64-column block of the tile
+    constexpr bool kPv = R == PV || R == PV48;
     const uint32_t base = smem_base();
-    constexpr int kAcc = R == PV || R == PV48 ? 128 : R == S128 ? 64 : R == S48 || R == S48tr ? 24 : 32;  // accumulators of the role's shape
-    float d[kAcc];
+    float d[kInfo.acc];
     // A fragments for the RS steps: four k-steps' worth (as trio's rope block), reused in turn
     uint32_t qr[4][4];
 #pragma unroll
     for (int i = 0; i < 16; ++i) qr[i >> 2][i & 3] = 0x3c003c00u ^ ((uint32_t)(threadIdx.x * 16 + i) * 0x80008001u & 0x80008000u);
-    for (int i = 0; i < kAcc; ++i) d[i] = 0.0f;
+    for (int i = 0; i < kInfo.acc; ++i) d[i] = 0.0f;
     __syncwarp();
     const unsigned long long c0 = clock64();
     for (int it = 0; it < iters; ++it) {
         fence_regs(d);
         wgmma_fence();
-        if constexpr (R == S || R == Srs || R == Str) {
+        if constexpr (kPv) {
+            // O half (P·V warpgroup 1 or 2) over the tile's V dims 256·half..
+            const int half = (threadIdx.x >> 7) & 1;
+#pragma unroll
+            for (int kk = 0; kk < kTok / 16; ++kk) {
+                const uint64_t dp = make_desc(base + kP + kk * 32, 16, 1024);
+                const uint64_t dv = make_desc(base + kK + 4 * half * kBlock + kk * 2048, kBlock, 1024);
+                wgmma_ss_n256(d, dp, dv);
+            }
+        } else if constexpr (R != Idle) {
 #pragma unroll
             for (int ks = 0; ks < 36; ++ks) {
                 const uint32_t koff = (ks & 3) * 32;
                 const uint64_t da = make_desc(base + kQ + (ks >> 2) * 8192 + koff, 16, 1024);
-                const uint64_t db = make_desc(base + kK + (ks >> 2) * 8192 + koff, 16, 1024);
-                if constexpr (R == Srs) wgmma_rs_n64(d, qr[ks & 3], db);
-                else if (R == Str && ks >= 32) wgmma_rs_n64(d, qr[ks & 3], db);
-                else wgmma_ss_n64(d, da, db, 1);
-            }
-        } else if constexpr (R == S128) {
-#pragma unroll
-            for (int ks = 0; ks < 36; ++ks) {
-                const uint64_t da = make_desc(base + kQ + (ks >> 2) * 8192 + (ks & 3) * 32, 16, 1024);
-                // 128 columns (two 64-column blocks) of 16 rows: MN-major, the bytes K-major would read
-                const uint64_t db = make_desc(base + kK + ((ks >> 2) & 3) * 16384 + (ks & 3) * 2048, 8192, 1024);
-                wgmma_ss_n128(d, da, db);
-            }
-        } else if constexpr (R == S48 || R == S48tr) {
-#pragma unroll
-            for (int ks = 0; ks < 36; ++ks) {
-                const uint32_t koff = (ks & 3) * 32;
-                const uint64_t da = make_desc(base + kQ + (ks >> 2) * 8192 + koff, 16, 1024);
-                const uint64_t db = make_desc(base + kK + (ks >> 2) * 6144 + koff, 16, 1024);
-                if (R == S48tr && ks >= 32) wgmma_rs_n48(d, qr[ks & 3], db);
-                else wgmma_ss_n48(d, da, db);
-            }
-        } else if constexpr (R == PV48) {
-            const int half = (threadIdx.x >> 7) & 1;
-#pragma unroll
-            for (int kk = 0; kk < 3; ++kk) {
-                const uint64_t dp = make_desc(base + kP + kk * 32, 16, 1024);
-                const uint64_t dv = make_desc(base + kK + 4 * half * 6144 + kk * 2048, 6144, 1024);
-                wgmma_ss_n256(d, dp, dv);
-            }
-        } else if constexpr (R == PV) {
-            const int half = (threadIdx.x >> 7) & 1;
-#pragma unroll
-            for (int kk = 0; kk < 4; ++kk) {
-                const uint64_t dp = make_desc(base + kP + kk * 32, 16, 1024);
-                const uint64_t dv = make_desc(base + kK + 4 * half * 8192 + kk * 2048, 8192, 1024);
-                wgmma_ss_n256(d, dp, dv);
+                if constexpr (R == S128) {
+                    // 128 columns (two 64-column blocks) of 16 rows: MN-major, the bytes K-major would read
+                    wgmma_ss_n128(d, da, make_desc(base + kK + ((ks >> 2) & 3) * 16384 + (ks & 3) * 2048, 8192, 1024));
+                } else {
+                    const uint64_t db = make_desc(base + kK + (ks >> 2) * kBlock + koff, 16, 1024);
+                    if (ks >= kInfo.rs_from) s_rs(d, qr[ks & 3], db);
+                    else s_ss(d, da, db);
+                }
             }
         }
         wgmma_commit();
@@ -117,7 +121,7 @@ __device__ __forceinline__ void run_role(int iters, float* sink, unsigned long l
     }
     const unsigned long long c1 = clock64();
     float acc = 0.0f;
-    for (int i = 0; i < kAcc; ++i) acc += d[i];
+    for (int i = 0; i < kInfo.acc; ++i) acc += d[i];
     if ((threadIdx.x & 127) == 0) {
         *t0 = c0;
         *t1 = c1;
@@ -148,32 +152,6 @@ __global__ void __launch_bounds__(384, 1) k_rate(int iters, float* sink, unsigne
     else run_role<R2>(R2 == Idle ? 0 : iters, sink, t, t + 1);
 #endif
 }
-
-static const char* role_name(int r) {
-    switch (r) {
-        case S: return "S";
-        case Srs: return "Srs";
-        case Str: return "Str";
-        case S128: return "S128";
-        case PV: return "PV";
-        case S48: return "S48";
-        case S48tr: return "S48t";
-        case PV48: return "PV48";
-        default: return "-";
-    }
-}
-static double ideal(int r) {
-    return r == S || r == Srs || r == Str ? 36 * 32.0 : r == S128 ? 36 * 64.0 : r == PV ? 4 * 128.0 : r == S48 || r == S48tr ? 36 * 24.0 : r == PV48 ? 3 * 128.0 : 0.0;
-}
-
-#define CK(x)                                                                   \
-    do {                                                                        \
-        cudaError_t e = (x);                                                    \
-        if (e != cudaSuccess) {                                                 \
-            fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e)); \
-            exit(1);                                                            \
-        }                                                                       \
-    } while (0)
 
 template <int R0, int R1, int R2>
 static void run(int sms, int iters, float* sink, unsigned long long* times) {
@@ -207,15 +185,15 @@ static void run(int sms, int iters, float* sink, unsigned long long* times) {
     }
     elapsed /= sms;
     double work = 0;
-    printf("%-4s %-4s %-4s |", role_name(R0), role_name(R1), role_name(R2));
+    printf("%-4s %-4s %-4s |", role_info(R0).name, role_info(R1).name, role_info(R2).name);
     for (int w = 0; w < 3; ++w) {
         if (roles[w] == Idle) {
             printf("        -       ");
             continue;
         }
         per_wg[w] /= sms;
-        work += ideal(roles[w]) * iters;
-        printf(" %7.0f (%4.0f%%)", per_wg[w], 100.0 * ideal(roles[w]) / per_wg[w]);
+        work += role_info(roles[w]).ideal * iters;
+        printf(" %7.0f (%4.0f%%)", per_wg[w], 100.0 * role_info(roles[w]).ideal / per_wg[w]);
     }
     printf(" | tensor use %5.1f%% | %.3f ms, SM clock %.2f GHz\n", 100.0 * work / elapsed, ms, elapsed / (ms * 1e6));
 }
@@ -244,8 +222,8 @@ int main(int argc, char** argv) {
     run<Srs, Srs, Idle>(sms, iters, sink, times);
     run<S, S, PV>(sms, iters, sink, times);
     run<S, S, S>(sms, iters, sink, times);
-    run<S48tr, Idle, Idle>(sms, iters, sink, times);
+    run<S48t, Idle, Idle>(sms, iters, sink, times);
     run<Idle, PV48, PV48>(sms, iters, sink, times);
-    run<S48tr, PV48, PV48>(sms, iters, sink, times);
+    run<S48t, PV48, PV48>(sms, iters, sink, times);
     return 0;
 }
