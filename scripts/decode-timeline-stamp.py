@@ -32,6 +32,16 @@ def rep(a, b, optional=False):
     s = s.replace(a, b)
 
 
+def rep_either(*alts):
+    """Exactly one of the (anchor, replacement) alternatives matches, exactly once: the kernel
+    as on main, or as wip/lazy-max-split-p.patch leaves it (P handed over in two halves)."""
+    global s
+    hits = [(a, b) for a, b in alts if s.count(a) == 1]
+    if len(hits) != 1 or any(s.count(a) > 1 for a, _ in alts):
+        raise SystemExit(f"anchors found {[s.count(a) for a, _ in alts]} times: {[a for a, _ in alts]!r}")
+    s = s.replace(*hits[0])
+
+
 # the scorer: its waits for a tile (sum), first and last tile, first P, loop end
 rep("                if constexpr (kPair) mbar_wait_sleep_cluster(full(b), (u >> 1) & 1);  // the peer's half too\n"
     "                else mbar_wait_sleep(full(b), (u >> 1) & 1);\n",
@@ -41,9 +51,10 @@ rep("                if constexpr (kPair) mbar_wait_sleep_cluster(full(b), (u >>
     "                if (t == 0 && !kQuad) DCP_ACC(9, DCP_NOW() - tl_w0);\n"
     "                if (t == 0 && i == 0) DCP_TL(3);\n"
     "                if (t == 0 && i == n - 1) DCP_TL(12);\n")
-rep("                mbar_arrive(p_full(b));\n            }\n",
-    "                mbar_arrive(p_full(b));\n                if (t == 0 && i == 0) DCP_TL(4);\n            }\n"
-    "            if (t == 0) DCP_TL(6);\n")
+a1 = "                mbar_arrive(p_full(b));\n            }\n"
+a2 = "                mbar_arrive(p_full(b, 1));\n            }\n"
+rep_either((a1, a1.replace("            }\n", "                if (t == 0 && i == 0) DCP_TL(4);\n            }\n            if (t == 0) DCP_TL(6);\n")),
+           (a2, a2.replace("            }\n", "                if (t == 0 && i == 0) DCP_TL(4);\n            }\n            if (t == 0) DCP_TL(6);\n")))
 # quad's producer: Q issued, first fill arrived, loop end
 rep("            if (n > 0) load_q(p, sQ, seq_row0, row_base, row_limit, t, 128);\n",
     "            if (n > 0) load_q(p, sQ, seq_row0, row_base, row_limit, t, 128);\n            if (t == 0) DCP_TL(1);\n")
@@ -52,12 +63,13 @@ rep("                mbar_arrive(full(b));\n                if (f + 1 < n) {",
 rep("            uses += n;\n            __syncthreads();                // the scorer's sStats\n",
     "            if (t == 0) DCP_TL(9);\n            uses += n;\n            __syncthreads();                // the scorer's sStats\n")
 # P·V warpgroup 1: its waits for P and for the tile (sums), first and last P, first P·V, loop end, end
-rep("                mbar_wait_sleep(p_full(b), (u >> 1) & 1);  // P(u) and its factors are written\n",
-    "                const unsigned long long tl_p0 = DCP_NOW();\n"
-    "                mbar_wait_sleep(p_full(b), (u >> 1) & 1);  // P(u) and its factors are written\n"
-    "                if (kRole == 1 && t == 0) DCP_ACC(13, DCP_NOW() - tl_p0);\n"
-    "                if (kRole == 1 && t == 0 && i == 0) DCP_TL(10);\n"
-    "                if (kRole == 1 && t == 0 && i == n - 1) DCP_TL(11);\n")
+stamps = ("                if (kRole == 1 && t == 0) DCP_ACC(13, DCP_NOW() - tl_p0);\n"
+          "                if (kRole == 1 && t == 0 && i == 0) DCP_TL(10);\n"
+          "                if (kRole == 1 && t == 0 && i == n - 1) DCP_TL(11);\n")
+a1 = "                mbar_wait_sleep(p_full(b), (u >> 1) & 1);  // P(u) and its factors are written\n"
+a2 = "                mbar_wait_sleep(p_full(b, 0), (u >> 1) & 1);  // P(u)'s first half and its factors are written\n"
+rep_either((a1, "                const unsigned long long tl_p0 = DCP_NOW();\n" + a1 + stamps),
+           (a2, "                const unsigned long long tl_p0 = DCP_NOW();\n" + a2 + stamps))
 rep("                if constexpr (kPair) mbar_wait_cluster(full(b), (u >> 1) & 1);\n"
     "                else mbar_wait(full(b), (u >> 1) & 1);\n",
     "                const unsigned long long tl_f0 = DCP_NOW();\n"

@@ -1,24 +1,37 @@
-// A sparse FP8 decode CTA's timeline (a measurement, not part of the library; NOTES.md,
-// nineteenth and twentieth sessions): times the quad, trio or pair kernel of decode/sm90_trio.cuh
+// A decode CTA's timeline (a measurement, not part of the library; NOTES.md, nineteenth, twentieth
+// and twenty-seventh sessions): times the quad, trio or pair kernel of decode/sm90_trio.cuh
 // standalone with `dcp-mla bench`'s method (events, L2 flushed by a 256 MiB read before each
-// launch, median of 30 after 5) on b = 128 requests of 8,192 tokens (64-token pages, random
-// distinct indices), then records one flushed launch's per-CTA stamps and wait sums (the slots
-// scripts/decode-timeline-stamp.py places) and prints each slot's spread over the CTAs.
+// launch, median of 30 after 5), then records one flushed launch's per-CTA stamps and wait sums
+// (the slots scripts/decode-timeline-stamp.py places) and prints each slot's spread over the CTAs.
+// Sparse FP8 (default): b = 128 requests of 8,192 tokens (64-token pages, random distinct
+// indices). Dense BF16 trio (-DDENSE): b = 128 requests of s_k tokens each, every row of a
+// request at length s_k, 64-token pages in order, tiles by TMA, unsplit (a CTA per row block
+// and request, as the bench's rows run when P aligns with the batch).
 // On the GPU machine, from the repository root (a stamped copy of kernels-src first; without it,
 // -I kernels-src gives the unstamped kernel's time alone):
 //   python3 scripts/decode-timeline-stamp.py kernels-src /tmp/kst
 //   nvcc -O3 -std=c++17 --expt-relaxed-constexpr -gencode arch=compute_90a,code=sm_90a -I /tmp/kst \
 //        -DSCHED=Pair -o /tmp/tl scripts/decode-timeline.cu
 //   /tmp/tl q K [timeline.txt] [heads]      (pair: heads 65..128; quad and trio: up to 64)
+//   dense: -DDENSE (trio), then /tmp/tl q s_k [timeline.txt] [heads]   (heads: any, e.g. 16, 64, 128)
 #include <cstring>
 #include <string>
 #include "timeline.cuh"
 #include "decode/sm90_trio.cuh"
 using namespace dcp;
 
+#ifdef DENSE
+#include <cuda.h>
+#undef SCHED
+#define SCHED Trio
+constexpr DecodeKv KV = DecodeKv::DenseBf16;
+#else
 #ifndef SCHED
 #define SCHED Quad
 #endif
+constexpr DecodeKv KV = DecodeKv::SparseFp8;
+#endif
+constexpr bool kDense = KV == DecodeKv::DenseBf16;
 constexpr bool kPairLaunch = Sm90Schedule::SCHED == Sm90Schedule::Pair;
 constexpr int THREADS = Sm90Schedule::SCHED == Sm90Schedule::Quad ? 512 : 384;
 extern "C" __global__ void __launch_bounds__(THREADS) k_dec(const __grid_constant__ DcpMlaDecodeParams p) {
@@ -28,8 +41,53 @@ extern "C" __global__ void __launch_bounds__(THREADS) k_dec(const __grid_constan
         DCP_CTA_SLOT(15) = smid;
         DCP_TL(0);
     }
-    mla_decode_sm90_trio<DecodeKv::SparseFp8, 64, 2, Sm90Schedule::SCHED>(p);
+    mla_decode_sm90_trio<KV, 64, 2, Sm90Schedule::SCHED>(p);
 }
+
+// Dense: n bf16 values uniform in [-1, 1) from a hash of the index (the cache is 1.2 GB at
+// s_k = 8192: made on the device, not copied from the host)
+__global__ void fill_bf16(uint16_t* v, size_t n, uint64_t seed) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        uint64_t x = (i + 1) * 0x9E3779B97F4A7C15ull ^ seed;
+        x ^= x >> 31;
+        x *= 0xBF58476D1CE4E5B9ull;
+        x ^= x >> 29;
+        const float f = (float)(x >> 40) / (float)(1u << 23) - 1.0f;
+        uint32_t u;
+        memcpy(&u, &f, 4);
+        v[i] = (uint16_t)((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
+    }
+}
+
+#ifdef DENSE
+// The dense cache's TMA map as the library's launcher encodes it (src/runtime/mod.rs
+// tensor_map_bf16_2d): [rows, 576] bf16, boxes of 64 columns × 64 rows, 128B swizzle.
+static void encode_kv_map(DcpMlaDecodeParams& p, void* cache, uint64_t rows) {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult q;
+    CK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q));
+    if (!fn || q != cudaDriverEntryPointSuccess) {
+        fprintf(stderr, "cuTensorMapEncodeTiled not found\n");
+        exit(1);
+    }
+    using Encode = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*, const cuuint64_t*,
+                                const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
+                                CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+    static_assert(sizeof(CUtensorMap) == sizeof(p.kv_tmap), "a CUtensorMap is the params' 128 bytes");
+    CUtensorMap map;
+    const cuuint64_t dims[2] = {576, rows}, strides[1] = {576 * 2};
+    const cuuint32_t box[2] = {64, 64}, elem[2] = {1, 1};
+    const CUresult r = ((Encode)fn)(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, cache, dims, strides, box, elem,
+                                    CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                    CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (r != CUDA_SUCCESS) {
+        fprintf(stderr, "cuTensorMapEncodeTiled: %d\n", (int)r);
+        exit(1);
+    }
+    memcpy(p.kv_tmap, &map, sizeof(map));
+    p.kv_tma = 1;
+}
+#endif
 
 static void launch(dim3 grid, dim3 blk, int smem, DcpMlaDecodeParams& p) {
     cudaLaunchConfig_t cfg = {};
@@ -53,70 +111,97 @@ static bool is_sum(int s) {
 }
 
 int main(int argc, char** argv) {
-    const int b = 128, q = argc > 1 ? atoi(argv[1]) : 2, h = argc > 4 ? atoi(argv[4]) : kPairLaunch ? 128 : 64, k = argc > 2 ? atoi(argv[2]) : 2048;
+    // sparse: q K; dense: q s_k (the second argument is the tokens a row attends to either way)
+    const int b = 128, q = argc > 1 ? atoi(argv[1]) : 2, h = argc > 4 ? atoi(argv[4]) : kPairLaunch ? 128 : 64,
+              k = argc > 2 ? atoi(argv[2]) : kDense ? 8192 : 2048;
     const char* tlout = argc > 3 ? argv[3] : nullptr;
-    const int per_req = 8192, block = 64;
+    const int per_req = kDense ? k : 8192, block = 64;
     const size_t rows = (size_t)b * q * h;
-    const size_t cache_bytes = (size_t)b * per_req * 656;
-    // inputs
-    std::vector<uint16_t> hq(rows * 576);
-    for (auto& x : hq) x = 0x3f00 | (next() & 0x7f);  // bf16 in [0.5, 1)
-    std::vector<unsigned char> hc(cache_bytes);
-    for (size_t r = 0; r < (size_t)b * per_req; ++r) {
-        unsigned char* row = hc.data() + r * 656;
-        for (int i = 0; i < 512; ++i) row[i] = (unsigned char)(next() & 0x77);  // e4m3, no NaN
-        float sc[4] = {0.0625f, 0.125f, 0.0625f, 0.125f};
-        memcpy(row + 512, sc, 16);
-        for (int i = 0; i < 64; ++i) {
-            uint16_t v = 0x3c00 | (next() & 0x7f);
-            memcpy(row + 528 + 2 * i, &v, 2);
-        }
-    }
-    std::vector<int> idx((size_t)b * q * k);
-    std::vector<int> slots(per_req);
-    for (int i = 0; i < per_req; ++i) slots[i] = i;
-    for (int i = 0; i < b * q; ++i) {
-        for (int j = 0; j < k; ++j) {
-            int pick = j + next() % (per_req - j);
-            std::swap(slots[j], slots[pick]);
-        }
-        for (int j = 0; j < k; ++j) idx[(size_t)i * k + j] = slots[j] + (i / q) * per_req;
-    }
-    void *dq, *dc, *di, *dout, *dlse;
-    CK(cudaMalloc(&dq, hq.size() * 2));
-    CK(cudaMalloc(&dc, cache_bytes));
-    CK(cudaMalloc(&di, idx.size() * 4));
-    CK(cudaMalloc(&dout, rows * 512 * 2));
-    CK(cudaMalloc(&dlse, rows * 4));
-    CK(cudaMemcpy(dq, hq.data(), hq.size() * 2, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(dc, hc.data(), cache_bytes, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(di, idx.data(), idx.size() * 4, cudaMemcpyHostToDevice));
-
+    void *dq, *dc, *dout, *dlse;
     DcpMlaDecodeParams p;
     memset(&p, 0, sizeof(p));
+    if constexpr (kDense) {
+        const int pages = (per_req + block - 1) / block;
+        const size_t cache_rows = (size_t)b * pages * block;
+        CK(cudaMalloc(&dq, rows * 576 * 2));
+        CK(cudaMalloc(&dc, cache_rows * 576 * 2));
+        fill_bf16<<<1024, 256>>>((uint16_t*)dq, rows * 576, 1);
+        fill_bf16<<<1024, 256>>>((uint16_t*)dc, cache_rows * 576, 2);
+        CK(cudaGetLastError());
+        std::vector<int> table((size_t)b * pages), lens((size_t)b * q, per_req);
+        for (size_t i = 0; i < table.size(); ++i) table[i] = (int)i;
+        void *dt, *dl;
+        CK(cudaMalloc(&dt, table.size() * 4));
+        CK(cudaMalloc(&dl, lens.size() * 4));
+        CK(cudaMemcpy(dt, table.data(), table.size() * 4, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(dl, lens.data(), lens.size() * 4, cudaMemcpyHostToDevice));
+        p.block_table = (uint64_t)dt;
+        p.lens = (uint64_t)dl;
+        p.block_table_stride = pages;
+        p.max_pages = pages;
+        p.num_pages = b * pages;
+#ifdef DENSE
+        encode_kv_map(p, dc, cache_rows);
+#endif
+    } else {
+        const size_t cache_bytes = (size_t)b * per_req * 656;
+        std::vector<uint16_t> hq(rows * 576);
+        for (auto& x : hq) x = 0x3f00 | (next() & 0x7f);  // bf16 in [0.5, 1)
+        std::vector<unsigned char> hc(cache_bytes);
+        for (size_t r = 0; r < (size_t)b * per_req; ++r) {
+            unsigned char* row = hc.data() + r * 656;
+            for (int i = 0; i < 512; ++i) row[i] = (unsigned char)(next() & 0x77);  // e4m3, no NaN
+            float sc[4] = {0.0625f, 0.125f, 0.0625f, 0.125f};
+            memcpy(row + 512, sc, 16);
+            for (int i = 0; i < 64; ++i) {
+                uint16_t v = 0x3c00 | (next() & 0x7f);
+                memcpy(row + 528 + 2 * i, &v, 2);
+            }
+        }
+        std::vector<int> idx((size_t)b * q * k);
+        std::vector<int> slots(per_req);
+        for (int i = 0; i < per_req; ++i) slots[i] = i;
+        for (int i = 0; i < b * q; ++i) {
+            for (int j = 0; j < k; ++j) {
+                int pick = j + next() % (per_req - j);
+                std::swap(slots[j], slots[pick]);
+            }
+            for (int j = 0; j < k; ++j) idx[(size_t)i * k + j] = slots[j] + (i / q) * per_req;
+        }
+        void* di;
+        CK(cudaMalloc(&dq, hq.size() * 2));
+        CK(cudaMalloc(&dc, cache_bytes));
+        CK(cudaMalloc(&di, idx.size() * 4));
+        CK(cudaMemcpy(dq, hq.data(), hq.size() * 2, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(dc, hc.data(), cache_bytes, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(di, idx.data(), idx.size() * 4, cudaMemcpyHostToDevice));
+        p.indices = (uint64_t)di;
+        p.topk_len = 0;
+        p.num_pages = b * per_req / block;
+        p.topk = k;
+    }
+    CK(cudaMalloc(&dout, rows * 512 * 2));
+    CK(cudaMalloc(&dlse, rows * 4));
     p.q = (uint64_t)dq;
     p.cache = (uint64_t)dc;
-    p.indices = (uint64_t)di;
-    p.topk_len = 0;
     p.out = (uint64_t)dout;
     p.lse = (uint64_t)dlse;
     p.scale_log2 = 0.0416667f * 1.4426950408889634f;
     p.batch = b;
     p.nq = q;
     p.heads = h;
-    p.num_pages = b * per_req / block;
     p.block_size = block;
-    p.topk = k;
     p.num_splits = 1;
     p.sched_tile = 64;
     p.out_f32 = 0;
-    const int smem = decode_sm90::shared_bytes<DecodeKv::SparseFp8, 64, 2, Sm90Schedule::SCHED>();
+    const int smem = decode_sm90::shared_bytes<KV, 64, 2, Sm90Schedule::SCHED>();
     CK(cudaFuncSetAttribute(k_dec, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    dim3 grid(q * ((h + 63) / 64), b), blk(THREADS);
+    // sparse: (query row, head block) pairs along x; dense: the request's row blocks of q·H rows
+    dim3 grid(kDense ? (q * h + 63) / 64 : q * ((h + 63) / 64), b), blk(THREADS);
     FlushedTimer timer;
     float min_us;
     const float med = timer.median([&] { launch(grid, blk, smem, p); }, &min_us);
-    printf("q=%d K=%d grid=%dx%d smem=%d median %.1f us (min %.1f)\n", q, k, grid.x, grid.y, smem, med, min_us);
+    printf("%s q=%d %s=%d H=%d grid=%dx%d smem=%d median %.1f us (min %.1f)\n", kDense ? "dense" : "sparse", q, kDense ? "s_k" : "K", k, h, grid.x, grid.y, smem, med, min_us);
     // timeline of one flushed launch (pair: as a cluster launch, like the timed ones)
     clear_slots();
     timer.once([&] { launch(grid, blk, smem, p); });
