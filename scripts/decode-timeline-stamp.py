@@ -51,10 +51,10 @@ rep("                if constexpr (kPair) mbar_wait_sleep_cluster(full(b), (u >>
     "                if (t == 0 && !kQuad) DCP_ACC(9, DCP_NOW() - tl_w0);\n"
     "                if (t == 0 && i == 0) DCP_TL(3);\n"
     "                if (t == 0 && i == n - 1) DCP_TL(12);\n")
-a1 = "                mbar_arrive(p_full(b));\n            }\n"
-a2 = "                mbar_arrive(p_full(b, 1));\n            }\n"
-rep_either((a1, a1.replace("            }\n", "                if (t == 0 && i == 0) DCP_TL(4);\n            }\n            if (t == 0) DCP_TL(6);\n")),
-           (a2, a2.replace("            }\n", "                if (t == 0 && i == 0) DCP_TL(4);\n            }\n            if (t == 0) DCP_TL(6);\n")))
+loop_end = "                if (t == 0 && i == 0) DCP_TL(4);\n            }\n            if (t == 0) DCP_TL(6);\n"
+rep_either(*[(a, a.replace("            }\n", loop_end))
+             for a in ("                mbar_arrive(p_full(b));\n            }\n",
+                       "                mbar_arrive(p_full(b, 1));\n            }\n")])
 # quad's producer: Q issued, first fill arrived, loop end
 rep("            if (n > 0) load_q(p, sQ, seq_row0, row_base, row_limit, t, 128);\n",
     "            if (n > 0) load_q(p, sQ, seq_row0, row_base, row_limit, t, 128);\n            if (t == 0) DCP_TL(1);\n")
@@ -66,10 +66,9 @@ rep("            uses += n;\n            __syncthreads();                // the 
 stamps = ("                if (kRole == 1 && t == 0) DCP_ACC(13, DCP_NOW() - tl_p0);\n"
           "                if (kRole == 1 && t == 0 && i == 0) DCP_TL(10);\n"
           "                if (kRole == 1 && t == 0 && i == n - 1) DCP_TL(11);\n")
-a1 = "                mbar_wait_sleep(p_full(b), (u >> 1) & 1);  // P(u) and its factors are written\n"
-a2 = "                mbar_wait_sleep(p_full(b, 0), (u >> 1) & 1);  // P(u)'s first half and its factors are written\n"
-rep_either((a1, "                const unsigned long long tl_p0 = DCP_NOW();\n" + a1 + stamps),
-           (a2, "                const unsigned long long tl_p0 = DCP_NOW();\n" + a2 + stamps))
+rep_either(*[(a, "                const unsigned long long tl_p0 = DCP_NOW();\n" + a + stamps)
+             for a in ("                mbar_wait_sleep(p_full(b), (u >> 1) & 1);  // P(u) and its factors are written\n",
+                       "                mbar_wait_sleep(p_full(b, 0), (u >> 1) & 1);  // P(u)'s first half and its factors are written\n")])
 rep("                if constexpr (kPair) mbar_wait_cluster(full(b), (u >> 1) & 1);\n"
     "                else mbar_wait(full(b), (u >> 1) & 1);\n",
     "                const unsigned long long tl_f0 = DCP_NOW();\n"

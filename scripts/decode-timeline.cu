@@ -14,6 +14,8 @@
 //        -DSCHED=Pair -o /tmp/tl scripts/decode-timeline.cu
 //   /tmp/tl q K [timeline.txt] [heads]      (pair: heads 65..128; quad and trio: up to 64)
 //   dense: -DDENSE (trio), then /tmp/tl q s_k [timeline.txt] [heads]   (heads: any, e.g. 16, 64, 128)
+#include <cuda.h>
+#include <cuda_bf16.h>
 #include <cstring>
 #include <string>
 #include "timeline.cuh"
@@ -21,7 +23,6 @@
 using namespace dcp;
 
 #ifdef DENSE
-#include <cuda.h>
 #undef SCHED
 #define SCHED Trio
 constexpr DecodeKv KV = DecodeKv::DenseBf16;
@@ -52,14 +53,10 @@ __global__ void fill_bf16(uint16_t* v, size_t n, uint64_t seed) {
         x ^= x >> 31;
         x *= 0xBF58476D1CE4E5B9ull;
         x ^= x >> 29;
-        const float f = (float)(x >> 40) / (float)(1u << 23) - 1.0f;
-        uint32_t u;
-        memcpy(&u, &f, 4);
-        v[i] = (uint16_t)((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
+        v[i] = __bfloat16_as_ushort(__float2bfloat16_rn((float)(x >> 40) / (float)(1u << 23) - 1.0f));
     }
 }
 
-#ifdef DENSE
 // The dense cache's TMA map as the library's launcher encodes it (src/runtime/mod.rs
 // tensor_map_bf16_2d): [rows, 576] bf16, boxes of 64 columns × 64 rows, 128B swizzle.
 static void encode_kv_map(DcpMlaDecodeParams& p, void* cache, uint64_t rows) {
@@ -87,7 +84,6 @@ static void encode_kv_map(DcpMlaDecodeParams& p, void* cache, uint64_t rows) {
     memcpy(p.kv_tmap, &map, sizeof(map));
     p.kv_tma = 1;
 }
-#endif
 
 static void launch(dim3 grid, dim3 blk, int smem, DcpMlaDecodeParams& p) {
     cudaLaunchConfig_t cfg = {};
@@ -140,9 +136,7 @@ int main(int argc, char** argv) {
         p.block_table_stride = pages;
         p.max_pages = pages;
         p.num_pages = b * pages;
-#ifdef DENSE
         encode_kv_map(p, dc, cache_rows);
-#endif
     } else {
         const size_t cache_bytes = (size_t)b * per_req * 656;
         std::vector<uint16_t> hq(rows * 576);

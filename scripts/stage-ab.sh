@@ -25,7 +25,9 @@ for spec in "$@"; do
   name=${spec%%=*}
   patch=${spec#*=}
   [ -n "$name" ] && [ "$name" != "$spec" ] || { echo "not NAME=PATCH: $spec" >&2; exit 2; }
+  what="the tree as it is"
   if [ "$patch" != "-" ]; then
+    what="with $patch"
     [ -f "$patch" ] || { echo "no patch file: $patch" >&2; exit 2; }
     files=$(git apply --numstat "$patch" | cut -f3)
     if ! git diff --quiet HEAD -- $files; then
@@ -35,7 +37,7 @@ for spec in "$@"; do
     git apply "$patch"
     trap 'git apply -R "$patch"' EXIT
   fi
-  if [ "$patch" = "-" ]; then echo "== $name: building dcp-mla (the tree as it is)" >&2; else echo "== $name: building dcp-mla with $patch" >&2; fi
+  echo "== $name: building dcp-mla ($what)" >&2
   cargo build --release -q -p dcp-mla --bin dcp-mla
   cp "$target/release/dcp-mla" ".ab/dcp-mla-$name"
   strip ".ab/dcp-mla-$name" 2>/dev/null || true
