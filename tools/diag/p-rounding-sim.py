@@ -2,7 +2,7 @@
 # Emulates the decode kernel's P·V with P as one bf16 term (FlashMLA) or hi + lo (ours) against
 # an fp64 softmax, on the gpu_decode tests' input distribution (q, k uniform in [-2, 2), bf16),
 # and applies docs/contract.md §9's criteria. Only P's rounding is emulated (the dominant error).
-# Needs numpy (pip install numpy); CPU only: python3 scripts/p-rounding-sim.py
+# Needs numpy (pip install numpy); CPU only: python3 tools/diag/p-rounding-sim.py
 import numpy as np, sys
 rng = np.random.default_rng(1)
 def bf16(x):

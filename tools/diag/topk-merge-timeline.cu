@@ -2,11 +2,11 @@
 // twenty-second session): times topk_merge<4, 2048> standalone with `dcp-mla bench`'s method
 // (events, L2 flushed by a 256 MiB read before each launch, median of 30 after 5) on the bench's
 // candidates (128 rows; scores uniform in [-1, 1), distinct ids), then records one flushed
-// launch's per-CTA stamps (scripts/topk-merge-stamp.py places them) and prints each slot's spread.
+// launch's per-CTA stamps (tools/diag/topk-merge-stamp.py places them) and prints each slot's spread.
 // On the GPU machine, from the repository root:
-//   python3 scripts/topk-merge-stamp.py kernels-src /tmp/kst
+//   python3 tools/diag/topk-merge-stamp.py kernels-src /tmp/kst
 //   nvcc -O3 -std=c++17 --expt-relaxed-constexpr -gencode arch=compute_90a,code=sm_90a -I /tmp/kst \
-//        -o /tmp/tm scripts/topk-merge-timeline.cu && /tmp/tm
+//        -o /tmp/tm tools/diag/topk-merge-timeline.cu && /tmp/tm
 // (-I kernels-src instead gives the unstamped kernel's time alone.)
 #define TL_MAX_CTAS 1024
 #include "timeline.cuh"

@@ -15,7 +15,7 @@
 // (m64nNk16 = N / 2 cycles at 2,048 bf16 FMA a cycle an SM) and the CTA's tensor-pipe use: the
 // ideal cycles of all the work over the elapsed cycles.
 // On the GPU machine, from the repository root:
-//   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -I kernels-src -o /tmp/wr scripts/wgmma-rate.cu
+//   nvcc -O3 -std=c++17 -gencode arch=compute_90a,code=sm_90a -I kernels-src -o /tmp/wr tools/diag/wgmma-rate.cu
 //   /tmp/wr [iters]
 #include "timeline.cuh"  // CK
 #include "arch/sm90_ptx.cuh"

@@ -6,7 +6,7 @@ Make the CSV on the GPU machine, e.g. for trio at H = 128:
   ncu --kernel-name regex:sm90_trio --launch-skip 5 --launch-count 1 \
       --section SourceCounters --section WarpStateStats --print-source sass --page source --csv \
       dcp-mla bench --filter "mla_decode b=128 q=1 H=128" > trio_src.csv
-then here: scripts/ncu-roles.py trio_src.csv [--top N]
+then here: tools/diag/ncu-roles.py trio_src.csv [--top N]
 
 Each role's code follows its setmaxnreg (USETMAXREG) and runs to the EXITs of its piece loops;
 a region is the SASS between two EXITs. For every region with samples it prints the total, the

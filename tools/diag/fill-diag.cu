@@ -3,7 +3,7 @@
 // bytes and cudaMemcpyAsync, timed as `dcp-mla bench` times
 // (events, L2 evicted by a 256 MiB read before each launch, median of 30 after 5).
 // On the GPU machine, from the repository root:
-//   nvcc -arch=sm_90a -O3 -std=c++17 --expt-relaxed-constexpr -I kernels-src -o /tmp/fill-diag scripts/fill-diag.cu && /tmp/fill-diag
+//   nvcc -arch=sm_90a -O3 -std=c++17 --expt-relaxed-constexpr -I kernels-src -o /tmp/fill-diag tools/diag/fill-diag.cu && /tmp/fill-diag
 #include "fill.cuh"
 #include <cstdio>
 #include <vector>

@@ -6,7 +6,7 @@
 # criteria (|out - ref| <= 2^-6·A_c elementwise, relative L2 <= 3e-3, lse within 1e-5 + 2e-6|ref|).
 # Inputs: the gpu_decode tests' distribution (q, k uniform in [-2, 2), bf16), and rows scaled
 # like growing_scores_match_reference's (doubling over six tiles, flat, a late jump).
-# Needs numpy; CPU only: python3 scripts/lazy-max-sim.py (exits 1 if any case fails)
+# Needs numpy; CPU only: python3 tools/diag/lazy-max-sim.py (exits 1 if any case fails)
 import sys
 import numpy as np
 rng = np.random.default_rng(7)

@@ -5,7 +5,7 @@ On the GPU machine (ncu there, not here):
   ncu -o /tmp/r --section SourceCounters --section WarpStateStats --kernel-name regex:NAME \
       --launch-count 1 BINARY ARGS...
   ncu --import /tmp/r.ncu-rep --page source --csv --print-source sass > /tmp/src.csv
-  python3 scripts/ncu-hotspots.py /tmp/src.csv [N]
+  python3 tools/diag/ncu-hotspots.py /tmp/src.csv [N]
 Each line: share of all stall samples, the instruction, and its largest stall reasons.
 """
 import csv

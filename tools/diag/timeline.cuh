@@ -1,5 +1,5 @@
-// What the standalone timeline harnesses share (scripts/decode-timeline.cu,
-// scripts/topk-merge-timeline.cu; measurements, not part of the library): per-CTA globaltimer slots
+// What the standalone timeline harnesses share (tools/diag/decode-timeline.cu,
+// tools/diag/topk-merge-timeline.cu; measurements, not part of the library): per-CTA globaltimer slots
 // that stamped kernels write, error checks, the inputs' generator, and `dcp-mla bench`'s timing
 // method (events around one launch, L2 flushed by a 256 MiB read before it, median of 30 after 5).
 // Included before the kernel header, whose stamped copy uses DCP_TL / DCP_NOW / DCP_ACC.

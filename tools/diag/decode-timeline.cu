@@ -2,16 +2,16 @@
 // and twenty-seventh sessions): times the quad, trio or pair kernel of decode/sm90_trio.cuh
 // standalone with `dcp-mla bench`'s method (events, L2 flushed by a 256 MiB read before each
 // launch, median of 30 after 5), then records one flushed launch's per-CTA stamps and wait sums
-// (the slots scripts/decode-timeline-stamp.py places) and prints each slot's spread over the CTAs.
+// (the slots tools/diag/decode-timeline-stamp.py places) and prints each slot's spread over the CTAs.
 // Sparse FP8 (default): b = 128 requests of 8,192 tokens (64-token pages, random distinct
 // indices). Dense BF16 trio (-DDENSE): b = 128 requests of s_k tokens each, every row of a
 // request at length s_k, 64-token pages in order, tiles by TMA, unsplit (a CTA per row block
 // and request, as the bench's rows run when P aligns with the batch).
 // On the GPU machine, from the repository root (a stamped copy of kernels-src first; without it,
 // -I kernels-src gives the unstamped kernel's time alone):
-//   python3 scripts/decode-timeline-stamp.py kernels-src /tmp/kst
+//   python3 tools/diag/decode-timeline-stamp.py kernels-src /tmp/kst
 //   nvcc -O3 -std=c++17 --expt-relaxed-constexpr -gencode arch=compute_90a,code=sm_90a -I /tmp/kst \
-//        -DSCHED=Pair -o /tmp/tl scripts/decode-timeline.cu
+//        -DSCHED=Pair -o /tmp/tl tools/diag/decode-timeline.cu
 //   /tmp/tl q K [timeline.txt] [heads]      (pair: heads 65..128; quad and trio: up to 64)
 //   dense: -DDENSE (trio), then /tmp/tl q s_k [timeline.txt] [heads]   (heads: any, e.g. 16, 64, 128)
 #include <cuda.h>
