@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Copies kernels-src into DST with globaltimer stamps in decode/sm90_trio.cuh, for
-tools/diag/decode-timeline.cu (a measurement, not part of the library; NOTES.md, nineteenth and
+tools/diag/decode-timeline.cu (a measurement, not part of the library; NOTES.md at 628d1db, nineteenth and
 twentieth sessions). Usage: decode-timeline-stamp.py KERNELS_SRC DST
 
 Slots a CTA records (the harness prints each slot's spread over the CTAs):

@@ -1,4 +1,4 @@
-// A decode CTA's timeline (a measurement, not part of the library; NOTES.md, nineteenth, twentieth
+// A decode CTA's timeline (a measurement, not part of the library; NOTES.md at 628d1db, nineteenth, twentieth
 // and twenty-seventh sessions): times the quad, trio or pair kernel of decode/sm90_trio.cuh
 // standalone with `dcp-mla bench`'s method (events, L2 flushed by a 256 MiB read before each
 // launch, median of 30 after 5), then records one flushed launch's per-CTA stamps and wait sums

@@ -1,4 +1,4 @@
-// Where the KV fill's time goes (a measurement, not part of the library; NOTES.md, ninth session):
+// Where the KV fill's time goes (a measurement, not part of the library; NOTES.md at 628d1db, ninth session):
 // the fill kernel of kernels-src/fill.cuh against an empty kernel, a copy kernel of the same
 // bytes and cudaMemcpyAsync, timed as `dcp-mla bench` times
 // (events, L2 evicted by a 256 MiB read before each launch, median of 30 after 5).

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Splits an ncu source-page CSV of a warp-specialised decode kernel by role (a measurement aid,
-not part of the library; NOTES.md, twenty-first session).
+not part of the library; NOTES.md at 628d1db, twenty-first session).
 
 Make the CSV on the GPU machine, e.g. for trio at H = 128:
   ncu --kernel-name regex:sm90_trio --launch-skip 5 --launch-count 1 \

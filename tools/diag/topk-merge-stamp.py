@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Copies kernels-src into DST with globaltimer stamps in topk.cuh's topk_merge, for
-tools/diag/topk-merge-timeline.cu (a measurement, not part of the library; NOTES.md, twenty-second
+tools/diag/topk-merge-timeline.cu (a measurement, not part of the library; NOTES.md at 628d1db, twenty-second
 session). Usage: topk-merge-stamp.py KERNELS_SRC DST
 
 Slots thread 0 of a CTA records (µs from its entry, which the harness stamps as slot 0): 1 the

@@ -1,4 +1,4 @@
-// Where a global-merge CTA's time goes (a measurement, not part of the library; NOTES.md,
+// Where a global-merge CTA's time goes (a measurement, not part of the library; NOTES.md at 628d1db,
 // twenty-second session): times topk_merge<4, 2048> standalone with `dcp-mla bench`'s method
 // (events, L2 flushed by a 256 MiB read before each launch, median of 30 after 5) on the bench's
 // candidates (128 rows; scores uniform in [-1, 1), distinct ids), then records one flushed

@@ -1,5 +1,5 @@
 // How fast the wgmma shapes of the Hopper decode kernels run, alone and side by side (a
-// measurement, not part of the library; NOTES.md, twenty-sixth session). Each warpgroup of a
+// measurement, not part of the library; NOTES.md at 628d1db, twenty-sixth session). Each warpgroup of a
 // 384-thread CTA (one CTA an SM, every SM busy, as in a decode launch) runs one role for ITERS
 // iterations with no barrier between the warpgroups, on operands already in shared memory
 // (random bf16 in [-1, 1), so the power draw is a real kernel's):
