@@ -122,6 +122,41 @@ impl<'a> Timer<'a> {
     }
 }
 
+/// Layers a `mla_decode_graph` row captures in one CUDA graph, each with its own KV cache (as a
+/// model's layers have), replayed back to back with no L2 eviction: how an engine runs decode.
+pub const GRAPH_LAYERS: usize = 4;
+/// Timed replays of a `mla_decode_graph` row's graph (the median is reported).
+const GRAPH_REPLAYS: usize = 10;
+
+/// µs per layer of `row`'s decode, [`GRAPH_LAYERS`] layers captured in one CUDA graph on a new
+/// stream (a capture needs one), replayed back to back with no L2 eviction: median of
+/// [`GRAPH_REPLAYS`] replays after three untimed ones. Each layer's launch runs twice before the
+/// capture, so the graph holds the launches that reuse their split schedule, as a step's layers
+/// do after the first.
+pub fn graph_layer_us(dev: &Device, row: &BenchRow) -> Result<f64> {
+    use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+    let s = drv("cuStreamCreate", dev.context().new_stream())?;
+    let mut layers = (0..GRAPH_LAYERS).map(|_| prepare(dev, &s, row)).collect::<Result<Vec<_>>>()?;
+    for _ in 0..2 {
+        layers.iter_mut().try_for_each(|l| l())?;
+    }
+    drv("cuStreamSynchronize", s.synchronize())?;
+    drv("cuStreamBeginCapture", s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL))?;
+    let captured = layers.iter_mut().try_for_each(|l| l());
+    // end the capture whatever the launches returned, so the stream is usable again
+    let graph = drv("cuStreamEndCapture", s.end_capture(CUgraphInstantiate_flags(0)))?;
+    captured?;
+    let graph = graph.ok_or_else(|| Error::Unsupported("an empty decode graph".into()))?;
+    for _ in 0..3 {
+        drv("cuGraphLaunch", graph.launch())?;
+    }
+    let mut v = Vec::with_capacity(GRAPH_REPLAYS);
+    for _ in 0..GRAPH_REPLAYS {
+        v.push(event_ms(&s, 1, &mut || drv("cuGraphLaunch", graph.launch()))?);
+    }
+    Ok(median(&mut v) * 1e3 / GRAPH_LAYERS as f64)
+}
+
 /// Criterion's `iter_custom` body: `iters` back-to-back calls between two events.
 pub fn events_elapsed(s: &Arc<CudaStream>, iters: u64, f: &mut dyn FnMut() -> Result<()>) -> Result<Duration> {
     Ok(Duration::from_secs_f64(event_ms(s, iters, f)? / 1e3))
@@ -442,6 +477,15 @@ pub fn rows() -> Vec<BenchRow> {
     }
     // not in docs/performance.md: the BF16 cache's sparse decode (the wgmma trio schedule, as FP8's)
     v.push(BenchRow::new("mla_decode", Case::Sparse { format: Bf16, b: 128, q: 2, h: 64, k: 2048 }, Target::None));
+    // how engines run decode: GRAPH_LAYERS layers in one CUDA graph, back to back, no L2
+    // eviction (graph_layer_us); beside FlashMLA's rows of the same shapes, no target of their own
+    for (q, h, sk) in [(1, 64, 8192), (1, 128, 8192), (2, 64, 8192), (6, 64, 8192), (1, 64, 32768)] {
+        v.push(BenchRow::new("mla_decode_graph", Case::Dense { b: 128, q, h, sk }, Target::None));
+    }
+    for (q, h) in [(1, 64), (2, 64), (2, 128)] {
+        let case = Case::Sparse { format: Fp8_656, b: 128, q, h, k: 2048 };
+        v.push(BenchRow::new("mla_decode_graph", case, Target::None));
+    }
     // vLLM's Triton two-way merge (bf16 in, bf16 out; docs/performance.md): at T ≤ 768 in 0.8 of
     // its time, at T = 4096 at 90% of copy; the fp32-in variant (docs/contract.md §5's intermediates) at 90%
     // of copy for the bytes it moves.
