@@ -200,11 +200,22 @@ fn check(what: &str, out: &[f32], lse: &[f32], want: &AttentionOracle) {
 
 /// Builds a cache holding `tokens[i]` local tokens of request i (NaN elsewhere).
 fn dense_cache(rng: &mut Rng, format: KvFormat, block_size: usize, tokens: &[usize]) -> HostCache {
+    dense_cache_of(rng, format, block_size, tokens, |rng, _, _| random_row(rng))
+}
+
+/// dense_cache with token l of a request of n tokens made by `row(rng, l, n)`.
+fn dense_cache_of(
+    rng: &mut Rng,
+    format: KvFormat,
+    block_size: usize,
+    tokens: &[usize],
+    mut row: impl FnMut(&mut Rng, usize, usize) -> Vec<bf16>,
+) -> HostCache {
     let pages: Vec<usize> = tokens.iter().map(|&n| n.div_ceil(block_size)).collect();
     let mut hc = HostCache::new(rng, format, block_size, &pages);
     for (i, &n) in tokens.iter().enumerate() {
         for l in 0..n {
-            let row = random_row(rng);
+            let row = row(rng, l, n);
             let slot = hc.slot(i, l);
             hc.write(slot, &row);
         }
@@ -222,6 +233,20 @@ fn dense_paths() -> Vec<DecodePath> {
             stages,
             schedule,
         }));
+    }
+    narrowed(v, "dense")
+}
+
+/// DCP_MLA_TEST_SCHEDULES=quad,trio: only those sm90 schedules (kernels.toml's spelling), so that
+/// a sanitizer run of one kernel fits a device call (a diagnostic narrowing, never set by
+/// scripts/gpu-run.sh). The paths kept are printed; a format left with none fails, never passes
+/// by running nothing.
+fn narrowed(mut v: Vec<DecodePath>, what: &str) -> Vec<DecodePath> {
+    if let Ok(only) = std::env::var("DCP_MLA_TEST_SCHEDULES") {
+        let keep: Vec<&str> = only.split(',').map(str::trim).collect();
+        v.retain(|p| matches!(p, DecodePath::Wgmma { schedule, .. } if keep.contains(&schedule.name())));
+        eprintln!("DCP_MLA_TEST_SCHEDULES={only}: {what} paths {v:?}");
+        assert!(!v.is_empty(), "DCP_MLA_TEST_SCHEDULES={only} leaves no {what} path: name one of its schedules too");
     }
     v
 }
@@ -413,6 +438,77 @@ fn dense_bf16_matches_reference() {
     }
 }
 
+/// One token row scaled by `f` (then rounded to bf16): scores grow with f.
+fn scaled_row(rng: &mut Rng, f: f32) -> Vec<bf16> {
+    random_row(rng).into_iter().map(|v| bf16::from_f32(v.to_f32() * f)).collect()
+}
+
+/// How much a token's row is scaled at position `l` of a row of `n`: doubling from tile to tile
+/// over the first six 64-token tiles (a tile's max then passes the running one by up to ~18 in
+/// log2 units, beyond the scorers' lazy slack of 8, so those tiles are redone exactly), flat
+/// after that (the lazy p are kept), and a jump in the last 70 tokens.
+fn growth(l: usize, n: usize) -> f32 {
+    if l + 70 >= n && n > 6 * 64 + 70 {
+        16.0
+    } else {
+        0.25 * (1u32 << (l / 64).min(5)) as f32
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn growing_scores_match_reference() {
+    // The Hopper scorers take a clean tile's p against the row's running max and redo the tile
+    // when its max grew by more than the slack: rows whose scores rise, settle and jump should
+    // take both paths (tools/diag/lazy-max-sim.py counts both on rows like these; the test itself
+    // checks only the results), and must stay within docs/contract.md §9 either way.
+    let mut rng = Rng::new(seed());
+    let one = DcpLayout { size: 1, interleave: 1 };
+    let sms = num_sms();
+    for &(totals, nq, heads) in
+        &[(&[3000usize, 1100, 700][..], 1usize, 64usize), (&[2200, 900][..], 2, 64), (&[1500][..], 1, 128)]
+    {
+        let shape = QueryShape { batch: totals.len(), rows: nq, heads };
+        let lens = mtp_lens(totals, nq, one, 0);
+        let tokens: Vec<usize> = lens.chunks(nq).map(|r| *r.iter().max().unwrap() as usize).collect();
+        let hc = dense_cache_of(&mut rng, KvFormat::Bf16, 64, &tokens, |rng, l, n| scaled_row(rng, growth(l, n)));
+        let q = random_q(&mut rng, shape);
+        let want = decode_oracle(&q, shape, &hc.paged(), &hc.bytes, &Selection::Dense { lens: &lens }, default_scale());
+        let auto = decode_num_splits(shape.batch, nq, heads, false, sms);
+        for path in dense_paths() {
+            for (splits, f32_out) in [(1, true), (auto, false)] {
+                let (out, lse) = launch_dense(path, &hc, &q, shape, &lens, splits, f32_out);
+                check(&format!("growing {path:?} {totals:?} q={nq} H={heads} splits={splits}"), &out, &lse, &want);
+            }
+        }
+    }
+    // Sparse, every index valid (clean tiles), listed in the order of their rows' growth.
+    for format in [KvFormat::Bf16, KvFormat::Fp8_656] {
+        let (batch, nq, k) = (2usize, 2usize, 2048usize);
+        for heads in [64, 128] {
+            let shape = QueryShape { batch, rows: nq, heads };
+            let pages = k.div_ceil(64) + 1;
+            let mut hc = HostCache::new(&mut rng, format, 64, &[pages]);
+            let total = hc.num_pages * 64;
+            let mut slots: Vec<usize> = (0..total).collect();
+            rng.shuffle(&mut slots);
+            slots.truncate(k);
+            for (l, &slot) in slots.iter().enumerate() {
+                let row = scaled_row(&mut rng, growth(l, k));
+                hc.write(slot, &row);
+            }
+            let idx: Vec<i32> = (0..batch * nq).flat_map(|_| slots.iter().map(|&s| s as i32)).collect();
+            let q = random_q(&mut rng, shape);
+            let sel = Selection::Sparse { indices: &idx, k, topk_len: None };
+            let want = decode_oracle(&q, shape, &hc.paged(), &hc.bytes, &sel, default_scale());
+            for path in sparse_paths(format) {
+                let (out, lse) = launch_sparse(path, &hc, &q, shape, &idx, k, None, 1, false);
+                check(&format!("growing sparse {format:?} {path:?} H={heads}"), &out, &lse, &want);
+            }
+        }
+    }
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn nan_inputs_make_their_rows_nan() {
@@ -558,20 +654,7 @@ fn sparse_paths(format: KvFormat) -> Vec<DecodePath> {
         let shipped = sm90_variants(format, true);
         v.extend(shipped.into_iter().map(|(tile, stages, schedule)| DecodePath::Wgmma { tile, stages, schedule }));
     }
-    // DCP_MLA_TEST_SCHEDULES=quad,trio: only those sm90 schedules (kernels.toml's spelling), so
-    // that a sanitizer run of one kernel fits a device call (a diagnostic narrowing, never set by
-    // scripts/gpu-run.sh). The paths kept are printed; a format left with none fails, never
-    // passes by running nothing.
-    if let Ok(only) = std::env::var("DCP_MLA_TEST_SCHEDULES") {
-        let keep: Vec<&str> = only.split(',').map(str::trim).collect();
-        v.retain(|p| matches!(p, DecodePath::Wgmma { schedule, .. } if keep.contains(&schedule.name())));
-        eprintln!("DCP_MLA_TEST_SCHEDULES={only}: {format:?} paths {v:?}");
-        assert!(
-            !v.is_empty(),
-            "DCP_MLA_TEST_SCHEDULES={only} leaves no {format:?} path: name one of its schedules too"
-        );
-    }
-    v
+    narrowed(v, &format!("{format:?}"))
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -28,7 +28,7 @@ namespace dcp {
 //   shared memory, so a tile is dequantised once, not twice (decode/sm90_trio.cuh).
 // (A fourth, P·V left in flight across the next tile's barrier, was never faster: ptxas serialised
 // its wgmma, C7514. codegen now rejects a hot kernel whose wgmma ptxas serialises.)
-enum class Sm90Schedule { Plain, Roles, Seesaw, Trio, Pair, Quad };
+enum class Sm90Schedule { Plain, Roles, Seesaw, Trio, TrioSplit, Pair, Quad };
 
 namespace decode_sm90 {
 using namespace ptx_sm90;  // the PTX wrappers (arch/sm90_ptx.cuh) as decode_sm90::...
@@ -51,12 +51,14 @@ constexpr int s_share_extra_bytes() {
 
 // Roles schedule (P itself goes to the tile's rope block): the rows' rescale factors, their
 // final (l, m), and the full/empty mbarriers of the two buffers and of P's hand-over.
-// Trio schedule: the same with a slot of rescale factors per buffer; pair: and four mbarriers
-// more (the peer's P·V warpgroups done with a buffer, a barrier per half and buffer).
+// Trio schedule: the same with a slot of rescale factors per buffer; trio_split: and a second
+// P hand-over per buffer (P goes over in two halves of tokens); pair: four mbarriers more than
+// trio (the peer's P·V warpgroups done with a buffer, a barrier per half and buffer).
 template <int Tile, Sm90Schedule Sched>
 constexpr int roles_extra_bytes() {
     return Sched == Sm90Schedule::Roles  ? kRows * 4 + kRows * 8 + 6 * 8
            : Sched == Sm90Schedule::Trio || Sched == Sm90Schedule::Quad ? 2 * kRows * 4 + kRows * 8 + 6 * 8
+           : Sched == Sm90Schedule::TrioSplit ? 2 * kRows * 4 + kRows * 8 + 8 * 8
            : Sched == Sm90Schedule::Pair ? 2 * kRows * 4 + kRows * 8 + 10 * 8
                                          : 0;
 }
@@ -115,13 +117,14 @@ __device__ __forceinline__ uint64_t p_desc(uint32_t base, int kk) { return make_
 // Roles schedule: O[64 × 256] += P·V over the 64-token tile at tile_addr, V = its dims
 // 256·half.. (MN-major), P from shared memory (in the tile's rope block, which only S reads);
 // issued and committed, not waited for.
-template <int Tile>
+// K0..K1: only k16 blocks [K0, K1) of the tile's tokens (trio hands P over in two halves).
+template <int Tile, int K0 = 0, int K1 = Tile / 16>
 __device__ __forceinline__ void issue_pv_half(float (&o)[128], uint32_t tile_addr, int half) {
     const uint32_t p_addr = tile_addr + (kBlocks - 1) * (Tile * 128);
     fence_regs(o);
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < Tile / 16; ++kk) {
+    for (int kk = K0; kk < K1; ++kk) {
         const uint64_t dv = make_desc(tile_addr + 4 * half * (Tile * 128) + kk * 16 * 128, Tile * 128, 1024);
         wgmma_ss_n256(o, p_desc(p_addr, kk), dv);
     }
@@ -131,7 +134,7 @@ __device__ __forceinline__ void issue_pv_half(float (&o)[128], uint32_t tile_add
 // issue_pv_half as two m64n128k16 a k-step (columns 0..127, then 128..255 of the half: o[0..63]
 // and o[64..127]). The quad schedule's 512 threads compile under a 128-register cap, and ptxas
 // checks each instruction against that cap: m64n256's 128 accumulators need 154.
-template <int Tile>
+template <int Tile, int K0 = 0, int K1 = Tile / 16>
 __device__ __forceinline__ void issue_pv_half_n128(float (&o)[128], uint32_t tile_addr, int half) {
     const uint32_t p_addr = tile_addr + (kBlocks - 1) * (Tile * 128);
     float (&lo)[64] = *reinterpret_cast<float (*)[64]>(&o[0]);
@@ -139,7 +142,7 @@ __device__ __forceinline__ void issue_pv_half_n128(float (&o)[128], uint32_t til
     fence_regs(o);
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < Tile / 16; ++kk) {
+    for (int kk = K0; kk < K1; ++kk) {
         const uint32_t v = tile_addr + 4 * half * (Tile * 128) + kk * 16 * 128;
         wgmma_ss_n128(lo, p_desc(p_addr, kk), make_desc(v, Tile * 128, 1024));
         wgmma_ss_n128(hi, p_desc(p_addr, kk), make_desc(v + 2 * (Tile * 128), Tile * 128, 1024));
@@ -158,6 +161,12 @@ __device__ __forceinline__ bool tile_clean(const int* valid, int tile, const int
         clean = clean && f.x != 0 && f.y != 0;
     }
     return __all_sync(0xffffffffu, clean);
+}
+
+// The max of a row's value over the 4 lanes (t4) that hold its columns.
+__device__ __forceinline__ float row_max4(float v) {
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+    return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
 }
 
 // The max of N of a thread's scores of row K (0: r0, 1: r0 + 8), from the row's J-th on (its
@@ -210,14 +219,34 @@ __device__ __forceinline__ void softmax_max_known(float (&s)[kSRegs], bool clean
     }
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
-        tmax[k] = fmaxf(tmax[k], __shfl_xor_sync(0xffffffffu, tmax[k], 1));
-        tmax[k] = fmaxf(tmax[k], __shfl_xor_sync(0xffffffffu, tmax[k], 2));
+        tmax[k] = row_max4(tmax[k]);
         const float m_new = fmaxf(m_run[k], tmax[k] * scale_log2);
         m_use[k] = m_new == -INFINITY ? 0.0f : m_new;
         alpha[k] = decode::exp2_sfu(m_run[k] - m_use[k]);
         m_run[k] = m_new;
         l_run[k] *= alpha[k];
     }
+}
+
+// Lazy max (trio's scorer): how far (log2 units) a clean tile's row max may pass the row's running
+// max and the tile still take its p against the running max: p ≤ 2^8, far inside bf16 and fp32.
+constexpr float kLazyMaxSlack = 8.0f;
+
+// Whether every row of the warp may keep the p it took against its running max m_run on this
+// clean tile: the tile's max (raw scores, scaled once: σ > 0) passes no row's m_run by more than
+// kLazyMaxSlack. It reads only s, so the scorer issues its exps first and this max runs beside
+// them instead of before them. A row of NaN scores fails the test (and takes the exact path,
+// which keeps the NaN).
+template <int kSRegs>
+__device__ __forceinline__ bool lazy_max_holds(const float (&s)[kSRegs], float scale_log2, const float (&m_run)[2]) {
+    float tmax[2] = {row_max_tree<kSRegs, 0, 0, kSRegs / 2>(s), row_max_tree<kSRegs, 1, 0, kSRegs / 2>(s)};
+    bool ok = true;
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+        tmax[k] = row_max4(tmax[k]);
+        ok = ok && tmax[k] * scale_log2 <= m_run[k] + kLazyMaxSlack;
+    }
+    return __all_sync(0xffffffffu, ok);
 }
 
 template <int kSRegs, int Tile, bool kCleanTiles = true>

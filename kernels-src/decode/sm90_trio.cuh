@@ -15,8 +15,14 @@ namespace dcp {
 //   tile i + 1 while P·V(i) runs.
 // warpgroup 1: the loads (Q with the first tile; dense tiles by TMA when the launch passes a
 //   tensor map, else cp.async; sparse rows by cp.async) and O's right half: per tile, waits for
-//   p_full(b), rescales, P·V over V's dims 256..511, arrives on empty(b), and refills buffer b with
-//   tile i + 2 once both P·V warpgroups are done with it.
+//   p_full(b), rescales, P·V over V's dims 256..511, arrives on empty(b), and refills buffer b
+//   with tile i + 2 once both P·V warpgroups are done with it.
+// trio_split (Sm90Schedule::TrioSplit, BF16, where a sequence has two or more row blocks): the
+//   scorer hands P over in two halves of 32 tokens, p_full(b, 0) (with the factors) and
+//   p_full(b, 1), taking a clean tile's p against the rows' running max (the lazy max, redone
+//   exactly when a row's max grew by more than kLazyMaxSlack); each P·V warpgroup multiplies the
+//   first half while the scorer computes the second half's exps. Measured on the H200: −7 to −8%
+//   on the compute-bound dense rows, +1 to +3% on the memory-bound ones (hence both variants).
 // warpgroup 2: O's left half (dims 0..255), as warpgroup 1 without the loads.
 // FP8-656: each P·V warpgroup dequantises the latent dims its own P·V reads (1: 256..511, 2:
 //   0..255) of tile i + 2 into buffer b as soon as its P·V(i) is done (no other reader of those
@@ -73,12 +79,17 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
     [[maybe_unused]] constexpr bool kPair = Sched == Sm90Schedule::Pair;
     // quad: a fourth warpgroup (the producer) fills every FP8 tile; the P·V warpgroups only multiply
     [[maybe_unused]] constexpr bool kQuad = Sched == Sm90Schedule::Quad;
+    // trio_split (BF16): P goes over in two halves of 32 tokens, the first once a lazy max has
+    // passed (so P·V starts beside the scorer's second half of exps); the launcher runs it where a
+    // sequence has two or more row blocks (compute-bound), trio's single hand-over elsewhere.
+    constexpr bool kSplitP = Sched == Sm90Schedule::TrioSplit;
     // BF16 scorers (104 registers) hold Q's last kQRegBlocks column blocks (the rope block) in
     // registers as wgmma A fragments (RS: only K is read from shared memory for them); FP8's (72)
     // none. Measured on the H200: one block −0.7% on compute-bound rows, two no better (NOTES.md).
     constexpr int kQRegBlocks = kFp8 ? 0 : 1;
-    static_assert((Sched == Sm90Schedule::Trio || ((kPair || kQuad) && kFp8)) && Tile == 64 && Stages == 2,
-                  "trio schedule: P fills a 64-token rope block; two buffers; pair and quad: FP8 only");
+    static_assert((Sched == Sm90Schedule::Trio || (kSplitP && !kFp8) || ((kPair || kQuad) && kFp8)) && Tile == 64 &&
+                      Stages == 2,
+                  "trio schedule: P fills a 64-token rope block; two buffers; trio_split: BF16 only; pair and quad: FP8 only");
     static_assert(decode_sm90::shared_bytes<Kv, Tile, Stages, Sched>() + decode::kWriteRowsStaticBytes <= 227 * 1024,
                   "fits one H100/H200 CTA (dynamic + write_rows' static flags)");
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -95,11 +106,12 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
     int* sValid = (int*)(sKV + Stages * kTileBytes);      // [2][Tile]
     float* sAlpha = (float*)(sValid + Stages * Tile);     // [2][64] rescale factors of P(i)
     float2* sStats = (float2*)(sAlpha + 2 * kRows);       // [64] final (l, m) of the rows
-    const uint32_t bars = decode::smem_addr(sStats + kRows);  // full[2], empty[2], p_full[2] (pair: peer_free[2][2])
+    const uint32_t bars = decode::smem_addr(sStats + kRows);  // full[2], empty[2], p_full[2] (pair: peer_free[2][2]; trio_split: p_full[2] of half 1)
     auto full = [&](int b) { return bars + 8 * b; };
     auto empty = [&](int b) { return bars + 16 + 8 * b; };
-    auto p_full = [&](int b) { return bars + 32 + 8 * b; };
     [[maybe_unused]] auto peer_free = [&](int h, int b) { return bars + 48 + 16 * h + 8 * b; };
+    // P of buffer b (trio_split: its half h, tokens 32h..32h + 31; half 1's after the rest)
+    auto p_full = [&](int b, int h = 0) { return h == 0 ? bars + 32 + 8 * b : bars + 48 + 8 * b; };
     const uint32_t q_addr = decode::smem_addr(sQ), kv_addr = decode::smem_addr(sKV);
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -110,7 +122,8 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
             mbar_init(empty(b), 256);
             // one arrival per thread: racecheck does not see a warp's accesses ordered by
             // __syncwarp before lane 0's arrival (NOTES.md, fifth session)
-            mbar_init(p_full(b), 128);
+            mbar_init(p_full(b, 0), 128);
+            if constexpr (kSplitP) mbar_init(p_full(b, 1), 128);
             if constexpr (kPair) {
                 mbar_init(peer_free(0, b), 128);
                 mbar_init(peer_free(1, b), 128);
@@ -226,28 +239,68 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                 wgmma_wait0();
                 fence_regs(s);
                 if constexpr (!kEarlyFlags) clean = tile_clean<kSRegs, Tile>(sValid + b * Tile, tile_begin + i, row_len, t4);
-                float alpha[2], m_use[2];
-                softmax_max_known<kSRegs, Tile, kEarlyFlags>(s, clean, sValid + b * Tile, tile_begin + i, row_len, t4,
-                                                             scale_log2, m_run, l_run, alpha, m_use);
                 unsigned char* p_dst = sKV + b * kTileBytes + (kBlocks - 1) * (Tile * 128);
                 // The thread's place in P, from a fresh read of its index: else the compiler hoists
                 // all 32 store addresses out of the tile loop.
                 const int tv = decode::thread_index(), gv = (tv & 31) >> 2;
                 const uint32_t row_off = (uint32_t)(((tv >> 5) & 3) * 16 + gv) * 128 + 4 * (tv & 3);
+                // P(i) as bf16 against the rows' maxima m_use, each row's p summed into l: tokens
+                // 32h.. + 31 for half h of H halves (the thread's scores s[h·kSRegs/H ..])
+                auto store_p = [&](const float (&m_use)[2], float (&l)[2], int h, int halves) {
 #pragma unroll
-                for (int e = 0; e < kSRegs; e += 2) {
-                    const int k = (e >> 1) & 1;
-                    // columns 8(e >> 2) + 2t4, +1 of row r0 + 8k: 16-byte chunk e >> 2, swizzled
-                    // by the row mod 8 (= g for both rows)
-                    const uint32_t off = row_off + k * 1024 + (((e >> 2) ^ gv) << 4);
-                    *(uint32_t*)(p_dst + off) = p_bf16(s[e], s[e + 1], scale_log2, m_use[k], l_run[k]);
+                    for (int e = 0; e < kSRegs / halves; e += 2) {
+                        const int ee = h * (kSRegs / halves) + e;
+                        const int k = (ee >> 1) & 1;
+                        // columns 8(ee >> 2) + 2t4, +1 of row r0 + 8k: 16-byte chunk ee >> 2,
+                        // swizzled by the row mod 8 (= g for both rows)
+                        const uint32_t off = row_off + k * 1024 + (((ee >> 2) ^ gv) << 4);
+                        *(uint32_t*)(p_dst + off) = p_bf16(s[ee], s[ee + 1], scale_log2, m_use[k], l[k]);
+                    }
+                };
+                auto store_alpha = [&](const float (&alpha)[2]) {
+                    if (t4 == 0) {
+                        sAlpha[b * kRows + r0] = alpha[0];
+                        sAlpha[b * kRows + r0 + 8] = alpha[1];
+                    }
+                };
+                if constexpr (kSplitP) {
+                    // P(i) goes over in two halves of 32 tokens (p_full(b, 0) with the factors,
+                    // then p_full(b, 1)), so P·V of the first half runs while the scorer takes the
+                    // second half's exps, where the tensor pipe was idle.
+                    // Lazy max: on a clean tile whose rows have a running max, p against that max
+                    // at once, the tile's max beside the first half's exps (off the chain from S
+                    // to P); kept unless a row's max grew by more than kLazyMaxSlack, else the tile
+                    // is redone exactly (the first half's stores rewritten before any hand-over).
+                    // alpha is then 1, so the P·V warpgroups skip their rescale.
+                    float alpha[2] = {1.0f, 1.0f}, m_use[2] = {m_run[0], m_run[1]}, l_tile[2] = {0.0f, 0.0f};
+                    bool lazy = clean && __all_sync(0xffffffffu, m_run[0] != -INFINITY && m_run[1] != -INFINITY);
+                    if (lazy) {
+                        store_p(m_use, l_tile, 0, 2);
+                        lazy = lazy_max_holds<kSRegs>(s, scale_log2, m_run);
+                    }
+                    if (!lazy) {
+                        l_tile[0] = l_tile[1] = 0.0f;
+                        softmax_max_known<kSRegs, Tile, kEarlyFlags>(s, clean, sValid + b * Tile, tile_begin + i, row_len,
+                                                                     t4, scale_log2, m_run, l_run, alpha, m_use);
+                        store_p(m_use, l_tile, 0, 2);
+                    }
+                    store_alpha(alpha);
+                    fence_proxy_async();  // P's first half and the factors, before P·V's wgmma read them
+                    mbar_arrive(p_full(b, 0));
+                    store_p(m_use, l_tile, 1, 2);
+                    l_run[0] += l_tile[0];
+                    l_run[1] += l_tile[1];
+                    fence_proxy_async();  // P's second half, before P·V's wgmma read it
+                    mbar_arrive(p_full(b, 1));
+                } else {
+                    float alpha[2], m_use[2];
+                    softmax_max_known<kSRegs, Tile, kEarlyFlags>(s, clean, sValid + b * Tile, tile_begin + i, row_len, t4,
+                                                                 scale_log2, m_run, l_run, alpha, m_use);
+                    store_p(m_use, l_run, 0, 1);
+                    store_alpha(alpha);
+                    fence_proxy_async();  // these writes, before the P·V warpgroups' wgmma read them
+                    mbar_arrive(p_full(b));
                 }
-                if (t4 == 0) {
-                    sAlpha[b * kRows + r0] = alpha[0];
-                    sAlpha[b * kRows + r0 + 8] = alpha[1];
-                }
-                fence_proxy_async();  // these writes, before the P·V warpgroups' wgmma read them
-                mbar_arrive(p_full(b));
             }
             // the rows' final (l, m), for the P·V warpgroups' epilogue
             const int rs = decode_sm90::row_of(decode::thread_index());
@@ -592,14 +645,23 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                         have_pre = true;
                     }
                 }
-                mbar_wait_sleep(p_full(b), (u >> 1) & 1);  // P(u) and its factors are written
+                mbar_wait_sleep(p_full(b, 0), (u >> 1) & 1);  // P(u) (trio_split: its first half) and its factors are written
                 rescale_o(o, sAlpha[b * kRows + r0], sAlpha[b * kRows + r0 + 8]);
                 // landed before S(u): this is the acquire
                 if constexpr (kPair) mbar_wait_cluster(full(b), (u >> 1) & 1);
                 else mbar_wait(full(b), (u >> 1) & 1);
                 fence_proxy_async();
-                if constexpr (kQuad) issue_pv_half_n128<Tile>(o, kv_addr + b * kTileBytes, kHalf);
-                else issue_pv_half<Tile>(o, kv_addr + b * kTileBytes, kHalf);
+                if constexpr (kSplitP) {
+                    // tokens 0..31 while the scorer writes the second half, then 32..63
+                    issue_pv_half<Tile, 0, Tile / 32>(o, kv_addr + b * kTileBytes, kHalf);
+                    mbar_wait(p_full(b, 1), (u >> 1) & 1);
+                    fence_proxy_async();
+                    issue_pv_half<Tile, Tile / 32, Tile / 16>(o, kv_addr + b * kTileBytes, kHalf);
+                } else if constexpr (kQuad) {
+                    issue_pv_half_n128<Tile>(o, kv_addr + b * kTileBytes, kHalf);
+                } else {
+                    issue_pv_half<Tile>(o, kv_addr + b * kTileBytes, kHalf);
+                }
                 wgmma_wait0();
                 fence_regs(o);
                 mbar_arrive(empty(b));  // every thread: it read sAlpha, and its P·V is done

@@ -348,6 +348,9 @@ pub fn mla_decode_dense(dev: &Device, stream: Stream, a: &DenseDecode) -> Result
 pub fn mla_decode_dense_on(dev: &Device, stream: Stream, a: &DenseDecode, path: DecodePath) -> Result<()> {
     let mut params = dense_params(a)?;
     let mut kernel = decode_kernel(dev, KvFormat::Bf16, false, path)?;
+    if let Some(k) = split_p_kernel(dev, KvFormat::Bf16, false, path, a.common.nq, a.common.heads)? {
+        kernel = k;
+    }
     let tma = tma_enabled() && dense_tma_fits(a.num_pages, a.block_size);
     if kernel.needs_tensor_map && !tma {
         // the seesaw schedule loads only by TMA: this cache's pages take the roles schedule
@@ -438,6 +441,9 @@ pub fn mla_decode_sparse(dev: &Device, stream: Stream, a: &SparseDecode) -> Resu
 pub fn mla_decode_sparse_on(dev: &Device, stream: Stream, a: &SparseDecode, path: DecodePath) -> Result<()> {
     let mut params = sparse_params(a)?;
     let mut kernel = decode_kernel(dev, a.format, true, path)?;
+    if let Some(k) = split_p_kernel(dev, a.format, true, path, a.common.nq, a.common.heads)? {
+        kernel = k;
+    }
     let wgmma = |schedule| DecodePath::Wgmma { tile: 64, stages: 2, schedule };
     match pair_choice(kernel.cluster == 2, a.common.nq, a.common.heads, path, env_path()?) {
         PairChoice::Keep => {}
@@ -455,6 +461,41 @@ pub fn mla_decode_sparse_on(dev: &Device, stream: Stream, a: &SparseDecode, path
         }
     }
     launch(dev, stream, &kernel, &a.common, &mut params, true)
+}
+
+/// The trio_split kernel where [`DecodePath::Auto`] (with no `DCP_MLA_DECODE_PATH`) chose trio
+/// and a sequence has two or more row blocks: there the scorer's chain bounds the tile and
+/// handing P over in halves overlaps it with P·V (H200: −7 to −8%); a sequence of one block is
+/// bound by its KV stream, where the second hand-over costs 1-3%, so trio stays. `None`: keep the
+/// kernel chosen.
+fn split_p_kernel(
+    dev: &Device,
+    format: KvFormat,
+    sparse: bool,
+    path: DecodePath,
+    nq: usize,
+    heads: usize,
+) -> Result<Option<Kernel>> {
+    let default = sm90_variants(format, sparse).first().map(|&(_, _, schedule)| schedule);
+    if !takes_split_p(path, env_path()?, default, nq, heads, sparse) {
+        return Ok(None);
+    }
+    Ok(decode_kernel(dev, format, sparse, DecodePath::Wgmma { tile: 64, stages: 2, schedule: Sm90Schedule::TrioSplit })
+        .ok())
+}
+
+fn takes_split_p(
+    path: DecodePath,
+    env: Option<DecodePath>,
+    default: Option<Sm90Schedule>,
+    nq: usize,
+    heads: usize,
+    sparse: bool,
+) -> bool {
+    path == DecodePath::Auto
+        && env.is_none()
+        && default == Some(Sm90Schedule::Trio)
+        && row_blocks_per_seq(nq, heads, sparse) >= 2
 }
 
 /// What a sparse launch does about the pair schedule, given whether the kernel chosen so far is
@@ -811,6 +852,11 @@ mod tests {
         assert_eq!(dense(64, 2, Sm90Schedule::Plain), base + 8192);
         assert_eq!(dense(64, 2, Sm90Schedule::Roles), base + 256 + 512 + 48);
         assert_eq!(dense(64, 2, Sm90Schedule::Trio), base + 2 * 256 + 512 + 48, "a factor slot a buffer");
+        assert_eq!(
+            dense(64, 2, Sm90Schedule::TrioSplit),
+            dense(64, 2, Sm90Schedule::Trio) + 16,
+            "P's second hand-over"
+        );
         assert_eq!(dense(64, 2, Sm90Schedule::Seesaw), 1024 + 73_728 + 2 * 73_728 + 1024 + 16 + 192);
         let fp8 = |tile, stages, schedule| smem(sm90_kernel_id(axes::Kv::SparseFp8, tile, stages, schedule));
         assert_eq!(fp8(64, 2, Sm90Schedule::Trio), dense(64, 2, Sm90Schedule::Trio), "no staging buffer: as BF16 trio");
@@ -837,6 +883,25 @@ mod tests {
         // pair named for rows of one block or of more than two: the default (quad) instead
         assert_eq!(pair_choice(true, 1, 64, pair, None), PairChoice::Default);
         assert_eq!(pair_choice(true, 1, 256, DecodePath::Auto, Some(pair)), PairChoice::Default);
+    }
+
+    #[test]
+    fn trio_split_runs_where_a_sequence_has_two_or_more_row_blocks() {
+        let trio = Some(Sm90Schedule::Trio);
+        // dense: a request's rows are nq·H; sparse: a query row's H
+        assert!(takes_split_p(DecodePath::Auto, None, trio, 1, 128, false));
+        assert!(takes_split_p(DecodePath::Auto, None, trio, 2, 64, false));
+        assert!(takes_split_p(DecodePath::Auto, None, trio, 6, 64, false));
+        assert!(!takes_split_p(DecodePath::Auto, None, trio, 1, 64, false), "one block: trio");
+        assert!(!takes_split_p(DecodePath::Auto, None, trio, 1, 16, false));
+        assert!(!takes_split_p(DecodePath::Auto, None, trio, 2, 64, true), "sparse: one block a query row");
+        assert!(takes_split_p(DecodePath::Auto, None, trio, 2, 128, true));
+        // a named kernel or an override is kept; FP8 (default quad) never takes it
+        let named = DecodePath::Wgmma { tile: 64, stages: 2, schedule: Sm90Schedule::Trio };
+        assert!(!takes_split_p(named, None, trio, 2, 64, false));
+        assert!(!takes_split_p(DecodePath::Auto, Some(named), trio, 2, 64, false));
+        assert!(!takes_split_p(DecodePath::Mma, None, trio, 2, 64, false));
+        assert!(!takes_split_p(DecodePath::Auto, None, Some(Sm90Schedule::Quad), 2, 128, true));
     }
 
     #[test]
