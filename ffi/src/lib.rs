@@ -15,6 +15,17 @@
 //!   handle is looked at; a launcher's size, extent, overlap and 16-byte alignment checks run
 //!   after it (a null device is refused first), still before anything is launched.
 
+/// One C argument converted for a launcher ([`Arg`]), the argument's name (its error names it) its
+/// own identifier or, as `arg!(code as "name")`, another.
+macro_rules! arg {
+    ($x:ident) => {
+        $crate::Arg::arg($x, stringify!($x))?
+    };
+    ($x:ident as $name:literal) => {
+        $crate::Arg::arg($x, $name)?
+    };
+}
+
 mod ops;
 mod planner;
 
@@ -279,6 +290,48 @@ impl DcpMlaTensor {
                 dcp_mla::ops::Rows::F32(DeviceSlice::from_raw(self.data as u64, self.numel))
             }
         })
+    }
+}
+
+/// A C argument as the launchers take it, the one home of their conversions: a tensor as a typed
+/// view (`DeviceSlice<T>`), a byte view (`DeviceSlice<u8>`, any dtype), an optional typed view
+/// (null data: `None`) or bf16/f32 rows; a code as its enum. Errors name `arg`.
+pub(crate) trait Arg<T> {
+    fn arg(self, arg: &str) -> R<T>;
+}
+impl<T: Elem> Arg<DeviceSlice<T>> for DcpMlaTensor {
+    fn arg(self, arg: &str) -> R<DeviceSlice<T>> {
+        self.typed(arg)
+    }
+}
+impl Arg<DeviceSlice<u8>> for DcpMlaTensor {
+    fn arg(self, arg: &str) -> R<DeviceSlice<u8>> {
+        self.bytes(arg)
+    }
+}
+impl<T: Elem> Arg<Option<DeviceSlice<T>>> for DcpMlaTensor {
+    fn arg(self, arg: &str) -> R<Option<DeviceSlice<T>>> {
+        self.typed_opt(arg)
+    }
+}
+impl Arg<dcp_mla::ops::Rows> for DcpMlaTensor {
+    fn arg(self, arg: &str) -> R<dcp_mla::ops::Rows> {
+        self.bf16_or_f32(arg)
+    }
+}
+impl Arg<dcp_mla::KvFormat> for i32 {
+    fn arg(self, arg: &str) -> R<dcp_mla::KvFormat> {
+        kv_format(arg, self)
+    }
+}
+impl Arg<dcp_mla::LseBase> for i32 {
+    fn arg(self, arg: &str) -> R<dcp_mla::LseBase> {
+        lse_base(arg, self)
+    }
+}
+impl Arg<dcp_mla::ops::decode::DecodeSchedule> for i32 {
+    fn arg(self, arg: &str) -> R<dcp_mla::ops::decode::DecodeSchedule> {
+        decode_schedule(arg, self)
     }
 }
 
