@@ -365,21 +365,7 @@ fn dense_params(a: &DenseDecode) -> Result<DcpMlaDecodeParams> {
     let c = &a.common;
     let rows = c.batch * c.nq;
     check_cache("cache", &a.cache, a.num_pages, a.block_size, KvFormat::Bf16)?;
-    ensure_arg!(
-        a.max_pages <= a.block_table_stride,
-        "max_pages",
-        "{} exceeds the block-table stride {}",
-        a.max_pages,
-        a.block_table_stride
-    );
-    let bt_need = super::extent("block_table_stride", c.batch, a.block_table_stride, a.max_pages)?;
-    ensure_arg!(
-        a.block_table.len() >= bt_need,
-        "block_table",
-        "holds {} entries but {} rows need {bt_need}",
-        a.block_table.len(),
-        c.batch
-    );
+    super::check_block_table(&a.block_table, c.batch, a.block_table_stride, a.max_pages)?;
     ensure_arg!(
         a.max_pages.checked_mul(a.block_size).is_some_and(|n| n <= MAX_DECODE_TOKENS),
         "max_pages",
