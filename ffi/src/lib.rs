@@ -636,12 +636,9 @@ pub unsafe extern "C" fn dcp_mla_memcpy_htod(
     bytes: usize,
 ) -> DcpMlaStatus {
     guard(|| {
-        bind(self::device(device)?)?;
-        if bytes == 0 {
+        if !memory_call(device, bytes, &[("dst", dst), ("src", src)])? {
             return Ok(());
         }
-        nonnull("dst", dst)?;
-        nonnull("src", src)?;
         let host = std::slice::from_raw_parts(src as *const u8, bytes);
         cudarc::driver::result::memcpy_htod_sync(dst as u64, host).map_err(driver("cuMemcpyHtoD"))
     })
@@ -660,12 +657,9 @@ pub unsafe extern "C" fn dcp_mla_memcpy_dtoh(
     bytes: usize,
 ) -> DcpMlaStatus {
     guard(|| {
-        bind(self::device(device)?)?;
-        if bytes == 0 {
+        if !memory_call(device, bytes, &[("dst", dst), ("src", src)])? {
             return Ok(());
         }
-        nonnull("dst", dst)?;
-        nonnull("src", src)?;
         let host = std::slice::from_raw_parts_mut(dst as *mut u8, bytes);
         cudarc::driver::result::memcpy_dtoh_sync(host, src as u64).map_err(driver("cuMemcpyDtoH"))
     })
@@ -683,11 +677,9 @@ pub unsafe extern "C" fn dcp_mla_memset(
     bytes: usize,
 ) -> DcpMlaStatus {
     guard(|| {
-        bind(self::device(device)?)?;
-        if bytes == 0 {
+        if !memory_call(device, bytes, &[("ptr", ptr)])? {
             return Ok(());
         }
-        nonnull("ptr", ptr)?;
         cudarc::driver::result::memset_d8_sync(ptr as u64, value, bytes).map_err(driver("cuMemsetD8"))
     })
 }
@@ -702,6 +694,23 @@ pub unsafe extern "C" fn dcp_mla_synchronize(device: *const DcpMlaDevice) -> Dcp
         let dev = self::device(device)?;
         dev.context().synchronize().map_err(driver("cuCtxSynchronize"))
     })
+}
+
+/// What the synchronous memory calls check first: the device (its context bound to this
+/// thread), then whether there is anything to do (`bytes` > 0), and then that each of `ptrs`
+/// (named) is not null.
+///
+/// # Safety
+/// `device` must be null or an open handle.
+unsafe fn memory_call(device: *const DcpMlaDevice, bytes: usize, ptrs: &[(&str, *const c_void)]) -> R<bool> {
+    bind(self::device(device)?)?;
+    if bytes == 0 {
+        return Ok(false);
+    }
+    for &(arg, p) in ptrs {
+        nonnull(arg, p)?;
+    }
+    Ok(true)
 }
 
 fn nonnull<T>(arg: &str, p: *const T) -> R<()> {
