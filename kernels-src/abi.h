@@ -51,7 +51,7 @@ typedef struct DcpKvFillParams {
 typedef struct DcpMlaDecodeParams {
     /* kv_tma = 1: a CUtensorMap (cuTensorMapEncodeTiled, 128-byte aligned as CUDA 13 declares */
     /* it) of the dense BF16 cache as [num_pages·block_size rows, 576], 128B swizzle, boxes of */
-    /* 64 columns × min(64, block_size) rows: the roles schedule loads whole tiles with it */
+    /* 64 columns × min(64, block_size) rows: the trio schedule loads whole tiles with it */
     DCP_ALIGN(128) uint64_t kv_tmap[16];
     uint64_t q;              /* bf16 [batch, nq, heads, 576], contiguous */
     uint64_t cache;          /* bf16 [num_pages, block_size, 576] or bytes [num_pages, block_size, 656] */

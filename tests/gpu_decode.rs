@@ -413,7 +413,7 @@ fn dense_bf16_matches_reference() {
         (&BATCH_64_TOTALS, 2, 16, 16, one, 0),
         // the longest context of the matrix; b = 1 keeps the fp64 reference near 0.6 s
         (&[16384], 1, 32, 64, one, 0),
-        // page sizes around the roles schedule's TMA boxes: 8 tokens (the smallest it takes,
+        // page sizes around the dense wgmma kernel's TMA boxes: 8 tokens (the smallest it takes,
         // eight pages a tile), 128 (two tiles a page), 48 (not a power of two: cp.async)
         (&[200, 70], 2, 16, 8, one, 0),
         (&[300, 129], 1, 64, 128, one, 0),

@@ -15,6 +15,17 @@
 //!   handle is looked at; a launcher's size, extent, overlap and 16-byte alignment checks run
 //!   after it (a null device is refused first), still before anything is launched.
 
+/// One C argument converted for a launcher ([`Arg`]), the argument's name (its error names it) its
+/// own identifier or, as `arg!(code as "name")`, another.
+macro_rules! arg {
+    ($x:ident) => {
+        $crate::Arg::arg($x, stringify!($x))?
+    };
+    ($x:ident as $name:literal) => {
+        $crate::Arg::arg($x, $name)?
+    };
+}
+
 mod ops;
 mod planner;
 
@@ -279,6 +290,48 @@ impl DcpMlaTensor {
                 dcp_mla::ops::Rows::F32(DeviceSlice::from_raw(self.data as u64, self.numel))
             }
         })
+    }
+}
+
+/// A C argument as the launchers take it, the one home of their conversions: a tensor as a typed
+/// view (`DeviceSlice<T>`), a byte view (`DeviceSlice<u8>`, any dtype), an optional typed view
+/// (null data: `None`) or bf16/f32 rows; a code as its enum. Errors name `arg`.
+pub(crate) trait Arg<T> {
+    fn arg(self, arg: &str) -> R<T>;
+}
+impl<T: Elem> Arg<DeviceSlice<T>> for DcpMlaTensor {
+    fn arg(self, arg: &str) -> R<DeviceSlice<T>> {
+        self.typed(arg)
+    }
+}
+impl Arg<DeviceSlice<u8>> for DcpMlaTensor {
+    fn arg(self, arg: &str) -> R<DeviceSlice<u8>> {
+        self.bytes(arg)
+    }
+}
+impl<T: Elem> Arg<Option<DeviceSlice<T>>> for DcpMlaTensor {
+    fn arg(self, arg: &str) -> R<Option<DeviceSlice<T>>> {
+        self.typed_opt(arg)
+    }
+}
+impl Arg<dcp_mla::ops::Rows> for DcpMlaTensor {
+    fn arg(self, arg: &str) -> R<dcp_mla::ops::Rows> {
+        self.bf16_or_f32(arg)
+    }
+}
+impl Arg<dcp_mla::KvFormat> for i32 {
+    fn arg(self, arg: &str) -> R<dcp_mla::KvFormat> {
+        kv_format(arg, self)
+    }
+}
+impl Arg<dcp_mla::LseBase> for i32 {
+    fn arg(self, arg: &str) -> R<dcp_mla::LseBase> {
+        lse_base(arg, self)
+    }
+}
+impl Arg<dcp_mla::ops::decode::DecodeSchedule> for i32 {
+    fn arg(self, arg: &str) -> R<dcp_mla::ops::decode::DecodeSchedule> {
+        decode_schedule(arg, self)
     }
 }
 
@@ -583,12 +636,9 @@ pub unsafe extern "C" fn dcp_mla_memcpy_htod(
     bytes: usize,
 ) -> DcpMlaStatus {
     guard(|| {
-        bind(self::device(device)?)?;
-        if bytes == 0 {
+        if !memory_call(device, bytes, &[("dst", dst), ("src", src)])? {
             return Ok(());
         }
-        nonnull("dst", dst)?;
-        nonnull("src", src)?;
         let host = std::slice::from_raw_parts(src as *const u8, bytes);
         cudarc::driver::result::memcpy_htod_sync(dst as u64, host).map_err(driver("cuMemcpyHtoD"))
     })
@@ -607,12 +657,9 @@ pub unsafe extern "C" fn dcp_mla_memcpy_dtoh(
     bytes: usize,
 ) -> DcpMlaStatus {
     guard(|| {
-        bind(self::device(device)?)?;
-        if bytes == 0 {
+        if !memory_call(device, bytes, &[("dst", dst), ("src", src)])? {
             return Ok(());
         }
-        nonnull("dst", dst)?;
-        nonnull("src", src)?;
         let host = std::slice::from_raw_parts_mut(dst as *mut u8, bytes);
         cudarc::driver::result::memcpy_dtoh_sync(host, src as u64).map_err(driver("cuMemcpyDtoH"))
     })
@@ -630,11 +677,9 @@ pub unsafe extern "C" fn dcp_mla_memset(
     bytes: usize,
 ) -> DcpMlaStatus {
     guard(|| {
-        bind(self::device(device)?)?;
-        if bytes == 0 {
+        if !memory_call(device, bytes, &[("ptr", ptr)])? {
             return Ok(());
         }
-        nonnull("ptr", ptr)?;
         cudarc::driver::result::memset_d8_sync(ptr as u64, value, bytes).map_err(driver("cuMemsetD8"))
     })
 }
@@ -649,6 +694,23 @@ pub unsafe extern "C" fn dcp_mla_synchronize(device: *const DcpMlaDevice) -> Dcp
         let dev = self::device(device)?;
         dev.context().synchronize().map_err(driver("cuCtxSynchronize"))
     })
+}
+
+/// What the synchronous memory calls check first: the device (its context bound to this
+/// thread), then whether there is anything to do (`bytes` > 0), and then that each of `ptrs`
+/// (named) is not null.
+///
+/// # Safety
+/// `device` must be null or an open handle.
+unsafe fn memory_call(device: *const DcpMlaDevice, bytes: usize, ptrs: &[(&str, *const c_void)]) -> R<bool> {
+    bind(self::device(device)?)?;
+    if bytes == 0 {
+        return Ok(false);
+    }
+    for &(arg, p) in ptrs {
+        nonnull(arg, p)?;
+    }
+    Ok(true)
 }
 
 fn nonnull<T>(arg: &str, p: *const T) -> R<()> {

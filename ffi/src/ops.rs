@@ -3,16 +3,34 @@
 //! alignment), check what can be checked without a device (variants, planner constraints), then
 //! call the launcher, which validates every extent before it launches.
 
-use crate::{
-    decode_schedule, device, fail, guard, kv_format, lse_base, stream, DcpMlaDevice, DcpMlaStatus, DcpMlaTensor, R,
-};
+use crate::{device, fail, guard, stream, DcpMlaDevice, DcpMlaStatus, DcpMlaTensor, R};
 use dcp_mla::ops::combine::{self, A2aCombine, A2aPack, AgRsCorrect, AgRsFinish, MergeTwo};
 use dcp_mla::ops::decode::{self, DecodeCommon, DecodeOut, DenseDecode, SparseDecode};
 use dcp_mla::ops::fill::{kv_fill, KvFill};
 use dcp_mla::ops::prefill::{self, Flatten, Reorder};
 use dcp_mla::ops::topk::{self, Compact, GlobalMerge, LocalTopk, PackCandidates, PageTranslate};
 use dcp_mla::planner::{check_topk, DcpLayout};
+use dcp_mla::runtime::{Device, DeviceSlice, Stream};
 use std::ffi::c_void;
+
+/// The body of every entry point below: `args` converts the C arguments (`arg!`) and runs the
+/// checks that need no device, then the device handle is looked at and `op` launches; `guard`
+/// maps the outcome (an error, a panic) to the call's status.
+///
+/// # Safety
+/// As for the entry points: `device` null or an open handle, `stream` null or a live stream of
+/// its context, and the tensors `args` converts live device memory of their `numel`.
+unsafe fn launch<A>(
+    device: *const DcpMlaDevice,
+    stream: *mut c_void,
+    op: fn(&Device, Stream, &A) -> dcp_mla::Result<()>,
+    args: impl FnOnce() -> R<A>,
+) -> DcpMlaStatus {
+    guard(|| {
+        let a = args()?;
+        Ok(op(self::device(device)?, self::stream(stream), &a)?)
+    })
+}
 
 fn layout(dcp_size: usize, interleave: usize) -> DcpLayout {
     DcpLayout { size: dcp_size, interleave }
@@ -54,26 +72,25 @@ pub unsafe extern "C" fn dcp_mla_kv_fill(
     interleave: usize,
     rank: usize,
 ) -> DcpMlaStatus {
-    guard(|| {
-        let a = KvFill {
-            ckv: ckv.typed("ckv")?,
+    launch(device, stream, kv_fill, || {
+        Ok(KvFill {
+            ckv: arg!(ckv),
             ckv_stride,
-            kpe: kpe.typed("kpe")?,
+            kpe: arg!(kpe),
             kpe_stride,
-            req_idx: req_idx.typed("req_idx")?,
-            positions: positions.typed("positions")?,
-            block_table: block_table.typed("block_table")?,
+            req_idx: arg!(req_idx),
+            positions: arg!(positions),
+            block_table: arg!(block_table),
             block_table_stride,
             batch,
             max_pages,
-            cache: cache.bytes("cache")?,
+            cache: arg!(cache),
             num_pages,
             block_size,
-            format: kv_format("format", format)?,
+            format: arg!(format),
             dcp: layout(dcp_size, interleave),
             rank,
-        };
-        Ok(kv_fill(self::device(device)?, self::stream(stream), &a)?)
+        })
     })
 }
 
@@ -90,27 +107,16 @@ fn decode_common(
     workspace: DcpMlaTensor,
     schedule: i32,
 ) -> R<DecodeCommon> {
-    let schedule = decode_schedule("schedule", schedule)?;
-    let out: DecodeOut = out.bf16_or_f32("out")?;
+    let schedule = arg!(schedule);
+    let out: DecodeOut = arg!(out);
     // The workspace is only touched with more than one split: an absent one is 0 bytes.
     let workspace = if workspace.data.is_null() && num_splits <= 1 {
         // SAFETY: an empty view is never dereferenced.
-        unsafe { dcp_mla::runtime::DeviceSlice::from_raw(0, 0) }
+        unsafe { DeviceSlice::from_raw(0, 0) }
     } else {
-        workspace.bytes("workspace")?
+        arg!(workspace)
     };
-    Ok(DecodeCommon {
-        q: q.typed("q")?,
-        batch,
-        nq,
-        heads,
-        scale,
-        out,
-        lse: lse.typed("lse")?,
-        num_splits,
-        workspace,
-        schedule,
-    })
+    Ok(DecodeCommon { q: arg!(q), batch, nq, heads, scale, out, lse: arg!(lse), num_splits, workspace, schedule })
 }
 
 /// Dense MLA decode over the BF16 paged cache (docs/contract.md §4): row (i, j) attends to the first
@@ -154,18 +160,17 @@ pub unsafe extern "C" fn dcp_mla_decode_dense(
     max_pages: usize,
     lens: DcpMlaTensor,
 ) -> DcpMlaStatus {
-    guard(|| {
-        let a = DenseDecode {
+    launch(device, stream, decode::mla_decode_dense, || {
+        Ok(DenseDecode {
             common: decode_common(q, batch, nq, heads, scale, out, lse, num_splits, workspace, schedule)?,
-            cache: cache.bytes("cache")?,
+            cache: arg!(cache),
             num_pages,
             block_size,
-            block_table: block_table.typed("block_table")?,
+            block_table: arg!(block_table),
             block_table_stride,
             max_pages,
-            lens: lens.typed("lens")?,
-        };
-        Ok(decode::mla_decode_dense(self::device(device)?, self::stream(stream), &a)?)
+            lens: arg!(lens),
+        })
     })
 }
 
@@ -201,18 +206,17 @@ pub unsafe extern "C" fn dcp_mla_decode_sparse(
     topk: usize,
     topk_len: DcpMlaTensor,
 ) -> DcpMlaStatus {
-    guard(|| {
-        let a = SparseDecode {
+    launch(device, stream, decode::mla_decode_sparse, || {
+        Ok(SparseDecode {
             common: decode_common(q, batch, nq, heads, scale, out, lse, num_splits, workspace, schedule)?,
-            cache: cache.bytes("cache")?,
-            format: kv_format("format", format)?,
+            cache: arg!(cache),
+            format: arg!(format),
             num_pages,
             block_size,
-            indices: indices.typed("indices")?,
+            indices: arg!(indices),
             topk,
-            topk_len: topk_len.typed_opt("topk_len")?,
-        };
-        Ok(decode::mla_decode_sparse(self::device(device)?, self::stream(stream), &a)?)
+            topk_len: arg!(topk_len),
+        })
     })
 }
 
@@ -238,18 +242,17 @@ pub unsafe extern "C" fn dcp_mla_ag_rs_correct(
     dcp_size: usize,
     rank: usize,
 ) -> DcpMlaStatus {
-    guard(|| {
-        let a = AgRsCorrect {
-            out: out.bf16_or_f32("out")?,
-            lse_all: lse_all.typed("lse_all")?,
-            lse_base: lse_base("lse_base", lse_base_code)?,
-            contrib: contrib.bf16_or_f32("contrib")?,
+    launch(device, stream, combine::ag_rs_correct, || {
+        Ok(AgRsCorrect {
+            out: arg!(out),
+            lse_all: arg!(lse_all),
+            lse_base: arg!(lse_base_code as "lse_base"),
+            contrib: arg!(contrib),
             num_tokens,
             local_heads,
             dcp_size,
             rank,
-        };
-        Ok(combine::ag_rs_correct(self::device(device)?, self::stream(stream), &a)?)
+        })
     })
 }
 
@@ -276,19 +279,18 @@ pub unsafe extern "C" fn dcp_mla_ag_rs_finish(
     dcp_size: usize,
     rank: usize,
 ) -> DcpMlaStatus {
-    guard(|| {
-        let a = AgRsFinish {
-            summed: summed.bf16_or_f32("summed")?,
-            lse_all: lse_all.typed("lse_all")?,
-            lse_base: lse_base("lse_base", lse_base_code)?,
-            out: out.bf16_or_f32("out")?,
-            lse: lse.typed("lse")?,
+    launch(device, stream, combine::ag_rs_finish, || {
+        Ok(AgRsFinish {
+            summed: arg!(summed),
+            lse_all: arg!(lse_all),
+            lse_base: arg!(lse_base_code as "lse_base"),
+            out: arg!(out),
+            lse: arg!(lse),
             num_tokens,
             local_heads,
             dcp_size,
             rank,
-        };
-        Ok(combine::ag_rs_finish(self::device(device)?, self::stream(stream), &a)?)
+        })
     })
 }
 
@@ -312,17 +314,8 @@ pub unsafe extern "C" fn dcp_mla_a2a_pack(
     local_heads: usize,
     dcp_size: usize,
 ) -> DcpMlaStatus {
-    guard(|| {
-        let a = A2aPack {
-            out: out.bf16_or_f32("out")?,
-            lse: lse.typed("lse")?,
-            send: send.bytes("send")?,
-            slot_bytes,
-            num_tokens,
-            local_heads,
-            dcp_size,
-        };
-        Ok(combine::a2a_pack(self::device(device)?, self::stream(stream), &a)?)
+    launch(device, stream, combine::a2a_pack, || {
+        Ok(A2aPack { out: arg!(out), lse: arg!(lse), send: arg!(send), slot_bytes, num_tokens, local_heads, dcp_size })
     })
 }
 
@@ -348,13 +341,13 @@ pub unsafe extern "C" fn dcp_mla_a2a_combine(
     local_heads: usize,
     dcp_size: usize,
 ) -> DcpMlaStatus {
-    guard(|| {
+    launch(device, stream, combine::a2a_combine, || {
         let a = A2aCombine {
-            recv: recv.bytes("recv")?,
+            recv: arg!(recv),
             slot_bytes,
-            lse_base: lse_base("lse_base", lse_base_code)?,
-            out: out.bf16_or_f32("out")?,
-            lse: lse.typed("lse")?,
+            lse_base: arg!(lse_base_code as "lse_base"),
+            out: arg!(out),
+            lse: arg!(lse),
             num_tokens,
             local_heads,
             dcp_size,
@@ -365,7 +358,7 @@ pub unsafe extern "C" fn dcp_mla_a2a_combine(
                 format!("a2a combine for D = {dcp_size} is not compiled (D in {:?})", combine::A2A_RANKS),
             ));
         }
-        Ok(combine::a2a_combine(self::device(device)?, self::stream(stream), &a)?)
+        Ok(a)
     })
 }
 
@@ -395,19 +388,18 @@ pub unsafe extern "C" fn dcp_mla_merge_two(
     lse: DcpMlaTensor,
     rows: usize,
 ) -> DcpMlaStatus {
-    guard(|| {
-        let a = MergeTwo {
-            out_a: out_a.bf16_or_f32("out_a")?,
-            lse_a: lse_a.typed("lse_a")?,
-            out_b: out_b.bf16_or_f32("out_b")?,
-            lse_b: lse_b.typed("lse_b")?,
-            lse_a_base: lse_base("lse_a_base", lse_a_base_code)?,
-            lse_b_base: lse_base("lse_b_base", lse_b_base_code)?,
-            out: out.bf16_or_f32("out")?,
-            lse: lse.typed("lse")?,
+    launch(device, stream, combine::merge_two, || {
+        Ok(MergeTwo {
+            out_a: arg!(out_a),
+            lse_a: arg!(lse_a),
+            out_b: arg!(out_b),
+            lse_b: arg!(lse_b),
+            lse_a_base: arg!(lse_a_base_code as "lse_a_base"),
+            lse_b_base: arg!(lse_b_base_code as "lse_b_base"),
+            out: arg!(out),
+            lse: arg!(lse),
             rows,
-        };
-        Ok(combine::merge_two(self::device(device)?, self::stream(stream), &a)?)
+        })
     })
 }
 
@@ -431,23 +423,15 @@ pub unsafe extern "C" fn dcp_mla_topk_local(
     k: usize,
     out: DcpMlaTensor,
 ) -> DcpMlaStatus {
-    guard(|| {
-        let a = LocalTopk {
-            scores: scores.typed("scores")?,
-            row_stride,
-            cols,
-            lens: lens.typed("lens")?,
-            rows,
-            k,
-            out: out.typed("out")?,
-        };
+    launch(device, stream, topk::local_topk, || {
+        let a = LocalTopk { scores: arg!(scores), row_stride, cols, lens: arg!(lens), rows, k, out: arg!(out) };
         if !topk::local_topk_compiled(k) {
             return Err(fail(
                 DcpMlaStatus::Unsupported,
                 format!("local top-k for K = {k} is not compiled (K in 256, 512, 1024, 2048)"),
             ));
         }
-        Ok(topk::local_topk(self::device(device)?, self::stream(stream), &a)?)
+        Ok(a)
     })
 }
 
@@ -476,20 +460,19 @@ pub unsafe extern "C" fn dcp_mla_topk_pack(
     cand_scores: DcpMlaTensor,
     cand_ids: DcpMlaTensor,
 ) -> DcpMlaStatus {
-    guard(|| {
-        let a = PackCandidates {
-            local_idx: local_idx.typed("local_idx")?,
-            scores: scores.typed("scores")?,
+    launch(device, stream, topk::pack_candidates, || {
+        Ok(PackCandidates {
+            local_idx: arg!(local_idx),
+            scores: arg!(scores),
             row_stride,
             cols,
             rows,
             k,
             dcp: layout(dcp_size, interleave),
             rank,
-            cand_scores: cand_scores.typed("cand_scores")?,
-            cand_ids: cand_ids.typed("cand_ids")?,
-        };
-        Ok(topk::pack_candidates(self::device(device)?, self::stream(stream), &a)?)
+            cand_scores: arg!(cand_scores),
+            cand_ids: arg!(cand_ids),
+        })
     })
 }
 
@@ -513,15 +496,9 @@ pub unsafe extern "C" fn dcp_mla_topk_merge(
     k: usize,
     out: DcpMlaTensor,
 ) -> DcpMlaStatus {
-    guard(|| {
-        let a = GlobalMerge {
-            cand_scores: cand_scores.typed("cand_scores")?,
-            cand_ids: cand_ids.typed("cand_ids")?,
-            dcp_size,
-            rows,
-            k,
-            out: out.typed("out")?,
-        };
+    launch(device, stream, topk::global_merge, || {
+        let a =
+            GlobalMerge { cand_scores: arg!(cand_scores), cand_ids: arg!(cand_ids), dcp_size, rows, k, out: arg!(out) };
         check_topk(dcp_size, k)?;
         if !topk::global_merge_compiled(dcp_size, k) {
             return Err(fail(
@@ -529,7 +506,7 @@ pub unsafe extern "C" fn dcp_mla_topk_merge(
                 format!("global top-k merge for D = {dcp_size}, K = {k} is not compiled (D in 1, 2, 4, 8)"),
             ));
         }
-        Ok(topk::global_merge(self::device(device)?, self::stream(stream), &a)?)
+        Ok(a)
     })
 }
 
@@ -560,24 +537,25 @@ pub unsafe extern "C" fn dcp_mla_topk_compact(
     out: DcpMlaTensor,
     counts: DcpMlaTensor,
 ) -> DcpMlaStatus {
-    guard(|| {
-        let translate = block_table.typed_opt::<i32>("block_table")?.map(|t| PageTranslate {
+    launch(device, stream, topk::compact, || {
+        let block_table: Option<DeviceSlice<i32>> = arg!(block_table);
+        let translate = block_table.map(|t| PageTranslate {
             block_table: t,
             stride: block_table_stride,
             block_size,
             rows_per_request,
         });
         let a = Compact {
-            ids: ids.typed("ids")?,
+            ids: arg!(ids),
             rows,
             k,
             dcp: layout(dcp_size, interleave),
             rank,
             translate,
-            out: out.typed("out")?,
-            counts: counts.typed("counts")?,
+            out: arg!(out),
+            counts: arg!(counts),
         };
-        Ok(topk::compact(self::device(device)?, self::stream(stream), &a)?)
+        Ok(a)
     })
 }
 
@@ -611,24 +589,23 @@ pub unsafe extern "C" fn dcp_mla_prefill_flatten(
     interleave: usize,
     rank: usize,
 ) -> DcpMlaStatus {
-    guard(|| {
-        let a = Flatten {
-            cache: cache.bytes("cache")?,
-            format: kv_format("format", format)?,
+    launch(device, stream, prefill::flatten, || {
+        Ok(Flatten {
+            cache: arg!(cache),
+            format: arg!(format),
             num_pages,
             block_size,
-            block_table: block_table.typed("block_table")?,
+            block_table: arg!(block_table),
             block_table_stride,
             batch,
             max_pages,
-            pieces: pieces.typed("pieces")?,
+            pieces: arg!(pieces),
             max_pieces,
-            out: out.typed("out")?,
+            out: arg!(out),
             cap_rows,
             dcp: layout(dcp_size, interleave),
             rank,
-        };
-        Ok(prefill::flatten(self::device(device)?, self::stream(stream), &a)?)
+        })
     })
 }
 
@@ -653,16 +630,15 @@ pub unsafe extern "C" fn dcp_mla_prefill_reorder(
     dcp_size: usize,
     interleave: usize,
 ) -> DcpMlaStatus {
-    guard(|| {
-        let a = Reorder {
-            gathered: gathered.typed("gathered")?,
+    launch(device, stream, prefill::reorder, || {
+        Ok(Reorder {
+            gathered: arg!(gathered),
             cap_rows,
-            pieces: pieces.typed("pieces")?,
+            pieces: arg!(pieces),
             max_pieces,
-            out: out.typed("out")?,
+            out: arg!(out),
             out_rows,
             dcp: layout(dcp_size, interleave),
-        };
-        Ok(prefill::reorder(self::device(device)?, self::stream(stream), &a)?)
+        })
     })
 }

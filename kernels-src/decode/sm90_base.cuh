@@ -1,6 +1,12 @@
 // What the Hopper decode schedules share: the schedule names, the CTA's constants and shared
 // memory layout (shared_bytes, which the registry records), the swizzled tile addressing, Q's
 // and a token's loads, the online softmax's halves, the O rescale and the P·V halves.
+// The kernels (decode/sm90_trio.cuh; sm_90a wgmma) keep decode/sm80.cuh's contract, CTA shape and
+// split-KV pieces, so the launcher only swaps the kernel, shared size and tile. Layout: Q (64 ×
+// 576) and each KV tile (Tile tokens × 576) sit in shared memory as 9 column blocks of 64 dims; in
+// a block a token's 64 dims are one 128-byte row whose 16-byte chunks are XOR-swizzled by (row
+// mod 8), the 128B-swizzle atom of wgmma. The same tile is K-major for S = Q·Kᵀ and MN-major
+// (transposed B) for O += P·V, so V is never copied again.
 #pragma once
 #include "arch/sm80_ptx.cuh"
 #include "arch/sm90_ptx.cuh"
@@ -9,18 +15,8 @@
 
 namespace dcp {
 
-// Schedules of the wgmma kernel (the `schedule` axis of kernels.toml):
-// Plain: warpgroups in lockstep, one CTA barrier per tile; warpgroup 0 computes S and hands its
-//   fp32 fragments to warpgroup 1 (through the tile's rope block, free once S is done, and 8 KB
-//   more); both run the softmax; all threads issue the loads Stages − 1 tiles ahead.
-// Roles: warpgroup 0 computes S, the softmax and its half of P·V, queueing S of tile i behind
-//   its P·V of tile i − 1; warpgroup 1 loads the tiles and does the other half of P·V with P
-//   handed over through shared memory. Tiles and P are handed over by full/empty mbarriers,
-//   so neither warpgroup waits for the other at a CTA barrier (BF16 only).
-// (Sparse FP8 runs trio only; its plain and roles kernels measured slower and were removed.)
-// Seesaw: the two warpgroups split each pair of tiles evenly: each computes S of one tile and
-//   adds to its half of O the P·V of both, its own P from registers and the other's from shared
-//   memory; dense BF16 tiles by TMA only (decode/sm90_seesaw.cuh).
+// Schedules of the wgmma kernel (the `schedule` axis of kernels.toml; the plain, roles and
+// seesaw schedules of two warpgroups measured slower and were removed, CHANGELOG.md):
 // Trio: three warpgroups (its own family, 384 threads): one scores (S, softmax, P), two hold O's
 //   halves and do P·V, so scoring tile i + 1 runs beside P·V of tile i (decode/sm90_trio.cuh).
 // Pair: trio for sparse FP8 when a query row has two row blocks (65..128 heads): the two CTAs of
@@ -28,12 +24,11 @@ namespace dcp {
 //   shared memory, so a tile is dequantised once, not twice (decode/sm90_trio.cuh).
 // (A fourth, P·V left in flight across the next tile's barrier, was never faster: ptxas serialised
 // its wgmma, C7514. codegen now rejects a hot kernel whose wgmma ptxas serialises.)
-enum class Sm90Schedule { Plain, Roles, Seesaw, Trio, TrioSplit, Pair, Quad };
+enum class Sm90Schedule { Trio, TrioSplit, Pair, Quad };
 
 namespace decode_sm90 {
 using namespace ptx_sm90;  // the PTX wrappers (arch/sm90_ptx.cuh) as decode_sm90::...
 
-constexpr int kThreads = 256;
 constexpr int kRows = 64;
 constexpr int kBlocks = kDimQk / 64;  // 9 column blocks of 64 dims
 constexpr int kChunks = kDimQk / 8;   // 72 16-byte chunks per row
@@ -41,39 +36,22 @@ constexpr int kChunks = kDimQk / 8;   // 72 16-byte chunks per row
 // Dynamic shared memory (kernels.toml `dynamic_shared` evaluates it for the registry). The extra
 // 1024 bytes let the kernel align its buffers to the 1024-byte swizzle period; a token's validity
 // flag has a slot per ring buffer.
-// S shared between the warpgroups (plain schedule): warpgroup 0 computes S and hands its fp32
-// fragments to warpgroup 1 through the current tile's rope block (Tile × 128 bytes, read by S
-// only) and this many more bytes.
-template <int Tile, Sm90Schedule Sched>
-constexpr int s_share_extra_bytes() {
-    return Sched == Sm90Schedule::Plain ? kRows * Tile * 4 - Tile * 128 : 0;
-}
-
-// Roles schedule (P itself goes to the tile's rope block): the rows' rescale factors, their
-// final (l, m), and the full/empty mbarriers of the two buffers and of P's hand-over.
-// Trio schedule: the same with a slot of rescale factors per buffer; trio_split: and a second
-// P hand-over per buffer (P goes over in two halves of tokens); pair: four mbarriers more than
-// trio (the peer's P·V warpgroups done with a buffer, a barrier per half and buffer).
+// Trio and quad (P itself goes to the tile's rope block): a slot of the rows' rescale factors per
+// buffer, their final (l, m), and the full/empty mbarriers of the two buffers and of P's
+// hand-over; trio_split: and a second P hand-over per buffer (P goes over in two halves of
+// tokens); pair: four mbarriers more than trio (the peer's P·V warpgroups done with a buffer, a
+// barrier per half and buffer).
 template <int Tile, Sm90Schedule Sched>
 constexpr int roles_extra_bytes() {
-    return Sched == Sm90Schedule::Roles  ? kRows * 4 + kRows * 8 + 6 * 8
-           : Sched == Sm90Schedule::Trio || Sched == Sm90Schedule::Quad ? 2 * kRows * 4 + kRows * 8 + 6 * 8
+    return Sched == Sm90Schedule::Trio || Sched == Sm90Schedule::Quad ? 2 * kRows * 4 + kRows * 8 + 6 * 8
            : Sched == Sm90Schedule::TrioSplit ? 2 * kRows * 4 + kRows * 8 + 8 * 8
            : Sched == Sm90Schedule::Pair ? 2 * kRows * 4 + kRows * 8 + 10 * 8
                                          : 0;
 }
 
-// Seesaw schedule: the two warpgroups' tile maxima of a pair, their row sums, a token mask per
-// buffer, and the mbarriers: a full one per column block of each buffer, four hand-overs, and
-// one per warpgroup for its tail zeroing (decode/sm90_seesaw.cuh).
-constexpr int kSeesawBars = 2 * kBlocks + 4 + 2;
-constexpr int seesaw_extra_bytes() { return 2 * kRows * 4 + 2 * kRows * 4 + 2 * 8 + kSeesawBars * 8; }
-
 template <DecodeKv Kv, int Tile, int Stages, Sm90Schedule Sched>
 constexpr int shared_bytes() {
-    if constexpr (Sched == Sm90Schedule::Seesaw) return 1024 + kRows * kDimQk * 2 + Stages * Tile * kDimQk * 2 + seesaw_extra_bytes();
     return 1024 + kRows * kDimQk * 2 + Stages * Tile * kDimQk * 2 + Stages * Tile * 4 +
-           s_share_extra_bytes<Tile, Sched>() +
            roles_extra_bytes<Tile, Sched>();
 }
 
@@ -114,7 +92,7 @@ __device__ __forceinline__ uint32_t p_bf16(float s0, float s1, float scale_log2,
 // layout of one column block of Q): k16 block kk.
 __device__ __forceinline__ uint64_t p_desc(uint32_t base, int kk) { return make_desc(base + kk * 32, 16, 1024); }
 
-// Roles schedule: O[64 × 256] += P·V over the 64-token tile at tile_addr, V = its dims
+// O[64 × 256] += P·V over the 64-token tile at tile_addr, V = its dims
 // 256·half.. (MN-major), P from shared memory (in the tile's rope block, which only S reads);
 // issued and committed, not waited for.
 // K0..K1: only k16 blocks [K0, K1) of the tile's tokens (trio hands P over in two halves).
@@ -151,7 +129,7 @@ __device__ __forceinline__ void issue_pv_half_n128(float (&o)[128], uint32_t til
 }
 
 // Whether a tile is clean for the warp: every token flagged and inside both rows of every lane
-// (softmax_max's fast path). Reads only the tile's flags, so a schedule may ask while S runs.
+// (softmax_max_known's fast path). Reads only the tile's flags, so a schedule may ask while S runs.
 template <int kSRegs, int Tile>
 __device__ __forceinline__ bool tile_clean(const int* valid, int tile, const int (&row_len)[2], int t4) {
     bool clean = (tile + 1) * Tile <= min(row_len[0], row_len[1]);
@@ -178,7 +156,7 @@ __device__ __forceinline__ float row_max_tree(const float (&s)[kSRegs]) {
     else return fmaxf(row_max_tree<kSRegs, K, J, N / 2>(s), row_max_tree<kSRegs, K, J + N / 2, N / 2>(s));
 }
 
-// The online softmax's first half, shared by the plain, roles and trio schedules: masks a tile's
+// The online softmax's first half (the scorer's of every schedule): masks a tile's
 // raw scores (a token counts when its flag is set and it lies inside the row; a select, so a
 // masked token's NaN score never survives, while a counted one's makes its row NaN) and moves the
 // thread's two rows' running max m_run (log2 units): alpha is the factor the rows' earlier sums
@@ -187,14 +165,10 @@ __device__ __forceinline__ float row_max_tree(const float (&s)[kSRegs]) {
 // on them and scaled once (σ > 0 keeps the order, and rounding is monotonic, so this is the max
 // of the scaled scores exactly); p_bf16 scales each in its FFMA. A tile whose every token is
 // flagged and inside both rows of every lane of the warp (all but a row's last tile, when no page
-// is invalid) skips the per-score select, when kCleanTiles (the roles schedule passes false: its
-// warpgroup 0 holds half of O beside S at 255 registers, and the test spilled its sparse build).
-// Rows r0, r0 + 8 of the warp's 16, columns 8j + 2t4 (+1).
-// softmax_max_known takes the tile's cleanness from its caller (tile_clean, or false to mask every
-// score); softmax_max asks tile_clean itself and takes each row's max as a chain. kTreeMax: each
-// row's max as a tree over the thread's scores (4 dependent steps, not 16; BF16 trio only: the
-// roles schedule, at 255 registers, spills with it, and FP8's trio family measured 1-4% slower
-// with it and the early flags, NOTES.md).
+// is invalid) skips the per-score select: the caller passes the tile's cleanness (tile_clean, or
+// false to mask every score). Rows r0, r0 + 8 of the warp's 16, columns 8j + 2t4 (+1). kTreeMax:
+// each row's max as a tree over the thread's scores (4 dependent steps, not 16; BF16 trio only:
+// FP8's trio family measured 1-4% slower with it and the early flags, NOTES.md), else a chain.
 template <int kSRegs, int Tile, bool kTreeMax>
 __device__ __forceinline__ void softmax_max_known(float (&s)[kSRegs], bool clean, const int* valid, int tile,
                                                   const int (&row_len)[2], int t4, float scale_log2, float (&m_run)[2],
@@ -247,14 +221,6 @@ __device__ __forceinline__ bool lazy_max_holds(const float (&s)[kSRegs], float s
         ok = ok && tmax[k] * scale_log2 <= m_run[k] + kLazyMaxSlack;
     }
     return __all_sync(0xffffffffu, ok);
-}
-
-template <int kSRegs, int Tile, bool kCleanTiles = true>
-__device__ __forceinline__ void softmax_max(float (&s)[kSRegs], const int* valid, int tile, const int (&row_len)[2],
-                                            int t4, float scale_log2, float (&m_run)[2], float (&l_run)[2],
-                                            float (&alpha)[2], float (&m_use)[2]) {
-    const bool clean = kCleanTiles && tile_clean<kSRegs, Tile>(valid, tile, row_len, t4);
-    softmax_max_known<kSRegs, Tile, false>(s, clean, valid, tile, row_len, t4, scale_log2, m_run, l_run, alpha, m_use);
 }
 
 // O ·= alpha per row (rows r0 and r0 + 8 of the thread's 128 accumulators). Once a row's running

@@ -2,9 +2,8 @@
 //! sparse over index lists into the BF16 or FP8-656 cache, with optional split-KV.
 //!
 //! Kernels: `kernels-src/decode/` — `sm80.cuh` (family `mla_decode`), `split_schedule.cuh`
-//! (`mla_decode_schedule`), `combine.cuh` (`mla_decode_combine`) and, on Hopper, `sm90.cuh`
-//! with its schedules `sm90_plain.cuh`, `sm90_roles.cuh`, `sm90_seesaw.cuh`
-//! (`mla_decode_sm90`, see [`DecodePath`]).
+//! (`mla_decode_schedule`), `combine.cuh` (`mla_decode_combine`) and, on Hopper, `sm90_trio.cuh`
+//! over `sm90_base.cuh` (`mla_decode_sm90_trio` and `mla_decode_sm90_quad`, see [`DecodePath`]).
 //!
 //! Split-KV (`num_splits = P > 1`): a schedule kernel reads the row lengths (or index counts) on
 //! the device and writes the sequences' unit prefix into the workspace; each of the P parts of
@@ -147,27 +146,21 @@ pub enum DecodePath {
     Auto,
     /// The mma.sync kernel (sm_80+), `kernels-src/decode/sm80.cuh`.
     Mma,
-    /// The wgmma kernel (sm_90a only), `kernels-src/decode/sm90.cuh`: `tile` KV tokens per
-    /// S = Q·Kᵀ step (32 or 64), a ring of `stages` buffers and a schedule; one of
-    /// [`sm90_variants`] for the launch's kind.
+    /// The wgmma kernel (sm_90a only), `kernels-src/decode/sm90_trio.cuh`: `tile` KV tokens per
+    /// S = Q·Kᵀ step, a ring of `stages` buffers and a schedule; one of [`sm90_variants`] for the
+    /// launch's kind.
     Wgmma { tile: u32, stages: u32, schedule: Sm90Schedule },
 }
 
-/// How the wgmma kernel's two warpgroups share a tile: the `schedule` axis of kernels.toml
-/// itself (`Sm90Schedule` in decode/sm90_base.cuh describes each). `Plain`: lockstep, one CTA
-/// barrier per tile, warpgroup 0 computes S and hands it over. `Roles`: warpgroup 0 does S, the
-/// softmax, half of P·V and S of the next tile queued behind it, warpgroup 1 the loads and the
-/// other half of P·V, tiles handed over by mbarriers (BF16 only). `Seesaw`: each
-/// warpgroup computes S and the softmax of one tile of a pair and adds half of O's P·V of both;
-/// dense BF16 caches that TMA can load ([`dense_tma_fits`]) only: a launch whose cache does not
-/// fit runs the roles schedule instead. `Trio`: three warpgroups, one computing S, the softmax
-/// and P, two holding O's halves and doing P·V (one also loads), so the next tile is scored
-/// while this one is multiplied (dense and sparse BF16, and sparse FP8 by name). `Quad`: sparse
+/// How the wgmma kernel's warpgroups share a tile: the `schedule` axis of kernels.toml itself
+/// (`Sm90Schedule` in decode/sm90_base.cuh describes each). `Trio`: three warpgroups, one
+/// computing S, the softmax and P, two holding O's halves and doing P·V (one also loads), so the
+/// next tile is scored while this one is multiplied (dense and sparse BF16). `Quad`: sparse
 /// FP8's default, trio's three warpgroups and a fourth, the producer, which dequantises every tile
 /// so that the P·V warpgroups only multiply (512 threads). `Pair`: sparse FP8 trio
 /// whose query rows have two row blocks (65..=128 heads): the row's two CTAs form a thread-block
 /// cluster and each dequantises half of every tile into both; what [`DecodePath::Auto`] runs
-/// there (a launch naming it whose rows have one block or more than two runs trio instead).
+/// there (a launch naming it whose rows have one block or more than two runs quad instead).
 pub type Sm90Schedule = axes::Schedule;
 
 /// A wgmma decode variant: its tile (KV tokens per S step), stages (buffers) and schedule, as
@@ -175,17 +168,14 @@ pub type Sm90Schedule = axes::Schedule;
 pub type Sm90Variant = (u32, u32, Sm90Schedule);
 
 /// Every wgmma decode variant kernels.toml ships for a launch over `format` (`sparse`: index
-/// lists, else the dense block table), over the Hopper decode families (`mla_decode_sm90`, the
-/// trio and quad families): the one kernels.toml marks `default` first, then the rest in its
-/// order. BF16 defaults to trio, FP8 to quad (its producer warpgroup dequantises the tiles; pair
-/// where a query row has two row blocks). FP8 runs quad, trio and pair only (its plain and roles
-/// kernels measured slower and were removed).
+/// lists, else the dense block table), over the Hopper decode families (trio and quad): the one
+/// kernels.toml marks `default` first, then the rest in its order. BF16 runs trio, FP8 quad (its
+/// producer warpgroup dequantises the tiles) and pair where a query row has two row blocks.
 pub fn sm90_variants(format: KvFormat, sparse: bool) -> Vec<Sm90Variant> {
     let kv = kv_axis(format, sparse);
     let mut v: Vec<(Sm90Variant, bool)> = registry::MLA_DECODE_SM90_TRIO_VARIANTS
         .iter()
         .chain(registry::MLA_DECODE_SM90_QUAD_VARIANTS)
-        .chain(registry::MLA_DECODE_SM90_VARIANTS)
         .filter(|((k, ..), _)| *k == kv)
         .map(|&((_, tile, stages, schedule), default)| ((tile, stages, schedule), default))
         .collect();
@@ -223,10 +213,21 @@ fn parse_env_path(v: Option<&str>) -> std::result::Result<Option<DecodePath>, St
         Some(s) => parse_wgmma_path(s).map(Some).ok_or_else(|| {
             let mut valid = vec!["mma".to_string(), "wgmma".to_string()];
             valid.extend(all_sm90_variants().iter().map(|(t, st, sc)| format!("wgmma-{}-{t}x{st}", sc.name())));
-            format!("{s:?} names no decode kernel; valid: {}", valid.join(", "))
+            let removed = REMOVED_SCHEDULES
+                .iter()
+                .find(|r| {
+                    s.strip_prefix("wgmma-").and_then(|x| x.strip_prefix(**r)).is_some_and(|x| x.starts_with('-'))
+                })
+                .map(|r| format!(" (the {r} schedule was removed: CHANGELOG.md)"))
+                .unwrap_or_default();
+            format!("{s:?} names no decode kernel{removed}; valid: {}", valid.join(", "))
         }),
     }
 }
+
+/// The wgmma schedules earlier releases shipped (issue 48 removed them: no shape ran them by
+/// default): `DCP_MLA_DECODE_PATH` naming one is refused saying so.
+const REMOVED_SCHEDULES: [&str; 3] = ["plain", "roles", "seesaw"];
 
 /// `wgmma` (the dense default) or `wgmma-<schedule>-<tile>x<stages>` naming a shipped variant of
 /// some kind (each launch checks its own list, [`sm90_variants`]).
@@ -243,17 +244,15 @@ fn parse_wgmma_path(s: &str) -> Option<DecodePath> {
     all_sm90_variants().contains(&v).then_some(DecodePath::Wgmma { tile: v.0, stages: v.1, schedule })
 }
 
-/// The wgmma kernel of one variant, in whichever Hopper decode family kernels.toml puts it (the
-/// trio kernels are a family of their own, 384 threads, and quad's, 512; a variant is in at most
-/// one).
+/// The wgmma kernel of one variant, in whichever Hopper decode family kernels.toml puts it (trio's
+/// 384 threads or quad's 512; a variant is in at most one).
 fn sm90_kernel_id(
     kv: axes::Kv,
     tile: u32,
     stages: u32,
     schedule: Sm90Schedule,
 ) -> Option<KernelId<DcpMlaDecodeParams>> {
-    registry::mla_decode_sm90(kv, tile, stages, schedule)
-        .or_else(|| registry::mla_decode_sm90_trio(kv, tile, stages, schedule))
+    registry::mla_decode_sm90_trio(kv, tile, stages, schedule)
         .or_else(|| registry::mla_decode_sm90_quad(kv, tile, stages, schedule))
 }
 
@@ -269,10 +268,8 @@ struct Kernel {
     id: KernelId<DcpMlaDecodeParams>,
     shared_bytes: usize,
     tile: u32,
-    /// Loads whole dense tiles by TMA when the params carry a tensor map (the roles schedule).
+    /// Loads whole dense tiles by TMA when the params carry a tensor map (the dense wgmma kernel).
     takes_tensor_map: bool,
-    /// Loads every tile by TMA and cannot run without a tensor map (the seesaw schedule).
-    needs_tensor_map: bool,
     /// Consecutive CTAs along x launched as one thread-block cluster (the pair schedule: 2).
     cluster: u32,
 }
@@ -301,7 +298,6 @@ fn decode_kernel(dev: &Device, format: KvFormat, sparse: bool, path: DecodePath)
             shared_bytes: id.info().dynamic_shared_bytes as usize,
             tile,
             takes_tensor_map: false,
-            needs_tensor_map: false,
             cluster: 1,
         })
     };
@@ -314,8 +310,7 @@ fn decode_kernel(dev: &Device, format: KvFormat, sparse: bool, path: DecodePath)
             id,
             shared_bytes: id.info().dynamic_shared_bytes as usize,
             tile,
-            takes_tensor_map: kv == axes::Kv::DenseBf16 && schedule != Sm90Schedule::Plain,
-            needs_tensor_map: schedule == Sm90Schedule::Seesaw,
+            takes_tensor_map: kv == axes::Kv::DenseBf16,
             cluster: if schedule == Sm90Schedule::Pair { 2 } else { 1 },
         })
     };
@@ -351,13 +346,7 @@ pub fn mla_decode_dense_on(dev: &Device, stream: Stream, a: &DenseDecode, path: 
     if let Some(k) = split_p_kernel(dev, KvFormat::Bf16, false, path, a.common.nq, a.common.heads)? {
         kernel = k;
     }
-    let tma = tma_enabled() && dense_tma_fits(a.num_pages, a.block_size);
-    if kernel.needs_tensor_map && !tma {
-        // the seesaw schedule loads only by TMA: this cache's pages take the roles schedule
-        let roles = DecodePath::Wgmma { tile: 64, stages: 2, schedule: Sm90Schedule::Roles };
-        kernel = decode_kernel(dev, KvFormat::Bf16, false, roles)?;
-    }
-    if kernel.takes_tensor_map && tma {
+    if kernel.takes_tensor_map && tma_enabled() && dense_tma_fits(a.num_pages, a.block_size) {
         // [num_pages·B rows, 576] bf16; a box is one 128-byte column block of a tile's tokens, or
         // of one page's B tokens when B is smaller (a tile then spans whole pages); the kernel
         // works out the same box size
@@ -379,21 +368,7 @@ fn dense_params(a: &DenseDecode) -> Result<DcpMlaDecodeParams> {
     let c = &a.common;
     let rows = c.batch * c.nq;
     check_cache("cache", &a.cache, a.num_pages, a.block_size, KvFormat::Bf16)?;
-    ensure_arg!(
-        a.max_pages <= a.block_table_stride,
-        "max_pages",
-        "{} exceeds the block-table stride {}",
-        a.max_pages,
-        a.block_table_stride
-    );
-    let bt_need = super::extent("block_table_stride", c.batch, a.block_table_stride, a.max_pages)?;
-    ensure_arg!(
-        a.block_table.len() >= bt_need,
-        "block_table",
-        "holds {} entries but {} rows need {bt_need}",
-        a.block_table.len(),
-        c.batch
-    );
+    super::check_block_table(&a.block_table, c.batch, a.block_table_stride, a.max_pages)?;
     ensure_arg!(
         a.max_pages.checked_mul(a.block_size).is_some_and(|n| n <= MAX_DECODE_TOKENS),
         "max_pages",
@@ -424,7 +399,7 @@ fn dense_tma_fits(num_pages: usize, block_size: usize) -> bool {
         && num_pages.checked_mul(block_size).is_some_and(|n| n + 64 <= i32::MAX as usize)
 }
 
-/// Whether the roles schedule loads dense tiles by TMA; `DCP_MLA_TMA=0` makes it use its
+/// Whether the dense wgmma kernel loads its tiles by TMA; `DCP_MLA_TMA=0` makes it use its
 /// cp.async path (read once), to measure what TMA saves.
 fn tma_enabled() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
@@ -782,13 +757,38 @@ mod tests {
         let (tile, stages, schedule) = sm90_variants(KvFormat::Bf16, false)[0];
         assert_eq!(parse_env_path(Some("wgmma")), Ok(Some(DecodePath::Wgmma { tile, stages, schedule })));
         assert_eq!(
-            parse_env_path(Some("wgmma-seesaw-64x2")),
-            Ok(Some(DecodePath::Wgmma { tile: 64, stages: 2, schedule: Sm90Schedule::Seesaw }))
+            parse_env_path(Some("wgmma-pair-64x2")),
+            Ok(Some(DecodePath::Wgmma { tile: 64, stages: 2, schedule: Sm90Schedule::Pair }))
         );
-        for bad in ["wgmma-role-64x2", "wgmma-roles-64x3", "MMA", "wgmma-plain", "fast"] {
+        for bad in ["wgmma-trio-64x3", "wgmma-rolesx-64x2", "MMA", "wgmma-quad", "fast"] {
             let e = parse_env_path(Some(bad)).unwrap_err();
-            assert!(e.contains(bad) && e.contains("wgmma-roles-64x2") && e.contains("mma"), "{e}");
+            assert!(e.contains(bad) && e.contains("wgmma-trio-64x2") && e.contains("mma"), "{e}");
+            assert!(!e.contains("removed"), "{e}");
         }
+    }
+
+    #[test]
+    fn removed_schedules_are_refused_by_name() {
+        // issue 48: the plain, roles and seesaw schedules are gone; naming one is an error that
+        // names the path, says the schedule was removed and lists what is shipped
+        for (path, schedule) in [
+            ("wgmma-plain-64x2", "plain"),
+            ("wgmma-plain-32x4", "plain"),
+            ("wgmma-roles-64x2", "roles"),
+            ("wgmma-seesaw-64x2", "seesaw"),
+        ] {
+            let e = parse_env_path(Some(path)).unwrap_err();
+            assert!(e.contains(&format!("{path:?}")), "{e}");
+            assert!(e.contains(&format!("the {schedule} schedule was removed")), "{e}");
+            assert!(e.contains("wgmma-trio-64x2") && e.contains("wgmma-quad-64x2"), "{e}");
+            // as the launchers report it
+            let Error::InvalidArgument { arg, reason } = Error::arg("DCP_MLA_DECODE_PATH", e) else { unreachable!() };
+            assert_eq!(arg, "DCP_MLA_DECODE_PATH");
+            assert!(reason.contains(path), "{reason}");
+        }
+        // sparse FP8 trio is no longer built: `wgmma-trio-64x2` names BF16's, and FP8 has none
+        assert!(!sm90_variants(KvFormat::Fp8_656, true).iter().any(|&(_, _, s)| s == Sm90Schedule::Trio));
+        assert!(sm90_kernel_id(axes::Kv::SparseFp8, 64, 2, Sm90Schedule::Trio).is_none());
     }
 
     #[test]
@@ -849,19 +849,12 @@ mod tests {
         // the layouts decode/sm90_base.cuh describes (a change of layout updates these)
         let dense = |tile, stages, schedule| smem(sm90_kernel_id(axes::Kv::DenseBf16, tile, stages, schedule));
         let base = 1024 + 73_728 + 2 * 64 * 1156;
-        assert_eq!(dense(64, 2, Sm90Schedule::Plain), base + 8192);
-        assert_eq!(dense(64, 2, Sm90Schedule::Roles), base + 256 + 512 + 48);
-        assert_eq!(dense(64, 2, Sm90Schedule::Trio), base + 2 * 256 + 512 + 48, "a factor slot a buffer");
-        assert_eq!(
-            dense(64, 2, Sm90Schedule::TrioSplit),
-            dense(64, 2, Sm90Schedule::Trio) + 16,
-            "P's second hand-over"
-        );
-        assert_eq!(dense(64, 2, Sm90Schedule::Seesaw), 1024 + 73_728 + 2 * 73_728 + 1024 + 16 + 192);
+        let trio = base + 2 * 256 + 512 + 48;
+        assert_eq!(dense(64, 2, Sm90Schedule::Trio), trio, "a factor slot a buffer");
+        assert_eq!(dense(64, 2, Sm90Schedule::TrioSplit), trio + 16, "P's second hand-over");
         let fp8 = |tile, stages, schedule| smem(sm90_kernel_id(axes::Kv::SparseFp8, tile, stages, schedule));
-        assert_eq!(fp8(64, 2, Sm90Schedule::Trio), dense(64, 2, Sm90Schedule::Trio), "no staging buffer: as BF16 trio");
-        assert_eq!(fp8(64, 2, Sm90Schedule::Pair), fp8(64, 2, Sm90Schedule::Trio) + 32, "four peer_free mbarriers");
-        assert_eq!(fp8(64, 2, Sm90Schedule::Quad), fp8(64, 2, Sm90Schedule::Trio), "trio's layout, a fourth warpgroup");
+        assert_eq!(fp8(64, 2, Sm90Schedule::Pair), trio + 32, "trio's layout and four peer_free mbarriers");
+        assert_eq!(fp8(64, 2, Sm90Schedule::Quad), trio, "trio's layout, a fourth warpgroup");
     }
 
     #[test]
@@ -933,9 +926,8 @@ mod tests {
     #[test]
     fn each_decode_kind_has_one_default_variant_listed_first() {
         for kv in axes::Kv::ALL.iter().copied() {
-            let marked = registry::MLA_DECODE_SM90_VARIANTS
+            let marked = registry::MLA_DECODE_SM90_TRIO_VARIANTS
                 .iter()
-                .chain(registry::MLA_DECODE_SM90_TRIO_VARIANTS)
                 .chain(registry::MLA_DECODE_SM90_QUAD_VARIANTS)
                 .filter(|((k, ..), default)| *k == kv && *default)
                 .count();
@@ -945,8 +937,8 @@ mod tests {
         assert_eq!(sm90_variants(KvFormat::Bf16, true)[0], (64, 2, Sm90Schedule::Trio));
         assert_eq!(
             sm90_variants(KvFormat::Fp8_656, true),
-            vec![(64, 2, Sm90Schedule::Quad), (64, 2, Sm90Schedule::Trio), (64, 2, Sm90Schedule::Pair)],
-            "FP8: quad, trio, and pair for two row blocks"
+            vec![(64, 2, Sm90Schedule::Quad), (64, 2, Sm90Schedule::Pair)],
+            "FP8: quad, and pair for two row blocks"
         );
         // every listed variant resolves to a kernel, and the mma.sync tile comes from kernels.toml
         for (format, sparse) in [(KvFormat::Bf16, false), (KvFormat::Bf16, true), (KvFormat::Fp8_656, true)] {
@@ -963,13 +955,13 @@ mod tests {
         assert_eq!(parse_wgmma_path("wgmma"), w(64, 2, Sm90Schedule::Trio), "the dense default");
         assert_eq!(parse_wgmma_path("wgmma-trio-64x2"), w(64, 2, Sm90Schedule::Trio));
         assert_eq!(parse_wgmma_path("wgmma-trio-64x3"), None, "not shipped");
-        assert_eq!(parse_wgmma_path("wgmma-plain-32x4"), w(32, 4, Sm90Schedule::Plain));
-        assert_eq!(parse_wgmma_path("wgmma-roles-64x2"), w(64, 2, Sm90Schedule::Roles));
-        assert_eq!(parse_wgmma_path("wgmma-plain-64x1"), None, "the FP8 plain kernel, removed");
-        assert_eq!(parse_wgmma_path("wgmma-plain-32x3"), None, "not shipped");
-        assert_eq!(parse_wgmma_path("wgmma-roles-32x4"), None, "not shipped");
+        assert_eq!(parse_wgmma_path("wgmma-quad-64x2"), w(64, 2, Sm90Schedule::Quad));
+        assert_eq!(parse_wgmma_path("wgmma-pair-64x2"), w(64, 2, Sm90Schedule::Pair));
+        assert_eq!(parse_wgmma_path("wgmma-plain-32x4"), None, "removed (issue 48)");
+        assert_eq!(parse_wgmma_path("wgmma-roles-64x2"), None, "removed (issue 48)");
+        assert_eq!(parse_wgmma_path("wgmma-seesaw-64x2"), None, "removed (issue 48)");
         assert_eq!(parse_wgmma_path("wgmma-64x2"), None, "no schedule");
-        assert_eq!(parse_wgmma_path("wgmma-plain-32"), None);
+        assert_eq!(parse_wgmma_path("wgmma-trio-64"), None);
         assert_eq!(parse_wgmma_path("mma"), None);
     }
 }

@@ -1,6 +1,6 @@
 //! KV-cache fill launcher (docs/contract.md §2-3). Reference: [`crate::reference::fill`].
 
-use super::{check_rows, to_i32};
+use super::{check_block_table, check_cache_bytes, check_layout, check_rows, to_i32};
 use crate::abi::DcpKvFillParams;
 use crate::error::{Error, Result};
 use crate::formats::{KvFormat, D_LATENT, D_ROPE};
@@ -58,9 +58,7 @@ fn validate(a: &KvFill) -> Result<DcpKvFillParams> {
     ensure_arg!(a.req_idx.len() == t, "req_idx", "has {} entries but positions has {t}", a.req_idx.len());
     check_rows("ckv", &a.ckv, t, a.ckv_stride, D_LATENT)?;
     check_rows("kpe", &a.kpe, t, a.kpe_stride, D_ROPE)?;
-    ensure_arg!(a.dcp.size >= 1, "dcp_size", "must be at least 1");
-    ensure_arg!(a.dcp.interleave >= 1, "interleave", "must be at least 1");
-    ensure_arg!(a.rank < a.dcp.size, "rank", "{} is not below the group size {}", a.rank, a.dcp.size);
+    check_layout(a.dcp, a.rank)?;
     ensure_arg!(a.block_size >= 1, "block_size", "must be at least 1");
     ensure_arg!(
         a.block_size % a.dcp.interleave == 0,
@@ -69,33 +67,8 @@ fn validate(a: &KvFill) -> Result<DcpKvFillParams> {
         a.dcp.interleave,
         a.block_size
     );
-    ensure_arg!(
-        a.max_pages <= a.block_table_stride,
-        "max_pages",
-        "{} exceeds the block-table stride {}",
-        a.max_pages,
-        a.block_table_stride
-    );
-    let bt_need = super::extent("block_table_stride", a.batch, a.block_table_stride, a.max_pages)?;
-    ensure_arg!(
-        a.block_table.len() >= bt_need,
-        "block_table",
-        "holds {} entries but {} rows need {bt_need}",
-        a.block_table.len(),
-        a.batch
-    );
-    let row = a.format.token_bytes();
-    let need = a.num_pages.checked_mul(a.block_size).and_then(|n| n.checked_mul(row));
-    ensure_arg!(
-        need.is_some_and(|n| a.cache.len() >= n),
-        "cache",
-        "holds {} bytes but {} pages of {} tokens need {:?}",
-        a.cache.len(),
-        a.num_pages,
-        a.block_size,
-        need
-    );
-    ensure_aligned!(a.cache.ptr() % 16 == 0, "cache", "pointer {:#x} is not 16-byte aligned", a.cache.ptr());
+    check_block_table(&a.block_table, a.batch, a.block_table_stride, a.max_pages)?;
+    check_cache_bytes(&a.cache, a.num_pages, a.block_size, a.format)?;
     Ok(DcpKvFillParams {
         ckv: a.ckv.ptr(),
         kpe: a.kpe.ptr(),

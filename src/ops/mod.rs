@@ -9,6 +9,8 @@ pub mod prefill;
 pub mod topk;
 
 use crate::error::{Error, Result};
+use crate::formats::KvFormat;
+use crate::planner::DcpLayout;
 use crate::runtime::DeviceSlice;
 use half::bf16;
 
@@ -119,6 +121,64 @@ pub(crate) fn row_count(arg: &'static str, factors: &[usize]) -> Result<usize> {
     let rows = product(arg, factors)?;
     product(arg, &[rows, crate::formats::D_V])?;
     Ok(rows)
+}
+
+/// A DCP group and this rank's place in it: at least one rank, runs of at least one token, and
+/// `rank` inside the group.
+pub(crate) fn check_layout(dcp: DcpLayout, rank: usize) -> Result<()> {
+    ensure_arg!(dcp.size >= 1, "dcp_size", "must be at least 1");
+    ensure_arg!(dcp.interleave >= 1, "interleave", "must be at least 1");
+    ensure_arg!(rank < dcp.size, "rank", "{rank} is not below the group size {}", dcp.size);
+    Ok(())
+}
+
+/// `buf` holds at least `need` elements.
+pub(crate) fn check_len<T>(arg: &'static str, buf: &DeviceSlice<T>, need: usize) -> Result<()> {
+    ensure_arg!(buf.len() >= need, arg, "holds {} elements but {need} are needed", buf.len());
+    Ok(())
+}
+
+/// The entries a block table of `batch` rows of `stride` entries must hold when the first
+/// `max_pages` of each row are read (`max_pages` within the stride).
+pub(crate) fn block_table_need(batch: usize, stride: usize, max_pages: usize) -> Result<usize> {
+    ensure_arg!(max_pages <= stride, "max_pages", "{max_pages} exceeds the block-table stride {stride}");
+    extent("block_table_stride", batch, stride, max_pages)
+}
+
+/// [`block_table_need`], and `block_table` holding that many entries.
+pub(crate) fn check_block_table(
+    block_table: &DeviceSlice<i32>,
+    batch: usize,
+    stride: usize,
+    max_pages: usize,
+) -> Result<()> {
+    let need = block_table_need(batch, stride, max_pages)?;
+    ensure_arg!(
+        block_table.len() >= need,
+        "block_table",
+        "holds {} entries but {batch} rows need {need}",
+        block_table.len()
+    );
+    Ok(())
+}
+
+/// A paged cache as bytes: `num_pages` pages of `block_size` tokens of `format`'s rows fit in
+/// `cache`, which starts 16-byte aligned (the kernels move 16-byte vectors).
+pub(crate) fn check_cache_bytes(
+    cache: &DeviceSlice<u8>,
+    num_pages: usize,
+    block_size: usize,
+    format: KvFormat,
+) -> Result<()> {
+    let need = num_pages.checked_mul(block_size).and_then(|n| n.checked_mul(format.token_bytes()));
+    ensure_arg!(
+        need.is_some_and(|n| cache.len() >= n),
+        "cache",
+        "holds {} bytes but {num_pages} pages of {block_size} tokens need {need:?}",
+        cache.len()
+    );
+    ensure_aligned!(cache.ptr() % 16 == 0, "cache", "pointer {:#x} is not 16-byte aligned", cache.ptr());
+    Ok(())
 }
 
 /// Converts a host-side count to the kernels' int32, naming the argument when it does not fit.

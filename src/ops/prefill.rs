@@ -6,7 +6,7 @@
 //! so a captured CUDA graph replays correctly when the plan of the next chunk differs: the
 //! caller uploads the new table into the same buffer.
 
-use super::to_i32;
+use super::{block_table_need, check_cache_bytes, check_layout, check_len, to_i32};
 use crate::abi::{DcpPrefillFlattenParams, DcpPrefillReorderParams};
 use crate::error::{Error, Result};
 use crate::formats::{KvFormat, D_QK};
@@ -79,25 +79,8 @@ pub fn flatten(dev: &Device, stream: Stream, a: &Flatten) -> Result<()> {
 fn flatten_params(a: &Flatten) -> Result<DcpPrefillFlattenParams> {
     check_layout(a.dcp, a.rank)?;
     ensure_arg!(a.block_size >= 1, "block_size", "must be at least 1");
-    let need = a.num_pages.checked_mul(a.block_size).and_then(|n| n.checked_mul(a.format.token_bytes()));
-    ensure_arg!(
-        need.is_some_and(|n| a.cache.len() >= n),
-        "cache",
-        "holds {} bytes but {} pages of {} tokens need {need:?}",
-        a.cache.len(),
-        a.num_pages,
-        a.block_size
-    );
-    ensure_aligned!(a.cache.ptr() % 16 == 0, "cache", "pointer {:#x} is not 16-byte aligned", a.cache.ptr());
-    ensure_arg!(
-        a.max_pages <= a.block_table_stride,
-        "max_pages",
-        "{} exceeds the block-table stride {}",
-        a.max_pages,
-        a.block_table_stride
-    );
-    let bt_need = super::extent("block_table_stride", a.batch, a.block_table_stride, a.max_pages)?;
-    check_len("block_table", &a.block_table, bt_need)?;
+    check_cache_bytes(&a.cache, a.num_pages, a.block_size, a.format)?;
+    check_len("block_table", &a.block_table, block_table_need(a.batch, a.block_table_stride, a.max_pages)?)?;
     check_len("pieces", &a.pieces, super::product("max_pieces", &[a.max_pieces, PIECE_FIELDS])?)?;
     check_rows_out("out", &a.out, a.cap_rows)?;
     Ok(DcpPrefillFlattenParams {
@@ -173,18 +156,6 @@ fn launch_warp_rows<P: Copy>(dev: &Device, stream: Stream, id: KernelId<P>, rows
         .map_err(|_| Error::arg("rows", format!("{rows} rows exceed the grid limit")))?;
     // SAFETY: the callers validated every buffer the kernel addresses against `params`.
     unsafe { dev.launch(id, (grid, 1, 1), 0, stream, params) }
-}
-
-fn check_layout(dcp: DcpLayout, rank: usize) -> Result<()> {
-    ensure_arg!(dcp.size >= 1, "dcp_size", "must be at least 1");
-    ensure_arg!(dcp.interleave >= 1, "interleave", "must be at least 1");
-    ensure_arg!(rank < dcp.size, "rank", "{rank} is not below the group size {}", dcp.size);
-    Ok(())
-}
-
-fn check_len<T>(arg: &'static str, buf: &DeviceSlice<T>, need: usize) -> Result<()> {
-    ensure_arg!(buf.len() >= need, arg, "holds {} elements but {need} are needed", buf.len());
-    Ok(())
 }
 
 /// `rows` dense rows of 576 bf16, 16-byte aligned (the kernels move 16-byte vectors).

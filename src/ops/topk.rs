@@ -6,7 +6,7 @@
 //! buffer, all-gather that buffer (the caller's collective), merge to the global top-K ids, and
 //! compact the ids this rank owns back to local positions or cache slots for sparse attention.
 
-use super::to_i32;
+use super::{check_layout, check_len, to_i32};
 use crate::abi::{DcpTopkCompactParams, DcpTopkMergeParams, DcpTopkPackParams, DcpTopkParams};
 use crate::error::{Error, Result};
 use crate::planner::{check_topk, DcpLayout, TOPK_SIZES};
@@ -404,18 +404,6 @@ fn launch_rows<P: Copy>(dev: &Device, stream: Stream, id: KernelId<P>, rows: usi
     let grid = u32::try_from(rows).map_err(|_| Error::arg("rows", format!("{rows} exceeds the grid limit")))?;
     // SAFETY: every caller validated the buffers the kernel addresses against `params`.
     unsafe { dev.launch(id, (grid, 1, 1), 0, stream, params) }
-}
-
-fn check_layout(dcp: DcpLayout, rank: usize) -> Result<()> {
-    ensure_arg!(dcp.size >= 1, "dcp_size", "must be at least 1");
-    ensure_arg!(dcp.interleave >= 1, "interleave", "must be at least 1");
-    ensure_arg!(rank < dcp.size, "rank", "{rank} is not below the group size {}", dcp.size);
-    Ok(())
-}
-
-fn check_len<T>(arg: &'static str, buf: &DeviceSlice<T>, need: usize) -> Result<()> {
-    ensure_arg!(buf.len() >= need, arg, "holds {} elements but {need} are needed", buf.len());
-    Ok(())
 }
 
 /// `rows` rows of `stride` elements of which the first `cols` may be read (no alignment needed:

@@ -5,6 +5,7 @@
 
 mod chunks;
 pub mod schedule;
+mod size;
 pub mod split;
 pub mod workspace;
 

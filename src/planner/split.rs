@@ -4,7 +4,7 @@
 //! offsets to the kernels; the C ABI's and Python's size queries are `SplitPlan::bytes`.
 
 use super::schedule::seq_shape;
-use super::workspace::checked;
+use super::size::checked;
 use crate::error::{Error, Result};
 use crate::formats::D_V;
 

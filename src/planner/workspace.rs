@@ -5,17 +5,9 @@
 //! it does not fit in 64 bits: the sizes come from callers on trust (through the C ABI too), and a
 //! wrapped product would report a tiny workspace as a success.
 
+use super::size::checked;
 use crate::error::{Error, Result};
 use crate::formats::D_V;
-
-/// The product of `factors` plus `add`, or an error naming `arg` with the operation's values.
-pub(super) fn checked(arg: &'static str, what: &str, factors: &[u64], add: u64) -> Result<u64> {
-    factors
-        .iter()
-        .try_fold(1u64, |acc, &f| acc.checked_mul(f))
-        .and_then(|p| p.checked_add(add))
-        .ok_or_else(|| Error::arg(arg, format!("{what} of {factors:?} overflows 64 bits")))
-}
 
 fn sum(arg: &'static str, parts: &[Result<u64>]) -> Result<u64> {
     let mut total = 0u64;
