@@ -3,6 +3,7 @@
 #   tests     every test binary with GPU tests included and required (a missing GPU fails them)
 #   sanitize  the GPU tests under compute-sanitizer memcheck and racecheck
 #   memcheck, racecheck   one of the two
+#   racecheck-decode [FILTER]   racecheck of gpu_decode per schedule set (trio_split,quad; trio,pair)
 #   bench     `dcp-mla bench` (every row against its target) and the GPU demo
 #   criterion the criterion benchmarks (benches/*.rs)
 #   python    the Python package's pytest suite on the GPU (python/tests) and its launch overhead
@@ -53,6 +54,18 @@ case "$mode" in
     # Only the binaries that launch kernels.
     run_tests 'gpu_*' compute-sanitizer --tool memcheck --error-exitcode 99
     run_tests 'gpu_*' compute-sanitizer --tool racecheck --error-exitcode 99 ;;
+  racecheck-decode)
+    # Racecheck of the shipping decode schedules, one schedule set a run so that each fits a device
+    # call (the whole gpu_decode binary under racecheck does not finish in 380 s): trio_split with
+    # quad, then trio with pair (every kv format keeps a path in each set). FILTER picks the tests,
+    # growing_scores by default (dense and sparse rows over many tiles, both lazy-max paths).
+    skips+=("${sanitizer_skips[@]}")
+    [ -n "$filter" ] || filter=growing_scores
+    for set in trio_split,quad trio,pair; do
+      export DCP_MLA_TEST_SCHEDULES=$set
+      run_tests gpu_decode compute-sanitizer --tool racecheck --error-exitcode 99
+    done
+    unset DCP_MLA_TEST_SCHEDULES ;;
   memcheck|racecheck)
     # One tool of `sanitize` (each fits a device call's 10 minutes on its own).
     skips+=("${sanitizer_skips[@]}")
