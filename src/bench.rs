@@ -626,6 +626,57 @@ impl Part {
     }
 }
 
+/// A decode row's query, outputs and split workspace: random bf16 queries for b·q·H rows, a bf16
+/// output, the lse, and the workspace of `splits` parts.
+struct DecodeBufs {
+    q: CudaSlice<bf16>,
+    out: CudaSlice<bf16>,
+    lse: CudaSlice<f32>,
+    ws: CudaSlice<u8>,
+    shape: (usize, usize, usize),
+    splits: usize,
+}
+
+impl DecodeBufs {
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        s: &Arc<CudaStream>,
+        rng: &mut Rng,
+        b: usize,
+        nq: usize,
+        h: usize,
+        sparse: bool,
+        splits: usize,
+    ) -> Result<Self> {
+        let rows = b * nq * h;
+        Ok(DecodeBufs {
+            q: up(s, &(0..rows * D_QK).map(|_| bf16::from_f32(rng.unit())).collect::<Vec<_>>())?,
+            out: zeros::<bf16>(s, rows * D_V)?,
+            lse: zeros::<f32>(s, rows)?,
+            ws: zeros::<u8>(s, decode::decode_workspace_bytes(b, nq, h, sparse, splits)?)?,
+            shape: (b, nq, h),
+            splits,
+        })
+    }
+
+    /// The launch's common arguments, the split schedule computed by the first launch.
+    fn common(&self, s: &Arc<CudaStream>) -> DecodeCommon {
+        let (batch, nq, heads) = self.shape;
+        DecodeCommon {
+            q: sl(s, &self.q),
+            batch,
+            nq,
+            heads,
+            scale: decode::default_scale(),
+            out: DecodeOut::Bf16(sl(s, &self.out)),
+            lse: sl(s, &self.lse),
+            num_splits: self.splits,
+            workspace: sl(s, &self.ws),
+            schedule: DecodeSchedule::Compute,
+        }
+    }
+}
+
 /// Allocates and initialises the buffers of `row` and returns its launch.
 pub fn prepare<'a>(dev: &'a Device, s: &Arc<CudaStream>, row: &BenchRow) -> Result<Launch<'a>> {
     let st = Stream::from_cudarc(s);
@@ -677,28 +728,13 @@ pub fn prepare<'a>(dev: &'a Device, s: &Arc<CudaStream>, row: &BenchRow) -> Resu
                 _ => unreachable!(),
             };
             let pages = sk.div_ceil(block);
-            let rows = b * q * h;
             let splits = if split { decode::decode_num_splits(b, q, h, false, dev.num_sms()?) } else { 1 };
-            let qv = up(s, &(0..rows * D_QK).map(|_| bf16::from_f32(rng.unit())).collect::<Vec<_>>())?;
+            let bufs = DecodeBufs::new(s, &mut rng, b, q, h, false, splits)?;
             let cache = random_cache(s, &mut rng, KvFormat::Bf16, b * pages * block)?;
             let table = up(s, &(0..(b * pages) as i32).collect::<Vec<_>>())?;
             let lens = up(s, &lens)?;
-            let out = zeros::<bf16>(s, rows * D_V)?;
-            let lse = zeros::<f32>(s, rows)?;
-            let ws = zeros::<u8>(s, decode::decode_workspace_bytes(b, q, h, false, splits)?)?;
             let mut args = DenseDecode {
-                common: DecodeCommon {
-                    q: sl(s, &qv),
-                    batch: b,
-                    nq: q,
-                    heads: h,
-                    scale: decode::default_scale(),
-                    out: DecodeOut::Bf16(sl(s, &out)),
-                    lse: sl(s, &lse),
-                    num_splits: splits,
-                    workspace: sl(s, &ws),
-                    schedule: DecodeSchedule::Compute,
-                },
+                common: bufs.common(s),
                 cache: sl(s, &cache),
                 num_pages: b * pages,
                 block_size: block,
@@ -707,7 +743,7 @@ pub fn prepare<'a>(dev: &'a Device, s: &Arc<CudaStream>, row: &BenchRow) -> Resu
                 max_pages: pages,
                 lens: sl(s, &lens),
             };
-            let keep = (qv, cache, table, lens, out, lse, ws);
+            let keep = (bufs, cache, table, lens);
             Box::new(move || {
                 let _ = &keep;
                 let r = decode::mla_decode_dense(dev, st, &args);
@@ -719,9 +755,8 @@ pub fn prepare<'a>(dev: &'a Device, s: &Arc<CudaStream>, row: &BenchRow) -> Resu
         }
         Case::Sparse { format, b, q, h, k } => {
             let per_req = 8192usize;
-            let rows = b * q * h;
             let splits = decode::decode_num_splits(b, q, h, true, dev.num_sms()?);
-            let qv = up(s, &(0..rows * D_QK).map(|_| bf16::from_f32(rng.unit())).collect::<Vec<_>>())?;
+            let bufs = DecodeBufs::new(s, &mut rng, b, q, h, true, splits)?;
             let cache = random_cache(s, &mut rng, format, b * per_req)?;
             // k distinct slots of the request's own pages, in random order
             let mut idx = Vec::with_capacity(b * q * k);
@@ -734,22 +769,8 @@ pub fn prepare<'a>(dev: &'a Device, s: &Arc<CudaStream>, row: &BenchRow) -> Resu
                 idx.extend(slots[..k].iter().map(|&x| x + ((i / q) * per_req) as i32));
             }
             let idx = up(s, &idx)?;
-            let out = zeros::<bf16>(s, rows * D_V)?;
-            let lse = zeros::<f32>(s, rows)?;
-            let ws = zeros::<u8>(s, decode::decode_workspace_bytes(b, q, h, true, splits)?)?;
             let mut args = SparseDecode {
-                common: DecodeCommon {
-                    q: sl(s, &qv),
-                    batch: b,
-                    nq: q,
-                    heads: h,
-                    scale: decode::default_scale(),
-                    out: DecodeOut::Bf16(sl(s, &out)),
-                    lse: sl(s, &lse),
-                    num_splits: splits,
-                    workspace: sl(s, &ws),
-                    schedule: DecodeSchedule::Compute,
-                },
+                common: bufs.common(s),
                 cache: sl(s, &cache),
                 format,
                 num_pages: b * per_req / block,
@@ -758,7 +779,7 @@ pub fn prepare<'a>(dev: &'a Device, s: &Arc<CudaStream>, row: &BenchRow) -> Resu
                 topk: k,
                 topk_len: None,
             };
-            let keep = (qv, cache, idx, out, lse, ws);
+            let keep = (bufs, cache, idx);
             Box::new(move || {
                 let _ = &keep;
                 // the first launch computes the schedule (when split), the timed ones reuse it
