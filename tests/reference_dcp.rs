@@ -2,13 +2,19 @@
 //! I ∈ {1, 2, B}, attention over the D shards merged in each of the three merge shapes equals
 //! attention over all tokens, dense and sparse; fill → flatten → reorder returns every token bit
 //! for bit. Caches are poisoned with NaN before the fill, block tables are permuted.
+//! With attention sinks (docs/contract.md §4), for every D in 1..=8: the shards attend without
+//! the sink and each combine applies it once after merging, which equals attention over all tokens
+//! with the sink.
 
 use dcp_mla::formats::{decode_fp8_row_bf16, encode_fp8_row, KvFormat, D_LATENT, D_QK, D_ROPE, D_V};
 use dcp_mla::planner::{causal_local_lens, plan_prefill_chunks, prefill_chunk_bytes};
-use dcp_mla::reference::attention::{decode_f32, decode_oracle, default_scale, QueryShape, Selection};
+use dcp_mla::reference::attention::{
+    apply_sink_oracle, decode_f32, decode_oracle, default_scale, QueryShape, Selection,
+};
 use dcp_mla::reference::fill::{fill, FillInput, PagedCache};
 use dcp_mla::reference::merge::{
-    a2a_combine, a2a_pack, a2a_slot_bytes, ag_rs_contribution, ag_rs_finish, merge, reduce_scatter, to_bf16,
+    a2a_combine_with_sink, a2a_pack, a2a_slot_bytes, ag_rs_contribution, ag_rs_finish_with_sink, merge_with_sink,
+    reduce_scatter, to_bf16,
 };
 use dcp_mla::reference::prefill::{flatten_chunk, reorder_chunk};
 use dcp_mla::reference::tolerance::{check_attention, AttentionOracle};
@@ -149,7 +155,23 @@ struct Case {
     lens: Vec<u64>,
     sparse: bool,
     base: LseBase,
+    /// With per-head attention sinks, drawn from the seed: finite, −inf and +inf.
+    sink: bool,
     seed: u64,
+}
+
+/// One sink per head of H: −inf (no effect) and +inf (out = 0) one in six each, else finite in
+/// [−8, 16), around and beyond the rows' lse. From its own generator, so a case's other inputs do
+/// not depend on whether it has sinks.
+fn draw_sinks(seed: u64, h: usize) -> Vec<f32> {
+    let mut rng = Rng::new(seed ^ 0x5149_4e4b_5349_4e4b);
+    (0..h)
+        .map(|_| match rng.below(6) {
+            0 => f32::NEG_INFINITY,
+            1 => f32::INFINITY,
+            _ => 4.0 + 12.0 * rng.unit(),
+        })
+        .collect()
 }
 
 /// Runs one case: the full-cache oracle (D = 1, f64) against the D shards merged three ways.
@@ -168,6 +190,9 @@ fn check_identity(c: &Case) {
     let shape = QueryShape { batch: b, rows: q, heads: h };
     let qs = vec![q; b];
     let sigma = default_scale();
+    // the sinks of the H gathered heads; rank r's combine applies those of its heads [r·H_l, (r+1)·H_l)
+    let sink: Option<Vec<f32>> = c.sink.then(|| draw_sinks(c.seed, h));
+    let rank_sink = |rank: usize| sink.as_ref().map(|s| &s[rank * h_l..(rank + 1) * h_l]);
 
     // sparse: each row picks up to kk global positions it may see (c_j), with -1 entries between;
     // one row in four is all -1 on purpose (a row that attends to nothing)
@@ -218,8 +243,12 @@ fn check_identity(c: &Case) {
             decode_f32(&query, shape, &rc.paged(), &rc.bytes, &Selection::Dense { lens: &lens }, sigma)
         }
     };
-    // docs/contract.md §9's oracle (out, lse and A_c) over all tokens
-    let oracle = run_f64(one, 0, &full);
+    // docs/contract.md §9's oracle (out, lse and A_c) over all tokens, on one rank: with sinks, the
+    // sink applied to that one result
+    let mut oracle = run_f64(one, 0, &full);
+    if let Some(s) = &sink {
+        apply_sink_oracle(&mut oracle, s);
+    }
     let (want_out, want_lse) = (&oracle.out, &oracle.lse);
     assert!(want_out.iter().all(|x| !x.is_nan()), "the oracle never reads a poisoned slot");
     let oracle_heads = |rank: usize| AttentionOracle {
@@ -233,14 +262,15 @@ fn check_identity(c: &Case) {
         }
     };
 
-    // f64 shards merged in f64: the identity itself, to rounding
+    // f64 shards (no sink) merged in f64 (the sink applied once, after): the identity itself, to rounding
     let parts64: Vec<_> = (0..d).map(|r| run_f64(c.dcp, r, &shards[r])).collect();
-    let (o, l) = merge(
+    let (o, l) = merge_with_sink(
         &parts64.iter().flat_map(|p| p.out.clone()).collect::<Vec<_>>(),
         &parts64.iter().flat_map(|p| p.lse.clone()).collect::<Vec<_>>(),
         d,
         t * h,
         LseBase::E,
+        sink.as_deref(),
     );
     let o32: Vec<f32> = o.iter().map(|&x| x as f32).collect();
     let l32: Vec<f32> = l.iter().map(|&x| x as f32).collect();
@@ -258,7 +288,7 @@ fn check_identity(c: &Case) {
     };
 
     // shape 1: the plain merge
-    let (o, l) = merge(&outs, &lse_in, d, t * h, c.base);
+    let (o, l) = merge_with_sink(&outs, &lse_in, d, t * h, c.base, sink.as_deref());
     spec9("merge", &o, &l, &oracle);
 
     // shape 2: ag_rs. Contribution, reduce-scatter over heads, finish, cast to bf16
@@ -266,7 +296,7 @@ fn check_identity(c: &Case) {
         (0..d).map(|r| ag_rs_contribution(r, &parts[r].0, &lse_in, d, t, h, c.base)).collect();
     for rank in 0..d {
         let summed = reduce_scatter(&contribs, rank, h_l, t);
-        let (o, l) = ag_rs_finish(&summed, &lse_in, d, t, h_l, c.base, rank * h_l);
+        let (o, l) = ag_rs_finish_with_sink(&summed, &lse_in, d, t, h_l, c.base, rank * h_l, rank_sink(rank));
         let want = oracle_heads(rank);
         spec9("ag_rs", &o, &l, &want);
         let cast: Vec<f32> = to_bf16(&o).iter().map(|v| v.to_f32()).collect();
@@ -291,14 +321,14 @@ fn check_identity(c: &Case) {
     // bf16 partials: docs/contract.md §9's 2^-6·A_c covers their rounding (2^-8·A_c) beside the kernel's
     for rank in 0..d {
         let recv: Vec<u8> = packed.iter().flat_map(|p| p[rank * slot..(rank + 1) * slot].to_vec()).collect();
-        let (o, l) = a2a_combine(&recv, d, t, h_l, c.base);
+        let (o, l) = a2a_combine_with_sink(&recv, d, t, h_l, c.base, rank_sink(rank));
         spec9("a2a", &o, &l, &oracle_heads(rank));
     }
 }
 
-fn case_strategy(sparse: bool) -> impl Strategy<Value = Case> {
+fn case_strategy(sparse: bool, ds: Vec<usize>, sink: bool) -> impl Strategy<Value = Case> {
     (
-        prop::sample::select(vec![1usize, 2, 4, 8]),
+        prop::sample::select(ds),
         0usize..3,
         // pages of 4 and 8 tokens make many pages per request; 64 is the engines' usual size
         prop::sample::select(vec![4usize, 8, 64]),
@@ -327,6 +357,7 @@ fn case_strategy(sparse: bool) -> impl Strategy<Value = Case> {
                 lens: lens.into_iter().map(special).collect(),
                 sparse,
                 base: if base2 { LseBase::Two } else { LseBase::E },
+                sink,
                 seed,
             }
         })
@@ -336,12 +367,24 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
 
     #[test]
-    fn dense_dcp_identity(c in case_strategy(false)) {
+    fn dense_dcp_identity(c in case_strategy(false, vec![1, 2, 4, 8], false)) {
         check_identity(&c);
     }
 
     #[test]
-    fn sparse_dcp_identity(c in case_strategy(true)) {
+    fn sparse_dcp_identity(c in case_strategy(true, vec![1, 2, 4, 8], false)) {
+        check_identity(&c);
+    }
+
+    /// Sinks under DCP: D in 1..=8 (not only the powers of two), each combine applying the
+    /// sinks of its heads once, after merging; equals one rank over all tokens with the sinks.
+    #[test]
+    fn dense_dcp_identity_with_sinks(c in case_strategy(false, (1..=8).collect(), true)) {
+        check_identity(&c);
+    }
+
+    #[test]
+    fn sparse_dcp_identity_with_sinks(c in case_strategy(true, (1..=8).collect(), true)) {
         check_identity(&c);
     }
 
@@ -407,7 +450,30 @@ fn one_token_at_d8_leaves_seven_ranks_empty() {
             lens: vec![1, 2],
             sparse,
             base: LseBase::E,
+            sink: false,
             seed: 7,
         });
+    }
+}
+
+/// The same with sinks at D = 8 and D = 7: rows whose only token sits on one rank, and sparse rows
+/// that attend to nothing (which must stay 0 whatever the sink).
+#[test]
+fn one_token_with_sinks_at_d8_and_d7() {
+    for (d, seed) in [(8, 7), (7, 11)] {
+        for sparse in [false, true] {
+            check_identity(&Case {
+                dcp: DcpLayout { size: d, interleave: 1 },
+                block_size: 4,
+                format: KvFormat::Bf16,
+                q: 1,
+                h_l: 2,
+                lens: vec![1, 2],
+                sparse,
+                base: LseBase::E,
+                sink: true,
+                seed,
+            });
+        }
     }
 }

@@ -1,11 +1,14 @@
 //! The merge in isolation (docs/contract.md §5) and the FP8 quantisation bounds (docs/contract.md §3): the fp32
 //! merge against its fp64 oracle, the three shapes against the plain merge bit for bit, empty
 //! shards (−inf, +inf, NaN lse with NaN outputs) never leaking, base 2 against base e.
+//! Attention sinks (docs/contract.md §4): their exact cases on one result, and every combine shape
+//! applying them once after its merge, bit for bit like the plain merge with sinks.
 
 use dcp_mla::formats::{decode_fp8_row, encode_fp8_row, fp8_group_scale, D_V, FP8_GROUP};
+use dcp_mla::reference::attention::{apply_sink, sink_factor};
 use dcp_mla::reference::merge::{
-    a2a_combine, a2a_pack, a2a_slot_bytes, ag_rs_contribution, ag_rs_finish, merge, merge_f64, merge_two,
-    reduce_scatter, to_bf16,
+    a2a_combine, a2a_combine_with_sink, a2a_pack, a2a_slot_bytes, ag_rs_contribution, ag_rs_finish,
+    ag_rs_finish_with_sink, merge, merge_f64, merge_two, merge_two_with_sink, merge_with_sink, reduce_scatter, to_bf16,
 };
 use dcp_mla::LseBase;
 use half::bf16;
@@ -30,8 +33,123 @@ fn partials(d: usize, n: usize) -> impl Strategy<Value = (Vec<f32>, Vec<f32>)> {
     )
 }
 
+/// A head's sink: finite, ±inf, or NaN.
+fn sink_value() -> impl Strategy<Value = f32> {
+    prop_oneof![6 => -30.0f32..30.0, 1 => Just(f32::NEG_INFINITY), 1 => Just(f32::INFINITY), 1 => Just(f32::NAN)]
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
+
+    /// The sink on one result, case by case, exactly: lse unchanged; −inf sink: out bit for bit;
+    /// +inf sink: 0; lse = sink: out / 2; an empty row: +0 whatever the sink (NaN included);
+    /// NaN lse, or NaN sink on a row with tokens: NaN; otherwise e^lse / (e^lse + e^sink) formed
+    /// directly in f64, to a few f32 ulps, and the f32 result within f32 rounding of the f64 one.
+    #[test]
+    fn sink_cases_are_exact(
+        h in 1usize..=4,
+        vals in prop::collection::vec(-4.0f32..4.0, 4 * D_V),
+        lse in prop::collection::vec(lse_value(), 12),
+        sink in prop::collection::vec(sink_value(), 4),
+        tie in any::<bool>(),
+    ) {
+        let n = 12 - 12 % h;
+        let (lse, sink) = (&lse[..n], &sink[..h]);
+        // one row in two of head 0 gets lse = sink: a factor of exactly 1/2
+        let lse: Vec<f32> = lse.iter().enumerate().map(|(i, &l)| if tie && i % (2 * h) == 0 { sink[0] } else { l }).collect();
+        let x: Vec<f32> = (0..n * D_V).map(|i| vals[i % (4 * D_V)]).collect();
+        let mut out = x.clone();
+        apply_sink(&mut out, &lse, sink);
+        let x64: Vec<f64> = x.iter().map(|&v| v as f64).collect();
+        let lse64: Vec<f64> = lse.iter().map(|&v| v as f64).collect();
+        let mut out64 = x64.clone();
+        apply_sink(&mut out64, &lse64, sink);
+        for row in 0..n {
+            let (l, s) = (lse[row], sink[row % h]);
+            let (xr, o, o64) = (&x[row * D_V..][..D_V], &out[row * D_V..][..D_V], &out64[row * D_V..][..D_V]);
+            if l.is_nan() || (s.is_nan() && l.is_finite()) {
+                prop_assert!(o.iter().all(|v| v.is_nan()) && o64.iter().all(|v| v.is_nan()), "row {}: NaN", row);
+            } else if l.is_infinite() {
+                prop_assert!(o.iter().all(|v| v.to_bits() == 0) && o64.iter().all(|v| v.to_bits() == 0), "row {}: empty", row);
+                prop_assert_eq!(sink_factor(l, s), 0.0);
+            } else if s == f32::NEG_INFINITY {
+                prop_assert_eq!(bits(o), bits(xr), "row {}: −inf sink", row);
+            } else if s == f32::INFINITY {
+                prop_assert!(o.iter().all(|&v| v == 0.0) && o64.iter().all(|&v| v == 0.0), "row {}: +inf sink", row);
+            } else if l == s {
+                prop_assert_eq!(bits(o), bits(&xr.iter().map(|v| v * 0.5).collect::<Vec<_>>()), "row {}: lse = sink", row);
+            } else {
+                let (l, s) = (l as f64, s as f64);
+                let f = l.exp() / (l.exp() + s.exp());
+                // f32 rounds sink − lse once (a relative error of its size in the exponential),
+                // then a few operations of one ulp each
+                let tol32 = (4.0 + (s - l).abs()) * f32::EPSILON as f64;
+                for e in 0..D_V {
+                    let want = xr[e] as f64 * f;
+                    prop_assert!((o64[e] - want).abs() <= 1e-14 * want.abs(), "row {}: {} vs {}", row, o64[e], want);
+                    prop_assert!((o[e] as f64 - want).abs() <= tol32 * want.abs() + 1e-44, "row {}: {} vs {}", row, o[e], want);
+                }
+            }
+        }
+    }
+
+    /// Every combine shape with sinks equals the plain merge with sinks, bit for bit (bf16-exact
+    /// partials, so a2a sees the same values); with no sink each equals the plain function.
+    #[test]
+    fn shapes_with_sinks_equal_the_merge_with_sinks(
+        dh in (1usize..=8, 1usize..=2, 1usize..=3),
+        seed_out in prop::collection::vec(-4.0f32..4.0, 64),
+        lse in prop::collection::vec(lse_value(), 8 * 3 * 16),
+        sink in prop::collection::vec(sink_value(), 16),
+        base2 in any::<bool>(),
+    ) {
+        let (d, h_l, t) = dh;
+        let h = d * h_l;
+        let base = if base2 { LseBase::Two } else { LseBase::E };
+        let sink = &sink[..h];
+        let out: Vec<f32> = (0..d * t * h * D_V).map(|i| bf16::from_f32(seed_out[(i * 7 + i / 64) % 64]).to_f32()).collect();
+        let lse = lse[..d * t * h].to_vec();
+        let (m_out, m_lse) = merge_with_sink(&out, &lse, d, t * h, base, Some(sink));
+        let (p_out, p_lse) = merge(&out, &lse, d, t * h, base);
+        prop_assert_eq!(bits(&merge_with_sink(&out, &lse, d, t * h, base, None).0), bits(&p_out));
+        prop_assert_eq!(bits(&m_lse), bits(&p_lse), "the sink leaves the merged lse alone");
+        let contribs: Vec<Vec<f32>> = (0..d).map(|r| ag_rs_contribution(r, &out[r * t * h * D_V..][..t * h * D_V], &lse, d, t, h, base)).collect();
+        let slot = a2a_slot_bytes(t, h_l);
+        let packed: Vec<Vec<u8>> = (0..d).map(|r| a2a_pack(&to_bf16(&out[r * t * h * D_V..][..t * h * D_V]), &lse[r * t * h..][..t * h], d, t, h)).collect();
+        for rank in 0..d {
+            let mine = &sink[rank * h_l..(rank + 1) * h_l];
+            let summed = reduce_scatter(&contribs, rank, h_l, t);
+            let (o, l) = ag_rs_finish_with_sink(&summed, &lse, d, t, h_l, base, rank * h_l, Some(mine));
+            let (o0, _) = ag_rs_finish_with_sink(&summed, &lse, d, t, h_l, base, rank * h_l, None);
+            prop_assert_eq!(bits(&o0), bits(&ag_rs_finish(&summed, &lse, d, t, h_l, base, rank * h_l).0));
+            let recv: Vec<u8> = packed.iter().flat_map(|p| p[rank * slot..(rank + 1) * slot].to_vec()).collect();
+            let (ao, al) = a2a_combine_with_sink(&recv, d, t, h_l, base, Some(mine));
+            prop_assert_eq!(bits(&a2a_combine_with_sink(&recv, d, t, h_l, base, None).0), bits(&a2a_combine(&recv, d, t, h_l, base).0));
+            for ti in 0..t {
+                for hl in 0..h_l {
+                    let (row, r) = (ti * h + rank * h_l + hl, ti * h_l + hl);
+                    let want = bits(&m_out[row * D_V..][..D_V]);
+                    prop_assert_eq!(l[r].to_bits(), m_lse[row].to_bits());
+                    prop_assert_eq!(al[r].to_bits(), m_lse[row].to_bits());
+                    prop_assert_eq!(bits(&o[r * D_V..][..D_V]), want.clone(), "ag_rs");
+                    prop_assert_eq!(bits(&ao[r * D_V..][..D_V]), want, "a2a");
+                }
+            }
+        }
+        // the two-way merge: D = 2 with the sinks on its result
+        if d == 2 {
+            let n = t * h;
+            let (o2, l2) = merge_two_with_sink(&out[..n * D_V], &lse[..n], base, &out[n * D_V..], &lse[n..], base, Some(sink));
+            prop_assert_eq!(bits(&o2), bits(&m_out));
+            prop_assert_eq!(bits(&l2), bits(&m_lse));
+            let (o0, _) = merge_two_with_sink(&out[..n * D_V], &lse[..n], base, &out[n * D_V..], &lse[n..], base, None);
+            prop_assert_eq!(bits(&o0), bits(&merge_two(&out[..n * D_V], &lse[..n], base, &out[n * D_V..], &lse[n..], base).0));
+        }
+    }
 
     #[test]
     fn fp32_merge_against_fp64_oracle((out, lse) in (1usize..=8).prop_flat_map(|d| partials(d, 3)), base2 in any::<bool>()) {

@@ -2,10 +2,15 @@
 //! all-gather + reduce-scatter (ag_rs) split, the all-to-all (a2a) packed buffers, and the
 //! two-way merge of chunked prefill.
 //!
+//! Each combine also comes with an optional per-head attention sink (docs/contract.md §4): the
+//! `*_with_sink` functions apply it once, in their last step, to the merged result
+//! ([`crate::reference::attention::apply_sink`]); the plain functions are those with no sink.
+//!
 //! Every function takes the base of its input lse explicitly and returns natural logs. A base-2
 //! lse is converted as `lse · ln 2`, multiplied in the working precision (f32 for `merge::<f32>`)
 //! before the maximum is taken; a kernel does the same multiply before its max.
 
+use super::attention::apply_sink;
 use crate::formats::{LseBase, D_V};
 use half::bf16;
 use std::fmt::Debug;
@@ -118,6 +123,21 @@ pub fn merge_weights<T: Real>(lses: impl IntoIterator<Item = T>, base: LseBase, 
 /// merged out [n, 512] and lse [n] (natural log), exactly docs/contract.md §5. `merge::<f32>` is the
 /// bit-level model of the kernels; [`merge_f64`] is the oracle.
 pub fn merge<T: Real>(out: &[T], lse: &[T], d: usize, n: usize, base: LseBase) -> (Vec<T>, Vec<T>) {
+    merge_with_sink(out, lse, d, n, base, None)
+}
+
+/// [`merge`] with an optional attention sink per head, applied once to the merged rows: the n
+/// rows are laid out [.., H] (head = row mod H) with H = `sink.len()`, which must divide n. The
+/// merged lse is returned unchanged by the sink (it describes the tokens only), so D partials
+/// merged with the sink equal one rank's attention over all tokens with the sink.
+pub fn merge_with_sink<T: Real>(
+    out: &[T],
+    lse: &[T],
+    d: usize,
+    n: usize,
+    base: LseBase,
+    sink: Option<&[f32]>,
+) -> (Vec<T>, Vec<T>) {
     assert_eq!(out.len(), d * n * D_V, "out is [D, n, 512]");
     assert_eq!(lse.len(), d * n, "lse is [D, n]");
     if n == 0 {
@@ -125,7 +145,11 @@ pub fn merge<T: Real>(out: &[T], lse: &[T], d: usize, n: usize, base: LseBase) -
     }
     let outs: Vec<&[T]> = out.chunks(n * D_V).collect();
     let lses: Vec<&[T]> = lse.chunks(n).collect();
-    merge_parts(&outs, &lses, n, base)
+    let (mut o, l) = merge_parts(&outs, &lses, n, base);
+    if let Some(s) = sink {
+        apply_sink(&mut o, &l, s);
+    }
+    (o, l)
 }
 
 /// [`merge`] in f64 from f32 partials: the oracle a kernel's fp32 merge is compared against.
@@ -167,13 +191,33 @@ pub fn merge_two(
     lse_b: &[f32],
     base_b: LseBase,
 ) -> (Vec<f32>, Vec<f32>) {
+    merge_two_with_sink(out_a, lse_a, base_a, out_b, lse_b, base_b, None)
+}
+
+/// [`merge_two`] with an optional attention sink per head applied to its result (rows [.., H],
+/// H = `sink.len()`). In a chain of chunk merges it belongs on the last merge only: the running
+/// result stays without the sink, or the sink would enter the softmax once per chunk.
+#[allow(clippy::too_many_arguments)]
+pub fn merge_two_with_sink(
+    out_a: &[f32],
+    lse_a: &[f32],
+    base_a: LseBase,
+    out_b: &[f32],
+    lse_b: &[f32],
+    base_b: LseBase,
+    sink: Option<&[f32]>,
+) -> (Vec<f32>, Vec<f32>) {
     let n = lse_a.len();
     assert_eq!(lse_b.len(), n, "lse_b has as many rows as lse_a");
     assert_eq!(out_a.len(), n * D_V, "out_a is [n, 512]");
     assert_eq!(out_b.len(), n * D_V, "out_b is [n, 512]");
     let lam_a: Vec<f32> = lse_a.iter().map(|&l| natural_lse(l, base_a)).collect();
     let lam_b: Vec<f32> = lse_b.iter().map(|&l| natural_lse(l, base_b)).collect();
-    merge_parts(&[out_a, out_b], &[&lam_a, &lam_b], n, LseBase::E)
+    let (mut o, l) = merge_parts(&[out_a, out_b], &[&lam_a, &lam_b], n, LseBase::E);
+    if let Some(s) = sink {
+        apply_sink(&mut o, &l, s);
+    }
+    (o, l)
 }
 
 /// Rounds f32 to bf16, to nearest even (NaN stays NaN): the final cast of every merge shape.
@@ -241,7 +285,28 @@ pub fn ag_rs_finish(
     base: LseBase,
     head_offset: usize,
 ) -> (Vec<f32>, Vec<f32>) {
+    ag_rs_finish_with_sink(summed, lse_all, d, t, h_l, base, head_offset, None)
+}
+
+/// [`ag_rs_finish`] with an optional attention sink per head, applied after the merge, to the
+/// fp32 result before any cast: `sink` [H_l] holds the sinks of this rank's heads, sink[j] for
+/// head head_offset + j (a TP rank's own shard of the model's sinks). Ranks' contributions carry
+/// no sink; only this last step applies it.
+#[allow(clippy::too_many_arguments)]
+pub fn ag_rs_finish_with_sink(
+    summed: &[f32],
+    lse_all: &[f32],
+    d: usize,
+    t: usize,
+    h_l: usize,
+    base: LseBase,
+    head_offset: usize,
+    sink: Option<&[f32]>,
+) -> (Vec<f32>, Vec<f32>) {
     assert_eq!(summed.len(), h_l * t * D_V, "summed is [H_l, T, 512]");
+    if let Some(s) = sink {
+        assert_eq!(s.len(), h_l, "sink is [H_l]: one per head of this rank");
+    }
     assert_eq!(lse_all.len() % (d * t).max(1), 0, "lse_all is [D, T, H]");
     let h = lse_all.len().checked_div(d * t).unwrap_or(0);
     assert!(head_offset + h_l <= h, "heads [head_offset, head_offset + H_l) lie within H");
@@ -254,6 +319,9 @@ pub fn ag_rs_finish(
             lse[ti * h_l + hl] = merge_weights((0..d).map(|r| lse_all[(r * t + ti) * h + hi]), base, &mut coef);
             out[(ti * h_l + hl) * D_V..][..D_V].copy_from_slice(&summed[(hl * t + ti) * D_V..][..D_V]);
         }
+    }
+    if let Some(s) = sink {
+        apply_sink(&mut out, &lse, s);
     }
     (out, lse)
 }
@@ -291,6 +359,23 @@ pub fn a2a_pack(out_r: &[bf16], lse_r: &[f32], d: usize, t: usize, h: usize) -> 
 /// a2a receive side: `recv` is [D sources, slot_bytes] (slot r as rank r packed it for this
 /// rank); the full fp32 merge over the D sources gives out [T, H_l, 512] and lse [T, H_l].
 pub fn a2a_combine(recv: &[u8], d: usize, t: usize, h_l: usize, base: LseBase) -> (Vec<f32>, Vec<f32>) {
+    a2a_combine_with_sink(recv, d, t, h_l, base, None)
+}
+
+/// [`a2a_combine`] with an optional attention sink per head applied to the merged fp32 result:
+/// `sink` [H_l] holds the sinks of this rank's heads (sink[j] for its j-th head, global head
+/// rank·H_l + j). The packed slots carry no sink.
+pub fn a2a_combine_with_sink(
+    recv: &[u8],
+    d: usize,
+    t: usize,
+    h_l: usize,
+    base: LseBase,
+    sink: Option<&[f32]>,
+) -> (Vec<f32>, Vec<f32>) {
+    if let Some(s) = sink {
+        assert_eq!(s.len(), h_l, "sink is [H_l]: one per head of this rank");
+    }
     let slot = a2a_slot_bytes(t, h_l);
     assert_eq!(recv.len(), d * slot, "recv is [D, slot_bytes]");
     let n = t * h_l;
@@ -301,7 +386,7 @@ pub fn a2a_combine(recv: &[u8], d: usize, t: usize, h_l: usize, base: LseBase) -
         out.extend(outs.chunks(2).map(|b| bf16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32()));
         lse.extend(lses.chunks(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())));
     }
-    merge(&out, &lse, d, n, base)
+    merge_with_sink(&out, &lse, d, n, base, sink)
 }
 
 #[cfg(test)]
@@ -332,6 +417,21 @@ mod tests {
         let (out, lse) = merge(&rows(&[f32::NAN, 5.0]), &[f32::NEG_INFINITY, f32::NEG_INFINITY], 2, 1, LseBase::E);
         assert!(out.iter().all(|&x| x == 0.0));
         assert_eq!(lse[0], f32::NEG_INFINITY);
+    }
+
+    #[test]
+    fn a_sink_enters_the_merged_softmax_once() {
+        // two shards of one token each, scores 0: the global softmax with sink 0 is
+        // (e^0·1 + e^0·3) / (e^0 + e^0 + e^0) = 4/3; a sink applied to each shard first would
+        // give (0.5 + 1.5) / 2 = 1
+        let (out, lse) = merge_with_sink(&rows(&[1.0, 3.0]), &[0.0, 0.0], 2, 1, LseBase::E, Some(&[0.0]));
+        assert!(out.iter().all(|&x| (x - 4.0 / 3.0).abs() < 1e-6));
+        // the lse describes the tokens only
+        assert_eq!(lse[0], 2f32.ln());
+        // no sink: the plain merge, bit for bit
+        let (plain, _) = merge(&rows(&[1.0, 3.0]), &[0.0, 0.0], 2, 1, LseBase::E);
+        let (none, _) = merge_with_sink(&rows(&[1.0, 3.0]), &[0.0, 0.0], 2, 1, LseBase::E, None);
+        assert_eq!(plain, none);
     }
 
     #[test]
