@@ -54,8 +54,8 @@ __device__ __forceinline__ void griddep_wait() {
 // end and its writes in griddep_wait). Only the split schedule kernel does this, for the decode
 // grid. An earlier version triggered from the decode kernel as well, and a small split launch ran
 // 1.7× slower, likely because the combine's waiting CTAs took SMs the decode's parts still needed
-// (NOTES.md, "Programmatic dependent launch and empty shares"); the schedule kernel's trigger
-// alone measured −1 to −2 µs (NOTES.md, fourteenth session).
+// (NOTES.md at 628d1db, "Programmatic dependent launch and empty shares"); the schedule kernel's trigger
+// alone measured −1 to −2 µs (NOTES.md at 628d1db, fourteenth session).
 __device__ __forceinline__ void griddep_launch_dependents() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");

@@ -372,7 +372,7 @@ __device__ __forceinline__ void emit_segments(int count, uint32_t prefix, uint32
 // slice sums (B); a buffer another CTA reads between two barriers is rewritten only after the
 // next one, which every CTA reaches after its reads (so the slice sums alternate between two
 // buffers). Measured: the selection's instructions and each pass's barriers bound it, not the
-// row's bytes, so the launcher gives a row the fewest CTAs that hold it (NOTES.md).
+// row's bytes, so the launcher gives a row the fewest CTAs that hold it (NOTES.md at 628d1db).
 // KeyBits = 16: a CTA keeps only each key's top 16 bits (chunk·2 bytes), so it holds twice the
 // chunk and a row needs half the CTAs (a 131,072-column row two, not four). The first two
 // digits come from those bits (bits 21..31, then 16..20); the elements at or above that 16-bit

@@ -315,7 +315,7 @@ pub fn step_parts(st: StepShape) -> Vec<Case> {
     v
 }
 
-/// NCCL time a DCP step adds on each rank, µs, as measured at D = 2 on two H200s (NOTES.md,
+/// NCCL time a DCP step adds on each rank, µs, as measured at D = 2 on two H200s (NOTES.md at 628d1db,
 /// "Multi-GPU decode step": b = 64, 32K, q = 1): the a2a all-to-all 24.7 µs (H_l = 8) / 27.9
 /// (H_l = 16); the query-head all-gather and (sparse) the candidate all-gather were not timed
 /// apart, and are taken as the measured lse all-gather, 17 µs each (messages of the same

@@ -163,7 +163,7 @@ __device__ __forceinline__ void write_rows(const DcpMlaDecodeParams& p, int slot
 // roles call write_rows_staged_barriers). Each thread writes its values into the staged rows (64 ×
 // (row bytes + 16)); after the second barrier the `writers` threads that hold O (this one is
 // `writer` among them) copy them out in 16-byte pieces, so a warp's store covers 512 contiguous
-// bytes instead of 16 bytes in each of 8 rows (NOTES.md, nineteenth and twentieth sessions: the
+// bytes instead of 16 bytes in each of 8 rows (NOTES.md at 628d1db, nineteenth and twentieth sessions: the
 // direct stores took ~5 µs of a sparse CTA). The 16-byte pad puts the 8 rows a warp writes at once
 // on distinct banks. Rows that do not fit the stage (fp32 in a small one) are stored directly.
 // Three CTA barriers: write_rows' two, and one after the copy-out, before a later piece's fills

@@ -168,7 +168,7 @@ __device__ __forceinline__ float row_max_tree(const float (&s)[kSRegs]) {
 // is invalid) skips the per-score select: the caller passes the tile's cleanness (tile_clean, or
 // false to mask every score). Rows r0, r0 + 8 of the warp's 16, columns 8j + 2t4 (+1). kTreeMax:
 // each row's max as a tree over the thread's scores (4 dependent steps, not 16; BF16 trio only:
-// FP8's trio family measured 1-4% slower with it and the early flags, NOTES.md), else a chain.
+// FP8's trio family measured 1-4% slower with it and the early flags, NOTES.md at 628d1db), else a chain.
 template <int kSRegs, int Tile, bool kTreeMax>
 __device__ __forceinline__ void softmax_max_known(float (&s)[kSRegs], bool clean, const int* valid, int tile,
                                                   const int (&row_len)[2], int t4, float scale_log2, float (&m_run)[2],

@@ -37,7 +37,7 @@ namespace dcp {
 // only after full(b), which follows empty(b) of tile i, which follows every reader of tile i's.
 // empty(b) takes one arrival a thread, not one a warp after __syncwarp: racecheck follows that
 // chain only through each reader's own arrival (with one a warp it reported the factors as races;
-// a separate barrier for them, tried first, measured 1-3% slower: NOTES.md).
+// a separate barrier for them, tried first, measured 1-3% slower: NOTES.md at 628d1db).
 // Pair (Sm90Schedule::Pair; sparse FP8 with two row blocks a query row, 65..128 heads): the two
 // CTAs of a query row (row blocks 0 and 1, consecutive along x) form a cluster and share every
 // tile's dequantisation: P·V warpgroup h of CTA c dequantises latent half h of the tile's tokens
@@ -50,7 +50,7 @@ namespace dcp {
 // done with tile i in its buffer b (peer_free(h, b): 128 relaxed remote arrivals a phase, one per
 // P·V thread of the peer's warpgroup h after its P·V), which also proves this warpgroup's copy of
 // tile i has landed there, so its source rows here may be overwritten. Remote stores by the
-// threads themselves (st.async) and release arrivals measured far slower (NOTES.md). The rope
+// threads themselves (st.async) and release arrivals measured far slower (NOTES.md at 628d1db). The rope
 // block, the flags and Q stay each CTA's own. A cluster barrier after the mbarriers' set-up and
 // one before exit (the peer's last arrivals land in this CTA's shared memory).
 // Quad (Sm90Schedule::Quad; sparse FP8): warpgroup 3, the producer, loads Q and fills every tile
@@ -58,7 +58,7 @@ namespace dcp {
 // wait for P and the tile, rescale, multiply and arrive on empty(b), as for BF16, so no
 // dequantisation sits between two P·V. full(b) takes the producer's 128 cp.async arrivals and 128
 // arrivals. Registers: 512 threads start at 128; scorer 64, P·V 176 each, producer 96 (the splits
-// that spill are in NOTES.md), and since ptxas checks each instruction against the launch's 128,
+// that spill are in NOTES.md at 628d1db), and since ptxas checks each instruction against the launch's 128,
 // P·V is issued as two m64n128k16 a k-step (m64n256 asks for 154).
 template <int R>
 struct RoleTag {
@@ -85,7 +85,7 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
     constexpr bool kSplitP = Sched == Sm90Schedule::TrioSplit;
     // BF16 scorers (104 registers) hold Q's last kQRegBlocks column blocks (the rope block) in
     // registers as wgmma A fragments (RS: only K is read from shared memory for them); FP8's (72)
-    // none. Measured on the H200: one block −0.7% on compute-bound rows, two no better (NOTES.md).
+    // none. Measured on the H200: one block −0.7% on compute-bound rows, two no better (NOTES.md at 628d1db).
     constexpr int kQRegBlocks = kFp8 ? 0 : 1;
     static_assert((Sched == Sm90Schedule::Trio || (kSplitP && !kFp8) || ((kPair || kQuad) && kFp8)) && Tile == 64 &&
                       Stages == 2,
@@ -121,7 +121,7 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
             mbar_init(full(b), kFp8 && !kQuad ? 384 : 256);
             mbar_init(empty(b), 256);
             // one arrival per thread: racecheck does not see a warp's accesses ordered by
-            // __syncwarp before lane 0's arrival (NOTES.md, fifth session)
+            // __syncwarp before lane 0's arrival (NOTES.md at 628d1db, fifth session)
             mbar_init(p_full(b, 0), 128);
             if constexpr (kSplitP) mbar_init(p_full(b, 1), 128);
             if constexpr (kPair) {
@@ -232,7 +232,7 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                     fence_regs(s);
                 }
                 // BF16: the tile's flags read while S runs, and a tree max (−1.7 to −2.3% on the
-                // compute-bound dense rows; FP8's scorers measured 1-4% slower with both: NOTES.md)
+                // compute-bound dense rows; FP8's scorers measured 1-4% slower with both: NOTES.md at 628d1db)
                 constexpr bool kEarlyFlags = !kFp8;
                 bool clean = false;
                 if constexpr (kEarlyFlags) clean = tile_clean<kSRegs, Tile>(sValid + b * Tile, tile_begin + i, row_len, t4);
@@ -454,7 +454,7 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
             };
             // Pair: this thread's scale of cache row `row` (0 for an unread token), loaded with the
             // raw batch a tile ahead (trio loads its scale in the fill: the same move, and the pages
-            // below, measured 3-6% slower there and 5% faster in the pair: NOTES.md)
+            // below, measured 3-6% slower there and 5% faster in the pair: NOTES.md at 628d1db)
             auto load_scale = [&](int64_t row, int part) -> float {
                 return row >= 0 ? __ldg((const float*)((const unsigned char*)p.cache + row * kFp8RowBytes + kFp8ScaleOffset +
                                                        4 * (2 * kHalf + part)))
@@ -492,7 +492,7 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
             // FP8: this thread's 128 latent bytes of the token into L2 (the two 128-byte lines they
             // touch), a tile before fill_latent gathers them, so the gathers wait on L2, not DRAM.
             // Per-thread prefetch.global.L2, not a bulk prefetch: a bulk one takes uniform
-            // operands, and the compiler looped over the 32 lanes' addresses (NOTES.md).
+            // operands, and the compiler looped over the 32 lanes' addresses (NOTES.md at 628d1db).
             auto prefetch_latent = [&](int tile, int page) {
                 const int64_t row = token_row(tile, page);
                 if (row >= 0) {
@@ -532,7 +532,7 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
             // Pair: fill f's latent half kHalf of this CTA's tokens, dequantised into buffer f & 1
             // here, then copied by the bulk-copy engine into the peer's (each warp its 8 rows: four
             // 1 KB runs, completing their bytes on the peer's full(f & 1); by warp rather than by
-            // warpgroup after a named barrier: −3%, NOTES.md). First, each thread waits for the
+            // warpgroup after a named barrier: −3%, NOTES.md at 628d1db). First, each thread waits for the
             // peer's warpgroup kHalf to be done with use f − 2 of that buffer: that also means this
             // warpgroup's copy of fill f − 2 has landed there (it completed the peer's full), so
             // its source rows here are free to overwrite.

@@ -629,7 +629,7 @@ fn validate_common(c: &DecodeCommon, sparse: bool) -> Result<DcpMlaDecodeParams>
 /// The combine's grid: a CTA per (part, 8 rows) when each split row has few partials (many
 /// sequences), a CTA per row of every sequence, its warps splitting the partials, when few
 /// sequences spread over many parts give each split row about parts / seqs of them
-/// (kernels-src/decode/combine.cuh says why; NOTES.md, thirteenth session).
+/// (kernels-src/decode/combine.cuh says why; NOTES.md at 628d1db, thirteenth session).
 fn combine_grid(parts: usize, seqs: usize) -> axes::Grid {
     if parts >= 4 * seqs {
         axes::Grid::Row
