@@ -3,7 +3,7 @@
 #   tests     every test binary with GPU tests included and required (a missing GPU fails them)
 #   sanitize  the GPU tests under compute-sanitizer memcheck and racecheck
 #   memcheck, racecheck   one of the two
-#   racecheck-decode [FILTER]   racecheck of gpu_decode per schedule set (trio_split,quad; trio,pair)
+#   racecheck-decode [FILTER]   racecheck of gpu_decode per schedule set (trio_split,quad; trio,pair), ~3 min
 #   bench     `dcp-mla bench` (every row against its target) and the GPU demo
 #   criterion the criterion benchmarks (benches/*.rs)
 #   python    the Python package's pytest suite on the GPU (python/tests) and its launch overhead
@@ -58,9 +58,10 @@ case "$mode" in
     # Racecheck of the shipping decode schedules, one schedule set a run so that each fits a device
     # call (the whole gpu_decode binary under racecheck does not finish in 380 s): trio_split with
     # quad, then trio with pair (every kv format keeps a path in each set). FILTER picks the tests,
-    # growing_scores by default (dense and sparse rows over many tiles, both lazy-max paths).
+    # by default `match`: the dense and sparse reference comparisons and growing_scores (both
+    # lazy-max paths). H200, per set: growing_scores 19-21 s, the two reference tests 65-69 s.
     skips+=("${sanitizer_skips[@]}")
-    [ -n "$filter" ] || filter=growing_scores
+    [ -n "$filter" ] || filter=match
     for set in trio_split,quad trio,pair; do
       export DCP_MLA_TEST_SCHEDULES=$set
       run_tests gpu_decode compute-sanitizer --tool racecheck --error-exitcode 99
