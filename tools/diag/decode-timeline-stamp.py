@@ -32,16 +32,6 @@ def rep(a, b, optional=False):
     s = s.replace(a, b)
 
 
-def rep_either(*alts):
-    """Exactly one of the (anchor, replacement) alternatives matches, exactly once: the kernel
-    as on main, or as wip/lazy-max-split-p.patch leaves it (P handed over in two halves)."""
-    global s
-    hits = [(a, b) for a, b in alts if s.count(a) == 1]
-    if len(hits) != 1 or any(s.count(a) > 1 for a, _ in alts):
-        raise SystemExit(f"anchors found {[s.count(a) for a, _ in alts]} times: {[a for a, _ in alts]!r}")
-    s = s.replace(*hits[0])
-
-
 # the scorer: its waits for a tile (sum), first and last tile, first P, loop end
 rep("                if constexpr (kPair) mbar_wait_sleep_cluster(full(b), (u >> 1) & 1);  // the peer's half too\n"
     "                else mbar_wait_sleep(full(b), (u >> 1) & 1);\n",
@@ -52,9 +42,9 @@ rep("                if constexpr (kPair) mbar_wait_sleep_cluster(full(b), (u >>
     "                if (t == 0 && i == 0) DCP_TL(3);\n"
     "                if (t == 0 && i == n - 1) DCP_TL(12);\n")
 loop_end = "                if (t == 0 && i == 0) DCP_TL(4);\n            }\n            if (t == 0) DCP_TL(6);\n"
-rep_either(*[(a, a.replace("            }\n", loop_end))
-             for a in ("                mbar_arrive(p_full(b));\n            }\n",
-                       "                mbar_arrive(p_full(b, 1));\n            }\n")])
+# (the end of the scorer's tile: trio's single hand-over and trio_split's two share this brace)
+end = "                    mbar_arrive(p_full(b));\n                }\n            }\n"
+rep(end, end[: -len("            }\n")] + loop_end)
 # quad's producer: Q issued, first fill arrived, loop end
 rep("            if (n > 0) load_q(p, sQ, seq_row0, row_base, row_limit, t, 128);\n",
     "            if (n > 0) load_q(p, sQ, seq_row0, row_base, row_limit, t, 128);\n            if (t == 0) DCP_TL(1);\n")
@@ -66,9 +56,8 @@ rep("            uses += n;\n            __syncthreads();                // the 
 stamps = ("                if (kRole == 1 && t == 0) DCP_ACC(13, DCP_NOW() - tl_p0);\n"
           "                if (kRole == 1 && t == 0 && i == 0) DCP_TL(10);\n"
           "                if (kRole == 1 && t == 0 && i == n - 1) DCP_TL(11);\n")
-rep_either(*[(a, "                const unsigned long long tl_p0 = DCP_NOW();\n" + a + stamps)
-             for a in ("                mbar_wait_sleep(p_full(b), (u >> 1) & 1);  // P(u) and its factors are written\n",
-                       "                mbar_wait_sleep(p_full(b, 0), (u >> 1) & 1);  // P(u)'s first half and its factors are written\n")])
+wait_p = "                mbar_wait_sleep(p_full(b, 0), (u >> 1) & 1);  // P(u) (trio_split: its first half) and its factors are written\n"
+rep(wait_p, "                const unsigned long long tl_p0 = DCP_NOW();\n" + wait_p + stamps)
 rep("                if constexpr (kPair) mbar_wait_cluster(full(b), (u >> 1) & 1);\n"
     "                else mbar_wait(full(b), (u >> 1) & 1);\n",
     "                const unsigned long long tl_f0 = DCP_NOW();\n"

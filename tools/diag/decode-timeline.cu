@@ -13,7 +13,8 @@
 //   nvcc -O3 -std=c++17 --expt-relaxed-constexpr -gencode arch=compute_90a,code=sm_90a -I /tmp/kst \
 //        -DSCHED=Pair -o /tmp/tl tools/diag/decode-timeline.cu
 //   /tmp/tl q K [timeline.txt] [heads]      (pair: heads 65..128; quad and trio: up to 64)
-//   dense: -DDENSE (trio), then /tmp/tl q s_k [timeline.txt] [heads]   (heads: any, e.g. 16, 64, 128)
+//   dense: -DDENSE (trio; -DSCHED=TrioSplit for trio_split), then /tmp/tl q s_k [timeline.txt] [heads]
+//   (heads: any, e.g. 16, 64, 128)
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cstring>
@@ -23,8 +24,9 @@
 using namespace dcp;
 
 #ifdef DENSE
-#undef SCHED
-#define SCHED Trio
+#ifndef SCHED
+#define SCHED Trio  // or -DSCHED=TrioSplit: P handed over in two halves
+#endif
 constexpr DecodeKv KV = DecodeKv::DenseBf16;
 #else
 #ifndef SCHED

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 # Emulates the Hopper scorer's online softmax in fp32, exact (every tile against its new row max)
-# and lazy (wip/lazy-max.patch: a clean tile takes p against the running max unless some row of
+# and lazy (trio_split's scorer, decode/sm90_trio.cuh: a clean tile takes p against the running max unless some row of
 # the warp's 16 passes it by more than 8 in log2 units, then the tile is redone exactly), with P
 # rounded to bf16 once and O, l in fp32, against an fp64 softmax; applies docs/contract.md §9's
 # criteria (|out - ref| <= 2^-6·A_c elementwise, relative L2 <= 3e-3, lse within 1e-5 + 2e-6|ref|).
