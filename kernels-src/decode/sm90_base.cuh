@@ -36,23 +36,20 @@ constexpr int kChunks = kDimQk / 8;   // 72 16-byte chunks per row
 // Dynamic shared memory (kernels.toml `dynamic_shared` evaluates it for the registry). The extra
 // 1024 bytes let the kernel align its buffers to the 1024-byte swizzle period; a token's validity
 // flag has a slot per ring buffer.
-// Trio and quad (P itself goes to the tile's rope block): a slot of the rows' rescale factors per
-// buffer, their final (l, m), and the full/empty mbarriers of the two buffers and of P's
-// hand-over; trio_split: and a second P hand-over per buffer (P goes over in two halves of
-// tokens); pair: four mbarriers more than trio (the peer's P·V warpgroups done with a buffer, a
-// barrier per half and buffer).
-template <int Tile, Sm90Schedule Sched>
-constexpr int roles_extra_bytes() {
-    return Sched == Sm90Schedule::Trio || Sched == Sm90Schedule::Quad ? 2 * kRows * 4 + kRows * 8 + 6 * 8
-           : Sched == Sm90Schedule::TrioSplit ? 2 * kRows * 4 + kRows * 8 + 8 * 8
-           : Sched == Sm90Schedule::Pair ? 2 * kRows * 4 + kRows * 8 + 10 * 8
-                                         : 0;
+// Beside Q and the tiles (P itself goes to the tile's rope block): a slot of the rows' rescale
+// factors per buffer, their final (l, m), and the mbarriers: full and empty per buffer and P's
+// hand-over per buffer (6); trio_split: a second P hand-over per buffer (P goes over in two halves
+// of tokens); pair: four more (the peer's P·V warpgroups done with a buffer, per half and buffer).
+template <Sm90Schedule Sched>
+constexpr int sync_extra_bytes() {
+    constexpr int bars = 6 + (Sched == Sm90Schedule::TrioSplit ? 2 : 0) + (Sched == Sm90Schedule::Pair ? 4 : 0);
+    return 2 * kRows * 4 + kRows * 8 + bars * 8;
 }
 
 template <DecodeKv Kv, int Tile, int Stages, Sm90Schedule Sched>
 constexpr int shared_bytes() {
     return 1024 + kRows * kDimQk * 2 + Stages * Tile * kDimQk * 2 + Stages * Tile * 4 +
-           roles_extra_bytes<Tile, Sched>();
+           sync_extra_bytes<Sched>();
 }
 
 // Byte offset of 16-byte chunk c (0..71) of row r in a [rows × 576] bf16 buffer of 9 blocks.
@@ -112,7 +109,7 @@ __device__ __forceinline__ void issue_pv_half(float (&o)[128], uint32_t tile_add
 // issue_pv_half as two m64n128k16 a k-step (columns 0..127, then 128..255 of the half: o[0..63]
 // and o[64..127]). The quad schedule's 512 threads compile under a 128-register cap, and ptxas
 // checks each instruction against that cap: m64n256's 128 accumulators need 154.
-template <int Tile, int K0 = 0, int K1 = Tile / 16>
+template <int Tile>
 __device__ __forceinline__ void issue_pv_half_n128(float (&o)[128], uint32_t tile_addr, int half) {
     const uint32_t p_addr = tile_addr + (kBlocks - 1) * (Tile * 128);
     float (&lo)[64] = *reinterpret_cast<float (*)[64]>(&o[0]);
@@ -120,7 +117,7 @@ __device__ __forceinline__ void issue_pv_half_n128(float (&o)[128], uint32_t til
     fence_regs(o);
     wgmma_fence();
 #pragma unroll
-    for (int kk = K0; kk < K1; ++kk) {
+    for (int kk = 0; kk < Tile / 16; ++kk) {
         const uint32_t v = tile_addr + 4 * half * (Tile * 128) + kk * 16 * 128;
         wgmma_ss_n128(lo, p_desc(p_addr, kk), make_desc(v, Tile * 128, 1024));
         wgmma_ss_n128(hi, p_desc(p_addr, kk), make_desc(v + 2 * (Tile * 128), Tile * 128, 1024));
