@@ -288,9 +288,10 @@ fn kv_axis(format: KvFormat, sparse: bool) -> axes::Kv {
 /// `dev`; `Error::Unsupported` when `path` cannot run here (wgmma asked for on a device that is
 /// not compute capability 9.0, or a variant not built for this kind of launch). `Auto` is the
 /// wgmma variant that `DCP_MLA_DECODE_PATH` names when it is built for this kind, else this
-/// kind's default (the first of [`sm90_variants`]) on compute capability 9.0, else mma.sync;
+/// kind's default (the first of [`sm90_variants`], as [`auto_schedule`] adjusts it for sequences
+/// of `row_blocks` row blocks) on compute capability 9.0, else mma.sync;
 /// `DCP_MLA_DECODE_PATH=mma` forces mma.sync, and a value naming no kernel is an error.
-fn decode_kernel(dev: &Device, format: KvFormat, sparse: bool, path: DecodePath) -> Result<Kernel> {
+fn decode_kernel(dev: &Device, format: KvFormat, sparse: bool, path: DecodePath, row_blocks: usize) -> Result<Kernel> {
     let kv = kv_axis(format, sparse);
     let mma = || {
         mma_kernel(kv).map(|(id, tile)| Kernel {
@@ -316,7 +317,7 @@ fn decode_kernel(dev: &Device, format: KvFormat, sparse: bool, path: DecodePath)
     };
     let default = || {
         let (tile, stages, schedule) = *sm90_variants(format, sparse).first()?;
-        wgmma(tile, stages, schedule)
+        wgmma(tile, stages, auto_schedule(schedule, row_blocks))
     };
     let kernel = match path {
         DecodePath::Mma => mma(),
@@ -342,10 +343,8 @@ pub fn mla_decode_dense(dev: &Device, stream: Stream, a: &DenseDecode) -> Result
 /// [`mla_decode_dense`] on a chosen kernel; `Error::Unsupported` when it cannot run on `dev`.
 pub fn mla_decode_dense_on(dev: &Device, stream: Stream, a: &DenseDecode, path: DecodePath) -> Result<()> {
     let mut params = dense_params(a)?;
-    let mut kernel = decode_kernel(dev, KvFormat::Bf16, false, path)?;
-    if let Some(k) = split_p_kernel(dev, KvFormat::Bf16, false, path, a.common.nq, a.common.heads)? {
-        kernel = k;
-    }
+    let row_blocks = row_blocks_per_seq(a.common.nq, a.common.heads, false);
+    let kernel = decode_kernel(dev, KvFormat::Bf16, false, path, row_blocks)?;
     if kernel.takes_tensor_map && tma_enabled() && dense_tma_fits(a.num_pages, a.block_size) {
         // [num_pages·B rows, 576] bf16; a box is one 128-byte column block of a tile's tokens, or
         // of one page's B tokens when B is smaller (a tile then spans whole pages); the kernel
@@ -415,10 +414,8 @@ pub fn mla_decode_sparse(dev: &Device, stream: Stream, a: &SparseDecode) -> Resu
 /// [`mla_decode_sparse`] on a chosen kernel; `Error::Unsupported` when it cannot run on `dev`.
 pub fn mla_decode_sparse_on(dev: &Device, stream: Stream, a: &SparseDecode, path: DecodePath) -> Result<()> {
     let mut params = sparse_params(a)?;
-    let mut kernel = decode_kernel(dev, a.format, true, path)?;
-    if let Some(k) = split_p_kernel(dev, a.format, true, path, a.common.nq, a.common.heads)? {
-        kernel = k;
-    }
+    let row_blocks = row_blocks_per_seq(a.common.nq, a.common.heads, true);
+    let mut kernel = decode_kernel(dev, a.format, true, path, row_blocks)?;
     let wgmma = |schedule| DecodePath::Wgmma { tile: 64, stages: 2, schedule };
     match pair_choice(kernel.cluster == 2, a.common.nq, a.common.heads, path, env_path()?) {
         PairChoice::Keep => {}
@@ -426,11 +423,11 @@ pub fn mla_decode_sparse_on(dev: &Device, stream: Stream, a: &SparseDecode, path
             let &(tile, stages, schedule) = sm90_variants(a.format, true)
                 .first()
                 .ok_or_else(|| Error::Unsupported(format!("mla_decode sparse {:?}: no wgmma variant", a.format)))?;
-            kernel = decode_kernel(dev, a.format, true, DecodePath::Wgmma { tile, stages, schedule })?
+            kernel = decode_kernel(dev, a.format, true, DecodePath::Wgmma { tile, stages, schedule }, row_blocks)?
         }
         // where it is built (sparse FP8 on sm_90a); else the kernel Auto chose
         PairChoice::PairIfBuilt => {
-            if let Ok(k) = decode_kernel(dev, a.format, true, wgmma(Sm90Schedule::Pair)) {
+            if let Ok(k) = decode_kernel(dev, a.format, true, wgmma(Sm90Schedule::Pair), row_blocks) {
                 kernel = k;
             }
         }
@@ -438,39 +435,17 @@ pub fn mla_decode_sparse_on(dev: &Device, stream: Stream, a: &SparseDecode, path
     launch(dev, stream, &kernel, &a.common, &mut params, true)
 }
 
-/// The trio_split kernel where [`DecodePath::Auto`] (with no `DCP_MLA_DECODE_PATH`) chose trio
-/// and a sequence has two or more row blocks: there the scorer's chain bounds the tile and
-/// handing P over in halves overlaps it with P·V (H200: −7 to −8%); a sequence of one block is
-/// bound by its KV stream, where the second hand-over costs 1-3%, so trio stays. `None`: keep the
-/// kernel chosen.
-fn split_p_kernel(
-    dev: &Device,
-    format: KvFormat,
-    sparse: bool,
-    path: DecodePath,
-    nq: usize,
-    heads: usize,
-) -> Result<Option<Kernel>> {
-    let default = sm90_variants(format, sparse).first().map(|&(_, _, schedule)| schedule);
-    if !takes_split_p(path, env_path()?, default, nq, heads, sparse) {
-        return Ok(None);
+/// The schedule [`DecodePath::Auto`] runs for a kind whose default is `default`, on sequences of
+/// `row_blocks` blocks of 64 rows: trio_split in place of trio from two blocks on, where the
+/// scorer's chain bounds the tile and handing P over in halves overlaps it with P·V (H200: −7 to
+/// −8%); a sequence of one block is bound by its KV stream, where the second hand-over costs
+/// 1-3%, so trio stays.
+fn auto_schedule(default: Sm90Schedule, row_blocks: usize) -> Sm90Schedule {
+    if default == Sm90Schedule::Trio && row_blocks >= 2 {
+        Sm90Schedule::TrioSplit
+    } else {
+        default
     }
-    Ok(decode_kernel(dev, format, sparse, DecodePath::Wgmma { tile: 64, stages: 2, schedule: Sm90Schedule::TrioSplit })
-        .ok())
-}
-
-fn takes_split_p(
-    path: DecodePath,
-    env: Option<DecodePath>,
-    default: Option<Sm90Schedule>,
-    nq: usize,
-    heads: usize,
-    sparse: bool,
-) -> bool {
-    path == DecodePath::Auto
-        && env.is_none()
-        && default == Some(Sm90Schedule::Trio)
-        && row_blocks_per_seq(nq, heads, sparse) >= 2
 }
 
 /// What a sparse launch does about the pair schedule, given whether the kernel chosen so far is
@@ -880,21 +855,20 @@ mod tests {
 
     #[test]
     fn trio_split_runs_where_a_sequence_has_two_or_more_row_blocks() {
-        let trio = Some(Sm90Schedule::Trio);
+        let blocks = |nq, h, sparse| row_blocks_per_seq(nq, h, sparse);
         // dense: a request's rows are nq·H; sparse: a query row's H
-        assert!(takes_split_p(DecodePath::Auto, None, trio, 1, 128, false));
-        assert!(takes_split_p(DecodePath::Auto, None, trio, 2, 64, false));
-        assert!(takes_split_p(DecodePath::Auto, None, trio, 6, 64, false));
-        assert!(!takes_split_p(DecodePath::Auto, None, trio, 1, 64, false), "one block: trio");
-        assert!(!takes_split_p(DecodePath::Auto, None, trio, 1, 16, false));
-        assert!(!takes_split_p(DecodePath::Auto, None, trio, 2, 64, true), "sparse: one block a query row");
-        assert!(takes_split_p(DecodePath::Auto, None, trio, 2, 128, true));
-        // a named kernel or an override is kept; FP8 (default quad) never takes it
-        let named = DecodePath::Wgmma { tile: 64, stages: 2, schedule: Sm90Schedule::Trio };
-        assert!(!takes_split_p(named, None, trio, 2, 64, false));
-        assert!(!takes_split_p(DecodePath::Auto, Some(named), trio, 2, 64, false));
-        assert!(!takes_split_p(DecodePath::Mma, None, trio, 2, 64, false));
-        assert!(!takes_split_p(DecodePath::Auto, None, Some(Sm90Schedule::Quad), 2, 128, true));
+        for (nq, h, sparse) in [(1, 128, false), (2, 64, false), (6, 64, false), (2, 128, true)] {
+            assert_eq!(auto_schedule(Sm90Schedule::Trio, blocks(nq, h, sparse)), Sm90Schedule::TrioSplit);
+        }
+        for (nq, h, sparse) in [(1, 64, false), (1, 16, false), (2, 64, true)] {
+            assert_eq!(auto_schedule(Sm90Schedule::Trio, blocks(nq, h, sparse)), Sm90Schedule::Trio, "one block");
+        }
+        // FP8's default (quad) is kept whatever the shape
+        assert_eq!(auto_schedule(Sm90Schedule::Quad, 2), Sm90Schedule::Quad);
+        // and both BF16 kinds ship it
+        for sparse in [false, true] {
+            assert!(sm90_variants(KvFormat::Bf16, sparse).contains(&(64, 2, Sm90Schedule::TrioSplit)));
+        }
     }
 
     #[test]
