@@ -122,6 +122,9 @@ impl<'a> Timer<'a> {
     }
 }
 
+/// The family of the rows [`measure_us`] times as a CUDA graph of layers ([`graph_layer_us`]).
+pub const DECODE_GRAPH_FAMILY: &str = "mla_decode_graph";
+
 /// Layers a `mla_decode_graph` row captures in one CUDA graph, each with its own KV cache (as a
 /// model's layers have), replayed back to back with no L2 eviction: how an engine runs decode.
 pub const GRAPH_LAYERS: usize = 4;
@@ -155,6 +158,17 @@ pub fn graph_layer_us(dev: &Device, row: &BenchRow) -> Result<f64> {
         v.push(event_ms(&s, 1, &mut || drv("cuGraphLaunch", graph.launch()))?);
     }
     Ok(median(&mut v) * 1e3 / GRAPH_LAYERS as f64)
+}
+
+/// µs of one `row` as `dcp-mla bench` reports it: a [`DECODE_GRAPH_FAMILY`] row per layer of its
+/// graph ([`graph_layer_us`]), any other the median of `timer`'s flushed launches on its stream.
+pub fn measure_us(dev: &Device, timer: &mut Timer, row: &BenchRow) -> Result<f64> {
+    if row.family == DECODE_GRAPH_FAMILY {
+        return graph_layer_us(dev, row);
+    }
+    let s = timer.stream().clone();
+    let mut launch = prepare(dev, &s, row)?;
+    Ok(timer.median_ms(&mut launch)? * 1e3)
 }
 
 /// Criterion's `iter_custom` body: `iters` back-to-back calls between two events.
@@ -480,11 +494,11 @@ pub fn rows() -> Vec<BenchRow> {
     // how engines run decode: GRAPH_LAYERS layers in one CUDA graph, back to back, no L2
     // eviction (graph_layer_us); beside FlashMLA's rows of the same shapes, no target of their own
     for (q, h, sk) in [(1, 64, 8192), (1, 128, 8192), (2, 64, 8192), (6, 64, 8192), (1, 64, 32768)] {
-        v.push(BenchRow::new("mla_decode_graph", Case::Dense { b: 128, q, h, sk }, Target::None));
+        v.push(BenchRow::new(DECODE_GRAPH_FAMILY, Case::Dense { b: 128, q, h, sk }, Target::None));
     }
     for (q, h) in [(1, 64), (2, 64), (2, 128)] {
         let case = Case::Sparse { format: Fp8_656, b: 128, q, h, k: 2048 };
-        v.push(BenchRow::new("mla_decode_graph", case, Target::None));
+        v.push(BenchRow::new(DECODE_GRAPH_FAMILY, case, Target::None));
     }
     // vLLM's Triton two-way merge (bf16 in, bf16 out; docs/performance.md): at T ≤ 768 in 0.8 of
     // its time, at T = 4096 at 90% of copy; the fp32-in variant (docs/contract.md §5's intermediates) at 90%

@@ -1,7 +1,7 @@
 //! `dcp-mla bench`: every row of `dcp_mla::bench::rows` on the GPU, with the same run's copy
 //! ceiling, each row's ratio to its docs/performance.md target, and JSON / CSV outputs.
 
-use dcp_mla::bench::{graph_layer_us, prepare, rows, step_summary, BenchRow, Measurement, Timer};
+use dcp_mla::bench::{measure_us, rows, step_summary, BenchRow, Measurement, Timer};
 use dcp_mla::runtime::Device;
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
@@ -71,11 +71,7 @@ pub fn run(a: &BenchArgs) -> i32 {
         } else {
             eprintln!("[{:>2}/{n}] {}", i + 1, row.name());
         }
-        let measured = if row.family == "mla_decode_graph" {
-            graph_layer_us(&dev, &row)
-        } else {
-            prepare(&dev, &s, &row).and_then(|mut launch| Ok(timer.median_ms(&mut launch)? * 1e3))
-        };
+        let measured = measure_us(&dev, &mut timer, &row);
         match measured {
             Ok(us) => {
                 let (bytes, flops) = row.work();
