@@ -138,21 +138,16 @@ pub(crate) fn check_len<T>(arg: &'static str, buf: &DeviceSlice<T>, need: usize)
     Ok(())
 }
 
-/// The entries a block table of `batch` rows of `stride` entries must hold when the first
-/// `max_pages` of each row are read (`max_pages` within the stride).
-pub(crate) fn block_table_need(batch: usize, stride: usize, max_pages: usize) -> Result<usize> {
-    ensure_arg!(max_pages <= stride, "max_pages", "{max_pages} exceeds the block-table stride {stride}");
-    extent("block_table_stride", batch, stride, max_pages)
-}
-
-/// [`block_table_need`], and `block_table` holding that many entries.
+/// A block table of `batch` rows of `stride` entries whose first `max_pages` are read:
+/// `max_pages` within the stride, and `block_table` holding every entry read.
 pub(crate) fn check_block_table(
     block_table: &DeviceSlice<i32>,
     batch: usize,
     stride: usize,
     max_pages: usize,
 ) -> Result<()> {
-    let need = block_table_need(batch, stride, max_pages)?;
+    ensure_arg!(max_pages <= stride, "max_pages", "{max_pages} exceeds the block-table stride {stride}");
+    let need = extent("block_table_stride", batch, stride, max_pages)?;
     ensure_arg!(
         block_table.len() >= need,
         "block_table",

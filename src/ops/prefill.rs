@@ -6,7 +6,7 @@
 //! so a captured CUDA graph replays correctly when the plan of the next chunk differs: the
 //! caller uploads the new table into the same buffer.
 
-use super::{block_table_need, check_cache_bytes, check_layout, check_len, to_i32};
+use super::{check_block_table, check_cache_bytes, check_layout, check_len, to_i32};
 use crate::abi::{DcpPrefillFlattenParams, DcpPrefillReorderParams};
 use crate::error::{Error, Result};
 use crate::formats::{KvFormat, D_QK};
@@ -80,7 +80,7 @@ fn flatten_params(a: &Flatten) -> Result<DcpPrefillFlattenParams> {
     check_layout(a.dcp, a.rank)?;
     ensure_arg!(a.block_size >= 1, "block_size", "must be at least 1");
     check_cache_bytes(&a.cache, a.num_pages, a.block_size, a.format)?;
-    check_len("block_table", &a.block_table, block_table_need(a.batch, a.block_table_stride, a.max_pages)?)?;
+    check_block_table(&a.block_table, a.batch, a.block_table_stride, a.max_pages)?;
     check_len("pieces", &a.pieces, super::product("max_pieces", &[a.max_pieces, PIECE_FIELDS])?)?;
     check_rows_out("out", &a.out, a.cap_rows)?;
     Ok(DcpPrefillFlattenParams {
