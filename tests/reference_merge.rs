@@ -98,7 +98,7 @@ proptest! {
     }
 
     /// Every combine shape with sinks equals the plain merge with sinks, bit for bit (bf16-exact
-    /// partials, so a2a sees the same values); with no sink each equals the plain function.
+    /// partials, so a2a sees the same values).
     #[test]
     fn shapes_with_sinks_equal_the_merge_with_sinks(
         dh in (1usize..=8, 1usize..=2, 1usize..=3),
@@ -114,8 +114,7 @@ proptest! {
         let out: Vec<f32> = (0..d * t * h * D_V).map(|i| bf16::from_f32(seed_out[(i * 7 + i / 64) % 64]).to_f32()).collect();
         let lse = lse[..d * t * h].to_vec();
         let (m_out, m_lse) = merge_with_sink(&out, &lse, d, t * h, base, Some(sink));
-        let (p_out, p_lse) = merge(&out, &lse, d, t * h, base);
-        prop_assert_eq!(bits(&merge_with_sink(&out, &lse, d, t * h, base, None).0), bits(&p_out));
+        let (_, p_lse) = merge(&out, &lse, d, t * h, base);
         prop_assert_eq!(bits(&m_lse), bits(&p_lse), "the sink leaves the merged lse alone");
         let contribs: Vec<Vec<f32>> = (0..d).map(|r| ag_rs_contribution(r, &out[r * t * h * D_V..][..t * h * D_V], &lse, d, t, h, base)).collect();
         let slot = a2a_slot_bytes(t, h_l);
@@ -124,11 +123,8 @@ proptest! {
             let mine = &sink[rank * h_l..(rank + 1) * h_l];
             let summed = reduce_scatter(&contribs, rank, h_l, t);
             let (o, l) = ag_rs_finish_with_sink(&summed, &lse, d, t, h_l, base, rank * h_l, Some(mine));
-            let (o0, _) = ag_rs_finish_with_sink(&summed, &lse, d, t, h_l, base, rank * h_l, None);
-            prop_assert_eq!(bits(&o0), bits(&ag_rs_finish(&summed, &lse, d, t, h_l, base, rank * h_l).0));
             let recv: Vec<u8> = packed.iter().flat_map(|p| p[rank * slot..(rank + 1) * slot].to_vec()).collect();
             let (ao, al) = a2a_combine_with_sink(&recv, d, t, h_l, base, Some(mine));
-            prop_assert_eq!(bits(&a2a_combine_with_sink(&recv, d, t, h_l, base, None).0), bits(&a2a_combine(&recv, d, t, h_l, base).0));
             for ti in 0..t {
                 for hl in 0..h_l {
                     let (row, r) = (ti * h + rank * h_l + hl, ti * h_l + hl);
@@ -146,8 +142,6 @@ proptest! {
             let (o2, l2) = merge_two_with_sink(&out[..n * D_V], &lse[..n], base, &out[n * D_V..], &lse[n..], base, Some(sink));
             prop_assert_eq!(bits(&o2), bits(&m_out));
             prop_assert_eq!(bits(&l2), bits(&m_lse));
-            let (o0, _) = merge_two_with_sink(&out[..n * D_V], &lse[..n], base, &out[n * D_V..], &lse[n..], base, None);
-            prop_assert_eq!(bits(&o0), bits(&merge_two(&out[..n * D_V], &lse[..n], base, &out[n * D_V..], &lse[n..], base).0));
         }
     }
 

@@ -215,26 +215,6 @@ pub fn sink_factor<T: Real>(lse: T, sink: T) -> T {
     }
 }
 
-/// Scales rows [rows, 512] (laid out [.., H], head = row mod H) by [`sink_factor`] of their lse and
-/// their head's sink; an empty row is set to 0 (a garbage value there never leaks).
-fn scale_by_sink<T: Real>(rows: &mut [T], lse: &[T], sink: &[f32]) {
-    let h = sink.len();
-    assert_eq!(rows.len(), lse.len() * D_V, "rows are [n, 512] beside lse [n]");
-    if lse.is_empty() {
-        return;
-    }
-    assert!(h > 0, "one sink per head: at least one head");
-    assert_eq!(lse.len() % h, 0, "rows are [.., H] with H = sink.len()");
-    for (row, (o, &l)) in rows.chunks_exact_mut(D_V).zip(lse).enumerate() {
-        let f = sink_factor(l, T::from_f32(sink[row % h]));
-        if l == T::NEG_INFINITY || l == T::INFINITY {
-            o.fill(T::ZERO);
-        } else {
-            o.iter_mut().for_each(|x| *x = *x * f);
-        }
-    }
-}
-
 /// Applies per-head attention sinks to an attention result in place (docs/contract.md §4,
 /// FlashMLA's `attn_sink`): each row of `out` [n, 512], rows laid out [.., H] (head = row mod H),
 /// is multiplied by [`sink_factor`]`(lse[row], sink[head])`; `lse` [n] (natural log) describes the
@@ -246,15 +226,30 @@ fn scale_by_sink<T: Real>(rows: &mut [T], lse: &[T], sink: &[f32]) {
 /// makes every element NaN. Under DCP the sink belongs after the merge, never on a rank's partial:
 /// applied per rank it would enter the global softmax D times.
 pub fn apply_sink<T: Real>(out: &mut [T], lse: &[T], sink: &[f32]) {
-    scale_by_sink(out, lse, sink);
+    let h = sink.len();
+    assert_eq!(out.len(), lse.len() * D_V, "out is [n, 512] beside lse [n]");
+    if lse.is_empty() {
+        return;
+    }
+    assert!(h > 0, "one sink per head: at least one head");
+    assert_eq!(lse.len() % h, 0, "rows are [.., H] with H = sink.len()");
+    for (row, (o, &l)) in out.chunks_exact_mut(D_V).zip(lse).enumerate() {
+        let f = sink_factor(l, T::from_f32(sink[row % h]));
+        if l == T::NEG_INFINITY || l == T::INFINITY {
+            // an empty row is 0, not 0·out: a garbage value there never leaks
+            o.fill(T::ZERO);
+        } else {
+            o.iter_mut().for_each(|x| *x = *x * f);
+        }
+    }
 }
 
 /// [`apply_sink`] on an fp64 oracle: out and A (the softmax-weighted mean of |v|) are both scaled
 /// by the row's factor, since the sink is one more term of the softmax's denominator whose value
 /// is 0. docs/contract.md §9's bound 2^-6·A_c then scales with the output.
 pub fn apply_sink_oracle(oracle: &mut crate::reference::tolerance::AttentionOracle, sink: &[f32]) {
-    scale_by_sink(&mut oracle.out, &oracle.lse, sink);
-    scale_by_sink(&mut oracle.mean_abs_v, &oracle.lse, sink);
+    apply_sink(&mut oracle.out, &oracle.lse, sink);
+    apply_sink(&mut oracle.mean_abs_v, &oracle.lse, sink);
 }
 
 /// [`decode`] in f32: the kernels' precision.
