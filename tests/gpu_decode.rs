@@ -238,9 +238,9 @@ fn dense_paths() -> Vec<DecodePath> {
 }
 
 /// DCP_MLA_TEST_SCHEDULES=quad,trio: only those sm90 schedules (kernels.toml's spelling), so that
-/// a sanitizer run of one kernel fits a device call (a diagnostic narrowing, never set by
-/// scripts/gpu-run.sh). The paths kept are printed; a format left with none fails, never passes
-/// by running nothing.
+/// a sanitizer run fits a device call (`scripts/gpu-run.sh racecheck-decode` sets it, one
+/// schedule set a run; `tests` never does). The paths kept are printed; a format left with none
+/// fails, never passes by running nothing.
 fn narrowed(mut v: Vec<DecodePath>, what: &str) -> Vec<DecodePath> {
     if let Ok(only) = std::env::var("DCP_MLA_TEST_SCHEDULES") {
         let keep: Vec<&str> = only.split(',').map(str::trim).collect();
