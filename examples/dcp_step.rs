@@ -95,6 +95,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             num_splits: splits,
             workspace: DeviceSlice::of(&ws, &s),
             schedule: DecodeSchedule::Compute,
+            sink: None,
         };
         let decode = DenseDecode {
             common,
@@ -141,6 +142,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             num_tokens: t,
             local_heads: H_L,
             dcp_size: D,
+            sink: None,
         };
         a2a_combine(&dev, st, &combine)?;
         // rank dst's [T, H_L] rows are heads dst·H_L.. of the full [T, H]

@@ -66,6 +66,8 @@ typedef struct DcpMlaDecodeParams {
                              /* sequences, num_splits): written with it, checked by every decode launch */
     uint64_t ws_out;         /* num_splits > 1: fp32 [2·num_splits, rows per sequence, 512] */
     uint64_t ws_lse;         /* num_splits > 1: fp32 [2·num_splits, rows per sequence] */
+    uint64_t sink;           /* fp32 [heads] attention sinks (docs/contract.md §4), applied to the rows */
+                             /* written to out (a split row's in mla_decode_combine), or 0: none */
     int64_t block_table_stride;
     float scale_log2;        /* softmax scale σ · log2(e) */
     int32_t batch;
@@ -89,10 +91,13 @@ typedef struct DcpMlaDecodeCombineParams {
     uint64_t ws_lse;         /* fp32 [2·num_splits, rows_per_seq] */
     uint64_t out;            /* bf16 or fp32 [seqs, rows_per_seq, 512] */
     uint64_t lse;            /* fp32 [seqs, rows_per_seq] */
+    uint64_t sink;           /* fp32 [heads] attention sinks of the rows (head = row mod heads), or 0 */
     int32_t seqs;
-    int32_t rows_per_seq;
+    int32_t rows_per_seq;    /* a multiple of heads */
     int32_t num_splits;
     int32_t out_f32;
+    int32_t heads;
+    int32_t reserved;
 } DcpMlaDecodeCombineParams;
 
 /* DCP combine, ag_rs step 1 (docs/contract.md §5.1): this rank's head-major contribution
@@ -116,6 +121,7 @@ typedef struct DcpAgRsFinishParams {
     uint64_t lse_all;        /* f32 [D, T, D·H_l] */
     uint64_t out;            /* bf16 or f32 [T, H_l, 512]: written */
     uint64_t lse_out;        /* f32 [T, H_l]: written, natural log */
+    uint64_t sink;           /* f32 [H_l]: the attention sinks of this rank's heads, or 0 (docs/contract.md §5) */
     int32_t num_tokens;      /* T */
     int32_t local_heads;     /* H_l */
     int32_t dcp_size;        /* D, 1..8 */
@@ -141,6 +147,7 @@ typedef struct DcpA2aCombineParams {
     uint64_t recv;           /* bytes [D, slot_bytes]: slot r as source rank r packed it */
     uint64_t out;            /* bf16 or f32 [T, H_l, 512]: written */
     uint64_t lse_out;        /* f32 [T, H_l]: written, natural log */
+    uint64_t sink;           /* f32 [H_l]: the attention sinks of this rank's heads, or 0 */
     int64_t slot_bytes;      /* multiple of 16, at least T·H_l·1028 */
     int32_t num_tokens;      /* T */
     int32_t local_heads;     /* H_l */
@@ -156,9 +163,13 @@ typedef struct DcpMergeTwoParams {
     uint64_t lse_b;          /* f32 [rows] */
     uint64_t out;            /* bf16 or f32 [rows, 512]: written; may be exactly out_a or out_b when of their dtype */
     uint64_t lse_out;        /* f32 [rows]: written, natural log; may be exactly lse_a or lse_b */
+    uint64_t sink;           /* f32 [sink_heads] attention sinks applied to the result (head = row mod */
+                             /* sink_heads; the last merge of a chain only), or 0 */
     int64_t rows;            /* T · H */
     int32_t lse_a_base2;     /* 1: lse_a is base 2; 0: natural log (docs/contract.md §5.3: each input its own) */
     int32_t lse_b_base2;     /* the same for lse_b */
+    int32_t sink_heads;      /* H: rows are [T, H]; ≥ 1 when sink is set */
+    int32_t reserved;
 } DcpMergeTwoParams;
 
 /* Local top-k (docs/contract.md §6): per row, the K best of the first len[row] scores by (score desc,

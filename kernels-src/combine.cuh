@@ -264,6 +264,13 @@ __device__ __forceinline__ void combine_ag_rs_finish(const DcpAgRsFinishParams& 
         combine_zero_row(dst, lane);
         return;
     }
+    if (p.sink) {  // once, on the merged fp32 row before the cast (docs/contract.md §5)
+        const float f = row_sink_factor(p.sink, hl, merged);
+#pragma unroll
+        for (int g = 0; g < kCombinePerLane / E; ++g)
+#pragma unroll
+            for (int i = 0; i < E; ++i) v[g][i] *= f;
+    }
 #pragma unroll
     for (int g = 0; g < kCombinePerLane / E; ++g) combine_store<E>(dst + combine_offset<E>(g, lane), v[g]);
 }
@@ -352,6 +359,13 @@ __device__ __forceinline__ void combine_a2a_combine(const DcpA2aCombineParams& p
             for (int i = 0; i < E; ++i) acc[g][i] += coef[r] * v[i];
         }
     }
+    if (p.sink) {  // once, on the merged fp32 row (an empty row's acc is 0, and stays 0)
+        const float f = row_sink_factor(p.sink, (uint32_t)row % (uint32_t)p.local_heads, merged);  // rows < 2^32 (launcher)
+#pragma unroll
+        for (int g = 0; g < G; ++g)
+#pragma unroll
+            for (int i = 0; i < E; ++i) acc[g][i] *= f;
+    }
     T* dst = (T*)p.out + row * kCombineRow;
 #pragma unroll
     for (int g = 0; g < G; ++g) combine_store<E>(dst + combine_offset<E>(g, lane), acc[g]);
@@ -388,6 +402,8 @@ __device__ __forceinline__ void combine_merge_two(const DcpMergeTwoParams& p) {
     // Every lane has read its share of the row (and lse) before any lane of the warp writes.
     __syncwarp();
     if (lane == 0) ((float*)p.lse_out)[row] = merged;
+    // the sink's factor (1 without one) multiplies the merged fp32 value, as the reference applies it
+    const float f = p.sink ? row_sink_factor(p.sink, (uint32_t)row % (uint32_t)p.sink_heads, merged) : 1.0f;  // rows < 2^32
     T* dst = (T*)p.out + row * kCombineRow;
 #pragma unroll
     for (int g = 0; g < G; ++g) {
@@ -397,6 +413,7 @@ __device__ __forceinline__ void combine_merge_two(const DcpMergeTwoParams& p) {
             acc[i] = 0.0f;
             if (coef[0] != 0.0f) acc[i] += coef[0] * va[g][i];
             if (coef[1] != 0.0f) acc[i] += coef[1] * vb[g][i];
+            if (p.sink) acc[i] *= f;
         }
         combine_store<E>(dst + combine_offset<E>(g, lane), acc);
     }

@@ -41,6 +41,26 @@ __device__ __forceinline__ uint8_t fp8_e4m3_encode(float x) {
 // NaN stays NaN: a NaN reached that shard's inputs, and the merged row must be NaN (docs/contract.md §5, §9).
 __device__ __forceinline__ float merge_lse(float l) { return l == INFINITY ? -INFINITY : l; }
 
+// The attention sink's factor on a row (docs/contract.md §4): e^lse / (e^lse + e^sink) for the row's
+// natural-log lse, in the form of the reference's sink_factor (src/reference/attention.rs), whose
+// exponent is never positive: the denominator lies in [1, 2], where the fast division is within
+// 2 ulp (the IEEE one's slow-path call gave the a2a combine a stack frame). An empty row (lse ±inf)
+// gets 0 whatever the sink; a NaN lse, or a NaN sink on a row that reads tokens, gives NaN; a sink
+// of −inf gives exactly 1 and +inf exactly 0.
+__device__ __forceinline__ float sink_factor(float lse, float sink) {
+    if (isnan(lse)) return __int_as_float(0x7fffffff);
+    if (isinf(lse)) return 0.0f;
+    if (isnan(sink)) return __int_as_float(0x7fffffff);
+    if (lse > sink) return __fdividef(1.0f, 1.0f + expf(sink - lse));
+    const float a = expf(lse - sink);
+    return __fdividef(a, a + 1.0f);
+}
+
+// The factor of a row of head `head` when `sinks` (fp32 [heads], a device pointer) is set, else 1.
+__device__ __forceinline__ float row_sink_factor(uint64_t sinks, int64_t head, float lse) {
+    return sinks ? sink_factor(lse, ((const float*)sinks)[head]) : 1.0f;
+}
+
 // Programmatic dependent launch (sm_90+): a kernel launched as a dependent of the previous one
 // in its stream (Device::launch_dependent) is set up while that one runs and must wait before
 // reading what it writes. A no-op on sm_80 and without a dependent launch.

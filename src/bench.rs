@@ -687,6 +687,7 @@ impl DecodeBufs {
             num_splits: self.splits,
             workspace: sl(s, &self.ws),
             schedule: DecodeSchedule::Compute,
+            sink: None,
         }
     }
 }
@@ -820,6 +821,7 @@ pub fn prepare<'a>(dev: &'a Device, s: &Arc<CudaStream>, row: &BenchRow) -> Resu
                 out: CombineRows::Bf16(sl(s, &out)),
                 lse: sl(s, &lse),
                 rows,
+                sink: None,
             };
             let keep = (out_a, out_b, lse_a, lse_b, out, lse);
             Box::new(move || {
@@ -873,6 +875,7 @@ pub fn prepare<'a>(dev: &'a Device, s: &Arc<CudaStream>, row: &BenchRow) -> Resu
                 num_tokens: t,
                 local_heads: h_l,
                 dcp_size: d,
+                sink: None,
             };
             let keep = (recv, out, lse);
             Box::new(move || {

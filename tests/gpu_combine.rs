@@ -27,6 +27,7 @@ use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaSlice, CudaStream};
 use dcp_mla::formats::D_V;
 use dcp_mla::ops::combine::*;
+use dcp_mla::reference::attention::sink_factor;
 use dcp_mla::reference::merge::{
     a2a_combine as ref_a2a_combine, a2a_pack as ref_a2a_pack, a2a_slot_bytes, ag_rs_contribution,
     ag_rs_finish as ref_ag_rs_finish, merge_f64, merge_two as ref_merge_two, reduce_scatter, to_bf16,
@@ -377,6 +378,7 @@ fn run_ag_rs(c: &AgRsCase, rng: &mut Rng) {
             local_heads: h_l,
             dcp_size: d,
             rank,
+            sink: None,
         };
         ag_rs_finish(dev, raw(&s), &args).expect("ag_rs_finish");
         let (ref_out, ref_lse) = ref_ag_rs_finish(&summed, &p.lse, d, t, h_l, c.base, rank * h_l);
@@ -499,6 +501,7 @@ fn run_a2a(c: &A2aCase, rng: &mut Rng) {
             num_tokens: t,
             local_heads: h_l,
             dcp_size: d,
+            sink: None,
         };
         a2a_combine(dev, raw(&s), &args).expect("a2a_combine");
         let (ref_out, ref_lse) = ref_a2a_combine(&ref_recv, d, t, h_l, c.base);
@@ -582,6 +585,7 @@ fn run_merge_two(
         out: if in_place { d_out_a.view(&s) } else { d_out.view(&s) },
         lse: if in_place { view(&s, &d_lse_b) } else { view(&s, &d_lse) },
         rows,
+        sink: None,
     };
     merge_two(dev, raw(&s), &args).expect("merge_two");
     let (got_lse, got_out) = if in_place { (download(&s, &d_lse_b), d_out_a) } else { (download(&s, &d_lse), d_out) };
@@ -623,6 +627,132 @@ fn merge_two_matches_reference() {
     }
 }
 
+/// Sinks of `h` heads: finite values around the rows' lse, −inf (no effect), +inf (out 0), NaN.
+fn sinks(rng: &mut Rng, h: usize) -> Vec<f32> {
+    (0..h)
+        .map(|i| match i % 8 {
+            0 => f32::NEG_INFINITY,
+            3 => f32::INFINITY,
+            5 => f32::NAN,
+            _ => rng.unit() * 16.0,
+        })
+        .collect()
+}
+
+/// A combine's fp32 result with sinks against the same launch's without (docs/contract.md §4-§5):
+/// the lse bit for bit, and each row of rows [.., H] the plain row times the fp64 factor
+/// e^lse / (e^lse + e^sink) of its lse, within 2e-6 of the plain value (fp32 factor and product);
+/// a row whose lse is ±inf is 0, a NaN lse or a NaN sink on a row with tokens NaN.
+fn check_sinked(what: &str, got: &[f32], got_lse: &[f32], plain: &[f32], plain_lse: &[f32], sink: &[f32]) {
+    assert_f32_bits_eq(&format!("{what}: lse (the sink leaves it)"), got_lse, plain_lse);
+    let h = sink.len();
+    let mut bad = 0;
+    let mut first = None;
+    for (i, (g, p)) in got.chunks(D_V).zip(plain.chunks(D_V)).enumerate() {
+        let f = sink_factor(plain_lse[i] as f64, sink[i % h] as f64);
+        for (c, (&g, &p)) in g.iter().zip(p).enumerate() {
+            let want = if plain_lse[i].is_infinite() { 0.0 } else { p as f64 * f };
+            let ok = if want.is_nan() { g.is_nan() } else { (g as f64 - want).abs() <= 2e-6 * (p as f64).abs() };
+            if !ok {
+                bad += 1;
+                first.get_or_insert_with(|| format!("row {i} col {c}: got {g}, want {want} (plain {p}, factor {f})"));
+            }
+        }
+    }
+    report(what, bad, got.len(), first);
+}
+
+/// The combines apply a sink once, to the merged fp32 row before the output cast, in all three
+/// shapes (the ag_rs last step, the a2a receiver, a two-way merge), with the head of a row
+/// taken as row mod H (H_l for the DCP shapes, the sink's length for merge_two).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn sinks_apply_once_to_the_merged_rows() {
+    let (s, dev) = (stream(), gpu());
+    let mut rng = Rng::new(seed());
+    let (d, t, h_l) = (4, 32, 8);
+    let h = d * h_l;
+    let rows = t * h_l;
+    let sink = sinks(&mut rng, h_l);
+    let d_sink = upload(&s, &sink);
+
+    // ag_rs finish: the summed rows of rank 1's heads, every rank's lse
+    let p = partials(&mut rng, d, t, h, false);
+    let summed: Vec<f32> = (0..h_l * t * D_V).map(|_| rng.unit() * 2.0).collect();
+    let (d_summed, d_lse_all) = (upload(&s, &summed), upload(&s, &p.lse));
+    let finish = |with_sink: bool| {
+        let (d_out, d_lse) = (upload(&s, &vec![POISON_F32; rows * D_V]), upload(&s, &vec![POISON_F32; rows]));
+        let args = AgRsFinish {
+            summed: CombineRows::F32(view(&s, &d_summed)),
+            lse_all: view(&s, &d_lse_all),
+            lse_base: LseBase::Two,
+            out: CombineRows::F32(view(&s, &d_out)),
+            lse: view(&s, &d_lse),
+            num_tokens: t,
+            local_heads: h_l,
+            dcp_size: d,
+            rank: 1,
+            sink: with_sink.then(|| view(&s, &d_sink)),
+        };
+        ag_rs_finish(dev, raw(&s), &args).expect("ag_rs_finish");
+        (download(&s, &d_out), download(&s, &d_lse))
+    };
+    let ((plain, plain_lse), (got, got_lse)) = (finish(false), finish(true));
+    check_sinked("ag_rs_finish with sinks", &got, &got_lse, &plain, &plain_lse, &sink);
+
+    // a2a combine at rank 2: the slots the reference packs from bf16 partials
+    let p = partials(&mut rng, d, t, h, true);
+    let tight = a2a_slot_bytes(t, h_l);
+    let slot = a2a_aligned_slot_bytes(t, h_l).unwrap();
+    let mut recv = vec![0u8; d * slot];
+    for r in 0..d {
+        let send = ref_a2a_pack(&to_bf16(p.rank_out(r)), p.rank_lse(r), d, t, h);
+        recv[r * slot..r * slot + tight].copy_from_slice(&send[2 * tight..3 * tight]);
+    }
+    let d_recv = upload(&s, &recv);
+    let combine = |with_sink: bool| {
+        let (d_out, d_lse) = (upload(&s, &vec![POISON_F32; rows * D_V]), upload(&s, &vec![POISON_F32; rows]));
+        let args = A2aCombine {
+            recv: view(&s, &d_recv),
+            slot_bytes: slot,
+            lse_base: LseBase::E,
+            out: CombineRows::F32(view(&s, &d_out)),
+            lse: view(&s, &d_lse),
+            num_tokens: t,
+            local_heads: h_l,
+            dcp_size: d,
+            sink: with_sink.then(|| view(&s, &d_sink)),
+        };
+        a2a_combine(dev, raw(&s), &args).expect("a2a_combine");
+        (download(&s, &d_out), download(&s, &d_lse))
+    };
+    let ((plain, plain_lse), (got, got_lse)) = (combine(false), combine(true));
+    check_sinked("a2a_combine with sinks", &got, &got_lse, &plain, &plain_lse, &sink);
+
+    // merge_two of [T, H] rows with H sinks (H = 8 here, not the DCP shapes' H_l)
+    let p = partials(&mut rng, 2, rows, 1, false);
+    let d_in: Vec<_> = (0..2).map(|r| (upload(&s, p.rank_out(r)), upload(&s, p.rank_lse(r)))).collect();
+    let merge = |with_sink: bool| {
+        let (d_out, d_lse) = (upload(&s, &vec![POISON_F32; rows * D_V]), upload(&s, &vec![POISON_F32; rows]));
+        let args = MergeTwo {
+            out_a: CombineRows::F32(view(&s, &d_in[0].0)),
+            lse_a: view(&s, &d_in[0].1),
+            out_b: CombineRows::F32(view(&s, &d_in[1].0)),
+            lse_b: view(&s, &d_in[1].1),
+            lse_a_base: LseBase::E,
+            lse_b_base: LseBase::Two,
+            out: CombineRows::F32(view(&s, &d_out)),
+            lse: view(&s, &d_lse),
+            rows,
+            sink: with_sink.then(|| view(&s, &d_sink)),
+        };
+        merge_two(dev, raw(&s), &args).expect("merge_two");
+        (download(&s, &d_out), download(&s, &d_lse))
+    };
+    let ((plain, plain_lse), (got, got_lse)) = (merge(false), merge(true));
+    check_sinked("merge_two with sinks", &got, &got_lse, &plain, &plain_lse, &sink);
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn launchers_reject_bad_arguments_before_launching() {
@@ -639,6 +769,7 @@ fn launchers_reject_bad_arguments_before_launching() {
         out: CombineRows::F32(view(&s, &buf)),
         lse: view(&s, &lse),
         rows: 5,
+        sink: None,
     };
     let e = merge_two(dev, raw(&s), &m).unwrap_err();
     assert_eq!(e.argument(), Some("out_a"), "{e}");
@@ -696,6 +827,7 @@ fn graph_replay_reads_new_lse() {
         num_tokens: t,
         local_heads: h_l,
         dcp_size: d,
+        sink: None,
     };
     let merge = MergeTwo {
         out_a: CombineRows::F32(view(&s, &d_m_a)),
@@ -707,6 +839,7 @@ fn graph_replay_reads_new_lse() {
         out: CombineRows::F32(view(&s, &d_m_out)),
         lse: view(&s, &d_m_lse),
         rows,
+        sink: None,
     };
     s.synchronize().unwrap();
     s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).expect("begin_capture");

@@ -11,7 +11,7 @@ use dcp_mla::formats::{encode_fp8_row, KvFormat, D_LATENT, D_QK, D_V};
 use dcp_mla::ops::decode::*;
 use dcp_mla::planner::schedule;
 use dcp_mla::planner::split::sched_stamp;
-use dcp_mla::reference::attention::{decode_oracle, QueryShape, Selection};
+use dcp_mla::reference::attention::{apply_sink_oracle, decode_oracle, QueryShape, Selection};
 use dcp_mla::reference::fill::PagedCache;
 use dcp_mla::reference::merge::merge_f64;
 use dcp_mla::reference::tolerance::{check_attention, AttentionOracle};
@@ -146,6 +146,7 @@ impl DevOut {
             num_splits: splits,
             workspace: view(&s, &self.ws),
             schedule: DecodeSchedule::Compute,
+            sink: None,
         }
     }
 
@@ -348,9 +349,28 @@ fn launch_dense(
     splits: usize,
     f32_out: bool,
 ) -> (Vec<f32>, Vec<f32>) {
+    launch_dense_with_sink(path, hc, q, shape, lens, splits, f32_out, None)
+}
+
+/// [`launch_dense`] with optional attention sinks, one per head.
+#[allow(clippy::too_many_arguments)]
+fn launch_dense_with_sink(
+    path: DecodePath,
+    hc: &HostCache,
+    q: &[bf16],
+    shape: QueryShape,
+    lens: &[i32],
+    splits: usize,
+    f32_out: bool,
+    sink: Option<&[f32]>,
+) -> (Vec<f32>, Vec<f32>) {
+    let s = stream();
     let dev = DenseDev::new(hc, q, lens);
     let outs = DevOut::new(shape, splits, f32_out);
-    mla_decode_dense_on(gpu(), raw(&stream()), &dev.args(hc, &outs, shape, splits), path).expect("dense launch");
+    let sink_dev = sink.map(|v| upload(&s, v));
+    let mut args = dev.args(hc, &outs, shape, splits);
+    args.common.sink = sink_dev.as_ref().map(|d| view(&s, d));
+    mla_decode_dense_on(gpu(), raw(&s), &args, path).expect("dense launch");
     let res = outs.read();
     outs.check_schedule(&format!("{path:?}"), splits, &dense_seq_tokens(hc, lens, shape.rows), schedule_tile(path));
     res
@@ -669,9 +689,30 @@ fn launch_sparse(
     splits: usize,
     f32_out: bool,
 ) -> (Vec<f32>, Vec<f32>) {
+    launch_sparse_with_sink(path, hc, q, shape, idx, k, topk_len, splits, f32_out, None)
+}
+
+/// [`launch_sparse`] with optional attention sinks, one per head.
+#[allow(clippy::too_many_arguments)]
+fn launch_sparse_with_sink(
+    path: DecodePath,
+    hc: &HostCache,
+    q: &[bf16],
+    shape: QueryShape,
+    idx: &[i32],
+    k: usize,
+    topk_len: Option<&[i32]>,
+    splits: usize,
+    f32_out: bool,
+    sink: Option<&[f32]>,
+) -> (Vec<f32>, Vec<f32>) {
+    let s = stream();
     let dev = SparseDev::new(hc, q, idx, topk_len);
     let outs = DevOut::new(shape, splits, f32_out);
-    mla_decode_sparse_on(gpu(), raw(&stream()), &dev.args(hc, &outs, shape, k, splits), path).expect("sparse launch");
+    let sink_dev = sink.map(|v| upload(&s, v));
+    let mut args = dev.args(hc, &outs, shape, k, splits);
+    args.common.sink = sink_dev.as_ref().map(|d| view(&s, d));
+    mla_decode_sparse_on(gpu(), raw(&s), &args, path).expect("sparse launch");
     let res = outs.read();
     let rows = shape.batch * shape.rows;
     let seq_tokens: Vec<u64> =
@@ -735,6 +776,76 @@ fn sparse_matches_reference() {
                 &lse,
                 &want,
             );
+        }
+    }
+}
+
+/// Sinks of `heads` heads covering the contract's cases (docs/contract.md §4): finite values
+/// around the rows' lse (so the factor lies well inside (0, 1)), −inf (out unchanged), +inf
+/// (out 0) and NaN (out NaN on a row that reads tokens, 0 on an empty one).
+fn sinks(rng: &mut Rng, heads: usize) -> Vec<f32> {
+    (0..heads)
+        .map(|h| match h % 8 {
+            0 => f32::NEG_INFINITY,
+            3 => f32::INFINITY,
+            5 => f32::NAN,
+            _ => (rng.below(2000) as f32 - 1000.0) / 200.0,
+        })
+        .collect()
+}
+
+/// Attention sinks in decode on every schedule, unsplit and split (the split rows take theirs in
+/// the combine, the others in the decode epilogue), BF16 and fp32 out: out equals the oracle's
+/// out scaled by e^lse / (e^lse + e^sink) within docs/contract.md §9's bound (scaled likewise),
+/// and lse is the tokens' alone.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn sinks_scale_rows_like_the_reference() {
+    let mut rng = Rng::new(seed());
+    let sms = num_sms();
+    let one = DcpLayout { size: 1, interleave: 1 };
+    // dense: an empty request, MTP rows, two row blocks (H = 128), a long row split many ways
+    for (n, &(totals, nq, heads)) in
+        [(&[0usize, 70, 200][..], 2usize, 16usize), (&[130, 5][..], 1, 128), (&[3000][..], 1, 64)].iter().enumerate()
+    {
+        let shape = QueryShape { batch: totals.len(), rows: nq, heads };
+        let lens = mtp_lens(totals, nq, one, 0);
+        let tokens: Vec<usize> = lens.chunks(nq).map(|r| *r.iter().max().unwrap() as usize).collect();
+        let hc = dense_cache(&mut rng, KvFormat::Bf16, 64, &tokens);
+        let q = random_q(&mut rng, shape);
+        let sink = sinks(&mut rng, heads);
+        let mut want =
+            decode_oracle(&q, shape, &hc.paged(), &hc.bytes, &Selection::Dense { lens: &lens }, default_scale());
+        apply_sink_oracle(&mut want, &sink);
+        let auto = decode_num_splits(shape.batch, nq, heads, false, sms);
+        for path in dense_paths() {
+            for (splits, f32_out) in [(1, n % 2 == 0), (auto, n % 2 == 1), (7, true)] {
+                let (out, lse) = launch_dense_with_sink(path, &hc, &q, shape, &lens, splits, f32_out, Some(&sink));
+                check(&format!("sink {path:?} dense case {n} splits={splits}"), &out, &lse, &want);
+            }
+        }
+    }
+    // sparse: both formats, an all −1 row, the pair schedule's two row blocks (FP8, H = 128)
+    let cases: &[SparseCase] = &[
+        (KvFormat::Fp8_656, 2, 2, 64, 512, false, &[1]),
+        (KvFormat::Bf16, 1, 2, 32, 2048, false, &[]),
+        (KvFormat::Fp8_656, 2, 2, 128, 2048, false, &[2]),
+    ];
+    for (n, &(format, batch, nq, heads, k, _, empty)) in cases.iter().enumerate() {
+        let shape = QueryShape { batch, rows: nq, heads };
+        let (hc, idx) = sparse_case(&mut rng, format, shape, k, empty);
+        let q = random_q(&mut rng, shape);
+        let sink = sinks(&mut rng, heads);
+        let sel = Selection::Sparse { indices: &idx, k, topk_len: None };
+        let mut want = decode_oracle(&q, shape, &hc.paged(), &hc.bytes, &sel, default_scale());
+        apply_sink_oracle(&mut want, &sink);
+        let auto = decode_num_splits(batch, nq, heads, true, sms);
+        for path in sparse_paths(format) {
+            for (splits, f32_out) in [(1, n % 2 == 1), (auto, n % 2 == 0), (3, true)] {
+                let (out, lse) =
+                    launch_sparse_with_sink(path, &hc, &q, shape, &idx, k, None, splits, f32_out, Some(&sink));
+                check(&format!("sink {path:?} sparse case {n} {format:?} splits={splits}"), &out, &lse, &want);
+            }
         }
     }
 }
@@ -849,6 +960,7 @@ fn graph_replay_case(path: DecodePath) {
         num_splits: splits,
         workspace: ws,
         schedule: DecodeSchedule::Compute,
+        sink: None,
     };
     let dense = DenseDecode {
         common: common(

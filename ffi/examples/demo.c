@@ -118,7 +118,7 @@ int main(void) {
                                1, tensor(NULL, 0, DCP_MLA_DTYPE_U8), DCP_MLA_SCHEDULE_COMPUTE,
                                tensor(d_cache, cache_bytes, DCP_MLA_DTYPE_U8),
                                pages, B, tensor(d_table, 4, DCP_MLA_DTYPE_I32), 4, 4,
-                               tensor(d_len, 1, DCP_MLA_DTYPE_I32)));
+                               tensor(d_len, 1, DCP_MLA_DTYPE_I32), tensor(NULL, 0, DCP_MLA_DTYPE_F32)));
     CHECK(dcp_mla_synchronize(dev));
     CHECK(dcp_mla_free(dev, d_len));
     CHECK(dcp_mla_free(dev, d_cache));
@@ -131,7 +131,8 @@ int main(void) {
   CHECK(dcp_mla_merge_two(dev, NULL, tensor(d_out[0], H * D_V, DCP_MLA_DTYPE_F32),
                           tensor(d_lse[0], H, DCP_MLA_DTYPE_F32), tensor(d_out[1], H * D_V, DCP_MLA_DTYPE_F32),
                           tensor(d_lse[1], H, DCP_MLA_DTYPE_F32), DCP_MLA_LSE_BASE_E, DCP_MLA_LSE_BASE_E,
-                          tensor(d_merged, H * D_V, DCP_MLA_DTYPE_F32), tensor(d_mlse, H, DCP_MLA_DTYPE_F32), H));
+                          tensor(d_merged, H * D_V, DCP_MLA_DTYPE_F32), tensor(d_mlse, H, DCP_MLA_DTYPE_F32), H,
+                          tensor(NULL, 0, DCP_MLA_DTYPE_F32)));
   CHECK(dcp_mla_synchronize(dev));
   float *out = malloc(H * D_V * 4), lse[16];
   CHECK(dcp_mla_memcpy_dtoh(dev, out, d_merged, H * D_V * 4));

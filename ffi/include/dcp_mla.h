@@ -15,7 +15,7 @@
 #include <stdint.h>
 
 // The ABI revision of this header: bumped whenever a signature or a struct changes.
-#define DCP_MLA_ABI_VERSION 2
+#define DCP_MLA_ABI_VERSION 3
 
 // Dtype code: bytes (caches, workspaces, a2a buffers).
 #define DCP_MLA_DTYPE_U8 1
@@ -243,6 +243,9 @@ enum DcpMlaStatus dcp_mla_kv_fill(const struct DcpMlaDevice *device,
 //   schedule wrote, makes the kernel trap. Ignored with one split.
 // - `cache`: [num_pages, block_size, 576] bf16 (any dtype); `block_table`: int32
 //   [batch, block_table_stride], first `max_pages` columns used; `lens`: int32 [batch, nq].
+// - `sink`: optional f32 [heads] attention sinks (null data: none), FlashMLA's `attn_sink`: each
+//   row's out is scaled by e^lse / (e^lse + e^sink[h]), lse unchanged (docs/contract.md §4). Leave
+//   it null on a DCP rank whose partial result a combine merges: pass it to the combine instead.
 //
 // # Safety
 // As for dcp_mla_kv_fill.
@@ -264,7 +267,8 @@ enum DcpMlaStatus dcp_mla_decode_dense(const struct DcpMlaDevice *device,
                                        struct DcpMlaTensor block_table,
                                        size_t block_table_stride,
                                        size_t max_pages,
-                                       struct DcpMlaTensor lens);
+                                       struct DcpMlaTensor lens,
+                                       struct DcpMlaTensor sink);
 
 // Sparse MLA decode (docs/contract.md §4) over the BF16 or FP8-656 cache: row (i, j) attends to the
 // cache rows page·block_size + slot listed in `indices[i][j]` (−1 or out of range: unused).
@@ -273,6 +277,7 @@ enum DcpMlaStatus dcp_mla_decode_dense(const struct DcpMlaDevice *device,
 // - `cache`: [num_pages, block_size, row] in `format` (DCP_MLA_KV_*), any dtype.
 // - `indices`: int32 [batch, nq, topk]; `topk_len`: optional int32 [batch, nq] (null data:
 //   every entry counts), only the first topk_len[i][j] entries count.
+// - `sink`: as for dcp_mla_decode_dense.
 //
 // # Safety
 // As for dcp_mla_kv_fill.
@@ -294,7 +299,8 @@ enum DcpMlaStatus dcp_mla_decode_sparse(const struct DcpMlaDevice *device,
                                         size_t block_size,
                                         struct DcpMlaTensor indices,
                                         size_t topk,
-                                        struct DcpMlaTensor topk_len);
+                                        struct DcpMlaTensor topk_len,
+                                        struct DcpMlaTensor sink);
 
 // ag_rs combine, step 1 (docs/contract.md §5.1) on rank `rank` of D = `dcp_size` (H = D·local_heads):
 // contrib[h, t, :] = (w_rank / S) · out[t, h, :] computed in f32, head-major for a reduce-scatter.
@@ -322,6 +328,8 @@ enum DcpMlaStatus dcp_mla_ag_rs_correct(const struct DcpMlaDevice *device,
 // - `summed`: f32 or bf16 [local_heads, num_tokens, 512], the reduce-scattered contributions.
 // - `lse_all`: f32 [D, num_tokens, D·local_heads], the same all-gathered lse, base `lse_base_code`.
 // - `out`: bf16 or f32 [num_tokens, local_heads, 512]; `lse`: f32 [num_tokens, local_heads].
+// - `sink`: optional f32 [local_heads] (null data: none), the attention sinks of this rank's heads
+//   (sink[j] for head rank·local_heads + j), applied once to the merged f32 rows before the cast.
 //
 // # Safety
 // As for dcp_mla_kv_fill.
@@ -335,7 +343,8 @@ enum DcpMlaStatus dcp_mla_ag_rs_finish(const struct DcpMlaDevice *device,
                                        size_t num_tokens,
                                        size_t local_heads,
                                        size_t dcp_size,
-                                       size_t rank);
+                                       size_t rank,
+                                       struct DcpMlaTensor sink);
 
 // a2a combine, send side (docs/contract.md §5.2): packs this rank's out (as bf16) and lse into one slot
 // per destination rank d (heads [d·H_l, (d+1)·H_l)), so one all-to-all moves both.
@@ -361,6 +370,7 @@ enum DcpMlaStatus dcp_mla_a2a_pack(const struct DcpMlaDevice *device,
 //
 // - `recv`: bytes [D, slot_bytes]: slot r as source rank r packed it for this rank.
 // - `out`: bf16 or f32 [num_tokens, local_heads, 512]; `lse`: f32 [num_tokens, local_heads].
+// - `sink`: optional f32 [local_heads] (null data: none): as for dcp_mla_ag_rs_finish.
 //
 // # Safety
 // As for dcp_mla_kv_fill.
@@ -373,7 +383,8 @@ enum DcpMlaStatus dcp_mla_a2a_combine(const struct DcpMlaDevice *device,
                                       struct DcpMlaTensor lse,
                                       size_t num_tokens,
                                       size_t local_heads,
-                                      size_t dcp_size);
+                                      size_t dcp_size,
+                                      struct DcpMlaTensor sink);
 
 // The two-way merge of chunked prefill (docs/contract.md §5.3): (out_a, lse_a) + (out_b, lse_b) over
 // `rows` rows, f32 accumulation. An `out` of the inputs' dtype may be exactly `out_a` or `out_b`
@@ -384,6 +395,9 @@ enum DcpMlaStatus dcp_mla_a2a_combine(const struct DcpMlaDevice *device,
 //   (`lse_a_base_code`, `lse_b_base_code`: a running natural-log result merged with a base-2
 //   chunk is the normal case).
 // - `out`: bf16 or f32 [rows, 512]; `lse`: f32 [rows], natural log.
+// - `sink`: optional f32 [H] (null data: none): attention sinks applied to the merged rows, laid
+//   out [T, H] (head = row mod H, H = sink.numel dividing `rows`). Pass it on the last merge of a
+//   chain only, so that the sink enters the softmax once.
 //
 // # Safety
 // As for dcp_mla_kv_fill.
@@ -397,7 +411,8 @@ enum DcpMlaStatus dcp_mla_merge_two(const struct DcpMlaDevice *device,
                                     int32_t lse_b_base_code,
                                     struct DcpMlaTensor out,
                                     struct DcpMlaTensor lse,
-                                    size_t rows);
+                                    size_t rows,
+                                    struct DcpMlaTensor sink);
 
 // Local top-k (docs/contract.md §6): per row the K best of the first lens[row] scores by (score
 // descending, index ascending; NaN as −inf), as ascending indices, −1 padded.

@@ -66,7 +66,7 @@ pub enum DcpMlaStatus {
 }
 
 /// The ABI revision of this header: bumped whenever a signature or a struct changes.
-pub const DCP_MLA_ABI_VERSION: u32 = 2;
+pub const DCP_MLA_ABI_VERSION: u32 = 3;
 
 /// Dtype code: bytes (caches, workspaces, a2a buffers).
 pub const DCP_MLA_DTYPE_U8: i32 = 1;

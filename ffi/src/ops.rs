@@ -106,6 +106,7 @@ fn decode_common(
     num_splits: usize,
     workspace: DcpMlaTensor,
     schedule: i32,
+    sink: DcpMlaTensor,
 ) -> R<DecodeCommon> {
     let schedule = arg!(schedule);
     let out: DecodeOut = arg!(out);
@@ -116,7 +117,19 @@ fn decode_common(
     } else {
         arg!(workspace)
     };
-    Ok(DecodeCommon { q: arg!(q), batch, nq, heads, scale, out, lse: arg!(lse), num_splits, workspace, schedule })
+    Ok(DecodeCommon {
+        q: arg!(q),
+        batch,
+        nq,
+        heads,
+        scale,
+        out,
+        lse: arg!(lse),
+        num_splits,
+        workspace,
+        schedule,
+        sink: arg!(sink),
+    })
 }
 
 /// Dense MLA decode over the BF16 paged cache (docs/contract.md §4): row (i, j) attends to the first
@@ -135,6 +148,9 @@ fn decode_common(
 ///   schedule wrote, makes the kernel trap. Ignored with one split.
 /// - `cache`: [num_pages, block_size, 576] bf16 (any dtype); `block_table`: int32
 ///   [batch, block_table_stride], first `max_pages` columns used; `lens`: int32 [batch, nq].
+/// - `sink`: optional f32 [heads] attention sinks (null data: none), FlashMLA's `attn_sink`: each
+///   row's out is scaled by e^lse / (e^lse + e^sink[h]), lse unchanged (docs/contract.md §4). Leave
+///   it null on a DCP rank whose partial result a combine merges: pass it to the combine instead.
 ///
 /// # Safety
 /// As for dcp_mla_kv_fill.
@@ -159,10 +175,11 @@ pub unsafe extern "C" fn dcp_mla_decode_dense(
     block_table_stride: usize,
     max_pages: usize,
     lens: DcpMlaTensor,
+    sink: DcpMlaTensor,
 ) -> DcpMlaStatus {
     launch(device, stream, decode::mla_decode_dense, || {
         Ok(DenseDecode {
-            common: decode_common(q, batch, nq, heads, scale, out, lse, num_splits, workspace, schedule)?,
+            common: decode_common(q, batch, nq, heads, scale, out, lse, num_splits, workspace, schedule, sink)?,
             cache: arg!(cache),
             num_pages,
             block_size,
@@ -181,6 +198,7 @@ pub unsafe extern "C" fn dcp_mla_decode_dense(
 /// - `cache`: [num_pages, block_size, row] in `format` (DCP_MLA_KV_*), any dtype.
 /// - `indices`: int32 [batch, nq, topk]; `topk_len`: optional int32 [batch, nq] (null data:
 ///   every entry counts), only the first topk_len[i][j] entries count.
+/// - `sink`: as for dcp_mla_decode_dense.
 ///
 /// # Safety
 /// As for dcp_mla_kv_fill.
@@ -205,10 +223,11 @@ pub unsafe extern "C" fn dcp_mla_decode_sparse(
     indices: DcpMlaTensor,
     topk: usize,
     topk_len: DcpMlaTensor,
+    sink: DcpMlaTensor,
 ) -> DcpMlaStatus {
     launch(device, stream, decode::mla_decode_sparse, || {
         Ok(SparseDecode {
-            common: decode_common(q, batch, nq, heads, scale, out, lse, num_splits, workspace, schedule)?,
+            common: decode_common(q, batch, nq, heads, scale, out, lse, num_splits, workspace, schedule, sink)?,
             cache: arg!(cache),
             format: arg!(format),
             num_pages,
@@ -262,6 +281,8 @@ pub unsafe extern "C" fn dcp_mla_ag_rs_correct(
 /// - `summed`: f32 or bf16 [local_heads, num_tokens, 512], the reduce-scattered contributions.
 /// - `lse_all`: f32 [D, num_tokens, D·local_heads], the same all-gathered lse, base `lse_base_code`.
 /// - `out`: bf16 or f32 [num_tokens, local_heads, 512]; `lse`: f32 [num_tokens, local_heads].
+/// - `sink`: optional f32 [local_heads] (null data: none), the attention sinks of this rank's heads
+///   (sink[j] for head rank·local_heads + j), applied once to the merged f32 rows before the cast.
 ///
 /// # Safety
 /// As for dcp_mla_kv_fill.
@@ -278,6 +299,7 @@ pub unsafe extern "C" fn dcp_mla_ag_rs_finish(
     local_heads: usize,
     dcp_size: usize,
     rank: usize,
+    sink: DcpMlaTensor,
 ) -> DcpMlaStatus {
     launch(device, stream, combine::ag_rs_finish, || {
         Ok(AgRsFinish {
@@ -290,6 +312,7 @@ pub unsafe extern "C" fn dcp_mla_ag_rs_finish(
             local_heads,
             dcp_size,
             rank,
+            sink: arg!(sink),
         })
     })
 }
@@ -325,6 +348,7 @@ pub unsafe extern "C" fn dcp_mla_a2a_pack(
 ///
 /// - `recv`: bytes [D, slot_bytes]: slot r as source rank r packed it for this rank.
 /// - `out`: bf16 or f32 [num_tokens, local_heads, 512]; `lse`: f32 [num_tokens, local_heads].
+/// - `sink`: optional f32 [local_heads] (null data: none): as for dcp_mla_ag_rs_finish.
 ///
 /// # Safety
 /// As for dcp_mla_kv_fill.
@@ -340,6 +364,7 @@ pub unsafe extern "C" fn dcp_mla_a2a_combine(
     num_tokens: usize,
     local_heads: usize,
     dcp_size: usize,
+    sink: DcpMlaTensor,
 ) -> DcpMlaStatus {
     launch(device, stream, combine::a2a_combine, || {
         let a = A2aCombine {
@@ -351,6 +376,7 @@ pub unsafe extern "C" fn dcp_mla_a2a_combine(
             num_tokens,
             local_heads,
             dcp_size,
+            sink: arg!(sink),
         };
         if !combine::a2a_combine_compiled(dcp_size, &a.out) {
             return Err(fail(
@@ -371,6 +397,9 @@ pub unsafe extern "C" fn dcp_mla_a2a_combine(
 ///   (`lse_a_base_code`, `lse_b_base_code`: a running natural-log result merged with a base-2
 ///   chunk is the normal case).
 /// - `out`: bf16 or f32 [rows, 512]; `lse`: f32 [rows], natural log.
+/// - `sink`: optional f32 [H] (null data: none): attention sinks applied to the merged rows, laid
+///   out [T, H] (head = row mod H, H = sink.numel dividing `rows`). Pass it on the last merge of a
+///   chain only, so that the sink enters the softmax once.
 ///
 /// # Safety
 /// As for dcp_mla_kv_fill.
@@ -387,6 +416,7 @@ pub unsafe extern "C" fn dcp_mla_merge_two(
     out: DcpMlaTensor,
     lse: DcpMlaTensor,
     rows: usize,
+    sink: DcpMlaTensor,
 ) -> DcpMlaStatus {
     launch(device, stream, combine::merge_two, || {
         Ok(MergeTwo {
@@ -399,6 +429,7 @@ pub unsafe extern "C" fn dcp_mla_merge_two(
             out: arg!(out),
             lse: arg!(lse),
             rows,
+            sink: arg!(sink),
         })
     })
 }

@@ -16,6 +16,11 @@ fn t(addr: usize, numel: usize, dtype: i32) -> DcpMlaTensor {
     DcpMlaTensor { data: addr as *mut c_void, numel, dtype }
 }
 
+/// An absent optional tensor (null data), e.g. no attention sink.
+fn none() -> DcpMlaTensor {
+    t(0, 0, F32)
+}
+
 const BF16: i32 = DCP_MLA_DTYPE_BF16;
 const I32: i32 = DCP_MLA_DTYPE_I32;
 const F32: i32 = DCP_MLA_DTYPE_F32;
@@ -162,6 +167,7 @@ fn bad_dtype_and_format_codes_are_refused() {
                 t(0x5000_0000, 512, F32),
                 t(0x6000_0000, 1, F32),
                 1,
+                none(),
             )
         };
         assert_status(merge(0, DCP_MLA_LSE_BASE_E, F32), DcpMlaStatus::BadDtype, "`lse_a_base`");
@@ -192,6 +198,7 @@ fn bad_dtype_and_format_codes_are_refused() {
             1,
             1,
             0,
+            none(),
         );
         assert_status(finish, DcpMlaStatus::BadDtype, "`summed`");
     }
@@ -240,6 +247,7 @@ fn uncompiled_variants_are_unsupported() {
             1,
             1,
             3,
+            none(),
         )
     };
     assert_status(s, DcpMlaStatus::Unsupported, "D = 3");
@@ -325,6 +333,7 @@ fn a_rejected_launch_writes_nothing() {
             t(out as usize, 4 * 512, F32),
             t(lse as usize, 4, F32),
             4,
+            none(),
         );
         assert_status(s, DcpMlaStatus::InvalidArgument, "`lse_b`");
         // A misaligned output row (4-byte aligned, not 16): the library's own check.
@@ -340,6 +349,7 @@ fn a_rejected_launch_writes_nothing() {
             t(out as usize + 4, 3 * 512, F32),
             t(lse as usize, 3, F32),
             3,
+            none(),
         );
         assert_status(s, DcpMlaStatus::Misaligned, "`out`");
         assert_eq!(dcp_mla_synchronize(dev), DcpMlaStatus::Success);
@@ -412,6 +422,7 @@ fn bf16_merge_inputs_through_the_c_abi_match_the_reference() {
                 t(d_out as usize, N * W, out_dtype),
                 t(d_lse as usize, N, F32),
                 N,
+                none(),
             );
             assert_status(s, DcpMlaStatus::Success, "");
             assert_eq!(dcp_mla_synchronize(dev), DcpMlaStatus::Success);

@@ -20,6 +20,7 @@ constexpr int kPPitch = kTile + 8;    // bf16 per row of P
 constexpr int kChunks = kDimQk / 8;   // 16-byte chunks of a bf16 row (72)
 constexpr int kFp8Chunks = kFp8RowBytes / 16;  // 41
 constexpr float kLn2 = 0.6931471805599453f;
+constexpr float kLog2e = 1.4426950408889634f;
 
 constexpr int kQBytes = kRows * kPitch * 2;
 constexpr int kKTileBytes = kTile * kPitch * 2;
@@ -90,13 +91,29 @@ __device__ __forceinline__ void rows_nan(int row0, int col0, Acc o, bool (&row_n
     for (int k = 0; k < 2; ++k) row_nan[k] = (s_row_nan[0][row0 + 8 * k] | s_row_nan[1][row0 + 8 * k]) != 0;
 }
 
-// A row's 1 / l and lse: l = 0, the row saw nothing (0 and −inf); a NaN l (a NaN score from q or
-// a cache row it read) or a NaN accumulator gives NaN out and lse, never the empty row's
-// (docs/contract.md §9)
-__device__ __forceinline__ void row_scale(float l, float m, bool nan, float& inv, float& lse) {
-    const bool empty = l == 0.0f && !nan;
-    inv = nan ? __int_as_float(0x7fffffff) : empty ? 0.0f : 1.0f / l;
-    lse = nan ? __int_as_float(0x7fffffff) : empty ? -INFINITY : (m + log2f(l)) * kLn2;
+// A finished row's denominator and lse, as write_rows takes them: den = l + the attention sink's
+// term, lse = the tokens' natural-log lse (the sink leaves it unchanged, docs/contract.md §4). With
+// the sink, out = e^lse / (e^lse + e^sink) · O / l = O / (l + e^sink · 2^−m), m the row's max in
+// log2 units: one exp2 and one add. A row that saw nothing (l = 0) keeps den = 0 and lse = −inf
+// whatever the sink (out 0); a sink of −inf adds 0 (out exactly as without), +inf makes den inf
+// (out 0), NaN makes out NaN; a NaN l gives NaN den and lse. A workspace row (to_ws) gets no sink:
+// a split row's sink is applied once, to its merge, by mla_decode_combine. Computed by whichever
+// thread holds the row's (l, m) with registers to spare (trio's scorer; the P·V warpgroups, with
+// O's 128 accumulators, spilled when they computed the sink's term themselves).
+__device__ __forceinline__ float2 row_stats(const DcpMlaDecodeParams& p, bool to_ws, int row_in_seq, float l, float m) {
+    const float lse = l == 0.0f ? -INFINITY : (m + log2f(l)) * kLn2;
+    float den = l;
+    if (p.sink && !to_ws && l != 0.0f) den += exp2f(fmaf(((const float*)p.sink)[row_in_seq % p.heads], kLog2e, -m));
+    return make_float2(den, lse);
+}
+
+// A row's 1 / den and lse from row_stats: den = 0, the row saw nothing (0 and −inf); a NaN
+// accumulator (`nan`, from rows_nan) or a NaN den (a NaN score from q or a cache row it read)
+// gives NaN out and lse, never the empty row's (docs/contract.md §9).
+__device__ __forceinline__ void row_scale(float2 st, bool nan, float& inv, float& lse) {
+    const bool empty = st.x == 0.0f && !nan;
+    inv = nan ? __int_as_float(0x7fffffff) : empty ? 0.0f : 1.0f / st.x;
+    lse = nan ? __int_as_float(0x7fffffff) : st.y;
 }
 
 // A thread's column pairs col0 + 8n (+1) of row k (of its two) of O·inv, into the row at `row`
@@ -131,17 +148,18 @@ __device__ __forceinline__ void store_row(const DcpMlaDecodeParams& p, bool to_w
 }
 
 // The epilogue of both decode kernels: a thread's two rows (row0 and row0 + 8 of its 16-row
-// group) of O / l and lse = (m + log2 l)·ln 2. Row r of the CTA is row row_base + r of its
+// group) of O / den and lse, `stats` being each row's row_stats (den = l with no sink, lse =
+// (m + log2 l)·ln 2). Row r of the CTA is row row_base + r of its
 // sequence: out row seq_row0 + row_base + r, or with slot >= 0 row row_base + r of workspace
 // slot `slot` (rows_per_seq rows each). `o(n, e)` is the accumulator of column col0 + 8n + e
 // (e = 0, 1) of row k = e >> 1 pairs: o(n, 2k) and o(n, 2k + 1). A row that saw nothing
-// (l = 0) writes 0 and −inf. Every thread of the CTA calls it (it holds two CTA barriers); a
+// (den = 0) writes 0 and −inf. Every thread of the CTA calls it (it holds two CTA barriers); a
 // row's 512 columns are the 4 threads of a quad (t4 = (col0 & 255) / 2) in each of the two
 // column halves (col0 < 256 or not).
 template <typename Acc>
 __device__ __forceinline__ void write_rows(const DcpMlaDecodeParams& p, int slot, int64_t seq_row0, int rows_per_seq,
                                            int row_base, int row_limit, int row0, int col0, bool writes_lse,
-                                           const float (&l)[2], const float (&m)[2], Acc o) {
+                                           const float2 (&stats)[2], Acc o) {
     bool row_nan[2];
     rows_nan(row0, col0, o, row_nan);
     __syncthreads();  // the flags are read before a later piece's write_rows sets them again
@@ -151,7 +169,7 @@ __device__ __forceinline__ void write_rows(const DcpMlaDecodeParams& p, int slot
         const int r = row0 + 8 * k;
         if (r >= row_limit) continue;
         float inv, lse;
-        row_scale(l[k], m[k], row_nan[k], inv, lse);
+        row_scale(stats[k], row_nan[k], inv, lse);
         const int64_t grow = to_ws ? (int64_t)slot * rows_per_seq + row_base + r : seq_row0 + row_base + r;
         if (writes_lse) ((float*)(to_ws ? p.ws_lse : p.lse))[grow] = lse;
         store_row(p, to_ws, grow, col0, k, inv, o);
@@ -171,7 +189,7 @@ __device__ __forceinline__ void write_rows(const DcpMlaDecodeParams& p, int slot
 template <int StageBytes, typename Acc>
 __device__ __forceinline__ void write_rows_staged(const DcpMlaDecodeParams& p, int slot, int64_t seq_row0,
                                                   int rows_per_seq, int row_base, int row_limit, int row0, int col0,
-                                                  bool writes_lse, const float (&l)[2], const float (&m)[2], Acc o,
+                                                  bool writes_lse, const float2 (&stats)[2], Acc o,
                                                   unsigned char* stage, int writer, int writers) {
     bool row_nan[2];
     rows_nan(row0, col0, o, row_nan);
@@ -187,7 +205,7 @@ __device__ __forceinline__ void write_rows_staged(const DcpMlaDecodeParams& p, i
         const int r = row0 + 8 * k;
         if (r >= row_limit) continue;
         float inv, lse;
-        row_scale(l[k], m[k], row_nan[k], inv, lse);
+        row_scale(stats[k], row_nan[k], inv, lse);
         if (writes_lse) ((float*)(to_ws ? p.ws_lse : p.lse))[grow0 + r] = lse;
         if (!staged) {
             store_row(p, to_ws, grow0 + r, col0, k, inv, o);

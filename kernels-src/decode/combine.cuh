@@ -166,7 +166,18 @@ __device__ __forceinline__ void mla_decode_combine(const DcpMlaDecodeCombinePara
         }
     }
     const float nanf_ = __int_as_float(0x7fffffff);
-    if (lane == 0) ((float*)p.lse)[row] = nan ? nanf_ : sum > 0.0f ? m + logf(sum) : -INFINITY;
+    const float row_lse = nan ? nanf_ : sum > 0.0f ? m + logf(sum) : -INFINITY;
+    if (lane == 0) ((float*)p.lse)[row] = row_lse;
+    if (p.sink) {  // the merged row's sink (the parts' partials carry none); an empty row stays 0
+        const float f = row_sink_factor(p.sink, r % p.heads, row_lse);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            acc[k].x *= f;
+            acc[k].y *= f;
+            acc[k].z *= f;
+            acc[k].w *= f;
+        }
+    }
 #pragma unroll
     for (int k = 0; k < 4; ++k)
         store_merged(p, row, 4 * lane + 128 * k, nan ? make_float4(nanf_, nanf_, nanf_, nanf_) : acc[k]);

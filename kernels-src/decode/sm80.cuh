@@ -255,7 +255,7 @@ __device__ __forceinline__ void mla_decode(const DcpMlaDecodeParams& p) {
         }
         cp_async_wait<0>();
 
-        // ---- write: O / l and lse = (m + log2 l)·ln 2; a row that saw nothing: 0 and −inf ----
+        // ---- write: O / l and lse = (m + log2 l)·ln 2 (row_stats: with the sink's term); a row that saw nothing: 0 and −inf ----
 #pragma unroll
         for (int k = 0; k < 2; ++k) {
             l_run[k] += __shfl_xor_sync(0xffffffffu, l_run[k], 1);
@@ -263,14 +263,14 @@ __device__ __forceinline__ void mla_decode(const DcpMlaDecodeParams& p) {
             if (t4 == 0) sSum[half * kRows + rg * 16 + g + 8 * k] = l_run[k];
         }
         __syncthreads();
-        float l_row[2];
+        float2 stats[2];
 #pragma unroll
         for (int k = 0; k < 2; ++k) {
             const int r = rg * 16 + g + 8 * k;
-            l_row[k] = sSum[r] + sSum[kRows + r];
+            stats[k] = row_stats(p, pc.slot >= 0, row_base + r, sSum[r] + sSum[kRows + r], m_run[k]);
         }
         write_rows(p, pc.slot, seq_row0, seq_rows, row_base, row_limit, rg * 16 + g, half * 256 + 2 * t4,
-                   half == 0 && t4 == 0, l_row, m_run, [&](int n, int e) { return o[n][e]; });
+                   half == 0 && t4 == 0, stats, [&](int n, int e) { return o[n][e]; });
     });
 }
 

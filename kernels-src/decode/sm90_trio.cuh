@@ -105,7 +105,7 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
     unsigned char* sKV = smem + kQBytes;                  // 2 × [Tile × 576] bf16
     int* sValid = (int*)(sKV + Stages * kTileBytes);      // [2][Tile]
     float* sAlpha = (float*)(sValid + Stages * Tile);     // [2][64] rescale factors of P(i)
-    float2* sStats = (float2*)(sAlpha + 2 * kRows);       // [64] final (l, m) of the rows
+    float2* sStats = (float2*)(sAlpha + 2 * kRows);       // [64] the rows' row_stats (den, lse)
     const uint32_t bars = decode::smem_addr(sStats + kRows);  // full[2], empty[2], p_full[2] (pair: peer_free[2][2]; trio_split: p_full[2] of half 1)
     auto full = [&](int b) { return bars + 8 * b; };
     auto empty = [&](int b) { return bars + 16 + 8 * b; };
@@ -302,12 +302,13 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                     mbar_arrive(p_full(b));
                 }
             }
-            // the rows' final (l, m), for the P·V warpgroups' epilogue
+            // the rows' row_stats (den, lse), for the P·V warpgroups' epilogue: computed here, where
+            // registers are to spare (the P·V warpgroups spilled computing the sink's term)
             const int rs = decode_sm90::row_of(decode::thread_index());
 #pragma unroll
             for (int k = 0; k < 2; ++k) {
                 const float l_row = row_total(l_run[k]);
-                if (t4 == 0) sStats[rs + 8 * k] = make_float2(l_row, m_run[k]);
+                if (t4 == 0) sStats[rs + 8 * k] = decode::row_stats(p, pc.slot >= 0, row_base + rs + 8 * k, l_row, m_run[k]);
             }
             uses += n;
             __syncthreads();                // sStats written, before the P·V warpgroups read it
@@ -683,14 +684,10 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
             }
             uses += n;
             __syncthreads();  // the scorer's sStats
-            float l_row[2], m_row[2];
+            float2 stats[2];
             const int rs = decode_sm90::row_of(decode::thread_index());
 #pragma unroll
-            for (int k = 0; k < 2; ++k) {
-                const float2 v = sStats[rs + 8 * k];
-                l_row[k] = v.x;
-                m_row[k] = v.y;
-            }
+            for (int k = 0; k < 2; ++k) stats[k] = sStats[rs + 8 * k];
             // one accessor type for both halves: write_rows' static NaN flags are per instantiation,
             // and the two halves must OR theirs in the same array. The rows go out through shared
             // memory that every reader is done with (the barrier above): the tile buffers, or pair's
@@ -698,7 +695,7 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
             // fp32 ones go out directly).
             decode::write_rows_staged<kPair ? kQBytes : Stages * kTileBytes>(
                 p, pc.slot, seq_row0, seq_rows, row_base, row_limit, r0, kHalf * 256 + 2 * t4, kHalf == 0 && t4 == 0,
-                l_row, m_row, OHalf{o}, kPair ? sQ : sKV, tid - 128, 256);
+                stats, OHalf{o}, kPair ? sQ : sKV, tid - 128, 256);
         }
     };
     // 384 threads start at 168 registers each (64K / 384, in steps of 8), and the CTA's pool is

@@ -23,7 +23,7 @@ STATUS = [
 ]
 STATUS_NO_DEVICE = STATUS.index("NO_DEVICE")
 #: The header revision this package was written against (DCP_MLA_ABI_VERSION).
-ABI_VERSION = 2
+ABI_VERSION = 3
 
 
 class DcpMlaError(RuntimeError):
@@ -57,13 +57,13 @@ SIGNATURES = {
     "dcp_mla_memset": [_D, c_void_p, c_uint8, _Z],
     "dcp_mla_synchronize": [_D],
     "dcp_mla_kv_fill": [_D, _S, _T, _Z, _T, _Z, _T, _T, _T, _Z, _Z, _Z, _T, _Z, _Z, _I, _Z, _Z, _Z],
-    "dcp_mla_decode_dense": [_D, _S, _T, _Z, _Z, _Z, c_float, _T, _T, _Z, _T, _I, _T, _Z, _Z, _T, _Z, _Z, _T],
-    "dcp_mla_decode_sparse": [_D, _S, _T, _Z, _Z, _Z, c_float, _T, _T, _Z, _T, _I, _T, _I, _Z, _Z, _T, _Z, _T],
+    "dcp_mla_decode_dense": [_D, _S, _T, _Z, _Z, _Z, c_float, _T, _T, _Z, _T, _I, _T, _Z, _Z, _T, _Z, _Z, _T, _T],
+    "dcp_mla_decode_sparse": [_D, _S, _T, _Z, _Z, _Z, c_float, _T, _T, _Z, _T, _I, _T, _I, _Z, _Z, _T, _Z, _T, _T],
     "dcp_mla_ag_rs_correct": [_D, _S, _T, _T, _I, _T, _Z, _Z, _Z, _Z],
-    "dcp_mla_ag_rs_finish": [_D, _S, _T, _T, _I, _T, _T, _Z, _Z, _Z, _Z],
+    "dcp_mla_ag_rs_finish": [_D, _S, _T, _T, _I, _T, _T, _Z, _Z, _Z, _Z, _T],
     "dcp_mla_a2a_pack": [_D, _S, _T, _T, _T, _Z, _Z, _Z, _Z],
-    "dcp_mla_a2a_combine": [_D, _S, _T, _Z, _I, _T, _T, _Z, _Z, _Z],
-    "dcp_mla_merge_two": [_D, _S, _T, _T, _T, _T, _I, _I, _T, _T, _Z],
+    "dcp_mla_a2a_combine": [_D, _S, _T, _Z, _I, _T, _T, _Z, _Z, _Z, _T],
+    "dcp_mla_merge_two": [_D, _S, _T, _T, _T, _T, _I, _I, _T, _T, _Z, _T],
     "dcp_mla_topk_local": [_D, _S, _T, _Z, _Z, _T, _Z, _Z, _T],
     "dcp_mla_topk_pack": [_D, _S, _T, _T, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _T, _T],
     "dcp_mla_topk_merge": [_D, _S, _T, _T, _Z, _Z, _Z, _T],

@@ -14,8 +14,9 @@ silently ignored:
   NotImplementedError (FP8-656 caches are read by sparse decode, as in FlashMLA's sparse path).
 - Sparse decode takes a bf16 cache too (FlashMLA requires FP8 there); is_fp8_kvcache must match
   the cache's row size (656 bytes FP8, 576 bf16).
-- attn_sink, extra_k_cache, extra_indices_in_kvcache and extra_topk_length are not supported
-  (NotImplementedError).
+- extra_k_cache, extra_indices_in_kvcache and extra_topk_length are not supported
+  (NotImplementedError). attn_sink ([h_q] f32) is: out scaled by e^lse / (e^lse + e^sink) per
+  head, softmax_lse unchanged, as FlashMLA documents it.
 - The numerics are dcp-mla's (docs/contract.md §9: P rounded to bf16 once, fp32 accumulation),
   not FlashMLA's bit for bit.
 - The lse convention costs two small extra kernels (transpose, −inf → +inf); the native
@@ -82,7 +83,7 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
         raise TypeError("num_splits: must be None (or the old interface's tensor, which is unused)")
     if head_dim_v != 512:
         raise ValueError(f"head_dim_v: {head_dim_v}, dcp-mla's kernels are built for 512")
-    for name, value in [("attn_sink", attn_sink), ("extra_k_cache", extra_k_cache),
+    for name, value in [("extra_k_cache", extra_k_cache),
                         ("extra_indices_in_kvcache", extra_indices_in_kvcache),
                         ("extra_topk_length", extra_topk_length)]:
         if value is not None:
@@ -112,7 +113,8 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
         if topk_length is not None:
             topk_len = topk_length.to(torch.int32).view(b, 1).expand(b, s_q).contiguous()
         out, lse = ops.decode_sparse(q, k_cache, indices, topk_len=topk_len, scale=softmax_scale,
-                                     num_splits=meta.num_splits, workspace=meta.workspace, reuse_schedule=reuse)
+                                     num_splits=meta.num_splits, workspace=meta.workspace, reuse_schedule=reuse,
+                                     sink=attn_sink)
     else:
         if is_fp8_kvcache:
             raise NotImplementedError("is_fp8_kvcache: dense decode over an FP8 cache is not in dcp-mla "
@@ -125,7 +127,8 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
         # with causal row j sees cache_seqlens[i] − s_q + 1 + j (at least 0)
         lens = ops.local_lens(cache_seqlens, dcp_size=1, interleave=1, rank=0, num_q=s_q, causal=causal)
         out, lse = ops.decode_dense(q, k_cache, block_table, lens, scale=softmax_scale,
-                                    num_splits=meta.num_splits, workspace=meta.workspace, reuse_schedule=reuse)
+                                    num_splits=meta.num_splits, workspace=meta.workspace, reuse_schedule=reuse,
+                                    sink=attn_sink)
     meta.scheduled = True  # both paths launched (an error above leaves it as it was)
     # FlashMLA's lse: [b, h_q, s_q], +inf where a row sees no token.
     lse = lse.transpose(1, 2).contiguous()

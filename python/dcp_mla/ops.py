@@ -86,6 +86,13 @@ def _want_format(name, got, kv_format):
         _fail(name, f"holds {'bf16' if got == _lib.KV_BF16 else 'fp8_656'} rows, kv_format says {kv_format!r}")
 
 
+def _sink(sink, heads, device, name="sink"):
+    """An optional f32 [heads] attention sink per head (docs/contract.md §4), checked."""
+    if sink is not None:
+        _check(sink, name, (torch.float32,), ndim=1, shape=(heads,), device=device)
+    return sink
+
+
 def _base(name, base):
     try:
         return _LSE_BASES[base]
@@ -233,21 +240,22 @@ def _kv_fill(ckv: torch.Tensor, kpe: torch.Tensor, req_idx: torch.Tensor, positi
 @_op(("out", "lse", "workspace"))
 def _decode_dense(q: torch.Tensor, cache: torch.Tensor, block_table: torch.Tensor, lens: torch.Tensor,
                   out: torch.Tensor, lse: torch.Tensor, workspace: Optional[torch.Tensor], scale: float,
-                  num_splits: int, schedule: int) -> None:
+                  num_splits: int, schedule: int, sink: Optional[torch.Tensor]) -> None:
     b, nq, h, _ = q.shape
     _launch("dcp_mla_decode_dense", _dev_stream(q), _t(q), b, nq, h, scale, _t(out), _t(lse), num_splits,
             _t(workspace), schedule, _t(cache), cache.shape[0], cache.shape[1], _t(block_table), block_table.stride(0),
-            block_table.shape[1], _t(lens))
+            block_table.shape[1], _t(lens), _t(sink))
 
 
 @_op(("out", "lse", "workspace"))
 def _decode_sparse(q: torch.Tensor, cache: torch.Tensor, fmt: int, indices: torch.Tensor,
                    topk_len: Optional[torch.Tensor], out: torch.Tensor, lse: torch.Tensor,
-                   workspace: Optional[torch.Tensor], scale: float, num_splits: int, schedule: int) -> None:
+                   workspace: Optional[torch.Tensor], scale: float, num_splits: int, schedule: int,
+                   sink: Optional[torch.Tensor]) -> None:
     b, nq, h, _ = q.shape
     _launch("dcp_mla_decode_sparse", _dev_stream(q), _t(q), b, nq, h, scale, _t(out), _t(lse), num_splits,
             _t(workspace), schedule, _t(cache), fmt, cache.shape[0], cache.shape[1], _t(indices), indices.shape[-1],
-            _t(topk_len))
+            _t(topk_len), _t(sink))
 
 
 @_op(("contrib",))
@@ -260,10 +268,10 @@ def _ag_rs_correct(out: torch.Tensor, lse_all: torch.Tensor, base: int, contrib:
 
 @_op(("out", "lse"))
 def _ag_rs_finish(summed: torch.Tensor, lse_all: torch.Tensor, base: int, out: torch.Tensor, lse: torch.Tensor,
-                  dcp_size: int, rank: int) -> None:
+                  dcp_size: int, rank: int, sink: Optional[torch.Tensor]) -> None:
     hl, t, _ = summed.shape
     _launch("dcp_mla_ag_rs_finish", _dev_stream(summed), _t(summed), _t(lse_all), base, _t(out), _t(lse), t, hl,
-            dcp_size, rank)
+            dcp_size, rank, _t(sink))
 
 
 @_op(("send",))
@@ -274,17 +282,18 @@ def _a2a_pack(out: torch.Tensor, lse: torch.Tensor, send: torch.Tensor, dcp_size
 
 
 @_op(("out", "lse"))
-def _a2a_combine(recv: torch.Tensor, base: int, out: torch.Tensor, lse: torch.Tensor) -> None:
+def _a2a_combine(recv: torch.Tensor, base: int, out: torch.Tensor, lse: torch.Tensor,
+                 sink: Optional[torch.Tensor]) -> None:
     t, hl, _ = out.shape
     _launch("dcp_mla_a2a_combine", _dev_stream(recv), _t(recv), recv.shape[1], base, _t(out), _t(lse), t, hl,
-            recv.shape[0])
+            recv.shape[0], _t(sink))
 
 
 @_op(("out", "lse"))
 def _merge_two(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor, base_a: int,
-               base_b: int, out: torch.Tensor, lse: torch.Tensor) -> None:
+               base_b: int, out: torch.Tensor, lse: torch.Tensor, sink: Optional[torch.Tensor]) -> None:
     _launch("dcp_mla_merge_two", _dev_stream(out), _t(out_a), _t(lse_a), _t(out_b), _t(lse_b), base_a, base_b,
-            _t(out), _t(lse), out.shape[0])
+            _t(out), _t(lse), out.shape[0], _t(sink))
 
 
 @_op(("out",))
@@ -403,7 +412,7 @@ def decode_workspace(q_shape, *, sparse, num_splits=None, device=None):
 
 
 def decode_dense(q, cache, block_table, lens, *, scale=None, num_splits=None, workspace=None, out=None, lse=None,
-                 out_dtype=torch.bfloat16, reuse_schedule=False) -> Tuple[torch.Tensor, torch.Tensor]:
+                 out_dtype=torch.bfloat16, reuse_schedule=False, sink=None) -> Tuple[torch.Tensor, torch.Tensor]:
     """Dense MLA decode on one rank's shard (docs/contract.md §4): row (i, j) attends to the
     first lens[i, j] local tokens of request i. q bf16 [b, nq, H, 576]; cache bf16 [pages, B, 576]
     (or [pages, B, 1, 576]); block_table int32 [b, max_pages] (unit last stride); lens int32
@@ -413,7 +422,9 @@ def decode_dense(q, cache, block_table, lens, *, scale=None, num_splits=None, wo
     the split schedule an earlier call of the same shapes left in `workspace` (the step's first
     layer computes it, the others reuse it: one small kernel less a layer); the result is exact
     whatever the lengths are now, only the balance is the older lengths'. A workspace no call of
-    these shapes scheduled makes the kernel trap."""
+    these shapes scheduled makes the kernel trap. sink: optional f32 [H] attention sinks
+    (FlashMLA's attn_sink): out scaled by e^lse / (e^lse + e^sink[h]), lse unchanged; leave it
+    None on a DCP rank and give it to the combine, which applies it once."""
     dev = q.device
     _check(q, "q", (torch.bfloat16,), ndim=4, shape=(None, None, None, 576))
     b, nq, h, _ = q.shape
@@ -422,19 +433,21 @@ def decode_dense(q, cache, block_table, lens, *, scale=None, num_splits=None, wo
         _fail("cache", "dense decode reads a bf16 cache [pages, B, 576]; an FP8-656 cache is read by decode_sparse")
     _check(block_table, "block_table", (torch.int32,), ndim=2, shape=(b, None), contiguous="rows", device=dev)
     _check(lens, "lens", (torch.int32,), ndim=2, shape=(b, nq), device=dev)
+    _sink(sink, h, dev)
     out, lse = _decode_outputs(q, out, lse, out_dtype)
     num_splits, workspace, schedule = _workspace(q, False, num_splits, workspace, reuse_schedule)
     _run("decode_dense", q, cache3, block_table, lens, out, lse, workspace,
-         _default_scale() if scale is None else float(scale), num_splits, schedule)
+         _default_scale() if scale is None else float(scale), num_splits, schedule, sink)
     return out, lse
 
 
 def decode_sparse(q, cache, indices, *, topk_len=None, kv_format=None, scale=None, num_splits=None, workspace=None,
-                  out=None, lse=None, out_dtype=torch.bfloat16, reuse_schedule=False) -> Tuple[torch.Tensor, torch.Tensor]:
+                  out=None, lse=None, out_dtype=torch.bfloat16, reuse_schedule=False,
+                  sink=None) -> Tuple[torch.Tensor, torch.Tensor]:
     """Sparse MLA decode (docs/contract.md §4) over a bf16 or FP8-656 cache: row (i, j) attends to
     the cache rows page·B + slot listed in indices[i, j] (−1 or out of range: unused; only the
     first topk_len[i, j] count when topk_len int32 [b, nq] is given). q bf16 [b, nq, H, 576];
-    indices int32 [b, nq, topk]. Returns (out, lse) as decode_dense; reuse_schedule as there."""
+    indices int32 [b, nq, topk]. Returns (out, lse) as decode_dense; reuse_schedule and sink as there."""
     dev = q.device
     _check(q, "q", (torch.bfloat16,), ndim=4, shape=(None, None, None, 576))
     b, nq, h, _ = q.shape
@@ -443,10 +456,11 @@ def decode_sparse(q, cache, indices, *, topk_len=None, kv_format=None, scale=Non
     _check(indices, "indices", (torch.int32,), ndim=3, shape=(b, nq, None), device=dev)
     if topk_len is not None:
         _check(topk_len, "topk_len", (torch.int32,), ndim=2, shape=(b, nq), device=dev)
+    _sink(sink, h, dev)
     out, lse = _decode_outputs(q, out, lse, out_dtype)
     num_splits, workspace, schedule = _workspace(q, True, num_splits, workspace, reuse_schedule)
     _run("decode_sparse", q, cache3, fmt, indices, topk_len, out, lse, workspace,
-         _default_scale() if scale is None else float(scale), num_splits, schedule)
+         _default_scale() if scale is None else float(scale), num_splits, schedule, sink)
     return out, lse
 
 
@@ -468,10 +482,13 @@ def ag_rs_correct(out, lse_all, *, dcp_size, rank, lse_base="e", contrib=None,
     return contrib
 
 
-def ag_rs_finish(summed, lse_all, *, dcp_size, rank, lse_base="e", out=None, lse=None, out_dtype=torch.bfloat16):
+def ag_rs_finish(summed, lse_all, *, dcp_size, rank, lse_base="e", out=None, lse=None, out_dtype=torch.bfloat16,
+                 sink=None):
     """ag_rs combine, step 2: this rank's reduce-scattered heads summed f32/bf16 [H_l, T, 512] cast to
     out [T, H_l, 512] with their merged lse f32 [T, H_l] (natural log; −inf with out = 0 where
-    every shard is empty). lse_all is step 1's [D, T, D·H_l]. Returns (out, lse)."""
+    every shard is empty). lse_all is step 1's [D, T, D·H_l]. sink: optional f32 [H_l], the
+    attention sinks of this rank's heads, applied once to the merged rows (lse unchanged).
+    Returns (out, lse)."""
     _check(summed, "summed", _OUT, ndim=3, shape=(None, None, 512))
     hl, t, _ = summed.shape
     _check(lse_all, "lse_all", (torch.float32,), ndim=3, shape=(dcp_size, t, dcp_size * hl), device=summed.device)
@@ -479,7 +496,8 @@ def ag_rs_finish(summed, lse_all, *, dcp_size, rank, lse_base="e", out=None, lse
     lse = _empty((t, hl), torch.float32, summed) if lse is None else lse
     _check(out, "out", _OUT, ndim=3, shape=(t, hl, 512), device=summed.device)
     _check(lse, "lse", (torch.float32,), ndim=2, shape=(t, hl), device=summed.device)
-    _run("ag_rs_finish", summed, lse_all, _base("lse_base", lse_base), out, lse, dcp_size, rank)
+    _sink(sink, hl, summed.device)
+    _run("ag_rs_finish", summed, lse_all, _base("lse_base", lse_base), out, lse, dcp_size, rank, sink)
     return out, lse
 
 
@@ -499,10 +517,11 @@ def a2a_pack(out, lse, *, dcp_size, send=None) -> torch.Tensor:
     return send
 
 
-def a2a_combine(recv, *, num_tokens, local_heads, lse_base="e", out=None, lse=None, out_dtype=torch.bfloat16):
+def a2a_combine(recv, *, num_tokens, local_heads, lse_base="e", out=None, lse=None, out_dtype=torch.bfloat16,
+                sink=None):
     """a2a combine, receive side: the merge of the D received slots recv uint8 [D, slot] (slot r
     as rank r packed it for this rank) in f32, rank order. Returns out [T, H_l, 512] and lse f32
-    [T, H_l] (natural log)."""
+    [T, H_l] (natural log). sink: as for ag_rs_finish."""
     _check(recv, "recv", _BYTES, ndim=2)
     slot = _slot_bytes(num_tokens, local_heads)
     _check(recv, "recv", _BYTES, ndim=2, shape=(None, slot))
@@ -510,16 +529,18 @@ def a2a_combine(recv, *, num_tokens, local_heads, lse_base="e", out=None, lse=No
     lse = _empty((num_tokens, local_heads), torch.float32, recv) if lse is None else lse
     _check(out, "out", _OUT, ndim=3, shape=(num_tokens, local_heads, 512), device=recv.device)
     _check(lse, "lse", (torch.float32,), ndim=2, shape=(num_tokens, local_heads), device=recv.device)
-    _run("a2a_combine", recv, _base("lse_base", lse_base), out, lse)
+    _sink(sink, local_heads, recv.device)
+    _run("a2a_combine", recv, _base("lse_base", lse_base), out, lse, sink)
     return out, lse
 
 
 def merge_two(out_a, lse_a, out_b, lse_b, *, lse_a_base="e", lse_b_base="e", out=None, lse=None,
-              out_dtype=None):
+              out_dtype=None, sink=None):
     """The two-way merge of chunked prefill (docs/contract.md §5.3): out_a, out_b [rows, 512], both
     bf16 or both f32, lse_a, lse_b f32 [rows], each in its own base. Returns out [rows, 512] (in
     out_dtype, by default the inputs' dtype; may be out_a itself, in place, when of their dtype)
-    and lse f32 [rows] (natural log)."""
+    and lse f32 [rows] (natural log). sink: optional f32 [H] attention sinks of rows laid out
+    [T, H] (H dividing rows), applied to the merged rows: pass it on the last merge of a chain."""
     _check(out_a, "out_a", _OUT, ndim=2, shape=(None, 512))
     rows = out_a.shape[0]
     dev = out_a.device
@@ -531,8 +552,12 @@ def merge_two(out_a, lse_a, out_b, lse_b, *, lse_a_base="e", lse_b_base="e", out
     lse = _empty((rows,), torch.float32, out_a) if lse is None else lse
     _check(out, "out", _OUT, ndim=2, shape=(rows, 512), device=dev)
     _check(lse, "lse", (torch.float32,), ndim=1, shape=(rows,), device=dev)
+    if sink is not None:
+        _check(sink, "sink", (torch.float32,), ndim=1, device=dev)
+        if sink.shape[0] == 0 or rows % sink.shape[0]:
+            _fail("sink", f"{sink.shape[0]} heads do not divide the {rows} rows")
     _run("merge_two", out_a, lse_a, out_b, lse_b, _base("lse_a_base", lse_a_base), _base("lse_b_base", lse_b_base),
-         out, lse)
+         out, lse, sink)
     return out, lse
 
 

@@ -155,6 +155,83 @@ def test_decode_dense_matches_attention(dev, out_dtype, splits):
         start += n
 
 
+def sinks_for(h, dev):
+    """One attention sink per head covering the contract's cases: −inf (out unchanged), +inf (out
+    0), NaN (out NaN where the row reads tokens) and finite values around the rows' lse."""
+    sink = torch.randn(h, device=dev) * 2
+    sink[0::8], sink[3::8], sink[5::8] = -INF, INF, float("nan")
+    return sink
+
+
+def sinked(out, lse, sink):
+    """FlashMLA's attn_sink on a result without one: out · e^lse / (e^lse + e^sink) per head (rows
+    [.., H]), in float64; 0 where the row saw no token."""
+    l, s = lse.double(), sink.double()
+    f = torch.where(l > s, 1 / (1 + torch.exp(s - l)), torch.exp(l - s) / (torch.exp(l - s) + 1))
+    f = torch.where(torch.isinf(l), torch.zeros_like(f), f)
+    return out.double() * f[..., None]
+
+
+def close_with_nans(got, want, tol):
+    nan = torch.isnan(want)
+    return torch.equal(torch.isnan(got), nan) and (got.double() - want).abs()[~nan].max().item() <= tol
+
+
+@pytest.mark.parametrize("splits", [1, None, 5])
+def test_decode_sinks_scale_out_and_keep_lse(dev, splits):
+    # dense and sparse FP8, unsplit and split (a split row takes its sink in the combine): out is
+    # the sinkless out scaled per head, lse is unchanged, an empty row stays 0
+    lens, nq, h, b = [900, 0, 70], 2, 64, 64
+    table, caches, _ = filled_caches(lens, 1, 1, b, "bf16", dev)
+    q = torch.randn(len(lens), nq, h, 576, device=dev).to(torch.bfloat16)
+    rl = torch.tensor([[max(n - nq + 1 + j, 0) for j in range(nq)] for n in lens], dtype=torch.int32, device=dev)
+    sink = sinks_for(h, dev)
+    out, lse = dcp_mla.decode_dense(q, caches[0], table, rl, num_splits=splits, out_dtype=torch.float32)
+    out_s, lse_s = dcp_mla.decode_dense(q, caches[0], table, rl, num_splits=splits, out_dtype=torch.float32,
+                                        sink=sink)
+    assert torch.equal(lse_s, lse)
+    assert close_with_nans(out_s, sinked(out, lse, sink), 2e-6 * out.abs().max().item())
+    assert torch.all(out_s[1] == 0), "an empty request's rows stay 0 whatever the sink"
+    table8, caches8, _ = filled_caches(lens, 1, 1, b, "fp8_656", dev)
+    idx = torch.full((len(lens), nq, 512), -1, dtype=torch.int32, device=dev)
+    idx[0, :, :500] = torch.arange(500, dtype=torch.int32, device=dev)  # request 0's first pages
+    idx[0] = (table8[0].long()[idx[0].clamp_min(0) // b] * b + idx[0].clamp_min(0) % b).int().masked_fill(idx[0] < 0, -1)
+    out, lse = dcp_mla.decode_sparse(q, caches8[0], idx, num_splits=splits, out_dtype=torch.float32)
+    out_s, lse_s = dcp_mla.decode_sparse(q, caches8[0], idx, num_splits=splits, out_dtype=torch.float32, sink=sink)
+    assert torch.equal(lse_s, lse)
+    assert close_with_nans(out_s, sinked(out, lse, sink), 2e-6 * out.abs().max().item())
+    assert torch.all(out_s[1:] == 0)
+    with pytest.raises(ValueError, match="sink"):
+        dcp_mla.decode_dense(q, caches[0], table, rl, sink=sink[:h - 1])
+
+
+def test_combine_sinks_apply_once(dev):
+    # merge_two (rows [T, H], H sinks), ag_rs_finish and a2a_combine (H_l sinks of the rank's heads)
+    t, h = 40, 8
+    oa, ob = torch.randn(t * h, 512, device=dev), torch.randn(t * h, 512, device=dev)
+    la, lb = torch.randn(t * h, device=dev) * 4, torch.randn(t * h, device=dev) * 4
+    la[:h], lb[:h] = -INF, -INF  # token 0: empty on both sides
+    sink = sinks_for(h, dev)
+    out, lse = dcp_mla.merge_two(oa, la, ob, lb)
+    out_s, lse_s = dcp_mla.merge_two(oa, la, ob, lb, sink=sink)
+    assert torch.equal(lse_s, lse) and torch.all(out_s[:h] == 0)
+    assert close_with_nans(out_s, sinked(out.view(t, h, 512), lse.view(t, h), sink).view(t * h, 512), 1e-5)
+    with pytest.raises(ValueError, match="sink"):
+        dcp_mla.merge_two(oa, la, ob, lb, sink=sink[:3])
+    d, hl = 4, 8
+    outs = torch.randn(t, d * hl, 512, device=dev).to(torch.bfloat16)
+    lses = torch.randn(d, t, d * hl, device=dev) * 3
+    summed = torch.randn(hl, t, 512, device=dev)
+    out, lse = dcp_mla.ag_rs_finish(summed, lses, dcp_size=d, rank=1, out_dtype=torch.float32)
+    out_s, lse_s = dcp_mla.ag_rs_finish(summed, lses, dcp_size=d, rank=1, out_dtype=torch.float32, sink=sink)
+    assert torch.equal(lse_s, lse) and close_with_nans(out_s, sinked(out, lse, sink), 1e-5)
+    send = dcp_mla.a2a_pack(outs, lses[0], dcp_size=d)
+    recv = torch.stack([send[0]] * d)  # every source's slot for rank 0: the merge of d equal slots
+    out, lse = dcp_mla.a2a_combine(recv, num_tokens=t, local_heads=hl, out_dtype=torch.float32)
+    out_s, lse_s = dcp_mla.a2a_combine(recv, num_tokens=t, local_heads=hl, out_dtype=torch.float32, sink=sink)
+    assert torch.equal(lse_s, lse) and close_with_nans(out_s, sinked(out, lse, sink), 1e-5)
+
+
 def test_decode_dense_reuses_a_schedule_exactly(dev):
     # a step's first layer computes the split schedule, the others reuse it: with the lengths it
     # was made for the result is bit for bit the computing call's, with other lengths (longer,
@@ -554,9 +631,12 @@ def test_flash_mla_face_dense_matches_native(dev):
     assert torch.equal(out3, out)
     with pytest.raises(ValueError, match="tile_scheduler_metadata"):
         flash_mla_with_kvcache(q[:2], k_cache, table[:2], seqlens[:2], 512, meta, None, causal=True)
-    with pytest.raises(NotImplementedError, match="attn_sink"):
-        flash_mla_with_kvcache(q, k_cache, table, seqlens, 512, get_mla_metadata()[0],
-                               attn_sink=torch.zeros(h, device=dev))
+    # attn_sink: FlashMLA's per-head sink, lse unchanged
+    sink = sinks_for(h, dev)
+    out_s, lse_s = flash_mla_with_kvcache(q, k_cache, table, seqlens, 512, get_mla_metadata()[0], None, causal=True,
+                                          attn_sink=sink)
+    nout_s, _ = dcp_mla.decode_dense(q, caches[0], table, rl, sink=sink)
+    assert torch.equal(out_s, nout_s) and torch.equal(lse_s, lse)
 
 
 def test_flash_mla_face_sparse_fp8_matches_native(dev):

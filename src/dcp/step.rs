@@ -623,6 +623,7 @@ impl<'a> DecodeStep<'a> {
                     num_splits: self.num_splits,
                     workspace: v.split_ws,
                     schedule: decode::DecodeSchedule::Compute,
+                    sink: None,
                 };
                 match c.attention {
                     Attention::Dense => decode::mla_decode_dense(
@@ -684,6 +685,7 @@ impl<'a> DecodeStep<'a> {
                     local_heads: h_l,
                     dcp_size: d,
                     rank,
+                    sink: None,
                 },
             ),
             Stage::A2aPack => combine::a2a_pack(
@@ -712,6 +714,7 @@ impl<'a> DecodeStep<'a> {
                     num_tokens: t,
                     local_heads: h_l,
                     dcp_size: d,
+                    sink: None,
                 },
             ),
         }

@@ -78,6 +78,9 @@ pub struct AgRsFinish {
     pub local_heads: usize,
     pub dcp_size: usize,
     pub rank: usize,
+    /// fp32 [H_l]: the attention sinks of this rank's heads (sink[j] for head rank·H_l + j), applied
+    /// once to the merged fp32 rows before the cast (docs/contract.md §5); `None`: no sink.
+    pub sink: Option<DeviceSlice<f32>>,
 }
 
 /// Arguments of [`a2a_pack`] on one source rank.
@@ -113,6 +116,9 @@ pub struct A2aCombine {
     pub num_tokens: usize,
     pub local_heads: usize,
     pub dcp_size: usize,
+    /// fp32 [H_l]: the attention sinks of this rank's heads (sink[j] for head rank·H_l + j), applied
+    /// once to the merged fp32 rows before the cast (docs/contract.md §5); `None`: no sink.
+    pub sink: Option<DeviceSlice<f32>>,
 }
 
 /// Arguments of [`merge_two`]: `rows` rows (T·H) of two partial results.
@@ -136,6 +142,10 @@ pub struct MergeTwo {
     /// fp32 [rows], natural log: written. May be exactly `lse_a` or `lse_b`.
     pub lse: DeviceSlice<f32>,
     pub rows: usize,
+    /// fp32 [H]: attention sinks applied to the merged rows, laid out [T, H] (head = row mod H, with
+    /// H = the slice's length, which must divide `rows`). Pass it on the last merge of a chain
+    /// only: the running result carries no sink, or the sink would enter the softmax once a chunk.
+    pub sink: Option<DeviceSlice<f32>>,
 }
 
 /// ag_rs step 1 (docs/contract.md §5.1): `contrib[h, t, :] = (w_rank / S) · out[t, h, :]` in fp32 (stored
@@ -196,11 +206,13 @@ fn validate_ag_rs_finish(a: &AgRsFinish) -> Result<(DcpAgRsFinishParams, usize)>
         disjoint("out", out, name, e)?;
         disjoint("lse", lse, name, e)?;
     }
+    let sink = sink_param(a.sink.as_ref(), a.local_heads, rows, &[out, lse])?;
     let params = DcpAgRsFinishParams {
         summed: a.summed.ptr(),
         lse_all: a.lse_all.ptr(),
         out: a.out.ptr(),
         lse_out: a.lse.ptr(),
+        sink,
         num_tokens: to_i32("num_tokens", a.num_tokens)?,
         local_heads: to_i32("local_heads", a.local_heads)?,
         dcp_size: a.dcp_size as i32,
@@ -271,10 +283,12 @@ fn validate_a2a_combine(a: &A2aCombine) -> Result<(DcpA2aCombineParams, usize)> 
     disjoint("out", out, "lse", lse)?;
     disjoint("out", out, "recv", recv)?;
     disjoint("lse", lse, "recv", recv)?;
+    let sink = sink_param(a.sink.as_ref(), a.local_heads, rows, &[out, lse])?;
     let params = DcpA2aCombineParams {
         recv: a.recv.ptr(),
         out: a.out.ptr(),
         lse_out: a.lse.ptr(),
+        sink,
         slot_bytes: a.slot_bytes as i64,
         num_tokens: to_i32("num_tokens", a.num_tokens)?,
         local_heads: to_i32("local_heads", a.local_heads)?,
@@ -322,6 +336,13 @@ fn validate_merge_two(a: &MergeTwo) -> Result<(DcpMergeTwoParams, usize)> {
     }
     disjoint("lse", lse, "out_a", out_a)?;
     disjoint("lse", lse, "out_b", out_b)?;
+    let sink_heads = a.sink.map_or(1, |s| s.len());
+    ensure_arg!(
+        sink_heads >= 1 && rows % sink_heads == 0,
+        "sink",
+        "holds {sink_heads} values, which is not a head count dividing the {rows} rows"
+    );
+    let sink = sink_param(a.sink.as_ref(), sink_heads, rows, &[out, lse])?;
     let params = DcpMergeTwoParams {
         out_a: a.out_a.ptr(),
         lse_a: a.lse_a.ptr(),
@@ -329,9 +350,12 @@ fn validate_merge_two(a: &MergeTwo) -> Result<(DcpMergeTwoParams, usize)> {
         lse_b: a.lse_b.ptr(),
         out: a.out.ptr(),
         lse_out: a.lse.ptr(),
+        sink,
         rows: rows as i64,
         lse_a_base2: base2(a.lse_a_base),
         lse_b_base2: base2(a.lse_b_base),
+        sink_heads: to_i32("sink", sink_heads)?,
+        reserved: 0,
     };
     Ok((params, rows))
 }
@@ -431,6 +455,21 @@ fn same_or_disjoint(arg: &'static str, a: Extent, other: &str, b: Extent) -> Res
     Ok(())
 }
 
+/// The kernels' sink pointer (0 for none) after [`super::check_sink`], with the sinks kept apart
+/// from what the launch writes (`written`: out and lse), for a launch of `rows` rows (the kernels
+/// find a row's head by a 32-bit remainder).
+fn sink_param(sink: Option<&DeviceSlice<f32>>, heads: usize, rows: usize, written: &[Extent]) -> Result<u64> {
+    let ptr = super::check_sink(sink, heads)?;
+    if let Some(s) = sink {
+        ensure_arg!(u32::try_from(rows).is_ok(), "sink", "with {rows} rows (2^32 or more) is not supported");
+        let e = f32_extent(s, heads);
+        for &w in written {
+            disjoint("sink", e, "out or lse", w)?;
+        }
+    }
+    Ok(ptr)
+}
+
 fn base2(base: LseBase) -> i32 {
     match base {
         LseBase::E => 0,
@@ -528,6 +567,7 @@ mod tests {
             local_heads: h_l,
             dcp_size: d,
             rank: 0,
+            sink: None,
         };
         let check = |a: AgRsFinish| validate_ag_rs_finish(&a).map(|_| ());
         assert!(check(finish).is_ok());
@@ -571,6 +611,7 @@ mod tests {
             num_tokens: t,
             local_heads: h_l,
             dcp_size: d,
+            sink: None,
         };
         assert!(validate_a2a_combine(&comb).is_ok());
         assert_eq!(err_arg(validate_a2a_combine(&A2aCombine { dcp_size: 3, ..comb }).map(|_| ())), "dcp_size");
@@ -601,6 +642,7 @@ mod tests {
             out: CombineRows::F32(slice(0x5000_0000, rows * D_V)),
             lse: slice(0x6000_0000, rows),
             rows,
+            sink: None,
         };
         let check = |a: MergeTwo| validate_merge_two(&a).map(|_| ());
         assert!(check(m).is_ok());
@@ -627,6 +669,15 @@ mod tests {
         );
         // rows·512 wraps (a C caller's size, on trust): refused by name, not a panic or a tiny size
         assert_eq!(err_arg(check(MergeTwo { rows: usize::MAX / 256, ..m })), "rows");
+        // sinks: H values dividing the rows, apart from what the merge writes
+        let sink = |ptr, n| Some(slice::<f32>(ptr, n));
+        assert!(check(MergeTwo { sink: sink(0x7000_0000, 2), ..m }).is_ok());
+        let p = validate_merge_two(&MergeTwo { sink: sink(0x7000_0000, 2), ..m }).unwrap().0;
+        assert_eq!((p.sink, p.sink_heads), (0x7000_0000, 2));
+        assert_eq!(err_arg(check(MergeTwo { sink: sink(0x7000_0000, 3), ..m })), "sink");
+        assert_eq!(err_arg(check(MergeTwo { sink: sink(0x7000_0000, 0), ..m })), "sink");
+        assert_eq!(err_arg(check(MergeTwo { sink: sink(0x6000_0000, 2), ..m })), "sink");
+        assert_eq!(err_arg(check(MergeTwo { sink: sink(0x7000_0002, 2), ..m })), "sink");
     }
 
     #[test]

@@ -80,6 +80,10 @@ pub struct DecodeCommon {
     pub workspace: DeviceSlice<u8>,
     /// Compute the split schedule into `workspace`, or reuse the one there (see [`DecodeSchedule`]).
     pub schedule: DecodeSchedule,
+    /// fp32 [heads] attention sinks (docs/contract.md §4, FlashMLA's `attn_sink`): each row's out
+    /// is scaled by e^lse / (e^lse + e^sink[h]), lse unchanged. `None` on a rank whose result a DCP
+    /// combine merges: the sink belongs to the combine (see [`crate::ops::combine`]), once.
+    pub sink: Option<DeviceSlice<f32>>,
 }
 
 /// Dense decode over the BF16 paged cache: row (i, j) attends to the first `lens[i][j]` local
@@ -553,6 +557,7 @@ fn validate_common(c: &DecodeCommon, sparse: bool) -> Result<DcpMlaDecodeParams>
     ensure_aligned!(c.out.ptr() % 16 == 0, "out", "pointer {:#x} is not 16-byte aligned", c.out.ptr());
     ensure_arg!(c.lse.len() >= rows, "lse", "holds {} elements but [batch, nq, heads] needs {rows}", c.lse.len());
     ensure_aligned!(c.lse.ptr() % 4 == 0, "lse", "pointer {:#x} is not 4-byte aligned", c.lse.ptr());
+    let sink = super::check_sink(c.sink.as_ref(), c.heads)?;
     let plan = SplitPlan::new(c.batch, c.nq, c.heads, sparse, c.num_splits)?;
     let ws_need = plan.host_bytes()?;
     ensure_arg!(
@@ -584,6 +589,7 @@ fn validate_common(c: &DecodeCommon, sparse: bool) -> Result<DcpMlaDecodeParams>
         sched_stamp: if ws_need > 0 { sched + plan.stamp_offset } else { 0 },
         ws_out: if ws_need > 0 { ws_out } else { 0 },
         ws_lse: if ws_need > 0 { ws_lse } else { 0 },
+        sink,
         block_table_stride: 0,
         scale_log2: c.scale * std::f32::consts::LOG2_E,
         batch: c.batch as i32,
@@ -662,10 +668,13 @@ fn launch(
             ws_lse: params.ws_lse,
             out: params.out,
             lse: params.lse,
+            sink: params.sink,
             seqs: seqs as i32,
             rows_per_seq: seq_rows as i32,
             num_splits: params.num_splits,
             out_f32: params.out_f32,
+            heads: params.heads,
+            reserved: 0,
         };
         let grid = match by {
             // a CTA per (part, group of rows, a warp each)
@@ -696,6 +705,7 @@ mod tests {
             num_splits: 1,
             workspace: fake(0),
             schedule: DecodeSchedule::Compute,
+            sink: None,
         }
     }
 
@@ -722,6 +732,20 @@ mod tests {
         let e = dense_params(&dense(1, 1 << 25, (i32::MAX as usize) / 64, 64)).unwrap_err();
         assert_eq!(arg_of(e), "max_pages");
         assert!(dense_params(&dense(1, 1 << 25, (i32::MAX as usize - 64) / 64, 64)).is_ok());
+    }
+
+    #[test]
+    fn sinks_need_one_aligned_value_per_head() {
+        let with = |sink| {
+            let mut d = dense(2, 4, 4, 64);
+            d.common.sink = Some(sink);
+            dense_params(&d)
+        };
+        assert_eq!(dense_params(&dense(2, 4, 4, 64)).unwrap().sink, 0, "no sink: a null pointer");
+        assert_eq!(with(crate::ops::test_util::fake_at(0x2000, 16)).unwrap().sink, 0x2000);
+        assert_eq!(arg_of(with(crate::ops::test_util::fake_at(0x2000, 15)).unwrap_err()), "sink");
+        assert_eq!(arg_of(with(crate::ops::test_util::fake_at(0x2002, 16)).unwrap_err()), "sink");
+        assert_eq!(arg_of(with(crate::ops::test_util::fake_at(0, 16)).unwrap_err()), "sink");
     }
 
     #[test]

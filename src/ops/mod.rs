@@ -176,6 +176,17 @@ pub(crate) fn check_cache_bytes(
     Ok(())
 }
 
+/// An optional fp32 attention sink per head (docs/contract.md §4) of a result with `heads` heads:
+/// at least `heads` values (the first `heads` are read), 4-byte aligned. Returns the kernels'
+/// pointer, 0 for none.
+pub(crate) fn check_sink(sink: Option<&DeviceSlice<f32>>, heads: usize) -> Result<u64> {
+    let Some(s) = sink else { return Ok(0) };
+    ensure_arg!(s.len() >= heads, "sink", "holds {} values but {heads} heads need one each", s.len());
+    ensure_aligned!(s.ptr() % 4 == 0, "sink", "pointer {:#x} is not 4-byte aligned", s.ptr());
+    ensure_arg!(s.ptr() != 0, "sink", "is a null pointer (pass None for no sink)");
+    Ok(s.ptr())
+}
+
 /// Converts a host-side count to the kernels' int32, naming the argument when it does not fit.
 pub(crate) fn to_i32(arg: &'static str, v: usize) -> Result<i32> {
     i32::try_from(v).map_err(|_| Error::arg(arg, format!("{v} exceeds the kernels' int32 range")))

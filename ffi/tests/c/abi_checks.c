@@ -61,25 +61,26 @@ static void launcher_checks(const DcpMlaDevice *dev) {
   /* dense decode: batch * nq * heads * 576 wraps; a misaligned q */
   DcpMlaTensor cache = fake(0x40000000, 4 * 64 * 1152, DCP_MLA_DTYPE_U8), table = fake(0x41000000, 4, DCP_MLA_DTYPE_I32);
   DcpMlaTensor dlens = fake(0x42000000, 4, DCP_MLA_DTYPE_I32), ws = fake(0, 0, DCP_MLA_DTYPE_U8);
+  DcpMlaTensor nosink = fake(0, 0, DCP_MLA_DTYPE_F32); /* null data: no attention sink */
   expect("decode_dense, wrapped heads",
          dcp_mla_decode_dense(dev, NULL, fake(0x43000000, 64 * 576, DCP_MLA_DTYPE_BF16), 1, 1, SIZE_MAX / 64, 0.04f,
                               fake(0x44000000, 64 * 512, DCP_MLA_DTYPE_BF16), fake(0x45000000, 64, DCP_MLA_DTYPE_F32), 1,
-                              ws, DCP_MLA_SCHEDULE_COMPUTE, cache, 4, 64, table, 1, 1, dlens),
+                              ws, DCP_MLA_SCHEDULE_COMPUTE, cache, 4, 64, table, 1, 1, dlens, nosink),
          DCP_MLA_STATUS_INVALID_ARGUMENT, "heads");
   expect("decode_dense, misaligned q",
          dcp_mla_decode_dense(dev, NULL, fake(0x43000002, 64 * 576, DCP_MLA_DTYPE_BF16), 1, 1, 64, 0.04f,
                               fake(0x44000000, 64 * 512, DCP_MLA_DTYPE_BF16), fake(0x45000000, 64, DCP_MLA_DTYPE_F32), 1,
-                              ws, DCP_MLA_SCHEDULE_COMPUTE, cache, 4, 64, table, 1, 1, dlens),
+                              ws, DCP_MLA_SCHEDULE_COMPUTE, cache, 4, 64, table, 1, 1, dlens, nosink),
          DCP_MLA_STATUS_MISALIGNED, "`q`");
 
   /* two-way merge: rows * 512 wraps; a null lse */
   DcpMlaTensor fo = fake(0x50000000, 512, DCP_MLA_DTYPE_F32), fl = fake(0x51000000, 1, DCP_MLA_DTYPE_F32);
   DcpMlaTensor go = fake(0x52000000, 512, DCP_MLA_DTYPE_F32), gl = fake(0x53000000, 1, DCP_MLA_DTYPE_F32);
   DcpMlaTensor mo = fake(0x54000000, 512, DCP_MLA_DTYPE_F32), ml = fake(0x55000000, 1, DCP_MLA_DTYPE_F32);
-  expect("merge_two, wrapped rows", dcp_mla_merge_two(dev, NULL, fo, fl, go, gl, DCP_MLA_LSE_BASE_E, DCP_MLA_LSE_BASE_2, mo, ml, SIZE_MAX / 256),
+  expect("merge_two, wrapped rows", dcp_mla_merge_two(dev, NULL, fo, fl, go, gl, DCP_MLA_LSE_BASE_E, DCP_MLA_LSE_BASE_2, mo, ml, SIZE_MAX / 256, nosink),
          DCP_MLA_STATUS_INVALID_ARGUMENT, "rows");
   expect("merge_two, null lse_b", dcp_mla_merge_two(dev, NULL, fo, fl, go, fake(0, 1, DCP_MLA_DTYPE_F32), DCP_MLA_LSE_BASE_E,
-                           DCP_MLA_LSE_BASE_E, mo, ml, 1),
+                           DCP_MLA_LSE_BASE_E, mo, ml, 1, nosink),
          DCP_MLA_STATUS_NULL_POINTER, "`lse_b`");
 
   /* a valid top-k after the refusals: 2 rows of 300 scores s[i] = i, K = 256 */

@@ -148,6 +148,7 @@ pub fn run_gpu(dev: &Device, p: &Problem) -> Result<Outputs> {
         num_splits: splits,
         workspace: sl(&s, &ws),
         schedule: DecodeSchedule::Compute,
+        sink: None,
     };
 
     let mut outs = Vec::new();
@@ -317,6 +318,7 @@ fn combine_gpu(
             local_heads: h_l,
             dcp_size: d,
             rank: r,
+            sink: None,
         };
         clock.time(STAGE_COMBINE, || ag_rs_finish(dev, st, &args))?;
         place(&mut res, r, h, h_l, t, &down(s, &out)?, &down(s, &lse)?);
