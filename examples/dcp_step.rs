@@ -96,6 +96,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             workspace: DeviceSlice::of(&ws, &s),
             schedule: DecodeSchedule::Compute,
             sink: None,
+            q_strides: None,
         };
         let decode = DenseDecode {
             common,
@@ -106,6 +107,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             block_table_stride: max_pages,
             max_pages,
             lens: DeviceSlice::of(&d_lens, &s),
+            page_stride: None,
         };
         mla_decode_dense(&dev, st, &decode)?;
 

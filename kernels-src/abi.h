@@ -53,11 +53,12 @@ typedef struct DcpMlaDecodeParams {
     /* it) of the dense BF16 cache as [num_pages·block_size rows, 576], 128B swizzle, boxes of */
     /* 64 columns × min(64, block_size) rows: the trio schedule loads whole tiles with it */
     DCP_ALIGN(128) uint64_t kv_tmap[16];
-    uint64_t q;              /* bf16 [batch, nq, heads, 576], contiguous */
-    uint64_t cache;          /* bf16 [num_pages, block_size, 576] or bytes [num_pages, block_size, 656] */
+    uint64_t q;              /* bf16 [batch, nq, heads, 576], strides q_stride_* (rows 16-byte aligned) */
+    uint64_t cache;          /* bf16 [num_pages, page_rows, 576] or bytes [num_pages, page_rows, 656]: rows */
+                             /* [0, block_size) of each page are its tokens */
     uint64_t block_table;    /* dense: int32 [batch, block_table_stride] */
     uint64_t lens;           /* dense: int32 [batch, nq] local lengths */
-    uint64_t indices;        /* sparse: int32 [batch, nq, topk] of page·B + slot; -1 unused */
+    uint64_t indices;        /* sparse: int32 [batch, nq, topk] of page·B + slot, strides indices_stride_*; -1 unused */
     uint64_t topk_len;       /* sparse: int32 [batch, nq] valid entries per row, or 0: all topk */
     uint64_t out;            /* bf16 or fp32 [batch, nq, heads, 512] */
     uint64_t lse;            /* fp32 [batch, nq, heads], natural log */
@@ -69,6 +70,11 @@ typedef struct DcpMlaDecodeParams {
     uint64_t sink;           /* fp32 [heads] attention sinks (docs/contract.md §4), applied to the rows */
                              /* written to out (a split row's in mla_decode_combine), or 0: none */
     int64_t block_table_stride;
+    int64_t q_stride_b;      /* elements between q's requests, */
+    int64_t q_stride_s;      /* query rows */
+    int64_t q_stride_h;      /* and heads (multiples of 8: rows stay 16-byte aligned) */
+    int64_t indices_stride_b; /* sparse: elements between the index lists' requests */
+    int64_t indices_stride_s; /* and query rows */
     float scale_log2;        /* softmax scale σ · log2(e) */
     int32_t batch;
     int32_t nq;              /* query rows per request (MTP) */
@@ -81,6 +87,8 @@ typedef struct DcpMlaDecodeParams {
     int32_t sched_tile;      /* KV tokens per tile of the decode kernel the schedule is for */
     int32_t out_f32;         /* 1: out is fp32, 0: bf16 */
     int32_t kv_tma;          /* 1: kv_tmap is valid (dense; block_size a power of two ≥ 8) */
+    int32_t page_rows;       /* cache rows from one page's start to the next's, ≥ block_size */
+    int32_t reserved;
 } DcpMlaDecodeParams;
 
 /* Merge of a split decode's partial results (docs/contract.md §5, natural-log lse): the rows of every

@@ -688,6 +688,7 @@ impl DecodeBufs {
             workspace: sl(s, &self.ws),
             schedule: DecodeSchedule::Compute,
             sink: None,
+            q_strides: None,
         }
     }
 }
@@ -757,6 +758,7 @@ pub fn prepare<'a>(dev: &'a Device, s: &Arc<CudaStream>, row: &BenchRow) -> Resu
                 block_table_stride: pages,
                 max_pages: pages,
                 lens: sl(s, &lens),
+                page_stride: None,
             };
             let keep = (bufs, cache, table, lens);
             Box::new(move || {
@@ -793,6 +795,8 @@ pub fn prepare<'a>(dev: &'a Device, s: &Arc<CudaStream>, row: &BenchRow) -> Resu
                 indices: sl(s, &idx),
                 topk: k,
                 topk_len: None,
+                page_stride: None,
+                indices_strides: None,
             };
             let keep = (bufs, cache, idx);
             Box::new(move || {

@@ -147,6 +147,7 @@ impl DevOut {
             workspace: view(&s, &self.ws),
             schedule: DecodeSchedule::Compute,
             sink: None,
+            q_strides: None,
         }
     }
 
@@ -294,6 +295,7 @@ impl DenseDev {
             block_table_stride: hc.stride,
             max_pages: hc.max_pages,
             lens: view(&s, &self.lens),
+            page_stride: None,
         }
     }
 }
@@ -335,6 +337,8 @@ impl SparseDev {
             indices: view(&s, &self.idx),
             topk: k,
             topk_len: self.topk_len.as_ref().map(|t| view(&s, t)),
+            page_stride: None,
+            indices_strides: None,
         }
     }
 }
@@ -850,6 +854,124 @@ fn sinks_scale_rows_like_the_reference() {
     }
 }
 
+/// `data` [outer.., inner] laid out with `pad` more slots in each of its dims (innermost: `pad_inner`
+/// more elements), the slots outside the view filled with `fill`; returns the buffer and the
+/// view's strides (outermost first, without the innermost 1).
+fn padded<T: Copy>(data: &[T], dims: &[usize], pad: usize, pad_inner: usize, fill: T) -> (Vec<T>, Vec<usize>) {
+    let inner = *dims.last().unwrap();
+    let mut big: Vec<usize> = dims.iter().map(|d| d + pad).collect();
+    *big.last_mut().unwrap() = inner + pad_inner;
+    let mut strides = vec![1usize; dims.len()];
+    for i in (0..dims.len() - 1).rev() {
+        strides[i] = strides[i + 1] * big[i + 1];
+    }
+    let mut buf = vec![fill; big.iter().product()];
+    for (i, chunk) in data.chunks(inner).enumerate() {
+        // the row's index in each outer dim
+        let (mut rest, mut at) = (i, 0);
+        for d in (0..dims.len() - 1).rev() {
+            at += (rest % dims[d]) * strides[d];
+            rest /= dims[d];
+        }
+        buf[at..at + inner].copy_from_slice(chunk);
+    }
+    strides.pop();
+    (buf, strides)
+}
+
+/// The same pages with `extra` more rows after each page's `block_size` (0xff bytes: NaN in bf16
+/// and FP8), as a view of a larger page dimension; returns the bytes and the page stride in rows.
+fn padded_pages(hc: &HostCache, extra: usize) -> (Vec<u8>, usize) {
+    let row = hc.format.token_bytes();
+    let page = hc.block_size * row;
+    let stride = hc.block_size + extra;
+    let mut buf = vec![0xffu8; hc.num_pages * stride * row];
+    for (p, bytes) in hc.bytes.chunks(page).enumerate() {
+        buf[p * stride * row..][..page].copy_from_slice(bytes);
+    }
+    (buf, stride)
+}
+
+/// Strided views (docs/contract.md §4): q, the index lists and the cache's pages as views of larger
+/// buffers (NaN in every slot outside the view) give bit for bit the contiguous launch's out and
+/// lse, on every schedule, unsplit and split.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn strided_views_match_contiguous() {
+    let mut rng = Rng::new(seed());
+    let s = stream();
+    let nan_q = bf16::from_bits(0x7fc0);
+    // dense: MTP rows, two row blocks, pages of 64 (TMA) and 48 (cp.async)
+    for (n, &(totals, nq, heads, block_size)) in
+        [(&[300usize, 0, 65][..], 2usize, 64usize, 64usize), (&[200, 90][..], 1, 16, 48)].iter().enumerate()
+    {
+        let shape = QueryShape { batch: totals.len(), rows: nq, heads };
+        let lens = mtp_lens(totals, nq, DcpLayout { size: 1, interleave: 1 }, 0);
+        let tokens: Vec<usize> = lens.chunks(nq).map(|r| *r.iter().max().unwrap() as usize).collect();
+        let hc = dense_cache(&mut rng, KvFormat::Bf16, block_size, &tokens);
+        let q = random_q(&mut rng, shape);
+        let (q_big, q_strides) = padded(&q, &[shape.batch, nq, heads, D_QK], 1, 64, nan_q);
+        let (cache_big, page_stride) = padded_pages(&hc, 3);
+        let dev = DenseDev::new(&hc, &q, &lens);
+        let (d_q, d_cache) = (upload(&s, &q_big), upload(&s, &cache_big));
+        for path in dense_paths() {
+            for splits in [1, 5] {
+                let plain = DevOut::new(shape, splits, true);
+                mla_decode_dense_on(gpu(), raw(&s), &dev.args(&hc, &plain, shape, splits), path).expect("dense launch");
+                let strided = DevOut::new(shape, splits, true);
+                let mut args = dev.args(&hc, &strided, shape, splits);
+                args.common.q = view(&s, &d_q);
+                args.common.q_strides = Some([q_strides[0], q_strides[1], q_strides[2]]);
+                args.cache = view(&s, &d_cache);
+                args.page_stride = Some(page_stride);
+                mla_decode_dense_on(gpu(), raw(&s), &args, path).expect("strided dense launch");
+                let (want, got) = (plain.read(), strided.read());
+                let what = format!("strided dense case {n} {path:?} splits={splits}");
+                assert!(want.0.iter().zip(&got.0).all(|(a, b)| a.to_bits() == b.to_bits()), "{what}: out");
+                assert!(want.1.iter().zip(&got.1).all(|(a, b)| a.to_bits() == b.to_bits()), "{what}: lse");
+            }
+        }
+    }
+    // sparse: both formats, the pair schedule's two row blocks
+    for (n, &(format, batch, nq, heads, k)) in [
+        (KvFormat::Fp8_656, 2usize, 2usize, 64usize, 512usize),
+        (KvFormat::Bf16, 1, 2, 32, 2048),
+        (KvFormat::Fp8_656, 2, 1, 128, 2048),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let shape = QueryShape { batch, rows: nq, heads };
+        let (hc, idx) = sparse_case(&mut rng, format, shape, k, &[]);
+        let q = random_q(&mut rng, shape);
+        let (q_big, q_strides) = padded(&q, &[batch, nq, heads, D_QK], 1, 64, nan_q);
+        let (idx_big, idx_strides) = padded(&idx, &[batch, nq, k], 1, 5, 0);
+        let (cache_big, page_stride) = padded_pages(&hc, 1);
+        let dev = SparseDev::new(&hc, &q, &idx, None);
+        let (d_q, d_idx, d_cache) = (upload(&s, &q_big), upload(&s, &idx_big), upload(&s, &cache_big));
+        for path in sparse_paths(format) {
+            for splits in [1, 3] {
+                let plain = DevOut::new(shape, splits, true);
+                mla_decode_sparse_on(gpu(), raw(&s), &dev.args(&hc, &plain, shape, k, splits), path)
+                    .expect("sparse launch");
+                let strided = DevOut::new(shape, splits, true);
+                let mut args = dev.args(&hc, &strided, shape, k, splits);
+                args.common.q = view(&s, &d_q);
+                args.common.q_strides = Some([q_strides[0], q_strides[1], q_strides[2]]);
+                args.indices = view(&s, &d_idx);
+                args.indices_strides = Some([idx_strides[0], idx_strides[1]]);
+                args.cache = view(&s, &d_cache);
+                args.page_stride = Some(page_stride);
+                mla_decode_sparse_on(gpu(), raw(&s), &args, path).expect("strided sparse launch");
+                let (want, got) = (plain.read(), strided.read());
+                let what = format!("strided sparse case {n} {format:?} {path:?} splits={splits}");
+                assert!(want.0.iter().zip(&got.0).all(|(a, b)| a.to_bits() == b.to_bits()), "{what}: out");
+                assert!(want.1.iter().zip(&got.1).all(|(a, b)| a.to_bits() == b.to_bits()), "{what}: lse");
+            }
+        }
+    }
+}
+
 /// Shards sequences over D ∈ {2, 4, 8} ranks on one GPU (each rank's cache holds only its
 /// tokens, NaN elsewhere), runs the per-shard dense kernel with fp32 output, merges with the
 /// reference merge, and compares with attention over the whole sequence.
@@ -961,6 +1083,7 @@ fn graph_replay_case(path: DecodePath) {
         workspace: ws,
         schedule: DecodeSchedule::Compute,
         sink: None,
+        q_strides: None,
     };
     let dense = DenseDecode {
         common: common(
@@ -975,6 +1098,7 @@ fn graph_replay_case(path: DecodePath) {
         block_table_stride: hc.stride,
         max_pages: hc.max_pages,
         lens: DeviceSlice::of(&d_lens, &s),
+        page_stride: None,
     };
     let sparse = SparseDecode {
         common: common(
@@ -989,6 +1113,8 @@ fn graph_replay_case(path: DecodePath) {
         indices: DeviceSlice::of(&d_idx, &s),
         topk: k,
         topk_len: None,
+        page_stride: None,
+        indices_strides: None,
     };
     let rs = Stream::from_cudarc(&s);
     // A first eager launch (outside capture) opts the kernels into their shared memory.
@@ -1153,6 +1279,7 @@ fn invalid_arguments_are_named() {
         block_table_stride: hc.stride,
         max_pages: hc.max_pages,
         lens: view(&s, &d_lens),
+        page_stride: None,
     };
     let arg_of = |a: &DenseDecode| match mla_decode_dense(gpu(), raw(&s), a) {
         Err(e) if e.argument().is_some() => e.argument().unwrap(),

@@ -241,17 +241,23 @@ enum DcpMlaStatus dcp_mla_kv_fill(const struct DcpMlaDevice *device,
 //   the wait for it. Exact whatever the lengths are now (other lengths cost only balance); a
 //   workspace whose schedule has another sequence count, part count or KV tile, or that no
 //   schedule wrote, makes the kernel trap. Ignored with one split.
-// - `cache`: [num_pages, block_size, 576] bf16 (any dtype); `block_table`: int32
-//   [batch, block_table_stride], first `max_pages` columns used; `lens`: int32 [batch, nq].
+// - `q_strides`: null for a contiguous q, else 3 values: elements between q's requests, query
+//   rows and heads (multiples of 8; each row's 576 values contiguous), for a view of a larger
+//   buffer. `q.numel` counts the elements from q's first to the end of its last row.
+// - `cache`: [num_pages, page_stride, 576] bf16 (any dtype), the first `block_size` rows of each
+//   page its tokens; `page_stride`: cache rows between page starts (≥ block_size), 0 for
+//   `block_size` (packed pages); `block_table`: int32 [batch, block_table_stride], first
+//   `max_pages` columns used; `lens`: int32 [batch, nq].
 // - `sink`: optional f32 [heads] attention sinks (null data: none), FlashMLA's `attn_sink`: each
 //   row's out is scaled by e^lse / (e^lse + e^sink[h]), lse unchanged (docs/contract.md §4). Leave
 //   it null on a DCP rank whose partial result a combine merges: pass it to the combine instead.
 //
 // # Safety
-// As for dcp_mla_kv_fill.
+// As for dcp_mla_kv_fill; each strides pointer null or pointing at its values (host memory).
 enum DcpMlaStatus dcp_mla_decode_dense(const struct DcpMlaDevice *device,
                                        void *stream,
                                        struct DcpMlaTensor q,
+                                       const size_t *q_strides,
                                        size_t batch,
                                        size_t nq,
                                        size_t heads,
@@ -264,6 +270,7 @@ enum DcpMlaStatus dcp_mla_decode_dense(const struct DcpMlaDevice *device,
                                        struct DcpMlaTensor cache,
                                        size_t num_pages,
                                        size_t block_size,
+                                       size_t page_stride,
                                        struct DcpMlaTensor block_table,
                                        size_t block_table_stride,
                                        size_t max_pages,
@@ -274,16 +281,21 @@ enum DcpMlaStatus dcp_mla_decode_dense(const struct DcpMlaDevice *device,
 // cache rows page·block_size + slot listed in `indices[i][j]` (−1 or out of range: unused).
 //
 // - `q`, `scale`, `out`, `lse`, `num_splits`, `workspace`, `schedule`: as for dcp_mla_decode_dense.
-// - `cache`: [num_pages, block_size, row] in `format` (DCP_MLA_KV_*), any dtype.
-// - `indices`: int32 [batch, nq, topk]; `topk_len`: optional int32 [batch, nq] (null data:
-//   every entry counts), only the first topk_len[i][j] entries count.
+// - `q_strides`, `page_stride`: as for dcp_mla_decode_dense.
+// - `cache`: [num_pages, page_stride, row] in `format` (DCP_MLA_KV_*), any dtype; an index is
+//   still page·block_size + slot.
+// - `indices`: int32 [batch, nq, topk]; `indices_strides`: null for contiguous lists, else 2
+//   values: elements between the lists' requests and query rows (each list contiguous);
+//   `topk_len`: optional int32 [batch, nq] (null data: every entry counts), only the first
+//   topk_len[i][j] entries count.
 // - `sink`: as for dcp_mla_decode_dense.
 //
 // # Safety
-// As for dcp_mla_kv_fill.
+// As for dcp_mla_kv_fill; each strides pointer null or pointing at its values (host memory).
 enum DcpMlaStatus dcp_mla_decode_sparse(const struct DcpMlaDevice *device,
                                         void *stream,
                                         struct DcpMlaTensor q,
+                                        const size_t *q_strides,
                                         size_t batch,
                                         size_t nq,
                                         size_t heads,
@@ -297,7 +309,9 @@ enum DcpMlaStatus dcp_mla_decode_sparse(const struct DcpMlaDevice *device,
                                         int32_t format,
                                         size_t num_pages,
                                         size_t block_size,
+                                        size_t page_stride,
                                         struct DcpMlaTensor indices,
+                                        const size_t *indices_strides,
                                         size_t topk,
                                         struct DcpMlaTensor topk_len,
                                         struct DcpMlaTensor sink);

@@ -94,9 +94,24 @@ pub unsafe extern "C" fn dcp_mla_kv_fill(
     })
 }
 
+/// `n` strides from a C array, or `None` (contiguous) for a null pointer.
+///
+/// # Safety
+/// `p` null or pointing at `N` readable values.
+unsafe fn strides_arg<const N: usize>(p: *const usize) -> Option<[usize; N]> {
+    // SAFETY: the caller's contract.
+    (!p.is_null()).then(|| unsafe { std::ptr::read_unaligned(p as *const [usize; N]) })
+}
+
+/// A page stride in cache rows, 0 for packed pages (`None`).
+fn page_stride_arg(page_stride: usize) -> Option<usize> {
+    (page_stride != 0).then_some(page_stride)
+}
+
 #[allow(clippy::too_many_arguments)]
 fn decode_common(
     q: DcpMlaTensor,
+    q_strides: Option<[usize; 3]>,
     batch: usize,
     nq: usize,
     heads: usize,
@@ -119,6 +134,7 @@ fn decode_common(
     };
     Ok(DecodeCommon {
         q: arg!(q),
+        q_strides,
         batch,
         nq,
         heads,
@@ -146,19 +162,25 @@ fn decode_common(
 ///   the wait for it. Exact whatever the lengths are now (other lengths cost only balance); a
 ///   workspace whose schedule has another sequence count, part count or KV tile, or that no
 ///   schedule wrote, makes the kernel trap. Ignored with one split.
-/// - `cache`: [num_pages, block_size, 576] bf16 (any dtype); `block_table`: int32
-///   [batch, block_table_stride], first `max_pages` columns used; `lens`: int32 [batch, nq].
+/// - `q_strides`: null for a contiguous q, else 3 values: elements between q's requests, query
+///   rows and heads (multiples of 8; each row's 576 values contiguous), for a view of a larger
+///   buffer. `q.numel` counts the elements from q's first to the end of its last row.
+/// - `cache`: [num_pages, page_stride, 576] bf16 (any dtype), the first `block_size` rows of each
+///   page its tokens; `page_stride`: cache rows between page starts (≥ block_size), 0 for
+///   `block_size` (packed pages); `block_table`: int32 [batch, block_table_stride], first
+///   `max_pages` columns used; `lens`: int32 [batch, nq].
 /// - `sink`: optional f32 [heads] attention sinks (null data: none), FlashMLA's `attn_sink`: each
 ///   row's out is scaled by e^lse / (e^lse + e^sink[h]), lse unchanged (docs/contract.md §4). Leave
 ///   it null on a DCP rank whose partial result a combine merges: pass it to the combine instead.
 ///
 /// # Safety
-/// As for dcp_mla_kv_fill.
+/// As for dcp_mla_kv_fill; each strides pointer null or pointing at its values (host memory).
 #[no_mangle]
 pub unsafe extern "C" fn dcp_mla_decode_dense(
     device: *const DcpMlaDevice,
     stream: *mut c_void,
     q: DcpMlaTensor,
+    q_strides: *const usize,
     batch: usize,
     nq: usize,
     heads: usize,
@@ -171,6 +193,7 @@ pub unsafe extern "C" fn dcp_mla_decode_dense(
     cache: DcpMlaTensor,
     num_pages: usize,
     block_size: usize,
+    page_stride: usize,
     block_table: DcpMlaTensor,
     block_table_stride: usize,
     max_pages: usize,
@@ -179,7 +202,20 @@ pub unsafe extern "C" fn dcp_mla_decode_dense(
 ) -> DcpMlaStatus {
     launch(device, stream, decode::mla_decode_dense, || {
         Ok(DenseDecode {
-            common: decode_common(q, batch, nq, heads, scale, out, lse, num_splits, workspace, schedule, sink)?,
+            common: decode_common(
+                q,
+                strides_arg(q_strides),
+                batch,
+                nq,
+                heads,
+                scale,
+                out,
+                lse,
+                num_splits,
+                workspace,
+                schedule,
+                sink,
+            )?,
             cache: arg!(cache),
             num_pages,
             block_size,
@@ -187,6 +223,7 @@ pub unsafe extern "C" fn dcp_mla_decode_dense(
             block_table_stride,
             max_pages,
             lens: arg!(lens),
+            page_stride: page_stride_arg(page_stride),
         })
     })
 }
@@ -195,18 +232,23 @@ pub unsafe extern "C" fn dcp_mla_decode_dense(
 /// cache rows page·block_size + slot listed in `indices[i][j]` (−1 or out of range: unused).
 ///
 /// - `q`, `scale`, `out`, `lse`, `num_splits`, `workspace`, `schedule`: as for dcp_mla_decode_dense.
-/// - `cache`: [num_pages, block_size, row] in `format` (DCP_MLA_KV_*), any dtype.
-/// - `indices`: int32 [batch, nq, topk]; `topk_len`: optional int32 [batch, nq] (null data:
-///   every entry counts), only the first topk_len[i][j] entries count.
+/// - `q_strides`, `page_stride`: as for dcp_mla_decode_dense.
+/// - `cache`: [num_pages, page_stride, row] in `format` (DCP_MLA_KV_*), any dtype; an index is
+///   still page·block_size + slot.
+/// - `indices`: int32 [batch, nq, topk]; `indices_strides`: null for contiguous lists, else 2
+///   values: elements between the lists' requests and query rows (each list contiguous);
+///   `topk_len`: optional int32 [batch, nq] (null data: every entry counts), only the first
+///   topk_len[i][j] entries count.
 /// - `sink`: as for dcp_mla_decode_dense.
 ///
 /// # Safety
-/// As for dcp_mla_kv_fill.
+/// As for dcp_mla_kv_fill; each strides pointer null or pointing at its values (host memory).
 #[no_mangle]
 pub unsafe extern "C" fn dcp_mla_decode_sparse(
     device: *const DcpMlaDevice,
     stream: *mut c_void,
     q: DcpMlaTensor,
+    q_strides: *const usize,
     batch: usize,
     nq: usize,
     heads: usize,
@@ -220,14 +262,29 @@ pub unsafe extern "C" fn dcp_mla_decode_sparse(
     format: i32,
     num_pages: usize,
     block_size: usize,
+    page_stride: usize,
     indices: DcpMlaTensor,
+    indices_strides: *const usize,
     topk: usize,
     topk_len: DcpMlaTensor,
     sink: DcpMlaTensor,
 ) -> DcpMlaStatus {
     launch(device, stream, decode::mla_decode_sparse, || {
         Ok(SparseDecode {
-            common: decode_common(q, batch, nq, heads, scale, out, lse, num_splits, workspace, schedule, sink)?,
+            common: decode_common(
+                q,
+                strides_arg(q_strides),
+                batch,
+                nq,
+                heads,
+                scale,
+                out,
+                lse,
+                num_splits,
+                workspace,
+                schedule,
+                sink,
+            )?,
             cache: arg!(cache),
             format: arg!(format),
             num_pages,
@@ -235,6 +292,8 @@ pub unsafe extern "C" fn dcp_mla_decode_sparse(
             indices: arg!(indices),
             topk,
             topk_len: arg!(topk_len),
+            page_stride: page_stride_arg(page_stride),
+            indices_strides: strides_arg(indices_strides),
         })
     })
 }

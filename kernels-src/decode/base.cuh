@@ -91,6 +91,38 @@ __device__ __forceinline__ void rows_nan(int row0, int col0, Acc o, bool (&row_n
     for (int k = 0; k < 2; ++k) row_nan[k] = (s_row_nan[0][row0 + 8 * k] | s_row_nan[1][row0 + 8 * k]) != 0;
 }
 
+// Where row `row_in_seq` of sequence `seq` starts in q, in elements (docs/contract.md §4: q may be a
+// view with any strides whose rows are contiguous): a dense sequence is request seq, its rows
+// [nq, heads]; a sparse one is query row seq mod nq of request seq div nq, its rows its heads.
+template <bool Sparse>
+__device__ __forceinline__ int64_t q_row_offset(const DcpMlaDecodeParams& p, int seq, int row_in_seq) {
+    int b, s, h;
+    if constexpr (Sparse) {
+        b = seq / p.nq;
+        s = seq - b * p.nq;
+        h = row_in_seq;
+    } else {
+        b = seq;
+        s = row_in_seq / p.heads;
+        h = row_in_seq - s * p.heads;
+    }
+    return b * p.q_stride_b + s * p.q_stride_s + h * p.q_stride_h;
+}
+
+// The index list of sparse sequence `seq` (query row seq mod nq of request seq div nq).
+__device__ __forceinline__ const int32_t* index_list(const DcpMlaDecodeParams& p, int seq) {
+    const int b = seq / p.nq;
+    return (const int32_t*)p.indices + b * p.indices_stride_b + (seq - b * p.nq) * p.indices_stride_s;
+}
+
+// The cache row of sparse index `v` (page·B + slot, already checked to lie in [0, num_pages·B)):
+// page·page_rows + slot, which is v itself when the pages are packed (page_rows = B).
+__device__ __forceinline__ int64_t sparse_cache_row(const DcpMlaDecodeParams& p, int v) {
+    if (p.page_rows == p.block_size) return v;
+    const int page = v / p.block_size;
+    return (int64_t)page * p.page_rows + (v - page * p.block_size);
+}
+
 // A finished row's denominator and lse, as write_rows takes them: den = l + the attention sink's
 // term, lse = the tokens' natural-log lse (the sink leaves it unchanged, docs/contract.md §4). With
 // the sink, out = e^lse / (e^lse + e^sink) · O / l = O / (l + e^sink · 2^−m), m the row's max in

@@ -96,7 +96,7 @@ __device__ __forceinline__ void mla_decode(const DcpMlaDecodeParams& p) {
             const int r = c / kChunks, part = c % kChunks;
             const bool ok = r < row_limit;
             const __nv_bfloat16* src =
-                (const __nv_bfloat16*)p.q + (ok ? (seq_row0 + row_base + r) * kDimQk + part * 8 : 0);
+                (const __nv_bfloat16*)p.q + (ok ? q_row_offset<kSparse>(p, seq, row_base + r) + part * 8 : 0);
             cp_async16(sQ + r * kPitch + part * 8, src, ok);
         }
         const int ld_tok = tid >> 3, ld_part = tid & 7;
@@ -105,12 +105,12 @@ __device__ __forceinline__ void mla_decode(const DcpMlaDecodeParams& p) {
             int64_t row = -1;  // cache row (page·B + slot) of this thread's token, or -1: unread
             if (pos < n_tokens) {
                 if constexpr (kSparse) {
-                    const int v = ((const int32_t*)p.indices)[(int64_t)seq * p.topk + pos];
-                    if (v >= 0 && (int64_t)v < (int64_t)p.num_pages * p.block_size) row = v;
+                    const int v = index_list(p, seq)[pos];
+                    if (v >= 0 && (int64_t)v < (int64_t)p.num_pages * p.block_size) row = sparse_cache_row(p, v);
                 } else {
                     const int page =
                         ((const int32_t*)p.block_table)[(int64_t)seq * p.block_table_stride + pos / p.block_size];
-                    if (page >= 0 && page < p.num_pages) row = (int64_t)page * p.block_size + pos % p.block_size;
+                    if (page >= 0 && page < p.num_pages) row = (int64_t)page * p.page_rows + pos % p.block_size;
                 }
             }
             if (ld_part == 0) sValid[stage * kTile + ld_tok] = row >= 0;

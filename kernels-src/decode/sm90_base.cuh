@@ -242,15 +242,16 @@ __device__ __forceinline__ float row_total(float v) {
     return v;
 }
 
-// Q's 64 rows (rows row_base.. of the sequence, row_limit of them; the rest zero-filled) into
+// Q's 64 rows (rows row_base.. of sequence `seq`, row_limit of them; the rest zero-filled) into
 // sQ, swizzled, by `threads` threads of which this is number `t`.
-__device__ __forceinline__ void load_q(const DcpMlaDecodeParams& p, unsigned char* sQ, int64_t seq_row0, int row_base,
+template <bool Sparse>
+__device__ __forceinline__ void load_q(const DcpMlaDecodeParams& p, unsigned char* sQ, int seq, int row_base,
                                        int row_limit, int t, int threads) {
     for (int c = t; c < kRows * kChunks; c += threads) {
         const int r = c / kChunks, part = c % kChunks;
         const bool ok = r < row_limit;
         const __nv_bfloat16* src =
-            (const __nv_bfloat16*)p.q + (ok ? (seq_row0 + row_base + r) * kDimQk + part * 8 : 0);
+            (const __nv_bfloat16*)p.q + (ok ? decode::q_row_offset<Sparse>(p, seq, row_base + r) + part * 8 : 0);
         decode::cp_async16(sQ + swizzled(kRows, r, part), src, ok);
     }
 }

@@ -165,16 +165,17 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
         auto token_page_of = [&](int tile, int tok) -> int {
             const int pos = tile * Tile + tok;
             if (pos >= n_tokens) return -1;
-            if constexpr (kSparse) return ((const int32_t*)p.indices)[(int64_t)seq * p.topk + pos];
+            if constexpr (kSparse) return decode::index_list(p, seq)[pos];
             return ((const int32_t*)p.block_table)[(int64_t)seq * p.block_table_stride + div_bs(pos)];
         };
         // the cache row of tile's token `tok`, or -1 (past the sequence, or an invalid page)
         auto token_row_of = [&](int tile, int tok, int page) -> int64_t {
             const int pos = tile * Tile + tok;
             if constexpr (kSparse) {
-                if (pos < n_tokens && page >= 0 && (int64_t)page < (int64_t)p.num_pages * bs) return page;
+                if (pos < n_tokens && page >= 0 && (int64_t)page < (int64_t)p.num_pages * bs)
+                    return decode::sparse_cache_row(p, page);
             } else {
-                if (pos < n_tokens && page >= 0 && page < p.num_pages) return (int64_t)page * bs + mod_bs(pos);
+                if (pos < n_tokens && page >= 0 && page < p.num_pages) return (int64_t)page * p.page_rows + mod_bs(pos);
             }
             return -1;
         };
@@ -363,7 +364,7 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
             decode::cp_async_wait<0>();
             // Q first: it waits for nothing (the previous piece is done with it), and the first
             // fill's cp.async arrival covers its copies
-            if (n > 0) load_q(p, sQ, seq_row0, row_base, row_limit, t, 128);
+            if (n > 0) load_q<kSparse>(p, sQ, seq, row_base, row_limit, t, 128);
             int pg1 = n > 1 ? page_of(tile_begin + 1) : -1;  // the next fill's index
             int pg2 = n > 2 ? page_of(tile_begin + 2) : -1;  // the one after
             int64_t row = row_of(tile_begin, page_of(tile_begin));
@@ -430,7 +431,7 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                 if (ld_part == 0) sValid[b * Tile + ld_tok] = row >= 0;
                 if (tma && (tile + 1) * Tile <= n_tokens) {
                     if (ld_part == 0 && (ld_tok & (box_rows - 1)) == 0) {
-                        const int c1 = row >= 0 ? (int)row : p.num_pages * bs;
+                        const int c1 = row >= 0 ? (int)row : p.num_pages * p.page_rows;
                         const uint32_t dst = kv_addr + b * kTileBytes + ld_tok * 128;
                         const uint64_t policy = l2_evict_first_policy();  // each row is read once
                         mbar_expect_tx(full(b), kBlocks * box_rows * 128);
@@ -596,14 +597,14 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                     have_pre = false;
                     if constexpr (kRole == 1) {
                         wait_free(f);
-                        if (first) load_q(p, sQ, seq_row0, row_base, row_limit, t, 128);
+                        if (first) load_q<kSparse>(p, sQ, seq, row_base, row_limit, t, 128);
                         fill_rope(tile, page, b);
                     } else {
                         mbar_arrive(full(b));
                     }
                 } else {
                     wait_free(f);
-                    if (first) load_q(p, sQ, seq_row0, row_base, row_limit, t, 128);
+                    if (first) load_q<kSparse>(p, sQ, seq, row_base, row_limit, t, 128);
                     fill(tile, page, b);
                 }
             };

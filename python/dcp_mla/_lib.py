@@ -43,6 +43,7 @@ class Tensor(ctypes.Structure):
 
 
 _D, _S, _T, _Z, _I, _U64 = c_void_p, c_void_p, Tensor, c_size_t, c_int32, c_uint64
+_ZP = POINTER(c_size_t)  # an optional array of strides (None: contiguous)
 
 #: Argument types of every status-returning function, in header order.
 SIGNATURES = {
@@ -57,8 +58,9 @@ SIGNATURES = {
     "dcp_mla_memset": [_D, c_void_p, c_uint8, _Z],
     "dcp_mla_synchronize": [_D],
     "dcp_mla_kv_fill": [_D, _S, _T, _Z, _T, _Z, _T, _T, _T, _Z, _Z, _Z, _T, _Z, _Z, _I, _Z, _Z, _Z],
-    "dcp_mla_decode_dense": [_D, _S, _T, _Z, _Z, _Z, c_float, _T, _T, _Z, _T, _I, _T, _Z, _Z, _T, _Z, _Z, _T, _T],
-    "dcp_mla_decode_sparse": [_D, _S, _T, _Z, _Z, _Z, c_float, _T, _T, _Z, _T, _I, _T, _I, _Z, _Z, _T, _Z, _T, _T],
+    "dcp_mla_decode_dense": [_D, _S, _T, _ZP, _Z, _Z, _Z, c_float, _T, _T, _Z, _T, _I, _T, _Z, _Z, _Z, _T, _Z, _Z, _T, _T],
+    "dcp_mla_decode_sparse": [_D, _S, _T, _ZP, _Z, _Z, _Z, c_float, _T, _T, _Z, _T, _I, _T, _I, _Z, _Z, _Z, _T, _ZP, _Z, _T,
+                              _T],
     "dcp_mla_ag_rs_correct": [_D, _S, _T, _T, _I, _T, _Z, _Z, _Z, _Z],
     "dcp_mla_ag_rs_finish": [_D, _S, _T, _T, _I, _T, _T, _Z, _Z, _Z, _Z, _T],
     "dcp_mla_a2a_pack": [_D, _S, _T, _T, _T, _Z, _Z, _Z, _Z],

@@ -17,6 +17,9 @@ silently ignored:
 - extra_k_cache, extra_indices_in_kvcache and extra_topk_length are not supported
   (NotImplementedError). attn_sink ([h_q] f32) is: out scaled by e^lse / (e^lse + e^sink) per
   head, softmax_lse unchanged, as FlashMLA documents it.
+- q, k_cache and indices may be strided views of larger buffers, as FlashMLA's own tests pass
+  them (each row contiguous, k_cache's pages a whole number of rows apart); they are read in
+  place.
 - The numerics are dcp-mla's (docs/contract.md §9: P rounded to bf16 once, fp32 accumulation),
   not FlashMLA's bit for bit.
 - The lse convention costs two small extra kernels (transpose, −inf → +inf); the native

@@ -13,7 +13,7 @@ implementations let `torch.compile(fullgraph=True)` trace a whole decode step.
 """
 
 import functools
-from ctypes import byref, c_void_p
+from ctypes import byref, c_size_t, c_void_p
 from typing import Optional, Tuple
 
 import torch
@@ -65,20 +65,43 @@ def _check(x, name, dtypes, ndim=None, shape=None, contiguous=True, device=None)
     return x
 
 
-def _cache(cache, name="cache", device=None):
-    """A paged cache [pages, B, row] or FlashMLA's [pages, B, 1, row]: its 3-d view and format."""
-    _check(cache, name, (torch.bfloat16,) + _BYTES, device=device)
+def _cache(cache, name="cache", device=None, paged_view=False):
+    """A paged cache [pages, B, row] or FlashMLA's [pages, B, 1, row]: its 3-d view and format.
+    With paged_view, the pages may be a view of a larger page dimension (rows contiguous, page
+    starts any whole number of rows apart: page_stride); else the cache is contiguous."""
+    _check(cache, name, (torch.bfloat16,) + _BYTES, device=device, contiguous="rows" if paged_view else True)
     if cache.dim() == 4:
         if cache.shape[2] != 1:
             _fail(name, f"shape {tuple(cache.shape)}: a 4-d cache has one KV head (dim 2 of size 1)")
-        cache = cache.view(cache.shape[0], cache.shape[1], cache.shape[3])
+        cache = cache.select(2, 0)
     elif cache.dim() != 3:
         _fail(name, f"{cache.dim()}-d {tuple(cache.shape)}, expected [pages, B, row] or [pages, B, 1, row]")
     row_bytes = cache.shape[2] * cache.element_size()
     fmt = {1152: _lib.KV_BF16, 656: _lib.KV_FP8_656}.get(row_bytes)
     if fmt is None:
         _fail(name, f"rows of {row_bytes} bytes: expected 1152 (576 bf16) or 656 (FP8-656)")
+    if paged_view and cache.shape[0] > 1 and cache.shape[1] > 0:
+        row = cache.shape[2]
+        if (cache.shape[1] > 1 and cache.stride(1) != row) or cache.stride(0) % row or cache.stride(0) < row * cache.shape[1]:
+            _fail(name, f"strides {cache.stride()}: a page's rows must be contiguous and pages a whole number of "
+                        f"rows (at least B) apart")
     return cache, fmt
+
+
+def _page_stride(cache3):
+    """The page stride in rows for the C ABI: 0 for packed pages."""
+    if cache3.shape[0] <= 1:
+        return 0
+    rows = cache3.stride(0) // cache3.shape[2]
+    return 0 if rows == cache3.shape[1] else rows
+
+
+def _strides(x, n):
+    """The first n strides of x as a C array, or None when x is contiguous (the C ABI's default).
+    A dim of size 1 gets stride 0 (torch leaves any stride there; the library checks alignment)."""
+    if x.is_contiguous():
+        return None
+    return (c_size_t * n)(*[st if sz > 1 else 0 for sz, st in zip(x.shape[:n], x.stride()[:n])])
 
 
 def _want_format(name, got, kv_format):
@@ -242,9 +265,9 @@ def _decode_dense(q: torch.Tensor, cache: torch.Tensor, block_table: torch.Tenso
                   out: torch.Tensor, lse: torch.Tensor, workspace: Optional[torch.Tensor], scale: float,
                   num_splits: int, schedule: int, sink: Optional[torch.Tensor]) -> None:
     b, nq, h, _ = q.shape
-    _launch("dcp_mla_decode_dense", _dev_stream(q), _t(q), b, nq, h, scale, _t(out), _t(lse), num_splits,
-            _t(workspace), schedule, _t(cache), cache.shape[0], cache.shape[1], _t(block_table), block_table.stride(0),
-            block_table.shape[1], _t(lens), _t(sink))
+    _launch("dcp_mla_decode_dense", _dev_stream(q), _t(q), _strides(q, 3), b, nq, h, scale, _t(out), _t(lse),
+            num_splits, _t(workspace), schedule, _t(cache), cache.shape[0], cache.shape[1], _page_stride(cache),
+            _t(block_table), block_table.stride(0), block_table.shape[1], _t(lens), _t(sink))
 
 
 @_op(("out", "lse", "workspace"))
@@ -253,9 +276,9 @@ def _decode_sparse(q: torch.Tensor, cache: torch.Tensor, fmt: int, indices: torc
                    workspace: Optional[torch.Tensor], scale: float, num_splits: int, schedule: int,
                    sink: Optional[torch.Tensor]) -> None:
     b, nq, h, _ = q.shape
-    _launch("dcp_mla_decode_sparse", _dev_stream(q), _t(q), b, nq, h, scale, _t(out), _t(lse), num_splits,
-            _t(workspace), schedule, _t(cache), fmt, cache.shape[0], cache.shape[1], _t(indices), indices.shape[-1],
-            _t(topk_len), _t(sink))
+    _launch("dcp_mla_decode_sparse", _dev_stream(q), _t(q), _strides(q, 3), b, nq, h, scale, _t(out), _t(lse),
+            num_splits, _t(workspace), schedule, _t(cache), fmt, cache.shape[0], cache.shape[1], _page_stride(cache),
+            _t(indices), _strides(indices, 2), indices.shape[-1], _t(topk_len), _t(sink))
 
 
 @_op(("contrib",))
@@ -414,9 +437,11 @@ def decode_workspace(q_shape, *, sparse, num_splits=None, device=None):
 def decode_dense(q, cache, block_table, lens, *, scale=None, num_splits=None, workspace=None, out=None, lse=None,
                  out_dtype=torch.bfloat16, reuse_schedule=False, sink=None) -> Tuple[torch.Tensor, torch.Tensor]:
     """Dense MLA decode on one rank's shard (docs/contract.md §4): row (i, j) attends to the
-    first lens[i, j] local tokens of request i. q bf16 [b, nq, H, 576]; cache bf16 [pages, B, 576]
-    (or [pages, B, 1, 576]); block_table int32 [b, max_pages] (unit last stride); lens int32
-    [b, nq]. Returns out [b, nq, H, 512] (bf16, or f32 with out_dtype) and lse f32 [b, nq, H],
+    first lens[i, j] local tokens of request i. q bf16 [b, nq, H, 576], a view with any strides
+    that are multiples of 8 and a unit last stride; cache bf16 [pages, B, 576] (or [pages, B, 1,
+    576]), whose pages may be a view of a larger page dimension (each page's rows contiguous, page
+    starts a whole number of rows apart); block_table int32 [b, max_pages] (unit last stride);
+    lens int32 [b, nq]. Views are read in place, never copied. Returns out [b, nq, H, 512] (bf16, or f32 with out_dtype) and lse f32 [b, nq, H],
     natural log, −inf for a row that sees no token. num_splits defaults to the planner's for this
     device (decode_workspace gives both for graphs); scale to 576^-1/2. reuse_schedule=True reuses
     the split schedule an earlier call of the same shapes left in `workspace` (the step's first
@@ -426,9 +451,9 @@ def decode_dense(q, cache, block_table, lens, *, scale=None, num_splits=None, wo
     (FlashMLA's attn_sink): out scaled by e^lse / (e^lse + e^sink[h]), lse unchanged; leave it
     None on a DCP rank and give it to the combine, which applies it once."""
     dev = q.device
-    _check(q, "q", (torch.bfloat16,), ndim=4, shape=(None, None, None, 576))
+    _check(q, "q", (torch.bfloat16,), ndim=4, shape=(None, None, None, 576), contiguous="rows")
     b, nq, h, _ = q.shape
-    cache3, fmt = _cache(cache, device=dev)
+    cache3, fmt = _cache(cache, device=dev, paged_view=True)
     if fmt != _lib.KV_BF16 or cache3.dtype != torch.bfloat16:
         _fail("cache", "dense decode reads a bf16 cache [pages, B, 576]; an FP8-656 cache is read by decode_sparse")
     _check(block_table, "block_table", (torch.int32,), ndim=2, shape=(b, None), contiguous="rows", device=dev)
@@ -446,14 +471,15 @@ def decode_sparse(q, cache, indices, *, topk_len=None, kv_format=None, scale=Non
                   sink=None) -> Tuple[torch.Tensor, torch.Tensor]:
     """Sparse MLA decode (docs/contract.md §4) over a bf16 or FP8-656 cache: row (i, j) attends to
     the cache rows page·B + slot listed in indices[i, j] (−1 or out of range: unused; only the
-    first topk_len[i, j] count when topk_len int32 [b, nq] is given). q bf16 [b, nq, H, 576];
-    indices int32 [b, nq, topk]. Returns (out, lse) as decode_dense; reuse_schedule and sink as there."""
+    first topk_len[i, j] count when topk_len int32 [b, nq] is given). q bf16 [b, nq, H, 576] and
+    the cache as for decode_dense (views read in place); indices int32 [b, nq, topk], any strides
+    with a unit last stride. Returns (out, lse) as decode_dense; reuse_schedule and sink as there."""
     dev = q.device
-    _check(q, "q", (torch.bfloat16,), ndim=4, shape=(None, None, None, 576))
+    _check(q, "q", (torch.bfloat16,), ndim=4, shape=(None, None, None, 576), contiguous="rows")
     b, nq, h, _ = q.shape
-    cache3, fmt = _cache(cache, device=dev)
+    cache3, fmt = _cache(cache, device=dev, paged_view=True)
     _want_format("cache", fmt, kv_format)
-    _check(indices, "indices", (torch.int32,), ndim=3, shape=(b, nq, None), device=dev)
+    _check(indices, "indices", (torch.int32,), ndim=3, shape=(b, nq, None), contiguous="rows", device=dev)
     if topk_len is not None:
         _check(topk_len, "topk_len", (torch.int32,), ndim=2, shape=(b, nq), device=dev)
     _sink(sink, h, dev)

@@ -406,9 +406,14 @@ def test_argument_errors_name_the_argument(dev):
         dcp_mla.decode_dense(q, caches[0], table, lens.view(1, 1, 1)[0, :, :].expand(1, 2))
     with pytest.raises(ValueError, match="^lens: on cpu"):
         dcp_mla.decode_dense(q, caches[0], table, lens.cpu())
-    with pytest.raises(ValueError, match="^q: must be contiguous"):
-        dcp_mla.decode_dense(torch.randn(1, 1, 16, 1152, device=dev).to(torch.bfloat16)[..., :576],
+    with pytest.raises(ValueError, match="^q: last dim must have stride 1"):
+        dcp_mla.decode_dense(torch.randn(1, 1, 16, 1152, device=dev).to(torch.bfloat16)[..., ::2],
                              caches[0], table, lens)
+    # a view is taken as it is, but its rows must start 16-byte aligned: a head stride of 580
+    with pytest.raises(DcpMlaError, match="q_strides") as e:
+        dcp_mla.decode_dense(torch.randn(1, 1, 16, 580, device=dev).to(torch.bfloat16)[..., :576],
+                             caches[0], table, lens)
+    assert e.value.status == "MISALIGNED"
     with pytest.raises(ValueError, match="^cache: dense decode reads a bf16 cache"):
         dcp_mla.decode_dense(q, torch.zeros(4, 64, 656, dtype=torch.uint8, device=dev), table, lens)
     with pytest.raises(ValueError, match="^workspace: 16 bytes"):
@@ -653,3 +658,85 @@ def test_flash_mla_face_sparse_fp8_matches_native(dev):
                                       is_fp8_kvcache=True, indices=indices, topk_length=topk_length)
     nout, nlse = dcp_mla.decode_sparse(q, caches[0], indices, topk_len=topk_length.view(-1, 1), kv_format="fp8_656")
     assert torch.equal(out, nout) and torch.equal(lse, nlse.transpose(1, 2))
+
+
+# --- inputs built the way FlashMLA's own decode tests build theirs --------------------------------
+
+def view_of_larger(x):
+    """x as a view of a larger buffer: one more slot in every dim, 128 more in the last, the rest
+    of the buffer NaN (or -1 for integers): a strided view with a unit last stride."""
+    big = [n + 1 for n in x.shape[:-1]] + [x.shape[-1] + 128]
+    fill = float("nan") if x.dtype.is_floating_point else -1
+    buf = torch.full(big, fill, dtype=x.dtype, device=x.device)
+    v = buf[tuple(slice(0, n) for n in x.shape)]
+    v.copy_(x)
+    return v
+
+
+def paged_view(cache):
+    """A [pages, B, row] cache as a view of [pages, B + 1, row] (a padded page dimension)."""
+    buf = torch.full((cache.shape[0], cache.shape[1] + 1, cache.shape[2]), 0xFF if cache.dtype == torch.uint8 else float("nan"),
+                     dtype=cache.dtype, device=cache.device)
+    v = buf[:, :cache.shape[1]]
+    v.copy_(cache)
+    return v
+
+
+def sink_reference(out, lse, sink):
+    """out [.., h, 512] and lse [.., h] of the tokens, with FlashMLA's per-head sink."""
+    f = torch.where(torch.isinf(lse), torch.zeros_like(lse), torch.sigmoid(lse - sink.double()))
+    return out * f[..., None]
+
+
+def test_flashmla_style_inputs_dense_and_sparse_fp8(dev):
+    # strided views of larger buffers for q, the cache's pages and the index lists; NaN in every
+    # unused cache slot (past each length, in the padding); block-table entries past the used
+    # blocks set to a huge page index; zero-length requests; sinks of −inf, +inf and finite values
+    torch.manual_seed(1)
+    lens, s_q, h, bs = [300, 0, 129, 64], 2, 64, 64
+    table, caches, keys = filled_caches(lens, 1, 1, bs, "bf16", dev)
+    used = [-(-n // bs) for n in lens]
+    for i, n in enumerate(used):
+        table[i, n:] = 1 << 30
+    q = view_of_larger(torch.randn(len(lens), s_q, h, 576, device=dev).to(torch.bfloat16))
+    assert not q.is_contiguous()
+    sink = torch.randn(h, device=dev)
+    sink[0::4], sink[1::4] = -INF, INF
+    k_cache = paged_view(caches[0]).unsqueeze(2)
+    seqlens = torch.tensor(lens, dtype=torch.int32, device=dev)
+    out, lse = flash_mla_with_kvcache(q, k_cache, table, seqlens, 512, get_mla_metadata()[0], None,
+                                      softmax_scale=0.07, attn_sink=sink)
+    start = 0
+    for i, n in enumerate(lens):
+        for j in range(s_q):
+            o, s, a = attention(q[i, j], keys[start:start + n], 0.07)
+            want = sink_reference(o, s, sink)
+            assert within_contract(out[i, j].double(), want, a), (i, j)
+            if n == 0:
+                assert torch.all(out[i, j] == 0) and torch.all(lse[i, :, j] == INF), "an empty row: 0 and +inf"
+            else:
+                assert (lse[i, :, j].double() - s).abs().max().item() <= 1e-5 + 2e-6 * s.abs().max().item(), (i, j)
+        start += n
+    # sparse FP8: index lists as views, a row of only −1, the cache's pages as a view
+    table8, caches8, _ = filled_caches(lens, 1, 1, bs, "fp8_656", dev)
+    deq = dequant_fp8(caches8[0])
+    topk = 512
+    idx = torch.full((len(lens), s_q, topk), -1, dtype=torch.int32, device=dev)
+    for i, n in enumerate(lens):
+        for j in range(s_q):
+            if n == 0 or (i, j) == (2, 1):
+                continue
+            toks = torch.randperm(n, device=dev)[:min(n, topk - 10)]
+            idx[i, j, :toks.numel()] = (table8[i].long()[toks // bs] * bs + toks % bs).int()
+    idx_v = view_of_larger(idx)
+    k8 = paged_view(caches8[0]).view(torch.float8_e4m3fn).unsqueeze(2)
+    out, lse = flash_mla_with_kvcache(q, k8, None, None, 512, get_mla_metadata()[0], None, softmax_scale=0.07,
+                                      is_fp8_kvcache=True, indices=idx_v, attn_sink=sink)
+    for i in range(len(lens)):
+        for j in range(s_q):
+            sel = idx[i, j][idx[i, j] >= 0].long()
+            rows = deq.view(-1, 576)[sel]
+            o, s, a = attention(q[i, j], rows, 0.07)
+            assert within_contract(out[i, j].double(), sink_reference(o, s, sink), a), ("sparse", i, j)
+            if sel.numel() == 0:
+                assert torch.all(out[i, j] == 0) and torch.all(lse[i, :, j] == INF)

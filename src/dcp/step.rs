@@ -624,6 +624,7 @@ impl<'a> DecodeStep<'a> {
                     workspace: v.split_ws,
                     schedule: decode::DecodeSchedule::Compute,
                     sink: None,
+                    q_strides: None,
                 };
                 match c.attention {
                     Attention::Dense => decode::mla_decode_dense(
@@ -638,6 +639,7 @@ impl<'a> DecodeStep<'a> {
                             block_table_stride: c.max_pages,
                             max_pages: c.max_pages,
                             lens: v.lens,
+                            page_stride: None,
                         },
                     ),
                     Attention::Sparse { k, format } => decode::mla_decode_sparse(
@@ -652,6 +654,8 @@ impl<'a> DecodeStep<'a> {
                             indices: v.indices,
                             topk: k,
                             topk_len: Some(v.counts),
+                            page_stride: None,
+                            indices_strides: None,
                         },
                     ),
                 }

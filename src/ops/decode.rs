@@ -61,8 +61,12 @@ pub enum DecodeSchedule {
 /// What every decode launch shares: the queries, the outputs and the split-KV workspace.
 #[derive(Debug, Clone, Copy)]
 pub struct DecodeCommon {
-    /// bf16 [batch, nq, heads, 576], contiguous.
+    /// bf16 [batch, nq, heads, 576] with strides `q_strides` (each row's 576 values contiguous).
     pub q: DeviceSlice<bf16>,
+    /// Elements between q's requests, query rows and heads (docs/contract.md §4: a view of a larger
+    /// buffer, as engines slice one), each a multiple of 8 so that rows stay 16-byte aligned;
+    /// `None`: contiguous, [nq·heads·576, heads·576, 576].
+    pub q_strides: Option<[usize; 3]>,
     pub batch: usize,
     /// Query rows per request (1 + MTP draft tokens).
     pub nq: usize,
@@ -91,10 +95,14 @@ pub struct DecodeCommon {
 #[derive(Debug, Clone, Copy)]
 pub struct DenseDecode {
     pub common: DecodeCommon,
-    /// This rank's BF16 cache as bytes: [num_pages, block_size, 576] bf16.
+    /// This rank's BF16 cache as bytes: [num_pages, page_stride, 576] bf16, of which the first
+    /// `block_size` rows of each page are its tokens.
     pub cache: DeviceSlice<u8>,
     pub num_pages: usize,
     pub block_size: usize,
+    /// Cache rows (tokens) from one page's start to the next's, at least `block_size` (a view
+    /// of a larger page dimension); `None`: `block_size`, packed pages.
+    pub page_stride: Option<usize>,
     /// int32 [batch, block_table_stride]; the first `max_pages` columns are used.
     pub block_table: DeviceSlice<i32>,
     pub block_table_stride: usize,
@@ -109,13 +117,19 @@ pub struct DenseDecode {
 #[derive(Debug, Clone, Copy)]
 pub struct SparseDecode {
     pub common: DecodeCommon,
-    /// This rank's cache as bytes, in `format`: [num_pages, block_size, row bytes].
+    /// This rank's cache as bytes, in `format`: [num_pages, page_stride, row bytes], of which the
+    /// first `block_size` rows of each page are its tokens.
     pub cache: DeviceSlice<u8>,
     pub format: KvFormat,
     pub num_pages: usize,
     pub block_size: usize,
-    /// int32 [batch, nq, topk].
+    /// As for [`DenseDecode::page_stride`]; an index stays page·block_size + slot.
+    pub page_stride: Option<usize>,
+    /// int32 [batch, nq, topk] with strides `indices_strides` (each list contiguous).
     pub indices: DeviceSlice<i32>,
+    /// Elements between the index lists' requests and query rows; `None`: contiguous,
+    /// [nq·topk, topk].
+    pub indices_strides: Option<[usize; 2]>,
     pub topk: usize,
     /// int32 [batch, nq]: only the first topk_len[i][j] entries count (clamped to [0, topk]).
     pub topk_len: Option<DeviceSlice<i32>>,
@@ -349,12 +363,13 @@ pub fn mla_decode_dense_on(dev: &Device, stream: Stream, a: &DenseDecode, path: 
     let mut params = dense_params(a)?;
     let row_blocks = row_blocks_per_seq(a.common.nq, a.common.heads, false);
     let kernel = decode_kernel(dev, KvFormat::Bf16, false, path, row_blocks)?;
-    if kernel.takes_tensor_map && tma_enabled() && dense_tma_fits(a.num_pages, a.block_size) {
-        // [num_pages·B rows, 576] bf16; a box is one 128-byte column block of a tile's tokens, or
-        // of one page's B tokens when B is smaller (a tile then spans whole pages); the kernel
-        // works out the same box size
+    let page_rows = params.page_rows as usize;
+    if kernel.takes_tensor_map && tma_enabled() && dense_tma_fits(a.num_pages, a.block_size, page_rows) {
+        // [num_pages·page_rows rows, 576] bf16; a box is one 128-byte column block of a tile's
+        // tokens, or of one page's B tokens when B is smaller (a tile then spans whole pages);
+        // the kernel works out the same box size
         let box_rows = a.block_size.min(kernel.tile as usize) as u32;
-        let rows = (a.num_pages * a.block_size) as u64;
+        let rows = (a.num_pages * page_rows) as u64;
         params.kv_tmap = tensor_map_bf16_2d(a.cache.ptr(), rows, D_QK as u64, (D_QK * 2) as u64, 64, box_rows)?;
         params.kv_tma = 1;
     }
@@ -370,7 +385,7 @@ fn dense_params(a: &DenseDecode) -> Result<DcpMlaDecodeParams> {
     let mut params = validate_common(&a.common, false)?;
     let c = &a.common;
     let rows = c.batch * c.nq;
-    check_cache("cache", &a.cache, a.num_pages, a.block_size, KvFormat::Bf16)?;
+    params.page_rows = check_cache("cache", &a.cache, a.num_pages, a.block_size, a.page_stride, KvFormat::Bf16)?;
     super::check_block_table(&a.block_table, c.batch, a.block_table_stride, a.max_pages)?;
     ensure_arg!(
         a.max_pages.checked_mul(a.block_size).is_some_and(|n| n <= MAX_DECODE_TOKENS),
@@ -393,13 +408,14 @@ fn dense_params(a: &DenseDecode) -> Result<DcpMlaDecodeParams> {
 /// Whether the dense cache's shape lets whole tiles load by TMA: pages of a power-of-two size of
 /// at least 8 tokens (a tile of 64 then covers whole pages or lies in one, and a box starts on a
 /// 1024-byte swizzle atom), and rows addressable by the int32 coordinates, with the row just past
-/// the end (where the kernel points invalid pages, for zero fill) among them.
-fn dense_tma_fits(num_pages: usize, block_size: usize) -> bool {
+/// the end (where the kernel points invalid pages, for zero fill) among them. A page stride
+/// (`page_rows` rows from page to page) keeps each box inside its page's first B rows.
+fn dense_tma_fits(num_pages: usize, block_size: usize, page_rows: usize) -> bool {
     // a cache of no pages has no tensor map to encode (every row is empty: the cp.async path)
     num_pages >= 1
         && block_size.is_power_of_two()
         && block_size >= 8
-        && num_pages.checked_mul(block_size).is_some_and(|n| n + 64 <= i32::MAX as usize)
+        && num_pages.checked_mul(page_rows).is_some_and(|n| n + 64 <= i32::MAX as usize)
 }
 
 /// Whether the dense wgmma kernel loads its tiles by TMA; `DCP_MLA_TMA=0` makes it use its
@@ -479,16 +495,19 @@ fn sparse_params(a: &SparseDecode) -> Result<DcpMlaDecodeParams> {
     let mut params = validate_common(&a.common, true)?;
     let c = &a.common;
     let rows = c.batch * c.nq;
-    check_cache("cache", &a.cache, a.num_pages, a.block_size, a.format)?;
+    params.page_rows = check_cache("cache", &a.cache, a.num_pages, a.block_size, a.page_stride, a.format)?;
     ensure_arg!(a.topk >= 1, "topk", "must be at least 1");
     ensure_arg!(a.topk <= MAX_DECODE_TOKENS, "topk", "{} exceeds the kernels' int32 token counts", a.topk);
-    let need = rows.checked_mul(a.topk);
+    let [sb, ss] = a.indices_strides.unwrap_or([c.nq * a.topk, a.topk]);
+    let need = super::strided_extent("indices_strides", &[(c.batch, sb), (c.nq, ss)], a.topk)?;
     ensure_arg!(
-        need.is_some_and(|n| a.indices.len() >= n),
+        a.indices.len() >= need,
         "indices",
-        "holds {} entries but [batch, nq, topk] needs {need:?}",
+        "holds {} entries but [batch, nq, topk] with strides [{sb}, {ss}, 1] needs {need}",
         a.indices.len()
     );
+    ensure_aligned!(a.indices.ptr() % 4 == 0, "indices", "pointer {:#x} is not 4-byte aligned", a.indices.ptr());
+    (params.indices_stride_b, params.indices_stride_s) = (sb as i64, ss as i64);
     if let Some(t) = &a.topk_len {
         ensure_arg!(t.len() >= rows, "topk_len", "holds {} entries but [batch, nq] needs {rows}", t.len());
     }
@@ -501,29 +520,37 @@ fn sparse_params(a: &SparseDecode) -> Result<DcpMlaDecodeParams> {
     Ok(params)
 }
 
+/// A paged cache of `num_pages` pages whose starts lie `page_stride` rows apart (`None`:
+/// `block_size`), each holding `block_size` token rows of `f`; returns the kernels' page_rows.
 fn check_cache(
     arg: &'static str,
     cache: &DeviceSlice<u8>,
     num_pages: usize,
     block_size: usize,
+    page_stride: Option<usize>,
     f: KvFormat,
-) -> Result<()> {
+) -> Result<i32> {
     ensure_arg!(block_size >= 1, "block_size", "must be at least 1");
-    let tokens = num_pages.checked_mul(block_size);
+    let page_rows = page_stride.unwrap_or(block_size);
+    ensure_arg!(page_rows >= block_size, "page_stride", "{page_rows} rows is less than the block size {block_size}");
+    let rows = num_pages.checked_mul(page_rows);
     ensure_arg!(
-        tokens.is_some_and(|n| n <= i32::MAX as usize),
+        rows.is_some_and(|n| n <= i32::MAX as usize),
         "num_pages",
-        "{num_pages} pages of {block_size} tokens exceed the int32 cache addresses"
+        "{num_pages} pages {page_rows} rows apart exceed the int32 cache addresses"
     );
-    let need = tokens.and_then(|n| n.checked_mul(f.token_bytes()));
+    // the last page needs only its block_size rows
+    let need = super::strided_extent("page_stride", &[(num_pages, page_rows)], block_size)
+        .ok()
+        .and_then(|n| n.checked_mul(f.token_bytes()));
     ensure_arg!(
         need.is_some_and(|n| cache.len() >= n),
         arg,
-        "holds {} bytes but {num_pages} pages of {block_size} {f:?} tokens need {need:?}",
+        "holds {} bytes but {num_pages} pages of {block_size} {f:?} tokens, {page_rows} rows apart, need {need:?}",
         cache.len()
     );
     ensure_aligned!(cache.ptr() % 16 == 0, arg, "pointer {:#x} is not 16-byte aligned", cache.ptr());
-    Ok(())
+    Ok(page_rows as i32)
 }
 
 fn validate_common(c: &DecodeCommon, sparse: bool) -> Result<DcpMlaDecodeParams> {
@@ -539,12 +566,19 @@ fn validate_common(c: &DecodeCommon, sparse: bool) -> Result<DcpMlaDecodeParams>
         "batch·nq·heads overflows the kernels' int32 row count"
     );
     let rows = rows.unwrap_or(0);
+    let q_strides = c.q_strides.unwrap_or([c.nq * c.heads * D_QK, c.heads * D_QK, D_QK]);
+    ensure_aligned!(
+        q_strides.iter().all(|s| s % 8 == 0),
+        "q_strides",
+        "{q_strides:?} are not all multiples of 8 elements (16 bytes): the kernels load 16-byte pieces"
+    );
+    let [sb, ss, sh] = q_strides;
+    let q_need = super::strided_extent("q_strides", &[(c.batch, sb), (c.nq, ss), (c.heads, sh)], D_QK)?;
     ensure_arg!(
-        c.q.len() >= rows * D_QK,
+        c.q.len() >= q_need,
         "q",
-        "holds {} elements but [batch, nq, heads, 576] needs {}",
-        c.q.len(),
-        rows * D_QK
+        "holds {} elements but [batch, nq, heads, 576] with strides [{sb}, {ss}, {sh}, 1] needs {q_need}",
+        c.q.len()
     );
     ensure_aligned!(c.q.ptr() % 16 == 0, "q", "pointer {:#x} is not 16-byte aligned", c.q.ptr());
     ensure_arg!(
@@ -591,6 +625,13 @@ fn validate_common(c: &DecodeCommon, sparse: bool) -> Result<DcpMlaDecodeParams>
         ws_lse: if ws_need > 0 { ws_lse } else { 0 },
         sink,
         block_table_stride: 0,
+        q_stride_b: sb as i64,
+        q_stride_s: ss as i64,
+        q_stride_h: sh as i64,
+        indices_stride_b: 0,
+        indices_stride_s: 0,
+        page_rows: 1,
+        reserved: 0,
         scale_log2: c.scale * std::f32::consts::LOG2_E,
         batch: c.batch as i32,
         nq: c.nq as i32,
@@ -706,6 +747,7 @@ mod tests {
             workspace: fake(0),
             schedule: DecodeSchedule::Compute,
             sink: None,
+            q_strides: None,
         }
     }
 
@@ -719,6 +761,7 @@ mod tests {
             block_table_stride: stride,
             max_pages,
             lens: fake(batch),
+            page_stride: None,
         }
     }
 
@@ -732,6 +775,60 @@ mod tests {
         let e = dense_params(&dense(1, 1 << 25, (i32::MAX as usize) / 64, 64)).unwrap_err();
         assert_eq!(arg_of(e), "max_pages");
         assert!(dense_params(&dense(1, 1 << 25, (i32::MAX as usize - 64) / 64, 64)).is_ok());
+    }
+
+    #[test]
+    fn strided_views_are_checked_against_their_extent() {
+        use crate::ops::test_util::fake_at;
+        // q [2, 1, 16, 576] as a view with padded heads (640) and requests (16·640 + 640)
+        let strided = |q_len: usize, strides: [usize; 3]| {
+            let mut d = dense(2, 4, 4, 64);
+            d.common.q = fake_at(0x4000, q_len);
+            d.common.q_strides = Some(strides);
+            dense_params(&d)
+        };
+        let need = 10880 + 15 * 640 + 576;
+        let p = strided(need, [10880, 10240, 640]).unwrap();
+        assert_eq!((p.q_stride_b, p.q_stride_s, p.q_stride_h), (10880, 10240, 640));
+        assert_eq!(arg_of(strided(need - 1, [10880, 10240, 640]).unwrap_err()), "q");
+        assert_eq!(arg_of(strided(need, [10880, 10240, 644]).unwrap_err()), "q_strides");
+        assert_eq!(arg_of(strided(need, [1 << 63, 0, 576]).unwrap_err()), "q_strides");
+        // contiguous by default: the strides the kernels used before views
+        let p = dense_params(&dense(2, 4, 4, 64)).unwrap();
+        assert_eq!((p.q_stride_b, p.q_stride_s, p.q_stride_h), (16 * 576, 16 * 576, 576));
+        // pages 67 rows apart: the last page needs only its 64 rows
+        let paged = |bytes: usize, stride: Option<usize>| {
+            let mut d = dense(2, 4, 4, 64);
+            d.cache = fake_at(0x8000, bytes);
+            d.page_stride = stride;
+            dense_params(&d)
+        };
+        let row = D_QK * 2;
+        assert_eq!(paged((3 * 67 + 64) * row, Some(67)).unwrap().page_rows, 67);
+        assert_eq!(arg_of(paged((3 * 67 + 64) * row - 1, Some(67)).unwrap_err()), "cache");
+        assert_eq!(arg_of(paged(4 * 64 * row, Some(63)).unwrap_err()), "page_stride");
+        assert_eq!(paged(4 * 64 * row, None).unwrap().page_rows, 64);
+        // index lists [1, 2, 512] 600 apart within a request, 1300 between requests
+        let sparse = |len: usize, strides: Option<[usize; 2]>| {
+            let mut c = common(1, 2, 16);
+            c.q = fake(2 * 16 * D_QK);
+            sparse_params(&SparseDecode {
+                common: c,
+                cache: fake(4 * 64 * D_QK * 2),
+                format: KvFormat::Bf16,
+                num_pages: 4,
+                block_size: 64,
+                page_stride: None,
+                indices: fake_at(0x9000, len),
+                indices_strides: strides,
+                topk: 512,
+                topk_len: None,
+            })
+        };
+        let p = sparse(600 + 512, Some([1300, 600])).unwrap();
+        assert_eq!((p.indices_stride_b, p.indices_stride_s), (1300, 600));
+        assert_eq!(arg_of(sparse(600 + 511, Some([1300, 600])).unwrap_err()), "indices");
+        assert_eq!(sparse(1024, None).unwrap().indices_stride_s, 512);
     }
 
     #[test]
@@ -801,6 +898,8 @@ mod tests {
             indices: fake(1usize << 31),
             topk,
             topk_len: None,
+            page_stride: None,
+            indices_strides: None,
         };
         assert!(sparse_params(&s(2048)).is_ok());
         assert_eq!(arg_of(sparse_params(&s(i32::MAX as usize - 10)).unwrap_err()), "topk");
@@ -908,17 +1007,20 @@ mod tests {
 
     #[test]
     fn tma_takes_power_of_two_pages_of_8_or_more() {
-        assert!(dense_tma_fits(1000, 64));
-        assert!(dense_tma_fits(1000, 8), "eight pages a tile, each box on a 1024-byte atom");
-        assert!(dense_tma_fits(10, 256));
-        assert!(!dense_tma_fits(1000, 4), "a 4-token box would start mid-atom");
-        assert!(!dense_tma_fits(1000, 48), "a tile would straddle pages");
-        assert!(!dense_tma_fits(1000, 1));
-        assert!(!dense_tma_fits(0, 64), "no pages: no tensor map to encode");
+        assert!(dense_tma_fits(1000, 64, 64));
+        assert!(dense_tma_fits(1000, 8, 8), "eight pages a tile, each box on a 1024-byte atom");
+        assert!(dense_tma_fits(10, 256, 256));
+        assert!(!dense_tma_fits(1000, 4, 4), "a 4-token box would start mid-atom");
+        assert!(!dense_tma_fits(1000, 48, 48), "a tile would straddle pages");
+        assert!(!dense_tma_fits(1000, 1, 1));
+        assert!(!dense_tma_fits(0, 64, 64), "no pages: no tensor map to encode");
         // rows (and the zero-fill row past the end) must fit the int32 coordinates
-        assert!(dense_tma_fits((i32::MAX as usize - 64) / 64, 64));
-        assert!(!dense_tma_fits(i32::MAX as usize / 64, 64));
-        assert!(!dense_tma_fits(usize::MAX / 2, 64));
+        assert!(dense_tma_fits((i32::MAX as usize - 64) / 64, 64, 64));
+        // a page stride: boxes stay in their pages, the rows count the stride
+        assert!(dense_tma_fits(1000, 64, 65));
+        assert!(!dense_tma_fits((i32::MAX as usize - 64) / 64, 64, 128));
+        assert!(!dense_tma_fits(i32::MAX as usize / 64, 64, 64));
+        assert!(!dense_tma_fits(usize::MAX / 2, 64, 64));
     }
 
     #[test]

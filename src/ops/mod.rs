@@ -83,6 +83,23 @@ pub(crate) fn extent(arg: &'static str, rows: usize, stride: usize, width: usize
     )
 }
 
+/// Elements a strided view addresses: Σ (count − 1)·stride over `dims` (count, stride) plus the
+/// contiguous innermost `width`, or 0 when a count is 0; an error naming `arg` when a stride does
+/// not fit the kernels' int64 or the sum overflows (caller strides come from C on trust).
+pub(crate) fn strided_extent(arg: &'static str, dims: &[(usize, usize)], width: usize) -> Result<usize> {
+    if dims.iter().any(|&(n, _)| n == 0) {
+        return Ok(0);
+    }
+    let mut end = Some(width);
+    for &(n, stride) in dims {
+        ensure_arg!(i64::try_from(stride).is_ok(), arg, "stride {stride} exceeds the kernels' int64 range");
+        end = end.and_then(|e| (n - 1).checked_mul(stride).and_then(|x| x.checked_add(e)));
+    }
+    end.filter(|&e| i64::try_from(e).is_ok()).ok_or_else(|| {
+        Error::arg(arg, format!("the view of {dims:?} (count, stride) and width {width} overflows the address range"))
+    })
+}
+
 /// Checks that `buf` holds `rows` rows of `stride` elements of which the first `width` are read,
 /// and that each row starts on a 16-byte boundary (the kernels use 16-byte vector accesses).
 pub(crate) fn check_rows<T>(

@@ -149,6 +149,7 @@ pub fn run_gpu(dev: &Device, p: &Problem) -> Result<Outputs> {
         workspace: sl(&s, &ws),
         schedule: DecodeSchedule::Compute,
         sink: None,
+        q_strides: None,
     };
 
     let mut outs = Vec::new();
@@ -166,6 +167,7 @@ pub fn run_gpu(dev: &Device, p: &Problem) -> Result<Outputs> {
             block_table_stride: p.max_pages,
             max_pages: p.max_pages,
             lens: sl(&s, &lens),
+            page_stride: None,
         };
         clock.time(STAGE_DENSE, || mla_decode_dense(dev, st, &args))?;
         drv("cuStreamSynchronize", s.synchronize())?;
@@ -257,6 +259,8 @@ pub fn run_gpu(dev: &Device, p: &Problem) -> Result<Outputs> {
             indices: sl(&s, &idx),
             topk: k,
             topk_len: Some(sl(&s, &counts)),
+            page_stride: None,
+            indices_strides: None,
         };
         clock.time(STAGE_SPARSE, || mla_decode_sparse(dev, st, &args))?;
         drv("cuStreamSynchronize", s.synchronize())?;
