@@ -91,22 +91,27 @@ __device__ __forceinline__ void rows_nan(int row0, int col0, Acc o, bool (&row_n
     for (int k = 0; k < 2; ++k) row_nan[k] = (s_row_nan[0][row0 + 8 * k] | s_row_nan[1][row0 + 8 * k]) != 0;
 }
 
-// Where row `row_in_seq` of sequence `seq` starts in q, in elements (docs/contract.md §4: q may be a
-// view with any strides whose rows are contiguous): a dense sequence is request seq, its rows
-// [nq, heads]; a sparse one is query row seq mod nq of request seq div nq, its rows its heads.
+// Where sequence `seq`'s rows start in q, in elements (docs/contract.md §4: q may be a view with any
+// strides whose rows are contiguous): a dense sequence is request seq, its rows [nq, heads]; a
+// sparse one is query row seq mod nq of request seq div nq, its rows its heads. Computed once a
+// piece (the division by nq), then q_row_offset per row.
 template <bool Sparse>
-__device__ __forceinline__ int64_t q_row_offset(const DcpMlaDecodeParams& p, int seq, int row_in_seq) {
-    int b, s, h;
+__device__ __forceinline__ int64_t q_seq_offset(const DcpMlaDecodeParams& p, int seq) {
     if constexpr (Sparse) {
-        b = seq / p.nq;
-        s = seq - b * p.nq;
-        h = row_in_seq;
+        const int b = seq / p.nq;
+        return b * p.q_stride_b + (seq - b * p.nq) * p.q_stride_s;
     } else {
-        b = seq;
-        s = row_in_seq / p.heads;
-        h = row_in_seq - s * p.heads;
+        return seq * p.q_stride_b;
     }
-    return b * p.q_stride_b + s * p.q_stride_s + h * p.q_stride_h;
+}
+
+// Row `row_in_seq` of a sequence, from the sequence's start in q: a head, or for dense MTP rows a
+// (query row, head) pair (one division; none with one query row).
+template <bool Sparse>
+__device__ __forceinline__ int64_t q_row_offset(const DcpMlaDecodeParams& p, int row_in_seq) {
+    if (Sparse || p.nq == 1) return row_in_seq * p.q_stride_h;
+    const int s = row_in_seq / p.heads;
+    return s * p.q_stride_s + (row_in_seq - s * p.heads) * p.q_stride_h;
 }
 
 // The index list of sparse sequence `seq` (query row seq mod nq of request seq div nq).
@@ -116,11 +121,12 @@ __device__ __forceinline__ const int32_t* index_list(const DcpMlaDecodeParams& p
 }
 
 // The cache row of sparse index `v` (page·B + slot, already checked to lie in [0, num_pages·B)):
-// page·page_rows + slot, which is v itself when the pages are packed (page_rows = B).
+// page·page_rows + slot, which is v itself when the pages are packed (page_rows = B). Pages a
+// stride apart need B a power of two (the launcher checks), so this is shifts, no division.
 __device__ __forceinline__ int64_t sparse_cache_row(const DcpMlaDecodeParams& p, int v) {
     if (p.page_rows == p.block_size) return v;
-    const int page = v / p.block_size;
-    return (int64_t)page * p.page_rows + (v - page * p.block_size);
+    const int lg = 31 - __clz(p.block_size);
+    return (int64_t)(v >> lg) * p.page_rows + (v & (p.block_size - 1));
 }
 
 // A finished row's denominator and lse, as write_rows takes them: den = l + the attention sink's

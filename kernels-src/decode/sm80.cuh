@@ -92,20 +92,21 @@ __device__ __forceinline__ void mla_decode(const DcpMlaDecodeParams& p) {
         const int n_tokens = pt.tokens, tile_begin = pt.begin, tile_end = pt.end;
 
         // ---- load: Q once; then a tile's tokens, 8 threads per token ----
+        const __nv_bfloat16* q_seq = (const __nv_bfloat16*)p.q + q_seq_offset<kSparse>(p, seq);
         for (int c = tid; c < kRows * kChunks; c += kThreads) {
             const int r = c / kChunks, part = c % kChunks;
             const bool ok = r < row_limit;
-            const __nv_bfloat16* src =
-                (const __nv_bfloat16*)p.q + (ok ? q_row_offset<kSparse>(p, seq, row_base + r) + part * 8 : 0);
+            const __nv_bfloat16* src = ok ? q_seq + q_row_offset<kSparse>(p, row_base + r) + part * 8 : (const __nv_bfloat16*)p.q;
             cp_async16(sQ + r * kPitch + part * 8, src, ok);
         }
         const int ld_tok = tid >> 3, ld_part = tid & 7;
+        [[maybe_unused]] const int32_t* const idx_list = kSparse ? index_list(p, seq) : nullptr;  // once a piece
         auto issue_tile = [&](int tile, int stage) {
             const int pos = tile * kTile + ld_tok;
             int64_t row = -1;  // cache row (page·B + slot) of this thread's token, or -1: unread
             if (pos < n_tokens) {
                 if constexpr (kSparse) {
-                    const int v = index_list(p, seq)[pos];
+                    const int v = idx_list[pos];
                     if (v >= 0 && (int64_t)v < (int64_t)p.num_pages * p.block_size) row = sparse_cache_row(p, v);
                 } else {
                     const int page =

@@ -247,11 +247,11 @@ __device__ __forceinline__ float row_total(float v) {
 template <bool Sparse>
 __device__ __forceinline__ void load_q(const DcpMlaDecodeParams& p, unsigned char* sQ, int seq, int row_base,
                                        int row_limit, int t, int threads) {
+    const __nv_bfloat16* q = (const __nv_bfloat16*)p.q + decode::q_seq_offset<Sparse>(p, seq);
     for (int c = t; c < kRows * kChunks; c += threads) {
         const int r = c / kChunks, part = c % kChunks;
         const bool ok = r < row_limit;
-        const __nv_bfloat16* src =
-            (const __nv_bfloat16*)p.q + (ok ? decode::q_row_offset<Sparse>(p, seq, row_base + r) + part * 8 : 0);
+        const __nv_bfloat16* src = ok ? q + decode::q_row_offset<Sparse>(p, row_base + r) + part * 8 : (const __nv_bfloat16*)p.q;
         decode::cp_async16(sQ + swizzled(kRows, r, part), src, ok);
     }
 }

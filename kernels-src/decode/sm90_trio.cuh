@@ -160,12 +160,15 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
         const int bs = p.block_size, bs_log = 31 - __clz(bs);
         const bool bs_pow2 = (bs & (bs - 1)) == 0;
         auto div_bs = [&](int pos) { return bs_pow2 ? pos >> bs_log : pos / bs; };
+        // sparse: the sequence's index list, its view's strides resolved once a piece (a division
+        // by nq at every index load cost the sparse kernels ~900 instructions)
+        [[maybe_unused]] const int32_t* const idx_list = kSparse ? decode::index_list(p, seq) : nullptr;
         auto mod_bs = [&](int pos) { return bs_pow2 ? pos & (bs - 1) : pos % bs; };
         // the page (dense) or cache row (sparse) of tile's token `tok`, or -1 past the sequence
         auto token_page_of = [&](int tile, int tok) -> int {
             const int pos = tile * Tile + tok;
             if (pos >= n_tokens) return -1;
-            if constexpr (kSparse) return decode::index_list(p, seq)[pos];
+            if constexpr (kSparse) return idx_list[pos];
             return ((const int32_t*)p.block_table)[(int64_t)seq * p.block_table_stride + div_bs(pos)];
         };
         // the cache row of tile's token `tok`, or -1 (past the sequence, or an invalid page)

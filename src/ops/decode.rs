@@ -496,6 +496,13 @@ fn sparse_params(a: &SparseDecode) -> Result<DcpMlaDecodeParams> {
     let c = &a.common;
     let rows = c.batch * c.nq;
     params.page_rows = check_cache("cache", &a.cache, a.num_pages, a.block_size, a.page_stride, a.format)?;
+    // an index page·B + slot splits by shifts in the kernels (no division a token)
+    ensure_arg!(
+        params.page_rows as usize == a.block_size || a.block_size.is_power_of_two(),
+        "page_stride",
+        "sparse pages a stride apart need a power-of-two block size, not {}",
+        a.block_size
+    );
     ensure_arg!(a.topk >= 1, "topk", "must be at least 1");
     ensure_arg!(a.topk <= MAX_DECODE_TOKENS, "topk", "{} exceeds the kernels' int32 token counts", a.topk);
     let [sb, ss] = a.indices_strides.unwrap_or([c.nq * a.topk, a.topk]);
@@ -829,6 +836,25 @@ mod tests {
         assert_eq!((p.indices_stride_b, p.indices_stride_s), (1300, 600));
         assert_eq!(arg_of(sparse(600 + 511, Some([1300, 600])).unwrap_err()), "indices");
         assert_eq!(sparse(1024, None).unwrap().indices_stride_s, 512);
+        // sparse pages a stride apart: B a power of two (the kernels split an index by shifts)
+        let odd = |page_stride| {
+            let mut c = common(1, 1, 16);
+            c.q = fake(16 * D_QK);
+            sparse_params(&SparseDecode {
+                common: c,
+                cache: fake(4 * 50 * D_QK * 2),
+                format: KvFormat::Bf16,
+                num_pages: 4,
+                block_size: 48,
+                page_stride,
+                indices: fake(512),
+                indices_strides: None,
+                topk: 512,
+                topk_len: None,
+            })
+        };
+        assert!(odd(None).is_ok() && odd(Some(48)).is_ok());
+        assert_eq!(arg_of(odd(Some(50)).unwrap_err()), "page_stride");
     }
 
     #[test]
