@@ -4,6 +4,7 @@
 #   sanitize  the GPU tests under compute-sanitizer memcheck and racecheck
 #   memcheck, racecheck   one of the two
 #   racecheck-decode [FILTER]   racecheck of gpu_decode per schedule set (trio_split,quad; trio,pair), ~3 min
+#   racecheck-topk   racecheck of gpu_topk one test a run, the local top-k split by K and schedule family
 #   bench     `dcp-mla bench` (every row against its target) and the GPU demo
 #   criterion the criterion benchmarks (benches/*.rs)
 #   python    the Python package's pytest suite on the GPU (python/tests) and its launch overhead
@@ -40,7 +41,7 @@ run_tests() {
   for t in "$work"/tests/$pattern; do
     name=$(basename "$t")
     echo "=== ${wrap[*]:-} $name"
-    log="$logs/$name${wrap:+-${wrap[2]:-x}}.log"
+    log="$logs/$name${wrap:+-${wrap[2]:-x}}${LOGTAG:+-$LOGTAG}.log"
     "${wrap[@]}" "$t" --include-ignored --test-threads=1 "${skips[@]}" $filter >"$log" 2>&1
     rc=$?
     grep -E "^test .*(FAILED|ok)$|^test result|panicked|ERROR SUMMARY|^error" "$log" | tail -n 60
@@ -63,10 +64,36 @@ case "$mode" in
     skips+=("${sanitizer_skips[@]}")
     [ -n "$filter" ] || filter=match
     for set in trio_split,quad trio,pair; do
-      export DCP_MLA_TEST_SCHEDULES=$set
+      export DCP_MLA_TEST_SCHEDULES=$set LOGTAG=${set/,/-}
       run_tests gpu_decode compute-sanitizer --tool racecheck --error-exitcode 99
     done
-    unset DCP_MLA_TEST_SCHEDULES ;;
+    unset DCP_MLA_TEST_SCHEDULES LOGTAG ;;
+  racecheck-topk)
+    # Racecheck of the shipping top-k kernels (the whole gpu_topk binary under racecheck did not
+    # finish in 120 s: the cluster kernels): each test on its own, and the local top-k test once
+    # per (K, schedule family), so that every run is small; each run's seconds are printed, and
+    # the runs stop (failing) once 540 s have passed, so that the call's log comes back whole.
+    # Not yet timed on a device: run it alone the first time.
+    skips+=("${sanitizer_skips[@]}")
+    start=$SECONDS
+    for test in pack_matches_reference global_merge_matches_reference compact_matches_reference \
+                graph_replay_reads_new_lengths_and_indices; do
+      filter="--exact $test" LOGTAG=$test
+      t0=$SECONDS
+      run_tests gpu_topk compute-sanitizer --tool racecheck --error-exitcode 99
+      echo "--- $test: $((SECONDS - t0)) s"
+    done
+    filter="--exact local_topk_matches_reference"
+    for k in 256 512 1024 2048; do
+      for family in cta cluster half; do
+        if [ $((SECONDS - start)) -gt 540 ]; then echo "FAILED: out of time before K=$k $family"; status=1; break 2; fi
+        export DCP_MLA_TEST_TOPK_K=$k DCP_MLA_TEST_TOPK_SCHEDULES=$family LOGTAG=local-$k-$family
+        t0=$SECONDS
+        run_tests gpu_topk compute-sanitizer --tool racecheck --error-exitcode 99
+        echo "--- local top-k K=$k $family: $((SECONDS - t0)) s"
+      done
+    done
+    unset DCP_MLA_TEST_TOPK_K DCP_MLA_TEST_TOPK_SCHEDULES LOGTAG ;;
   memcheck|racecheck)
     # One tool of `sanitize` (each fits a device call's 10 minutes on its own).
     skips+=("${sanitizer_skips[@]}")

@@ -80,7 +80,7 @@ fn local_topk_matches_reference() {
     let s = stream();
     let dev = gpu();
     let mut rng = Rng::new(seed());
-    for k in KS {
+    for k in ks() {
         // Not a multiple of 4: rows start misaligned.
         let row_stride = 40_003;
         let lens_of_kind = [0, 1, k as i32 - 1, k as i32, k as i32 + 1, 2 * k as i32 + 3, 5_000, 40_003, 50_000, -3];
@@ -148,6 +148,9 @@ fn local_topk_matches_reference() {
 }
 
 /// One CTA per row, and on Hopper every cluster size that fits `cols` columns, whole and half keys.
+/// DCP_MLA_TEST_TOPK_SCHEDULES=cta,cluster,half keeps only those families, so that a sanitizer
+/// run fits a device call (`scripts/gpu-run.sh racecheck-topk` sets it, one family a run; `tests`
+/// never does); a filter that leaves nothing fails rather than running nothing.
 fn schedules(dev: &dcp_mla::runtime::Device, cols: usize) -> Vec<TopkSchedule> {
     let mut v = vec![TopkSchedule::CtaPerRow];
     if dev.compute_capability().0 >= 9 {
@@ -158,6 +161,27 @@ fn schedules(dev: &dcp_mla::runtime::Device, cols: usize) -> Vec<TopkSchedule> {
     } else {
         eprintln!("compute capability below 9.0: top-k clusters not run");
     }
+    if let Ok(only) = std::env::var("DCP_MLA_TEST_TOPK_SCHEDULES") {
+        let keep: Vec<&str> = only.split(',').map(str::trim).collect();
+        v.retain(|s| {
+            keep.contains(&match s {
+                TopkSchedule::CtaPerRow => "cta",
+                TopkSchedule::Cluster { .. } => "cluster",
+                TopkSchedule::HalfKeyCluster { .. } => "half",
+            })
+        });
+        eprintln!("DCP_MLA_TEST_TOPK_SCHEDULES={only}: cols {cols}: {v:?}");
+        assert!(!v.is_empty(), "DCP_MLA_TEST_TOPK_SCHEDULES={only} leaves no schedule for {cols} columns");
+    }
+    v
+}
+
+/// The K values the local top-k test runs: all of KS, or DCP_MLA_TEST_TOPK_K's (a comma list of
+/// them) for a sanitizer run split by K; a value outside KS fails.
+fn ks() -> Vec<usize> {
+    let Ok(only) = std::env::var("DCP_MLA_TEST_TOPK_K") else { return KS.to_vec() };
+    let v: Vec<usize> = only.split(',').map(|k| k.trim().parse().expect("DCP_MLA_TEST_TOPK_K: a list of K")).collect();
+    assert!(!v.is_empty() && v.iter().all(|k| KS.contains(k)), "DCP_MLA_TEST_TOPK_K={only}: K in {KS:?}");
     v
 }
 
