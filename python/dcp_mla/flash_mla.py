@@ -16,7 +16,8 @@ silently ignored:
   the cache's row size (656 bytes FP8, 576 bf16).
 - extra_k_cache, extra_indices_in_kvcache and extra_topk_length are not supported
   (NotImplementedError). attn_sink ([h_q] f32) is: out scaled by e^lse / (e^lse + e^sink) per
-  head, softmax_lse unchanged, as FlashMLA documents it.
+  head, softmax_lse unchanged, as FlashMLA documents it; dense attention takes it too (FlashMLA
+  requires it None there).
 - q, k_cache and indices may be strided views of larger buffers, as FlashMLA's own tests pass
   them (each row contiguous, k_cache's pages a whole number of rows apart); they are read in
   place.
