@@ -16,7 +16,7 @@ use dcp_mla::dcp::{
     StepConfig,
 };
 use dcp_mla::formats::{KvFormat, D_LATENT, D_QK, D_ROPE};
-use dcp_mla::reference::attention::{decode_oracle, QueryShape, Selection};
+use dcp_mla::reference::attention::{apply_sink_oracle, decode_oracle, QueryShape, Selection};
 use dcp_mla::reference::fill::{fill, FillInput, PagedCache};
 use dcp_mla::reference::tolerance::{check_attention, AttentionOracle, OUT_ELEMENT_FACTOR};
 use dcp_mla::reference::topk::local_topk;
@@ -396,6 +396,25 @@ fn run_cases(dev: &Device, group: &DcpGroup, seed: u64, shapes: &[CombineShape],
             close(&what("ag_rs vs a2a"), a, b, |k, _| 2.0 * OUT_ELEMENT_FACTOR * want.mean_abs_v[k]);
             eprintln!("{}: ok", what("ag_rs == a2a"));
         }
+        // Attention sinks under DCP: the combine's last step applies this rank's H_l sinks once,
+        // so the group equals one rank over all tokens with the sinks (docs/contract.md §4).
+        let sinks: Vec<f32> = (0..H_L)
+            .map(|j| match (rank * H_L + j) % 4 {
+                0 => f32::NEG_INFINITY,
+                1 => 1.5,
+                2 => -2.0,
+                _ => 6.0,
+            })
+            .collect();
+        let mut want_sink = want.clone();
+        apply_sink_oracle(&mut want_sink, &sinks);
+        step.set_sinks(Some(&sinks)).unwrap();
+        for &shape in shapes {
+            let got = eager(&mut step, shape);
+            check(&what(&format!("{shape:?} with sinks vs reference")), &got.0, &got.1, &want_sink);
+            eprintln!("{}: ok", what(&format!("{shape:?} with sinks vs reference")));
+        }
+        step.set_sinks(None).unwrap();
         if !graphs {
             continue;
         }

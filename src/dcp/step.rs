@@ -221,6 +221,9 @@ struct Views {
     a2a_recv: DeviceSlice<u8>,
     out: DeviceSlice<bf16>,
     lse: DeviceSlice<f32>,
+    /// The attention sinks of this rank's H_l heads (sink_buf) when set (see [`DecodeStep::set_sinks`]).
+    sink: Option<DeviceSlice<f32>>,
+    sink_buf: DeviceSlice<f32>,
 }
 
 /// Every buffer of a step (kept alive for the views).
@@ -236,6 +239,7 @@ struct Buffers {
     cache: CudaSlice<u8>,
     out: CudaSlice<bf16>,
     lse: CudaSlice<f32>,
+    sink: CudaSlice<f32>,
     _scratch: Vec<Box<dyn std::any::Any>>,
 }
 
@@ -319,6 +323,7 @@ impl<'a> DecodeStep<'a> {
         let (cache, cache_v) = alloc::<u8>(s, cache_bytes)?;
         let (out, out_v) = alloc::<bf16>(s, t * h_l * D_V)?;
         let (lse, lse_v) = alloc::<f32>(s, t * h_l)?;
+        let (sink, sink_v) = alloc::<f32>(s, h_l)?;
         let v = Views {
             q_local: q_local_v,
             ckv: ckv_v,
@@ -347,6 +352,8 @@ impl<'a> DecodeStep<'a> {
             a2a_recv: scratch::<u8>(s, d * slot_bytes, sc)?,
             out: out_v,
             lse: lse_v,
+            sink: None,
+            sink_buf: sink_v,
         };
         let buf = Buffers {
             q_local,
@@ -360,6 +367,7 @@ impl<'a> DecodeStep<'a> {
             cache,
             out,
             lse,
+            sink,
             _scratch: keep,
         };
         Ok(DecodeStep { dev, group, stream, cfg, num_splits, slot_bytes, buf, v })
@@ -452,6 +460,23 @@ impl<'a> DecodeStep<'a> {
     pub fn set_cache(&mut self, bytes: &[u8]) -> Result<()> {
         let n = self.cfg.num_pages * self.cfg.block_size * self.cfg.attention.format().token_bytes();
         Self::upload(&self.stream, "cache", bytes, &mut self.buf.cache, n)
+    }
+
+    /// The attention sinks of this rank's H_l heads (FlashMLA's `attn_sink`, docs/contract.md §4:
+    /// its TP shard of the model's per-head sinks, sink[j] for head rank·H_l + j), applied once by
+    /// the combine's last step (ag_rs finish or a2a combine), never by the ranks' attention; `None`
+    /// removes them. A step captured in a graph keeps the choice it was captured with (the values
+    /// may be rewritten in place).
+    pub fn set_sinks(&mut self, sinks: Option<&[f32]>) -> Result<()> {
+        let h_l = self.cfg.local_heads;
+        match sinks {
+            Some(v) => {
+                Self::upload(&self.stream, "sinks", v, &mut self.buf.sink, h_l)?;
+                self.v.sink = Some(self.v.sink_buf);
+            }
+            None => self.v.sink = None,
+        }
+        Ok(())
     }
 
     /// Overwrites the outputs (tests poison them before a run).
@@ -689,7 +714,7 @@ impl<'a> DecodeStep<'a> {
                     local_heads: h_l,
                     dcp_size: d,
                     rank,
-                    sink: None,
+                    sink: v.sink,
                 },
             ),
             Stage::A2aPack => combine::a2a_pack(
@@ -718,7 +743,7 @@ impl<'a> DecodeStep<'a> {
                     num_tokens: t,
                     local_heads: h_l,
                     dcp_size: d,
-                    sink: None,
+                    sink: v.sink,
                 },
             ),
         }
