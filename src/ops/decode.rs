@@ -574,12 +574,15 @@ fn validate_common(c: &DecodeCommon, sparse: bool) -> Result<DcpMlaDecodeParams>
     );
     let rows = rows.unwrap_or(0);
     let q_strides = c.q_strides.unwrap_or([c.nq * c.heads * D_QK, c.heads * D_QK, D_QK]);
+    // a dim of one entry is never stepped over: its stride is whatever the caller's view had
+    let [sb, ss, sh] =
+        [(c.batch, q_strides[0]), (c.nq, q_strides[1]), (c.heads, q_strides[2])]
+            .map(|(n, stride)| if n > 1 { stride } else { 0 });
     ensure_aligned!(
-        q_strides.iter().all(|s| s % 8 == 0),
+        [sb, ss, sh].iter().all(|s| s % 8 == 0),
         "q_strides",
         "{q_strides:?} are not all multiples of 8 elements (16 bytes): the kernels load 16-byte pieces"
     );
-    let [sb, ss, sh] = q_strides;
     let q_need = super::strided_extent("q_strides", &[(c.batch, sb), (c.nq, ss), (c.heads, sh)], D_QK)?;
     ensure_arg!(
         c.q.len() >= q_need,
@@ -796,13 +799,15 @@ mod tests {
         };
         let need = 10880 + 15 * 640 + 576;
         let p = strided(need, [10880, 10240, 640]).unwrap();
-        assert_eq!((p.q_stride_b, p.q_stride_s, p.q_stride_h), (10880, 10240, 640));
+        assert_eq!((p.q_stride_b, p.q_stride_s, p.q_stride_h), (10880, 0, 640), "nq = 1: no row stride");
         assert_eq!(arg_of(strided(need - 1, [10880, 10240, 640]).unwrap_err()), "q");
         assert_eq!(arg_of(strided(need, [10880, 10240, 644]).unwrap_err()), "q_strides");
         assert_eq!(arg_of(strided(need, [1 << 63, 0, 576]).unwrap_err()), "q_strides");
-        // contiguous by default: the strides the kernels used before views
+        // contiguous by default: the strides the kernels used before views (nq = 1: no row stride)
         let p = dense_params(&dense(2, 4, 4, 64)).unwrap();
-        assert_eq!((p.q_stride_b, p.q_stride_s, p.q_stride_h), (16 * 576, 16 * 576, 576));
+        assert_eq!((p.q_stride_b, p.q_stride_s, p.q_stride_h), (16 * 576, 0, 576));
+        // the stride of a dim of one entry is never used, so never refused
+        assert_eq!(strided(need, [10880, 3, 640]).unwrap().q_stride_s, 0);
         // pages 67 rows apart: the last page needs only its 64 rows
         let paged = |bytes: usize, stride: Option<usize>| {
             let mut d = dense(2, 4, 4, 64);
