@@ -80,11 +80,12 @@ def _cache(cache, name="cache", device=None, paged_view=False):
     fmt = {1152: _lib.KV_BF16, 656: _lib.KV_FP8_656}.get(row_bytes)
     if fmt is None:
         _fail(name, f"rows of {row_bytes} bytes: expected 1152 (576 bf16) or 656 (FP8-656)")
-    if paged_view and cache.shape[0] > 1 and cache.shape[1] > 0:
-        row = cache.shape[2]
-        if (cache.shape[1] > 1 and cache.stride(1) != row) or cache.stride(0) % row or cache.stride(0) < row * cache.shape[1]:
-            _fail(name, f"strides {cache.stride()}: a page's rows must be contiguous and pages a whole number of "
-                        f"rows (at least B) apart")
+    row = cache.shape[2]
+    rows_apart = cache.shape[1] > 1 and cache.stride(1) != row
+    pages_apart = cache.shape[0] > 1 and (cache.stride(0) % row or cache.stride(0) < row * cache.shape[1])
+    if paged_view and (rows_apart or pages_apart):
+        _fail(name, f"strides {cache.stride()}: a page's rows must be contiguous and pages a whole number of "
+                    f"rows (at least B) apart")
     return cache, fmt
 
 
@@ -441,9 +442,10 @@ def decode_dense(q, cache, block_table, lens, *, scale=None, num_splits=None, wo
     that are multiples of 8 and a unit last stride; cache bf16 [pages, B, 576] (or [pages, B, 1,
     576]), whose pages may be a view of a larger page dimension (each page's rows contiguous, page
     starts a whole number of rows apart); block_table int32 [b, max_pages] (unit last stride);
-    lens int32 [b, nq]. Views are read in place, never copied. Returns out [b, nq, H, 512] (bf16, or f32 with out_dtype) and lse f32 [b, nq, H],
-    natural log, −inf for a row that sees no token. num_splits defaults to the planner's for this
-    device (decode_workspace gives both for graphs); scale to 576^-1/2. reuse_schedule=True reuses
+    lens int32 [b, nq]. Views are read in place, never copied. Returns out [b, nq, H, 512] (bf16,
+    or f32 with out_dtype) and lse f32 [b, nq, H], natural log, −inf for a row that sees no token.
+    num_splits defaults to the planner's for this device (decode_workspace gives both for graphs);
+    scale to 576^-1/2. reuse_schedule=True reuses
     the split schedule an earlier call of the same shapes left in `workspace` (the step's first
     layer computes it, the others reuse it: one small kernel less a layer); the result is exact
     whatever the lengths are now, only the balance is the older lengths'. A workspace no call of

@@ -194,8 +194,8 @@ def test_decode_sinks_scale_out_and_keep_lse(dev, splits):
     assert torch.all(out_s[1] == 0), "an empty request's rows stay 0 whatever the sink"
     table8, caches8, _ = filled_caches(lens, 1, 1, b, "fp8_656", dev)
     idx = torch.full((len(lens), nq, 512), -1, dtype=torch.int32, device=dev)
-    idx[0, :, :500] = torch.arange(500, dtype=torch.int32, device=dev)  # request 0's first pages
-    idx[0] = (table8[0].long()[idx[0].clamp_min(0) // b] * b + idx[0].clamp_min(0) % b).int().masked_fill(idx[0] < 0, -1)
+    toks = torch.arange(500, device=dev)  # request 0's first 500 tokens, as page·B + slot
+    idx[0, :, :500] = (table8[0].long()[toks // b] * b + toks % b).int()
     out, lse = dcp_mla.decode_sparse(q, caches8[0], idx, num_splits=splits, out_dtype=torch.float32)
     out_s, lse_s = dcp_mla.decode_sparse(q, caches8[0], idx, num_splits=splits, out_dtype=torch.float32, sink=sink)
     assert torch.equal(lse_s, lse)
@@ -675,8 +675,8 @@ def view_of_larger(x):
 
 def paged_view(cache):
     """A [pages, B, row] cache as a view of [pages, B + 1, row] (a padded page dimension)."""
-    buf = torch.full((cache.shape[0], cache.shape[1] + 1, cache.shape[2]), 0xFF if cache.dtype == torch.uint8 else float("nan"),
-                     dtype=cache.dtype, device=cache.device)
+    fill = 0xFF if cache.dtype == torch.uint8 else float("nan")
+    buf = torch.full((cache.shape[0], cache.shape[1] + 1, cache.shape[2]), fill, dtype=cache.dtype, device=cache.device)
     v = buf[:, :cache.shape[1]]
     v.copy_(cache)
     return v
