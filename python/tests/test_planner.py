@@ -134,3 +134,21 @@ def test_prefill_plan_covers_every_prefix_token():
         assert len(table) == pp.max_pieces and all(len(row) == 8 for row in table)
         covered += sum(1 for row in table if any(row))
     assert covered >= 2  # the two non-empty prefixes have at least one piece each
+
+
+def test_ctypes_signatures_match_the_header():
+    # Every function the package declares takes as many arguments as the C header says: ctypes
+    # cannot check a call's arity against the library, so a stale declaration would pass the wrong
+    # values silently (as after an ABI revision that adds arguments).
+    import pathlib
+    import re
+
+    from dcp_mla import _lib
+
+    header = pathlib.Path(__file__).resolve().parents[2] / "ffi" / "include" / "dcp_mla.h"
+    text = header.read_text()
+    for name, args in _lib.SIGNATURES.items():
+        m = re.search(r"\b" + name + r"\(([^)]*)\);", text)
+        assert m, f"{name} is not in {header}"
+        params = [p for p in m.group(1).split(",") if p.strip() not in ("", "void")]
+        assert len(params) == len(args), f"{name}: the header takes {len(params)} arguments, _lib declares {len(args)}"
