@@ -107,6 +107,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             block_table_stride: max_pages,
             max_pages,
             lens: DeviceSlice::of(&d_lens, &s),
+            lens_strides: None,
             page_stride: None,
         };
         mla_decode_dense(&dev, st, &decode)?;

@@ -57,9 +57,9 @@ typedef struct DcpMlaDecodeParams {
     uint64_t cache;          /* bf16 [num_pages, page_rows, 576] or bytes [num_pages, page_rows, 656]: rows */
                              /* [0, block_size) of each page are its tokens */
     uint64_t block_table;    /* dense: int32 [batch, block_table_stride] */
-    uint64_t lens;           /* dense: int32 [batch, nq] local lengths */
+    uint64_t lens;           /* dense: int32 [batch, nq] local lengths, strides len_stride_* */
     uint64_t indices;        /* sparse: int32 [batch, nq, topk] of page·B + slot, strides indices_stride_*; -1 unused */
-    uint64_t topk_len;       /* sparse: int32 [batch, nq] valid entries per row, or 0: all topk */
+    uint64_t topk_len;       /* sparse: int32 [batch, nq] valid entries per row (strides len_stride_*), or 0: all topk */
     uint64_t out;            /* bf16 or fp32 [batch, nq, heads, 512] */
     uint64_t lse;            /* fp32 [batch, nq, heads], natural log */
     uint64_t sched;          /* num_splits > 1: int64 [seqs + 1] unit prefix (written by the schedule) */
@@ -75,6 +75,8 @@ typedef struct DcpMlaDecodeParams {
     int64_t q_stride_h;      /* and heads (multiples of 8: rows stay 16-byte aligned) */
     int64_t indices_stride_b; /* sparse: elements between the index lists' requests */
     int64_t indices_stride_s; /* and query rows */
+    int64_t len_stride_b;    /* elements between requests of lens (dense) or topk_len (sparse), */
+    int64_t len_stride_s;    /* and query rows (any, 0 included: a broadcast per-request value) */
     float scale_log2;        /* softmax scale σ · log2(e) */
     int32_t batch;
     int32_t nq;              /* query rows per request (MTP) */

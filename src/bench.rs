@@ -758,6 +758,7 @@ pub fn prepare<'a>(dev: &'a Device, s: &Arc<CudaStream>, row: &BenchRow) -> Resu
                 block_table_stride: pages,
                 max_pages: pages,
                 lens: sl(s, &lens),
+                lens_strides: None,
                 page_stride: None,
             };
             let keep = (bufs, cache, table, lens);
@@ -795,6 +796,7 @@ pub fn prepare<'a>(dev: &'a Device, s: &Arc<CudaStream>, row: &BenchRow) -> Resu
                 indices: sl(s, &idx),
                 topk: k,
                 topk_len: None,
+                topk_len_strides: None,
                 page_stride: None,
                 indices_strides: None,
             };

@@ -295,6 +295,7 @@ impl DenseDev {
             block_table_stride: hc.stride,
             max_pages: hc.max_pages,
             lens: view(&s, &self.lens),
+            lens_strides: None,
             page_stride: None,
         }
     }
@@ -337,6 +338,7 @@ impl SparseDev {
             indices: view(&s, &self.idx),
             topk: k,
             topk_len: self.topk_len.as_ref().map(|t| view(&s, t)),
+            topk_len_strides: None,
             page_stride: None,
             indices_strides: None,
         }
@@ -892,9 +894,10 @@ fn padded_pages(hc: &HostCache, extra: usize) -> (Vec<u8>, usize) {
     (buf, stride)
 }
 
-/// Strided views (docs/contract.md §4): q, the index lists and the cache's pages as views of larger
-/// buffers (NaN in every slot outside the view) give bit for bit the contiguous launch's out and
-/// lse, on every schedule, unsplit and split.
+/// Strided views (docs/contract.md §4): q, the index lists, the cache's pages and the lengths as
+/// views of larger buffers (NaN or a negative length in every slot outside the view; the sparse
+/// index counts one a request, broadcast over its query rows by a stride of 0) give bit for bit
+/// the contiguous launch's out and lse, on every schedule, unsplit and split.
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn strided_views_match_contiguous() {
@@ -912,8 +915,9 @@ fn strided_views_match_contiguous() {
         let q = random_q(&mut rng, shape);
         let (q_big, q_strides) = padded(&q, &[shape.batch, nq, heads, D_QK], 1, 64, nan_q);
         let (cache_big, page_stride) = padded_pages(&hc, 3);
+        let (lens_big, lens_strides) = padded(&lens, &[shape.batch, nq], 1, 1, -5);
         let dev = DenseDev::new(&hc, &q, &lens);
-        let (d_q, d_cache) = (upload(&s, &q_big), upload(&s, &cache_big));
+        let (d_q, d_cache, d_lens) = (upload(&s, &q_big), upload(&s, &cache_big), upload(&s, &lens_big));
         for path in dense_paths() {
             for splits in [1, 5] {
                 let plain = DevOut::new(shape, splits, true);
@@ -924,6 +928,8 @@ fn strided_views_match_contiguous() {
                 args.common.q_strides = Some([q_strides[0], q_strides[1], q_strides[2]]);
                 args.cache = view(&s, &d_cache);
                 args.page_stride = Some(page_stride);
+                args.lens = view(&s, &d_lens);
+                args.lens_strides = Some([lens_strides[0], lens_strides[1]]);
                 mla_decode_dense_on(gpu(), raw(&s), &args, path).expect("strided dense launch");
                 let (want, got) = (plain.read(), strided.read());
                 let what = format!("strided dense case {n} {path:?} splits={splits}");
@@ -947,7 +953,11 @@ fn strided_views_match_contiguous() {
         let (q_big, q_strides) = padded(&q, &[batch, nq, heads, D_QK], 1, 64, nan_q);
         let (idx_big, idx_strides) = padded(&idx, &[batch, nq, k], 1, 5, 0);
         let (cache_big, page_stride) = padded_pages(&hc, 1);
-        let dev = SparseDev::new(&hc, &q, &idx, None);
+        // one index count a request (FlashMLA's topk_length), broadcast over its query rows
+        let per_request: Vec<i32> = (0..batch).map(|i| (k - 37 * (i + 1)) as i32).collect();
+        let per_row: Vec<i32> = per_request.iter().flat_map(|&n| std::iter::repeat_n(n, nq)).collect();
+        let d_per_request = upload(&s, &per_request);
+        let dev = SparseDev::new(&hc, &q, &idx, Some(&per_row));
         let (d_q, d_idx, d_cache) = (upload(&s, &q_big), upload(&s, &idx_big), upload(&s, &cache_big));
         for path in sparse_paths(format) {
             for splits in [1, 3] {
@@ -962,6 +972,8 @@ fn strided_views_match_contiguous() {
                 args.indices_strides = Some([idx_strides[0], idx_strides[1]]);
                 args.cache = view(&s, &d_cache);
                 args.page_stride = Some(page_stride);
+                args.topk_len = Some(view(&s, &d_per_request));
+                args.topk_len_strides = Some([1, 0]);
                 mla_decode_sparse_on(gpu(), raw(&s), &args, path).expect("strided sparse launch");
                 let (want, got) = (plain.read(), strided.read());
                 let what = format!("strided sparse case {n} {format:?} {path:?} splits={splits}");
@@ -1098,6 +1110,7 @@ fn graph_replay_case(path: DecodePath) {
         block_table_stride: hc.stride,
         max_pages: hc.max_pages,
         lens: DeviceSlice::of(&d_lens, &s),
+        lens_strides: None,
         page_stride: None,
     };
     let sparse = SparseDecode {
@@ -1113,6 +1126,7 @@ fn graph_replay_case(path: DecodePath) {
         indices: DeviceSlice::of(&d_idx, &s),
         topk: k,
         topk_len: None,
+        topk_len_strides: None,
         page_stride: None,
         indices_strides: None,
     };
@@ -1279,6 +1293,7 @@ fn invalid_arguments_are_named() {
         block_table_stride: hc.stride,
         max_pages: hc.max_pages,
         lens: view(&s, &d_lens),
+        lens_strides: None,
         page_stride: None,
     };
     let arg_of = |a: &DenseDecode| match mla_decode_dense(gpu(), raw(&s), a) {

@@ -247,7 +247,8 @@ enum DcpMlaStatus dcp_mla_kv_fill(const struct DcpMlaDevice *device,
 // - `cache`: [num_pages, page_stride, 576] bf16 (any dtype), the first `block_size` rows of each
 //   page its tokens; `page_stride`: cache rows between page starts (≥ block_size), 0 for
 //   `block_size` (packed pages); `block_table`: int32 [batch, block_table_stride], first
-//   `max_pages` columns used; `lens`: int32 [batch, nq].
+//   `max_pages` columns used; `lens`: int32 [batch, nq]; `lens_strides`: null for contiguous
+//   lengths, else 2 values: elements between requests and query rows (any, 0 broadcasts).
 // - `sink`: optional f32 [heads] attention sinks (null data: none), FlashMLA's `attn_sink`: each
 //   row's out is scaled by e^lse / (e^lse + e^sink[h]), lse unchanged (docs/contract.md §4). Leave
 //   it null on a DCP rank whose partial result a combine merges: pass it to the combine instead.
@@ -275,6 +276,7 @@ enum DcpMlaStatus dcp_mla_decode_dense(const struct DcpMlaDevice *device,
                                        size_t block_table_stride,
                                        size_t max_pages,
                                        struct DcpMlaTensor lens,
+                                       const size_t *lens_strides,
                                        struct DcpMlaTensor sink);
 
 // Sparse MLA decode (docs/contract.md §4) over the BF16 or FP8-656 cache: row (i, j) attends to the
@@ -287,7 +289,8 @@ enum DcpMlaStatus dcp_mla_decode_dense(const struct DcpMlaDevice *device,
 // - `indices`: int32 [batch, nq, topk]; `indices_strides`: null for contiguous lists, else 2
 //   values: elements between the lists' requests and query rows (each list contiguous);
 //   `topk_len`: optional int32 [batch, nq] (null data: every entry counts), only the first
-//   topk_len[i][j] entries count.
+//   topk_len[i][j] entries count; `topk_len_strides`: as `lens_strides` of dcp_mla_decode_dense
+//   (FlashMLA's per-request topk_length is {1, 0}).
 // - `sink`: as for dcp_mla_decode_dense.
 //
 // # Safety
@@ -314,6 +317,7 @@ enum DcpMlaStatus dcp_mla_decode_sparse(const struct DcpMlaDevice *device,
                                         const size_t *indices_strides,
                                         size_t topk,
                                         struct DcpMlaTensor topk_len,
+                                        const size_t *topk_len_strides,
                                         struct DcpMlaTensor sink);
 
 // ag_rs combine, step 1 (docs/contract.md §5.1) on rank `rank` of D = `dcp_size` (H = D·local_heads):

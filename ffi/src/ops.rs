@@ -168,7 +168,8 @@ fn decode_common(
 /// - `cache`: [num_pages, page_stride, 576] bf16 (any dtype), the first `block_size` rows of each
 ///   page its tokens; `page_stride`: cache rows between page starts (≥ block_size), 0 for
 ///   `block_size` (packed pages); `block_table`: int32 [batch, block_table_stride], first
-///   `max_pages` columns used; `lens`: int32 [batch, nq].
+///   `max_pages` columns used; `lens`: int32 [batch, nq]; `lens_strides`: null for contiguous
+///   lengths, else 2 values: elements between requests and query rows (any, 0 broadcasts).
 /// - `sink`: optional f32 [heads] attention sinks (null data: none), FlashMLA's `attn_sink`: each
 ///   row's out is scaled by e^lse / (e^lse + e^sink[h]), lse unchanged (docs/contract.md §4). Leave
 ///   it null on a DCP rank whose partial result a combine merges: pass it to the combine instead.
@@ -198,6 +199,7 @@ pub unsafe extern "C" fn dcp_mla_decode_dense(
     block_table_stride: usize,
     max_pages: usize,
     lens: DcpMlaTensor,
+    lens_strides: *const usize,
     sink: DcpMlaTensor,
 ) -> DcpMlaStatus {
     launch(device, stream, decode::mla_decode_dense, || {
@@ -223,6 +225,7 @@ pub unsafe extern "C" fn dcp_mla_decode_dense(
             block_table_stride,
             max_pages,
             lens: arg!(lens),
+            lens_strides: strides_arg(lens_strides),
             page_stride: page_stride_arg(page_stride),
         })
     })
@@ -238,7 +241,8 @@ pub unsafe extern "C" fn dcp_mla_decode_dense(
 /// - `indices`: int32 [batch, nq, topk]; `indices_strides`: null for contiguous lists, else 2
 ///   values: elements between the lists' requests and query rows (each list contiguous);
 ///   `topk_len`: optional int32 [batch, nq] (null data: every entry counts), only the first
-///   topk_len[i][j] entries count.
+///   topk_len[i][j] entries count; `topk_len_strides`: as `lens_strides` of dcp_mla_decode_dense
+///   (FlashMLA's per-request topk_length is {1, 0}).
 /// - `sink`: as for dcp_mla_decode_dense.
 ///
 /// # Safety
@@ -267,6 +271,7 @@ pub unsafe extern "C" fn dcp_mla_decode_sparse(
     indices_strides: *const usize,
     topk: usize,
     topk_len: DcpMlaTensor,
+    topk_len_strides: *const usize,
     sink: DcpMlaTensor,
 ) -> DcpMlaStatus {
     launch(device, stream, decode::mla_decode_sparse, || {
@@ -292,6 +297,7 @@ pub unsafe extern "C" fn dcp_mla_decode_sparse(
             indices: arg!(indices),
             topk,
             topk_len: arg!(topk_len),
+            topk_len_strides: strides_arg(topk_len_strides),
             page_stride: page_stride_arg(page_stride),
             indices_strides: strides_arg(indices_strides),
         })

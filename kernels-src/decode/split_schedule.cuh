@@ -19,7 +19,8 @@ __device__ __forceinline__ int rows_per_seq(const DcpMlaDecodeParams& p, bool sp
 // Dense: local length of row j (of nq) of request s, clamped to [0, max_pages·B].
 __device__ __forceinline__ int dense_row_len(const DcpMlaDecodeParams& p, int s, int j) {
     const int64_t capacity = (int64_t)p.max_pages * p.block_size;
-    return (int)min((int64_t)max(((const int32_t*)p.lens)[(int64_t)s * p.nq + j], 0), capacity);
+    const int32_t len = ((const int32_t*)p.lens)[s * p.len_stride_b + j * p.len_stride_s];
+    return (int)min((int64_t)max(len, 0), capacity);
 }
 
 // Tokens sequence s attends to at most: dense, the longest of its rows' clamped lengths; sparse,
@@ -27,7 +28,10 @@ __device__ __forceinline__ int dense_row_len(const DcpMlaDecodeParams& p, int s,
 __device__ __forceinline__ int seq_tokens(const DcpMlaDecodeParams& p, bool sparse, int s) {
     if (sparse) {
         int n = p.topk;
-        if (p.topk_len) n = max(0, min(n, ((const int32_t*)p.topk_len)[s]));
+        if (p.topk_len) {
+            const int b = s / p.nq;  // sequence s is query row s mod nq of request b
+            n = max(0, min(n, ((const int32_t*)p.topk_len)[b * p.len_stride_b + (s - b * p.nq) * p.len_stride_s]));
+        }
         return n;
     }
     int n = 0;

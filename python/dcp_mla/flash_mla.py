@@ -115,7 +115,8 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
             raise ValueError("causal: must be False with indices (sparse attention), as in FlashMLA")
         topk_len = None
         if topk_length is not None:
-            topk_len = topk_length.to(torch.int32).view(b, 1).expand(b, s_q).contiguous()
+            # [b] per request as a [b, s_q] view (strides {1, 0}): read in place, no copy
+            topk_len = topk_length.to(torch.int32).unsqueeze(1).expand(b, s_q)
         out, lse = ops.decode_sparse(q, k_cache, indices, topk_len=topk_len, scale=softmax_scale,
                                      num_splits=meta.num_splits, workspace=meta.workspace, reuse_schedule=reuse,
                                      sink=attn_sink)

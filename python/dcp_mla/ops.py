@@ -268,7 +268,7 @@ def _decode_dense(q: torch.Tensor, cache: torch.Tensor, block_table: torch.Tenso
     b, nq, h, _ = q.shape
     _launch("dcp_mla_decode_dense", _dev_stream(q), _t(q), _strides(q, 3), b, nq, h, scale, _t(out), _t(lse),
             num_splits, _t(workspace), schedule, _t(cache), cache.shape[0], cache.shape[1], _page_stride(cache),
-            _t(block_table), block_table.stride(0), block_table.shape[1], _t(lens), _t(sink))
+            _t(block_table), block_table.stride(0), block_table.shape[1], _t(lens), _strides(lens, 2), _t(sink))
 
 
 @_op(("out", "lse", "workspace"))
@@ -279,7 +279,8 @@ def _decode_sparse(q: torch.Tensor, cache: torch.Tensor, fmt: int, indices: torc
     b, nq, h, _ = q.shape
     _launch("dcp_mla_decode_sparse", _dev_stream(q), _t(q), _strides(q, 3), b, nq, h, scale, _t(out), _t(lse),
             num_splits, _t(workspace), schedule, _t(cache), fmt, cache.shape[0], cache.shape[1], _page_stride(cache),
-            _t(indices), _strides(indices, 2), indices.shape[-1], _t(topk_len), _t(sink))
+            _t(indices), _strides(indices, 2), indices.shape[-1], _t(topk_len),
+            None if topk_len is None else _strides(topk_len, 2), _t(sink))
 
 
 @_op(("contrib",))
@@ -442,7 +443,7 @@ def decode_dense(q, cache, block_table, lens, *, scale=None, num_splits=None, wo
     that are multiples of 8 and a unit last stride; cache bf16 [pages, B, 576] (or [pages, B, 1,
     576]), whose pages may be a view of a larger page dimension (each page's rows contiguous, page
     starts a whole number of rows apart); block_table int32 [b, max_pages] (unit last stride);
-    lens int32 [b, nq]. Views are read in place, never copied. Returns out [b, nq, H, 512] (bf16,
+    lens int32 [b, nq] (any strides). Views are read in place, never copied. Returns out [b, nq, H, 512] (bf16,
     or f32 with out_dtype) and lse f32 [b, nq, H], natural log, −inf for a row that sees no token.
     num_splits defaults to the planner's for this device (decode_workspace gives both for graphs);
     scale to 576^-1/2. reuse_schedule=True reuses
@@ -459,7 +460,7 @@ def decode_dense(q, cache, block_table, lens, *, scale=None, num_splits=None, wo
     if fmt != _lib.KV_BF16 or cache3.dtype != torch.bfloat16:
         _fail("cache", "dense decode reads a bf16 cache [pages, B, 576]; an FP8-656 cache is read by decode_sparse")
     _check(block_table, "block_table", (torch.int32,), ndim=2, shape=(b, None), contiguous="rows", device=dev)
-    _check(lens, "lens", (torch.int32,), ndim=2, shape=(b, nq), device=dev)
+    _check(lens, "lens", (torch.int32,), ndim=2, shape=(b, nq), contiguous=False, device=dev)
     _sink(sink, h, dev)
     out, lse = _decode_outputs(q, out, lse, out_dtype)
     num_splits, workspace, schedule = _workspace(q, False, num_splits, workspace, reuse_schedule)
@@ -483,7 +484,7 @@ def decode_sparse(q, cache, indices, *, topk_len=None, kv_format=None, scale=Non
     _want_format("cache", fmt, kv_format)
     _check(indices, "indices", (torch.int32,), ndim=3, shape=(b, nq, None), contiguous="rows", device=dev)
     if topk_len is not None:
-        _check(topk_len, "topk_len", (torch.int32,), ndim=2, shape=(b, nq), device=dev)
+        _check(topk_len, "topk_len", (torch.int32,), ndim=2, shape=(b, nq), contiguous=False, device=dev)
     _sink(sink, h, dev)
     out, lse = _decode_outputs(q, out, lse, out_dtype)
     num_splits, workspace, schedule = _workspace(q, True, num_splits, workspace, reuse_schedule)

@@ -110,6 +110,9 @@ pub struct DenseDecode {
     /// int32 [batch, nq]: local lengths per query row; clamped on the device to
     /// [0, max_pages·block_size].
     pub lens: DeviceSlice<i32>,
+    /// Elements between `lens`' requests and query rows, any (0 broadcasts one value); `None`:
+    /// contiguous, [nq, 1].
+    pub lens_strides: Option<[usize; 2]>,
 }
 
 /// Sparse decode: row (i, j) attends to the cache rows `page·B + slot` listed in
@@ -133,6 +136,9 @@ pub struct SparseDecode {
     pub topk: usize,
     /// int32 [batch, nq]: only the first topk_len[i][j] entries count (clamped to [0, topk]).
     pub topk_len: Option<DeviceSlice<i32>>,
+    /// Elements between `topk_len`'s requests and query rows, any (0 broadcasts: FlashMLA's
+    /// per-request `topk_length` is [batch] with strides [1, 0]); `None`: contiguous, [nq, 1].
+    pub topk_len_strides: Option<[usize; 2]>,
 }
 
 /// Bytes of the split-KV workspace ([`SplitPlan`]): the schedule's int64 unit prefix
@@ -384,7 +390,6 @@ const MAX_DECODE_TOKENS: usize = i32::MAX as usize - 64;
 fn dense_params(a: &DenseDecode) -> Result<DcpMlaDecodeParams> {
     let mut params = validate_common(&a.common, false)?;
     let c = &a.common;
-    let rows = c.batch * c.nq;
     params.page_rows = check_cache("cache", &a.cache, a.num_pages, a.block_size, a.page_stride, KvFormat::Bf16)?;
     super::check_block_table(&a.block_table, c.batch, a.block_table_stride, a.max_pages)?;
     ensure_arg!(
@@ -394,7 +399,8 @@ fn dense_params(a: &DenseDecode) -> Result<DcpMlaDecodeParams> {
         a.max_pages,
         a.block_size
     );
-    ensure_arg!(a.lens.len() >= rows, "lens", "holds {} entries but [batch, nq] needs {rows}", a.lens.len());
+    (params.len_stride_b, params.len_stride_s) =
+        check_lengths("lens", "lens_strides", &a.lens, a.lens_strides, c.batch, c.nq)?;
     params.cache = a.cache.ptr();
     params.block_table = a.block_table.ptr();
     params.block_table_stride = a.block_table_stride as i64;
@@ -494,7 +500,6 @@ fn pair_choice(is_pair: bool, nq: usize, heads: usize, path: DecodePath, env: Op
 fn sparse_params(a: &SparseDecode) -> Result<DcpMlaDecodeParams> {
     let mut params = validate_common(&a.common, true)?;
     let c = &a.common;
-    let rows = c.batch * c.nq;
     params.page_rows = check_cache("cache", &a.cache, a.num_pages, a.block_size, a.page_stride, a.format)?;
     // an index page·B + slot splits by shifts in the kernels (no division a token)
     ensure_arg!(
@@ -516,7 +521,8 @@ fn sparse_params(a: &SparseDecode) -> Result<DcpMlaDecodeParams> {
     ensure_aligned!(a.indices.ptr() % 4 == 0, "indices", "pointer {:#x} is not 4-byte aligned", a.indices.ptr());
     (params.indices_stride_b, params.indices_stride_s) = (sb as i64, ss as i64);
     if let Some(t) = &a.topk_len {
-        ensure_arg!(t.len() >= rows, "topk_len", "holds {} entries but [batch, nq] needs {rows}", t.len());
+        (params.len_stride_b, params.len_stride_s) =
+            check_lengths("topk_len", "topk_len_strides", t, a.topk_len_strides, c.batch, c.nq)?;
     }
     params.cache = a.cache.ptr();
     params.indices = a.indices.ptr();
@@ -525,6 +531,29 @@ fn sparse_params(a: &SparseDecode) -> Result<DcpMlaDecodeParams> {
     params.num_pages = to_i32("num_pages", a.num_pages)?;
     params.block_size = to_i32("block_size", a.block_size)?;
     Ok(params)
+}
+
+/// Per-row int32 values [batch, nq] (lengths) at `strides` (`None`: contiguous); returns the
+/// kernels' strides, 0 for a dim of one entry.
+fn check_lengths(
+    arg: &'static str,
+    strides_arg: &'static str,
+    buf: &DeviceSlice<i32>,
+    strides: Option<[usize; 2]>,
+    batch: usize,
+    nq: usize,
+) -> Result<(i64, i64)> {
+    let [sb, ss] = strides.unwrap_or([nq, 1]);
+    let (sb, ss) = (if batch > 1 { sb } else { 0 }, if nq > 1 { ss } else { 0 });
+    let need = super::strided_extent(strides_arg, &[(batch, sb), (nq, ss)], 1)?;
+    ensure_arg!(
+        buf.len() >= need,
+        arg,
+        "holds {} entries but [batch, nq] with strides [{sb}, {ss}] needs {need}",
+        buf.len()
+    );
+    ensure_aligned!(buf.ptr() % 4 == 0 || need == 0, arg, "pointer {:#x} is not 4-byte aligned", buf.ptr());
+    Ok((sb as i64, ss as i64))
 }
 
 /// A paged cache of `num_pages` pages whose starts lie `page_stride` rows apart (`None`:
@@ -640,6 +669,8 @@ fn validate_common(c: &DecodeCommon, sparse: bool) -> Result<DcpMlaDecodeParams>
         q_stride_h: sh as i64,
         indices_stride_b: 0,
         indices_stride_s: 0,
+        len_stride_b: 0,
+        len_stride_s: 0,
         page_rows: 1,
         reserved: 0,
         scale_log2: c.scale * std::f32::consts::LOG2_E,
@@ -771,6 +802,7 @@ mod tests {
             block_table_stride: stride,
             max_pages,
             lens: fake(batch),
+            lens_strides: None,
             page_stride: None,
         }
     }
@@ -835,12 +867,20 @@ mod tests {
                 indices_strides: strides,
                 topk: 512,
                 topk_len: None,
+                topk_len_strides: None,
             })
         };
         let p = sparse(600 + 512, Some([1300, 600])).unwrap();
         assert_eq!((p.indices_stride_b, p.indices_stride_s), (1300, 600));
         assert_eq!(arg_of(sparse(600 + 511, Some([1300, 600])).unwrap_err()), "indices");
         assert_eq!(sparse(1024, None).unwrap().indices_stride_s, 512);
+        // lengths: [batch, nq] at any strides, a broadcast (0) included
+        let mut d = dense(3, 4, 4, 64);
+        assert_eq!(check_lengths("lens", "lens_strides", &fake(3), Some([1, 0]), 3, 2).unwrap(), (1, 0));
+        assert_eq!(arg_of(check_lengths("lens", "lens_strides", &fake(2), Some([1, 0]), 3, 2).unwrap_err()), "lens");
+        assert_eq!(check_lengths("lens", "lens_strides", &fake(6), None, 3, 2).unwrap(), (2, 1));
+        d.lens_strides = Some([0, 0]);
+        assert_eq!(dense_params(&d).map(|p| (p.len_stride_b, p.len_stride_s)).unwrap(), (0, 0));
         // sparse pages a stride apart: B a power of two (the kernels split an index by shifts)
         let odd = |page_stride| {
             let mut c = common(1, 1, 16);
@@ -856,6 +896,7 @@ mod tests {
                 indices_strides: None,
                 topk: 512,
                 topk_len: None,
+                topk_len_strides: None,
             })
         };
         assert!(odd(None).is_ok() && odd(Some(48)).is_ok());
@@ -929,6 +970,7 @@ mod tests {
             indices: fake(1usize << 31),
             topk,
             topk_len: None,
+            topk_len_strides: None,
             page_stride: None,
             indices_strides: None,
         };

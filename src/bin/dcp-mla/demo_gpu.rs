@@ -167,6 +167,7 @@ pub fn run_gpu(dev: &Device, p: &Problem) -> Result<Outputs> {
             block_table_stride: p.max_pages,
             max_pages: p.max_pages,
             lens: sl(&s, &lens),
+            lens_strides: None,
             page_stride: None,
         };
         clock.time(STAGE_DENSE, || mla_decode_dense(dev, st, &args))?;
@@ -259,6 +260,7 @@ pub fn run_gpu(dev: &Device, p: &Problem) -> Result<Outputs> {
             indices: sl(&s, &idx),
             topk: k,
             topk_len: Some(sl(&s, &counts)),
+            topk_len_strides: None,
             page_stride: None,
             indices_strides: None,
         };
