@@ -96,6 +96,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             workspace: DeviceSlice::of(&ws, &s),
             schedule: DecodeSchedule::Compute,
             sink: None,
+            out_strides: None,
+            lse_strides: None,
             q_strides: None,
         };
         let decode = DenseDecode {

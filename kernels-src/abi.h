@@ -60,8 +60,8 @@ typedef struct DcpMlaDecodeParams {
     uint64_t lens;           /* dense: int32 [batch, nq] local lengths, strides len_stride_* */
     uint64_t indices;        /* sparse: int32 [batch, nq, topk] of page·B + slot, strides indices_stride_*; -1 unused */
     uint64_t topk_len;       /* sparse: int32 [batch, nq] valid entries per row (strides len_stride_*), or 0: all topk */
-    uint64_t out;            /* bf16 or fp32 [batch, nq, heads, 512] */
-    uint64_t lse;            /* fp32 [batch, nq, heads], natural log */
+    uint64_t out;            /* bf16 or fp32 [batch, nq, heads, 512], strides out_stride_* (rows 16-byte aligned) */
+    uint64_t lse;            /* fp32 [batch, nq, heads], natural log, strides lse_stride_* */
     uint64_t sched;          /* num_splits > 1: int64 [seqs + 1] unit prefix (written by the schedule) */
     uint64_t sched_stamp;    /* num_splits > 1: int32 [4], what the prefix was made for (magic, sched_tile, */
                              /* sequences, num_splits): written with it, checked by every decode launch */
@@ -77,6 +77,12 @@ typedef struct DcpMlaDecodeParams {
     int64_t indices_stride_s; /* and query rows */
     int64_t len_stride_b;    /* elements between requests of lens (dense) or topk_len (sparse), */
     int64_t len_stride_s;    /* and query rows (any, 0 included: a broadcast per-request value) */
+    int64_t out_stride_b;    /* elements between out's requests, query rows and heads */
+    int64_t out_stride_s;
+    int64_t out_stride_h;
+    int64_t lse_stride_b;    /* elements between lse's requests, query rows and heads (any) */
+    int64_t lse_stride_s;
+    int64_t lse_stride_h;
     float scale_log2;        /* softmax scale σ · log2(e) */
     int32_t batch;
     int32_t nq;              /* query rows per request (MTP) */
@@ -99,14 +105,22 @@ typedef struct DcpMlaDecodeCombineParams {
     uint64_t sched;          /* int64 [seqs + 1] unit prefix */
     uint64_t ws_out;         /* fp32 [2·num_splits, rows_per_seq, 512] */
     uint64_t ws_lse;         /* fp32 [2·num_splits, rows_per_seq] */
-    uint64_t out;            /* bf16 or fp32 [seqs, rows_per_seq, 512] */
-    uint64_t lse;            /* fp32 [seqs, rows_per_seq] */
+    uint64_t out;            /* bf16 or fp32 [batch, nq, heads, 512] as the decode's (the same strides) */
+    uint64_t lse;            /* fp32 [batch, nq, heads] as the decode's */
     uint64_t sink;           /* fp32 [heads] attention sinks of the rows (head = row mod heads), or 0 */
+    int64_t out_stride_b;    /* the decode's out and lse strides */
+    int64_t out_stride_s;
+    int64_t out_stride_h;
+    int64_t lse_stride_b;
+    int64_t lse_stride_s;
+    int64_t lse_stride_h;
     int32_t seqs;
     int32_t rows_per_seq;    /* a multiple of heads */
     int32_t num_splits;
     int32_t out_f32;
     int32_t heads;
+    int32_t nq;              /* query rows per request */
+    int32_t sparse;          /* 1: a sequence is one query row (rows_per_seq = heads), 0: a request */
     int32_t reserved;
 } DcpMlaDecodeCombineParams;
 

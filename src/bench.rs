@@ -688,6 +688,8 @@ impl DecodeBufs {
             workspace: sl(s, &self.ws),
             schedule: DecodeSchedule::Compute,
             sink: None,
+            out_strides: None,
+            lse_strides: None,
             q_strides: None,
         }
     }

@@ -147,6 +147,8 @@ impl DevOut {
             workspace: view(&s, &self.ws),
             schedule: DecodeSchedule::Compute,
             sink: None,
+            out_strides: None,
+            lse_strides: None,
             q_strides: None,
         }
     }
@@ -881,6 +883,61 @@ fn padded<T: Copy>(data: &[T], dims: &[usize], pad: usize, pad_inner: usize, fil
     (buf, strides)
 }
 
+/// fp32 out and lse as views: out [b, q, H, 512] in rows 576 apart with a spare head a query row,
+/// lse in FlashMLA's [b, H, q] layout (the [b, q, H] view's strides [H·q, 1, q]); every other
+/// element holds the poison. `read` gives both in [b, q, H] order.
+struct ViewOutputs {
+    out: cudarc::driver::CudaSlice<f32>,
+    lse: cudarc::driver::CudaSlice<f32>,
+    shape: QueryShape,
+}
+
+impl ViewOutputs {
+    const PITCH: usize = 576;
+
+    fn new(shape: QueryShape) -> Self {
+        let s = stream();
+        let (b, q, h) = (shape.batch, shape.rows, shape.heads);
+        ViewOutputs {
+            out: upload(&s, &vec![POISON; b * q * (h + 1) * Self::PITCH]),
+            lse: upload(&s, &vec![POISON; b * h * q]),
+            shape,
+        }
+    }
+
+    /// Points `c`'s out and lse at the views.
+    fn attach(&self, c: &mut DecodeCommon) {
+        let s = stream();
+        let (q, h) = (self.shape.rows, self.shape.heads);
+        c.out = DecodeOut::F32(view(&s, &self.out));
+        c.out_strides = Some([q * (h + 1) * Self::PITCH, (h + 1) * Self::PITCH, Self::PITCH]);
+        c.lse = view(&s, &self.lse);
+        c.lse_strides = Some([h * q, 1, q]);
+    }
+
+    fn read(&self) -> (Vec<f32>, Vec<f32>) {
+        let s = stream();
+        s.synchronize().expect("kernel run");
+        let (b, q, h) = (self.shape.batch, self.shape.rows, self.shape.heads);
+        let (big, lse_big) = (download(&s, &self.out), download(&s, &self.lse));
+        let mut out = Vec::with_capacity(b * q * h * D_V);
+        let mut lse = Vec::with_capacity(b * q * h);
+        for i in 0..b {
+            for j in 0..q {
+                for k in 0..h {
+                    let row = ((i * q + j) * (h + 1) + k) * Self::PITCH;
+                    out.extend_from_slice(&big[row..row + D_V]);
+                    lse.push(lse_big[(i * h + k) * q + j]);
+                }
+            }
+        }
+        // nothing outside the views was written
+        let inside = b * q * h * D_V;
+        assert_eq!(big.iter().filter(|x| x.to_bits() == POISON.to_bits()).count(), big.len() - inside);
+        (out, lse)
+    }
+}
+
 /// The same pages with `extra` more rows after each page's `block_size` (0xff bytes: NaN in bf16
 /// and FP8), as a view of a larger page dimension; returns the bytes and the page stride in rows.
 fn padded_pages(hc: &HostCache, extra: usize) -> (Vec<u8>, usize) {
@@ -894,8 +951,8 @@ fn padded_pages(hc: &HostCache, extra: usize) -> (Vec<u8>, usize) {
     (buf, stride)
 }
 
-/// Strided views (docs/contract.md §4): q, the index lists, the cache's pages and the lengths as
-/// views of larger buffers (NaN or a negative length in every slot outside the view; the sparse
+/// Strided views (docs/contract.md §4): q, the index lists, the cache's pages, the lengths, out
+/// (rows 576 apart) and lse (FlashMLA's [b, H, q] layout) as views of larger buffers (NaN or a negative length in every slot outside the view; the sparse
 /// index counts one a request, broadcast over its query rows by a stride of 0) give bit for bit
 /// the contiguous launch's out and lse, on every schedule, unsplit and split.
 #[test]
@@ -930,8 +987,10 @@ fn strided_views_match_contiguous() {
                 args.page_stride = Some(page_stride);
                 args.lens = view(&s, &d_lens);
                 args.lens_strides = Some([lens_strides[0], lens_strides[1]]);
+                let views = ViewOutputs::new(shape);
+                views.attach(&mut args.common);
                 mla_decode_dense_on(gpu(), raw(&s), &args, path).expect("strided dense launch");
-                let (want, got) = (plain.read(), strided.read());
+                let (want, got) = (plain.read(), views.read());
                 let what = format!("strided dense case {n} {path:?} splits={splits}");
                 assert!(want.0.iter().zip(&got.0).all(|(a, b)| a.to_bits() == b.to_bits()), "{what}: out");
                 assert!(want.1.iter().zip(&got.1).all(|(a, b)| a.to_bits() == b.to_bits()), "{what}: lse");
@@ -974,8 +1033,10 @@ fn strided_views_match_contiguous() {
                 args.page_stride = Some(page_stride);
                 args.topk_len = Some(view(&s, &d_per_request));
                 args.topk_len_strides = Some([1, 0]);
+                let views = ViewOutputs::new(shape);
+                views.attach(&mut args.common);
                 mla_decode_sparse_on(gpu(), raw(&s), &args, path).expect("strided sparse launch");
-                let (want, got) = (plain.read(), strided.read());
+                let (want, got) = (plain.read(), views.read());
                 let what = format!("strided sparse case {n} {format:?} {path:?} splits={splits}");
                 assert!(want.0.iter().zip(&got.0).all(|(a, b)| a.to_bits() == b.to_bits()), "{what}: out");
                 assert!(want.1.iter().zip(&got.1).all(|(a, b)| a.to_bits() == b.to_bits()), "{what}: lse");
@@ -1095,6 +1156,8 @@ fn graph_replay_case(path: DecodePath) {
         workspace: ws,
         schedule: DecodeSchedule::Compute,
         sink: None,
+        out_strides: None,
+        lse_strides: None,
         q_strides: None,
     };
     let dense = DenseDecode {

@@ -244,6 +244,9 @@ enum DcpMlaStatus dcp_mla_kv_fill(const struct DcpMlaDevice *device,
 // - `q_strides`: null for a contiguous q, else 3 values: elements between q's requests, query
 //   rows and heads (multiples of 8; each row's 576 values contiguous), for a view of a larger
 //   buffer. `q.numel` counts the elements from q's first to the end of its last row.
+// - `out_strides`, `lse_strides`: null for contiguous outputs, else 3 values each: elements
+//   between requests, query rows and heads, no two rows (values) overlapping; out's a multiple
+//   of 16 bytes (FlashMLA's lse [b, h, s_q] is lse_strides {h·s_q, 1, s_q}).
 // - `cache`: [num_pages, page_stride, 576] bf16 (any dtype), the first `block_size` rows of each
 //   page its tokens; `page_stride`: cache rows between page starts (≥ block_size), 0 for
 //   `block_size` (packed pages); `block_table`: int32 [batch, block_table_stride], first
@@ -264,7 +267,9 @@ enum DcpMlaStatus dcp_mla_decode_dense(const struct DcpMlaDevice *device,
                                        size_t heads,
                                        float scale,
                                        struct DcpMlaTensor out,
+                                       const size_t *out_strides,
                                        struct DcpMlaTensor lse,
+                                       const size_t *lse_strides,
                                        size_t num_splits,
                                        struct DcpMlaTensor workspace,
                                        int32_t schedule,
@@ -304,7 +309,9 @@ enum DcpMlaStatus dcp_mla_decode_sparse(const struct DcpMlaDevice *device,
                                         size_t heads,
                                         float scale,
                                         struct DcpMlaTensor out,
+                                        const size_t *out_strides,
                                         struct DcpMlaTensor lse,
+                                        const size_t *lse_strides,
                                         size_t num_splits,
                                         struct DcpMlaTensor workspace,
                                         int32_t schedule,

@@ -117,7 +117,9 @@ fn decode_common(
     heads: usize,
     scale: f32,
     out: DcpMlaTensor,
+    out_strides: Option<[usize; 3]>,
     lse: DcpMlaTensor,
+    lse_strides: Option<[usize; 3]>,
     num_splits: usize,
     workspace: DcpMlaTensor,
     schedule: i32,
@@ -145,6 +147,8 @@ fn decode_common(
         workspace,
         schedule,
         sink: arg!(sink),
+        out_strides,
+        lse_strides,
     })
 }
 
@@ -165,6 +169,9 @@ fn decode_common(
 /// - `q_strides`: null for a contiguous q, else 3 values: elements between q's requests, query
 ///   rows and heads (multiples of 8; each row's 576 values contiguous), for a view of a larger
 ///   buffer. `q.numel` counts the elements from q's first to the end of its last row.
+/// - `out_strides`, `lse_strides`: null for contiguous outputs, else 3 values each: elements
+///   between requests, query rows and heads, no two rows (values) overlapping; out's a multiple
+///   of 16 bytes (FlashMLA's lse [b, h, s_q] is lse_strides {h·s_q, 1, s_q}).
 /// - `cache`: [num_pages, page_stride, 576] bf16 (any dtype), the first `block_size` rows of each
 ///   page its tokens; `page_stride`: cache rows between page starts (≥ block_size), 0 for
 ///   `block_size` (packed pages); `block_table`: int32 [batch, block_table_stride], first
@@ -187,7 +194,9 @@ pub unsafe extern "C" fn dcp_mla_decode_dense(
     heads: usize,
     scale: f32,
     out: DcpMlaTensor,
+    out_strides: *const usize,
     lse: DcpMlaTensor,
+    lse_strides: *const usize,
     num_splits: usize,
     workspace: DcpMlaTensor,
     schedule: i32,
@@ -212,7 +221,9 @@ pub unsafe extern "C" fn dcp_mla_decode_dense(
                 heads,
                 scale,
                 out,
+                strides_arg(out_strides),
                 lse,
+                strides_arg(lse_strides),
                 num_splits,
                 workspace,
                 schedule,
@@ -258,7 +269,9 @@ pub unsafe extern "C" fn dcp_mla_decode_sparse(
     heads: usize,
     scale: f32,
     out: DcpMlaTensor,
+    out_strides: *const usize,
     lse: DcpMlaTensor,
+    lse_strides: *const usize,
     num_splits: usize,
     workspace: DcpMlaTensor,
     schedule: i32,
@@ -284,7 +297,9 @@ pub unsafe extern "C" fn dcp_mla_decode_sparse(
                 heads,
                 scale,
                 out,
+                strides_arg(out_strides),
                 lse,
+                strides_arg(lse_strides),
                 num_splits,
                 workspace,
                 schedule,

@@ -91,27 +91,45 @@ __device__ __forceinline__ void rows_nan(int row0, int col0, Acc o, bool (&row_n
     for (int k = 0; k < 2; ++k) row_nan[k] = (s_row_nan[0][row0 + 8 * k] | s_row_nan[1][row0 + 8 * k]) != 0;
 }
 
-// Where sequence `seq`'s rows start in q, in elements (docs/contract.md §4: q may be a view with any
-// strides whose rows are contiguous): a dense sequence is request seq, its rows [nq, heads]; a
-// sparse one is query row seq mod nq of request seq div nq, its rows its heads. Computed once a
-// piece (the division by nq), then q_row_offset per row.
-template <bool Sparse>
-__device__ __forceinline__ int64_t q_seq_offset(const DcpMlaDecodeParams& p, int seq) {
-    if constexpr (Sparse) {
-        const int b = seq / p.nq;
-        return b * p.q_stride_b + (seq - b * p.nq) * p.q_stride_s;
-    } else {
-        return seq * p.q_stride_b;
-    }
+// Views of [batch, nq, heads, ..] (docs/contract.md §4: q, out and lse may be views with any
+// strides sb, ss, sh in elements, rows contiguous): where sequence `seq`'s rows start. A dense
+// sequence is request seq, its rows [nq, heads]; a sparse one is query row seq mod nq of request
+// seq div nq, its rows its heads. Computed once a piece where it can be (the division by nq),
+// then view_row_offset per row.
+__device__ __forceinline__ int64_t view_seq_offset(bool sparse, int nq, int seq, int64_t sb, int64_t ss) {
+    if (!sparse) return seq * sb;
+    const int b = seq / nq;
+    return b * sb + (seq - b * nq) * ss;
 }
 
-// Row `row_in_seq` of a sequence, from the sequence's start in q: a head, or for dense MTP rows a
+// Row `row_in_seq` of a sequence, from the sequence's start: a head, or for dense MTP rows a
 // (query row, head) pair (one division; none with one query row).
+__device__ __forceinline__ int64_t view_row_offset(bool sparse, int nq, int heads, int row_in_seq, int64_t ss,
+                                                   int64_t sh) {
+    if (sparse || nq == 1) return row_in_seq * sh;
+    const int s = row_in_seq / heads;
+    return s * ss + (row_in_seq - s * heads) * sh;
+}
+
+template <bool Sparse>
+__device__ __forceinline__ int64_t q_seq_offset(const DcpMlaDecodeParams& p, int seq) {
+    return view_seq_offset(Sparse, p.nq, seq, p.q_stride_b, p.q_stride_s);
+}
 template <bool Sparse>
 __device__ __forceinline__ int64_t q_row_offset(const DcpMlaDecodeParams& p, int row_in_seq) {
-    if (Sparse || p.nq == 1) return row_in_seq * p.q_stride_h;
-    const int s = row_in_seq / p.heads;
-    return s * p.q_stride_s + (row_in_seq - s * p.heads) * p.q_stride_h;
+    return view_row_offset(Sparse, p.nq, p.heads, row_in_seq, p.q_stride_s, p.q_stride_h);
+}
+
+// Where row `row_in_seq` of sequence `seq` is in out and in lse (elements).
+template <bool Sparse>
+__device__ __forceinline__ int64_t out_row_offset(const DcpMlaDecodeParams& p, int seq, int row_in_seq) {
+    return view_seq_offset(Sparse, p.nq, seq, p.out_stride_b, p.out_stride_s) +
+           view_row_offset(Sparse, p.nq, p.heads, row_in_seq, p.out_stride_s, p.out_stride_h);
+}
+template <bool Sparse>
+__device__ __forceinline__ int64_t lse_row_offset(const DcpMlaDecodeParams& p, int seq, int row_in_seq) {
+    return view_seq_offset(Sparse, p.nq, seq, p.lse_stride_b, p.lse_stride_s) +
+           view_row_offset(Sparse, p.nq, p.heads, row_in_seq, p.lse_stride_s, p.lse_stride_h);
 }
 
 // The index list of sparse sequence `seq` (query row seq mod nq of request seq div nq).
@@ -170,32 +188,31 @@ __device__ __forceinline__ void put_row(unsigned char* row, bool f32, int col0, 
 }
 
 // A thread's part of row k (of its two) of O·inv, stored straight to out (bf16 or fp32) or the
-// workspace (fp32) row `grow`: each warp store writes 8 or 4 bytes into each of 8 rows.
+// workspace (fp32), the row starting `at` elements in: each warp store writes 8 or 4 bytes into
+// each of 8 rows.
 template <typename Acc>
-__device__ __forceinline__ void store_row(const DcpMlaDecodeParams& p, bool to_ws, int64_t grow, int col0, int k,
+__device__ __forceinline__ void store_row(const DcpMlaDecodeParams& p, bool to_ws, int64_t at, int col0, int k,
                                           float inv, Acc o) {
-    // (the row's address from a typed pointer: the same arithmetic as before put_row existed, so
-    // the unstaged kernels' text is unchanged)
     if (to_ws || p.out_f32) {
-        float* dst = (float*)(to_ws ? p.ws_out : p.out) + grow * kDimLatent;
+        float* dst = (float*)(to_ws ? p.ws_out : p.out) + at;
         put_row((unsigned char*)dst, true, col0, k, inv, o);
     } else {
-        __nv_bfloat16* dst = (__nv_bfloat16*)p.out + grow * kDimLatent;
+        __nv_bfloat16* dst = (__nv_bfloat16*)p.out + at;
         put_row((unsigned char*)dst, false, col0, k, inv, o);
     }
 }
 
 // The epilogue of both decode kernels: a thread's two rows (row0 and row0 + 8 of its 16-row
 // group) of O / den and lse, `stats` being each row's row_stats (den = l with no sink, lse =
-// (m + log2 l)·ln 2). Row r of the CTA is row row_base + r of its
-// sequence: out row seq_row0 + row_base + r, or with slot >= 0 row row_base + r of workspace
-// slot `slot` (rows_per_seq rows each). `o(n, e)` is the accumulator of column col0 + 8n + e
+// (m + log2 l)·ln 2). Row r of the CTA is row row_base + r of sequence `seq`: that row of out
+// and lse (views, out_row_offset), or with slot >= 0 row row_base + r of workspace slot `slot`
+// (rows_per_seq rows each, contiguous). `o(n, e)` is the accumulator of column col0 + 8n + e
 // (e = 0, 1) of row k = e >> 1 pairs: o(n, 2k) and o(n, 2k + 1). A row that saw nothing
 // (den = 0) writes 0 and −inf. Every thread of the CTA calls it (it holds two CTA barriers); a
 // row's 512 columns are the 4 threads of a quad (t4 = (col0 & 255) / 2) in each of the two
 // column halves (col0 < 256 or not).
-template <typename Acc>
-__device__ __forceinline__ void write_rows(const DcpMlaDecodeParams& p, int slot, int64_t seq_row0, int rows_per_seq,
+template <bool Sparse, typename Acc>
+__device__ __forceinline__ void write_rows(const DcpMlaDecodeParams& p, int slot, int seq, int rows_per_seq,
                                            int row_base, int row_limit, int row0, int col0, bool writes_lse,
                                            const float2 (&stats)[2], Acc o) {
     bool row_nan[2];
@@ -208,9 +225,14 @@ __device__ __forceinline__ void write_rows(const DcpMlaDecodeParams& p, int slot
         if (r >= row_limit) continue;
         float inv, lse;
         row_scale(stats[k], row_nan[k], inv, lse);
-        const int64_t grow = to_ws ? (int64_t)slot * rows_per_seq + row_base + r : seq_row0 + row_base + r;
-        if (writes_lse) ((float*)(to_ws ? p.ws_lse : p.lse))[grow] = lse;
-        store_row(p, to_ws, grow, col0, k, inv, o);
+        if (to_ws) {
+            const int64_t grow = (int64_t)slot * rows_per_seq + row_base + r;
+            if (writes_lse) ((float*)p.ws_lse)[grow] = lse;
+            store_row(p, true, grow * kDimLatent, col0, k, inv, o);
+        } else {
+            if (writes_lse) ((float*)p.lse)[lse_row_offset<Sparse>(p, seq, row_base + r)] = lse;
+            store_row(p, false, out_row_offset<Sparse>(p, seq, row_base + r), col0, k, inv, o);
+        }
     }
 }
 
@@ -224,11 +246,11 @@ __device__ __forceinline__ void write_rows(const DcpMlaDecodeParams& p, int slot
 // on distinct banks. Rows that do not fit the stage (fp32 in a small one) are stored directly.
 // Three CTA barriers: write_rows' two, and one after the copy-out, before a later piece's fills
 // (or Q) overwrite the stage.
-template <int StageBytes, typename Acc>
-__device__ __forceinline__ void write_rows_staged(const DcpMlaDecodeParams& p, int slot, int64_t seq_row0,
-                                                  int rows_per_seq, int row_base, int row_limit, int row0, int col0,
-                                                  bool writes_lse, const float2 (&stats)[2], Acc o,
-                                                  unsigned char* stage, int writer, int writers) {
+template <int StageBytes, bool Sparse, typename Acc>
+__device__ __forceinline__ void write_rows_staged(const DcpMlaDecodeParams& p, int slot, int seq, int rows_per_seq,
+                                                  int row_base, int row_limit, int row0, int col0, bool writes_lse,
+                                                  const float2 (&stats)[2], Acc o, unsigned char* stage, int writer,
+                                                  int writers) {
     bool row_nan[2];
     rows_nan(row0, col0, o, row_nan);
     const bool to_ws = slot >= 0;
@@ -237,27 +259,48 @@ __device__ __forceinline__ void write_rows_staged(const DcpMlaDecodeParams& p, i
     // the same in every thread of the CTA; known at compile time where fp32 rows fit
     const bool staged = StageBytes >= kRows * (kDimLatent * 4 + 16) || kRows * pitch <= StageBytes;
     if (!staged) __syncthreads();  // as write_rows' second
-    const int64_t grow0 = to_ws ? (int64_t)slot * rows_per_seq + row_base : seq_row0 + row_base;  // row 0's
+    const int64_t ws0 = (int64_t)slot * rows_per_seq + row_base;  // workspace row 0's (to_ws)
+    float lse_v[2];
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
         const int r = row0 + 8 * k;
         if (r >= row_limit) continue;
-        float inv, lse;
-        row_scale(stats[k], row_nan[k], inv, lse);
-        if (writes_lse) ((float*)(to_ws ? p.ws_lse : p.lse))[grow0 + r] = lse;
+        float inv;
+        row_scale(stats[k], row_nan[k], inv, lse_v[k]);
         if (!staged) {
-            store_row(p, to_ws, grow0 + r, col0, k, inv, o);
+            store_row(p, to_ws, to_ws ? (ws0 + r) * kDimLatent : out_row_offset<Sparse>(p, seq, row_base + r), col0, k,
+                      inv, o);
             continue;
         }
         put_row(stage + r * pitch, f32, col0, k, inv, o);
     }
+    // the lse once O is out of the registers (a view's row address takes a few more)
+    if (writes_lse) {
+        const int64_t lse_seq = view_seq_offset(Sparse, p.nq, seq, p.lse_stride_b, p.lse_stride_s);
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+            const int r = row0 + 8 * k;
+            if (r >= row_limit) continue;
+            if (to_ws) ((float*)p.ws_lse)[ws0 + r] = lse_v[k];
+            else
+                ((float*)p.lse)[lse_seq + view_row_offset(Sparse, p.nq, p.heads, row_base + r, p.lse_stride_s,
+                                                          p.lse_stride_h)] = lse_v[k];
+        }
+    }
     if (staged) {
         __syncthreads();  // the staged rows are written, and the flags read (as write_rows' second)
-        unsigned char* out = (unsigned char*)(to_ws ? p.ws_out : p.out) + grow0 * row_bytes;
         const int chunk_log = f32 ? 7 : 6;  // 16-byte pieces a row: 128 or 64
+        // the rows' base: the workspace slot's (contiguous), or the sequence's in the out view (its
+        // division by nq once, not once a piece of 16 bytes)
+        unsigned char* base = to_ws ? (unsigned char*)p.ws_out + ws0 * row_bytes
+                                    : (unsigned char*)p.out +
+                                          view_seq_offset(Sparse, p.nq, seq, p.out_stride_b, p.out_stride_s) * (f32 ? 4 : 2);
         for (int c = writer; c < (row_limit << chunk_log); c += writers) {
             const int r = c >> chunk_log, j = c & ((1 << chunk_log) - 1);
-            *(uint4*)(out + (int64_t)r * row_bytes + 16 * j) = *(const uint4*)(stage + r * pitch + 16 * j);
+            const int64_t at = to_ws ? (int64_t)r * row_bytes
+                                     : view_row_offset(Sparse, p.nq, p.heads, row_base + r, p.out_stride_s,
+                                                       p.out_stride_h) * (f32 ? 4 : 2);
+            *(uint4*)(base + at + 16 * j) = *(const uint4*)(stage + r * pitch + 16 * j);
         }
     }
     __syncthreads();  // the stage is read out before anyone writes it again

@@ -84,13 +84,12 @@ __device__ __forceinline__ void add_partials(const DcpMlaDecodeCombineParams& p,
     }
 }
 
-// Four output values at column d of the merged row.
-__device__ __forceinline__ void store_merged(const DcpMlaDecodeCombineParams& p, int64_t row, int d, float4 v) {
+// Four output values at column d of the merged row, which starts `at` elements into out.
+__device__ __forceinline__ void store_merged(const DcpMlaDecodeCombineParams& p, int64_t at, int d, float4 v) {
     if (p.out_f32) {
-        *(float4*)((float*)p.out + row * kDimLatent + d) = v;
+        *(float4*)((float*)p.out + at + d) = v;
     } else {
-        *(uint2*)((__nv_bfloat16*)p.out + row * kDimLatent + d) =
-            make_uint2(pack_bf16(v.x, v.y), pack_bf16(v.z, v.w));
+        *(uint2*)((__nv_bfloat16*)p.out + at + d) = make_uint2(pack_bf16(v.x, v.y), pack_bf16(v.z, v.w));
     }
 }
 }  // namespace decode
@@ -134,7 +133,6 @@ __device__ __forceinline__ void mla_decode_combine(const DcpMlaDecodeCombinePara
     const int64_t a = u[seq], fp = a / w, lp = (u[seq + 1] - 1) / w;
     if (fp == lp || r >= p.rows_per_seq) return;  // not split (uniform over the CTA), or past the rows
     const SplitRow sr{fp, lp - fp + 1, a > fp * w ? 1 : 0, p.rows_per_seq, r};
-    const int64_t row = (int64_t)seq * p.rows_per_seq + r;
     float m, sum;
     bool nan;
     split_row_weights((const float*)p.ws_lse, sr, lane, m, sum, nan);
@@ -167,7 +165,13 @@ __device__ __forceinline__ void mla_decode_combine(const DcpMlaDecodeCombinePara
     }
     const float nanf_ = __int_as_float(0x7fffffff);
     const float row_lse = nan ? nanf_ : sum > 0.0f ? m + logf(sum) : -INFINITY;
-    if (lane == 0) ((float*)p.lse)[row] = row_lse;
+    // row r of sequence seq in the decode's out and lse views
+    const bool sparse = p.sparse != 0;
+    if (lane == 0)
+        ((float*)p.lse)[view_seq_offset(sparse, p.nq, seq, p.lse_stride_b, p.lse_stride_s) +
+                        view_row_offset(sparse, p.nq, p.heads, r, p.lse_stride_s, p.lse_stride_h)] = row_lse;
+    const int64_t at = view_seq_offset(sparse, p.nq, seq, p.out_stride_b, p.out_stride_s) +
+                       view_row_offset(sparse, p.nq, p.heads, r, p.out_stride_s, p.out_stride_h);
     if (p.sink) {  // the merged row's sink (the parts' partials carry none); an empty row stays 0
         const float f = row_sink_factor(p.sink, r % p.heads, row_lse);
 #pragma unroll
@@ -180,7 +184,7 @@ __device__ __forceinline__ void mla_decode_combine(const DcpMlaDecodeCombinePara
     }
 #pragma unroll
     for (int k = 0; k < 4; ++k)
-        store_merged(p, row, 4 * lane + 128 * k, nan ? make_float4(nanf_, nanf_, nanf_, nanf_) : acc[k]);
+        store_merged(p, at, 4 * lane + 128 * k, nan ? make_float4(nanf_, nanf_, nanf_, nanf_) : acc[k]);
 }
 
 }  // namespace dcp

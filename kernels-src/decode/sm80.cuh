@@ -82,7 +82,6 @@ __device__ __forceinline__ void mla_decode(const DcpMlaDecodeParams& p) {
         const int row_base = row_block() * kRows;
         const int row_limit = min(kRows, seq_rows - row_base);
         const int seq = pc.seq;
-        const int64_t seq_row0 = (int64_t)seq * seq_rows;
 
         // Token range of the piece (dense: local positions; sparse: positions in the index list).
         int row_len[2];  // this thread's rows g and g+8
@@ -270,7 +269,7 @@ __device__ __forceinline__ void mla_decode(const DcpMlaDecodeParams& p) {
             const int r = rg * 16 + g + 8 * k;
             stats[k] = row_stats(p, pc.slot >= 0, row_base + r, sSum[r] + sSum[kRows + r], m_run[k]);
         }
-        write_rows(p, pc.slot, seq_row0, seq_rows, row_base, row_limit, rg * 16 + g, half * 256 + 2 * t4,
+        write_rows<kSparse>(p, pc.slot, seq, seq_rows, row_base, row_limit, rg * 16 + g, half * 256 + 2 * t4,
                    half == 0 && t4 == 0, stats, [&](int n, int e) { return o[n][e]; });
     });
 }

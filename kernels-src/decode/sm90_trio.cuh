@@ -147,7 +147,6 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
         // setmaxnreg is spilled
         const int r0 = decode_sm90::row_of(decode::thread_index());
         const int seq = pc.seq;
-        const int64_t seq_row0 = (int64_t)seq * seq_rows;
         int row_len[2];
         const decode::PieceTiles pt =
             decode::piece_tiles<kSparse, Tile>(p, pc, seq_rows, row_base, row_limit, r0, row_len, tid);
@@ -697,8 +696,8 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
             // memory that every reader is done with (the barrier above): the tile buffers, or pair's
             // Q (the peer's bulk copies may still read or fill its buffers: bf16 rows fit there,
             // fp32 ones go out directly).
-            decode::write_rows_staged<kPair ? kQBytes : Stages * kTileBytes>(
-                p, pc.slot, seq_row0, seq_rows, row_base, row_limit, r0, kHalf * 256 + 2 * t4, kHalf == 0 && t4 == 0,
+            decode::write_rows_staged<kPair ? kQBytes : Stages * kTileBytes, kSparse>(
+                p, pc.slot, seq, seq_rows, row_base, row_limit, r0, kHalf * 256 + 2 * t4, kHalf == 0 && t4 == 0,
                 stats, OHalf{o}, kPair ? sQ : sKV, tid - 128, 256);
         }
     };

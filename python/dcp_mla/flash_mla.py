@@ -23,7 +23,8 @@ silently ignored:
   place.
 - The numerics are dcp-mla's (docs/contract.md §9: P rounded to bf16 once, fp32 accumulation),
   not FlashMLA's bit for bit.
-- The lse convention costs two small extra kernels (transpose, −inf → +inf); the native
+- The kernels write softmax_lse in FlashMLA's [b, h_q, s_q] layout in place (through a strided
+  view); its +inf for an empty row costs one small extra kernel. The native
   dcp_mla.decode_dense / decode_sparse return lse [b, s_q, h_q] with −inf for an empty row,
   which is what dcp_mla's combines take.
 - For s_q > 1 with causal=True, row j of request i sees the first cache_seqlens[i] − s_q + 1 + j
@@ -100,6 +101,9 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
                          "(FP8-656 rows are 656 bytes, bf16 rows 1152)")
     b, s_q, h_q, _ = q.shape
     sparse = indices is not None
+    # FlashMLA's lse [b, h_q, s_q], written in place by the kernels through a [b, s_q, h_q] view
+    lse = torch.empty((b, h_q, s_q), dtype=torch.float32, device=q.device)
+    lse_view = lse.transpose(1, 2)
     config = (b, s_q, h_q, k_cache.shape[1], bool(causal), bool(is_fp8_kvcache),
               None if indices is None else indices.shape[-1])
     reuse = meta.scheduled
@@ -117,9 +121,9 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
         if topk_length is not None:
             # [b] per request as a [b, s_q] view (strides {1, 0}): read in place, no copy
             topk_len = topk_length.to(torch.int32).unsqueeze(1).expand(b, s_q)
-        out, lse = ops.decode_sparse(q, k_cache, indices, topk_len=topk_len, scale=softmax_scale,
-                                     num_splits=meta.num_splits, workspace=meta.workspace, reuse_schedule=reuse,
-                                     sink=attn_sink)
+        out, _ = ops.decode_sparse(q, k_cache, indices, topk_len=topk_len, scale=softmax_scale,
+                                   num_splits=meta.num_splits, workspace=meta.workspace, reuse_schedule=reuse,
+                                   sink=attn_sink, lse=lse_view)
     else:
         if is_fp8_kvcache:
             raise NotImplementedError("is_fp8_kvcache: dense decode over an FP8 cache is not in dcp-mla "
@@ -131,11 +135,10 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
         # FlashMLA's masking is D = 1's local lengths: every row sees cache_seqlens[i] tokens, or
         # with causal row j sees cache_seqlens[i] − s_q + 1 + j (at least 0)
         lens = ops.local_lens(cache_seqlens, dcp_size=1, interleave=1, rank=0, num_q=s_q, causal=causal)
-        out, lse = ops.decode_dense(q, k_cache, block_table, lens, scale=softmax_scale,
-                                    num_splits=meta.num_splits, workspace=meta.workspace, reuse_schedule=reuse,
-                                    sink=attn_sink)
+        out, _ = ops.decode_dense(q, k_cache, block_table, lens, scale=softmax_scale,
+                                  num_splits=meta.num_splits, workspace=meta.workspace, reuse_schedule=reuse,
+                                  sink=attn_sink, lse=lse_view)
     meta.scheduled = True  # both paths launched (an error above leaves it as it was)
-    # FlashMLA's lse: [b, h_q, s_q], +inf where a row sees no token.
-    lse = lse.transpose(1, 2).contiguous()
+    # FlashMLA's +inf where a row sees no token
     return out, lse.masked_fill_(lse == float("-inf"), float("inf"))
 

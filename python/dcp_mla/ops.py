@@ -266,8 +266,8 @@ def _decode_dense(q: torch.Tensor, cache: torch.Tensor, block_table: torch.Tenso
                   out: torch.Tensor, lse: torch.Tensor, workspace: Optional[torch.Tensor], scale: float,
                   num_splits: int, schedule: int, sink: Optional[torch.Tensor]) -> None:
     b, nq, h, _ = q.shape
-    _launch("dcp_mla_decode_dense", _dev_stream(q), _t(q), _strides(q, 3), b, nq, h, scale, _t(out), _t(lse),
-            num_splits, _t(workspace), schedule, _t(cache), cache.shape[0], cache.shape[1], _page_stride(cache),
+    _launch("dcp_mla_decode_dense", _dev_stream(q), _t(q), _strides(q, 3), b, nq, h, scale, _t(out), _strides(out, 3),
+            _t(lse), _strides(lse, 3), num_splits, _t(workspace), schedule, _t(cache), cache.shape[0], cache.shape[1], _page_stride(cache),
             _t(block_table), block_table.stride(0), block_table.shape[1], _t(lens), _strides(lens, 2), _t(sink))
 
 
@@ -277,8 +277,8 @@ def _decode_sparse(q: torch.Tensor, cache: torch.Tensor, fmt: int, indices: torc
                    workspace: Optional[torch.Tensor], scale: float, num_splits: int, schedule: int,
                    sink: Optional[torch.Tensor]) -> None:
     b, nq, h, _ = q.shape
-    _launch("dcp_mla_decode_sparse", _dev_stream(q), _t(q), _strides(q, 3), b, nq, h, scale, _t(out), _t(lse),
-            num_splits, _t(workspace), schedule, _t(cache), fmt, cache.shape[0], cache.shape[1], _page_stride(cache),
+    _launch("dcp_mla_decode_sparse", _dev_stream(q), _t(q), _strides(q, 3), b, nq, h, scale, _t(out),
+            _strides(out, 3), _t(lse), _strides(lse, 3), num_splits, _t(workspace), schedule, _t(cache), fmt, cache.shape[0], cache.shape[1], _page_stride(cache),
             _t(indices), _strides(indices, 2), indices.shape[-1], _t(topk_len),
             None if topk_len is None else _strides(topk_len, 2), _t(sink))
 
@@ -392,16 +392,17 @@ def kv_fill(ckv, kpe, req_idx, positions, block_table, cache, *, dcp_size, inter
 
 
 def _decode_outputs(q, out, lse, out_dtype):
-    """The caller's out and lse, checked, or new ones (which need no check)."""
+    """The caller's out and lse, checked, or new ones (which need no check). Either may be a view:
+    out's rows contiguous, lse any strides (the library refuses views whose rows overlap)."""
     b, nq, h, _ = q.shape
     if out is None:
         out = _empty((b, nq, h, 512), out_dtype, q)
     else:
-        _check(out, "out", _OUT, ndim=4, shape=(b, nq, h, 512), device=q.device)
+        _check(out, "out", _OUT, ndim=4, shape=(b, nq, h, 512), contiguous="rows", device=q.device)
     if lse is None:
         lse = _empty((b, nq, h), torch.float32, q)
     else:
-        _check(lse, "lse", (torch.float32,), ndim=3, shape=(b, nq, h), device=q.device)
+        _check(lse, "lse", (torch.float32,), ndim=3, shape=(b, nq, h), contiguous=False, device=q.device)
     return out, lse
 
 
@@ -443,7 +444,8 @@ def decode_dense(q, cache, block_table, lens, *, scale=None, num_splits=None, wo
     that are multiples of 8 and a unit last stride; cache bf16 [pages, B, 576] (or [pages, B, 1,
     576]), whose pages may be a view of a larger page dimension (each page's rows contiguous, page
     starts a whole number of rows apart); block_table int32 [b, max_pages] (unit last stride);
-    lens int32 [b, nq] (any strides). Views are read in place, never copied. Returns out [b, nq, H, 512] (bf16,
+    lens int32 [b, nq] (any strides). Views are read in place, never copied, and out (rows
+    contiguous) and lse (any strides, FlashMLA's [b, h, s_q] layout included) may be views too. Returns out [b, nq, H, 512] (bf16,
     or f32 with out_dtype) and lse f32 [b, nq, H], natural log, −inf for a row that sees no token.
     num_splits defaults to the planner's for this device (decode_workspace gives both for graphs);
     scale to 576^-1/2. reuse_schedule=True reuses

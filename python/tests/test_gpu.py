@@ -740,3 +740,21 @@ def test_flashmla_style_inputs_dense_and_sparse_fp8(dev):
             assert within_contract(out[i, j].double(), sink_reference(o, s, sink), a), ("sparse", i, j)
             if sel.numel() == 0:
                 assert torch.all(out[i, j] == 0) and torch.all(lse[i, :, j] == INF)
+
+
+def test_decode_writes_into_output_views(dev):
+    # out as rows of a wider buffer and lse in FlashMLA's [b, h, s_q] layout: the same values as
+    # contiguous outputs, bit for bit, and nothing written outside the views
+    lens, nq, h, bs = [500, 0, 70], 2, 32, 64
+    table, caches, _ = filled_caches(lens, 1, 1, bs, "bf16", dev)
+    q = torch.randn(len(lens), nq, h, 576, device=dev).to(torch.bfloat16)
+    rl = torch.tensor([[max(n - nq + 1 + j, 0) for j in range(nq)] for n in lens], dtype=torch.int32, device=dev)
+    for splits in (1, None):
+        out, lse = dcp_mla.decode_dense(q, caches[0], table, rl, num_splits=splits)
+        out_big = torch.full((len(lens), nq, h + 1, 640), 7.0, dtype=torch.bfloat16, device=dev)
+        lse_big = torch.full((len(lens), h, nq), 7.0, device=dev)
+        out_v, lse_v = out_big[:, :, :h, :512], lse_big.transpose(1, 2)
+        got_out, got_lse = dcp_mla.decode_dense(q, caches[0], table, rl, num_splits=splits, out=out_v, lse=lse_v)
+        assert got_out is out_v and got_lse is lse_v
+        assert torch.equal(out_v, out) and torch.equal(lse_v, lse), splits
+        assert torch.all(out_big[:, :, h] == 7.0) and torch.all(out_big[..., 512:] == 7.0)

@@ -649,6 +649,8 @@ impl<'a> DecodeStep<'a> {
                     workspace: v.split_ws,
                     schedule: decode::DecodeSchedule::Compute,
                     sink: None,
+                    out_strides: None,
+                    lse_strides: None,
                     q_strides: None,
                 };
                 match c.attention {

@@ -74,10 +74,18 @@ pub struct DecodeCommon {
     pub heads: usize,
     /// Softmax scale σ (see [`default_scale`]).
     pub scale: f32,
-    /// [batch, nq, heads, 512].
+    /// [batch, nq, heads, 512] with strides `out_strides`.
     pub out: DecodeOut,
-    /// fp32 [batch, nq, heads], natural log; −inf for a row that sees no token.
+    /// Elements between out's requests, query rows and heads, each row 16-byte aligned and no two
+    /// rows overlapping; `None`: contiguous, [nq·heads·512, heads·512, 512].
+    pub out_strides: Option<[usize; 3]>,
+    /// fp32 [batch, nq, heads], natural log; −inf for a row that sees no token; strides
+    /// `lse_strides`.
     pub lse: DeviceSlice<f32>,
+    /// Elements between lse's requests, query rows and heads, in any order as long as no two
+    /// values share an element (FlashMLA's [b, h, s_q] lse is [h·s_q, 1, s_q]); `None`:
+    /// contiguous, [nq·heads, heads, 1].
+    pub lse_strides: Option<[usize; 3]>,
     /// KV splits per CTA row block (see [`decode_num_splits`]); 1 needs no workspace.
     pub num_splits: usize,
     /// At least [`decode_workspace_bytes`] bytes when `num_splits > 1`, 16-byte aligned.
@@ -533,6 +541,32 @@ fn sparse_params(a: &SparseDecode) -> Result<DcpMlaDecodeParams> {
     Ok(params)
 }
 
+/// A view the kernels write, [batch, nq, heads] items of `width` elements at `strides`: within
+/// `len` elements, and no two items sharing an element (a race, and a silently wrong result);
+/// returns the kernels' strides, 0 for a dim of one entry.
+fn written_view(
+    arg: &'static str,
+    strides_arg: &'static str,
+    len: usize,
+    strides: [usize; 3],
+    counts: [usize; 3],
+    width: usize,
+) -> Result<[i64; 3]> {
+    let strides: [usize; 3] = std::array::from_fn(|i| if counts[i] > 1 { strides[i] } else { 0 });
+    let dims: Vec<(usize, usize)> = counts.iter().copied().zip(strides).collect();
+    let need = super::strided_extent(strides_arg, &dims, width)?;
+    ensure_arg!(len >= need, arg, "holds {len} elements but [batch, nq, heads] with strides {strides:?} needs {need}");
+    // disjoint items: ordered by stride, each stride steps over everything inside it
+    let mut by_stride: Vec<(usize, usize)> = dims.into_iter().filter(|&(n, _)| n > 1).collect();
+    by_stride.sort_by_key(|&(_, s)| s);
+    let mut inner = width;
+    for (n, s) in by_stride {
+        ensure_arg!(s >= inner, strides_arg, "{strides:?} make rows of {arg} overlap (a stride of {s} within {inner})");
+        inner += (n - 1) * s;
+    }
+    Ok(strides.map(|s| s as i64))
+}
+
 /// Per-row int32 values [batch, nq] (lengths) at `strides` (`None`: contiguous); returns the
 /// kernels' strides, 0 for a dim of one entry.
 fn check_lengths(
@@ -601,7 +635,6 @@ fn validate_common(c: &DecodeCommon, sparse: bool) -> Result<DcpMlaDecodeParams>
         "heads",
         "batch·nq·heads overflows the kernels' int32 row count"
     );
-    let rows = rows.unwrap_or(0);
     let q_strides = c.q_strides.unwrap_or([c.nq * c.heads * D_QK, c.heads * D_QK, D_QK]);
     // a dim of one entry is never stepped over: its stride is whatever the caller's view had
     let [sb, ss, sh] =
@@ -620,15 +653,29 @@ fn validate_common(c: &DecodeCommon, sparse: bool) -> Result<DcpMlaDecodeParams>
         c.q.len()
     );
     ensure_aligned!(c.q.ptr() % 16 == 0, "q", "pointer {:#x} is not 16-byte aligned", c.q.ptr());
-    ensure_arg!(
-        c.out.len() >= rows * D_V,
+    let out_strides = written_view(
         "out",
-        "holds {} elements but [batch, nq, heads, 512] needs {}",
+        "out_strides",
         c.out.len(),
-        rows * D_V
+        c.out_strides.unwrap_or([c.nq * c.heads * D_V, c.heads * D_V, D_V]),
+        [c.batch, c.nq, c.heads],
+        D_V,
+    )?;
+    let elem = c.out.dtype().bytes();
+    ensure_aligned!(
+        out_strides.iter().all(|&s| (s as usize * elem) % 16 == 0),
+        "out_strides",
+        "{out_strides:?} are not all multiples of 16 bytes: rows are written in 16-byte pieces"
     );
     ensure_aligned!(c.out.ptr() % 16 == 0, "out", "pointer {:#x} is not 16-byte aligned", c.out.ptr());
-    ensure_arg!(c.lse.len() >= rows, "lse", "holds {} elements but [batch, nq, heads] needs {rows}", c.lse.len());
+    let lse_strides = written_view(
+        "lse",
+        "lse_strides",
+        c.lse.len(),
+        c.lse_strides.unwrap_or([c.nq * c.heads, c.heads, 1]),
+        [c.batch, c.nq, c.heads],
+        1,
+    )?;
     ensure_aligned!(c.lse.ptr() % 4 == 0, "lse", "pointer {:#x} is not 4-byte aligned", c.lse.ptr());
     let sink = super::check_sink(c.sink.as_ref(), c.heads)?;
     let plan = SplitPlan::new(c.batch, c.nq, c.heads, sparse, c.num_splits)?;
@@ -671,6 +718,12 @@ fn validate_common(c: &DecodeCommon, sparse: bool) -> Result<DcpMlaDecodeParams>
         indices_stride_s: 0,
         len_stride_b: 0,
         len_stride_s: 0,
+        out_stride_b: out_strides[0],
+        out_stride_s: out_strides[1],
+        out_stride_h: out_strides[2],
+        lse_stride_b: lse_strides[0],
+        lse_stride_s: lse_strides[1],
+        lse_stride_h: lse_strides[2],
         page_rows: 1,
         reserved: 0,
         scale_log2: c.scale * std::f32::consts::LOG2_E,
@@ -751,11 +804,19 @@ fn launch(
             out: params.out,
             lse: params.lse,
             sink: params.sink,
+            out_stride_b: params.out_stride_b,
+            out_stride_s: params.out_stride_s,
+            out_stride_h: params.out_stride_h,
+            lse_stride_b: params.lse_stride_b,
+            lse_stride_s: params.lse_stride_s,
+            lse_stride_h: params.lse_stride_h,
             seqs: seqs as i32,
             rows_per_seq: seq_rows as i32,
             num_splits: params.num_splits,
             out_f32: params.out_f32,
             heads: params.heads,
+            nq: params.nq,
+            sparse: sparse as i32,
             reserved: 0,
         };
         let grid = match by {
@@ -788,6 +849,8 @@ mod tests {
             workspace: fake(0),
             schedule: DecodeSchedule::Compute,
             sink: None,
+            out_strides: None,
+            lse_strides: None,
             q_strides: None,
         }
     }
@@ -901,6 +964,30 @@ mod tests {
         };
         assert!(odd(None).is_ok() && odd(Some(48)).is_ok());
         assert_eq!(arg_of(odd(Some(50)).unwrap_err()), "page_stride");
+    }
+
+    #[test]
+    fn written_views_must_not_overlap() {
+        let v = |len, strides, counts, width| written_view("out", "out_strides", len, strides, counts, width);
+        // contiguous [2, 3, 4] rows of 512, and FlashMLA's lse [b, h, s_q] as a [b, s_q, h] view
+        assert_eq!(v(24 * 512, [6144, 2048, 512], [2, 3, 4], 512).unwrap(), [6144, 2048, 512]);
+        assert_eq!(v(24, [12, 1, 3], [2, 3, 4], 1).unwrap(), [12, 1, 3]);
+        // padded heads (640 apart) are fine; heads 256 apart overlap; a broadcast (0) overlaps
+        assert!(v(2 * 3 * 4 * 640, [7680, 2560, 640], [2, 3, 4], 512).is_ok());
+        assert_eq!(arg_of(v(1 << 20, [6144, 2048, 256], [2, 3, 4], 512).unwrap_err()), "out_strides");
+        assert_eq!(arg_of(v(1 << 20, [0, 2048, 512], [2, 3, 4], 512).unwrap_err()), "out_strides");
+        // query rows interleaved inside a head's span overlap too
+        assert_eq!(arg_of(v(1 << 20, [6144, 512, 1024], [2, 3, 4], 512).unwrap_err()), "out_strides");
+        // too short for the view; a dim of one entry takes any stride
+        assert_eq!(arg_of(v(24 * 512 - 1, [6144, 2048, 512], [2, 3, 4], 512).unwrap_err()), "out");
+        assert_eq!(v(4 * 512, [7, 99, 512], [1, 1, 4], 512).unwrap(), [0, 0, 512]);
+        // through the launcher: out rows 16-byte aligned (bf16: strides multiples of 8)
+        let mut d = dense(2, 4, 4, 64);
+        d.common.out_strides = Some([16 * 520, 0, 520]);
+        d.common.out = DecodeOut::Bf16(fake(2 * 16 * 520));
+        assert_eq!(dense_params(&d).unwrap().out_stride_h, 520);
+        d.common.out_strides = Some([16 * 516, 0, 516]);
+        assert_eq!(arg_of(dense_params(&d).unwrap_err()), "out_strides");
     }
 
     #[test]

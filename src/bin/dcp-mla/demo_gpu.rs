@@ -149,6 +149,8 @@ pub fn run_gpu(dev: &Device, p: &Problem) -> Result<Outputs> {
         workspace: sl(&s, &ws),
         schedule: DecodeSchedule::Compute,
         sink: None,
+        out_strides: None,
+        lse_strides: None,
         q_strides: None,
     };
 
