@@ -75,6 +75,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             cache: cache_v,
             num_pages,
             block_size: B,
+            page_stride: None,
             format: KvFormat::Bf16,
             dcp,
             rank,

@@ -27,7 +27,8 @@ typedef struct DcpKvFillParams {
     uint64_t req_idx;        /* int32 [num_tokens]: request (block-table row) of each token */
     uint64_t positions;      /* int32 [num_tokens]: global position; < 0 skips the token */
     uint64_t block_table;    /* int32 [batch, block_table_stride] */
-    uint64_t cache;          /* bf16 [num_pages, block_size, 576] or bytes [num_pages, block_size, 656] */
+    uint64_t cache;          /* bf16 [num_pages, page_rows, 576] or bytes [num_pages, page_rows, 656]: rows */
+                             /* [0, block_size) of each page are its tokens */
     int64_t ckv_stride;      /* elements between rows of ckv */
     int64_t kpe_stride;      /* elements between rows of kpe */
     int64_t block_table_stride;
@@ -39,6 +40,8 @@ typedef struct DcpKvFillParams {
     int32_t dcp_size;        /* D */
     int32_t dcp_rank;        /* r */
     int32_t interleave;      /* I */
+    int32_t page_rows;       /* cache rows from one page's start to the next's, ≥ block_size */
+    int32_t reserved;
 } DcpKvFillParams;
 
 /* MLA decode attention on one rank's shard (docs/contract.md §4): dense over the BF16 paged cache, or
@@ -260,7 +263,8 @@ typedef struct DcpTopkCompactParams {
 /* Prefix flatten: row i of this rank's [cap_rows, 576] bf16 buffer is the piece's local token
  * local_start + (i - row_offset) if that is below the piece's n_r(global_len), else zero. */
 typedef struct DcpPrefillFlattenParams {
-    uint64_t cache;          /* bytes [num_pages, block_size, 1152 (bf16) or 656 (fp8)] */
+    uint64_t cache;          /* bytes [num_pages, page_rows, 1152 (bf16) or 656 (fp8)], the first block_size rows */
+                             /* of each page its tokens */
     uint64_t block_table;    /* int32 [batch, block_table_stride] */
     uint64_t pieces;         /* int32 [max_pieces, 8] */
     uint64_t out;            /* bf16 [cap_rows, 576] */
@@ -274,7 +278,7 @@ typedef struct DcpPrefillFlattenParams {
     int32_t dcp_size;        /* D */
     int32_t dcp_rank;        /* r */
     int32_t interleave;      /* I */
-    int32_t reserved;
+    int32_t page_rows;       /* cache rows from one page's start to the next's, ≥ block_size */
 } DcpPrefillFlattenParams;
 
 /* Prefix reorder: the all-gathered [D, cap_rows, 576] buffer into [out_rows, 576] global order. */

@@ -32,7 +32,7 @@ __device__ __forceinline__ void kv_fill(const DcpKvFillParams& p) {
 
     const int page = ((const int32_t*)p.block_table)[req * p.block_table_stride + page_col];
     if (page < 0 || page >= p.num_pages) return;
-    const int64_t slot = (int64_t)page * p.block_size + local % p.block_size;
+    const int64_t slot = (int64_t)page * p.page_rows + local % p.block_size;  // the cache row
 
     if constexpr (Format == KvFormat::Bf16) {
         uint4* row = (uint4*)((__nv_bfloat16*)p.cache + slot * kDimQk);

@@ -62,7 +62,7 @@ __device__ __forceinline__ void prefill_flatten(const DcpPrefillFlattenParams& p
             const int64_t col = l / p.block_size;
             if (l >= 0 && col < p.max_pages) {
                 const int page = ((const int32_t*)p.block_table)[req * p.block_table_stride + col];
-                if (page >= 0 && page < p.num_pages) slot = (int64_t)page * p.block_size + l % p.block_size;
+                if (page >= 0 && page < p.num_pages) slot = (int64_t)page * p.page_rows + l % p.block_size;
             }
         }
     }

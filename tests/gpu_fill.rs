@@ -102,6 +102,7 @@ fn run(case: &Case, rng: &mut Rng) {
             cache: view(&s, &d_cache),
             num_pages,
             block_size: b,
+            page_stride: None,
             format: case.format,
             dcp: case.dcp,
             rank,
@@ -127,6 +128,26 @@ fn run(case: &Case, rng: &mut Rng) {
             );
         }
         assert_ne!(got, poison, "nothing was written on rank {rank}");
+
+        // The same pages as a view of a larger page dimension (2 spare rows a page): each page's
+        // first B rows as the packed fill wrote them, the spare rows untouched.
+        let page_stride = b + 2;
+        let big_poison: Vec<u8> =
+            (0..num_pages * page_stride * row).map(|i| (i as u8).wrapping_mul(11) ^ 0x5a).collect();
+        let d_big = upload(&s, &big_poison);
+        kv_fill(dev, raw(&s), &KvFill { cache: view(&s, &d_big), page_stride: Some(page_stride), ..args })
+            .expect("kv_fill into a page view");
+        let got_big = download(&s, &d_big);
+        for p in 0..num_pages {
+            let (view_page, packed_page) = (p * page_stride * row, p * b * row);
+            assert!(
+                got_big[view_page..view_page + b * row] == want[packed_page..packed_page + b * row],
+                "{:?} D={d} B={b} rank {rank}: page {p} of the page view differs from the packed fill",
+                case.format
+            );
+            let spare = view_page + b * row..view_page + page_stride * row;
+            assert!(got_big[spare.clone()] == big_poison[spare], "page {p}'s spare rows were written");
+        }
     }
 }
 
@@ -166,6 +187,7 @@ fn fill_rejects_bad_arguments_without_launching() {
         cache: view(&s, &d_cache),
         num_pages: 1,
         block_size: 64,
+        page_stride: None,
         format: KvFormat::Bf16,
         dcp: DcpLayout { size: 2, interleave: 1 },
         rank: 0,

@@ -131,6 +131,7 @@ fn launches(s: &std::sync::Arc<cudarc::driver::CudaStream>, b: &Batch, g: &Devic
             format: b.format,
             num_pages: b.num_pages,
             block_size: b.block_size,
+            page_stride: None,
             block_table: view(s, &g.table),
             block_table_stride: b.stride,
             batch: b.lens.len(),
@@ -209,6 +210,20 @@ fn flatten_and_reorder_match_reference() {
             let b = batch(&mut rng, dcp, format, block_size, lens);
             let g = device_batch(&s, &b);
             let (flattens, reorder_args) = launches(&s, &b, &g);
+            // every rank's cache again as a view of a larger page dimension: 3 spare rows a page,
+            // 0xff bytes (NaN in both formats), which a flatten must never read
+            let (row, spare) = (format.token_bytes(), 3);
+            let page_views: Vec<_> = b
+                .caches
+                .iter()
+                .map(|c| {
+                    let mut big = vec![0xffu8; b.num_pages * (block_size + spare) * row];
+                    for (p, page) in c.chunks(block_size * row).enumerate() {
+                        big[p * (block_size + spare) * row..][..page.len()].copy_from_slice(page);
+                    }
+                    upload(&s, &big)
+                })
+                .collect();
             let mut g = g;
             let tag = format!("{format:?} D = {d} I = {i} B = {block_size}");
             assert!(!b.plan.chunks.is_empty(), "{tag}: the plan has chunks");
@@ -222,6 +237,14 @@ fn flatten_and_reorder_match_reference() {
                 reorder(dev, raw(&s), &reorder_args).expect("reorder");
                 s.synchronize().unwrap();
                 check_chunk(&tag, &s, &b, &g, c);
+                // the page views flatten to the same rows, bit for bit
+                let packed = download(&s, &g.gathered);
+                s.memcpy_htod(&vec![bf16::from_bits(POISON); d * b.plan.cap_rows * D_QK], &mut g.gathered).unwrap();
+                for (f, cache) in flattens.iter().zip(&page_views) {
+                    let args = Flatten { cache: view(&s, cache), page_stride: Some(block_size + spare), ..*f };
+                    flatten(dev, raw(&s), &args).expect("flatten of a page view");
+                }
+                assert!(bits(&download(&s, &g.gathered)) == bits(&packed), "{tag}: chunk {c}: page-view flatten");
             }
         }
     }

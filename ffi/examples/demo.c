@@ -106,7 +106,7 @@ int main(void) {
     CHECK(dcp_mla_kv_fill(dev, NULL, tensor(d_ckv, L * D_V, DCP_MLA_DTYPE_BF16), D_V,
                           tensor(d_kpe, L * 64, DCP_MLA_DTYPE_BF16), 64, tensor(d_req, L, DCP_MLA_DTYPE_I32),
                           tensor(d_pos, L, DCP_MLA_DTYPE_I32), tensor(d_table, 4, DCP_MLA_DTYPE_I32), 4, 1, 4,
-                          tensor(d_cache, cache_bytes, DCP_MLA_DTYPE_U8), pages, B, DCP_MLA_KV_BF16, D, I, r));
+                          tensor(d_cache, cache_bytes, DCP_MLA_DTYPE_U8), pages, B, 0, DCP_MLA_KV_BF16, D, I, r));
     uint64_t n = 0;
     CHECK(dcp_mla_local_len(D, I, r, L, &n));
     int32_t len = (int32_t)n;

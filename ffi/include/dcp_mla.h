@@ -201,7 +201,8 @@ enum DcpMlaStatus dcp_mla_synchronize(const struct DcpMlaDevice *device);
 //   `kpe`: bf16 [num_tokens, kpe_stride] (k_pe in the first 64); strides in elements.
 // - `req_idx`, `positions`: int32 [num_tokens]: block-table row and global position per token.
 // - `block_table`: int32 [batch, block_table_stride], first `max_pages` columns used.
-// - `cache`: this rank's cache [num_pages, block_size, row] in `format` (DCP_MLA_KV_*), any dtype.
+// - `cache`: this rank's cache [num_pages, page_stride, row] in `format` (DCP_MLA_KV_*), any
+//   dtype, the first `block_size` rows of each page its tokens; `page_stride` 0: packed pages.
 // - `dcp_size`, `interleave`, `rank`: D, I and this rank r.
 //
 // # Safety
@@ -222,6 +223,7 @@ enum DcpMlaStatus dcp_mla_kv_fill(const struct DcpMlaDevice *device,
                                   struct DcpMlaTensor cache,
                                   size_t num_pages,
                                   size_t block_size,
+                                  size_t page_stride,
                                   int32_t format,
                                   size_t dcp_size,
                                   size_t interleave,
@@ -527,7 +529,8 @@ enum DcpMlaStatus dcp_mla_topk_compact(const struct DcpMlaDevice *device,
 // bf16 buffer (FP8-656 dequantised), zeros elsewhere; the chunk's layout is read from the
 // device-side piece table (dcp_mla_prefill_piece_table).
 //
-// - `cache`: [num_pages, block_size, row] in `format`; `block_table`: int32
+// - `cache`: [num_pages, page_stride, row] in `format` (`page_stride` 0: packed pages, as for
+//   dcp_mla_kv_fill); `block_table`: int32
 //   [batch, block_table_stride], the first `max_pages` columns read.
 // - `pieces`: int32 [max_pieces, 8]; `out`: bf16 [cap_rows, 576], every row written.
 //
@@ -539,6 +542,7 @@ enum DcpMlaStatus dcp_mla_prefill_flatten(const struct DcpMlaDevice *device,
                                           int32_t format,
                                           size_t num_pages,
                                           size_t block_size,
+                                          size_t page_stride,
                                           struct DcpMlaTensor block_table,
                                           size_t block_table_stride,
                                           size_t batch,

@@ -44,7 +44,8 @@ fn layout(dcp_size: usize, interleave: usize) -> DcpLayout {
 ///   `kpe`: bf16 [num_tokens, kpe_stride] (k_pe in the first 64); strides in elements.
 /// - `req_idx`, `positions`: int32 [num_tokens]: block-table row and global position per token.
 /// - `block_table`: int32 [batch, block_table_stride], first `max_pages` columns used.
-/// - `cache`: this rank's cache [num_pages, block_size, row] in `format` (DCP_MLA_KV_*), any dtype.
+/// - `cache`: this rank's cache [num_pages, page_stride, row] in `format` (DCP_MLA_KV_*), any
+///   dtype, the first `block_size` rows of each page its tokens; `page_stride` 0: packed pages.
 /// - `dcp_size`, `interleave`, `rank`: D, I and this rank r.
 ///
 /// # Safety
@@ -67,6 +68,7 @@ pub unsafe extern "C" fn dcp_mla_kv_fill(
     cache: DcpMlaTensor,
     num_pages: usize,
     block_size: usize,
+    page_stride: usize,
     format: i32,
     dcp_size: usize,
     interleave: usize,
@@ -87,6 +89,7 @@ pub unsafe extern "C" fn dcp_mla_kv_fill(
             cache: arg!(cache),
             num_pages,
             block_size,
+            page_stride: page_stride_arg(page_stride),
             format: arg!(format),
             dcp: layout(dcp_size, interleave),
             rank,
@@ -674,7 +677,8 @@ pub unsafe extern "C" fn dcp_mla_topk_compact(
 /// bf16 buffer (FP8-656 dequantised), zeros elsewhere; the chunk's layout is read from the
 /// device-side piece table (dcp_mla_prefill_piece_table).
 ///
-/// - `cache`: [num_pages, block_size, row] in `format`; `block_table`: int32
+/// - `cache`: [num_pages, page_stride, row] in `format` (`page_stride` 0: packed pages, as for
+///   dcp_mla_kv_fill); `block_table`: int32
 ///   [batch, block_table_stride], the first `max_pages` columns read.
 /// - `pieces`: int32 [max_pieces, 8]; `out`: bf16 [cap_rows, 576], every row written.
 ///
@@ -688,6 +692,7 @@ pub unsafe extern "C" fn dcp_mla_prefill_flatten(
     format: i32,
     num_pages: usize,
     block_size: usize,
+    page_stride: usize,
     block_table: DcpMlaTensor,
     block_table_stride: usize,
     batch: usize,
@@ -706,6 +711,7 @@ pub unsafe extern "C" fn dcp_mla_prefill_flatten(
             format: arg!(format),
             num_pages,
             block_size,
+            page_stride: page_stride_arg(page_stride),
             block_table: arg!(block_table),
             block_table_stride,
             batch,

@@ -44,6 +44,7 @@ unsafe fn fill(dev: *const DcpMlaDevice, ckv: DcpMlaTensor, format: i32) -> DcpM
         t(0x4000_0000, 8 * 64 * 1152, U8),
         8,
         64,
+        0,
         format,
         2,
         1,

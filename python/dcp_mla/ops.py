@@ -65,11 +65,11 @@ def _check(x, name, dtypes, ndim=None, shape=None, contiguous=True, device=None)
     return x
 
 
-def _cache(cache, name="cache", device=None, paged_view=False):
+def _cache(cache, name="cache", device=None):
     """A paged cache [pages, B, row] or FlashMLA's [pages, B, 1, row]: its 3-d view and format.
-    With paged_view, the pages may be a view of a larger page dimension (rows contiguous, page
-    starts any whole number of rows apart: page_stride); else the cache is contiguous."""
-    _check(cache, name, (torch.bfloat16,) + _BYTES, device=device, contiguous="rows" if paged_view else True)
+    The pages may be a view of a larger page dimension: each page's rows contiguous, page starts
+    any whole number of rows (at least B) apart (the C ABI's page_stride)."""
+    _check(cache, name, (torch.bfloat16,) + _BYTES, device=device, contiguous="rows")
     if cache.dim() == 4:
         if cache.shape[2] != 1:
             _fail(name, f"shape {tuple(cache.shape)}: a 4-d cache has one KV head (dim 2 of size 1)")
@@ -83,7 +83,7 @@ def _cache(cache, name="cache", device=None, paged_view=False):
     row = cache.shape[2]
     rows_apart = cache.shape[1] > 1 and cache.stride(1) != row
     pages_apart = cache.shape[0] > 1 and (cache.stride(0) % row or cache.stride(0) < row * cache.shape[1])
-    if paged_view and (rows_apart or pages_apart):
+    if rows_apart or pages_apart:
         _fail(name, f"strides {cache.stride()}: a page's rows must be contiguous and pages a whole number of "
                     f"rows (at least B) apart")
     return cache, fmt
@@ -258,7 +258,7 @@ def _kv_fill(ckv: torch.Tensor, kpe: torch.Tensor, req_idx: torch.Tensor, positi
              rank: int) -> None:
     _launch("dcp_mla_kv_fill", _dev_stream(cache), _t(ckv), ckv.stride(0), _t(kpe), kpe.stride(0), _t(req_idx),
             _t(positions), _t(block_table), block_table.stride(0), block_table.shape[0], block_table.shape[1],
-            _t(cache), cache.shape[0], cache.shape[1], fmt, dcp_size, interleave, rank)
+            _t(cache), cache.shape[0], cache.shape[1], _page_stride(cache), fmt, dcp_size, interleave, rank)
 
 
 @_op(("out", "lse", "workspace"))
@@ -355,7 +355,7 @@ def _topk_compact(ids: torch.Tensor, dcp_size: int, interleave: int, rank: int, 
 def _prefill_flatten(cache: torch.Tensor, fmt: int, block_table: torch.Tensor, pieces: torch.Tensor,
                      out: torch.Tensor, dcp_size: int, interleave: int, rank: int) -> None:
     _launch("dcp_mla_prefill_flatten", _dev_stream(out), _t(cache), fmt, cache.shape[0], cache.shape[1],
-            _t(block_table), block_table.stride(0), block_table.shape[0], block_table.shape[1], _t(pieces),
+            _page_stride(cache), _t(block_table), block_table.stride(0), block_table.shape[0], block_table.shape[1], _t(pieces),
             pieces.shape[0], _t(out), out.shape[0], dcp_size, interleave, rank)
 
 
@@ -377,7 +377,8 @@ def kv_fill(ckv, kpe, req_idx, positions, block_table, cache, *, dcp_size, inter
     §2-3). ckv bf16 [T, ≥512] and kpe bf16 [T, ≥64] (unit stride in the last dim), req_idx and
     positions int32 [T], block_table int32 [batch, max_pages] (unit last stride), cache [pages, B,
     576] bf16 or [pages, B, 656] bytes (uint8 / float8_e4m3fn; a FlashMLA [pages, B, 1, row] view
-    is accepted). A token with a negative position, a request index outside the batch or a page
+    is accepted; its pages may be a view of a larger page dimension, each page's rows contiguous).
+    A token with a negative position, a request index outside the batch or a page
     out of range is skipped. Returns `cache`."""
     cache3, fmt = _cache(cache)
     _want_format("cache", fmt, kv_format)
@@ -458,7 +459,7 @@ def decode_dense(q, cache, block_table, lens, *, scale=None, num_splits=None, wo
     dev = q.device
     _check(q, "q", (torch.bfloat16,), ndim=4, shape=(None, None, None, 576), contiguous="rows")
     b, nq, h, _ = q.shape
-    cache3, fmt = _cache(cache, device=dev, paged_view=True)
+    cache3, fmt = _cache(cache, device=dev)
     if fmt != _lib.KV_BF16 or cache3.dtype != torch.bfloat16:
         _fail("cache", "dense decode reads a bf16 cache [pages, B, 576]; an FP8-656 cache is read by decode_sparse")
     _check(block_table, "block_table", (torch.int32,), ndim=2, shape=(b, None), contiguous="rows", device=dev)
@@ -482,7 +483,7 @@ def decode_sparse(q, cache, indices, *, topk_len=None, kv_format=None, scale=Non
     dev = q.device
     _check(q, "q", (torch.bfloat16,), ndim=4, shape=(None, None, None, 576), contiguous="rows")
     b, nq, h, _ = q.shape
-    cache3, fmt = _cache(cache, device=dev, paged_view=True)
+    cache3, fmt = _cache(cache, device=dev)
     _want_format("cache", fmt, kv_format)
     _check(indices, "indices", (torch.int32,), ndim=3, shape=(b, nq, None), contiguous="rows", device=dev)
     if topk_len is not None:
@@ -657,7 +658,8 @@ def topk_compact(ids, *, dcp_size, interleave, rank, block_table=None, block_siz
 def prefill_flatten(cache, block_table, pieces, out, *, dcp_size, interleave, rank, kv_format=None):
     """Prefill prefix flatten (docs/contract.md §7): this rank's rows of one chunk into out bf16
     [cap_rows, 576] (FP8-656 dequantised; every row written), the chunk read from pieces int32
-    [max_pieces, 8] on the device (planner.prefill_piece_table). Returns out."""
+    [max_pieces, 8] on the device (planner.prefill_piece_table). The cache as kv_fill takes it
+    (its pages may be a view). Returns out."""
     cache3, fmt = _cache(cache)
     _want_format("cache", fmt, kv_format)
     dev = cache.device

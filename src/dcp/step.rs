@@ -546,6 +546,7 @@ impl<'a> DecodeStep<'a> {
                     cache: v.cache,
                     num_pages: c.num_pages,
                     block_size: c.block_size,
+                    page_stride: None,
                     format: c.attention.format(),
                     dcp: c.dcp,
                     rank,

@@ -398,7 +398,7 @@ const MAX_DECODE_TOKENS: usize = i32::MAX as usize - 64;
 fn dense_params(a: &DenseDecode) -> Result<DcpMlaDecodeParams> {
     let mut params = validate_common(&a.common, false)?;
     let c = &a.common;
-    params.page_rows = check_cache("cache", &a.cache, a.num_pages, a.block_size, a.page_stride, KvFormat::Bf16)?;
+    params.page_rows = super::check_cache_bytes(&a.cache, a.num_pages, a.block_size, a.page_stride, KvFormat::Bf16)?;
     super::check_block_table(&a.block_table, c.batch, a.block_table_stride, a.max_pages)?;
     ensure_arg!(
         a.max_pages.checked_mul(a.block_size).is_some_and(|n| n <= MAX_DECODE_TOKENS),
@@ -508,7 +508,7 @@ fn pair_choice(is_pair: bool, nq: usize, heads: usize, path: DecodePath, env: Op
 fn sparse_params(a: &SparseDecode) -> Result<DcpMlaDecodeParams> {
     let mut params = validate_common(&a.common, true)?;
     let c = &a.common;
-    params.page_rows = check_cache("cache", &a.cache, a.num_pages, a.block_size, a.page_stride, a.format)?;
+    params.page_rows = super::check_cache_bytes(&a.cache, a.num_pages, a.block_size, a.page_stride, a.format)?;
     // an index page·B + slot splits by shifts in the kernels (no division a token)
     ensure_arg!(
         params.page_rows as usize == a.block_size || a.block_size.is_power_of_two(),
@@ -588,39 +588,6 @@ fn check_lengths(
     );
     ensure_aligned!(buf.ptr() % 4 == 0 || need == 0, arg, "pointer {:#x} is not 4-byte aligned", buf.ptr());
     Ok((sb as i64, ss as i64))
-}
-
-/// A paged cache of `num_pages` pages whose starts lie `page_stride` rows apart (`None`:
-/// `block_size`), each holding `block_size` token rows of `f`; returns the kernels' page_rows.
-fn check_cache(
-    arg: &'static str,
-    cache: &DeviceSlice<u8>,
-    num_pages: usize,
-    block_size: usize,
-    page_stride: Option<usize>,
-    f: KvFormat,
-) -> Result<i32> {
-    ensure_arg!(block_size >= 1, "block_size", "must be at least 1");
-    let page_rows = page_stride.unwrap_or(block_size);
-    ensure_arg!(page_rows >= block_size, "page_stride", "{page_rows} rows is less than the block size {block_size}");
-    let rows = num_pages.checked_mul(page_rows);
-    ensure_arg!(
-        rows.is_some_and(|n| n <= i32::MAX as usize),
-        "num_pages",
-        "{num_pages} pages {page_rows} rows apart exceed the int32 cache addresses"
-    );
-    // the last page needs only its block_size rows
-    let need = super::strided_extent("page_stride", &[(num_pages, page_rows)], block_size)
-        .ok()
-        .and_then(|n| n.checked_mul(f.token_bytes()));
-    ensure_arg!(
-        need.is_some_and(|n| cache.len() >= n),
-        arg,
-        "holds {} bytes but {num_pages} pages of {block_size} {f:?} tokens, {page_rows} rows apart, need {need:?}",
-        cache.len()
-    );
-    ensure_aligned!(cache.ptr() % 16 == 0, arg, "pointer {:#x} is not 16-byte aligned", cache.ptr());
-    Ok(page_rows as i32)
 }
 
 fn validate_common(c: &DecodeCommon, sparse: bool) -> Result<DcpMlaDecodeParams> {

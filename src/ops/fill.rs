@@ -27,10 +27,14 @@ pub struct KvFill {
     pub block_table_stride: usize,
     pub batch: usize,
     pub max_pages: usize,
-    /// This rank's cache as bytes: [num_pages, block_size, format.token_bytes()].
+    /// This rank's cache as bytes: [num_pages, page_stride, format.token_bytes()], of which the
+    /// first `block_size` rows of each page are its tokens.
     pub cache: DeviceSlice<u8>,
     pub num_pages: usize,
     pub block_size: usize,
+    /// Cache rows from one page's start to the next's (≥ block_size: a view of a larger page
+    /// dimension); `None`: block_size, packed pages.
+    pub page_stride: Option<usize>,
     pub format: KvFormat,
     pub dcp: DcpLayout,
     pub rank: usize,
@@ -68,7 +72,7 @@ fn validate(a: &KvFill) -> Result<DcpKvFillParams> {
         a.block_size
     );
     check_block_table(&a.block_table, a.batch, a.block_table_stride, a.max_pages)?;
-    check_cache_bytes(&a.cache, a.num_pages, a.block_size, a.format)?;
+    let page_rows = check_cache_bytes(&a.cache, a.num_pages, a.block_size, a.page_stride, a.format)?;
     Ok(DcpKvFillParams {
         ckv: a.ckv.ptr(),
         kpe: a.kpe.ptr(),
@@ -87,6 +91,8 @@ fn validate(a: &KvFill) -> Result<DcpKvFillParams> {
         dcp_size: to_i32("dcp_size", a.dcp.size)?,
         dcp_rank: to_i32("rank", a.rank)?,
         interleave: to_i32("interleave", a.dcp.interleave)?,
+        page_rows,
+        reserved: 0,
     })
 }
 
@@ -110,6 +116,7 @@ mod tests {
             cache: fake(8 * 64 * 1152),
             num_pages: 8,
             block_size: 64,
+            page_stride: None,
             format: KvFormat::Bf16,
             dcp,
             rank: 0,

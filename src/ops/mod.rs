@@ -174,23 +174,39 @@ pub(crate) fn check_block_table(
     Ok(())
 }
 
-/// A paged cache as bytes: `num_pages` pages of `block_size` tokens of `format`'s rows fit in
-/// `cache`, which starts 16-byte aligned (the kernels move 16-byte vectors).
+/// A paged cache as bytes: `num_pages` pages whose starts lie `page_stride` rows apart (`None`:
+/// `block_size`, packed pages; a view of a larger page dimension otherwise), each holding
+/// `block_size` token rows of `format`, in `cache`, which starts 16-byte aligned (the kernels
+/// move 16-byte vectors). Returns the kernels' page_rows: a token's cache row is
+/// page·page_rows + slot.
 pub(crate) fn check_cache_bytes(
     cache: &DeviceSlice<u8>,
     num_pages: usize,
     block_size: usize,
+    page_stride: Option<usize>,
     format: KvFormat,
-) -> Result<()> {
-    let need = num_pages.checked_mul(block_size).and_then(|n| n.checked_mul(format.token_bytes()));
+) -> Result<i32> {
+    ensure_arg!(block_size >= 1, "block_size", "must be at least 1");
+    let page_rows = page_stride.unwrap_or(block_size);
+    ensure_arg!(page_rows >= block_size, "page_stride", "{page_rows} rows is less than the block size {block_size}");
+    let rows = num_pages.checked_mul(page_rows);
+    ensure_arg!(
+        rows.is_some_and(|n| n <= i32::MAX as usize),
+        "num_pages",
+        "{num_pages} pages {page_rows} rows apart exceed the int32 cache addresses"
+    );
+    // the last page needs only its block_size rows
+    let need = strided_extent("page_stride", &[(num_pages, page_rows)], block_size)
+        .ok()
+        .and_then(|n| n.checked_mul(format.token_bytes()));
     ensure_arg!(
         need.is_some_and(|n| cache.len() >= n),
         "cache",
-        "holds {} bytes but {num_pages} pages of {block_size} tokens need {need:?}",
+        "holds {} bytes but {num_pages} pages of {block_size} {format:?} tokens, {page_rows} rows apart, need {need:?}",
         cache.len()
     );
     ensure_aligned!(cache.ptr() % 16 == 0, "cache", "pointer {:#x} is not 16-byte aligned", cache.ptr());
-    Ok(())
+    Ok(page_rows as i32)
 }
 
 /// An optional fp32 attention sink per head (docs/contract.md §4) of a result with `heads` heads:

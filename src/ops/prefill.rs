@@ -43,11 +43,14 @@ pub fn piece_table(chunk: &Chunk, max_pieces: usize) -> Result<Vec<i32>> {
 /// Arguments of [`flatten`].
 #[derive(Debug, Clone, Copy)]
 pub struct Flatten {
-    /// This rank's cache as bytes: [num_pages, block_size, format.token_bytes()].
+    /// This rank's cache as bytes: [num_pages, page_stride, format.token_bytes()], of which the
+    /// first `block_size` rows of each page are its tokens.
     pub cache: DeviceSlice<u8>,
     pub format: KvFormat,
     pub num_pages: usize,
     pub block_size: usize,
+    /// Cache rows from one page's start to the next's (≥ block_size); `None`: packed pages.
+    pub page_stride: Option<usize>,
     /// int32 [batch, block_table_stride]; only the first `max_pages` columns are read, a page
     /// column at or beyond it gives zeros.
     pub block_table: DeviceSlice<i32>,
@@ -79,7 +82,7 @@ pub fn flatten(dev: &Device, stream: Stream, a: &Flatten) -> Result<()> {
 fn flatten_params(a: &Flatten) -> Result<DcpPrefillFlattenParams> {
     check_layout(a.dcp, a.rank)?;
     ensure_arg!(a.block_size >= 1, "block_size", "must be at least 1");
-    check_cache_bytes(&a.cache, a.num_pages, a.block_size, a.format)?;
+    let page_rows = check_cache_bytes(&a.cache, a.num_pages, a.block_size, a.page_stride, a.format)?;
     check_block_table(&a.block_table, a.batch, a.block_table_stride, a.max_pages)?;
     check_len("pieces", &a.pieces, super::product("max_pieces", &[a.max_pieces, PIECE_FIELDS])?)?;
     check_rows_out("out", &a.out, a.cap_rows)?;
@@ -98,7 +101,7 @@ fn flatten_params(a: &Flatten) -> Result<DcpPrefillFlattenParams> {
         dcp_size: to_i32("dcp_size", a.dcp.size)?,
         dcp_rank: to_i32("rank", a.rank)?,
         interleave: to_i32("interleave", a.dcp.interleave)?,
-        reserved: 0,
+        page_rows,
     })
 }
 
@@ -192,6 +195,7 @@ mod tests {
             format: KvFormat::Fp8_656,
             num_pages: 10,
             block_size: 64,
+            page_stride: None,
             block_table: fake(2 * 5),
             block_table_stride: 5,
             batch: 2,

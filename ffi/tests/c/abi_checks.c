@@ -55,7 +55,7 @@ static void launcher_checks(const DcpMlaDevice *dev) {
          dcp_mla_kv_fill(dev, NULL, fake(0x20000000, 4 * 512, DCP_MLA_DTYPE_BF16), 512,
                          fake(0x21000000, 4 * 64, DCP_MLA_DTYPE_BF16), 64, fake(0x22000000, 4, DCP_MLA_DTYPE_I32),
                          fake(0x23000000, 4, DCP_MLA_DTYPE_I32), fake(0x24000000, 16, DCP_MLA_DTYPE_I32), wrap, 2, 8,
-                         fake(0x30000000, 8 * 64 * 1152, DCP_MLA_DTYPE_U8), 8, 64, DCP_MLA_KV_BF16, 1, 1, 0),
+                         fake(0x30000000, 8 * 64 * 1152, DCP_MLA_DTYPE_U8), 8, 64, 0, DCP_MLA_KV_BF16, 1, 1, 0),
          DCP_MLA_STATUS_INVALID_ARGUMENT, "block_table_stride");
 
   /* dense decode: batch * nq * heads * 576 wraps; a misaligned q */

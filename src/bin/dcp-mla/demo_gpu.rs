@@ -111,6 +111,7 @@ pub fn run_gpu(dev: &Device, p: &Problem) -> Result<Outputs> {
                     cache: sl(&s, &cache),
                     num_pages: p.num_pages,
                     block_size: p.block_size,
+                    page_stride: None,
                     format,
                     dcp: p.dcp,
                     rank: r,
