@@ -97,12 +97,16 @@ def _page_stride(cache3):
     return 0 if rows == cache3.shape[1] else rows
 
 
-def _strides(x, n):
-    """The first n strides of x as a C array, or None when x is contiguous (the C ABI's default).
-    A dim of size 1 gets stride 0 (torch leaves any stride there; the library checks alignment)."""
+def _tv(x, n):
+    """A view for the C ABI: its DcpMlaTensor (as _t) and its first n strides as a C array, or
+    None when x is contiguous or absent (the C ABI's default), from one contiguity check. A dim of
+    size 1 gets stride 0 (torch leaves any stride there; the library checks alignment)."""
+    if x is None:
+        return _ABSENT, None
     if x.is_contiguous():
-        return None
-    return (c_size_t * n)(*[st if sz > 1 else 0 for sz, st in zip(x.shape[:n], x.stride()[:n])])
+        return Tensor(x.data_ptr(), x.numel(), _CODES[x.dtype]), None
+    strides = (c_size_t * n)(*[st if sz > 1 else 0 for sz, st in zip(x.shape[:n], x.stride()[:n])])
+    return _t(x), strides
 
 
 def _want_format(name, got, kv_format):
@@ -266,9 +270,9 @@ def _decode_dense(q: torch.Tensor, cache: torch.Tensor, block_table: torch.Tenso
                   out: torch.Tensor, lse: torch.Tensor, workspace: Optional[torch.Tensor], scale: float,
                   num_splits: int, schedule: int, sink: Optional[torch.Tensor]) -> None:
     b, nq, h, _ = q.shape
-    _launch("dcp_mla_decode_dense", _dev_stream(q), _t(q), _strides(q, 3), b, nq, h, scale, _t(out), _strides(out, 3),
-            _t(lse), _strides(lse, 3), num_splits, _t(workspace), schedule, _t(cache), cache.shape[0], cache.shape[1], _page_stride(cache),
-            _t(block_table), block_table.stride(0), block_table.shape[1], _t(lens), _strides(lens, 2), _t(sink))
+    _launch("dcp_mla_decode_dense", _dev_stream(q), *_tv(q, 3), b, nq, h, scale, *_tv(out, 3), *_tv(lse, 3),
+            num_splits, _t(workspace), schedule, _t(cache), cache.shape[0], cache.shape[1], _page_stride(cache),
+            _t(block_table), block_table.stride(0), block_table.shape[1], *_tv(lens, 2), _t(sink))
 
 
 @_op(("out", "lse", "workspace"))
@@ -277,10 +281,9 @@ def _decode_sparse(q: torch.Tensor, cache: torch.Tensor, fmt: int, indices: torc
                    workspace: Optional[torch.Tensor], scale: float, num_splits: int, schedule: int,
                    sink: Optional[torch.Tensor]) -> None:
     b, nq, h, _ = q.shape
-    _launch("dcp_mla_decode_sparse", _dev_stream(q), _t(q), _strides(q, 3), b, nq, h, scale, _t(out),
-            _strides(out, 3), _t(lse), _strides(lse, 3), num_splits, _t(workspace), schedule, _t(cache), fmt, cache.shape[0], cache.shape[1], _page_stride(cache),
-            _t(indices), _strides(indices, 2), indices.shape[-1], _t(topk_len),
-            None if topk_len is None else _strides(topk_len, 2), _t(sink))
+    _launch("dcp_mla_decode_sparse", _dev_stream(q), *_tv(q, 3), b, nq, h, scale, *_tv(out, 3), *_tv(lse, 3),
+            num_splits, _t(workspace), schedule, _t(cache), fmt, cache.shape[0], cache.shape[1], _page_stride(cache),
+            *_tv(indices, 2), indices.shape[-1], *_tv(topk_len, 2), _t(sink))
 
 
 @_op(("contrib",))
@@ -355,8 +358,8 @@ def _topk_compact(ids: torch.Tensor, dcp_size: int, interleave: int, rank: int, 
 def _prefill_flatten(cache: torch.Tensor, fmt: int, block_table: torch.Tensor, pieces: torch.Tensor,
                      out: torch.Tensor, dcp_size: int, interleave: int, rank: int) -> None:
     _launch("dcp_mla_prefill_flatten", _dev_stream(out), _t(cache), fmt, cache.shape[0], cache.shape[1],
-            _page_stride(cache), _t(block_table), block_table.stride(0), block_table.shape[0], block_table.shape[1], _t(pieces),
-            pieces.shape[0], _t(out), out.shape[0], dcp_size, interleave, rank)
+            _page_stride(cache), _t(block_table), block_table.stride(0), block_table.shape[0], block_table.shape[1],
+            _t(pieces), pieces.shape[0], _t(out), out.shape[0], dcp_size, interleave, rank)
 
 
 @_op(("out",))
@@ -446,8 +449,9 @@ def decode_dense(q, cache, block_table, lens, *, scale=None, num_splits=None, wo
     576]), whose pages may be a view of a larger page dimension (each page's rows contiguous, page
     starts a whole number of rows apart); block_table int32 [b, max_pages] (unit last stride);
     lens int32 [b, nq] (any strides). Views are read in place, never copied, and out (rows
-    contiguous) and lse (any strides, FlashMLA's [b, h, s_q] layout included) may be views too. Returns out [b, nq, H, 512] (bf16,
-    or f32 with out_dtype) and lse f32 [b, nq, H], natural log, −inf for a row that sees no token.
+    contiguous) and lse (any strides, FlashMLA's [b, h, s_q] layout included) may be views too.
+    Returns out [b, nq, H, 512] (bf16, or f32 with out_dtype) and lse f32 [b, nq, H], natural
+    log, −inf for a row that sees no token.
     num_splits defaults to the planner's for this device (decode_workspace gives both for graphs);
     scale to 576^-1/2. reuse_schedule=True reuses
     the split schedule an earlier call of the same shapes left in `workspace` (the step's first
