@@ -59,10 +59,11 @@ case "$mode" in
     # Racecheck of the shipping decode schedules, one schedule set a run so that each fits a device
     # call (the whole gpu_decode binary under racecheck does not finish in 380 s): trio_split with
     # quad, then trio with pair (every kv format keeps a path in each set). FILTER picks the tests,
-    # by default `match`: the dense and sparse reference comparisons and growing_scores (both
-    # lazy-max paths). H200, per set: growing_scores 19-21 s, the two reference tests 65-69 s.
+    # by default the dense and sparse reference comparisons and growing_scores (both lazy-max
+    # paths): `matches_reference match_reference`. H200, per set: growing_scores 19-21 s, the two
+    # reference tests 65-69 s. FILTER=`sinks strided` runs the sink and view tests instead.
     skips+=("${sanitizer_skips[@]}")
-    [ -n "$filter" ] || filter=match
+    [ -n "$filter" ] || filter="matches_reference match_reference"
     for set in trio_split,quad trio,pair; do
       export DCP_MLA_TEST_SCHEDULES=$set LOGTAG=${set/,/-}
       run_tests gpu_decode compute-sanitizer --tool racecheck --error-exitcode 99
