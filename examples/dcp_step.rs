@@ -99,6 +99,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             sink: None,
             out_strides: None,
             lse_strides: None,
+            empty_lse_inf: false,
             q_strides: None,
         };
         let decode = DenseDecode {

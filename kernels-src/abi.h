@@ -99,7 +99,7 @@ typedef struct DcpMlaDecodeParams {
     int32_t out_f32;         /* 1: out is fp32, 0: bf16 */
     int32_t kv_tma;          /* 1: kv_tmap is valid (dense; block_size a power of two ≥ 8) */
     int32_t page_rows;       /* cache rows from one page's start to the next's, ≥ block_size */
-    int32_t reserved;
+    int32_t empty_lse_inf;   /* 1: a row that sees no token gets lse +inf (FlashMLA's), 0: −inf */
 } DcpMlaDecodeParams;
 
 /* Merge of a split decode's partial results (docs/contract.md §5, natural-log lse): the rows of every
@@ -124,7 +124,7 @@ typedef struct DcpMlaDecodeCombineParams {
     int32_t heads;
     int32_t nq;              /* query rows per request */
     int32_t sparse;          /* 1: a sequence is one query row (rows_per_seq = heads), 0: a request */
-    int32_t reserved;
+    int32_t empty_lse_inf;   /* the decode's */
 } DcpMlaDecodeCombineParams;
 
 /* DCP combine, ag_rs step 1 (docs/contract.md §5.1): this rank's head-major contribution

@@ -690,6 +690,7 @@ impl DecodeBufs {
             sink: None,
             out_strides: None,
             lse_strides: None,
+            empty_lse_inf: false,
             q_strides: None,
         }
     }

@@ -149,6 +149,7 @@ impl DevOut {
             sink: None,
             out_strides: None,
             lse_strides: None,
+            empty_lse_inf: false,
             q_strides: None,
         }
     }
@@ -952,7 +953,8 @@ fn padded_pages(hc: &HostCache, extra: usize) -> (Vec<u8>, usize) {
 }
 
 /// Strided views (docs/contract.md §4): q, the index lists, the cache's pages, the lengths, out
-/// (rows 576 apart) and lse (FlashMLA's [b, H, q] layout) as views of larger buffers (NaN or a negative length in every slot outside the view; the sparse
+/// (rows 576 apart) and lse (FlashMLA's [b, H, q] layout; dense also with its +inf for an empty
+/// row, `empty_lse_inf`) as views of larger buffers (NaN or a negative length in every slot outside the view; the sparse
 /// index counts one a request, broadcast over its query rows by a stride of 0) give bit for bit
 /// the contiguous launch's out and lse, on every schedule, unsplit and split.
 #[test]
@@ -989,11 +991,14 @@ fn strided_views_match_contiguous() {
                 args.lens_strides = Some([lens_strides[0], lens_strides[1]]);
                 let views = ViewOutputs::new(shape);
                 views.attach(&mut args.common);
+                // and FlashMLA's +inf for a row that sees no token (request 1 here), split or not
+                args.common.empty_lse_inf = true;
                 mla_decode_dense_on(gpu(), raw(&s), &args, path).expect("strided dense launch");
                 let (want, got) = (plain.read(), views.read());
                 let what = format!("strided dense case {n} {path:?} splits={splits}");
                 assert!(want.0.iter().zip(&got.0).all(|(a, b)| a.to_bits() == b.to_bits()), "{what}: out");
-                assert!(want.1.iter().zip(&got.1).all(|(a, b)| a.to_bits() == b.to_bits()), "{what}: lse");
+                let flashmla = |x: f32| if x == f32::NEG_INFINITY { f32::INFINITY } else { x };
+                assert!(want.1.iter().zip(&got.1).all(|(&a, b)| flashmla(a).to_bits() == b.to_bits()), "{what}: lse");
             }
         }
     }
@@ -1158,6 +1163,7 @@ fn graph_replay_case(path: DecodePath) {
         sink: None,
         out_strides: None,
         lse_strides: None,
+        empty_lse_inf: false,
         q_strides: None,
     };
     let dense = DenseDecode {

@@ -114,7 +114,7 @@ int main(void) {
     CHECK(dcp_mla_malloc(dev, H * D_V * 4, &d_out[r]));
     CHECK(dcp_mla_malloc(dev, H * 4, &d_lse[r]));
     CHECK(dcp_mla_decode_dense(dev, NULL, tensor(d_q, H * D_QK, DCP_MLA_DTYPE_BF16), NULL, 1, 1, H, scale,
-                               tensor(d_out[r], H * D_V, DCP_MLA_DTYPE_F32), NULL, tensor(d_lse[r], H, DCP_MLA_DTYPE_F32), NULL,
+                               tensor(d_out[r], H * D_V, DCP_MLA_DTYPE_F32), NULL, tensor(d_lse[r], H, DCP_MLA_DTYPE_F32), NULL, 0,
                                1, tensor(NULL, 0, DCP_MLA_DTYPE_U8), DCP_MLA_SCHEDULE_COMPUTE,
                                tensor(d_cache, cache_bytes, DCP_MLA_DTYPE_U8),
                                pages, B, 0, tensor(d_table, 4, DCP_MLA_DTYPE_I32), 4, 4,

@@ -249,6 +249,8 @@ enum DcpMlaStatus dcp_mla_kv_fill(const struct DcpMlaDevice *device,
 // - `out_strides`, `lse_strides`: null for contiguous outputs, else 3 values each: elements
 //   between requests, query rows and heads, no two rows (values) overlapping; out's a multiple
 //   of 16 bytes (FlashMLA's lse [b, h, s_q] is lse_strides {h·s_q, 1, s_q}).
+// - `empty_lse_inf`: nonzero gives a row that sees no token lse = +inf (FlashMLA's convention)
+//   instead of −inf; out is 0 either way.
 // - `cache`: [num_pages, page_stride, 576] bf16 (any dtype), the first `block_size` rows of each
 //   page its tokens; `page_stride`: cache rows between page starts (≥ block_size), 0 for
 //   `block_size` (packed pages); `block_table`: int32 [batch, block_table_stride], first
@@ -272,6 +274,7 @@ enum DcpMlaStatus dcp_mla_decode_dense(const struct DcpMlaDevice *device,
                                        const size_t *out_strides,
                                        struct DcpMlaTensor lse,
                                        const size_t *lse_strides,
+                                       int32_t empty_lse_inf,
                                        size_t num_splits,
                                        struct DcpMlaTensor workspace,
                                        int32_t schedule,
@@ -314,6 +317,7 @@ enum DcpMlaStatus dcp_mla_decode_sparse(const struct DcpMlaDevice *device,
                                         const size_t *out_strides,
                                         struct DcpMlaTensor lse,
                                         const size_t *lse_strides,
+                                        int32_t empty_lse_inf,
                                         size_t num_splits,
                                         struct DcpMlaTensor workspace,
                                         int32_t schedule,

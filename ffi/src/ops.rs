@@ -123,6 +123,7 @@ fn decode_common(
     out_strides: Option<[usize; 3]>,
     lse: DcpMlaTensor,
     lse_strides: Option<[usize; 3]>,
+    empty_lse_inf: i32,
     num_splits: usize,
     workspace: DcpMlaTensor,
     schedule: i32,
@@ -152,6 +153,7 @@ fn decode_common(
         sink: arg!(sink),
         out_strides,
         lse_strides,
+        empty_lse_inf: empty_lse_inf != 0,
     })
 }
 
@@ -175,6 +177,8 @@ fn decode_common(
 /// - `out_strides`, `lse_strides`: null for contiguous outputs, else 3 values each: elements
 ///   between requests, query rows and heads, no two rows (values) overlapping; out's a multiple
 ///   of 16 bytes (FlashMLA's lse [b, h, s_q] is lse_strides {h·s_q, 1, s_q}).
+/// - `empty_lse_inf`: nonzero gives a row that sees no token lse = +inf (FlashMLA's convention)
+///   instead of −inf; out is 0 either way.
 /// - `cache`: [num_pages, page_stride, 576] bf16 (any dtype), the first `block_size` rows of each
 ///   page its tokens; `page_stride`: cache rows between page starts (≥ block_size), 0 for
 ///   `block_size` (packed pages); `block_table`: int32 [batch, block_table_stride], first
@@ -200,6 +204,7 @@ pub unsafe extern "C" fn dcp_mla_decode_dense(
     out_strides: *const usize,
     lse: DcpMlaTensor,
     lse_strides: *const usize,
+    empty_lse_inf: i32,
     num_splits: usize,
     workspace: DcpMlaTensor,
     schedule: i32,
@@ -227,6 +232,7 @@ pub unsafe extern "C" fn dcp_mla_decode_dense(
                 strides_arg(out_strides),
                 lse,
                 strides_arg(lse_strides),
+                empty_lse_inf,
                 num_splits,
                 workspace,
                 schedule,
@@ -275,6 +281,7 @@ pub unsafe extern "C" fn dcp_mla_decode_sparse(
     out_strides: *const usize,
     lse: DcpMlaTensor,
     lse_strides: *const usize,
+    empty_lse_inf: i32,
     num_splits: usize,
     workspace: DcpMlaTensor,
     schedule: i32,
@@ -303,6 +310,7 @@ pub unsafe extern "C" fn dcp_mla_decode_sparse(
                 strides_arg(out_strides),
                 lse,
                 strides_arg(lse_strides),
+                empty_lse_inf,
                 num_splits,
                 workspace,
                 schedule,

@@ -153,11 +153,13 @@ __device__ __forceinline__ int64_t sparse_cache_row(const DcpMlaDecodeParams& p,
 // log2 units: one exp2 and one add. A row that saw nothing (l = 0) keeps den = 0 and lse = −inf
 // whatever the sink (out 0); a sink of −inf adds 0 (out exactly as without), +inf makes den inf
 // (out 0), NaN makes out NaN; a NaN l gives NaN den and lse. A workspace row (to_ws) gets no sink:
-// a split row's sink is applied once, to its merge, by mla_decode_combine. Computed by whichever
-// thread holds the row's (l, m) with registers to spare (trio's scorer; the P·V warpgroups, with
-// O's 128 accumulators, spilled when they computed the sink's term themselves).
+// a split row's sink is applied once, to its merge, by mla_decode_combine. An empty row's lse is
+// +inf instead with p.empty_lse_inf (FlashMLA's convention), never in a workspace slot. Computed
+// by whichever thread holds the row's (l, m) with registers to spare (trio's scorer; the P·V
+// warpgroups, with O's 128 accumulators, spilled when they computed the sink's term themselves).
 __device__ __forceinline__ float2 row_stats(const DcpMlaDecodeParams& p, bool to_ws, int row_in_seq, float l, float m) {
-    const float lse = l == 0.0f ? -INFINITY : (m + log2f(l)) * kLn2;
+    const float empty = p.empty_lse_inf && !to_ws ? INFINITY : -INFINITY;
+    const float lse = l == 0.0f ? empty : (m + log2f(l)) * kLn2;
     float den = l;
     if (p.sink && !to_ws && l != 0.0f) den += exp2f(fmaf(((const float*)p.sink)[row_in_seq % p.heads], kLog2e, -m));
     return make_float2(den, lse);

@@ -164,7 +164,7 @@ __device__ __forceinline__ void mla_decode_combine(const DcpMlaDecodeCombinePara
         }
     }
     const float nanf_ = __int_as_float(0x7fffffff);
-    const float row_lse = nan ? nanf_ : sum > 0.0f ? m + logf(sum) : -INFINITY;
+    const float row_lse = nan ? nanf_ : sum > 0.0f ? m + logf(sum) : p.empty_lse_inf ? INFINITY : -INFINITY;
     // row r of sequence seq in the decode's out and lse views
     const bool sparse = p.sparse != 0;
     if (lane == 0)

@@ -23,8 +23,8 @@ silently ignored:
   place.
 - The numerics are dcp-mla's (docs/contract.md §9: P rounded to bf16 once, fp32 accumulation),
   not FlashMLA's bit for bit.
-- The kernels write softmax_lse in FlashMLA's [b, h_q, s_q] layout in place (through a strided
-  view); its +inf for an empty row costs one small extra kernel. The native
+- The kernels write softmax_lse in FlashMLA's [b, h_q, s_q] layout, with +inf for an empty row,
+  in place (through a strided view; no extra kernel). The native
   dcp_mla.decode_dense / decode_sparse return lse [b, s_q, h_q] with −inf for an empty row,
   which is what dcp_mla's combines take.
 - For s_q > 1 with causal=True, row j of request i sees the first cache_seqlens[i] − s_q + 1 + j
@@ -123,7 +123,7 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
             topk_len = topk_length.to(torch.int32).unsqueeze(1).expand(b, s_q)
         out, _ = ops.decode_sparse(q, k_cache, indices, topk_len=topk_len, scale=softmax_scale,
                                    num_splits=meta.num_splits, workspace=meta.workspace, reuse_schedule=reuse,
-                                   sink=attn_sink, lse=lse_view)
+                                   sink=attn_sink, lse=lse_view, empty_lse_inf=True)
     else:
         if is_fp8_kvcache:
             raise NotImplementedError("is_fp8_kvcache: dense decode over an FP8 cache is not in dcp-mla "
@@ -137,8 +137,7 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
         lens = ops.local_lens(cache_seqlens, dcp_size=1, interleave=1, rank=0, num_q=s_q, causal=causal)
         out, _ = ops.decode_dense(q, k_cache, block_table, lens, scale=softmax_scale,
                                   num_splits=meta.num_splits, workspace=meta.workspace, reuse_schedule=reuse,
-                                  sink=attn_sink, lse=lse_view)
+                                  sink=attn_sink, lse=lse_view, empty_lse_inf=True)
     meta.scheduled = True  # both paths launched (an error above leaves it as it was)
-    # FlashMLA's +inf where a row sees no token
-    return out, lse.masked_fill_(lse == float("-inf"), float("inf"))
+    return out, lse
 

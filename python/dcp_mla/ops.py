@@ -268,22 +268,22 @@ def _kv_fill(ckv: torch.Tensor, kpe: torch.Tensor, req_idx: torch.Tensor, positi
 @_op(("out", "lse", "workspace"))
 def _decode_dense(q: torch.Tensor, cache: torch.Tensor, block_table: torch.Tensor, lens: torch.Tensor,
                   out: torch.Tensor, lse: torch.Tensor, workspace: Optional[torch.Tensor], scale: float,
-                  num_splits: int, schedule: int, sink: Optional[torch.Tensor]) -> None:
+                  num_splits: int, schedule: int, sink: Optional[torch.Tensor], empty_lse_inf: int) -> None:
     b, nq, h, _ = q.shape
     _launch("dcp_mla_decode_dense", _dev_stream(q), *_tv(q, 3), b, nq, h, scale, *_tv(out, 3), *_tv(lse, 3),
-            num_splits, _t(workspace), schedule, _t(cache), cache.shape[0], cache.shape[1], _page_stride(cache),
-            _t(block_table), block_table.stride(0), block_table.shape[1], *_tv(lens, 2), _t(sink))
+            empty_lse_inf, num_splits, _t(workspace), schedule, _t(cache), cache.shape[0], cache.shape[1],
+            _page_stride(cache), _t(block_table), block_table.stride(0), block_table.shape[1], *_tv(lens, 2), _t(sink))
 
 
 @_op(("out", "lse", "workspace"))
 def _decode_sparse(q: torch.Tensor, cache: torch.Tensor, fmt: int, indices: torch.Tensor,
                    topk_len: Optional[torch.Tensor], out: torch.Tensor, lse: torch.Tensor,
                    workspace: Optional[torch.Tensor], scale: float, num_splits: int, schedule: int,
-                   sink: Optional[torch.Tensor]) -> None:
+                   sink: Optional[torch.Tensor], empty_lse_inf: int) -> None:
     b, nq, h, _ = q.shape
     _launch("dcp_mla_decode_sparse", _dev_stream(q), *_tv(q, 3), b, nq, h, scale, *_tv(out, 3), *_tv(lse, 3),
-            num_splits, _t(workspace), schedule, _t(cache), fmt, cache.shape[0], cache.shape[1], _page_stride(cache),
-            *_tv(indices, 2), indices.shape[-1], *_tv(topk_len, 2), _t(sink))
+            empty_lse_inf, num_splits, _t(workspace), schedule, _t(cache), fmt, cache.shape[0], cache.shape[1],
+            _page_stride(cache), *_tv(indices, 2), indices.shape[-1], *_tv(topk_len, 2), _t(sink))
 
 
 @_op(("contrib",))
@@ -442,7 +442,8 @@ def decode_workspace(q_shape, *, sparse, num_splits=None, device=None):
 
 
 def decode_dense(q, cache, block_table, lens, *, scale=None, num_splits=None, workspace=None, out=None, lse=None,
-                 out_dtype=torch.bfloat16, reuse_schedule=False, sink=None) -> Tuple[torch.Tensor, torch.Tensor]:
+                 out_dtype=torch.bfloat16, reuse_schedule=False, sink=None,
+                 empty_lse_inf=False) -> Tuple[torch.Tensor, torch.Tensor]:
     """Dense MLA decode on one rank's shard (docs/contract.md §4): row (i, j) attends to the
     first lens[i, j] local tokens of request i. q bf16 [b, nq, H, 576], a view with any strides
     that are multiples of 8 and a unit last stride; cache bf16 [pages, B, 576] (or [pages, B, 1,
@@ -459,7 +460,8 @@ def decode_dense(q, cache, block_table, lens, *, scale=None, num_splits=None, wo
     whatever the lengths are now, only the balance is the older lengths'. A workspace no call of
     these shapes scheduled makes the kernel trap. sink: optional f32 [H] attention sinks
     (FlashMLA's attn_sink): out scaled by e^lse / (e^lse + e^sink[h]), lse unchanged; leave it
-    None on a DCP rank and give it to the combine, which applies it once."""
+    None on a DCP rank and give it to the combine, which applies it once. empty_lse_inf=True gives
+    a row that sees no token lse +inf (FlashMLA's convention) instead of −inf."""
     dev = q.device
     _check(q, "q", (torch.bfloat16,), ndim=4, shape=(None, None, None, 576), contiguous="rows")
     b, nq, h, _ = q.shape
@@ -472,18 +474,19 @@ def decode_dense(q, cache, block_table, lens, *, scale=None, num_splits=None, wo
     out, lse = _decode_outputs(q, out, lse, out_dtype)
     num_splits, workspace, schedule = _workspace(q, False, num_splits, workspace, reuse_schedule)
     _run("decode_dense", q, cache3, block_table, lens, out, lse, workspace,
-         _default_scale() if scale is None else float(scale), num_splits, schedule, sink)
+         _default_scale() if scale is None else float(scale), num_splits, schedule, sink, int(bool(empty_lse_inf)))
     return out, lse
 
 
 def decode_sparse(q, cache, indices, *, topk_len=None, kv_format=None, scale=None, num_splits=None, workspace=None,
                   out=None, lse=None, out_dtype=torch.bfloat16, reuse_schedule=False,
-                  sink=None) -> Tuple[torch.Tensor, torch.Tensor]:
+                  sink=None, empty_lse_inf=False) -> Tuple[torch.Tensor, torch.Tensor]:
     """Sparse MLA decode (docs/contract.md §4) over a bf16 or FP8-656 cache: row (i, j) attends to
     the cache rows page·B + slot listed in indices[i, j] (−1 or out of range: unused; only the
     first topk_len[i, j] count when topk_len int32 [b, nq] is given). q bf16 [b, nq, H, 576] and
     the cache as for decode_dense (views read in place); indices int32 [b, nq, topk], any strides
-    with a unit last stride. Returns (out, lse) as decode_dense; reuse_schedule and sink as there."""
+    with a unit last stride. Returns (out, lse) as decode_dense; reuse_schedule, sink and
+    empty_lse_inf as there."""
     dev = q.device
     _check(q, "q", (torch.bfloat16,), ndim=4, shape=(None, None, None, 576), contiguous="rows")
     b, nq, h, _ = q.shape
@@ -496,7 +499,7 @@ def decode_sparse(q, cache, indices, *, topk_len=None, kv_format=None, scale=Non
     out, lse = _decode_outputs(q, out, lse, out_dtype)
     num_splits, workspace, schedule = _workspace(q, True, num_splits, workspace, reuse_schedule)
     _run("decode_sparse", q, cache3, fmt, indices, topk_len, out, lse, workspace,
-         _default_scale() if scale is None else float(scale), num_splits, schedule, sink)
+         _default_scale() if scale is None else float(scale), num_splits, schedule, sink, int(bool(empty_lse_inf)))
     return out, lse
 
 

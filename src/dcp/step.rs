@@ -652,6 +652,7 @@ impl<'a> DecodeStep<'a> {
                     sink: None,
                     out_strides: None,
                     lse_strides: None,
+                    empty_lse_inf: false,
                     q_strides: None,
                 };
                 match c.attention {

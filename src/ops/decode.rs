@@ -86,6 +86,9 @@ pub struct DecodeCommon {
     /// values share an element (FlashMLA's [b, h, s_q] lse is [h·s_q, 1, s_q]); `None`:
     /// contiguous, [nq·heads, heads, 1].
     pub lse_strides: Option<[usize; 3]>,
+    /// A row that sees no token gets lse = +inf (FlashMLA's convention) instead of −inf; out is 0
+    /// either way, and the combines take both.
+    pub empty_lse_inf: bool,
     /// KV splits per CTA row block (see [`decode_num_splits`]); 1 needs no workspace.
     pub num_splits: usize,
     /// At least [`decode_workspace_bytes`] bytes when `num_splits > 1`, 16-byte aligned.
@@ -692,7 +695,7 @@ fn validate_common(c: &DecodeCommon, sparse: bool) -> Result<DcpMlaDecodeParams>
         lse_stride_s: lse_strides[1],
         lse_stride_h: lse_strides[2],
         page_rows: 1,
-        reserved: 0,
+        empty_lse_inf: c.empty_lse_inf as i32,
         scale_log2: c.scale * std::f32::consts::LOG2_E,
         batch: c.batch as i32,
         nq: c.nq as i32,
@@ -784,7 +787,7 @@ fn launch(
             heads: params.heads,
             nq: params.nq,
             sparse: sparse as i32,
-            reserved: 0,
+            empty_lse_inf: params.empty_lse_inf,
         };
         let grid = match by {
             // a CTA per (part, group of rows, a warp each)
@@ -818,6 +821,7 @@ mod tests {
             sink: None,
             out_strides: None,
             lse_strides: None,
+            empty_lse_inf: false,
             q_strides: None,
         }
     }

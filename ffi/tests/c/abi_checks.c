@@ -65,13 +65,13 @@ static void launcher_checks(const DcpMlaDevice *dev) {
   expect("decode_dense, wrapped heads",
          dcp_mla_decode_dense(dev, NULL, fake(0x43000000, 64 * 576, DCP_MLA_DTYPE_BF16), NULL, 1, 1, SIZE_MAX / 64, 0.04f,
                               fake(0x44000000, 64 * 512, DCP_MLA_DTYPE_BF16), NULL,
-                              fake(0x45000000, 64, DCP_MLA_DTYPE_F32), NULL, 1,
+                              fake(0x45000000, 64, DCP_MLA_DTYPE_F32), NULL, 0, 1,
                               ws, DCP_MLA_SCHEDULE_COMPUTE, cache, 4, 64, 0, table, 1, 1, dlens, NULL, nosink),
          DCP_MLA_STATUS_INVALID_ARGUMENT, "heads");
   expect("decode_dense, misaligned q",
          dcp_mla_decode_dense(dev, NULL, fake(0x43000002, 64 * 576, DCP_MLA_DTYPE_BF16), NULL, 1, 1, 64, 0.04f,
                               fake(0x44000000, 64 * 512, DCP_MLA_DTYPE_BF16), NULL,
-                              fake(0x45000000, 64, DCP_MLA_DTYPE_F32), NULL, 1,
+                              fake(0x45000000, 64, DCP_MLA_DTYPE_F32), NULL, 0, 1,
                               ws, DCP_MLA_SCHEDULE_COMPUTE, cache, 4, 64, 0, table, 1, 1, dlens, NULL, nosink),
          DCP_MLA_STATUS_MISALIGNED, "`q`");
   /* strided q: a head stride that is not a multiple of 8 elements, a view that runs past q's numel */
@@ -79,19 +79,19 @@ static void launcher_checks(const DcpMlaDevice *dev) {
   expect("decode_dense, q stride not 16-byte aligned",
          dcp_mla_decode_dense(dev, NULL, fake(0x43000000, 64 * 580, DCP_MLA_DTYPE_BF16), odd_strides, 1, 1, 64, 0.04f,
                               fake(0x44000000, 64 * 512, DCP_MLA_DTYPE_BF16), NULL,
-                              fake(0x45000000, 64, DCP_MLA_DTYPE_F32), NULL, 1,
+                              fake(0x45000000, 64, DCP_MLA_DTYPE_F32), NULL, 0, 1,
                               ws, DCP_MLA_SCHEDULE_COMPUTE, cache, 4, 64, 0, table, 1, 1, dlens, NULL, nosink),
          DCP_MLA_STATUS_MISALIGNED, "q_strides");
   expect("decode_dense, q view past its numel",
          dcp_mla_decode_dense(dev, NULL, fake(0x43000000, 64 * 576, DCP_MLA_DTYPE_BF16), wide_strides, 1, 1, 64, 0.04f,
                               fake(0x44000000, 64 * 512, DCP_MLA_DTYPE_BF16), NULL,
-                              fake(0x45000000, 64, DCP_MLA_DTYPE_F32), NULL, 1,
+                              fake(0x45000000, 64, DCP_MLA_DTYPE_F32), NULL, 0, 1,
                               ws, DCP_MLA_SCHEDULE_COMPUTE, cache, 4, 64, 0, table, 1, 1, dlens, NULL, nosink),
          DCP_MLA_STATUS_INVALID_ARGUMENT, "`q`");
   expect("decode_dense, page stride below the block size",
          dcp_mla_decode_dense(dev, NULL, fake(0x43000000, 64 * 576, DCP_MLA_DTYPE_BF16), NULL, 1, 1, 64, 0.04f,
                               fake(0x44000000, 64 * 512, DCP_MLA_DTYPE_BF16), NULL,
-                              fake(0x45000000, 64, DCP_MLA_DTYPE_F32), NULL, 1,
+                              fake(0x45000000, 64, DCP_MLA_DTYPE_F32), NULL, 0, 1,
                               ws, DCP_MLA_SCHEDULE_COMPUTE, cache, 4, 64, 32, table, 1, 1, dlens, NULL, nosink),
          DCP_MLA_STATUS_INVALID_ARGUMENT, "page_stride");
 

@@ -152,6 +152,7 @@ pub fn run_gpu(dev: &Device, p: &Problem) -> Result<Outputs> {
         sink: None,
         out_strides: None,
         lse_strides: None,
+        empty_lse_inf: false,
         q_strides: None,
     };
 
