@@ -5,9 +5,7 @@
 
 use dcp_mla::formats::{D_LATENT, D_QK, D_ROPE, D_V};
 use dcp_mla::ops::combine::{a2a_aligned_slot_bytes, a2a_combine, a2a_pack, A2aCombine, A2aPack, CombineRows};
-use dcp_mla::ops::decode::{
-    decode_num_splits, decode_workspace_bytes, default_scale, mla_decode_dense, DecodeSchedule,
-};
+use dcp_mla::ops::decode::{decode_num_splits, decode_workspace_bytes, default_scale, mla_decode_dense};
 use dcp_mla::ops::decode::{DecodeCommon, DecodeOut, DenseDecode};
 use dcp_mla::ops::fill::{kv_fill, KvFill};
 use dcp_mla::reference::attention::{decode_oracle, QueryShape, Selection};
@@ -85,23 +83,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let local: Vec<i32> = dcp.local_lens(&lens, rank).iter().map(|&l| l as i32).collect();
         let (d_lens, out, lse) = (s.clone_htod(&local)?, s.alloc_zeros(t * H * D_V)?, s.alloc_zeros(t * H)?);
         let (out_v, lse_v) = (DeviceSlice::of(&out, &s), DeviceSlice::of(&lse, &s));
-        let common = DecodeCommon {
-            q: DeviceSlice::of(&d_q, &s),
-            batch: t,
-            nq: 1,
-            heads: H,
-            scale: default_scale(),
-            out: DecodeOut::Bf16(out_v),
-            lse: lse_v,
-            num_splits: splits,
-            workspace: DeviceSlice::of(&ws, &s),
-            schedule: DecodeSchedule::Compute,
-            sink: None,
-            out_strides: None,
-            lse_strides: None,
-            empty_lse_inf: false,
-            q_strides: None,
-        };
+        let common = DecodeCommon::new(
+            DeviceSlice::of(&d_q, &s),
+            t,
+            1,
+            H,
+            DecodeOut::Bf16(out_v),
+            lse_v,
+            splits,
+            DeviceSlice::of(&ws, &s),
+        );
         let decode = DenseDecode {
             common,
             cache: cache_v,

@@ -676,23 +676,8 @@ impl DecodeBufs {
     /// The launch's common arguments, the split schedule computed by the first launch.
     fn common(&self, s: &Arc<CudaStream>) -> DecodeCommon {
         let (batch, nq, heads) = self.shape;
-        DecodeCommon {
-            q: sl(s, &self.q),
-            batch,
-            nq,
-            heads,
-            scale: decode::default_scale(),
-            out: DecodeOut::Bf16(sl(s, &self.out)),
-            lse: sl(s, &self.lse),
-            num_splits: self.splits,
-            workspace: sl(s, &self.ws),
-            schedule: DecodeSchedule::Compute,
-            sink: None,
-            out_strides: None,
-            lse_strides: None,
-            empty_lse_inf: false,
-            q_strides: None,
-        }
+        let out = DecodeOut::Bf16(sl(s, &self.out));
+        DecodeCommon::new(sl(s, &self.q), batch, nq, heads, out, sl(s, &self.lse), self.splits, sl(s, &self.ws))
     }
 }
 

@@ -131,27 +131,12 @@ impl DevOut {
 
     fn common(&self, q: DeviceSlice<bf16>, shape: QueryShape, splits: usize) -> DecodeCommon {
         let s = stream();
-        DecodeCommon {
-            q,
-            batch: shape.batch,
-            nq: shape.rows,
-            heads: shape.heads,
-            scale: default_scale(),
-            out: if self.f32_out {
-                DecodeOut::F32(view(&s, &self.out_f32))
-            } else {
-                DecodeOut::Bf16(view(&s, &self.out_bf16))
-            },
-            lse: view(&s, &self.lse),
-            num_splits: splits,
-            workspace: view(&s, &self.ws),
-            schedule: DecodeSchedule::Compute,
-            sink: None,
-            out_strides: None,
-            lse_strides: None,
-            empty_lse_inf: false,
-            q_strides: None,
-        }
+        let out = if self.f32_out {
+            DecodeOut::F32(view(&s, &self.out_f32))
+        } else {
+            DecodeOut::Bf16(view(&s, &self.out_bf16))
+        };
+        DecodeCommon::new(q, shape.batch, shape.rows, shape.heads, out, view(&s, &self.lse), splits, view(&s, &self.ws))
     }
 
     /// (out as f32, lse) after the stream drains.
@@ -348,22 +333,10 @@ impl SparseDev {
     }
 }
 
+/// One dense launch of `path` into fresh poisoned outputs, with optional attention sinks (one per
+/// head); checks the split schedule it left and returns (out as f32, lse).
 #[allow(clippy::too_many_arguments)]
 fn launch_dense(
-    path: DecodePath,
-    hc: &HostCache,
-    q: &[bf16],
-    shape: QueryShape,
-    lens: &[i32],
-    splits: usize,
-    f32_out: bool,
-) -> (Vec<f32>, Vec<f32>) {
-    launch_dense_with_sink(path, hc, q, shape, lens, splits, f32_out, None)
-}
-
-/// [`launch_dense`] with optional attention sinks, one per head.
-#[allow(clippy::too_many_arguments)]
-fn launch_dense_with_sink(
     path: DecodePath,
     hc: &HostCache,
     q: &[bf16],
@@ -459,7 +432,7 @@ fn dense_bf16_matches_reference() {
         let auto = decode_num_splits(shape.batch, nq, heads, false, sms);
         for path in dense_paths() {
             for (splits, f32_out) in [(1, n % 2 == 0), (auto, n % 2 == 1), (7, false)] {
-                let (out, lse) = launch_dense(path, &hc, &q, shape, &lens, splits, f32_out);
+                let (out, lse) = launch_dense(path, &hc, &q, shape, &lens, splits, f32_out, None);
                 let what = format!("{path:?} case {n} {totals:?} q={nq} H={heads} splits={splits}");
                 check(&what, &out, &lse, &want);
             }
@@ -506,7 +479,7 @@ fn growing_scores_match_reference() {
         let auto = decode_num_splits(shape.batch, nq, heads, false, sms);
         for path in dense_paths() {
             for (splits, f32_out) in [(1, true), (auto, false)] {
-                let (out, lse) = launch_dense(path, &hc, &q, shape, &lens, splits, f32_out);
+                let (out, lse) = launch_dense(path, &hc, &q, shape, &lens, splits, f32_out, None);
                 check(&format!("growing {path:?} {totals:?} q={nq} H={heads} splits={splits}"), &out, &lse, &want);
             }
         }
@@ -531,7 +504,7 @@ fn growing_scores_match_reference() {
             let sel = Selection::Sparse { indices: &idx, k, topk_len: None };
             let want = decode_oracle(&q, shape, &hc.paged(), &hc.bytes, &sel, default_scale());
             for path in sparse_paths(format) {
-                let (out, lse) = launch_sparse(path, &hc, &q, shape, &idx, k, None, 1, false);
+                let (out, lse) = launch_sparse(path, &hc, &q, shape, &idx, k, None, 1, false, None);
                 check(&format!("growing sparse {format:?} {path:?} H={heads}"), &out, &lse, &want);
             }
         }
@@ -566,7 +539,7 @@ fn nan_inputs_make_their_rows_nan() {
     assert!(want.out[3 * 64 * D_V..].iter().all(|x| x.is_nan()), "the oracle's v-only NaN rows are NaN throughout");
     for path in dense_paths() {
         for splits in [1, 5] {
-            let (out, lse) = launch_dense(path, &hc, &q, shape, &lens, splits, splits == 5);
+            let (out, lse) = launch_dense(path, &hc, &q, shape, &lens, splits, splits == 5, None);
             check(&format!("{path:?} NaN rows splits={splits}"), &out, &lse, &want);
         }
     }
@@ -592,7 +565,7 @@ fn nan_inputs_make_their_rows_nan() {
         assert!(want.lse[64..128].iter().all(|x| x.is_nan()) && want.lse[..64].iter().all(|x| x.is_finite()));
         for path in sparse_paths(format) {
             for splits in [1, 3] {
-                let (out, lse) = launch_sparse(path, &hc, &q, shape, &idx, k, None, splits, false);
+                let (out, lse) = launch_sparse(path, &hc, &q, shape, &idx, k, None, splits, false, None);
                 check(&format!("{path:?} {format:?} v-only NaN splits={splits}"), &out, &lse, &want);
             }
         }
@@ -619,7 +592,7 @@ fn dense_invalid_pages_are_skipped() {
         let want = decode_oracle(&q, shape, &hc.paged(), &hc.bytes, &Selection::Dense { lens: &lens }, default_scale());
         for path in dense_paths() {
             for splits in [1, 5] {
-                let (out, lse) = launch_dense(path, &hc, &q, shape, &lens, splits, false);
+                let (out, lse) = launch_dense(path, &hc, &q, shape, &lens, splits, false, None);
                 check(&format!("{path:?} B={block_size} splits={splits}"), &out, &lse, &want);
             }
         }
@@ -629,7 +602,7 @@ fn dense_invalid_pages_are_skipped() {
         let want = decode_oracle(&q, shape, &hc.paged(), &hc.bytes, &Selection::Dense { lens: &lens }, default_scale());
         assert!(want.lse.iter().all(|&l| l == f64::NEG_INFINITY));
         for path in dense_paths() {
-            let (out, lse) = launch_dense(path, &hc, &q, shape, &lens, 1, false);
+            let (out, lse) = launch_dense(path, &hc, &q, shape, &lens, 1, false, None);
             check(&format!("{path:?} B={block_size} no pages"), &out, &lse, &want);
         }
     }
@@ -686,24 +659,9 @@ fn sparse_paths(format: KvFormat) -> Vec<DecodePath> {
     narrowed(v, &format!("{format:?}"))
 }
 
+/// As [`launch_dense`], over index lists (optional per-row counts `topk_len`).
 #[allow(clippy::too_many_arguments)]
 fn launch_sparse(
-    path: DecodePath,
-    hc: &HostCache,
-    q: &[bf16],
-    shape: QueryShape,
-    idx: &[i32],
-    k: usize,
-    topk_len: Option<&[i32]>,
-    splits: usize,
-    f32_out: bool,
-) -> (Vec<f32>, Vec<f32>) {
-    launch_sparse_with_sink(path, hc, q, shape, idx, k, topk_len, splits, f32_out, None)
-}
-
-/// [`launch_sparse`] with optional attention sinks, one per head.
-#[allow(clippy::too_many_arguments)]
-fn launch_sparse_with_sink(
     path: DecodePath,
     hc: &HostCache,
     q: &[bf16],
@@ -778,7 +736,7 @@ fn sparse_matches_reference() {
             .into_iter()
             .flat_map(|p| [(1, n % 2 == 1), (auto, n % 2 == 0), (3, false)].map(|x| (p, x)))
         {
-            let (out, lse) = launch_sparse(path, &hc, &q, shape, &idx, k, tl, splits, f32_out);
+            let (out, lse) = launch_sparse(path, &hc, &q, shape, &idx, k, tl, splits, f32_out, None);
             check(
                 &format!("{path:?} case {n} {format:?} b={batch} q={nq} H={heads} K={k} splits={splits}"),
                 &out,
@@ -829,7 +787,7 @@ fn sinks_scale_rows_like_the_reference() {
         let auto = decode_num_splits(shape.batch, nq, heads, false, sms);
         for path in dense_paths() {
             for (splits, f32_out) in [(1, n % 2 == 0), (auto, n % 2 == 1), (7, true)] {
-                let (out, lse) = launch_dense_with_sink(path, &hc, &q, shape, &lens, splits, f32_out, Some(&sink));
+                let (out, lse) = launch_dense(path, &hc, &q, shape, &lens, splits, f32_out, Some(&sink));
                 check(&format!("sink {path:?} dense case {n} splits={splits}"), &out, &lse, &want);
             }
         }
@@ -851,8 +809,7 @@ fn sinks_scale_rows_like_the_reference() {
         let auto = decode_num_splits(batch, nq, heads, true, sms);
         for path in sparse_paths(format) {
             for (splits, f32_out) in [(1, n % 2 == 1), (auto, n % 2 == 0), (3, true)] {
-                let (out, lse) =
-                    launch_sparse_with_sink(path, &hc, &q, shape, &idx, k, None, splits, f32_out, Some(&sink));
+                let (out, lse) = launch_sparse(path, &hc, &q, shape, &idx, k, None, splits, f32_out, Some(&sink));
                 check(&format!("sink {path:?} sparse case {n} {format:?} splits={splits}"), &out, &lse, &want);
             }
         }
@@ -1096,7 +1053,7 @@ fn dcp_identity_dense() {
                 }
             }
             let splits = if r % 2 == 0 { 1 } else { 3 };
-            let (out, lse) = launch_dense(path, &hc, &q, shape, &lens, splits, true);
+            let (out, lse) = launch_dense(path, &hc, &q, shape, &lens, splits, true, None);
             outs.extend(out);
             lses.extend(lse);
         }
@@ -1149,22 +1106,8 @@ fn graph_replay_case(path: DecodePath) {
     let d_slse = s.clone_htod(&vec![POISON; rows]).unwrap();
     let d_ws = s.clone_htod(&vec![0xffu8; ws_bytes]).unwrap();
     let d_sws = s.clone_htod(&vec![0xffu8; sws_bytes]).unwrap();
-    let common = |out: DecodeOut, lse, ws| DecodeCommon {
-        q: DeviceSlice::of(&d_q, &s),
-        batch: shape.batch,
-        nq: shape.rows,
-        heads: shape.heads,
-        scale: default_scale(),
-        out,
-        lse,
-        num_splits: splits,
-        workspace: ws,
-        schedule: DecodeSchedule::Compute,
-        sink: None,
-        out_strides: None,
-        lse_strides: None,
-        empty_lse_inf: false,
-        q_strides: None,
+    let common = |out: DecodeOut, lse, ws| {
+        DecodeCommon::new(DeviceSlice::of(&d_q, &s), shape.batch, shape.rows, shape.heads, out, lse, splits, ws)
     };
     let dense = DenseDecode {
         common: common(

@@ -638,22 +638,10 @@ impl<'a> DecodeStep<'a> {
                 )
             }
             Stage::Attend => {
+                let out = DecodeOut::F32(v.attn_out);
                 let common = DecodeCommon {
-                    q: v.q_all,
-                    batch: c.batch,
-                    nq: c.nq,
-                    heads: c.heads(),
                     scale: c.scale,
-                    out: DecodeOut::F32(v.attn_out),
-                    lse: v.attn_lse,
-                    num_splits: self.num_splits,
-                    workspace: v.split_ws,
-                    schedule: decode::DecodeSchedule::Compute,
-                    sink: None,
-                    out_strides: None,
-                    lse_strides: None,
-                    empty_lse_inf: false,
-                    q_strides: None,
+                    ..DecodeCommon::new(v.q_all, c.batch, c.nq, c.heads(), out, v.attn_lse, self.num_splits, v.split_ws)
                 };
                 match c.attention {
                     Attention::Dense => decode::mla_decode_dense(

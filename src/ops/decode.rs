@@ -101,6 +101,41 @@ pub struct DecodeCommon {
     pub sink: Option<DeviceSlice<f32>>,
 }
 
+impl DecodeCommon {
+    /// A launch over contiguous q, out and lse, with the default scale, no sink and −inf for an
+    /// empty row's lse, computing its split schedule: what a caller changes goes in by struct
+    /// update, `DecodeCommon { sink: Some(s), ..DecodeCommon::new(..) }`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        q: DeviceSlice<bf16>,
+        batch: usize,
+        nq: usize,
+        heads: usize,
+        out: DecodeOut,
+        lse: DeviceSlice<f32>,
+        num_splits: usize,
+        workspace: DeviceSlice<u8>,
+    ) -> Self {
+        DecodeCommon {
+            q,
+            q_strides: None,
+            batch,
+            nq,
+            heads,
+            scale: default_scale(),
+            out,
+            out_strides: None,
+            lse,
+            lse_strides: None,
+            empty_lse_inf: false,
+            num_splits,
+            workspace,
+            schedule: DecodeSchedule::Compute,
+            sink: None,
+        }
+    }
+}
+
 /// Dense decode over the BF16 paged cache: row (i, j) attends to the first `lens[i][j]` local
 /// tokens of request i, through its block-table row.
 #[derive(Debug, Clone, Copy)]
@@ -410,8 +445,7 @@ fn dense_params(a: &DenseDecode) -> Result<DcpMlaDecodeParams> {
         a.max_pages,
         a.block_size
     );
-    (params.len_stride_b, params.len_stride_s) =
-        check_lengths("lens", "lens_strides", &a.lens, a.lens_strides, c.batch, c.nq)?;
+    [params.len_stride_b, params.len_stride_s] = length_strides("lens", "lens_strides", &a.lens, a.lens_strides, c)?;
     params.cache = a.cache.ptr();
     params.block_table = a.block_table.ptr();
     params.block_table_stride = a.block_table_stride as i64;
@@ -521,19 +555,20 @@ fn sparse_params(a: &SparseDecode) -> Result<DcpMlaDecodeParams> {
     );
     ensure_arg!(a.topk >= 1, "topk", "must be at least 1");
     ensure_arg!(a.topk <= MAX_DECODE_TOKENS, "topk", "{} exceeds the kernels' int32 token counts", a.topk);
-    let [sb, ss] = a.indices_strides.unwrap_or([c.nq * a.topk, a.topk]);
-    let need = super::strided_extent("indices_strides", &[(c.batch, sb), (c.nq, ss)], a.topk)?;
-    ensure_arg!(
-        a.indices.len() >= need,
+    let [sb, ss] = super::view_strides(
         "indices",
-        "holds {} entries but [batch, nq, topk] with strides [{sb}, {ss}, 1] needs {need}",
-        a.indices.len()
-    );
+        "indices_strides",
+        a.indices.len(),
+        a.indices_strides.unwrap_or([c.nq * a.topk, a.topk]),
+        [c.batch, c.nq],
+        a.topk,
+        1,
+    )?;
     ensure_aligned!(a.indices.ptr() % 4 == 0, "indices", "pointer {:#x} is not 4-byte aligned", a.indices.ptr());
     (params.indices_stride_b, params.indices_stride_s) = (sb as i64, ss as i64);
     if let Some(t) = &a.topk_len {
-        (params.len_stride_b, params.len_stride_s) =
-            check_lengths("topk_len", "topk_len_strides", t, a.topk_len_strides, c.batch, c.nq)?;
+        [params.len_stride_b, params.len_stride_s] =
+            length_strides("topk_len", "topk_len_strides", t, a.topk_len_strides, c)?;
     }
     params.cache = a.cache.ptr();
     params.indices = a.indices.ptr();
@@ -544,53 +579,18 @@ fn sparse_params(a: &SparseDecode) -> Result<DcpMlaDecodeParams> {
     Ok(params)
 }
 
-/// A view the kernels write, [batch, nq, heads] items of `width` elements at `strides`: within
-/// `len` elements, and no two items sharing an element (a race, and a silently wrong result);
-/// returns the kernels' strides, 0 for a dim of one entry.
-fn written_view(
-    arg: &'static str,
-    strides_arg: &'static str,
-    len: usize,
-    strides: [usize; 3],
-    counts: [usize; 3],
-    width: usize,
-) -> Result<[i64; 3]> {
-    let strides: [usize; 3] = std::array::from_fn(|i| if counts[i] > 1 { strides[i] } else { 0 });
-    let dims: Vec<(usize, usize)> = counts.iter().copied().zip(strides).collect();
-    let need = super::strided_extent(strides_arg, &dims, width)?;
-    ensure_arg!(len >= need, arg, "holds {len} elements but [batch, nq, heads] with strides {strides:?} needs {need}");
-    // disjoint items: ordered by stride, each stride steps over everything inside it
-    let mut by_stride: Vec<(usize, usize)> = dims.into_iter().filter(|&(n, _)| n > 1).collect();
-    by_stride.sort_by_key(|&(_, s)| s);
-    let mut inner = width;
-    for (n, s) in by_stride {
-        ensure_arg!(s >= inner, strides_arg, "{strides:?} make rows of {arg} overlap (a stride of {s} within {inner})");
-        inner += (n - 1) * s;
-    }
-    Ok(strides.map(|s| s as i64))
-}
-
-/// Per-row int32 values [batch, nq] (lengths) at `strides` (`None`: contiguous); returns the
-/// kernels' strides, 0 for a dim of one entry.
-fn check_lengths(
+/// The kernels' strides of per-row int32 values [batch, nq] (lengths) at `strides` (`None`:
+/// contiguous): any, 0 included (a broadcast is only read).
+fn length_strides(
     arg: &'static str,
     strides_arg: &'static str,
     buf: &DeviceSlice<i32>,
     strides: Option<[usize; 2]>,
-    batch: usize,
-    nq: usize,
-) -> Result<(i64, i64)> {
-    let [sb, ss] = strides.unwrap_or([nq, 1]);
-    let (sb, ss) = (if batch > 1 { sb } else { 0 }, if nq > 1 { ss } else { 0 });
-    let need = super::strided_extent(strides_arg, &[(batch, sb), (nq, ss)], 1)?;
-    ensure_arg!(
-        buf.len() >= need,
-        arg,
-        "holds {} entries but [batch, nq] with strides [{sb}, {ss}] needs {need}",
-        buf.len()
-    );
-    ensure_aligned!(buf.ptr() % 4 == 0 || need == 0, arg, "pointer {:#x} is not 4-byte aligned", buf.ptr());
-    Ok((sb as i64, ss as i64))
+    c: &DecodeCommon,
+) -> Result<[i64; 2]> {
+    let s = super::view_strides(arg, strides_arg, buf.len(), strides.unwrap_or([c.nq, 1]), [c.batch, c.nq], 1, 1)?;
+    ensure_aligned!(buf.ptr() % 4 == 0, arg, "pointer {:#x} is not 4-byte aligned", buf.ptr());
+    Ok(s.map(|x| x as i64))
 }
 
 fn validate_common(c: &DecodeCommon, sparse: bool) -> Result<DcpMlaDecodeParams> {
@@ -605,45 +605,36 @@ fn validate_common(c: &DecodeCommon, sparse: bool) -> Result<DcpMlaDecodeParams>
         "heads",
         "batch·nq·heads overflows the kernels' int32 row count"
     );
-    let q_strides = c.q_strides.unwrap_or([c.nq * c.heads * D_QK, c.heads * D_QK, D_QK]);
-    // a dim of one entry is never stepped over: its stride is whatever the caller's view had
-    let [sb, ss, sh] =
-        [(c.batch, q_strides[0]), (c.nq, q_strides[1]), (c.heads, q_strides[2])]
-            .map(|(n, stride)| if n > 1 { stride } else { 0 });
-    ensure_aligned!(
-        [sb, ss, sh].iter().all(|s| s % 8 == 0),
-        "q_strides",
-        "{q_strides:?} are not all multiples of 8 elements (16 bytes): the kernels load 16-byte pieces"
-    );
-    let q_need = super::strided_extent("q_strides", &[(c.batch, sb), (c.nq, ss), (c.heads, sh)], D_QK)?;
-    ensure_arg!(
-        c.q.len() >= q_need,
+    let counts = [c.batch, c.nq, c.heads];
+    let [sb, ss, sh] = super::view_strides(
         "q",
-        "holds {} elements but [batch, nq, heads, 576] with strides [{sb}, {ss}, {sh}, 1] needs {q_need}",
-        c.q.len()
-    );
+        "q_strides",
+        c.q.len(),
+        c.q_strides.unwrap_or([c.nq * c.heads * D_QK, c.heads * D_QK, D_QK]),
+        counts,
+        D_QK,
+        8, // 16 bytes: q's rows load in 16-byte pieces
+    )?;
     ensure_aligned!(c.q.ptr() % 16 == 0, "q", "pointer {:#x} is not 16-byte aligned", c.q.ptr());
-    let out_strides = written_view(
+    let out_default = [c.nq * c.heads * D_V, c.heads * D_V, D_V];
+    let out_strides = super::written_view_strides(
         "out",
         "out_strides",
         c.out.len(),
-        c.out_strides.unwrap_or([c.nq * c.heads * D_V, c.heads * D_V, D_V]),
-        [c.batch, c.nq, c.heads],
+        c.out_strides.unwrap_or(out_default),
+        counts,
         D_V,
+        16 / c.out.dtype().bytes(), // rows are written in 16-byte pieces
     )?;
-    let elem = c.out.dtype().bytes();
-    ensure_aligned!(
-        out_strides.iter().all(|&s| (s as usize * elem) % 16 == 0),
-        "out_strides",
-        "{out_strides:?} are not all multiples of 16 bytes: rows are written in 16-byte pieces"
-    );
     ensure_aligned!(c.out.ptr() % 16 == 0, "out", "pointer {:#x} is not 16-byte aligned", c.out.ptr());
-    let lse_strides = written_view(
+    let lse_default = [c.nq * c.heads, c.heads, 1];
+    let lse_strides = super::written_view_strides(
         "lse",
         "lse_strides",
         c.lse.len(),
-        c.lse_strides.unwrap_or([c.nq * c.heads, c.heads, 1]),
-        [c.batch, c.nq, c.heads],
+        c.lse_strides.unwrap_or(lse_default),
+        counts,
+        1,
         1,
     )?;
     ensure_aligned!(c.lse.ptr() % 4 == 0, "lse", "pointer {:#x} is not 4-byte aligned", c.lse.ptr());
@@ -688,12 +679,12 @@ fn validate_common(c: &DecodeCommon, sparse: bool) -> Result<DcpMlaDecodeParams>
         indices_stride_s: 0,
         len_stride_b: 0,
         len_stride_s: 0,
-        out_stride_b: out_strides[0],
-        out_stride_s: out_strides[1],
-        out_stride_h: out_strides[2],
-        lse_stride_b: lse_strides[0],
-        lse_stride_s: lse_strides[1],
-        lse_stride_h: lse_strides[2],
+        out_stride_b: out_strides[0] as i64,
+        out_stride_s: out_strides[1] as i64,
+        out_stride_h: out_strides[2] as i64,
+        lse_stride_b: lse_strides[0] as i64,
+        lse_stride_s: lse_strides[1] as i64,
+        lse_stride_h: lse_strides[2] as i64,
         page_rows: 1,
         empty_lse_inf: c.empty_lse_inf as i32,
         scale_log2: c.scale * std::f32::consts::LOG2_E,
@@ -807,23 +798,16 @@ mod tests {
 
     fn common(batch: usize, nq: usize, heads: usize) -> DecodeCommon {
         let rows = batch * nq * heads;
-        DecodeCommon {
-            q: fake(rows * D_QK),
+        DecodeCommon::new(
+            fake(rows * D_QK),
             batch,
             nq,
             heads,
-            scale: default_scale(),
-            out: DecodeOut::Bf16(fake(rows * D_V)),
-            lse: fake(rows),
-            num_splits: 1,
-            workspace: fake(0),
-            schedule: DecodeSchedule::Compute,
-            sink: None,
-            out_strides: None,
-            lse_strides: None,
-            empty_lse_inf: false,
-            q_strides: None,
-        }
+            DecodeOut::Bf16(fake(rows * D_V)),
+            fake(rows),
+            1,
+            fake(0),
+        )
     }
 
     fn dense(batch: usize, stride: usize, max_pages: usize, block_size: usize) -> DenseDecode {
@@ -886,10 +870,9 @@ mod tests {
         assert_eq!(arg_of(paged((3 * 67 + 64) * row - 1, Some(67)).unwrap_err()), "cache");
         assert_eq!(arg_of(paged(4 * 64 * row, Some(63)).unwrap_err()), "page_stride");
         assert_eq!(paged(4 * 64 * row, None).unwrap().page_rows, 64);
-        // index lists [1, 2, 512] 600 apart within a request, 1300 between requests
+        // index lists [2, 2, 512] 600 apart within a request, 1300 between requests
         let sparse = |len: usize, strides: Option<[usize; 2]>| {
-            let mut c = common(1, 2, 16);
-            c.q = fake(2 * 16 * D_QK);
+            let c = common(2, 2, 16);
             sparse_params(&SparseDecode {
                 common: c,
                 cache: fake(4 * 64 * D_QK * 2),
@@ -904,15 +887,16 @@ mod tests {
                 topk_len_strides: None,
             })
         };
-        let p = sparse(600 + 512, Some([1300, 600])).unwrap();
+        let p = sparse(1300 + 600 + 512, Some([1300, 600])).unwrap();
         assert_eq!((p.indices_stride_b, p.indices_stride_s), (1300, 600));
-        assert_eq!(arg_of(sparse(600 + 511, Some([1300, 600])).unwrap_err()), "indices");
-        assert_eq!(sparse(1024, None).unwrap().indices_stride_s, 512);
+        assert_eq!(arg_of(sparse(1300 + 600 + 511, Some([1300, 600])).unwrap_err()), "indices");
+        assert_eq!(sparse(2048, None).unwrap().indices_stride_s, 512);
         // lengths: [batch, nq] at any strides, a broadcast (0) included
         let mut d = dense(3, 4, 4, 64);
-        assert_eq!(check_lengths("lens", "lens_strides", &fake(3), Some([1, 0]), 3, 2).unwrap(), (1, 0));
-        assert_eq!(arg_of(check_lengths("lens", "lens_strides", &fake(2), Some([1, 0]), 3, 2).unwrap_err()), "lens");
-        assert_eq!(check_lengths("lens", "lens_strides", &fake(6), None, 3, 2).unwrap(), (2, 1));
+        let c = common(3, 2, 16);
+        assert_eq!(length_strides("lens", "lens_strides", &fake(3), Some([1, 0]), &c).unwrap(), [1, 0]);
+        assert_eq!(arg_of(length_strides("lens", "lens_strides", &fake(2), Some([1, 0]), &c).unwrap_err()), "lens");
+        assert_eq!(length_strides("lens", "lens_strides", &fake(6), None, &c).unwrap(), [2, 1]);
         d.lens_strides = Some([0, 0]);
         assert_eq!(dense_params(&d).map(|p| (p.len_stride_b, p.len_stride_s)).unwrap(), (0, 0));
         // sparse pages a stride apart: B a power of two (the kernels split an index by shifts)
@@ -939,7 +923,9 @@ mod tests {
 
     #[test]
     fn written_views_must_not_overlap() {
-        let v = |len, strides, counts, width| written_view("out", "out_strides", len, strides, counts, width);
+        let v = |len, strides: [usize; 3], counts, width| {
+            crate::ops::written_view_strides("out", "out_strides", len, strides, counts, width, 1)
+        };
         // contiguous [2, 3, 4] rows of 512, and FlashMLA's lse [b, h, s_q] as a [b, s_q, h] view
         assert_eq!(v(24 * 512, [6144, 2048, 512], [2, 3, 4], 512).unwrap(), [6144, 2048, 512]);
         assert_eq!(v(24, [12, 1, 3], [2, 3, 4], 1).unwrap(), [12, 1, 3]);

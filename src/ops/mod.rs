@@ -100,6 +100,60 @@ pub(crate) fn strided_extent(arg: &'static str, dims: &[(usize, usize)], width: 
     })
 }
 
+/// A view of `counts` items (outermost first) of `width` contiguous elements at `strides`, in a
+/// buffer `arg` of `len` elements: returns the strides the kernels take, a dim of one entry's set
+/// to 0 (never stepped over, so whatever the caller's view had there is never refused), after
+/// checking that each is a multiple of `align` elements (misaligned, naming `strides_arg`) and
+/// that the view lies within `len` (naming `strides_arg` when its extent overflows, `arg` when the
+/// buffer is too short).
+pub(crate) fn view_strides<const N: usize>(
+    arg: &'static str,
+    strides_arg: &'static str,
+    len: usize,
+    strides: [usize; N],
+    counts: [usize; N],
+    width: usize,
+    align: usize,
+) -> Result<[usize; N]> {
+    let strides: [usize; N] = std::array::from_fn(|i| if counts[i] > 1 { strides[i] } else { 0 });
+    ensure_aligned!(
+        strides.iter().all(|s| s % align == 0),
+        strides_arg,
+        "{strides:?} are not all multiples of {align} elements: the kernels access whole vectors"
+    );
+    let dims: [(usize, usize); N] = std::array::from_fn(|i| (counts[i], strides[i]));
+    let need = strided_extent(strides_arg, &dims, width)?;
+    ensure_arg!(len >= need, arg, "holds {len} elements but the view {dims:?} (count, stride) of {width} needs {need}");
+    Ok(strides)
+}
+
+/// [`view_strides`] for a view the kernels write: besides, no two items may share an element (a
+/// race, and a silently wrong result): ordered by stride, each stride steps over everything
+/// inside it.
+pub(crate) fn written_view_strides<const N: usize>(
+    arg: &'static str,
+    strides_arg: &'static str,
+    len: usize,
+    strides: [usize; N],
+    counts: [usize; N],
+    width: usize,
+    align: usize,
+) -> Result<[usize; N]> {
+    let strides = view_strides(arg, strides_arg, len, strides, counts, width, align)?;
+    let mut dims: [(usize, usize); N] = std::array::from_fn(|i| (counts[i], strides[i]));
+    dims.sort_unstable_by_key(|&(_, s)| s);
+    let mut inner = width;
+    for (n, s) in dims.into_iter().filter(|&(n, _)| n > 1) {
+        ensure_arg!(
+            s >= inner,
+            strides_arg,
+            "{strides:?} make items of `{arg}` overlap (a stride of {s} within {inner})"
+        );
+        inner += (n - 1) * s;
+    }
+    Ok(strides)
+}
+
 /// Checks that `buf` holds `rows` rows of `stride` elements of which the first `width` are read,
 /// and that each row starts on a 16-byte boundary (the kernels use 16-byte vector accesses).
 pub(crate) fn check_rows<T>(

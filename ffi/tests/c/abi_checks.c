@@ -32,6 +32,17 @@ static DcpMlaTensor fake(uintptr_t addr, size_t numel, int32_t dtype) {
   return t;
 }
 
+/* A dense decode of one request of `heads` heads over a 4-page cache, with everything but q, its
+   strides, the head count and the page stride fixed (fake buffers, refused before any use). */
+static enum DcpMlaStatus dense(const DcpMlaDevice *dev, DcpMlaTensor q, const size_t *q_strides, size_t heads,
+                               size_t page_stride) {
+  DcpMlaTensor cache = fake(0x40000000, 4 * 64 * 1152, DCP_MLA_DTYPE_U8), table = fake(0x41000000, 4, DCP_MLA_DTYPE_I32);
+  DcpMlaTensor lens = fake(0x42000000, 4, DCP_MLA_DTYPE_I32), ws = fake(0, 0, DCP_MLA_DTYPE_U8);
+  return dcp_mla_decode_dense(dev, NULL, q, q_strides, 1, 1, heads, 0.04f, fake(0x44000000, 64 * 512, DCP_MLA_DTYPE_BF16),
+                              NULL, fake(0x45000000, 64, DCP_MLA_DTYPE_F32), NULL, 0, 1, ws, DCP_MLA_SCHEDULE_COMPUTE,
+                              cache, 4, 64, page_stride, table, 1, 1, lens, NULL, fake(0, 0, DCP_MLA_DTYPE_F32));
+}
+
 static void launcher_checks(const DcpMlaDevice *dev) {
   const size_t wrap = SIZE_MAX - 10;
   DcpMlaTensor lens2 = fake(0x10000000, 2, DCP_MLA_DTYPE_I32), out2 = fake(0x11000000, 2 * 256, DCP_MLA_DTYPE_I32);
@@ -58,43 +69,24 @@ static void launcher_checks(const DcpMlaDevice *dev) {
                          fake(0x30000000, 8 * 64 * 1152, DCP_MLA_DTYPE_U8), 8, 64, 0, DCP_MLA_KV_BF16, 1, 1, 0),
          DCP_MLA_STATUS_INVALID_ARGUMENT, "block_table_stride");
 
-  /* dense decode: batch * nq * heads * 576 wraps; a misaligned q */
-  DcpMlaTensor cache = fake(0x40000000, 4 * 64 * 1152, DCP_MLA_DTYPE_U8), table = fake(0x41000000, 4, DCP_MLA_DTYPE_I32);
-  DcpMlaTensor dlens = fake(0x42000000, 4, DCP_MLA_DTYPE_I32), ws = fake(0, 0, DCP_MLA_DTYPE_U8);
-  DcpMlaTensor nosink = fake(0, 0, DCP_MLA_DTYPE_F32); /* null data: no attention sink */
-  expect("decode_dense, wrapped heads",
-         dcp_mla_decode_dense(dev, NULL, fake(0x43000000, 64 * 576, DCP_MLA_DTYPE_BF16), NULL, 1, 1, SIZE_MAX / 64, 0.04f,
-                              fake(0x44000000, 64 * 512, DCP_MLA_DTYPE_BF16), NULL,
-                              fake(0x45000000, 64, DCP_MLA_DTYPE_F32), NULL, 0, 1,
-                              ws, DCP_MLA_SCHEDULE_COMPUTE, cache, 4, 64, 0, table, 1, 1, dlens, NULL, nosink),
-         DCP_MLA_STATUS_INVALID_ARGUMENT, "heads");
-  expect("decode_dense, misaligned q",
-         dcp_mla_decode_dense(dev, NULL, fake(0x43000002, 64 * 576, DCP_MLA_DTYPE_BF16), NULL, 1, 1, 64, 0.04f,
-                              fake(0x44000000, 64 * 512, DCP_MLA_DTYPE_BF16), NULL,
-                              fake(0x45000000, 64, DCP_MLA_DTYPE_F32), NULL, 0, 1,
-                              ws, DCP_MLA_SCHEDULE_COMPUTE, cache, 4, 64, 0, table, 1, 1, dlens, NULL, nosink),
-         DCP_MLA_STATUS_MISALIGNED, "`q`");
-  /* strided q: a head stride that is not a multiple of 8 elements, a view that runs past q's numel */
+  /* dense decode: batch * nq * heads * 576 wraps; a misaligned q; strided q: a head stride that
+     is not a multiple of 8 elements, a view that runs past q's numel; a page stride below B */
   size_t odd_strides[3] = {64 * 576, 64 * 576, 580}, wide_strides[3] = {64 * 640, 64 * 640, 640};
+  expect("decode_dense, wrapped heads", dense(dev, fake(0x43000000, 64 * 576, DCP_MLA_DTYPE_BF16), NULL, SIZE_MAX / 64, 0),
+         DCP_MLA_STATUS_INVALID_ARGUMENT, "heads");
+  expect("decode_dense, misaligned q", dense(dev, fake(0x43000002, 64 * 576, DCP_MLA_DTYPE_BF16), NULL, 64, 0),
+         DCP_MLA_STATUS_MISALIGNED, "`q`");
   expect("decode_dense, q stride not 16-byte aligned",
-         dcp_mla_decode_dense(dev, NULL, fake(0x43000000, 64 * 580, DCP_MLA_DTYPE_BF16), odd_strides, 1, 1, 64, 0.04f,
-                              fake(0x44000000, 64 * 512, DCP_MLA_DTYPE_BF16), NULL,
-                              fake(0x45000000, 64, DCP_MLA_DTYPE_F32), NULL, 0, 1,
-                              ws, DCP_MLA_SCHEDULE_COMPUTE, cache, 4, 64, 0, table, 1, 1, dlens, NULL, nosink),
-         DCP_MLA_STATUS_MISALIGNED, "q_strides");
+         dense(dev, fake(0x43000000, 64 * 580, DCP_MLA_DTYPE_BF16), odd_strides, 64, 0), DCP_MLA_STATUS_MISALIGNED,
+         "q_strides");
   expect("decode_dense, q view past its numel",
-         dcp_mla_decode_dense(dev, NULL, fake(0x43000000, 64 * 576, DCP_MLA_DTYPE_BF16), wide_strides, 1, 1, 64, 0.04f,
-                              fake(0x44000000, 64 * 512, DCP_MLA_DTYPE_BF16), NULL,
-                              fake(0x45000000, 64, DCP_MLA_DTYPE_F32), NULL, 0, 1,
-                              ws, DCP_MLA_SCHEDULE_COMPUTE, cache, 4, 64, 0, table, 1, 1, dlens, NULL, nosink),
+         dense(dev, fake(0x43000000, 64 * 576, DCP_MLA_DTYPE_BF16), wide_strides, 64, 0),
          DCP_MLA_STATUS_INVALID_ARGUMENT, "`q`");
   expect("decode_dense, page stride below the block size",
-         dcp_mla_decode_dense(dev, NULL, fake(0x43000000, 64 * 576, DCP_MLA_DTYPE_BF16), NULL, 1, 1, 64, 0.04f,
-                              fake(0x44000000, 64 * 512, DCP_MLA_DTYPE_BF16), NULL,
-                              fake(0x45000000, 64, DCP_MLA_DTYPE_F32), NULL, 0, 1,
-                              ws, DCP_MLA_SCHEDULE_COMPUTE, cache, 4, 64, 32, table, 1, 1, dlens, NULL, nosink),
-         DCP_MLA_STATUS_INVALID_ARGUMENT, "page_stride");
+         dense(dev, fake(0x43000000, 64 * 576, DCP_MLA_DTYPE_BF16), NULL, 64, 32), DCP_MLA_STATUS_INVALID_ARGUMENT,
+         "page_stride");
 
+  DcpMlaTensor nosink = fake(0, 0, DCP_MLA_DTYPE_F32); /* null data: no attention sink */
   /* two-way merge: rows * 512 wraps; a null lse */
   DcpMlaTensor fo = fake(0x50000000, 512, DCP_MLA_DTYPE_F32), fl = fake(0x51000000, 1, DCP_MLA_DTYPE_F32);
   DcpMlaTensor go = fake(0x52000000, 512, DCP_MLA_DTYPE_F32), gl = fake(0x53000000, 1, DCP_MLA_DTYPE_F32);

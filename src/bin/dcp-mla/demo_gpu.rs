@@ -8,7 +8,7 @@ use dcp_mla::formats::{D_LATENT, D_ROPE, D_V};
 use dcp_mla::ops::combine::{ag_rs_correct, ag_rs_finish, AgRsCorrect, AgRsFinish, CombineRows};
 use dcp_mla::ops::decode::{
     decode_num_splits, decode_workspace_bytes, mla_decode_dense, mla_decode_sparse, DecodeCommon, DecodeOut,
-    DecodeSchedule, DenseDecode, SparseDecode,
+    DenseDecode, SparseDecode,
 };
 use dcp_mla::ops::fill::{kv_fill, KvFill};
 use dcp_mla::ops::topk::{compact, global_merge, local_topk, pack_candidates, Compact, GlobalMerge, LocalTopk};
@@ -139,21 +139,8 @@ pub fn run_gpu(dev: &Device, p: &Problem) -> Result<Outputs> {
     )?);
     let ws = poisoned::<u8>(&s, ws_bytes, 0xff)?;
     let common = |out: &CudaSlice<f32>, lse: &CudaSlice<f32>, splits: usize| DecodeCommon {
-        q: sl(&s, &d_query),
-        batch: b,
-        nq: q,
-        heads: h,
         scale: sigma,
-        out: DecodeOut::F32(sl(&s, out)),
-        lse: sl(&s, lse),
-        num_splits: splits,
-        workspace: sl(&s, &ws),
-        schedule: DecodeSchedule::Compute,
-        sink: None,
-        out_strides: None,
-        lse_strides: None,
-        empty_lse_inf: false,
-        q_strides: None,
+        ..DecodeCommon::new(sl(&s, &d_query), b, q, h, DecodeOut::F32(sl(&s, out)), sl(&s, lse), splits, sl(&s, &ws))
     };
 
     let mut outs = Vec::new();
