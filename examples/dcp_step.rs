@@ -6,7 +6,7 @@
 use dcp_mla::formats::{D_LATENT, D_QK, D_ROPE, D_V};
 use dcp_mla::ops::combine::{a2a_aligned_slot_bytes, a2a_combine, a2a_pack, A2aCombine, A2aPack, CombineRows};
 use dcp_mla::ops::decode::{decode_num_splits, decode_workspace_bytes, default_scale, mla_decode_dense};
-use dcp_mla::ops::decode::{DecodeCommon, DecodeOut, DenseDecode};
+use dcp_mla::ops::decode::{DecodeCommon, DecodeOut, DenseDecode, LensRule};
 use dcp_mla::ops::fill::{kv_fill, KvFill};
 use dcp_mla::reference::attention::{decode_oracle, QueryShape, Selection};
 use dcp_mla::reference::fill::{fill, FillInput, PagedCache};
@@ -103,6 +103,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             max_pages,
             lens: DeviceSlice::of(&d_lens, &s),
             lens_strides: None,
+            lens_rule: LensRule::Local,
             page_stride: None,
         };
         mla_decode_dense(&dev, st, &decode)?;

@@ -100,6 +100,26 @@ typedef struct DcpMlaDecodeParams {
     int32_t kv_tma;          /* 1: kv_tmap is valid (dense; block_size a power of two ≥ 8) */
     int32_t page_rows;       /* cache rows from one page's start to the next's, ≥ block_size */
     int32_t empty_lse_inf;   /* 1: a row that sees no token gets lse +inf (FlashMLA's), 0: −inf */
+    /* sparse, pages a stride apart (page_rows > block_size): index v's page is */
+    /* (v · page_div_magic) >> page_div_shift, exact for 0 ≤ v < 2^31 (any block size, no divide) */
+    uint32_t page_div_magic;
+    int32_t page_div_shift;
+    /* dense: what lens holds. 0: each row's local length (as given). 1: each request's global */
+    /* length L (its nq new tokens included), every row seeing n_r(L) tokens of this rank. 2: the */
+    /* same, causal: row j sees n_r(max(L − nq + 1 + j, 0)). n_r(g) counts the t < g with */
+    /* (t / I) % D == r (docs/contract.md §2) */
+    /* (lens_rule 1, 2 with D·I ≥ 2: g / (D·I) is umulhi(g, dcp_cycle_magic) >> dcp_cycle_shift) */
+    int32_t lens_rule;
+    int32_t causal_shift;    /* 1 with lens_rule 2, else 0: row j's global length is L − (nq − 1 − j)·this */
+    int32_t dcp_cycle;       /* D·I (1 with lens_rule 0: the rule is then the identity) */
+    uint32_t dcp_cycle_magic;
+    int32_t dcp_cycle_shift;
+    int32_t dcp_interleave;  /* I */
+    int32_t dcp_rank_start;  /* r·I: the first token of a cycle this rank holds */
+    /* a row's query index x / heads (x < 2^31) is umulhi(x, heads_magic) >> heads_shift, or x */
+    /* itself when heads = 1 */
+    uint32_t heads_magic;
+    int32_t heads_shift;
 } DcpMlaDecodeParams;
 
 /* Merge of a split decode's partial results (docs/contract.md §5, natural-log lse): the rows of every

@@ -748,6 +748,7 @@ pub fn prepare<'a>(dev: &'a Device, s: &Arc<CudaStream>, row: &BenchRow) -> Resu
                 max_pages: pages,
                 lens: sl(s, &lens),
                 lens_strides: None,
+                lens_rule: decode::LensRule::Local,
                 page_stride: None,
             };
             let keep = (bufs, cache, table, lens);

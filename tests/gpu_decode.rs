@@ -284,6 +284,7 @@ impl DenseDev {
             max_pages: hc.max_pages,
             lens: view(&s, &self.lens),
             lens_strides: None,
+            lens_rule: LensRule::Local,
             page_stride: None,
         }
     }
@@ -945,7 +946,8 @@ fn strided_views_match_contiguous() {
                 args.cache = view(&s, &d_cache);
                 args.page_stride = Some(page_stride);
                 args.lens = view(&s, &d_lens);
-                args.lens_strides = Some([lens_strides[0], lens_strides[1]]);
+                // `padded` gives the outer dims' strides; the last dim's is 1
+                args.lens_strides = Some([lens_strides[0], 1]);
                 let views = ViewOutputs::new(shape);
                 views.attach(&mut args.common);
                 // and FlashMLA's +inf for a row that sees no token (request 1 here), split or not
@@ -1002,6 +1004,106 @@ fn strided_views_match_contiguous() {
                 let what = format!("strided sparse case {n} {format:?} {path:?} splits={splits}");
                 assert!(want.0.iter().zip(&got.0).all(|(a, b)| a.to_bits() == b.to_bits()), "{what}: out");
                 assert!(want.1.iter().zip(&got.1).all(|(a, b)| a.to_bits() == b.to_bits()), "{what}: lse");
+            }
+        }
+    }
+}
+
+/// Sparse pages of any block size a stride apart (FlashMLA's own tests use B = 61, 53, 69 and
+/// 576 with a page stride of B + 1): the kernels divide an index by B with the launcher's magic
+/// number, and the page view gives bit for bit the packed launch's out and lse (packed pages
+/// read index v at cache row v, whatever B is), on every schedule, unsplit and split.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn sparse_pages_of_any_block_size_a_stride_apart() {
+    let mut rng = Rng::new(seed());
+    let s = stream();
+    for (n, &(format, batch, nq, heads, k, b, extra)) in [
+        (KvFormat::Fp8_656, 2usize, 2usize, 64usize, 512usize, 61usize, 1usize),
+        (KvFormat::Bf16, 1, 1, 32, 2048, 53, 3),
+        (KvFormat::Fp8_656, 2, 1, 128, 2048, 576, 1),
+        (KvFormat::Fp8_656, 1, 1, 64, 512, 69, 1),
+        (KvFormat::Bf16, 1, 2, 64, 512, 1, 2),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let shape = QueryShape { batch, rows: nq, heads };
+        let (mut hc, idx) = sparse_case(&mut rng, format, shape, k, &[]);
+        // the same rows as packed pages of b tokens; indices past the last whole page are
+        // unused in both launches
+        let rows = hc.num_pages * hc.block_size;
+        hc.block_size = b;
+        hc.num_pages = rows / b;
+        hc.bytes.truncate(hc.num_pages * b * format.token_bytes());
+        let q = random_q(&mut rng, shape);
+        let (cache_big, page_stride) = padded_pages(&hc, extra);
+        let dev = SparseDev::new(&hc, &q, &idx, None);
+        let d_cache = upload(&s, &cache_big);
+        for path in sparse_paths(format) {
+            for splits in [1, 3] {
+                let plain = DevOut::new(shape, splits, true);
+                mla_decode_sparse_on(gpu(), raw(&s), &dev.args(&hc, &plain, shape, k, splits), path)
+                    .expect("sparse launch");
+                let strided = DevOut::new(shape, splits, true);
+                let mut args = dev.args(&hc, &strided, shape, k, splits);
+                args.cache = view(&s, &d_cache);
+                args.page_stride = Some(page_stride);
+                mla_decode_sparse_on(gpu(), raw(&s), &args, path).expect("sparse launch over a page view");
+                let (want, got) = (plain.read(), strided.read());
+                let what = format!("case {n} {format:?} B={b} stride {page_stride} {path:?} splits={splits}");
+                assert!(want.1.iter().any(|l| l.is_finite()), "{what}: no row read a token");
+                assert!(want.0.iter().zip(&got.0).all(|(a, b)| a.to_bits() == b.to_bits()), "{what}: out");
+                assert!(want.1.iter().zip(&got.1).all(|(a, b)| a.to_bits() == b.to_bits()), "{what}: lse");
+            }
+        }
+    }
+}
+
+/// The kernels' length rule (`DenseDecode::lens_rule`): each request's global length, causal
+/// MTP rows or not, on ranks of D = 1, 2, 4, 8 with I = 1 and 64, gives bit for bit the launch
+/// whose rows' local lengths were worked out on the host (`LensRule::row_len`, checked against
+/// the contract's ownership rule on the CPU), on every schedule, unsplit and split; the global
+/// lengths are read as a [b] tensor broadcast over the rows (strides {1, 0}).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn global_lengths_match_the_rows_local_lengths() {
+    let mut rng = Rng::new(seed());
+    let s = stream();
+    let totals: [i32; 5] = [700, 0, 65, 1, 130];
+    for (d, i) in [(1usize, 1usize), (2, 1), (2, 64), (4, 1), (4, 64), (8, 1), (8, 64)] {
+        let dcp = DcpLayout { size: d, interleave: i };
+        for (nq, heads) in [(1usize, 64usize), (2, 64), (6, 16)] {
+            let rank = (d * 5 + nq) % d; // a rank that varies with the case
+            for causal in [false, true] {
+                let rule = LensRule::Global { dcp, rank, causal };
+                let shape = QueryShape { batch: totals.len(), rows: nq, heads };
+                let local: Vec<i32> =
+                    totals.iter().flat_map(|&l| (0..nq).map(move |j| rule.row_len(l as i64, nq, j) as i32)).collect();
+                let tokens: Vec<usize> = local.chunks(nq).map(|r| *r.iter().max().unwrap() as usize).collect();
+                let hc = dense_cache(&mut rng, KvFormat::Bf16, 64, &tokens);
+                let q = random_q(&mut rng, shape);
+                let dev = DenseDev::new(&hc, &q, &local);
+                let d_global = upload(&s, &totals);
+                for path in dense_paths() {
+                    for splits in [1, 5] {
+                        let plain = DevOut::new(shape, splits, true);
+                        mla_decode_dense_on(gpu(), raw(&s), &dev.args(&hc, &plain, shape, splits), path)
+                            .expect("dense launch");
+                        let ruled = DevOut::new(shape, splits, true);
+                        let mut args = dev.args(&hc, &ruled, shape, splits);
+                        args.lens = view(&s, &d_global);
+                        args.lens_strides = Some([1, 0]);
+                        args.lens_rule = rule;
+                        mla_decode_dense_on(gpu(), raw(&s), &args, path).expect("dense launch, global lengths");
+                        let (want, got) = (plain.read(), ruled.read());
+                        let what =
+                            format!("D={d} I={i} r={rank} q={nq} H={heads} causal={causal} {path:?} splits={splits}");
+                        assert!(want.0.iter().zip(&got.0).all(|(a, b)| a.to_bits() == b.to_bits()), "{what}: out");
+                        assert!(want.1.iter().zip(&got.1).all(|(a, b)| a.to_bits() == b.to_bits()), "{what}: lse");
+                        ruled.check_schedule(&what, splits, &dense_seq_tokens(&hc, &local, nq), schedule_tile(path));
+                    }
+                }
             }
         }
     }
@@ -1123,6 +1225,7 @@ fn graph_replay_case(path: DecodePath) {
         max_pages: hc.max_pages,
         lens: DeviceSlice::of(&d_lens, &s),
         lens_strides: None,
+        lens_rule: LensRule::Local,
         page_stride: None,
     };
     let sparse = SparseDecode {
@@ -1306,6 +1409,7 @@ fn invalid_arguments_are_named() {
         max_pages: hc.max_pages,
         lens: view(&s, &d_lens),
         lens_strides: None,
+        lens_rule: LensRule::Local,
         page_stride: None,
     };
     let arg_of = |a: &DenseDecode| match mla_decode_dense(gpu(), raw(&s), a) {

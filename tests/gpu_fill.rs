@@ -131,9 +131,14 @@ fn run(case: &Case, rng: &mut Rng) {
 
         // The same pages as a view of a larger page dimension (2 spare rows a page): each page's
         // first B rows as the packed fill wrote them, the spare rows untouched.
+        // Each view page starts as the packed buffer's page did (the rows the fill never writes
+        // keep that poison, as `want`'s do), its spare rows another poison.
         let page_stride = b + 2;
-        let big_poison: Vec<u8> =
+        let mut big_poison: Vec<u8> =
             (0..num_pages * page_stride * row).map(|i| (i as u8).wrapping_mul(11) ^ 0x5a).collect();
+        for p in 0..num_pages {
+            big_poison[p * page_stride * row..][..b * row].copy_from_slice(&poison[p * b * row..][..b * row]);
+        }
         let d_big = upload(&s, &big_poison);
         kv_fill(dev, raw(&s), &KvFill { cache: view(&s, &d_big), page_stride: Some(page_stride), ..args })
             .expect("kv_fill into a page view");

@@ -118,7 +118,7 @@ int main(void) {
                                1, tensor(NULL, 0, DCP_MLA_DTYPE_U8), DCP_MLA_SCHEDULE_COMPUTE,
                                tensor(d_cache, cache_bytes, DCP_MLA_DTYPE_U8),
                                pages, B, 0, tensor(d_table, 4, DCP_MLA_DTYPE_I32), 4, 4,
-                               tensor(d_len, 1, DCP_MLA_DTYPE_I32), NULL,
+                               tensor(d_len, 1, DCP_MLA_DTYPE_I32), NULL, DCP_MLA_LENS_LOCAL, 1, 1, 0,
                                tensor(NULL, 0, DCP_MLA_DTYPE_F32)));
     CHECK(dcp_mla_synchronize(dev));
     CHECK(dcp_mla_free(dev, d_len));

@@ -15,7 +15,7 @@
 #include <stdint.h>
 
 // The ABI revision of this header: bumped whenever a signature or a struct changes.
-#define DCP_MLA_ABI_VERSION 3
+#define DCP_MLA_ABI_VERSION 4
 
 // Dtype code: bytes (caches, workspaces, a2a buffers).
 #define DCP_MLA_DTYPE_U8 1
@@ -41,6 +41,16 @@
 // Decode schedule code: a split launch reuses the schedule an earlier launch of the same shape
 // left in the workspace (e.g. the step's first layer); see dcp_mla_decode_dense.
 #define DCP_MLA_SCHEDULE_REUSE 1
+
+// Dense decode lengths code: `lens` holds each query row's local length.
+#define DCP_MLA_LENS_LOCAL 0
+
+// Dense decode lengths code: `lens` holds each request's global length; the kernels work out
+// every row's share on the rank (see dcp_mla_decode_dense).
+#define DCP_MLA_LENS_GLOBAL 1
+
+// Dense decode lengths code: as DCP_MLA_LENS_GLOBAL, with causal MTP rows.
+#define DCP_MLA_LENS_GLOBAL_CAUSAL 2
 
 // LSE base code: natural log (dcp-mla's and FlashMLA's kernels).
 #define DCP_MLA_LSE_BASE_E 1
@@ -256,6 +266,14 @@ enum DcpMlaStatus dcp_mla_kv_fill(const struct DcpMlaDevice *device,
 //   `block_size` (packed pages); `block_table`: int32 [batch, block_table_stride], first
 //   `max_pages` columns used; `lens`: int32 [batch, nq]; `lens_strides`: null for contiguous
 //   lengths, else 2 values: elements between requests and query rows (any, 0 broadcasts).
+// - `lens_rule`: what `lens` holds (DCP_MLA_LENS_*). LOCAL (0): each query row's local length.
+//   GLOBAL (1): each request's global length L, its nq new tokens included (FlashMLA's
+//   cache_seqlens; {1, 0} strides broadcast a [batch] tensor): every row sees n_r(L) tokens,
+//   the t < L of rank `rank` ((t / interleave) % dcp_size == rank). GLOBAL_CAUSAL (2): the same
+//   with causal MTP rows, row j sees n_r(max(L − nq + 1 + j, 0)). The kernels work the rows'
+//   lengths out themselves: no lengths kernel before the decode. `dcp_size` (1, 2, 4 or 8),
+//   `interleave` (≥ 1) and `rank` (< dcp_size) are read with GLOBAL and GLOBAL_CAUSAL only;
+//   one GPU is 1, 1, 0.
 // - `sink`: optional f32 [heads] attention sinks (null data: none), FlashMLA's `attn_sink`: each
 //   row's out is scaled by e^lse / (e^lse + e^sink[h]), lse unchanged (docs/contract.md §4). Leave
 //   it null on a DCP rank whose partial result a combine merges: pass it to the combine instead.
@@ -287,6 +305,10 @@ enum DcpMlaStatus dcp_mla_decode_dense(const struct DcpMlaDevice *device,
                                        size_t max_pages,
                                        struct DcpMlaTensor lens,
                                        const size_t *lens_strides,
+                                       int32_t lens_rule,
+                                       size_t dcp_size,
+                                       size_t interleave,
+                                       size_t rank,
                                        struct DcpMlaTensor sink);
 
 // Sparse MLA decode (docs/contract.md §4) over the BF16 or FP8-656 cache: row (i, j) attends to the

@@ -66,7 +66,7 @@ pub enum DcpMlaStatus {
 }
 
 /// The ABI revision of this header: bumped whenever a signature or a struct changes.
-pub const DCP_MLA_ABI_VERSION: u32 = 3;
+pub const DCP_MLA_ABI_VERSION: u32 = 4;
 
 /// Dtype code: bytes (caches, workspaces, a2a buffers).
 pub const DCP_MLA_DTYPE_U8: i32 = 1;
@@ -87,6 +87,14 @@ pub const DCP_MLA_SCHEDULE_COMPUTE: i32 = 0;
 /// Decode schedule code: a split launch reuses the schedule an earlier launch of the same shape
 /// left in the workspace (e.g. the step's first layer); see dcp_mla_decode_dense.
 pub const DCP_MLA_SCHEDULE_REUSE: i32 = 1;
+
+/// Dense decode lengths code: `lens` holds each query row's local length.
+pub const DCP_MLA_LENS_LOCAL: i32 = 0;
+/// Dense decode lengths code: `lens` holds each request's global length; the kernels work out
+/// every row's share on the rank (see dcp_mla_decode_dense).
+pub const DCP_MLA_LENS_GLOBAL: i32 = 1;
+/// Dense decode lengths code: as DCP_MLA_LENS_GLOBAL, with causal MTP rows.
+pub const DCP_MLA_LENS_GLOBAL_CAUSAL: i32 = 2;
 
 /// LSE base code: natural log (dcp-mla's and FlashMLA's kernels).
 pub const DCP_MLA_LSE_BASE_E: i32 = 1;
@@ -360,6 +368,29 @@ pub(crate) fn kv_format(arg: &str, code: i32) -> R<dcp_mla::KvFormat> {
         _ => Err(fail(
             DcpMlaStatus::BadDtype,
             format!("`{arg}`: unknown KV format code {code} (DCP_MLA_KV_BF16 = 1, DCP_MLA_KV_FP8_656 = 2)"),
+        )),
+    }
+}
+
+pub(crate) fn lens_rule(
+    arg: &str,
+    code: i32,
+    dcp_size: usize,
+    interleave: usize,
+    rank: usize,
+) -> R<dcp_mla::ops::decode::LensRule> {
+    use dcp_mla::ops::decode::LensRule;
+    let dcp = dcp_mla::DcpLayout { size: dcp_size, interleave };
+    match code {
+        DCP_MLA_LENS_LOCAL => Ok(LensRule::Local),
+        DCP_MLA_LENS_GLOBAL => Ok(LensRule::Global { dcp, rank, causal: false }),
+        DCP_MLA_LENS_GLOBAL_CAUSAL => Ok(LensRule::Global { dcp, rank, causal: true }),
+        _ => Err(fail(
+            DcpMlaStatus::InvalidArgument,
+            format!(
+                "`{arg}`: unknown lengths code {code} (DCP_MLA_LENS_LOCAL = 0, DCP_MLA_LENS_GLOBAL = 1, \
+                 DCP_MLA_LENS_GLOBAL_CAUSAL = 2)"
+            ),
         )),
     }
 }

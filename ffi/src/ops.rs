@@ -184,6 +184,14 @@ fn decode_common(
 ///   `block_size` (packed pages); `block_table`: int32 [batch, block_table_stride], first
 ///   `max_pages` columns used; `lens`: int32 [batch, nq]; `lens_strides`: null for contiguous
 ///   lengths, else 2 values: elements between requests and query rows (any, 0 broadcasts).
+/// - `lens_rule`: what `lens` holds (DCP_MLA_LENS_*). LOCAL (0): each query row's local length.
+///   GLOBAL (1): each request's global length L, its nq new tokens included (FlashMLA's
+///   cache_seqlens; {1, 0} strides broadcast a [batch] tensor): every row sees n_r(L) tokens,
+///   the t < L of rank `rank` ((t / interleave) % dcp_size == rank). GLOBAL_CAUSAL (2): the same
+///   with causal MTP rows, row j sees n_r(max(L − nq + 1 + j, 0)). The kernels work the rows'
+///   lengths out themselves: no lengths kernel before the decode. `dcp_size` (1, 2, 4 or 8),
+///   `interleave` (≥ 1) and `rank` (< dcp_size) are read with GLOBAL and GLOBAL_CAUSAL only;
+///   one GPU is 1, 1, 0.
 /// - `sink`: optional f32 [heads] attention sinks (null data: none), FlashMLA's `attn_sink`: each
 ///   row's out is scaled by e^lse / (e^lse + e^sink[h]), lse unchanged (docs/contract.md §4). Leave
 ///   it null on a DCP rank whose partial result a combine merges: pass it to the combine instead.
@@ -217,9 +225,14 @@ pub unsafe extern "C" fn dcp_mla_decode_dense(
     max_pages: usize,
     lens: DcpMlaTensor,
     lens_strides: *const usize,
+    lens_rule: i32,
+    dcp_size: usize,
+    interleave: usize,
+    rank: usize,
     sink: DcpMlaTensor,
 ) -> DcpMlaStatus {
     launch(device, stream, decode::mla_decode_dense, || {
+        let lens_rule = crate::lens_rule("lens_rule", lens_rule, dcp_size, interleave, rank)?;
         Ok(DenseDecode {
             common: decode_common(
                 q,
@@ -246,6 +259,7 @@ pub unsafe extern "C" fn dcp_mla_decode_dense(
             max_pages,
             lens: arg!(lens),
             lens_strides: strides_arg(lens_strides),
+            lens_rule,
             page_stride: page_stride_arg(page_stride),
         })
     })

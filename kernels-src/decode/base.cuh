@@ -35,6 +35,14 @@ __device__ __forceinline__ int thread_index() {
     return t;
 }
 
+// blockIdx.x as a fresh read, for the same reason: a row block worked out from it at a piece's
+// start is not hoisted out of the piece loop (and across setmaxnreg) by the compiler.
+__device__ __forceinline__ int block_index_x() {
+    int b;
+    asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(b));
+    return b;
+}
+
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
     return *reinterpret_cast<uint32_t*>(&v);
@@ -140,11 +148,12 @@ __device__ __forceinline__ const int32_t* index_list(const DcpMlaDecodeParams& p
 
 // The cache row of sparse index `v` (page·B + slot, already checked to lie in [0, num_pages·B)):
 // page·page_rows + slot, which is v itself when the pages are packed (page_rows = B). Pages a
-// stride apart need B a power of two (the launcher checks), so this is shifts, no division.
+// stride apart split v by a division by the invariant B: a 32×32→64-bit multiply by the magic
+// number the launcher computed and a shift (exact for v < 2^31, any B), no hardware divide.
 __device__ __forceinline__ int64_t sparse_cache_row(const DcpMlaDecodeParams& p, int v) {
     if (p.page_rows == p.block_size) return v;
-    const int lg = 31 - __clz(p.block_size);
-    return (int64_t)(v >> lg) * p.page_rows + (v & (p.block_size - 1));
+    const int page = (int)(((uint64_t)(uint32_t)v * p.page_div_magic) >> p.page_div_shift);
+    return (int64_t)page * p.page_rows + (v - page * p.block_size);
 }
 
 // A finished row's denominator and lse, as write_rows takes them: den = l + the attention sink's

@@ -279,8 +279,9 @@ template <bool Sparse>
 __device__ __forceinline__ CtaRows cta_rows(const DcpMlaDecodeParams& p, int seq_rows) {
     const int H = p.heads, nq = p.nq;
     const int hblocks = (H + kRows - 1) / kRows;
-    const int rb = Sparse && p.num_splits <= 1 ? blockIdx.x % hblocks : blockIdx.x;
-    const int seq = Sparse ? blockIdx.y * nq + blockIdx.x / hblocks : blockIdx.y;
+    const int bx = decode::block_index_x();
+    const int rb = Sparse && p.num_splits <= 1 ? bx % hblocks : bx;
+    const int seq = Sparse ? blockIdx.y * nq + bx / hblocks : blockIdx.y;
     return CtaRows{seq, rb * kRows, min(kRows, seq_rows - rb * kRows)};
 }
 #endif

@@ -135,16 +135,19 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
     // pair: the peer's mbarriers are set up before anything arrives on them
     if constexpr (kPair) cluster_sync();
     if (!kSparse && p.kv_tma != 0 && tid == 128) tma_prefetch_map(&p.kv_tmap);  // warpgroup 1 issues the boxes
-    const int seqs = decode::num_seqs(p, kSparse), seq_rows = decode::rows_per_seq(p, kSparse);
-    const CtaRows rows = cta_rows<kSparse>(p, seq_rows);
-    const int block_seq = rows.seq, row_base = rows.base, row_limit = rows.limit;
+    const int seqs = decode::num_seqs(p, kSparse);
+    const int block_seq = cta_rows<kSparse>(p, decode::rows_per_seq(p, kSparse)).seq;
     uint32_t uses = 0;           // tiles consumed before this piece: buffer uses & 1, phase uses >> 1
 
     auto piece = [&](const decode::Piece pc, auto role_tag) {
         constexpr int kRole = decltype(role_tag)::value;  // = wg
         __syncthreads();  // the previous piece is done with shared memory (and the mbarriers are set up)
-        // this thread's rows r0 and r0 + 8, from a fresh read of its index: a value live across
-        // setmaxnreg is spilled
+        // this thread's rows r0 and r0 + 8 and the CTA's rows, worked out afresh from the
+        // parameters and indices: a value live across setmaxnreg is spilled (the CTA's row count
+        // was, once the piece's length rule grew)
+        const int seq_rows = decode::rows_per_seq(p, kSparse);
+        const CtaRows rows = cta_rows<kSparse>(p, seq_rows);
+        const int row_base = rows.base, row_limit = rows.limit;
         const int r0 = decode_sm90::row_of(decode::thread_index());
         const int seq = pc.seq;
         int row_len[2];

@@ -16,11 +16,39 @@ __device__ __forceinline__ int rows_per_seq(const DcpMlaDecodeParams& p, bool sp
     return sparse ? p.heads : p.nq * p.heads;
 }
 
-// Dense: local length of row j (of nq) of request s, clamped to [0, max_pages·B].
-__device__ __forceinline__ int dense_row_len(const DcpMlaDecodeParams& p, int s, int j) {
-    const int64_t capacity = (int64_t)p.max_pages * p.block_size;
+// The tokens t < g of the global sequence that this rank holds: t with
+// (t / I) % D == r (docs/contract.md §2), g ≥ 0; the planner's local_len on the host. The
+// division by D·I ≥ 2 is the high half of a 32-bit multiply by the launcher's magic number and a
+// shift (a hardware divide here, or a 64-bit product, spilled trio).
+__device__ __forceinline__ int rank_tokens(const DcpMlaDecodeParams& p, int g) {
+    const int full =
+        p.dcp_cycle == 1 ? g : (int)(__umulhi((uint32_t)g, p.dcp_cycle_magic) >> p.dcp_cycle_shift);
+    const int rest = g - full * p.dcp_cycle;
+    return full * p.dcp_interleave + min(max(rest - p.dcp_rank_start, 0), p.dcp_interleave);
+}
+
+// x / heads for 0 ≤ x < 2^31 without a divide (the launcher's magic number).
+__device__ __forceinline__ int div_heads(const DcpMlaDecodeParams& p, int x) {
+    return p.heads == 1 ? x : (int)(__umulhi((uint32_t)x, p.heads_magic) >> p.heads_shift);
+}
+
+// Dense: local length of row j (of nq) of request s, clamped to [0, max_pages·B]. lens holds the
+// rows' local lengths, or (lens_rule 1, 2) the requests' global lengths, from which each row's
+// share on this rank follows (2: causal MTP rows, row j ends nq − 1 − j tokens before the last).
+// Worked out where a piece starts and in the schedule, never in a tile loop.
+// Split in two so that a maximum over rows costs one rank_tokens: row_global_len is monotone
+// in what rank_tokens takes, so the longest row is the rule applied to the largest of them.
+__device__ __forceinline__ int row_global_len(const DcpMlaDecodeParams& p, int s, int j) {
     const int32_t len = ((const int32_t*)p.lens)[s * p.len_stride_b + j * p.len_stride_s];
-    return (int)min((int64_t)max(len, 0), capacity);
+    // branch-free: local lengths take the identity (no causal shift, D·I = 1, magic 2^31 >> 31)
+    return max(len - p.causal_shift * (p.nq - 1 - j), 0);
+}
+__device__ __forceinline__ int local_of_global(const DcpMlaDecodeParams& p, int g) {
+    const int64_t capacity = (int64_t)p.max_pages * p.block_size;
+    return (int)min((int64_t)rank_tokens(p, g), capacity);
+}
+__device__ __forceinline__ int dense_row_len(const DcpMlaDecodeParams& p, int s, int j) {
+    return local_of_global(p, row_global_len(p, s, j));
 }
 
 // Tokens sequence s attends to at most: dense, the longest of its rows' clamped lengths; sparse,
@@ -34,9 +62,9 @@ __device__ __forceinline__ int seq_tokens(const DcpMlaDecodeParams& p, bool spar
         }
         return n;
     }
-    int n = 0;
-    for (int j = 0; j < p.nq; ++j) n = max(n, dense_row_len(p, s, j));
-    return n;
+    int g = 0;
+    for (int j = 0; j < p.nq; ++j) g = max(g, row_global_len(p, s, j));
+    return local_of_global(p, g);
 }
 
 // What a CTA's rows row_base.. (row_limit of them) of sequence `seq` attend to: returns the
@@ -51,13 +79,14 @@ __device__ __forceinline__ int piece_rows(const DcpMlaDecodeParams& p, int seq, 
         for (int k = 0; k < 2; ++k) row_len[k] = r0 + 8 * k < row_limit ? n : 0;
         return n;
     } else {
-        const int H = p.heads;
-        int n = 0;
-        for (int j = row_base / H; j <= (row_base + row_limit - 1) / H; ++j) n = max(n, dense_row_len(p, seq, j));
+        int g = 0;
+        for (int j = div_heads(p, row_base); j <= div_heads(p, row_base + row_limit - 1); ++j)
+            g = max(g, row_global_len(p, seq, j));
+        const int n = local_of_global(p, g);
 #pragma unroll
         for (int k = 0; k < 2; ++k) {
             const int r = r0 + 8 * k;
-            row_len[k] = r < row_limit ? dense_row_len(p, seq, (row_base + r) / H) : 0;
+            row_len[k] = r < row_limit ? dense_row_len(p, seq, div_heads(p, row_base + r)) : 0;
         }
         return n;
     }

@@ -16,6 +16,7 @@ DTYPE_U8, DTYPE_BF16, DTYPE_F32, DTYPE_I32 = 1, 2, 3, 4
 KV_BF16, KV_FP8_656 = 1, 2
 LSE_BASE_E, LSE_BASE_2 = 1, 2
 SCHEDULE_COMPUTE, SCHEDULE_REUSE = 0, 1
+LENS_LOCAL, LENS_GLOBAL, LENS_GLOBAL_CAUSAL = 0, 1, 2
 #: DcpMlaStatus values, by code.
 STATUS = [
     "SUCCESS", "INVALID_ARGUMENT", "NULL_POINTER", "MISALIGNED", "BAD_DTYPE",
@@ -23,7 +24,7 @@ STATUS = [
 ]
 STATUS_NO_DEVICE = STATUS.index("NO_DEVICE")
 #: The header revision this package was written against (DCP_MLA_ABI_VERSION).
-ABI_VERSION = 3
+ABI_VERSION = 4
 
 
 class DcpMlaError(RuntimeError):
@@ -59,7 +60,7 @@ SIGNATURES = {
     "dcp_mla_synchronize": [_D],
     "dcp_mla_kv_fill": [_D, _S, _T, _Z, _T, _Z, _T, _T, _T, _Z, _Z, _Z, _T, _Z, _Z, _Z, _I, _Z, _Z, _Z],
     "dcp_mla_decode_dense": [_D, _S, _T, _ZP, _Z, _Z, _Z, c_float, _T, _ZP, _T, _ZP, _I, _Z, _T, _I, _T, _Z, _Z, _Z,
-                             _T, _Z, _Z, _T, _ZP, _T],
+                             _T, _Z, _Z, _T, _ZP, _I, _Z, _Z, _Z, _T],
     "dcp_mla_decode_sparse": [_D, _S, _T, _ZP, _Z, _Z, _Z, c_float, _T, _ZP, _T, _ZP, _I, _Z, _T, _I, _T, _I, _Z, _Z,
                               _Z, _T, _ZP, _Z, _T, _ZP, _T],
     "dcp_mla_ag_rs_correct": [_D, _S, _T, _T, _I, _T, _Z, _Z, _Z, _Z],

@@ -28,7 +28,8 @@ silently ignored:
   dcp_mla.decode_dense / decode_sparse return lse [b, s_q, h_q] with −inf for an empty row,
   which is what dcp_mla's combines take.
 - For s_q > 1 with causal=True, row j of request i sees the first cache_seqlens[i] − s_q + 1 + j
-  tokens, as in FlashMLA; computing those per-row lengths is one small extra kernel.
+  tokens, as in FlashMLA; the decode kernels work the rows' lengths out from cache_seqlens
+  (read in place), so a dense call launches the decode's own kernels only.
 """
 
 import dataclasses
@@ -132,12 +133,14 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
             raise ValueError("topk_length: only with indices (sparse attention)")
         if block_table is None or cache_seqlens is None:
             raise ValueError("block_table and cache_seqlens: required for dense attention")
-        # FlashMLA's masking is D = 1's local lengths: every row sees cache_seqlens[i] tokens, or
-        # with causal row j sees cache_seqlens[i] − s_q + 1 + j (at least 0)
-        lens = ops.local_lens(cache_seqlens, dcp_size=1, interleave=1, rank=0, num_q=s_q, causal=causal)
-        out, _ = ops.decode_dense(q, k_cache, block_table, lens, scale=softmax_scale,
+        # FlashMLA's masking is one GPU's global lengths: every row sees cache_seqlens[i] tokens,
+        # or with causal row j sees cache_seqlens[i] − s_q + 1 + j (at least 0); the kernels read
+        # cache_seqlens [b] in place as a [b, s_q] view and work the rows' lengths out
+        seqlens = cache_seqlens if cache_seqlens.dtype == torch.int32 else cache_seqlens.to(torch.int32)
+        out, _ = ops.decode_dense(q, k_cache, block_table, seqlens, scale=softmax_scale,
                                   num_splits=meta.num_splits, workspace=meta.workspace, reuse_schedule=reuse,
-                                  sink=attn_sink, lse=lse_view, empty_lse_inf=True)
+                                  sink=attn_sink, lse=lse_view, empty_lse_inf=True,
+                                  lens_rule="global_causal" if causal else "global")
     meta.scheduled = True  # both paths launched (an error above leaves it as it was)
     return out, lse
 

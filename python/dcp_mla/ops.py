@@ -268,11 +268,13 @@ def _kv_fill(ckv: torch.Tensor, kpe: torch.Tensor, req_idx: torch.Tensor, positi
 @_op(("out", "lse", "workspace"))
 def _decode_dense(q: torch.Tensor, cache: torch.Tensor, block_table: torch.Tensor, lens: torch.Tensor,
                   out: torch.Tensor, lse: torch.Tensor, workspace: Optional[torch.Tensor], scale: float,
-                  num_splits: int, schedule: int, sink: Optional[torch.Tensor], empty_lse_inf: int) -> None:
+                  num_splits: int, schedule: int, sink: Optional[torch.Tensor], empty_lse_inf: int, lens_rule: int,
+                  dcp_size: int, interleave: int, rank: int) -> None:
     b, nq, h, _ = q.shape
     _launch("dcp_mla_decode_dense", _dev_stream(q), *_tv(q, 3), b, nq, h, scale, *_tv(out, 3), *_tv(lse, 3),
             empty_lse_inf, num_splits, _t(workspace), schedule, _t(cache), cache.shape[0], cache.shape[1],
-            _page_stride(cache), _t(block_table), block_table.stride(0), block_table.shape[1], *_tv(lens, 2), _t(sink))
+            _page_stride(cache), _t(block_table), block_table.stride(0), block_table.shape[1], *_tv(lens, 2),
+            lens_rule, dcp_size, interleave, rank, _t(sink))
 
 
 @_op(("out", "lse", "workspace"))
@@ -441,11 +443,19 @@ def decode_workspace(q_shape, *, sparse, num_splits=None, device=None):
     return num_splits, (torch.empty((need,), dtype=torch.uint8, device=device) if need else None)
 
 
+_LENS_RULES = {"local": _lib.LENS_LOCAL, "global": _lib.LENS_GLOBAL, "global_causal": _lib.LENS_GLOBAL_CAUSAL}
+
+
 def decode_dense(q, cache, block_table, lens, *, scale=None, num_splits=None, workspace=None, out=None, lse=None,
                  out_dtype=torch.bfloat16, reuse_schedule=False, sink=None,
-                 empty_lse_inf=False) -> Tuple[torch.Tensor, torch.Tensor]:
+                 empty_lse_inf=False, lens_rule="local", dcp_size=1, interleave=1,
+                 rank=0) -> Tuple[torch.Tensor, torch.Tensor]:
     """Dense MLA decode on one rank's shard (docs/contract.md §4): row (i, j) attends to the
-    first lens[i, j] local tokens of request i. q bf16 [b, nq, H, 576], a view with any strides
+    first lens[i, j] local tokens of request i (lens_rule="local"). With lens_rule="global",
+    lens holds each request's global length L (its nq new tokens included; int32 [b] or
+    [b, nq]) and every row sees n_r(L) tokens of rank `rank` of (dcp_size, interleave); with
+    "global_causal" row j sees n_r(max(L − nq + 1 + j, 0)), the causal MTP rule. The kernels
+    work the lengths out themselves (no lengths kernel); one GPU is dcp_size=1, rank=0. q bf16 [b, nq, H, 576], a view with any strides
     that are multiples of 8 and a unit last stride; cache bf16 [pages, B, 576] (or [pages, B, 1,
     576]), whose pages may be a view of a larger page dimension (each page's rows contiguous, page
     starts a whole number of rows apart); block_table int32 [b, max_pages] (unit last stride);
@@ -469,12 +479,19 @@ def decode_dense(q, cache, block_table, lens, *, scale=None, num_splits=None, wo
     if fmt != _lib.KV_BF16 or cache3.dtype != torch.bfloat16:
         _fail("cache", "dense decode reads a bf16 cache [pages, B, 576]; an FP8-656 cache is read by decode_sparse")
     _check(block_table, "block_table", (torch.int32,), ndim=2, shape=(b, None), contiguous="rows", device=dev)
+    rule = _LENS_RULES.get(lens_rule)
+    if rule is None:
+        _fail("lens_rule", f"{lens_rule!r}, expected one of {sorted(_LENS_RULES)}")
+    if rule != _lib.LENS_LOCAL and isinstance(lens, torch.Tensor) and lens.dim() == 1:
+        _check(lens, "lens", (torch.int32,), ndim=1, shape=(b,), contiguous=False, device=dev)
+        lens = lens.unsqueeze(1).expand(b, nq)  # one global length a request, read by every row
     _check(lens, "lens", (torch.int32,), ndim=2, shape=(b, nq), contiguous=False, device=dev)
     _sink(sink, h, dev)
     out, lse = _decode_outputs(q, out, lse, out_dtype)
     num_splits, workspace, schedule = _workspace(q, False, num_splits, workspace, reuse_schedule)
     _run("decode_dense", q, cache3, block_table, lens, out, lse, workspace,
-         _default_scale() if scale is None else float(scale), num_splits, schedule, sink, int(bool(empty_lse_inf)))
+         _default_scale() if scale is None else float(scale), num_splits, schedule, sink, int(bool(empty_lse_inf)),
+         rule, dcp_size, interleave, rank)
     return out, lse
 
 

@@ -657,6 +657,7 @@ impl<'a> DecodeStep<'a> {
                             max_pages: c.max_pages,
                             lens: v.lens,
                             lens_strides: None,
+                            lens_rule: decode::LensRule::Local,
                             page_stride: None,
                         },
                     ),

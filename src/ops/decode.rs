@@ -25,6 +25,7 @@ use crate::error::{Error, Result};
 use crate::formats::{KvFormat, D_QK, D_V};
 use crate::planner::schedule::seq_shape;
 use crate::planner::split::row_blocks_per_seq;
+use crate::planner::DcpLayout;
 use crate::runtime::registry::{self, axes, KernelId};
 use crate::runtime::{tensor_map_bf16_2d, Device, DeviceSlice, Stream};
 use half::bf16;
@@ -153,12 +154,49 @@ pub struct DenseDecode {
     pub block_table: DeviceSlice<i32>,
     pub block_table_stride: usize,
     pub max_pages: usize,
-    /// int32 [batch, nq]: local lengths per query row; clamped on the device to
-    /// [0, max_pages·block_size].
+    /// int32 [batch, nq]: what [`DenseDecode::lens_rule`] says, local lengths per query row by
+    /// default; the rows' local lengths are clamped on the device to [0, max_pages·block_size].
     pub lens: DeviceSlice<i32>,
-    /// Elements between `lens`' requests and query rows, any (0 broadcasts one value); `None`:
-    /// contiguous, [nq, 1].
+    /// Elements between `lens`' requests and query rows, any (0 broadcasts one value: [batch]
+    /// global lengths are `Some([1, 0])`); `None`: contiguous, [nq, 1].
     pub lens_strides: Option<[usize; 2]>,
+    /// What `lens` holds: the rows' local lengths, or the requests' global lengths from which
+    /// the kernels work out each row's share on this rank (causal MTP rows included), with no
+    /// lengths kernel before the decode.
+    pub lens_rule: LensRule,
+}
+
+/// What a dense decode's `lens` hold (docs/contract.md §4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LensRule {
+    /// Each query row's local length on this rank, as given.
+    #[default]
+    Local,
+    /// Each request's global length L, its nq new tokens included (FlashMLA's `cache_seqlens`).
+    /// Every row sees this rank's n_r(L) tokens (docs/contract.md §2: the t < L with
+    /// (t / I) % D = r); with `causal`, row j of nq sees n_r(max(L − nq + 1 + j, 0)), the causal
+    /// rule of MTP rows. D = 1 (`DcpLayout { size: 1, interleave: 1 }`, rank 0) is one GPU.
+    Global { dcp: DcpLayout, rank: usize, causal: bool },
+}
+
+impl LensRule {
+    /// One GPU's global lengths: D = 1, causal or not (what FlashMLA's interface passes).
+    pub fn single(causal: bool) -> Self {
+        LensRule::Global { dcp: DcpLayout { size: 1, interleave: 1 }, rank: 0, causal }
+    }
+
+    /// The local length of row `j` of `nq` of a request whose `lens` entry is `len` (the host
+    /// mirror of the kernels' `dense_row_len`, before the clamp to the block table's capacity).
+    pub fn row_len(&self, len: i64, nq: usize, j: usize) -> u64 {
+        let len = len.max(0) as u64;
+        match *self {
+            LensRule::Local => len,
+            LensRule::Global { dcp, rank, causal } => {
+                let g = if causal { len.saturating_sub((nq - 1 - j) as u64) } else { len };
+                dcp.local_len(g, rank)
+            }
+        }
+    }
 }
 
 /// Sparse decode: row (i, j) attends to the cache rows `page·B + slot` listed in
@@ -446,6 +484,22 @@ fn dense_params(a: &DenseDecode) -> Result<DcpMlaDecodeParams> {
         a.block_size
     );
     [params.len_stride_b, params.len_stride_s] = length_strides("lens", "lens_strides", &a.lens, a.lens_strides, c)?;
+    if let LensRule::Global { dcp, rank, causal } = a.lens_rule {
+        ensure_arg!([1, 2, 4, 8].contains(&dcp.size), "lens_rule", "DCP size {} is not one of 1, 2, 4, 8", dcp.size);
+        ensure_arg!(
+            dcp.interleave >= 1 && dcp.size * dcp.interleave <= i32::MAX as usize,
+            "lens_rule",
+            "interleave {} must be at least 1 and D·I fit an int32",
+            dcp.interleave
+        );
+        ensure_arg!(rank < dcp.size, "lens_rule", "rank {rank} is not below the DCP size {}", dcp.size);
+        params.lens_rule = if causal { 2 } else { 1 };
+        params.causal_shift = causal as i32;
+        let cycle = dcp.size * dcp.interleave;
+        (params.dcp_cycle_magic, params.dcp_cycle_shift) = high_word_divisor(cycle);
+        (params.dcp_cycle, params.dcp_interleave, params.dcp_rank_start) =
+            (cycle as i32, dcp.interleave as i32, (rank * dcp.interleave) as i32);
+    }
     params.cache = a.cache.ptr();
     params.block_table = a.block_table.ptr();
     params.block_table_stride = a.block_table_stride as i64;
@@ -454,6 +508,29 @@ fn dense_params(a: &DenseDecode) -> Result<DcpMlaDecodeParams> {
     params.block_size = to_i32("block_size", a.block_size)?;
     params.max_pages = to_i32("max_pages", a.max_pages)?;
     Ok(params)
+}
+
+/// The magic number and shift that divide v (0 ≤ v < 2^31: a sparse index, a global length) by
+/// an invariant B (the block size, D·I) without a divide: floor(v / B) = (v · m) >> s with s = 31 + ceil(log2 B) and
+/// m = ceil(2^s / B) (m < 2^32). Exact because m·B − 2^s < B ≤ 2^(s − 31) (Granlund and
+/// Montgomery, "Division by invariant integers using multiplication", 1994, theorem 4.2).
+pub(crate) fn invariant_divisor(block_size: usize) -> (u32, i32) {
+    let b = block_size.max(1) as u64;
+    let l = 64 - (b - 1).leading_zeros() as u64; // ceil(log2 B); 0 for B = 1
+    let shift = 31 + l;
+    let magic = (1u64 << shift).div_ceil(b);
+    (magic as u32, shift as i32)
+}
+
+/// [`invariant_divisor`] for kernels that take the high word of a 32-bit product
+/// (`__umulhi(v, magic) >> shift`): the shift less 32, valid for d ≥ 2 (s ≥ 32); d ≤ 1 gives
+/// (0, 0), and the kernels use v itself.
+pub(crate) fn high_word_divisor(d: usize) -> (u32, i32) {
+    if d < 2 {
+        return (0, 0);
+    }
+    let (magic, shift) = invariant_divisor(d);
+    (magic, shift - 32)
 }
 
 /// Whether the dense cache's shape lets whole tiles load by TMA: pages of a power-of-two size of
@@ -546,13 +623,8 @@ fn sparse_params(a: &SparseDecode) -> Result<DcpMlaDecodeParams> {
     let mut params = validate_common(&a.common, true)?;
     let c = &a.common;
     params.page_rows = super::check_cache_bytes(&a.cache, a.num_pages, a.block_size, a.page_stride, a.format)?;
-    // an index page·B + slot splits by shifts in the kernels (no division a token)
-    ensure_arg!(
-        params.page_rows as usize == a.block_size || a.block_size.is_power_of_two(),
-        "page_stride",
-        "sparse pages a stride apart need a power-of-two block size, not {}",
-        a.block_size
-    );
+    // an index page·B + slot splits by a multiply and a shift in the kernels (no division a token)
+    (params.page_div_magic, params.page_div_shift) = invariant_divisor(a.block_size);
     ensure_arg!(a.topk >= 1, "topk", "must be at least 1");
     ensure_arg!(a.topk <= MAX_DECODE_TOKENS, "topk", "{} exceeds the kernels' int32 token counts", a.topk);
     let [sb, ss] = super::view_strides(
@@ -657,6 +729,7 @@ fn validate_common(c: &DecodeCommon, sparse: bool) -> Result<DcpMlaDecodeParams>
     // workspace: unit prefix, then partial out and lse of 2·num_splits slots (the plan's offsets)
     let sched = c.workspace.ptr();
     let (ws_out, ws_lse) = (sched + plan.out_offset, sched + plan.lse_offset);
+    let (heads_magic, heads_shift) = high_word_divisor(c.heads);
     Ok(DcpMlaDecodeParams {
         q: c.q.ptr(),
         cache: 0,
@@ -687,6 +760,17 @@ fn validate_common(c: &DecodeCommon, sparse: bool) -> Result<DcpMlaDecodeParams>
         lse_stride_h: lse_strides[2] as i64,
         page_rows: 1,
         empty_lse_inf: c.empty_lse_inf as i32,
+        page_div_magic: 0,
+        page_div_shift: 0,
+        lens_rule: 0,
+        causal_shift: 0,
+        dcp_cycle: 1,
+        dcp_cycle_magic: 0,
+        dcp_cycle_shift: 0,
+        heads_magic: heads_magic,
+        heads_shift: heads_shift,
+        dcp_interleave: 1,
+        dcp_rank_start: 0,
         scale_log2: c.scale * std::f32::consts::LOG2_E,
         batch: c.batch as i32,
         nq: c.nq as i32,
@@ -821,8 +905,84 @@ mod tests {
             max_pages,
             lens: fake(batch),
             lens_strides: None,
+            lens_rule: LensRule::Local,
             page_stride: None,
         }
+    }
+
+    /// The kernels' magic-number divisions, on the host: floor(v / d) for every d the launchers
+    /// compute one for, at the ends and across the range of v.
+    #[test]
+    fn invariant_division_is_exact() {
+        let div = |v: u32, d: usize| {
+            let (m, s) = invariant_divisor(d);
+            ((v as u64 * m as u64) >> s) as u32
+        };
+        let hi = |v: u32, d: usize| {
+            let (m, s) = high_word_divisor(d);
+            if d < 2 {
+                v
+            } else {
+                (((v as u64 * m as u64) >> 32) as u32) >> s
+            }
+        };
+        let mut rng = crate::rng::Rng::new(7);
+        let divisors = (1..=1100usize).chain([4095, 4096, 4097, 65_537, 1 << 20, (1 << 30) + 3, i32::MAX as usize]);
+        for d in divisors {
+            let mut vs: Vec<u32> = vec![0, 1, d as u32 - 1, d as u32, i32::MAX as u32, i32::MAX as u32 - 1];
+            vs.extend(
+                (1..4u64)
+                    .flat_map(|k| [k * d as u64 - 1, k * d as u64])
+                    .filter(|&v| v <= i32::MAX as u64)
+                    .map(|v| v as u32),
+            );
+            vs.extend((0..64).map(|_| rng.below(i32::MAX as u64) as u32));
+            for v in vs {
+                let want = v / d as u32;
+                assert_eq!(div(v, d), want, "{v} / {d}");
+                assert_eq!(hi(v, d), want, "{v} / {d} (high word)");
+            }
+        }
+    }
+
+    /// The length rule's host mirror against the contract's definitions: a row's local length is
+    /// the number of owned tokens among the first L − (nq − 1 − j) (causal) or L.
+    #[test]
+    fn lens_rule_counts_the_rows_owned_tokens() {
+        for (d, i) in [(1, 1), (2, 1), (4, 64), (8, 1), (8, 64), (2, 3)] {
+            let dcp = DcpLayout { size: d, interleave: i };
+            for rank in 0..d {
+                for len in [0i64, 1, 5, 63, 64, 65, 600, 1337] {
+                    for nq in [1usize, 2, 6] {
+                        for j in 0..nq {
+                            for causal in [false, true] {
+                                let rule = LensRule::Global { dcp, rank, causal };
+                                let g = if causal { (len - (nq - 1 - j) as i64).max(0) } else { len } as u64;
+                                let want = (0..g).filter(|&t| dcp.owner(t) == rank).count() as u64;
+                                assert_eq!(rule.row_len(len, nq, j), want, "D={d} I={i} r={rank} L={len} j={j}");
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        assert_eq!(LensRule::Local.row_len(-3, 2, 0), 0);
+        assert_eq!(LensRule::single(true).row_len(10, 6, 0), 5);
+    }
+
+    #[test]
+    fn lens_rule_refuses_layouts_without_kernels() {
+        let mut a = dense(2, 4, 4, 64);
+        for (dcp, rank) in [((3, 1), 0), ((2, 0), 0), ((4, 1), 4)] {
+            a.lens_rule = LensRule::Global { dcp: DcpLayout { size: dcp.0, interleave: dcp.1 }, rank, causal: true };
+            assert_eq!(arg_of(dense_params(&a).unwrap_err()), "lens_rule", "{dcp:?} rank {rank}");
+        }
+        a.lens_rule = LensRule::Global { dcp: DcpLayout { size: 8, interleave: 64 }, rank: 7, causal: true };
+        let p = dense_params(&a).unwrap();
+        assert_eq!(
+            (p.lens_rule, p.causal_shift, p.dcp_cycle, p.dcp_interleave, p.dcp_rank_start),
+            (2, 1, 512, 64, 448)
+        );
     }
 
     #[test]
@@ -899,7 +1059,7 @@ mod tests {
         assert_eq!(length_strides("lens", "lens_strides", &fake(6), None, &c).unwrap(), [2, 1]);
         d.lens_strides = Some([0, 0]);
         assert_eq!(dense_params(&d).map(|p| (p.len_stride_b, p.len_stride_s)).unwrap(), (0, 0));
-        // sparse pages a stride apart: B a power of two (the kernels split an index by shifts)
+        // sparse pages a stride apart: any B (the kernels divide an index by B with a magic number)
         let odd = |page_stride| {
             let mut c = common(1, 1, 16);
             c.q = fake(16 * D_QK);
@@ -917,8 +1077,10 @@ mod tests {
                 topk_len_strides: None,
             })
         };
+        // any block size a stride apart: the kernels divide an index by B with a magic number
+        let p = odd(Some(50)).unwrap();
         assert!(odd(None).is_ok() && odd(Some(48)).is_ok());
-        assert_eq!(arg_of(odd(Some(50)).unwrap_err()), "page_stride");
+        assert_eq!((p.page_rows, p.page_div_magic, p.page_div_shift), (50, 2_863_311_531, 37));
     }
 
     #[test]

@@ -40,7 +40,8 @@ static enum DcpMlaStatus dense(const DcpMlaDevice *dev, DcpMlaTensor q, const si
   DcpMlaTensor lens = fake(0x42000000, 4, DCP_MLA_DTYPE_I32), ws = fake(0, 0, DCP_MLA_DTYPE_U8);
   return dcp_mla_decode_dense(dev, NULL, q, q_strides, 1, 1, heads, 0.04f, fake(0x44000000, 64 * 512, DCP_MLA_DTYPE_BF16),
                               NULL, fake(0x45000000, 64, DCP_MLA_DTYPE_F32), NULL, 0, 1, ws, DCP_MLA_SCHEDULE_COMPUTE,
-                              cache, 4, 64, page_stride, table, 1, 1, lens, NULL, fake(0, 0, DCP_MLA_DTYPE_F32));
+                              cache, 4, 64, page_stride, table, 1, 1, lens, NULL, DCP_MLA_LENS_LOCAL, 1, 1, 0,
+                              fake(0, 0, DCP_MLA_DTYPE_F32));
 }
 
 static void launcher_checks(const DcpMlaDevice *dev) {

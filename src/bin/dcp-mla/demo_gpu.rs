@@ -8,7 +8,7 @@ use dcp_mla::formats::{D_LATENT, D_ROPE, D_V};
 use dcp_mla::ops::combine::{ag_rs_correct, ag_rs_finish, AgRsCorrect, AgRsFinish, CombineRows};
 use dcp_mla::ops::decode::{
     decode_num_splits, decode_workspace_bytes, mla_decode_dense, mla_decode_sparse, DecodeCommon, DecodeOut,
-    DenseDecode, SparseDecode,
+    DenseDecode, LensRule, SparseDecode,
 };
 use dcp_mla::ops::fill::{kv_fill, KvFill};
 use dcp_mla::ops::topk::{compact, global_merge, local_topk, pack_candidates, Compact, GlobalMerge, LocalTopk};
@@ -159,6 +159,7 @@ pub fn run_gpu(dev: &Device, p: &Problem) -> Result<Outputs> {
             max_pages: p.max_pages,
             lens: sl(&s, &lens),
             lens_strides: None,
+            lens_rule: LensRule::Local,
             page_stride: None,
         };
         clock.time(STAGE_DENSE, || mla_decode_dense(dev, st, &args))?;
