@@ -11,7 +11,8 @@ pub mod topk;
 use crate::error::{Error, Result};
 use crate::formats::KvFormat;
 use crate::planner::DcpLayout;
-use crate::runtime::DeviceSlice;
+use crate::runtime::registry::KernelId;
+use crate::runtime::{Device, DeviceSlice, Stream};
 use half::bf16;
 
 /// The element type of [`Rows`], the vocabulary of the DSL's `dtype` axis (the registry
@@ -67,6 +68,39 @@ impl Rows {
     pub(crate) fn elem_bytes(&self) -> u64 {
         self.dtype().bytes() as u64
     }
+}
+
+/// A device buffer as the launchers' checks see it: where it starts and how many elements it
+/// holds ([`DeviceSlice`] of any element, [`Rows`] of bf16 or fp32).
+pub(crate) trait Buffer {
+    fn addr(&self) -> u64;
+    fn elems(&self) -> usize;
+}
+
+impl<T> Buffer for DeviceSlice<T> {
+    fn addr(&self) -> u64 {
+        self.ptr()
+    }
+    fn elems(&self) -> usize {
+        self.len()
+    }
+}
+
+impl Buffer for Rows {
+    fn addr(&self) -> u64 {
+        self.ptr()
+    }
+    fn elems(&self) -> usize {
+        self.len()
+    }
+}
+
+/// `buf`, named `arg`, holds at least `need` elements and, unless none are needed, starts on an
+/// `align`-byte boundary (1: anywhere).
+pub(crate) fn check_buf(arg: &'static str, buf: &impl Buffer, need: usize, align: u64) -> Result<()> {
+    ensure_arg!(buf.elems() >= need, arg, "holds {} elements but {need} are needed", buf.elems());
+    ensure_aligned!(buf.addr() % align == 0 || need == 0, arg, "pointer {:#x} is not {align}-byte aligned", buf.addr());
+    Ok(())
 }
 
 /// Elements that `rows` rows of `stride` elements address when the first `width` of each are
@@ -195,18 +229,17 @@ pub(crate) fn row_count(arg: &'static str, factors: &[usize]) -> Result<usize> {
 }
 
 /// A DCP group and this rank's place in it: at least one rank, runs of at least one token, and
-/// `rank` inside the group.
-pub(crate) fn check_layout(dcp: DcpLayout, rank: usize) -> Result<()> {
+/// `rank` inside the group. Returns the kernels' int32 `[dcp_size, dcp_rank, interleave]`.
+pub(crate) fn check_layout(dcp: DcpLayout, rank: usize) -> Result<[i32; 3]> {
     ensure_arg!(dcp.size >= 1, "dcp_size", "must be at least 1");
     ensure_arg!(dcp.interleave >= 1, "interleave", "must be at least 1");
     ensure_arg!(rank < dcp.size, "rank", "{rank} is not below the group size {}", dcp.size);
-    Ok(())
+    Ok([to_i32("dcp_size", dcp.size)?, to_i32("rank", rank)?, to_i32("interleave", dcp.interleave)?])
 }
 
-/// `buf` holds at least `need` elements.
+/// `buf` holds at least `need` elements ([`check_buf`] with no alignment).
 pub(crate) fn check_len<T>(arg: &'static str, buf: &DeviceSlice<T>, need: usize) -> Result<()> {
-    ensure_arg!(buf.len() >= need, arg, "holds {} elements but {need} are needed", buf.len());
-    Ok(())
+    check_buf(arg, buf, need, 1)
 }
 
 /// A block table of `batch` rows of `stride` entries whose first `max_pages` are read:
@@ -279,9 +312,53 @@ pub(crate) fn to_i32(arg: &'static str, v: usize) -> Result<i32> {
     i32::try_from(v).map_err(|_| Error::arg(arg, format!("{v} exceeds the kernels' int32 range")))
 }
 
+/// The kernel `id`, or [`Error::Unsupported`] naming `what` when this build does not hold it.
+pub(crate) fn compiled<P>(id: Option<KernelId<P>>, what: impl FnOnce() -> String) -> Result<KernelId<P>> {
+    id.ok_or_else(|| Error::Unsupported(what()))
+}
+
+/// Launches `id` over `rows` rows, `rows_per_block` of them a CTA, with `params`; nothing for no
+/// rows. A grid past the x limit (2^31 − 1) is refused naming `arg`.
+///
+/// # Safety
+/// `params` must have passed every check of the buffers the kernel addresses.
+pub(crate) unsafe fn launch_rows<P: Copy>(
+    dev: &Device,
+    stream: Stream,
+    id: KernelId<P>,
+    rows: usize,
+    rows_per_block: usize,
+    arg: &'static str,
+    params: &P,
+) -> Result<()> {
+    if rows == 0 {
+        return Ok(());
+    }
+    let grid = rows.div_ceil(rows_per_block);
+    ensure_arg!(grid <= i32::MAX as usize, arg, "{rows} rows exceed one launch's grid");
+    // SAFETY: the caller's contract.
+    unsafe { dev.launch(id, (grid as u32, 1, 1), 0, stream, params) }
+}
+
+/// [`launch_rows`] with one warp a row.
+///
+/// # Safety
+/// As for [`launch_rows`].
+pub(crate) unsafe fn launch_warp_rows<P: Copy>(
+    dev: &Device,
+    stream: Stream,
+    id: KernelId<P>,
+    rows: usize,
+    arg: &'static str,
+    params: &P,
+) -> Result<()> {
+    // SAFETY: the caller's contract.
+    unsafe { launch_rows(dev, stream, id, rows, (id.info().block / 32) as usize, arg, params) }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::test_util::{arg_of, fake};
+    use super::test_util::{arg_of, fake, fake_at};
     use super::*;
 
     #[test]
@@ -297,6 +374,18 @@ mod tests {
         let s = usize::MAX / 4 + 1; // × 4 bytes = 2^64 ≡ 0
         assert_eq!(arg_of(check_rows::<f32>("y", &fake(1 << 20), 2, s, 4).unwrap_err()), "y");
         assert!(check_rows::<f32>("y", &fake(20), 2, 16, 4).is_ok());
+    }
+
+    #[test]
+    fn buffers_are_checked_by_length_and_alignment() {
+        assert!(check_buf("lse", &fake::<f32>(8), 8, 4).is_ok());
+        assert_eq!(arg_of(check_buf("lse", &fake::<f32>(7), 8, 4).unwrap_err()), "lse");
+        assert_eq!(arg_of(check_buf("lse", &fake_at::<f32>(0x1002, 8), 8, 4).unwrap_err()), "lse");
+        // nothing needed: any pointer
+        assert!(check_buf("lse", &fake_at::<f32>(0x1002, 0), 0, 4).is_ok());
+        let rows = Rows::Bf16(fake(2 * 512));
+        assert!(check_buf("out", &rows, 2 * 512, 16).is_ok());
+        assert_eq!(check_layout(DcpLayout { size: 4, interleave: 2 }, 3).unwrap(), [4, 3, 2]);
     }
 }
 
