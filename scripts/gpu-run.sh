@@ -4,7 +4,9 @@
 #   sanitize  the GPU tests under compute-sanitizer memcheck and racecheck
 #   memcheck, racecheck   one of the two
 #   racecheck-decode [FILTER]   racecheck of gpu_decode per schedule set (trio_split,quad; trio,pair), ~3 min
-#   racecheck-topk   racecheck of gpu_topk one test a run, the local top-k split by K and schedule family
+#   racecheck-topk-local   racecheck of gpu_topk's local top-k, one run a (K, family), clusters sanitizer-sized
+#   racecheck-topk-merge   racecheck of gpu_topk's pack, global merge, compaction and graph replay, one test a run
+#   racecheck-topk   both of those, one after the other (two calls if one does not hold them)
 #   bench     `dcp-mla bench` (every row against its target) and the GPU demo
 #   criterion the criterion benchmarks (benches/*.rs)
 #   python    the Python package's pytest suite on the GPU (python/tests) and its launch overhead
@@ -42,9 +44,14 @@ run_tests() {
     name=$(basename "$t")
     echo "=== ${wrap[*]:-} $name"
     log="$logs/$name${wrap:+-${wrap[2]:-x}}${LOGTAG:+-$LOGTAG}.log"
+    # A filter that matches no test fails here, by name, rather than as a sanitizer's exit code.
+    if [ -n "$filter" ]; then
+      matched=$("$t" --list --include-ignored "${skips[@]}" $filter 2>/dev/null | grep -c ': test$')
+      if [ "${matched:-0}" -eq 0 ]; then echo "FAILED: $name: no test matches \`$filter\`"; status=1; continue; fi
+    fi
     "${wrap[@]}" "$t" --include-ignored --test-threads=1 "${skips[@]}" $filter >"$log" 2>&1
     rc=$?
-    grep -E "^test .*(FAILED|ok)$|^test result|panicked|ERROR SUMMARY|^error" "$log" | tail -n 60
+    grep -E "^test .*(FAILED|ok)$|^test result|panicked|[A-Z]+ SUMMARY|^error" "$log" | tail -n 60
     [ $rc -eq 0 ] || { echo "FAILED: $name (exit $rc)"; status=1; }
   done
 }
@@ -69,32 +76,37 @@ case "$mode" in
       run_tests gpu_decode compute-sanitizer --tool racecheck --error-exitcode 99
     done
     unset DCP_MLA_TEST_SCHEDULES LOGTAG ;;
-  racecheck-topk)
-    # Racecheck of the shipping top-k kernels (the whole gpu_topk binary under racecheck did not
-    # finish in 120 s: the cluster kernels): each test on its own, and the local top-k test once
-    # per (K, schedule family), so that every run is small; each run's seconds are printed, and
-    # the runs stop (failing) once 540 s have passed, so that the call's log comes back whole.
-    # Not yet timed on a device: run it alone the first time.
+  racecheck-topk|racecheck-topk-local|racecheck-topk-merge)
+    # Racecheck of the shipping top-k kernels, one test a run (the whole gpu_topk binary under
+    # racecheck did not finish in 120 s), each run timed; the runs stop (failing) once 540 s have
+    # passed, so that the call's log comes back whole. Each run prints its RACECHECK SUMMARY.
+    # -local: the local top-k test once per (K, family): one CTA a row at the test's whole size,
+    # then the cluster families (whole and half keys) at the sanitizer size
+    # (DCP_MLA_TEST_TOPK_SMALL=1: 16,408 columns, clusters of 1, 2 and 4, the same kernel paths;
+    # at the whole size a cluster family took 160-180 s a K under racecheck on 2026-12-05).
+    # -merge: pack, the global merge, the compaction and the graph replay.
     skips+=("${sanitizer_skips[@]}")
     start=$SECONDS
-    for test in pack_matches_reference global_merge_matches_reference compact_matches_reference \
-                graph_replay_reads_new_lengths_and_indices; do
-      filter="--exact $test" LOGTAG=$test
-      t0=$SECONDS
-      run_tests gpu_topk compute-sanitizer --tool racecheck --error-exitcode 99
-      echo "--- $test: $((SECONDS - t0)) s"
-    done
-    filter="--exact local_topk_matches_reference"
-    for k in 256 512 1024 2048; do
-      for family in cta cluster half; do
-        if [ $((SECONDS - start)) -gt 540 ]; then echo "FAILED: out of time before K=$k $family"; status=1; break 2; fi
-        export DCP_MLA_TEST_TOPK_K=$k DCP_MLA_TEST_TOPK_SCHEDULES=$family LOGTAG=local-$k-$family
-        t0=$SECONDS
-        run_tests gpu_topk compute-sanitizer --tool racecheck --error-exitcode 99
-        echo "--- local top-k K=$k $family: $((SECONDS - t0)) s"
+    timed() {  # timed TAG: one gpu_topk run under racecheck with $filter, unless out of time
+      if [ $((SECONDS - start)) -gt 540 ]; then echo "FAILED: out of time before $1"; status=1; return 1; fi
+      local t0=$SECONDS
+      LOGTAG=$1 run_tests gpu_topk compute-sanitizer --tool racecheck --error-exitcode 99
+      echo "--- $1: $((SECONDS - t0)) s"
+    }
+    if [ "$mode" != racecheck-topk-merge ]; then
+      filter="--exact local_topk_matches_reference"
+      for k in 256 512 1024 2048; do
+        DCP_MLA_TEST_TOPK_K=$k DCP_MLA_TEST_TOPK_SCHEDULES=cta timed "local-$k-cta" || break
+        DCP_MLA_TEST_TOPK_K=$k DCP_MLA_TEST_TOPK_SCHEDULES=cluster,half DCP_MLA_TEST_TOPK_SMALL=1 \
+          timed "local-$k-cluster-half-small" || break
       done
-    done
-    unset DCP_MLA_TEST_TOPK_K DCP_MLA_TEST_TOPK_SCHEDULES LOGTAG ;;
+    fi
+    if [ "$mode" != racecheck-topk-local ]; then
+      for test in pack_matches_reference_with_large_ids global_merge_matches_reference \
+                  compact_matches_reference graph_replay_reads_new_lengths_and_indices; do
+        filter="--exact $test" timed "$test" || break
+      done
+    fi ;;
   memcheck|racecheck)
     # One tool of `sanitize` (each fits a device call's 10 minutes on its own).
     skips+=("${sanitizer_skips[@]}")

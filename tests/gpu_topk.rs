@@ -74,16 +74,71 @@ fn check_i32(what: &str, got: &[i32], want: &[i32], width: usize) {
     }
 }
 
+/// The local top-k test's shape for one K: every row kind at each of `lens`, then one row of a
+/// random length; the schedules run on each of `cols` (`cols[0]` also takes the launcher's own
+/// schedule). Lengths past a column count clamp to it, in the kernel and the reference alike
+/// (docs/semantics.md).
+struct LocalCase {
+    /// Not a multiple of 4: rows start misaligned (and every fourth one aligned).
+    row_stride: usize,
+    cols: Vec<usize>,
+    lens: Vec<i32>,
+    /// The random row's length is K + 1 + below(random_span).
+    random_span: u64,
+}
+
+/// The whole test, or with `small` (DCP_MLA_TEST_TOPK_SMALL=1) a sanitizer-sized one that keeps
+/// the cluster kernels' paths (`small_case_keeps_the_cluster_paths` checks them): one column
+/// count of 16,408 for every schedule, so that one CTA holds a whole row (its load's unrolled
+/// loop, a list overflowed by ties in a CTA of more than 8,192 elements) and so do clusters of 2
+/// (8,204 a CTA, above the list's 8,192) and 4 (every CTA listed), with rows ending inside the
+/// first CTA's chunk and a later one's, and one clamped length instead of two.
+fn local_case(k: usize, small: bool) -> LocalCase {
+    let k = k as i32;
+    if small {
+        let row_stride = 16_411;
+        LocalCase {
+            row_stride,
+            cols: vec![row_stride - 3],
+            lens: vec![0, 1, k - 1, k, k + 1, 2 * k + 3, 10_001, row_stride as i32, -3],
+            random_span: 12_000,
+        }
+    } else {
+        // On 40,000 and 16,000 columns: chunk boundaries fall inside the rows, lengths end inside
+        // and before a CTA's chunk.
+        let row_stride = 40_003;
+        LocalCase {
+            row_stride,
+            cols: vec![row_stride - 3, 16_000],
+            lens: vec![0, 1, k - 1, k, k + 1, 2 * k + 3, 5_000, 40_003, 50_000, -3],
+            random_span: 30_000,
+        }
+    }
+}
+
+/// DCP_MLA_TEST_TOPK_SMALL=1: the sanitizer-sized local top-k ([`local_case`], clusters of 1, 2
+/// and 4 only); `scripts/gpu-run.sh racecheck-topk-local` sets it for the cluster families.
+fn small() -> bool {
+    match std::env::var("DCP_MLA_TEST_TOPK_SMALL") {
+        Err(_) => false,
+        Ok(v) if v.is_empty() || v == "0" => false,
+        Ok(v) if v == "1" => true,
+        Ok(v) => panic!("DCP_MLA_TEST_TOPK_SMALL={v}: 0 or 1"),
+    }
+}
+
+/// The cluster sizes the small case runs: one CTA (no cluster barriers), 2 and 4.
+const SMALL_CLUSTERS: [usize; 3] = [1, 2, 4];
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn local_topk_matches_reference() {
     let s = stream();
     let dev = gpu();
     let mut rng = Rng::new(seed());
+    let small = small();
     for k in ks() {
-        // Not a multiple of 4: rows start misaligned.
-        let row_stride = 40_003;
-        let lens_of_kind = [0, 1, k as i32 - 1, k as i32, k as i32 + 1, 2 * k as i32 + 3, 5_000, 40_003, 50_000, -3];
+        let LocalCase { row_stride, cols: all_cols, lens: lens_of_kind, random_span } = local_case(k, small);
         let mut scores = Vec::new();
         let mut lens = Vec::new();
         let mut kinds = Vec::new();
@@ -96,16 +151,14 @@ fn local_topk_matches_reference() {
         }
         // a row with a random length
         scores.extend(score_row(&mut rng, 0, row_stride));
-        lens.push(k as i32 + 1 + rng.below(30_000) as i32);
+        lens.push(k as i32 + 1 + rng.below(random_span) as i32);
         kinds.push(0);
         let rows = lens.len();
 
         let d_scores = upload(&s, &scores);
         let d_lens = upload(&s, &lens);
         let mut d_out = upload(&s, &vec![POISON; rows * k]);
-        // cols below the stride: lengths past cols (40,003 and 50,000 here) clamp to cols, in the
-        // kernel and the reference alike (docs/semantics.md)
-        let cols = row_stride - 3;
+        let cols = all_cols[0];
         let args = LocalTopk {
             scores: view(&s, &d_scores),
             row_stride,
@@ -127,10 +180,9 @@ fn local_topk_matches_reference() {
                 k,
             );
         }
-        // Every schedule, on these columns and on 16,000: chunk
-        // boundaries fall inside the rows, lengths end inside and before a CTA's chunk.
-        for (cols, want) in [(cols, want), (16_000, want_of(16_000))] {
-            for schedule in schedules(dev, cols) {
+        for (i, &cols) in all_cols.iter().enumerate() {
+            let want = if i == 0 { want.clone() } else { want_of(cols) };
+            for schedule in schedules(dev, cols, small) {
                 s.memcpy_htod(&vec![POISON; rows * k], &mut d_out).unwrap();
                 local_topk_with(dev, raw(&s), &LocalTopk { cols, ..args }, schedule).expect("local_topk_with");
                 let got = download(&s, &d_out);
@@ -147,22 +199,41 @@ fn local_topk_matches_reference() {
     }
 }
 
-/// One CTA per row, and on Hopper every cluster size that fits `cols` columns, whole and half keys.
+/// One CTA per row, and on Hopper every cluster size that fits `cols` columns (with `small`
+/// only [`SMALL_CLUSTERS`]), whole and half keys.
 /// DCP_MLA_TEST_TOPK_SCHEDULES=cta,cluster,half keeps only those families, so that a sanitizer
-/// run fits a device call (`scripts/gpu-run.sh racecheck-topk` sets it, one family a run; `tests`
-/// never does); a filter that leaves nothing fails rather than running nothing.
-fn schedules(dev: &dcp_mla::runtime::Device, cols: usize) -> Vec<TopkSchedule> {
-    let mut v = vec![TopkSchedule::CtaPerRow];
-    if dev.compute_capability().0 >= 9 {
-        let fewest = cols.div_ceil(TOPK_CLUSTER_CHUNK);
-        v.extend((fewest.max(1)..=TOPK_CLUSTER_MAX).map(|ctas| TopkSchedule::Cluster { ctas }));
-        let fewest_half = cols.div_ceil(TOPK_CLUSTER_CHUNK_HALF);
-        v.extend((fewest_half.max(1)..=TOPK_CLUSTER_MAX).map(|ctas| TopkSchedule::HalfKeyCluster { ctas }));
-    } else {
+/// run fits a device call (`scripts/gpu-run.sh racecheck-topk-local` sets it; `tests` never
+/// does); a filter that leaves nothing fails rather than running nothing.
+fn schedules(dev: &dcp_mla::runtime::Device, cols: usize, small: bool) -> Vec<TopkSchedule> {
+    let hopper = dev.compute_capability().0 >= 9;
+    if !hopper {
         eprintln!("compute capability below 9.0: top-k clusters not run");
     }
-    if let Ok(only) = std::env::var("DCP_MLA_TEST_TOPK_SCHEDULES") {
+    let only = std::env::var("DCP_MLA_TEST_TOPK_SCHEDULES").ok();
+    let v = schedule_list(hopper, cols, small, only.as_deref());
+    if let Some(only) = only {
+        eprintln!("DCP_MLA_TEST_TOPK_SCHEDULES={only}: cols {cols}: {v:?}");
+    }
+    v
+}
+
+/// [`schedules`] without the device and the environment (a CPU test checks it).
+fn schedule_list(hopper: bool, cols: usize, small: bool, only: Option<&str>) -> Vec<TopkSchedule> {
+    let mut v = vec![TopkSchedule::CtaPerRow];
+    if hopper {
+        let sizes =
+            |fewest: usize| (fewest.max(1)..=TOPK_CLUSTER_MAX).filter(move |c| !small || SMALL_CLUSTERS.contains(c));
+        v.extend(sizes(cols.div_ceil(TOPK_CLUSTER_CHUNK)).map(|ctas| TopkSchedule::Cluster { ctas }));
+        v.extend(sizes(cols.div_ceil(TOPK_CLUSTER_CHUNK_HALF)).map(|ctas| TopkSchedule::HalfKeyCluster { ctas }));
+    }
+    if let Some(only) = only {
         let keep: Vec<&str> = only.split(',').map(str::trim).collect();
+        for f in &keep {
+            assert!(
+                ["cta", "cluster", "half"].contains(f),
+                "DCP_MLA_TEST_TOPK_SCHEDULES={only}: `{f}` is not cta, cluster or half"
+            );
+        }
         v.retain(|s| {
             keep.contains(&match s {
                 TopkSchedule::CtaPerRow => "cta",
@@ -170,10 +241,112 @@ fn schedules(dev: &dcp_mla::runtime::Device, cols: usize) -> Vec<TopkSchedule> {
                 TopkSchedule::HalfKeyCluster { .. } => "half",
             })
         });
-        eprintln!("DCP_MLA_TEST_TOPK_SCHEDULES={only}: cols {cols}: {v:?}");
         assert!(!v.is_empty(), "DCP_MLA_TEST_TOPK_SCHEDULES={only} leaves no schedule for {cols} columns");
     }
     v
+}
+
+/// Per CTA of a `ctas`-CTA cluster, how many of a row's `len` elements it holds (len already
+/// clamped to `cols`): `topk_local_cluster`'s chunk, ceil(cols / ctas) rounded up to 4.
+fn cluster_counts(cols: usize, ctas: usize, len: usize) -> Vec<usize> {
+    let chunk = cols.div_ceil(ctas).next_multiple_of(4);
+    (0..ctas).map(|c| len.saturating_sub(c * chunk).min(chunk)).collect()
+}
+
+/// The sanitizer-sized case keeps every path of the cluster kernels that the whole test takes
+/// (kernels-src/topk.cuh, `topk_local_cluster`), for every K, whole and half keys, clusters of
+/// 1, 2 and 4: a CTA's unrolled load (an aligned row of ≥ 16,384 of its elements), its list
+/// overflowing (a row of equal keys with > 8,192 elements in a CTA) and not, scalar tails (a
+/// count not a multiple of 4, and for half keys of 8), rows ending inside a later CTA's chunk and
+/// CTAs with nothing. And it costs a small part of the whole test under a sanitizer (cost counted
+/// as cluster CTAs of rows longer than K, each ~ 8,000 elements' accesses, plus elements).
+#[test]
+fn small_case_keeps_the_cluster_paths() {
+    const TIE_KIND: usize = 2; // all zeros: every key equal
+    let cost = |k: usize, small: bool| {
+        let case = local_case(k, small);
+        let mut total = 0;
+        for (i, &cols) in case.cols.iter().enumerate() {
+            let mut launches = schedule_list(true, cols, small, Some("cluster"));
+            if i == 0 {
+                launches.push(TopkSchedule::Cluster { ctas: 1 }); // the launcher's own (at most one CTA)
+            }
+            for s in launches {
+                let TopkSchedule::Cluster { ctas } = s else { unreachable!() };
+                for &len in case.lens.iter().chain([&(k as i32 + case.random_span as i32 / 2)]) {
+                    let len = len.clamp(0, cols as i32) as usize;
+                    if len > k {
+                        total += ROW_KINDS * (ctas * 8_000 + len);
+                    }
+                }
+            }
+        }
+        total
+    };
+    for k in KS {
+        let case = local_case(k, true);
+        let &[cols] = &case.cols[..] else { panic!("one column count") };
+        assert!(case.row_stride % 4 != 0 && cols < case.row_stride);
+        assert!(k as u64 + case.random_span < cols as u64, "the random row's length fits");
+        let all = schedule_list(true, cols, true, None);
+        let want: Vec<TopkSchedule> = [TopkSchedule::CtaPerRow]
+            .into_iter()
+            .chain(SMALL_CLUSTERS.map(|ctas| TopkSchedule::Cluster { ctas }))
+            .chain(SMALL_CLUSTERS.map(|ctas| TopkSchedule::HalfKeyCluster { ctas }))
+            .collect();
+        assert_eq!(all, want, "K = {k}: every family, clusters of 1, 2 and 4");
+        assert_eq!(schedule_list(false, cols, true, None), [TopkSchedule::CtaPerRow]);
+        assert_eq!(schedule_list(true, cols, true, Some("cluster, half")), want[1..]);
+
+        // (row, its length clamped, its kind) of every working row (longer than K)
+        let (lens, per_kind) = (&case.lens, case.lens.len());
+        let rows: Vec<(usize, usize, usize)> = (0..ROW_KINDS)
+            .flat_map(|kind| lens.iter().enumerate().map(move |(j, &len)| (kind * per_kind + j, len, kind)))
+            .map(|(row, len, kind)| (row, len.clamp(0, cols as i32) as usize, kind))
+            .filter(|&(_, len, _)| len > k)
+            .collect();
+        for schedule in &all[1..] {
+            let (TopkSchedule::Cluster { ctas } | TopkSchedule::HalfKeyCluster { ctas }) = *schedule else {
+                unreachable!()
+            };
+            let half = matches!(schedule, TopkSchedule::HalfKeyCluster { .. });
+            let chunk = cols.div_ceil(ctas).next_multiple_of(4);
+            assert!(chunk <= if half { TOPK_CLUSTER_CHUNK_HALF } else { TOPK_CLUSTER_CHUNK });
+            // every (row, CTA): (row, kind, CTA, its start, its count)
+            let ctas_of = rows.iter().flat_map(|&(row, len, kind)| {
+                cluster_counts(cols, ctas, len).into_iter().enumerate().map(move |(c, n)| (row, kind, c, c * chunk, n))
+            });
+            let has = |what: &str, f: &dyn Fn(usize, usize, usize, usize, usize) -> bool| {
+                assert!(
+                    ctas_of.clone().any(|(r, kind, c, start, n)| f(r, kind, c, start, n)),
+                    "K = {k}, {schedule:?}: {what}"
+                );
+            };
+            has("a listed CTA with a scalar tail", &|_, _, _, _, n| n > 0 && n <= 8192 && n % 4 != 0);
+            if half {
+                has("a CTA with a tail past its 16-byte reads of top halves", &|_, _, _, _, n| n % 8 != 0);
+            }
+            if ctas <= 2 {
+                has("a CTA of equal keys overflowing its list", &|_, kind, _, _, n| kind == TIE_KIND && n > 8192);
+            }
+            if ctas == 1 {
+                let aligned = |r: usize, start: usize| (r * case.row_stride + start) % 4 == 0;
+                has("an aligned CTA through the unrolled load", &|r, _, _, start, n| {
+                    aligned(r, start) && n / 4 >= 4 * 1024
+                });
+                has("a misaligned CTA", &|r, _, _, start, n| !aligned(r, start) && n > 0);
+            } else {
+                has("a row ending inside a later CTA's chunk", &|_, _, c, _, n| c > 0 && n > 0 && n < chunk);
+                has("a CTA with nothing of a working row", &|_, _, _, _, n| n == 0);
+            }
+        }
+        let (small, whole) = (cost(k, true), cost(k, false));
+        eprintln!(
+            "K = {k}: the small case's cluster family costs {:.3} of the whole test's",
+            small as f64 / whole as f64
+        );
+        assert!(small * 6 < whole, "K = {k}: the small case costs {small} against the whole test's {whole}");
+    }
 }
 
 /// The K values the local top-k test runs: all of KS, or DCP_MLA_TEST_TOPK_K's (a comma list of

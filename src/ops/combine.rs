@@ -10,10 +10,11 @@
 //!
 //! Every lse input comes with its base ([`LseBase`]); every lse output is a natural log.
 
-use super::{product, row_count, to_i32};
+use super::{check_buf, check_layout, compiled, launch_warp_rows, product, row_count, to_i32};
 use crate::abi::{DcpA2aCombineParams, DcpA2aPackParams, DcpAgRsCorrectParams, DcpAgRsFinishParams, DcpMergeTwoParams};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::formats::{LseBase, D_V};
+use crate::planner::DcpLayout;
 use crate::runtime::registry::{self, axes, KernelId};
 use crate::runtime::{Device, DeviceSlice, Stream};
 
@@ -155,7 +156,8 @@ pub struct MergeTwo {
 pub fn ag_rs_correct(dev: &Device, stream: Stream, a: &AgRsCorrect) -> Result<()> {
     let (params, rows) = validate_ag_rs_correct(a)?;
     let id = lookup(registry::combine_ag_rs_correct(a.out.axis(), a.contrib.dtype().into()), "combine_ag_rs_correct")?;
-    launch_rows(dev, stream, id, rows, &params)
+    // SAFETY: validate_ag_rs_correct checked every buffer against the extents the kernel addresses.
+    unsafe { launch_warp_rows(dev, stream, id, rows, "num_tokens", &params) }
 }
 
 fn validate_ag_rs_correct(a: &AgRsCorrect) -> Result<(DcpAgRsCorrectParams, usize)> {
@@ -163,7 +165,7 @@ fn validate_ag_rs_correct(a: &AgRsCorrect) -> Result<(DcpAgRsCorrectParams, usiz
     let rows = row_count("num_tokens", &[a.num_tokens, heads])?;
     let lse_all = product("num_tokens", &[a.dcp_size, rows])?;
     check_rows_buf("out", &a.out, rows)?;
-    check_f32("lse_all", &a.lse_all, lse_all, 4)?;
+    check_buf("lse_all", &a.lse_all, lse_all, 4)?;
     check_rows_buf("contrib", &a.contrib, rows)?;
     let contrib = a.contrib.extent(rows);
     disjoint("contrib", contrib, "out", a.out.extent(rows))?;
@@ -189,7 +191,8 @@ fn validate_ag_rs_correct(a: &AgRsCorrect) -> Result<(DcpAgRsCorrectParams, usiz
 pub fn ag_rs_finish(dev: &Device, stream: Stream, a: &AgRsFinish) -> Result<()> {
     let (params, rows) = validate_ag_rs_finish(a)?;
     let id = lookup(registry::combine_ag_rs_finish(a.summed.dtype().into(), a.out.axis()), "combine_ag_rs_finish")?;
-    launch_rows(dev, stream, id, rows, &params)
+    // SAFETY: validate_ag_rs_finish checked every buffer against the extents the kernel addresses.
+    unsafe { launch_warp_rows(dev, stream, id, rows, "num_tokens", &params) }
 }
 
 fn validate_ag_rs_finish(a: &AgRsFinish) -> Result<(DcpAgRsFinishParams, usize)> {
@@ -197,9 +200,9 @@ fn validate_ag_rs_finish(a: &AgRsFinish) -> Result<(DcpAgRsFinishParams, usize)>
     let rows = row_count("num_tokens", &[a.num_tokens, a.local_heads])?;
     let lse_all = product("num_tokens", &[a.dcp_size, a.num_tokens, heads])?;
     check_rows_buf("summed", &a.summed, rows)?;
-    check_f32("lse_all", &a.lse_all, lse_all, 4)?;
+    check_buf("lse_all", &a.lse_all, lse_all, 4)?;
     check_rows_buf("out", &a.out, rows)?;
-    check_f32("lse", &a.lse, rows, 4)?;
+    check_buf("lse", &a.lse, rows, 4)?;
     let (out, lse) = (a.out.extent(rows), f32_extent(&a.lse, rows));
     disjoint("out", out, "lse", lse)?;
     for (name, e) in [("summed", a.summed.extent(rows)), ("lse_all", f32_extent(&a.lse_all, lse_all))] {
@@ -228,14 +231,15 @@ fn validate_ag_rs_finish(a: &AgRsFinish) -> Result<(DcpAgRsFinishParams, usize)>
 pub fn a2a_pack(dev: &Device, stream: Stream, a: &A2aPack) -> Result<()> {
     let (params, rows) = validate_a2a_pack(a)?;
     let id = lookup(registry::combine_a2a_pack(a.out.axis()), "combine_a2a_pack")?;
-    launch_rows(dev, stream, id, rows, &params)
+    // SAFETY: validate_a2a_pack checked every buffer against the extents the kernel addresses.
+    unsafe { launch_warp_rows(dev, stream, id, rows, "num_tokens", &params) }
 }
 
 fn validate_a2a_pack(a: &A2aPack) -> Result<(DcpA2aPackParams, usize)> {
     let heads = check_group(a.dcp_size, 0, a.local_heads, usize::MAX)?;
     let rows = row_count("num_tokens", &[a.num_tokens, heads])?;
     check_rows_buf("out", &a.out, rows)?;
-    check_f32("lse", &a.lse, rows, 4)?;
+    check_buf("lse", &a.lse, rows, 4)?;
     let send = check_slots("send", &a.send, a.slot_bytes, a.dcp_size, a.num_tokens, a.local_heads)?;
     disjoint("send", send, "out", a.out.extent(rows))?;
     disjoint("send", send, "lse", f32_extent(&a.lse, rows))?;
@@ -264,7 +268,8 @@ pub fn a2a_combine_compiled(dcp_size: usize, out: &CombineRows) -> bool {
 pub fn a2a_combine(dev: &Device, stream: Stream, a: &A2aCombine) -> Result<()> {
     let (params, rows) = validate_a2a_combine(a)?;
     let id = lookup(registry::combine_a2a(a.dcp_size as u32, a.out.axis()), "combine_a2a")?;
-    launch_rows(dev, stream, id, rows, &params)
+    // SAFETY: validate_a2a_combine checked every buffer against the extents the kernel addresses.
+    unsafe { launch_warp_rows(dev, stream, id, rows, "num_tokens", &params) }
 }
 
 fn validate_a2a_combine(a: &A2aCombine) -> Result<(DcpA2aCombineParams, usize)> {
@@ -278,7 +283,7 @@ fn validate_a2a_combine(a: &A2aCombine) -> Result<(DcpA2aCombineParams, usize)> 
     let rows = row_count("num_tokens", &[a.num_tokens, a.local_heads])?;
     let recv = check_slots("recv", &a.recv, a.slot_bytes, a.dcp_size, a.num_tokens, a.local_heads)?;
     check_rows_buf("out", &a.out, rows)?;
-    check_f32("lse", &a.lse, rows, 4)?;
+    check_buf("lse", &a.lse, rows, 4)?;
     let (out, lse) = (a.out.extent(rows), f32_extent(&a.lse, rows));
     disjoint("out", out, "lse", lse)?;
     disjoint("out", out, "recv", recv)?;
@@ -305,7 +310,8 @@ fn validate_a2a_combine(a: &A2aCombine) -> Result<(DcpA2aCombineParams, usize)> 
 pub fn merge_two(dev: &Device, stream: Stream, a: &MergeTwo) -> Result<()> {
     let (params, rows) = validate_merge_two(a)?;
     let id = lookup(registry::combine_merge_two(a.out_a.dtype().into(), a.out.axis()), "combine_merge_two")?;
-    launch_rows(dev, stream, id, rows, &params)
+    // SAFETY: validate_merge_two checked every buffer against the extents the kernel addresses.
+    unsafe { launch_warp_rows(dev, stream, id, rows, "num_tokens", &params) }
 }
 
 fn validate_merge_two(a: &MergeTwo) -> Result<(DcpMergeTwoParams, usize)> {
@@ -318,11 +324,11 @@ fn validate_merge_two(a: &MergeTwo) -> Result<(DcpMergeTwoParams, usize)> {
         a.out_a.dtype()
     );
     check_rows_buf("out_a", &a.out_a, rows)?;
-    check_f32("lse_a", &a.lse_a, rows, 4)?;
+    check_buf("lse_a", &a.lse_a, rows, 4)?;
     check_rows_buf("out_b", &a.out_b, rows)?;
-    check_f32("lse_b", &a.lse_b, rows, 4)?;
+    check_buf("lse_b", &a.lse_b, rows, 4)?;
     check_rows_buf("out", &a.out, rows)?;
-    check_f32("lse", &a.lse, rows, 4)?;
+    check_buf("lse", &a.lse, rows, 4)?;
     let out = a.out.extent(rows);
     let lse = f32_extent(&a.lse, rows);
     let (out_a, out_b) = (a.out_a.extent(rows), a.out_b.extent(rows));
@@ -362,31 +368,17 @@ fn validate_merge_two(a: &MergeTwo) -> Result<(DcpMergeTwoParams, usize)> {
 
 /// Checks D, the rank and H_l; returns H = D·H_l.
 fn check_group(dcp_size: usize, rank: usize, local_heads: usize, max_ranks: usize) -> Result<usize> {
-    ensure_arg!(dcp_size >= 1, "dcp_size", "must be at least 1");
     ensure_arg!(dcp_size <= max_ranks, "dcp_size", "{dcp_size} exceeds the {max_ranks} ranks this kernel takes");
-    ensure_arg!(rank < dcp_size, "rank", "{rank} is not below the group size {dcp_size}");
+    check_layout(DcpLayout { size: dcp_size, interleave: 1 }, rank)?;
     let heads = dcp_size.checked_mul(local_heads);
     ensure_arg!(heads.is_some(), "local_heads", "{local_heads} heads times D = {dcp_size} overflows");
     Ok(heads.unwrap_or_default())
 }
 
-/// A buffer of `rows` contiguous rows of 512 values, 16-byte aligned.
+/// A buffer of `rows` contiguous rows of 512 values (a count [`row_count`] checked), 16-byte
+/// aligned.
 fn check_rows_buf(arg: &'static str, buf: &CombineRows, rows: usize) -> Result<()> {
-    let need = rows.checked_mul(D_V);
-    ensure_arg!(
-        need.is_some_and(|n| buf.len() >= n),
-        arg,
-        "holds {} values but {rows} rows of {D_V} need {need:?}",
-        buf.len()
-    );
-    ensure_aligned!(buf.ptr() % 16 == 0 || rows == 0, arg, "pointer {:#x} is not 16-byte aligned", buf.ptr());
-    Ok(())
-}
-
-fn check_f32(arg: &'static str, buf: &DeviceSlice<f32>, need: usize, align: u64) -> Result<()> {
-    ensure_arg!(buf.len() >= need, arg, "holds {} values but {need} are needed", buf.len());
-    ensure_aligned!(buf.ptr() % align == 0 || need == 0, arg, "pointer {:#x} is not {align}-byte aligned", buf.ptr());
-    Ok(())
+    check_buf(arg, buf, rows * D_V, 16)
 }
 
 /// A [D, slot_bytes] a2a buffer; returns its extent.
@@ -477,25 +469,14 @@ fn base2(base: LseBase) -> i32 {
     }
 }
 
-fn lookup<P>(id: Option<KernelId<P>>, family: &str) -> Result<KernelId<P>> {
-    id.ok_or_else(|| Error::Unsupported(format!("{family}: variant not compiled into this build")))
-}
-
-/// One warp per row of 512 values.
-fn launch_rows<P: Copy>(dev: &Device, stream: Stream, id: KernelId<P>, rows: usize, params: &P) -> Result<()> {
-    if rows == 0 {
-        return Ok(());
-    }
-    let warps = (id.info().block / 32) as usize;
-    let grid = rows.div_ceil(warps);
-    ensure_arg!(grid <= i32::MAX as usize, "num_tokens", "{rows} rows exceed one launch's grid");
-    // SAFETY: the caller validated every buffer against the extents the kernel addresses.
-    unsafe { dev.launch(id, (grid as u32, 1, 1), 0, stream, params) }
+fn lookup<P>(id: Option<KernelId<P>>, family: &'static str) -> Result<KernelId<P>> {
+    compiled(id, || format!("{family}: variant not compiled into this build"))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::Error;
     use crate::reference::merge::a2a_slot_bytes;
 
     use crate::ops::test_util::{arg_of, fake_at as slice};

@@ -627,16 +627,8 @@ fn sparse_params(a: &SparseDecode) -> Result<DcpMlaDecodeParams> {
     (params.page_div_magic, params.page_div_shift) = invariant_divisor(a.block_size);
     ensure_arg!(a.topk >= 1, "topk", "must be at least 1");
     ensure_arg!(a.topk <= MAX_DECODE_TOKENS, "topk", "{} exceeds the kernels' int32 token counts", a.topk);
-    let [sb, ss] = super::view_strides(
-        "indices",
-        "indices_strides",
-        a.indices.len(),
-        a.indices_strides.unwrap_or([c.nq * a.topk, a.topk]),
-        [c.batch, c.nq],
-        a.topk,
-        1,
-    )?;
-    ensure_aligned!(a.indices.ptr() % 4 == 0, "indices", "pointer {:#x} is not 4-byte aligned", a.indices.ptr());
+    let indices = super::View { counts: [c.batch, c.nq], width: a.topk, align: 4, written: false };
+    let [sb, ss] = indices.strides("indices", "indices_strides", &a.indices, a.indices_strides)?;
     (params.indices_stride_b, params.indices_stride_s) = (sb as i64, ss as i64);
     if let Some(t) = &a.topk_len {
         [params.len_stride_b, params.len_stride_s] =
@@ -660,8 +652,8 @@ fn length_strides(
     strides: Option<[usize; 2]>,
     c: &DecodeCommon,
 ) -> Result<[i64; 2]> {
-    let s = super::view_strides(arg, strides_arg, buf.len(), strides.unwrap_or([c.nq, 1]), [c.batch, c.nq], 1, 1)?;
-    ensure_aligned!(buf.ptr() % 4 == 0, arg, "pointer {:#x} is not 4-byte aligned", buf.ptr());
+    let lengths = super::View { counts: [c.batch, c.nq], width: 1, align: 4, written: false };
+    let s = lengths.strides(arg, strides_arg, buf, strides)?;
     Ok(s.map(|x| x as i64))
 }
 
@@ -678,38 +670,13 @@ fn validate_common(c: &DecodeCommon, sparse: bool) -> Result<DcpMlaDecodeParams>
         "batch·nq·heads overflows the kernels' int32 row count"
     );
     let counts = [c.batch, c.nq, c.heads];
-    let [sb, ss, sh] = super::view_strides(
-        "q",
-        "q_strides",
-        c.q.len(),
-        c.q_strides.unwrap_or([c.nq * c.heads * D_QK, c.heads * D_QK, D_QK]),
-        counts,
-        D_QK,
-        8, // 16 bytes: q's rows load in 16-byte pieces
-    )?;
-    ensure_aligned!(c.q.ptr() % 16 == 0, "q", "pointer {:#x} is not 16-byte aligned", c.q.ptr());
-    let out_default = [c.nq * c.heads * D_V, c.heads * D_V, D_V];
-    let out_strides = super::written_view_strides(
-        "out",
-        "out_strides",
-        c.out.len(),
-        c.out_strides.unwrap_or(out_default),
-        counts,
-        D_V,
-        16 / c.out.dtype().bytes(), // rows are written in 16-byte pieces
-    )?;
-    ensure_aligned!(c.out.ptr() % 16 == 0, "out", "pointer {:#x} is not 16-byte aligned", c.out.ptr());
-    let lse_default = [c.nq * c.heads, c.heads, 1];
-    let lse_strides = super::written_view_strides(
-        "lse",
-        "lse_strides",
-        c.lse.len(),
-        c.lse_strides.unwrap_or(lse_default),
-        counts,
-        1,
-        1,
-    )?;
-    ensure_aligned!(c.lse.ptr() % 4 == 0, "lse", "pointer {:#x} is not 4-byte aligned", c.lse.ptr());
+    // q's rows load and out's rows are written in 16-byte pieces
+    let q = super::View { counts, width: D_QK, align: 16, written: false };
+    let [sb, ss, sh] = q.strides("q", "q_strides", &c.q, c.q_strides)?;
+    let out = super::View { counts, width: D_V, align: 16, written: true };
+    let out_strides = out.strides("out", "out_strides", &c.out, c.out_strides)?;
+    let lse = super::View { counts, width: 1, align: 4, written: true };
+    let lse_strides = lse.strides("lse", "lse_strides", &c.lse, c.lse_strides)?;
     let sink = super::check_sink(c.sink.as_ref(), c.heads)?;
     let plan = SplitPlan::new(c.batch, c.nq, c.heads, sparse, c.num_splits)?;
     let ws_need = plan.host_bytes()?;
@@ -1086,7 +1053,8 @@ mod tests {
     #[test]
     fn written_views_must_not_overlap() {
         let v = |len, strides: [usize; 3], counts, width| {
-            crate::ops::written_view_strides("out", "out_strides", len, strides, counts, width, 1)
+            let out = crate::ops::View { counts, width, align: 4, written: true };
+            out.strides("out", "out_strides", &fake::<f32>(len), Some(strides))
         };
         // contiguous [2, 3, 4] rows of 512, and FlashMLA's lse [b, h, s_q] as a [b, s_q, h] view
         assert_eq!(v(24 * 512, [6144, 2048, 512], [2, 3, 4], 512).unwrap(), [6144, 2048, 512]);

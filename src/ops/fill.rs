@@ -1,8 +1,8 @@
 //! KV-cache fill launcher (docs/contract.md §2-3). Reference: [`crate::reference::fill`].
 
-use super::{check_block_table, check_cache_bytes, check_layout, check_rows, to_i32};
+use super::{check_block_table, check_cache_bytes, check_layout, check_rows, compiled, launch_warp_rows, to_i32};
 use crate::abi::DcpKvFillParams;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::formats::{KvFormat, D_LATENT, D_ROPE};
 use crate::planner::DcpLayout;
 use crate::runtime::registry;
@@ -46,15 +46,9 @@ pub struct KvFill {
 /// outside `0..num_pages` is skipped: the kernel never writes outside the cache.
 pub fn kv_fill(dev: &Device, stream: Stream, a: &KvFill) -> Result<()> {
     let params = validate(a)?;
-    if params.num_tokens == 0 {
-        return Ok(());
-    }
-    let id =
-        registry::kv_fill(a.format.into()).ok_or_else(|| Error::Unsupported(format!("kv_fill for {:?}", a.format)))?;
-    let warps_per_block = id.info().block / 32;
-    let grid = (params.num_tokens as u32).div_ceil(warps_per_block);
+    let id = compiled(registry::kv_fill(a.format.into()), || format!("kv_fill for {:?}", a.format))?;
     // SAFETY: validate() checked every buffer against the extents the kernel addresses.
-    unsafe { dev.launch(id, (grid, 1, 1), 0, stream, &params) }
+    unsafe { launch_warp_rows(dev, stream, id, params.num_tokens as usize, "positions", &params) }
 }
 
 fn validate(a: &KvFill) -> Result<DcpKvFillParams> {
@@ -62,7 +56,7 @@ fn validate(a: &KvFill) -> Result<DcpKvFillParams> {
     ensure_arg!(a.req_idx.len() == t, "req_idx", "has {} entries but positions has {t}", a.req_idx.len());
     check_rows("ckv", &a.ckv, t, a.ckv_stride, D_LATENT)?;
     check_rows("kpe", &a.kpe, t, a.kpe_stride, D_ROPE)?;
-    check_layout(a.dcp, a.rank)?;
+    let [dcp_size, dcp_rank, interleave] = check_layout(a.dcp, a.rank)?;
     ensure_arg!(a.block_size >= 1, "block_size", "must be at least 1");
     ensure_arg!(
         a.block_size % a.dcp.interleave == 0,
@@ -88,9 +82,9 @@ fn validate(a: &KvFill) -> Result<DcpKvFillParams> {
         max_pages: to_i32("max_pages", a.max_pages)?,
         num_pages: to_i32("num_pages", a.num_pages)?,
         block_size: to_i32("block_size", a.block_size)?,
-        dcp_size: to_i32("dcp_size", a.dcp.size)?,
-        dcp_rank: to_i32("rank", a.rank)?,
-        interleave: to_i32("interleave", a.dcp.interleave)?,
+        dcp_size,
+        dcp_rank,
+        interleave,
         page_rows,
         reserved: 0,
     })

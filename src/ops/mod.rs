@@ -11,7 +11,8 @@ pub mod topk;
 use crate::error::{Error, Result};
 use crate::formats::KvFormat;
 use crate::planner::DcpLayout;
-use crate::runtime::DeviceSlice;
+use crate::runtime::registry::KernelId;
+use crate::runtime::{Device, DeviceSlice, Stream};
 use half::bf16;
 
 /// The element type of [`Rows`], the vocabulary of the DSL's `dtype` axis (the registry
@@ -67,6 +68,46 @@ impl Rows {
     pub(crate) fn elem_bytes(&self) -> u64 {
         self.dtype().bytes() as u64
     }
+}
+
+/// A device buffer as the launchers' checks see it: where it starts, how many elements it holds
+/// and their size ([`DeviceSlice`] of any element, [`Rows`] of bf16 or fp32).
+pub(crate) trait Buffer {
+    fn addr(&self) -> u64;
+    fn elems(&self) -> usize;
+    fn elem_size(&self) -> usize;
+}
+
+impl<T> Buffer for DeviceSlice<T> {
+    fn addr(&self) -> u64 {
+        self.ptr()
+    }
+    fn elems(&self) -> usize {
+        self.len()
+    }
+    fn elem_size(&self) -> usize {
+        std::mem::size_of::<T>()
+    }
+}
+
+impl Buffer for Rows {
+    fn addr(&self) -> u64 {
+        self.ptr()
+    }
+    fn elems(&self) -> usize {
+        self.len()
+    }
+    fn elem_size(&self) -> usize {
+        self.dtype().bytes()
+    }
+}
+
+/// `buf`, named `arg`, holds at least `need` elements and, unless none are needed, starts on an
+/// `align`-byte boundary (1: anywhere).
+pub(crate) fn check_buf(arg: &'static str, buf: &impl Buffer, need: usize, align: u64) -> Result<()> {
+    ensure_arg!(buf.elems() >= need, arg, "holds {} elements but {need} are needed", buf.elems());
+    ensure_aligned!(buf.addr() % align == 0 || need == 0, arg, "pointer {:#x} is not {align}-byte aligned", buf.addr());
+    Ok(())
 }
 
 /// Elements that `rows` rows of `stride` elements address when the first `width` of each are
@@ -127,19 +168,15 @@ pub(crate) fn view_strides<const N: usize>(
     Ok(strides)
 }
 
-/// [`view_strides`] for a view the kernels write: besides, no two items may share an element (a
-/// race, and a silently wrong result): ordered by stride, each stride steps over everything
-/// inside it.
-pub(crate) fn written_view_strides<const N: usize>(
+/// No two of a written view's items share an element (a race, and a silently wrong result):
+/// ordered by stride, each stride (of [`view_strides`]) steps over everything inside it.
+fn items_apart<const N: usize>(
     arg: &'static str,
     strides_arg: &'static str,
-    len: usize,
     strides: [usize; N],
     counts: [usize; N],
     width: usize,
-    align: usize,
-) -> Result<[usize; N]> {
-    let strides = view_strides(arg, strides_arg, len, strides, counts, width, align)?;
+) -> Result<()> {
     let mut dims: [(usize, usize); N] = std::array::from_fn(|i| (counts[i], strides[i]));
     dims.sort_unstable_by_key(|&(_, s)| s);
     let mut inner = width;
@@ -151,7 +188,51 @@ pub(crate) fn written_view_strides<const N: usize>(
         );
         inner += (n - 1) * s;
     }
-    Ok(strides)
+    Ok(())
+}
+
+/// A strided view's shape: `counts` items (outermost first) of `width` contiguous elements, whose
+/// strides and pointer are multiples of `align` bytes (the kernels' vector accesses; an element's
+/// size at least); `written` when the kernels write it, and no two items may then share an
+/// element. [`View::strides`] checks a buffer's view of this shape.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct View<const N: usize> {
+    pub counts: [usize; N],
+    pub width: usize,
+    pub align: usize,
+    pub written: bool,
+}
+
+impl<const N: usize> View<N> {
+    /// [`view_strides`] of `buf` (named `arg`, its strides `strides_arg`) at `strides` (`None`:
+    /// contiguous), then (`written`) its items kept apart, then its pointer's alignment; returns
+    /// the kernels' strides.
+    pub(crate) fn strides(
+        self,
+        arg: &'static str,
+        strides_arg: &'static str,
+        buf: &impl Buffer,
+        strides: Option<[usize; N]>,
+    ) -> Result<[usize; N]> {
+        let View { counts, width, align, written } = self;
+        // contiguous: each stride steps over everything inside it (saturating: an overflow is
+        // refused as the view's extent)
+        let strides = strides.unwrap_or_else(|| {
+            let mut s = [0; N];
+            let mut inner = width;
+            for i in (0..N).rev() {
+                s[i] = inner;
+                inner = inner.saturating_mul(counts[i]);
+            }
+            s
+        });
+        let strides = view_strides(arg, strides_arg, buf.elems(), strides, counts, width, align / buf.elem_size())?;
+        if written {
+            items_apart(arg, strides_arg, strides, counts, width)?;
+        }
+        ensure_aligned!(buf.addr() % align as u64 == 0, arg, "pointer {:#x} is not {align}-byte aligned", buf.addr());
+        Ok(strides)
+    }
 }
 
 /// Checks that `buf` holds `rows` rows of `stride` elements of which the first `width` are read,
@@ -195,18 +276,17 @@ pub(crate) fn row_count(arg: &'static str, factors: &[usize]) -> Result<usize> {
 }
 
 /// A DCP group and this rank's place in it: at least one rank, runs of at least one token, and
-/// `rank` inside the group.
-pub(crate) fn check_layout(dcp: DcpLayout, rank: usize) -> Result<()> {
+/// `rank` inside the group. Returns the kernels' int32 `[dcp_size, dcp_rank, interleave]`.
+pub(crate) fn check_layout(dcp: DcpLayout, rank: usize) -> Result<[i32; 3]> {
     ensure_arg!(dcp.size >= 1, "dcp_size", "must be at least 1");
     ensure_arg!(dcp.interleave >= 1, "interleave", "must be at least 1");
     ensure_arg!(rank < dcp.size, "rank", "{rank} is not below the group size {}", dcp.size);
-    Ok(())
+    Ok([to_i32("dcp_size", dcp.size)?, to_i32("rank", rank)?, to_i32("interleave", dcp.interleave)?])
 }
 
-/// `buf` holds at least `need` elements.
+/// `buf` holds at least `need` elements ([`check_buf`] with no alignment).
 pub(crate) fn check_len<T>(arg: &'static str, buf: &DeviceSlice<T>, need: usize) -> Result<()> {
-    ensure_arg!(buf.len() >= need, arg, "holds {} elements but {need} are needed", buf.len());
-    Ok(())
+    check_buf(arg, buf, need, 1)
 }
 
 /// A block table of `batch` rows of `stride` entries whose first `max_pages` are read:
@@ -279,9 +359,53 @@ pub(crate) fn to_i32(arg: &'static str, v: usize) -> Result<i32> {
     i32::try_from(v).map_err(|_| Error::arg(arg, format!("{v} exceeds the kernels' int32 range")))
 }
 
+/// The kernel `id`, or [`Error::Unsupported`] naming `what` when this build does not hold it.
+pub(crate) fn compiled<P>(id: Option<KernelId<P>>, what: impl FnOnce() -> String) -> Result<KernelId<P>> {
+    id.ok_or_else(|| Error::Unsupported(what()))
+}
+
+/// Launches `id` over `rows` rows, `rows_per_block` of them a CTA, with `params`; nothing for no
+/// rows. A grid past the x limit (2^31 − 1) is refused naming `arg`.
+///
+/// # Safety
+/// `params` must have passed every check of the buffers the kernel addresses.
+pub(crate) unsafe fn launch_rows<P: Copy>(
+    dev: &Device,
+    stream: Stream,
+    id: KernelId<P>,
+    rows: usize,
+    rows_per_block: usize,
+    arg: &'static str,
+    params: &P,
+) -> Result<()> {
+    if rows == 0 {
+        return Ok(());
+    }
+    let grid = rows.div_ceil(rows_per_block);
+    ensure_arg!(grid <= i32::MAX as usize, arg, "{rows} rows exceed one launch's grid");
+    // SAFETY: the caller's contract.
+    unsafe { dev.launch(id, (grid as u32, 1, 1), 0, stream, params) }
+}
+
+/// [`launch_rows`] with one warp a row.
+///
+/// # Safety
+/// As for [`launch_rows`].
+pub(crate) unsafe fn launch_warp_rows<P: Copy>(
+    dev: &Device,
+    stream: Stream,
+    id: KernelId<P>,
+    rows: usize,
+    arg: &'static str,
+    params: &P,
+) -> Result<()> {
+    // SAFETY: the caller's contract.
+    unsafe { launch_rows(dev, stream, id, rows, (id.info().block / 32) as usize, arg, params) }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::test_util::{arg_of, fake};
+    use super::test_util::{arg_of, fake, fake_at};
     use super::*;
 
     #[test]
@@ -297,6 +421,45 @@ mod tests {
         let s = usize::MAX / 4 + 1; // × 4 bytes = 2^64 ≡ 0
         assert_eq!(arg_of(check_rows::<f32>("y", &fake(1 << 20), 2, s, 4).unwrap_err()), "y");
         assert!(check_rows::<f32>("y", &fake(20), 2, 16, 4).is_ok());
+    }
+
+    #[test]
+    fn views_default_to_contiguous_and_check_the_pointer() {
+        let v = View { counts: [2, 3, 4], width: 512, align: 16, written: false };
+        let read = |v: View<3>, buf: DeviceSlice<bf16>, s| v.strides("q", "q_strides", &buf, s);
+        assert_eq!(read(v, fake(24 * 512), None).unwrap(), [6144, 2048, 512]);
+        // a dim of one entry takes stride 0
+        let one = View { counts: [1, 3, 4], ..v };
+        assert_eq!(read(one, fake(12 * 512), None).unwrap(), [0, 2048, 512]);
+        assert_eq!(arg_of(read(v, fake(24 * 512 - 1), None).unwrap_err()), "q");
+        // 16 bytes: bf16 strides in multiples of 8 elements, and the pointer on a 16-byte boundary
+        assert_eq!(arg_of(read(v, fake(1 << 20), Some([6144, 2048, 516])).unwrap_err()), "q_strides");
+        assert_eq!(arg_of(read(v, fake_at(0x1008, 24 * 512), None).unwrap_err()), "q");
+        // a contiguous view too large to address is refused by name, not wrapped
+        let huge = View { counts: [usize::MAX / 2, 3, 4], ..v };
+        assert_eq!(arg_of(read(huge, fake(1 << 20), None).unwrap_err()), "q_strides");
+        // written: items may not overlap; fp32 lse 4-byte aligned
+        let lse = View { counts: [2, 3, 4], width: 1, align: 4, written: true };
+        assert!(lse.strides("lse", "lse_strides", &fake::<f32>(24), Some([12, 1, 3])).is_ok());
+        assert_eq!(
+            arg_of(lse.strides("lse", "lse_strides", &fake::<f32>(24), Some([12, 1, 1])).unwrap_err()),
+            "lse_strides"
+        );
+        let read_lse = View { written: false, ..lse };
+        assert!(read_lse.strides("lse", "lse_strides", &fake::<f32>(24), Some([12, 1, 1])).is_ok());
+    }
+
+    #[test]
+    fn buffers_are_checked_by_length_and_alignment() {
+        assert!(check_buf("lse", &fake::<f32>(8), 8, 4).is_ok());
+        assert_eq!(arg_of(check_buf("lse", &fake::<f32>(7), 8, 4).unwrap_err()), "lse");
+        assert_eq!(arg_of(check_buf("lse", &fake_at::<f32>(0x1002, 8), 8, 4).unwrap_err()), "lse");
+        // nothing needed: any pointer
+        assert!(check_buf("lse", &fake_at::<f32>(0x1002, 0), 0, 4).is_ok());
+        let rows = Rows::Bf16(fake(2 * 512));
+        assert!(check_buf("out", &rows, 2 * 512, 16).is_ok());
+        assert_eq!(rows.elem_size(), 2);
+        assert_eq!(check_layout(DcpLayout { size: 4, interleave: 2 }, 3).unwrap(), [4, 3, 2]);
     }
 }
 

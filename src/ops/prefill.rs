@@ -6,12 +6,12 @@
 //! so a captured CUDA graph replays correctly when the plan of the next chunk differs: the
 //! caller uploads the new table into the same buffer.
 
-use super::{check_block_table, check_cache_bytes, check_layout, check_len, to_i32};
+use super::{check_block_table, check_cache_bytes, check_layout, check_len, compiled, launch_warp_rows, to_i32};
 use crate::abi::{DcpPrefillFlattenParams, DcpPrefillReorderParams};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::formats::{KvFormat, D_QK};
 use crate::planner::{Chunk, DcpLayout};
-use crate::runtime::registry::{self, KernelId};
+use crate::runtime::registry;
 use crate::runtime::{Device, DeviceSlice, Stream};
 use half::bf16;
 
@@ -74,14 +74,13 @@ pub struct Flatten {
 /// [`crate::reference::prefill::flatten_chunk`].
 pub fn flatten(dev: &Device, stream: Stream, a: &Flatten) -> Result<()> {
     let params = flatten_params(a)?;
-    let id = registry::prefill_flatten(a.format.into())
-        .ok_or_else(|| Error::Unsupported(format!("prefill_flatten for {:?}", a.format)))?;
-    launch_warp_rows(dev, stream, id, a.cap_rows, &params)
+    let id = compiled(registry::prefill_flatten(a.format.into()), || format!("prefill_flatten for {:?}", a.format))?;
+    // SAFETY: flatten_params checked every buffer the kernel addresses.
+    unsafe { launch_warp_rows(dev, stream, id, a.cap_rows, "rows", &params) }
 }
 
 fn flatten_params(a: &Flatten) -> Result<DcpPrefillFlattenParams> {
-    check_layout(a.dcp, a.rank)?;
-    ensure_arg!(a.block_size >= 1, "block_size", "must be at least 1");
+    let [dcp_size, dcp_rank, interleave] = check_layout(a.dcp, a.rank)?;
     let page_rows = check_cache_bytes(&a.cache, a.num_pages, a.block_size, a.page_stride, a.format)?;
     check_block_table(&a.block_table, a.batch, a.block_table_stride, a.max_pages)?;
     check_len("pieces", &a.pieces, super::product("max_pieces", &[a.max_pieces, PIECE_FIELDS])?)?;
@@ -98,9 +97,9 @@ fn flatten_params(a: &Flatten) -> Result<DcpPrefillFlattenParams> {
         block_size: to_i32("block_size", a.block_size)?,
         cap_rows: to_i32("cap_rows", a.cap_rows)?,
         max_pieces: to_i32("max_pieces", a.max_pieces)?,
-        dcp_size: to_i32("dcp_size", a.dcp.size)?,
-        dcp_rank: to_i32("rank", a.rank)?,
-        interleave: to_i32("interleave", a.dcp.interleave)?,
+        dcp_size,
+        dcp_rank,
+        interleave,
         page_rows,
     })
 }
@@ -126,13 +125,14 @@ pub struct Reorder {
 /// cap_rows). Bit-identical to [`crate::reference::prefill::reorder_chunk`].
 pub fn reorder(dev: &Device, stream: Stream, a: &Reorder) -> Result<()> {
     let params = reorder_params(a)?;
-    let id = registry::prefill_reorder().ok_or_else(|| Error::Unsupported("prefill_reorder".into()))?;
-    launch_warp_rows(dev, stream, id, a.out_rows, &params)
+    let id = compiled(registry::prefill_reorder(), || "prefill_reorder".into())?;
+    // SAFETY: reorder_params checked every buffer the kernel addresses.
+    unsafe { launch_warp_rows(dev, stream, id, a.out_rows, "rows", &params) }
 }
 
 fn reorder_params(a: &Reorder) -> Result<DcpPrefillReorderParams> {
-    check_layout(a.dcp, 0)?;
-    let rows = a.dcp.size.checked_mul(a.cap_rows).ok_or_else(|| Error::arg("cap_rows", "D·cap_rows overflows"))?;
+    let [dcp_size, _, interleave] = check_layout(a.dcp, 0)?;
+    let rows = super::product("cap_rows", &[a.dcp.size, a.cap_rows])?;
     check_rows_out("gathered", &a.gathered, rows)?;
     check_len("pieces", &a.pieces, super::product("max_pieces", &[a.max_pieces, PIECE_FIELDS])?)?;
     check_rows_out("out", &a.out, a.out_rows)?;
@@ -143,22 +143,10 @@ fn reorder_params(a: &Reorder) -> Result<DcpPrefillReorderParams> {
         cap_rows: to_i32("cap_rows", a.cap_rows)?,
         out_rows: to_i32("out_rows", a.out_rows)?,
         max_pieces: to_i32("max_pieces", a.max_pieces)?,
-        dcp_size: to_i32("dcp_size", a.dcp.size)?,
-        interleave: to_i32("interleave", a.dcp.interleave)?,
+        dcp_size,
+        interleave,
         reserved: 0,
     })
-}
-
-/// One warp per 576-value row.
-fn launch_warp_rows<P: Copy>(dev: &Device, stream: Stream, id: KernelId<P>, rows: usize, params: &P) -> Result<()> {
-    if rows == 0 {
-        return Ok(());
-    }
-    let warps_per_block = (id.info().block / 32) as usize;
-    let grid = u32::try_from(rows.div_ceil(warps_per_block))
-        .map_err(|_| Error::arg("rows", format!("{rows} rows exceed the grid limit")))?;
-    // SAFETY: the callers validated every buffer the kernel addresses against `params`.
-    unsafe { dev.launch(id, (grid, 1, 1), 0, stream, params) }
 }
 
 /// `rows` dense rows of 576 bf16, 16-byte aligned (the kernels move 16-byte vectors).

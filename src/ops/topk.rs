@@ -6,11 +6,11 @@
 //! buffer, all-gather that buffer (the caller's collective), merge to the global top-K ids, and
 //! compact the ids this rank owns back to local positions or cache slots for sparse attention.
 
-use super::{check_layout, check_len, to_i32};
+use super::{check_layout, check_len, compiled, launch_rows, product, to_i32};
 use crate::abi::{DcpTopkCompactParams, DcpTopkMergeParams, DcpTopkPackParams, DcpTopkParams};
 use crate::error::{Error, Result};
 use crate::planner::{check_topk, DcpLayout, TOPK_SIZES};
-use crate::runtime::registry::{self, KernelId};
+use crate::runtime::registry;
 use crate::runtime::{Device, DeviceSlice, Stream};
 
 /// Arguments of [`local_topk`].
@@ -159,8 +159,9 @@ pub fn local_topk_with(dev: &Device, stream: Stream, a: &LocalTopk, schedule: To
     let params = local_topk_params(a)?;
     match schedule {
         TopkSchedule::CtaPerRow => {
-            let id = lookup(registry::topk_local(a.k as u32), || format!("topk_local for K = {}", a.k))?;
-            launch_rows(dev, stream, id, a.rows, &params)
+            let id = compiled(registry::topk_local(a.k as u32), || format!("topk_local for K = {}", a.k))?;
+            // SAFETY: local_topk_params checked every element the kernel reads and writes.
+            unsafe { launch_rows(dev, stream, id, a.rows, 1, "rows", &params) }
         }
         TopkSchedule::Cluster { ctas } | TopkSchedule::HalfKeyCluster { ctas } => {
             let key_bits = if matches!(schedule, TopkSchedule::HalfKeyCluster { .. }) { 16 } else { 32 };
@@ -168,7 +169,7 @@ pub fn local_topk_with(dev: &Device, stream: Stream, a: &LocalTopk, schedule: To
             if dev.compute_capability().0 < 9 {
                 return Err(Error::Unsupported("top-k clusters need compute capability 9.0".into()));
             }
-            let id = lookup(registry::topk_local_cluster(a.k as u32, key_bits), || {
+            let id = compiled(registry::topk_local_cluster(a.k as u32, key_bits), || {
                 format!("topk_local_cluster for K = {}, {key_bits}-bit keys", a.k)
             })?;
             if a.rows == 0 {
@@ -182,12 +183,11 @@ pub fn local_topk_with(dev: &Device, stream: Stream, a: &LocalTopk, schedule: To
 
 fn local_topk_params(a: &LocalTopk) -> Result<DcpTopkParams> {
     ensure_arg!(TOPK_SIZES.contains(&a.k), "k", "K = {} is not one of the supported sizes {:?}", a.k, TOPK_SIZES);
-    ensure_arg!(a.cols <= a.row_stride, "cols", "{} exceeds the row stride {}", a.cols, a.row_stride);
     // The kernel walks a row in int32 tiles of 4096 elements: keep a tile's end in range.
     ensure_arg!(a.cols <= i32::MAX as usize - 4096, "cols", "{} is too long for one row (at most 2^31 - 4097)", a.cols);
-    check_extent("scores", &a.scores, a.rows, a.row_stride, a.cols)?;
+    check_scores(&a.scores, a.rows, a.row_stride, a.cols)?;
     check_len("lens", &a.lens, a.rows)?;
-    check_len("out", &a.out, super::product("rows", &[a.rows, a.k])?)?;
+    check_len("out", &a.out, product("rows", &[a.rows, a.k])?)?;
     let params = DcpTopkParams {
         scores: a.scores.ptr(),
         lens: a.lens.ptr(),
@@ -227,7 +227,7 @@ pub fn pack_candidates(dev: &Device, stream: Stream, a: &PackCandidates) -> Resu
     if n == 0 {
         return Ok(());
     }
-    let id = lookup(registry::topk_pack(), || "topk_pack".into())?;
+    let id = compiled(registry::topk_pack(), || "topk_pack".into())?;
     // A grid-stride loop: a few waves of blocks cover any size.
     let grid = n.div_ceil(id.info().block as usize).min(1 << 16) as u32;
     // SAFETY: pack_params checked every element the kernel reads and writes.
@@ -235,11 +235,8 @@ pub fn pack_candidates(dev: &Device, stream: Stream, a: &PackCandidates) -> Resu
 }
 
 fn pack_params(a: &PackCandidates) -> Result<DcpTopkPackParams> {
-    ensure_arg!(a.k >= 1, "k", "must be at least 1");
-    check_layout(a.dcp, a.rank)?;
-    ensure_arg!(a.cols <= a.row_stride, "cols", "{} exceeds the row stride {}", a.cols, a.row_stride);
-    check_extent("scores", &a.scores, a.rows, a.row_stride, a.cols)?;
-    let n = a.rows.checked_mul(a.k).ok_or_else(|| Error::arg("rows", "rows·k overflows"))?;
+    let (n, [dcp_size, dcp_rank, interleave]) = check_rows_of_k(a.rows, a.k, a.dcp, a.rank)?;
+    check_scores(&a.scores, a.rows, a.row_stride, a.cols)?;
     check_len("local_idx", &a.local_idx, n)?;
     check_len("cand_scores", &a.cand_scores, n)?;
     check_len("cand_ids", &a.cand_ids, n)?;
@@ -262,9 +259,9 @@ fn pack_params(a: &PackCandidates) -> Result<DcpTopkPackParams> {
         rows: to_i32("rows", a.rows)?,
         k: to_i32("k", a.k)?,
         cols: to_i32("cols", a.cols)?,
-        dcp_size: to_i32("dcp_size", a.dcp.size)?,
-        dcp_rank: to_i32("rank", a.rank)?,
-        interleave: to_i32("interleave", a.dcp.interleave)?,
+        dcp_size,
+        dcp_rank,
+        interleave,
     };
     Ok(params)
 }
@@ -291,10 +288,11 @@ pub struct GlobalMerge {
 /// call, naming D and K.
 pub fn global_merge(dev: &Device, stream: Stream, a: &GlobalMerge) -> Result<()> {
     let params = merge_params(a)?;
-    let id = lookup(registry::topk_merge(a.dcp_size as u32, a.k as u32), || {
+    let id = compiled(registry::topk_merge(a.dcp_size as u32, a.k as u32), || {
         format!("topk_merge for D = {}, K = {}", a.dcp_size, a.k)
     })?;
-    launch_rows(dev, stream, id, a.rows, &params)
+    // SAFETY: merge_params checked every element the kernel reads and writes.
+    unsafe { launch_rows(dev, stream, id, a.rows, 1, "rows", &params) }
 }
 
 fn merge_params(a: &GlobalMerge) -> Result<DcpTopkMergeParams> {
@@ -302,7 +300,7 @@ fn merge_params(a: &GlobalMerge) -> Result<DcpTopkMergeParams> {
     let n = a.dcp_size.saturating_mul(a.rows).saturating_mul(a.k);
     check_len("cand_scores", &a.cand_scores, n)?;
     check_len("cand_ids", &a.cand_ids, n)?;
-    check_len("out", &a.out, super::product("rows", &[a.rows, a.k])?)?;
+    check_len("out", &a.out, product("rows", &[a.rows, a.k])?)?;
     let params = DcpTopkMergeParams {
         cand_scores: a.cand_scores.ptr(),
         cand_ids: a.cand_ids.ptr(),
@@ -349,14 +347,13 @@ pub struct Compact {
 /// [`crate::reference::topk::compact`].
 pub fn compact(dev: &Device, stream: Stream, a: &Compact) -> Result<()> {
     let params = compact_params(a)?;
-    let id = lookup(registry::topk_compact(), || "topk_compact".into())?;
-    launch_rows(dev, stream, id, a.rows, &params)
+    let id = compiled(registry::topk_compact(), || "topk_compact".into())?;
+    // SAFETY: compact_params checked every element the kernel reads and writes.
+    unsafe { launch_rows(dev, stream, id, a.rows, 1, "rows", &params) }
 }
 
 fn compact_params(a: &Compact) -> Result<DcpTopkCompactParams> {
-    ensure_arg!(a.k >= 1, "k", "must be at least 1");
-    check_layout(a.dcp, a.rank)?;
-    let n = a.rows.checked_mul(a.k).ok_or_else(|| Error::arg("rows", "rows·k overflows"))?;
+    let (n, [dcp_size, dcp_rank, interleave]) = check_rows_of_k(a.rows, a.k, a.dcp, a.rank)?;
     check_len("ids", &a.ids, n)?;
     check_len("out", &a.out, n)?;
     check_len("counts", &a.counts, a.rows)?;
@@ -368,9 +365,9 @@ fn compact_params(a: &Compact) -> Result<DcpTopkCompactParams> {
         block_table_stride: 0,
         rows: to_i32("rows", a.rows)?,
         k: to_i32("k", a.k)?,
-        dcp_size: to_i32("dcp_size", a.dcp.size)?,
-        dcp_rank: to_i32("rank", a.rank)?,
-        interleave: to_i32("interleave", a.dcp.interleave)?,
+        dcp_size,
+        dcp_rank,
+        interleave,
         translate: 0,
         block_size: 1,
         rows_per_request: 1,
@@ -381,7 +378,7 @@ fn compact_params(a: &Compact) -> Result<DcpTopkCompactParams> {
         ensure_arg!(t.block_size >= 1, "translate.block_size", "must be at least 1");
         ensure_arg!(t.rows_per_request >= 1, "translate.rows_per_request", "must be at least 1");
         let requests = a.rows.div_ceil(t.rows_per_request);
-        check_len("translate.block_table", &t.block_table, super::product("translate.stride", &[requests, t.stride])?)?;
+        check_len("translate.block_table", &t.block_table, product("translate.stride", &[requests, t.stride])?)?;
         params.block_table = t.block_table.ptr();
         params.block_table_stride = t.stride as i64;
         params.translate = 1;
@@ -392,26 +389,25 @@ fn compact_params(a: &Compact) -> Result<DcpTopkCompactParams> {
     Ok(params)
 }
 
-fn lookup<P>(id: Option<KernelId<P>>, what: impl FnOnce() -> String) -> Result<KernelId<P>> {
-    id.ok_or_else(|| Error::Unsupported(what()))
+/// K ≥ 1 candidates in each of `rows` rows (returns rows·K) of a rank's launch in a DCP group
+/// (returns the kernels' layout, as [`check_layout`]).
+fn check_rows_of_k(rows: usize, k: usize, dcp: DcpLayout, rank: usize) -> Result<(usize, [i32; 3])> {
+    ensure_arg!(k >= 1, "k", "must be at least 1");
+    let layout = check_layout(dcp, rank)?;
+    Ok((product("rows", &[rows, k])?, layout))
 }
 
-/// One block per row.
-fn launch_rows<P: Copy>(dev: &Device, stream: Stream, id: KernelId<P>, rows: usize, params: &P) -> Result<()> {
-    if rows == 0 {
-        return Ok(());
-    }
-    let grid = u32::try_from(rows).map_err(|_| Error::arg("rows", format!("{rows} exceeds the grid limit")))?;
-    // SAFETY: every caller validated the buffers the kernel addresses against `params`.
-    unsafe { dev.launch(id, (grid, 1, 1), 0, stream, params) }
+/// The scores a top-k reads: `rows` rows `row_stride` apart of which the first `cols` are used.
+fn check_scores(scores: &DeviceSlice<f32>, rows: usize, row_stride: usize, cols: usize) -> Result<()> {
+    ensure_arg!(cols <= row_stride, "cols", "{cols} exceeds the row stride {row_stride}");
+    check_extent("scores", scores, rows, row_stride, cols)
 }
 
 /// `rows` rows of `stride` elements of which the first `cols` may be read (no alignment needed:
 /// scores are read one element at a time).
 fn check_extent<T>(arg: &'static str, buf: &DeviceSlice<T>, rows: usize, stride: usize, cols: usize) -> Result<()> {
     let need = if cols == 0 { 0 } else { super::extent(arg, rows, stride, cols)? };
-    ensure_arg!(buf.len() >= need, arg, "holds {} elements but {rows} rows of stride {stride} need {need}", buf.len());
-    Ok(())
+    check_len(arg, buf, need)
 }
 
 #[cfg(test)]

@@ -4,80 +4,18 @@
 //!
 //! Each combine also comes with an optional per-head attention sink (docs/contract.md §4): the
 //! `*_with_sink` functions apply it once, in their last step, to the merged result
-//! ([`crate::reference::attention::apply_sink`]); the plain functions are those with no sink.
+//! ([`crate::reference::sink::apply_sink`]); the plain functions are those with no sink.
 //!
 //! Every function takes the base of its input lse explicitly and returns natural logs. A base-2
 //! lse is converted as `lse · ln 2`, multiplied in the working precision (f32 for `merge::<f32>`)
 //! before the maximum is taken; a kernel does the same multiply before its max.
 
-use super::attention::apply_sink;
+use super::sink::apply_sink;
 use crate::formats::{LseBase, D_V};
 use half::bf16;
-use std::fmt::Debug;
-use std::ops::{Add, AddAssign, Div, Mul, Sub};
 
-/// The working precision of a reference computation: f32 (what kernels do) or f64 (the oracle
-/// for tolerance checks).
-pub trait Real:
-    Copy
-    + Debug
-    + Default
-    + PartialOrd
-    + Add<Output = Self>
-    + Sub<Output = Self>
-    + Mul<Output = Self>
-    + Div<Output = Self>
-    + AddAssign
-    + Send
-    + Sync
-    + 'static
-{
-    const ZERO: Self;
-    const ONE: Self;
-    const NEG_INFINITY: Self;
-    const INFINITY: Self;
-    const NAN: Self;
-    const LN_2: Self;
-    fn from_f32(x: f32) -> Self;
-    fn to_f64(self) -> f64;
-    fn exp(self) -> Self;
-    fn ln(self) -> Self;
-    fn abs(self) -> Self;
-    fn is_nan(self) -> bool;
-}
-
-macro_rules! impl_real {
-    ($t:ident) => {
-        impl Real for $t {
-            const ZERO: Self = 0.0;
-            const ONE: Self = 1.0;
-            const NEG_INFINITY: Self = $t::NEG_INFINITY;
-            const INFINITY: Self = $t::INFINITY;
-            const NAN: Self = $t::NAN;
-            const LN_2: Self = std::$t::consts::LN_2;
-            fn from_f32(x: f32) -> Self {
-                x as $t
-            }
-            fn to_f64(self) -> f64 {
-                self as f64
-            }
-            fn exp(self) -> Self {
-                $t::exp(self)
-            }
-            fn ln(self) -> Self {
-                $t::ln(self)
-            }
-            fn abs(self) -> Self {
-                $t::abs(self)
-            }
-            fn is_nan(self) -> bool {
-                $t::is_nan(self)
-            }
-        }
-    };
-}
-impl_real!(f32);
-impl_real!(f64);
+/// The working precision, [`crate::reference::real::Real`], also named here where it was first.
+pub use super::real::Real;
 
 /// λ of docs/contract.md §5: the lse in natural log, with +inf (an empty shard, FlashMLA style) mapped to
 /// −inf. NaN stays NaN (revised 2026-12-01): a NaN lse means a NaN reached that shard's inputs.

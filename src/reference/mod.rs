@@ -5,5 +5,7 @@ pub mod attention;
 pub mod fill;
 pub mod merge;
 pub mod prefill;
+pub mod real;
+pub mod sink;
 pub mod tolerance;
 pub mod topk;
