@@ -85,7 +85,8 @@ impl Model1Pages {
 }
 
 /// A power-of-two scale (or +inf) as its ue8m0 byte: the fp32 exponent field. The quantiser's
-/// scales are 2^-13..=2^127 (bytes 114..=254) and +inf (0xff, ue8m0's NaN).
+/// scales from bf16 input are 2^-13..=2^120 (bytes 114..=247) and +inf (0xff, ue8m0's NaN) for a
+/// tile holding an infinity.
 pub fn ue8m0_encode(scale: f32) -> u8 {
     debug_assert!(scale.to_bits() & 0x807f_ffff == 0, "a ue8m0 scale is a positive power of two or +inf: {scale}");
     (scale.to_bits() >> 23) as u8
@@ -129,7 +130,9 @@ pub fn encode_model1_token(row: &[bf16], pages: &Model1Pages, slot: usize, cache
 
 /// Dequantises token `slot` of a MODEL1 cache to the 512 values attention sees, exactly in fp32:
 /// float(e4m3)·2^(b − 127) for the nope values (NaN where the code or the tile's scale byte is
-/// NaN), the rope values widened from bf16.
+/// NaN), the rope values widened from bf16. A product beyond fp32's range reads ±inf: a scale
+/// byte above 247 (no fill writes one), or an input |x| ≥ 1.9375·2^127 (the top of bf16's range,
+/// which rounds to code 256 under the scale 2^120).
 pub fn decode_model1_token(cache: &[u8], pages: &Model1Pages, slot: usize) -> [f32; MODEL1_D_QK] {
     let (ro, so) = (pages.row_offset(slot), pages.scale_offset(slot));
     let mut out = [0.0f32; MODEL1_D_QK];
@@ -189,7 +192,7 @@ pub fn dequantize_model1_cache(cache: &[u8], pages: &Model1Pages) -> Vec<bf16> {
 /// same values, other bytes).
 pub fn model1_tile_is_canonical(scale_byte: u8, codes: &[u8]) -> bool {
     let floor = ue8m0_encode(fp8_group_scale(0.0));
-    if scale_byte == 0xff || scale_byte < floor || codes.iter().any(|&c| c == 0xff) {
+    if scale_byte == 0xff || scale_byte < floor || codes.contains(&0xff) {
         return false;
     }
     let amax = codes.iter().filter(|&&c| c & 0x7f != 0x7f).fold(0.0f32, |m, &c| m.max(e4m3_decode(c).abs()));
