@@ -1,7 +1,10 @@
 //! KV-cache formats (docs/contract.md §3): the BF16 row and the FP8 "656" row, with the exact
-//! quantisation rules the fill kernel implements in `kernels-src/common.cuh`.
+//! quantisation rules the fill kernel implements in `kernels-src/common.cuh`; [`model1`] holds
+//! FlashMLA's page-wise MODEL1 layout (d_qk = 512).
 
 use half::bf16;
+
+pub mod model1;
 
 /// Latent (c_kv, also V) values per token.
 pub const D_LATENT: usize = 512;

@@ -143,7 +143,15 @@ fn attention_rows<T: Real>(
 /// Softmax attention of one query head over `kv` into `out`, and when asked the softmax-weighted
 /// mean of |v| into `mean_abs` (both left 0 when kv is empty); returns the natural-log lse (−inf
 /// when empty).
-fn attend<T: Real>(q: &[bf16], kv: &[[f32; D_QK]], scale: T, out: &mut [T], mut mean_abs: Option<&mut [T]>) -> T {
+/// Each kv row holds the token's d_qk values (576, or 512 for MODEL1) with v its first 512; q has
+/// the same length as a row.
+pub(crate) fn attend<T: Real, R: AsRef<[f32]>>(
+    q: &[bf16],
+    kv: &[R],
+    scale: T,
+    out: &mut [T],
+    mut mean_abs: Option<&mut [T]>,
+) -> T {
     if kv.is_empty() {
         return T::NEG_INFINITY;
     }
@@ -151,6 +159,8 @@ fn attend<T: Real>(q: &[bf16], kv: &[[f32; D_QK]], scale: T, out: &mut [T], mut 
     let s: Vec<T> = kv
         .iter()
         .map(|k| {
+            let k = k.as_ref();
+            debug_assert_eq!(k.len(), qf.len(), "q and k rows have the same length");
             let mut dot = T::ZERO;
             for (&a, &b) in qf.iter().zip(k.iter()) {
                 dot += a * T::from_f32(b);
@@ -161,6 +171,7 @@ fn attend<T: Real>(q: &[bf16], kv: &[[f32; D_QK]], scale: T, out: &mut [T], mut 
     let m = s.iter().fold(T::NEG_INFINITY, |m, &x| if x > m { x } else { m });
     let mut sum = T::ZERO;
     for (&sk, k) in s.iter().zip(kv) {
+        let k = k.as_ref();
         let p = (sk - m).exp();
         sum += p;
         for (o, &v) in out.iter_mut().zip(&k[..D_V]) {

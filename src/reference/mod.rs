@@ -4,6 +4,7 @@
 pub mod attention;
 pub mod fill;
 pub mod merge;
+pub mod model1;
 pub mod prefill;
 pub mod real;
 pub mod sink;
