@@ -26,6 +26,8 @@ use half::bf16;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub mod tune;
+
 /// Bytes of the copy that measures the ceiling (read once, written once).
 pub const COPY_BYTES: usize = 1 << 31;
 /// Bytes read between timed launches to evict the L2 cache (H200: 50 MiB).
