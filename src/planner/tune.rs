@@ -139,7 +139,15 @@ pub fn class_distance(a: &DecodeClass, b: &DecodeClass) -> Option<f64> {
     if a.sparse != b.sparse || a.format != b.format || a.row_blocks() != b.row_blocks() {
         return None;
     }
-    let log = |x: usize, y: usize| ((x.max(1) as f64).log2() - (y.max(1) as f64).log2()).abs();
+    // |log2(x / y)|: exact for powers of two (the bucketed batch and context, most q and H)
+    let log = |x: usize, y: usize| {
+        let (x, y) = (x.max(1), y.max(1));
+        if x.is_power_of_two() && y.is_power_of_two() {
+            (x.trailing_zeros() as f64 - y.trailing_zeros() as f64).abs()
+        } else {
+            ((x as f64).log2() - (y as f64).log2()).abs()
+        }
+    };
     let flag = |x: bool, y: bool| if x == y { 0.0 } else { 1.0 };
     Some(
         log(a.batch, b.batch)
@@ -383,6 +391,10 @@ impl TuneTable {
     /// The row for `class` (bucketed by [`DecodeClass::new`]): its own class, else the nearest
     /// within [`MAX_NEAREST_DISTANCE`] (ties: the row listed first), else `None`.
     pub fn lookup(&self, class: &DecodeClass) -> Option<TunedChoice> {
+        // a launch's hot path: its own class by equality first, the distances only on a miss
+        if let Some(row) = self.rows.iter().find(|r| r.class == *class) {
+            return Some(TunedChoice { path: row.path, num_splits: row.num_splits, distance: 0.0 });
+        }
         let mut best: Option<(f64, &TuneRow)> = None;
         for row in &self.rows {
             let Some(d) = class_distance(class, &row.class) else { continue };
