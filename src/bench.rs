@@ -917,6 +917,8 @@ impl DecodeSpec {
             Case::Sparse { format, b, q, h, k } => DecodeSpec::sparse(format, b, q, h, SPARSE_CONTEXT, k, order),
             Case::Engine(e) if e.sparse => DecodeSpec::sparse(KvFormat::Fp8_656, e.b, e.q, e.h, e.sk, e.topk, order),
             Case::Engine(e) => {
+                // TODO(causal flag): with the flag, the request lengths ([b], strides [1, 0]) and
+                // `causal: true` in `DecodeInputs::args` instead (see decode_row_lens)
                 let lens = decode_row_lens(&engine_lens(&e), e.q, e.causal)?;
                 DecodeSpec { causal: e.causal, ragged: e.ragged, ..DecodeSpec::dense(e.b, e.q, e.h, e.sk, lens, order) }
             }

@@ -5,7 +5,7 @@
 
 use dcp_mla::bench::tune::{estimate_s, measure_plan, tune_plan, Measured, TunePlan, H100_MODEL, TUNE_BUDGET_S};
 use dcp_mla::bench::Timer;
-use dcp_mla::planner::tune::{CardId, TuneCard, TuneTable, TUNE_TABLE_ENV};
+use dcp_mla::planner::tune::{set_tune_table, CardId, TuneCard, TuneTable, TUNE_TABLE_ENV};
 use dcp_mla::runtime::Device;
 use std::path::PathBuf;
 
@@ -105,6 +105,12 @@ fn print_plan(plan: &TunePlan, a: &TuneArgs) {
 }
 
 fn tune(dev: &Device, a: &TuneArgs) -> dcp_mla::Result<i32> {
+    // the baseline is the launcher's heuristic: no tuned table (whatever DCP_MLA_TUNE_TABLE or
+    // the build's embedded table say), and no DCP_MLA_DECODE_PATH override
+    set_tune_table(None);
+    if std::env::var_os("DCP_MLA_DECODE_PATH").is_some_and(|v| !v.is_empty()) {
+        eprintln!("warning: DCP_MLA_DECODE_PATH is set: the heuristic baseline runs the kernel it names");
+    }
     let card = card_of(dev)?;
     let plan = tune_plan(card.sm_count as usize, a.filter.as_deref())?;
     print_plan(&plan, a);
