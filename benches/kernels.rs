@@ -4,7 +4,7 @@
 //! a message and exit code 2.
 
 use criterion::{Criterion, Throughput};
-use dcp_mla::bench::{events_elapsed, measure_us, prepare, rows, Measurement, Timer, DECODE_GRAPH_FAMILY};
+use dcp_mla::bench::{events_elapsed, graph_replays, measure_us, prepare, rows, Measurement, Timer};
 use dcp_mla::runtime::Device;
 use std::time::Duration;
 
@@ -28,7 +28,7 @@ fn main() {
         let (bytes, flops) = row.work();
         // criterion times back-to-back launches of one layer; a graph row is a graph of layers,
         // which only the table's figure (measure_us) times
-        if row.family != DECODE_GRAPH_FAMILY {
+        if graph_replays(row.family).is_none() {
             let mut launch = prepare(&dev, &s, &row).unwrap_or_else(|e| panic!("{}: {e}", row.name()));
             let mut g = c.benchmark_group(row.family);
             g.throughput(Throughput::Bytes(bytes as u64));

@@ -12,7 +12,7 @@
 use crate::error::{Error, Result};
 use crate::formats::{KvFormat, D_LATENT, D_QK, D_ROPE, D_V};
 use crate::ops::combine::{self, a2a_aligned_slot_bytes, A2aCombine, A2aPack, AgRsCorrect, CombineRows, MergeTwo};
-use crate::ops::decode::{self, DecodeCommon, DecodeOut, DecodeSchedule, DenseDecode, SparseDecode};
+use crate::ops::decode::{self, DecodeCommon, DecodeOut, DecodePath, DecodeSchedule, DenseDecode, SparseDecode};
 use crate::ops::fill::{kv_fill, KvFill};
 use crate::ops::prefill::{self, piece_table, Flatten, Reorder};
 use crate::ops::topk::{self, Compact, GlobalMerge, LocalTopk, PackCandidates, PageTranslate};
@@ -25,6 +25,8 @@ use cudarc::driver::{sys, CudaSlice, CudaStream, DeviceRepr, DriverError};
 use half::bf16;
 use std::sync::Arc;
 use std::time::Duration;
+
+pub mod tune;
 
 /// Bytes of the copy that measures the ceiling (read once, written once).
 pub const COPY_BYTES: usize = 1 << 31;
@@ -125,21 +127,44 @@ impl<'a> Timer<'a> {
 /// The family of the rows [`measure_us`] times as a CUDA graph of layers ([`graph_layer_us`]).
 pub const DECODE_GRAPH_FAMILY: &str = "mla_decode_graph";
 
+/// The engine view (issue 53 item 3): the anchors' engine_view.py shapes ([`ENGINE_SHAPES`],
+/// names as its rows spell them), the native launch path, [`GRAPH_LAYERS`] layers in one CUDA
+/// graph, causal MTP rows and ragged lengths where the shape says so.
+pub const DECODE_ENGINE_FAMILY: &str = "mla_decode_engine";
+
+/// The diagnosis rows of the identity block table: the flushed decode shapes with each request's
+/// pages in order (what `mla_decode` read before issue 53), beside the same shapes over a
+/// shuffled table, to show what the page layout costs.
+pub const DECODE_ORDERED_FAMILY: &str = "mla_decode_ordered";
+
 /// Layers a `mla_decode_graph` row captures in one CUDA graph, each with its own KV cache (as a
 /// model's layers have), replayed back to back with no L2 eviction: how an engine runs decode.
 pub const GRAPH_LAYERS: usize = 4;
 /// Timed replays of a `mla_decode_graph` row's graph (the median is reported).
 const GRAPH_REPLAYS: usize = 10;
+/// Timed replays of a `mla_decode_engine` row's graph (engine_view.py's 15).
+const ENGINE_REPLAYS: usize = 15;
+
+/// Timed replays of a family whose rows [`measure_us`] times as a graph of [`GRAPH_LAYERS`]
+/// layers; `None` for a family of flushed launches.
+pub fn graph_replays(family: &str) -> Option<usize> {
+    match family {
+        DECODE_GRAPH_FAMILY => Some(GRAPH_REPLAYS),
+        DECODE_ENGINE_FAMILY => Some(ENGINE_REPLAYS),
+        _ => None,
+    }
+}
 
 /// µs per layer of `row`'s decode, [`GRAPH_LAYERS`] layers captured in one CUDA graph on a new
-/// stream (a capture needs one), replayed back to back with no L2 eviction: median of
-/// [`GRAPH_REPLAYS`] replays after three untimed ones. Each layer's launch runs twice before the
-/// capture, so the graph holds the launches that reuse their split schedule, as a step's layers
-/// do after the first.
-pub fn graph_layer_us(dev: &Device, row: &BenchRow) -> Result<f64> {
+/// stream (a capture needs one), replayed back to back with no L2 eviction: median of `replays`
+/// replays after three untimed ones. Each layer's launch runs twice before the capture, so the
+/// graph holds the launches that reuse their split schedule, as a step's layers do after the
+/// first; an engine row's first layer computes its schedule in every replay, as a step's first
+/// layer does ([`prepare_layer`]).
+pub fn graph_layer_us(dev: &Device, row: &BenchRow, replays: usize) -> Result<f64> {
     use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
     let s = drv("cuStreamCreate", dev.context().new_stream())?;
-    let mut layers = (0..GRAPH_LAYERS).map(|_| prepare(dev, &s, row)).collect::<Result<Vec<_>>>()?;
+    let mut layers = (0..GRAPH_LAYERS).map(|l| prepare_layer(dev, &s, row, l)).collect::<Result<Vec<_>>>()?;
     for _ in 0..2 {
         layers.iter_mut().try_for_each(|l| l())?;
     }
@@ -153,18 +178,19 @@ pub fn graph_layer_us(dev: &Device, row: &BenchRow) -> Result<f64> {
     for _ in 0..3 {
         drv("cuGraphLaunch", graph.launch())?;
     }
-    let mut v = Vec::with_capacity(GRAPH_REPLAYS);
-    for _ in 0..GRAPH_REPLAYS {
+    let mut v = Vec::with_capacity(replays.max(1));
+    for _ in 0..replays.max(1) {
         v.push(event_ms(&s, 1, &mut || drv("cuGraphLaunch", graph.launch()))?);
     }
     Ok(median(&mut v) * 1e3 / GRAPH_LAYERS as f64)
 }
 
-/// µs of one `row` as `dcp-mla bench` reports it: a [`DECODE_GRAPH_FAMILY`] row per layer of its
-/// graph ([`graph_layer_us`]), any other the median of `timer`'s flushed launches on its stream.
+/// µs of one `row` as `dcp-mla bench` reports it: a row of a graph family ([`graph_replays`]) per
+/// layer of its graph ([`graph_layer_us`]), any other the median of `timer`'s flushed launches on
+/// its stream.
 pub fn measure_us(dev: &Device, timer: &mut Timer, row: &BenchRow) -> Result<f64> {
-    if row.family == DECODE_GRAPH_FAMILY {
-        return graph_layer_us(dev, row);
+    if let Some(replays) = graph_replays(row.family) {
+        return graph_layer_us(dev, row, replays);
     }
     let s = timer.stream().clone();
     let mut launch = prepare(dev, &s, row)?;
@@ -256,8 +282,11 @@ pub enum Case {
     /// Dense decode, q = 1, equal lengths, one CTA per request (no schedule, no combine): beside
     /// the same shape's `Dense` row, what a split launch's fixed cost is where it buys nothing.
     DenseUnsplit { b: usize, h: usize, sk: usize },
-    /// Sparse decode over `k` distinct random slots of each request's 8192-token cache.
+    /// Sparse decode: each query row attends to `k` distinct random tokens of its request's
+    /// [`SPARSE_CONTEXT`]-token cache, addressed through the block table (page·B + offset).
     Sparse { format: KvFormat, b: usize, q: usize, h: usize, k: usize },
+    /// A shape of the engine view ([`ENGINE_SHAPES`]); its rows are [`DECODE_ENGINE_FAMILY`]'s.
+    Engine(EngineShape),
     /// Two-way merge of T·H rows, `input` in, bf16 out.
     MergeTwo { t: usize, h: usize, input: RowsDtype },
     /// ag_rs step 1 on one rank: bf16 partials [T, H, 512] → a `contrib` contribution.
@@ -281,6 +310,93 @@ pub enum Case {
     /// One rank's local kernels of one layer's decode step ([`step_parts`]), without the NCCL
     /// collectives (see [`step_collectives_us`]); `d = 1` is the step without DCP.
     DcpStep(StepShape),
+}
+
+/// Tokens of each request's cache in a sparse row (the anchors': 32,768), of which each query
+/// row draws its K distinct indices.
+pub const SPARSE_CONTEXT: usize = 32768;
+
+/// Tokens a page of every decode row's cache (the anchors' and FlashMLA's 64).
+pub const DECODE_BLOCK: usize = 64;
+
+/// One shape of the engine view: the anchors' engine_view.py `SHAPES`, its name included, so
+/// that a comparer pairs the rows by family and shape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EngineShape {
+    /// engine_view.py's name of the shape, the row's shape string.
+    pub name: &'static str,
+    /// Sparse FP8-656 over index lists, else dense BF16 over the block table.
+    pub sparse: bool,
+    pub b: usize,
+    pub q: usize,
+    pub h: usize,
+    /// Dense: tokens a request (ragged: the most). Sparse: tokens of each request's cache.
+    pub sk: usize,
+    /// Sparse: indices a query row (0 for dense).
+    pub topk: usize,
+    /// Row j of a request sees its first L − q + 1 + j tokens (engines' MTP rows).
+    pub causal: bool,
+    /// Request lengths uniform in [s_k/8, s_k] ([`engine_lens`]).
+    pub ragged: bool,
+}
+
+const fn dense_engine(
+    name: &'static str,
+    b: usize,
+    q: usize,
+    h: usize,
+    sk: usize,
+    causal: bool,
+    ragged: bool,
+) -> EngineShape {
+    EngineShape { name, sparse: false, b, q, h, sk, topk: 0, causal, ragged }
+}
+
+const fn sparse_engine(name: &'static str, b: usize, q: usize, h: usize, sk: usize, topk: usize) -> EngineShape {
+    EngineShape { name, sparse: true, b, q, h, sk, topk, causal: false, ragged: false }
+}
+
+/// The engine view's twelve shapes, in engine_view.py's order and spelling.
+pub const ENGINE_SHAPES: [EngineShape; 12] = [
+    dense_engine("dense b128 q1 H64 8K", 128, 1, 64, 8192, false, false),
+    dense_engine("dense b128 q1 H128 8K", 128, 1, 128, 8192, false, false),
+    dense_engine("dense b128 q2 H64 8K causal", 128, 2, 64, 8192, true, false),
+    dense_engine("dense b128 q6 H64 8K causal", 128, 6, 64, 8192, true, false),
+    dense_engine("dense b128 q1 H64 32K ragged", 128, 1, 64, 32768, false, true),
+    dense_engine("dense b64 q1 H16 4K", 64, 1, 16, 4096, false, false),
+    dense_engine("dense b32 q2 H128 16K causal", 32, 2, 128, 16384, true, false),
+    dense_engine("dense b16 q6 H64 32K causal", 16, 6, 64, 32768, true, false),
+    sparse_engine("sparse fp8 b128 q1 H64 K2048", 128, 1, 64, 32768, 2048),
+    sparse_engine("sparse fp8 b128 q2 H128 K2048", 128, 2, 128, 32768, 2048),
+    sparse_engine("sparse fp8 b32 q6 H64 K2048", 32, 6, 64, 32768, 2048),
+    sparse_engine("sparse fp8 b64 q1 H128 K512", 64, 1, 128, 8192, 512),
+];
+
+/// The request lengths of an engine row: s_k each, or (ragged) uniform in [s_k/8, s_k] from a
+/// generator seeded by the shape's name. Every layer of the row's graph takes the same lengths,
+/// as a step's layers do.
+pub fn engine_lens(e: &EngineShape) -> Vec<u64> {
+    if !e.ragged {
+        return vec![e.sk as u64; e.b];
+    }
+    // FNV-1a of the name: a seed that does not depend on the shape's place in the list
+    let seed = e.name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, c| (h ^ c as u64).wrapping_mul(0x100_0000_01b3));
+    let mut rng = Rng::new(seed);
+    let lo = (e.sk / 8) as u64;
+    (0..e.b).map(|_| lo + rng.below(e.sk as u64 - lo + 1)).collect()
+}
+
+/// The [b, q] lengths a dense launch's rows see for requests of `lens` tokens: L each, or with
+/// `causal` L − q + 1 + j for row j (the planner's `causal_local_lens` without DCP).
+pub fn decode_row_lens(lens: &[u64], q: usize, causal: bool) -> Result<Vec<i32>> {
+    if causal {
+        return crate::planner::causal_local_lens(lens, &vec![q; lens.len()], DcpLayout { size: 1, interleave: 1 }, 0);
+    }
+    let mut rows = Vec::with_capacity(lens.len() * q);
+    for &l in lens {
+        rows.extend(std::iter::repeat_n(crate::planner::check_i32("request length", l as u128)?, q));
+    }
+    Ok(rows)
 }
 
 /// A decode step of [`STEP_BATCH`] requests of `sk` tokens, `q` query rows each, `h_l` heads a
@@ -389,6 +505,7 @@ fn describe(c: &Case) -> String {
             format!("b={b} q=1 H={h} s_k=ramp..{sk} {}", if split { "split=auto" } else { "split=1" })
         }
         Case::Sparse { format, b, q, h, k } => format!("{format:?} b={b} q={q} H={h} K={k}"),
+        Case::Engine(e) => e.name.to_string(),
         Case::MergeTwo { t, h, input } => format!("{input:?} in T={t} H={h}"),
         Case::AgRsCorrect { d, t, h, contrib } => format!("{contrib:?} contrib D={d} T={t} H={h}"),
         Case::A2aCombine { d, t, h } => format!("D={d} T={t} H={h}"),
@@ -432,6 +549,18 @@ fn kernel_work(c: &Case) -> (f64, f64) {
         }
         Case::Sparse { format, b, q, h, k } => {
             (b * q * k * format.token_bytes() + b * q * h * (D_QK + D_V) * 2, attn_flops(b * q * h, k))
+        }
+        // dense: each request's KV read once (its longest row's tokens), the FLOPs of every row's
+        // own length; with equal lengths and no causal rows, `Dense`'s counts
+        Case::Engine(e) if e.sparse => {
+            return kernel_work(&Case::Sparse { format: KvFormat::Fp8_656, b: e.b, q: e.q, h: e.h, k: e.topk })
+        }
+        Case::Engine(e) => {
+            let lens = engine_lens(&e);
+            let rows = decode_row_lens(&lens, e.q, e.causal).expect("engine shapes are valid");
+            let keys: usize = rows.iter().map(|&l| l as usize).sum();
+            let tokens: u64 = lens.iter().sum();
+            (tokens as usize * D_QK * 2 + e.b * e.q * e.h * (D_QK + D_V) * 2, attn_flops(e.h, keys))
         }
         // both inputs and lse read, bf16 out and fp32 lse written
         Case::MergeTwo { t, h, input } => (t * h * (2 * (D_V * input.bytes() + 4) + D_V * 2 + 4), 0.0),
@@ -499,6 +628,20 @@ pub fn rows() -> Vec<BenchRow> {
     for (q, h) in [(1, 64), (2, 64), (2, 128)] {
         let case = Case::Sparse { format: Fp8_656, b: 128, q, h, k: 2048 };
         v.push(BenchRow::new(DECODE_GRAPH_FAMILY, case, Target::None));
+    }
+    // the engine view: engine_view.py's shapes, natively, 4 layers a graph (graph_layer_us)
+    for e in ENGINE_SHAPES {
+        v.push(BenchRow::new(DECODE_ENGINE_FAMILY, Case::Engine(e), Target::None));
+    }
+    // diagnosis: the flushed dense and sparse FP8 shapes over the identity block table (each
+    // request's pages in order), beside the shuffled rows above: what the page layout costs
+    for (q, h, sk) in [(1, 16, 8192), (1, 64, 8192), (1, 128, 8192), (1, 64, 32768), (2, 64, 8192), (6, 64, 8192)] {
+        v.push(BenchRow::new(DECODE_ORDERED_FAMILY, Case::Dense { b: 128, q, h, sk }, Target::None));
+    }
+    v.push(BenchRow::new(DECODE_ORDERED_FAMILY, Case::Dense { b: 2, q: 1, h: 64, sk: 4096 }, Target::None));
+    for (q, h, k) in [(1, 64, 2048), (2, 64, 2048), (2, 128, 2048), (6, 64, 2048), (2, 64, 512)] {
+        let case = Case::Sparse { format: Fp8_656, b: 128, q, h, k };
+        v.push(BenchRow::new(DECODE_ORDERED_FAMILY, case, Target::None));
     }
     // vLLM's Triton two-way merge (bf16 in, bf16 out; docs/performance.md): at T ≤ 768 in 0.8 of
     // its time, at T = 4096 at 90% of copy; the fp32-in variant (docs/contract.md §5's intermediates) at 90%
@@ -640,52 +783,295 @@ impl Part {
     }
 }
 
-/// A decode row's query, outputs and split workspace: random bf16 queries for b·q·H rows, a bf16
-/// output, the lse, and the workspace of `splits` parts.
-struct DecodeBufs {
+/// How a decode row's pages lie in its cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PageOrder {
+    /// The block table is a random permutation of all the cache's pages (seeded), as engines
+    /// and the anchors' FlashMLA rows have it: every decode row but the diagnosis ones.
+    Shuffled,
+    /// Request i owns pages i·n .. (i + 1)·n in order (the identity table):
+    /// [`DECODE_ORDERED_FAMILY`].
+    Ordered,
+}
+
+/// The page order of a row of `family`.
+pub fn page_order(family: &str) -> PageOrder {
+    if family == DECODE_ORDERED_FAMILY {
+        PageOrder::Ordered
+    } else {
+        PageOrder::Shuffled
+    }
+}
+
+/// The block table of `requests` requests of `pages_per_request` pages each, int32
+/// [requests, pages_per_request]: every page of the cache once, in `order`.
+pub fn block_table(rng: &mut Rng, requests: usize, pages_per_request: usize, order: PageOrder) -> Vec<i32> {
+    let mut t: Vec<i32> = (0..(requests * pages_per_request) as i32).collect();
+    if order == PageOrder::Shuffled {
+        rng.shuffle(&mut t);
+    }
+    t
+}
+
+/// Sparse index lists int32 [requests, q, k]: for each query row, `k` distinct random tokens of
+/// its request's first `context` tokens, in random order, each as the cache row it lives in
+/// through the request's block-table row (page·`block` + offset).
+pub fn sparse_indices(
+    rng: &mut Rng,
+    table: &[i32],
+    pages_per_request: usize,
+    block: usize,
+    q: usize,
+    context: usize,
+    k: usize,
+) -> Vec<i32> {
+    let requests = table.len() / pages_per_request.max(1);
+    let k = k.min(context);
+    let mut tokens: Vec<usize> = (0..context).collect();
+    let mut idx = Vec::with_capacity(requests * q * k);
+    for i in 0..requests {
+        let pages = &table[i * pages_per_request..(i + 1) * pages_per_request];
+        for _ in 0..q {
+            // a partial Fisher-Yates: the first k of a permutation (kept between rows)
+            for j in 0..k {
+                tokens.swap(j, j + rng.below((context - j) as u64) as usize);
+            }
+            idx.extend(tokens[..k].iter().map(|&t| pages[t / block] * block as i32 + (t % block) as i32));
+        }
+    }
+    idx
+}
+
+/// What a decode row launches over, on the host: its shape, how many tokens of cache each
+/// request owns and in which page order, and the rows' lengths (dense) or top-k (sparse).
+#[derive(Debug, Clone, PartialEq)]
+pub struct DecodeSpec {
+    /// Index lists into the cache, else the dense block table (BF16).
+    pub sparse: bool,
+    pub format: KvFormat,
+    pub b: usize,
+    pub q: usize,
+    pub h: usize,
+    /// Tokens of cache each request owns (its pages): the longest length (dense), or the
+    /// context the indices are drawn from (sparse).
+    pub context: usize,
+    /// Dense: the [b, q] row lengths. Sparse: empty.
+    pub row_lens: Vec<i32>,
+    /// Sparse: indices a query row.
+    pub topk: usize,
+    pub order: PageOrder,
+    /// For the tuned table's class: causal rows, ragged lengths.
+    pub causal: bool,
+    pub ragged: bool,
+}
+
+impl DecodeSpec {
+    fn dense(b: usize, q: usize, h: usize, context: usize, row_lens: Vec<i32>, order: PageOrder) -> Self {
+        let ragged = row_lens.chunks(q.max(1)).any(|r| r[r.len() - 1] != row_lens[row_lens.len() - 1]);
+        DecodeSpec {
+            sparse: false,
+            format: KvFormat::Bf16,
+            b,
+            q,
+            h,
+            context,
+            row_lens,
+            topk: 0,
+            order,
+            causal: false,
+            ragged,
+        }
+    }
+
+    fn sparse(format: KvFormat, b: usize, q: usize, h: usize, context: usize, topk: usize, order: PageOrder) -> Self {
+        DecodeSpec {
+            sparse: true,
+            format,
+            b,
+            q,
+            h,
+            context,
+            row_lens: Vec::new(),
+            topk,
+            order,
+            causal: false,
+            ragged: false,
+        }
+    }
+
+    /// The launches of a decode row (`None` for other kinds of row); its `row_lens` are the
+    /// lengths of every launch of it.
+    pub fn of(row: &BenchRow) -> Result<Option<DecodeSpec>> {
+        let order = page_order(row.family);
+        let equal = |b: usize, q: usize, sk: usize| vec![sk as i32; b * q];
+        Ok(Some(match row.case {
+            Case::Dense { b, q, h, sk } => DecodeSpec::dense(b, q, h, sk, equal(b, q, sk), order),
+            Case::DenseScheduled { b, h, sk } | Case::DenseUnsplit { b, h, sk } => {
+                DecodeSpec::dense(b, 1, h, sk, equal(b, 1, sk), order)
+            }
+            Case::DenseRamp { b, h, sk, .. } => {
+                DecodeSpec::dense(b, 1, h, sk, ramp_lens(b, sk).into_iter().map(|l| l as i32).collect(), order)
+            }
+            Case::Sparse { format, b, q, h, k } => DecodeSpec::sparse(format, b, q, h, SPARSE_CONTEXT, k, order),
+            Case::Engine(e) if e.sparse => DecodeSpec::sparse(KvFormat::Fp8_656, e.b, e.q, e.h, e.sk, e.topk, order),
+            Case::Engine(e) => {
+                // every row holds its request's length L; causal rows launch with the kernels'
+                // causal rule (`DecodeInputs::args`), row j seeing L − q + 1 + j tokens
+                let lens = decode_row_lens(&engine_lens(&e), e.q, false)?;
+                DecodeSpec { causal: e.causal, ragged: e.ragged, ..DecodeSpec::dense(e.b, e.q, e.h, e.sk, lens, order) }
+            }
+            _ => return Ok(None),
+        }))
+    }
+
+    /// The launcher's heuristic split count for this shape on `num_sms` SMs.
+    pub fn heuristic_splits(&self, num_sms: usize) -> usize {
+        decode::decode_num_splits(self.b, self.q, self.h, self.sparse, num_sms)
+    }
+
+    /// Bytes of its device buffers (cache, queries, outputs, table or indices) without the
+    /// workspace: what a bench row allocates a layer.
+    pub fn device_bytes(&self) -> usize {
+        let rows = self.b * self.q * self.h;
+        let pages = self.context.div_ceil(DECODE_BLOCK);
+        let lists =
+            if self.sparse { self.b * self.q * self.topk * 4 } else { self.b * pages * 4 + self.row_lens.len() * 4 };
+        self.b * pages * DECODE_BLOCK * self.format.token_bytes() + rows * (D_QK * 2 + D_V * 2 + 4) + lists
+    }
+}
+
+/// A decode row's device buffers, made from its [`DecodeSpec`] with a workspace for up to
+/// `max_splits` parts: random bf16 queries, a random cache, the block table in the spec's page
+/// order, and the lengths (dense) or the index lists drawn through the table (sparse).
+pub struct DecodeInputs {
+    spec: DecodeSpec,
     q: CudaSlice<bf16>,
     out: CudaSlice<bf16>,
     lse: CudaSlice<f32>,
     ws: CudaSlice<u8>,
-    shape: (usize, usize, usize),
-    splits: usize,
+    cache: CudaSlice<u8>,
+    /// Dense: the block table and lengths; sparse: the index lists (and an unused table slot).
+    table: CudaSlice<i32>,
+    lists: CudaSlice<i32>,
 }
 
-impl DecodeBufs {
-    #[allow(clippy::too_many_arguments)]
-    fn new(
-        s: &Arc<CudaStream>,
-        rng: &mut Rng,
-        b: usize,
-        nq: usize,
-        h: usize,
-        sparse: bool,
-        splits: usize,
-    ) -> Result<Self> {
-        let rows = b * nq * h;
-        Ok(DecodeBufs {
-            q: up(s, &(0..rows * D_QK).map(|_| bf16::from_f32(rng.unit())).collect::<Vec<_>>())?,
+/// A decode launch's arguments over [`DecodeInputs`].
+#[derive(Debug, Clone, Copy)]
+pub enum DecodeArgs {
+    Dense(DenseDecode),
+    Sparse(SparseDecode),
+}
+
+impl DecodeArgs {
+    pub fn common_mut(&mut self) -> &mut DecodeCommon {
+        match self {
+            DecodeArgs::Dense(a) => &mut a.common,
+            DecodeArgs::Sparse(a) => &mut a.common,
+        }
+    }
+
+    /// One launch on the kernel `path` picks ([`DecodePath::Auto`]: the launcher's own choice).
+    pub fn launch(&self, dev: &Device, st: Stream, path: DecodePath) -> Result<()> {
+        match self {
+            DecodeArgs::Dense(a) => decode::mla_decode_dense_on(dev, st, a, path),
+            DecodeArgs::Sparse(a) => decode::mla_decode_sparse_on(dev, st, a, path),
+        }
+    }
+}
+
+impl DecodeInputs {
+    pub fn new(s: &Arc<CudaStream>, rng: &mut Rng, spec: &DecodeSpec, max_splits: usize) -> Result<Self> {
+        let (b, q, h) = (spec.b, spec.q, spec.h);
+        let rows = b * q * h;
+        let pages = spec.context.div_ceil(DECODE_BLOCK);
+        let q_buf = up(s, &(0..rows * D_QK).map(|_| bf16::from_f32(rng.unit())).collect::<Vec<_>>())?;
+        let cache = random_cache(s, rng, spec.format, b * pages * DECODE_BLOCK)?;
+        let table = block_table(rng, b, pages, spec.order);
+        let lists = if spec.sparse {
+            sparse_indices(rng, &table, pages, DECODE_BLOCK, q, spec.context, spec.topk)
+        } else {
+            spec.row_lens.clone()
+        };
+        Ok(DecodeInputs {
+            spec: spec.clone(),
+            q: q_buf,
             out: zeros::<bf16>(s, rows * D_V)?,
             lse: zeros::<f32>(s, rows)?,
-            ws: zeros::<u8>(s, decode::decode_workspace_bytes(b, nq, h, sparse, splits)?)?,
-            shape: (b, nq, h),
-            splits,
+            ws: zeros::<u8>(s, decode::decode_workspace_bytes(b, q, h, spec.sparse, max_splits.max(1))?)?,
+            cache,
+            table: if spec.sparse { zeros::<i32>(s, 1)? } else { up(s, &table)? },
+            lists: up(s, &lists)?,
         })
     }
 
-    /// The launch's common arguments, the split schedule computed by the first launch.
-    fn common(&self, s: &Arc<CudaStream>) -> DecodeCommon {
-        let (batch, nq, heads) = self.shape;
+    /// The arguments of a launch in `num_splits` parts (at most the `max_splits` the workspace
+    /// was made for) that computes its split schedule.
+    pub fn args(&self, s: &Arc<CudaStream>, num_splits: usize) -> DecodeArgs {
+        let DecodeSpec { b, q, h, .. } = self.spec;
         let out = DecodeOut::Bf16(sl(s, &self.out));
-        DecodeCommon::new(sl(s, &self.q), batch, nq, heads, out, sl(s, &self.lse), self.splits, sl(s, &self.ws))
+        let common = DecodeCommon::new(sl(s, &self.q), b, q, h, out, sl(s, &self.lse), num_splits, sl(s, &self.ws));
+        let pages = self.spec.context.div_ceil(DECODE_BLOCK);
+        if self.spec.sparse {
+            DecodeArgs::Sparse(SparseDecode {
+                common,
+                cache: sl(s, &self.cache),
+                format: self.spec.format,
+                num_pages: b * pages,
+                block_size: DECODE_BLOCK,
+                indices: sl(s, &self.lists),
+                topk: self.spec.topk,
+                topk_len: None,
+                topk_len_strides: None,
+                page_stride: None,
+                indices_strides: None,
+            })
+        } else {
+            DecodeArgs::Dense(DenseDecode {
+                common,
+                cache: sl(s, &self.cache),
+                num_pages: b * pages,
+                block_size: DECODE_BLOCK,
+                block_table: sl(s, &self.table),
+                block_table_stride: pages,
+                max_pages: pages,
+                lens: sl(s, &self.lists),
+                lens_strides: None,
+                lens_rule: if self.spec.causal { decode::LensRule::single(true) } else { decode::LensRule::Local },
+                page_stride: None,
+            })
+        }
     }
 }
 
 /// Allocates and initialises the buffers of `row` and returns its launch.
 pub fn prepare<'a>(dev: &'a Device, s: &Arc<CudaStream>, row: &BenchRow) -> Result<Launch<'a>> {
+    prepare_layer(dev, s, row, 0)
+}
+
+/// [`prepare`] for layer `layer` of a graph row: each layer's inputs from its own seed. A decode
+/// launch in parts computes its split schedule on its first call and reuses it after, as a
+/// step's layers share one; but `DenseScheduled` (every launch computes it) and an engine row's
+/// first layer (a step computes it once, in its first layer).
+pub fn prepare_layer<'a>(dev: &'a Device, s: &Arc<CudaStream>, row: &BenchRow, layer: usize) -> Result<Launch<'a>> {
     let st = Stream::from_cudarc(s);
-    let mut rng = Rng::new(0x5eed_1234_abcd_0001);
-    let block = 64usize;
+    let mut rng = Rng::new(0x5eed_1234_abcd_0001 ^ ((layer as u64) << 40));
+    let block = DECODE_BLOCK;
+    if let Some(spec) = DecodeSpec::of(row)? {
+        let split = !matches!(row.case, Case::DenseUnsplit { .. } | Case::DenseRamp { split: false, .. });
+        let splits = if split { spec.heuristic_splits(dev.num_sms()?) } else { 1 };
+        let first_engine_layer = row.family == DECODE_ENGINE_FAMILY && layer == 0;
+        let reuse = !matches!(row.case, Case::DenseScheduled { .. }) && !first_engine_layer;
+        let inputs = DecodeInputs::new(s, &mut rng, &spec, splits)?;
+        let mut args = inputs.args(s, splits);
+        return Ok(Box::new(move || {
+            let _ = &inputs;
+            let r = args.launch(dev, st, DecodePath::Auto);
+            if reuse {
+                args.common_mut().schedule = DecodeSchedule::Reuse;
+            }
+            r
+        }));
+    }
     Ok(match row.case {
         Case::Fill { format, tokens } => {
             let pages = tokens.div_ceil(block);
@@ -720,85 +1106,12 @@ pub fn prepare<'a>(dev: &'a Device, s: &Arc<CudaStream>, row: &BenchRow) -> Resu
                 kv_fill(dev, st, &args)
             })
         }
-        Case::Dense { .. } | Case::DenseRamp { .. } | Case::DenseUnsplit { .. } | Case::DenseScheduled { .. } => {
-            // every split launch after the first reuses its schedule, but DenseScheduled's
-            let reuse = !matches!(row.case, Case::DenseScheduled { .. });
-            let (b, q, h, sk, lens, split) = match row.case {
-                Case::Dense { b, q, h, sk } => (b, q, h, sk, vec![sk as i32; b * q], true),
-                Case::DenseScheduled { b, h, sk } => (b, 1, h, sk, vec![sk as i32; b], true),
-                Case::DenseUnsplit { b, h, sk } => (b, 1, h, sk, vec![sk as i32; b], false),
-                Case::DenseRamp { b, h, sk, split } => {
-                    (b, 1, h, sk, ramp_lens(b, sk).into_iter().map(|l| l as i32).collect(), split)
-                }
-                _ => unreachable!(),
-            };
-            let pages = sk.div_ceil(block);
-            let splits = if split { decode::decode_num_splits(b, q, h, false, dev.num_sms()?) } else { 1 };
-            let bufs = DecodeBufs::new(s, &mut rng, b, q, h, false, splits)?;
-            let cache = random_cache(s, &mut rng, KvFormat::Bf16, b * pages * block)?;
-            let table = up(s, &(0..(b * pages) as i32).collect::<Vec<_>>())?;
-            let lens = up(s, &lens)?;
-            let mut args = DenseDecode {
-                common: bufs.common(s),
-                cache: sl(s, &cache),
-                num_pages: b * pages,
-                block_size: block,
-                block_table: sl(s, &table),
-                block_table_stride: pages,
-                max_pages: pages,
-                lens: sl(s, &lens),
-                lens_strides: None,
-                lens_rule: decode::LensRule::Local,
-                page_stride: None,
-            };
-            let keep = (bufs, cache, table, lens);
-            Box::new(move || {
-                let _ = &keep;
-                let r = decode::mla_decode_dense(dev, st, &args);
-                if reuse {
-                    args.common.schedule = DecodeSchedule::Reuse;
-                }
-                r
-            })
-        }
-        Case::Sparse { format, b, q, h, k } => {
-            let per_req = 8192usize;
-            let splits = decode::decode_num_splits(b, q, h, true, dev.num_sms()?);
-            let bufs = DecodeBufs::new(s, &mut rng, b, q, h, true, splits)?;
-            let cache = random_cache(s, &mut rng, format, b * per_req)?;
-            // k distinct slots of the request's own pages, in random order
-            let mut idx = Vec::with_capacity(b * q * k);
-            let mut slots: Vec<i32> = (0..per_req as i32).collect();
-            for i in 0..b * q {
-                for j in 0..k {
-                    let pick = j + (rng.next_u64() % (per_req - j) as u64) as usize;
-                    slots.swap(j, pick);
-                }
-                idx.extend(slots[..k].iter().map(|&x| x + ((i / q) * per_req) as i32));
-            }
-            let idx = up(s, &idx)?;
-            let mut args = SparseDecode {
-                common: bufs.common(s),
-                cache: sl(s, &cache),
-                format,
-                num_pages: b * per_req / block,
-                block_size: block,
-                indices: sl(s, &idx),
-                topk: k,
-                topk_len: None,
-                topk_len_strides: None,
-                page_stride: None,
-                indices_strides: None,
-            };
-            let keep = (bufs, cache, idx);
-            Box::new(move || {
-                let _ = &keep;
-                // the first launch computes the schedule (when split), the timed ones reuse it
-                let r = decode::mla_decode_sparse(dev, st, &args);
-                args.common.schedule = DecodeSchedule::Reuse;
-                r
-            })
-        }
+        Case::Dense { .. }
+        | Case::DenseRamp { .. }
+        | Case::DenseUnsplit { .. }
+        | Case::DenseScheduled { .. }
+        | Case::Sparse { .. }
+        | Case::Engine(_) => unreachable!("decode rows have a DecodeSpec"),
         Case::MergeTwo { t, h, input } => {
             let rows = t * h;
             let out_a = Part::upload(s, input, &(0..rows * D_V).map(|_| rng.unit()).collect::<Vec<_>>())?;
@@ -1151,6 +1464,110 @@ mod tests {
         assert_eq!(step_collectives_us(StepShape { d: 2, ..dense }), 24.7 + 17.0);
         assert!(text.contains(&format!("{total:.1} ({:.2})", 600.0 / total)), "{text}");
         assert!(text.contains("dense H_l=8 s_k=32768 q=1 "), "{text}");
+    }
+
+    #[test]
+    fn block_tables_hold_every_page_once() {
+        let ordered = block_table(&mut Rng::new(1), 4, 8, PageOrder::Ordered);
+        assert_eq!(ordered, (0..32).collect::<Vec<_>>());
+        let shuffled = block_table(&mut Rng::new(1), 4, 8, PageOrder::Shuffled);
+        let mut sorted = shuffled.clone();
+        sorted.sort();
+        assert_eq!(sorted, ordered, "a permutation of all pages");
+        assert_ne!(shuffled, ordered);
+        assert_eq!(shuffled, block_table(&mut Rng::new(1), 4, 8, PageOrder::Shuffled), "seeded");
+        assert_eq!(page_order(DECODE_ORDERED_FAMILY), PageOrder::Ordered);
+        assert_eq!(page_order("mla_decode"), PageOrder::Shuffled);
+        assert_eq!(page_order(DECODE_ENGINE_FAMILY), PageOrder::Shuffled);
+    }
+
+    #[test]
+    fn sparse_indices_are_distinct_tokens_of_the_request_through_its_table() {
+        let (requests, pages, block, q, context, k) = (3, 8, 4, 2, 32, 20);
+        let table = block_table(&mut Rng::new(5), requests, pages, PageOrder::Shuffled);
+        let idx = sparse_indices(&mut Rng::new(6), &table, pages, block, q, context, k);
+        assert_eq!(idx.len(), requests * q * k);
+        for (r, list) in idx.chunks(k).enumerate() {
+            let own = &table[(r / q) * pages..(r / q + 1) * pages];
+            let mut seen = std::collections::HashSet::new();
+            for &i in list {
+                // page·B + offset, the page one of the request's own
+                assert!(own.contains(&(i / block as i32)), "row {r}: {i} is not in its request's pages");
+                assert!(seen.insert(i), "row {r}: {i} twice");
+            }
+        }
+        // the identity table gives the request's own token range
+        let ordered = block_table(&mut Rng::new(5), requests, pages, PageOrder::Ordered);
+        let idx = sparse_indices(&mut Rng::new(6), &ordered, pages, block, q, context, k);
+        for (r, list) in idx.chunks(k).enumerate() {
+            let base = ((r / q) * context) as i32;
+            assert!(list.iter().all(|&i| (base..base + context as i32).contains(&i)));
+        }
+    }
+
+    #[test]
+    fn engine_rows_are_engine_views_shapes() {
+        let rows = rows();
+        let engine: Vec<&BenchRow> = rows.iter().filter(|r| r.family == DECODE_ENGINE_FAMILY).collect();
+        assert_eq!(engine.len(), 12);
+        assert_eq!(engine[0].shape, "dense b128 q1 H64 8K");
+        assert_eq!(engine[11].shape, "sparse fp8 b64 q1 H128 K512");
+        assert_eq!(graph_replays(DECODE_ENGINE_FAMILY), Some(15));
+        assert_eq!(graph_replays(DECODE_GRAPH_FAMILY), Some(10));
+        assert_eq!(graph_replays("mla_decode"), None);
+        // ragged: uniform in [s_k/8, s_k], seeded, the same every call
+        let ragged = ENGINE_SHAPES.iter().find(|e| e.ragged).unwrap();
+        let lens = engine_lens(ragged);
+        assert_eq!(lens, engine_lens(ragged));
+        assert!(lens.iter().all(|&l| (4096..=32768).contains(&l)));
+        assert!(lens.iter().any(|&l| l != lens[0]));
+        // causal rows: L − q + 1 + j
+        assert_eq!(decode_row_lens(&[8192, 100], 2, true).unwrap(), [8191, 8192, 99, 100]);
+        assert_eq!(decode_row_lens(&[8192, 100], 2, false).unwrap(), [8192, 8192, 100, 100]);
+        // counts: the q = 1 uniform row is `Dense`'s; a causal row reads the same KV, fewer FLOPs
+        let q1 = engine.iter().find(|r| r.shape == "dense b128 q1 H64 8K").unwrap();
+        assert_eq!(q1.work(), kernel_work(&Case::Dense { b: 128, q: 1, h: 64, sk: 8192 }));
+        let q2 = engine.iter().find(|r| r.shape == "dense b128 q2 H64 8K causal").unwrap();
+        let full = kernel_work(&Case::Dense { b: 128, q: 2, h: 64, sk: 8192 });
+        assert_eq!(q2.work().0, full.0);
+        assert_eq!(full.1 - q2.work().1, 2.0 * 128.0 * 64.0 * 1088.0, "one token less for each request's first row");
+        // the specs: causal lengths, the shape's own sparse context
+        let spec = DecodeSpec::of(q2).unwrap().unwrap();
+        assert!(spec.causal && !spec.ragged && spec.row_lens[..2] == [8191, 8192]);
+        let k512 = DecodeSpec::of(engine[11]).unwrap().unwrap();
+        assert_eq!((k512.sparse, k512.context, k512.topk, k512.format), (true, 8192, 512, KvFormat::Fp8_656));
+        let r = DecodeSpec::of(engine.iter().find(|r| r.shape.ends_with("ragged")).unwrap()).unwrap().unwrap();
+        assert!(r.ragged && !r.causal);
+    }
+
+    #[test]
+    fn decode_rows_read_shuffled_tables_and_fit_the_card() {
+        let rows = rows();
+        // every decode row but the diagnosis ones reads a shuffled table; sparse rows draw from
+        // 32,768 tokens a request
+        let mut ordered = 0;
+        for r in &rows {
+            let Some(spec) = DecodeSpec::of(r).unwrap() else { continue };
+            if r.family == DECODE_ORDERED_FAMILY {
+                ordered += 1;
+                assert_eq!(spec.order, PageOrder::Ordered);
+            } else {
+                assert_eq!(spec.order, PageOrder::Shuffled, "{}", r.name());
+            }
+            if spec.sparse && r.family != DECODE_ENGINE_FAMILY {
+                assert_eq!(spec.context, SPARSE_CONTEXT, "{}", r.name());
+            }
+            // a row's buffers (every layer of a graph row) stay well inside an 80 GB card
+            let layers = if graph_replays(r.family).is_some() { GRAPH_LAYERS } else { 1 };
+            let bytes = layers * spec.device_bytes();
+            assert!(bytes < 24 << 30, "{}: {} GB", r.name(), bytes >> 30);
+        }
+        assert_eq!(ordered, 12);
+        // b = 128 sparse FP8 at 32K: 128·32768·656 bytes of cache (≈ 2.75 GB), and a little more
+        let fp8 = rows.iter().find(|r| r.shape == "Fp8_656 b=128 q=1 H=64 K=2048").unwrap();
+        let bytes = DecodeSpec::of(fp8).unwrap().unwrap().device_bytes();
+        let cache = 128 * 32768 * 656;
+        assert!((cache..cache + cache / 50).contains(&bytes), "{bytes}");
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! The `dcp-mla` command: help, `plan` against the planner's functions, bad input, the CPU demo's
-//! check, and `bench` without a GPU.
+//! check, `bench` without a GPU, and `tune`'s dry run.
 
 use dcp_mla::formats::KvFormat;
 use dcp_mla::ops::decode::{decode_num_splits, decode_workspace_bytes};
@@ -35,7 +35,7 @@ fn help_explains_every_command_and_default() {
     let o = run(&["--help"]);
     let (out, _) = text(&o);
     assert!(o.status.success());
-    for cmd in ["demo", "plan", "bench", "kernels"] {
+    for cmd in ["demo", "plan", "bench", "tune", "kernels"] {
         assert!(out.contains(cmd), "--help lists `{cmd}`:\n{out}");
     }
     let o = run(&["demo", "--help"]);
@@ -217,6 +217,25 @@ fn bench_exits_2_without_a_gpu_and_measures_with_one() {
     let o = run(&["bench"]);
     assert_eq!(o.status.code(), Some(2));
     assert!(text(&o).1.contains("needs a CUDA GPU"));
+}
+
+#[test]
+fn tune_plans_without_a_gpu() {
+    // the dry run needs no GPU: the plan, each class's variants and splits, and the estimate
+    let o = run(&["tune", "--dry-run", "--sms", "132"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{out}\n{err}");
+    for s in ["dense bf16 b=128 q=1 H=64 ctx=8192", "mla_decode_engine sparse fp8 b64 q1 H128 K512", "wgmma-quad-64x2"]
+    {
+        assert!(out.contains(s), "the plan shows `{s}`:\n{out}");
+    }
+    assert!(out.contains("estimated") && out.contains("an estimate"), "{out}");
+    assert!(!out.contains("warning: over the budget"), "{out}");
+    if Device::open(0).is_err() {
+        let o = run(&["tune"]);
+        assert_eq!(o.status.code(), Some(2));
+        assert!(text(&o).1.contains("needs a CUDA GPU"));
+    }
 }
 
 #[test]

@@ -1,6 +1,7 @@
 //! `dcp-mla`: the library at a terminal. `demo` runs one DCP decode step end to end and checks it
 //! against full attention; `plan` sizes KV capacity and workspaces with the planner; `bench`
-//! times every kernel family at the docs/performance.md shapes; `kernels` lists the compiled variants.
+//! times every kernel family at the docs/performance.md shapes; `tune` measures the tuned decode
+//! table; `kernels` lists the compiled variants.
 
 #[path = "dcp-mla/bench_cmd.rs"]
 mod bench_cmd;
@@ -14,6 +15,8 @@ mod kernels;
 mod plan;
 #[path = "dcp-mla/problem.rs"]
 mod problem;
+#[path = "dcp-mla/tune_cmd.rs"]
+mod tune_cmd;
 
 use clap::{Parser, Subcommand};
 
@@ -36,6 +39,10 @@ enum Command {
     /// Every kernel family at the docs/performance.md shapes, timed with CUDA events after warm-up, against
     /// the same run's copy bandwidth and each row's target. Exits 2 without a GPU.
     Bench(bench_cmd::BenchArgs),
+    /// Measures every decode variant × split count over the tuning grid's shape classes on this
+    /// GPU and writes the tuned table the decode launcher's Auto choice reads. `--dry-run` prints
+    /// the plan and its estimated time without a GPU. Exits 2 without a GPU (not a dry run).
+    Tune(tune_cmd::TuneArgs),
     /// The compiled kernel variants with their ptxas registers, shared memory, stack and spills.
     Kernels {
         /// Print JSON instead of a table.
@@ -63,6 +70,7 @@ fn main() {
             }
         },
         Command::Bench(a) => bench_cmd::run(&a),
+        Command::Tune(a) => tune_cmd::run(&a),
         Command::Kernels { json } => {
             kernels::run(json);
             0

@@ -7,6 +7,7 @@ mod chunks;
 pub mod schedule;
 mod size;
 pub mod split;
+pub mod tune;
 pub mod workspace;
 
 pub use chunks::{plan_prefill_chunks, prefill_chunk_bytes, Chunk, ChunkPlan, Piece};

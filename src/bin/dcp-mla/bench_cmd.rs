@@ -23,6 +23,10 @@ pub struct BenchArgs {
     /// Timed launches per row (the median is reported).
     #[arg(long, default_value_t = 30)]
     pub reps: usize,
+    /// Ignore any tuned decode table (`DCP_MLA_TUNE_TABLE` or the build's own): the decode
+    /// launcher's heuristic everywhere, to compare against a run with the table.
+    #[arg(long)]
+    pub heuristic: bool,
 }
 
 struct Result_ {
@@ -40,6 +44,14 @@ pub fn run(a: &BenchArgs) -> i32 {
             return 2;
         }
     };
+    if a.heuristic {
+        dcp_mla::planner::tune::set_tune_table(None);
+    }
+    let tune_table = tune_table_json(&dev);
+    match &tune_table {
+        serde_json::Value::Null => eprintln!("tuned decode table: none (the launcher's heuristic)"),
+        t => eprintln!("tuned decode table: {t}"),
+    }
     let s = dev.context().default_stream();
     let selected: Vec<BenchRow> =
         rows().into_iter().filter(|r| a.filter.as_deref().is_none_or(|f| r.name().contains(f))).collect();
@@ -95,7 +107,7 @@ pub fn run(a: &BenchArgs) -> i32 {
         print!("{}", step_summary(&steps));
     }
     if let Some(path) = &a.json {
-        if let Err(e) = std::fs::write(path, to_json(&dev, &results, copy_gbs, &failed)) {
+        if let Err(e) = std::fs::write(path, to_json(&dev, &results, copy_gbs, &failed, &tune_table)) {
             eprintln!("error: cannot write {}: {e}", path.display());
             return 1;
         }
@@ -134,7 +146,25 @@ fn print_table(results: &[Result_], copy_gbs: f64) {
     println!("{met} of {with} targets met (ratio ≥ 1)");
 }
 
-fn to_json(dev: &Device, results: &[Result_], copy_gbs: f64, failed: &[String]) -> String {
+/// The tuned decode table in force for `dev` (null: none, the launcher's heuristic), as the JSON
+/// output records it.
+fn tune_table_json(dev: &Device) -> serde_json::Value {
+    match dcp_mla::planner::tune::active_table(dev) {
+        Ok(None) => serde_json::Value::Null,
+        Ok(Some(t)) => serde_json::json!({
+            "card": t.card.name, "commit": t.commit, "date": t.date, "rows": t.rows.len()
+        }),
+        Err(e) => serde_json::json!({ "refused": e.to_string() }),
+    }
+}
+
+fn to_json(
+    dev: &Device,
+    results: &[Result_],
+    copy_gbs: f64,
+    failed: &[String],
+    tune_table: &serde_json::Value,
+) -> String {
     let rows: Vec<serde_json::Value> = results
         .iter()
         .map(|r| {
@@ -159,6 +189,7 @@ fn to_json(dev: &Device, results: &[Result_], copy_gbs: f64, failed: &[String]) 
         "copy_gbs": copy_gbs,
         "rows": rows,
         "failed": failed,
+        "tune_table": tune_table,
     });
     serde_json::to_string_pretty(&v).expect("json")
 }
