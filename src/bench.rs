@@ -1533,7 +1533,8 @@ mod tests {
         assert_eq!(full.1 - q2.work().1, 2.0 * 128.0 * 64.0 * 1088.0, "one token less for each request's first row");
         // the specs: causal lengths, the shape's own sparse context
         let spec = DecodeSpec::of(q2).unwrap().unwrap();
-        assert!(spec.causal && !spec.ragged && spec.row_lens[..2] == [8191, 8192]);
+        // every row holds its request's length; the kernels' causal rule gives row j its share
+        assert!(spec.causal && !spec.ragged && spec.row_lens[..2] == [8192, 8192]);
         let k512 = DecodeSpec::of(engine[11]).unwrap().unwrap();
         assert_eq!((k512.sparse, k512.context, k512.topk, k512.format), (true, 8192, 512, KvFormat::Fp8_656));
         let r = DecodeSpec::of(engine.iter().find(|r| r.shape.ends_with("ragged")).unwrap()).unwrap().unwrap();
