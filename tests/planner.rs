@@ -252,8 +252,12 @@ fn decode_shape_names_what_is_out_of_range() {
 
 /// Integers of every size, weighted towards the edges where arithmetic overflows.
 fn any_usize() -> impl Strategy<Value = usize> {
+    // small values, the sizes the checks accept (block, top-k), and the edges of the types
     prop_oneof![
         0usize..20,
+        Just(64usize),
+        Just(256usize),
+        Just(2048usize),
         Just(usize::MAX),
         Just(usize::MAX / 2 + 1),
         Just(1usize << 31),

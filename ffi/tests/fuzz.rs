@@ -6,7 +6,17 @@ use dcp_mla_ffi::*;
 use proptest::prelude::*;
 
 fn any_usize() -> impl Strategy<Value = usize> {
-    prop_oneof![0usize..20, Just(usize::MAX), Just(1usize << 31), Just((1usize << 63) + 1), any::<usize>()]
+    // small values, the sizes the checks accept (block, top-k), and the edges of the types
+    prop_oneof![
+        0usize..20,
+        Just(64usize),
+        Just(256usize),
+        Just(2048usize),
+        Just(usize::MAX),
+        Just(1usize << 31),
+        Just((1usize << 63) + 1),
+        any::<usize>()
+    ]
 }
 
 fn any_u64() -> impl Strategy<Value = u64> {
