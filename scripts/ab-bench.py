@@ -21,6 +21,8 @@ import tempfile
 
 
 def run_bench(binary, filt, path):
+    # `--json FILE`, not `--json-out FILE`: builds from before the rename know only the old form,
+    # which newer builds still accept (with a deprecation warning) until the release after next.
     cmd = [binary, "bench", "--json", path] + (["--filter", filt] if filt else [])
     res = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if res.returncode != 0:

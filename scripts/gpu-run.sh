@@ -112,7 +112,7 @@ case "$mode" in
     skips+=("${sanitizer_skips[@]}")
     run_tests 'gpu_*' compute-sanitizer --tool "$mode" --error-exitcode 99 ;;
   bench)
-    "$work/bin/dcp-mla" bench --json "$out/bench.json" 2>&1 | tee -a "$logs/bench.log" || status=1
+    "$work/bin/dcp-mla" bench --json-out "$out/bench.json" 2>&1 | tee -a "$logs/bench.log" || status=1
     "$work/bin/dcp-mla" demo 2>&1 | tee -a "$logs/bench.log" || status=1 ;;
   python)
     # The Python package's wheel on the machine's torch: its whole pytest suite with the GPU

@@ -11,8 +11,14 @@ if [ -x "$nvcc" ] && "$nvcc" --version >/dev/null 2>&1; then
   exit 0
 fi
 # (PIP_ROOT_USER_ACTION: pip's "running as root" warning says nothing useful for a --target install.
-# DCP_MLA_PYTHON: the interpreter whose pip installs it; the package's build backend passes its own.)
-PIP_ROOT_USER_ACTION=ignore "${DCP_MLA_PYTHON:-python3}" -m pip install --quiet --disable-pip-version-check --no-warn-script-location \
+# DCP_MLA_PYTHON: the interpreter whose pip installs it; the package's build backend passes its own.
+# Otherwise the repository's virtual environment's (scripts/python-venv.sh): a stock Debian or
+# Ubuntu python3 may have no pip at all.)
+python="${DCP_MLA_PYTHON:-}"
+if [ -z "$python" ]; then
+  python=$("$root/scripts/python-venv.sh")
+fi
+PIP_ROOT_USER_ACTION=ignore "$python" -m pip install --quiet --disable-pip-version-check --no-warn-script-location \
   --target "$dest" --upgrade \
   nvidia-cuda-nvcc==13.0.88 nvidia-nvvm==13.0.88 nvidia-cuda-crt==13.0.88 \
   nvidia-cuda-runtime==13.0.96 nvidia-cuda-cccl==13.0.85

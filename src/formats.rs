@@ -25,8 +25,10 @@ pub const FP8_GROUP: usize = 128;
 /// Largest finite e4m3 magnitude.
 pub const E4M3_MAX: f32 = 448.0;
 
-/// The layout of a paged KV cache.
+/// The layout of a paged KV cache. Its name everywhere (the CLI, Python, the C ABI's
+/// `DCP_MLA_KV_*` codes and JSON) is [`KvFormat::name`]: `bf16`, `fp8_656`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum KvFormat {
     /// 576 bf16 per token: `[512 c_kv | 64 k_pe]`.
     Bf16,
@@ -35,6 +37,14 @@ pub enum KvFormat {
 }
 
 impl KvFormat {
+    /// The format's name in every interface: `bf16` or `fp8_656`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            KvFormat::Bf16 => "bf16",
+            KvFormat::Fp8_656 => "fp8_656",
+        }
+    }
+
     /// Bytes one token occupies in the cache.
     pub const fn token_bytes(self) -> usize {
         match self {

@@ -41,13 +41,30 @@ fn help_explains_every_command_and_default() {
     let o = run(&["demo", "--help"]);
     let (out, _) = text(&o);
     assert!(o.status.success());
-    for opt in
-        ["--dcp", "--interleave", "--batch", "--context", "--local-heads", "--kv-format", "--cpu", "[default: 4]"]
-    {
+    for opt in [
+        "--dcp-size",
+        "--num-q",
+        "--interleave",
+        "--batch",
+        "--context",
+        "--local-heads",
+        "--kv-format",
+        "--cpu",
+        "[default: 4]",
+    ] {
         assert!(out.contains(opt), "demo --help shows `{opt}`:\n{out}");
     }
     let (out, _) = text(&run(&["plan", "--help"]));
-    for opt in ["--gpu-mem", "--cache-fraction", "--layers", "--block-size", "--json", "[default: 141GB]"] {
+    for opt in [
+        "--gpu-mem",
+        "--cache-fraction",
+        "--layers",
+        "--block-size",
+        "--batch",
+        "--json",
+        "[default: 141GB]",
+        "fp8_656",
+    ] {
         assert!(out.contains(opt), "plan --help shows `{opt}`:\n{out}");
     }
 }
@@ -64,9 +81,10 @@ fn plan_prints_capacity_and_workspace() {
 
 #[test]
 fn plan_json_agrees_with_the_planner() {
-    for (fmt, format, d, i, q, context) in
-        [("bf16", KvFormat::Bf16, 2usize, 1usize, 2usize, 300_000u64), ("fp8", KvFormat::Fp8_656, 8, 4, 1, 5_000_000)]
-    {
+    for (fmt, format, d, i, q, context) in [
+        ("bf16", KvFormat::Bf16, 2usize, 1usize, 2usize, 300_000u64),
+        ("fp8_656", KvFormat::Fp8_656, 8, 4, 1, 5_000_000),
+    ] {
         let (d_s, i_s, q_s, ctx_s) = (d.to_string(), i.to_string(), q.to_string(), context.to_string());
         let args = [
             "plan",
@@ -79,7 +97,7 @@ fn plan_json_agrees_with_the_planner() {
             "47",
             "--tp",
             "8",
-            "--dcp",
+            "--dcp-size",
             &d_s,
             "--interleave",
             &i_s,
@@ -87,9 +105,9 @@ fn plan_json_agrees_with_the_planner() {
             fmt,
             "--block-size",
             "64",
-            "--max-batch",
+            "--batch",
             "48",
-            "--q",
+            "--num-q",
             &q_s,
             "--local-heads",
             "16",
@@ -144,12 +162,14 @@ fn plan_json_agrees_with_the_planner() {
 #[test]
 fn plan_rejects_bad_input_with_a_message() {
     for (args, needle) in [
-        (&["plan", "--tp", "8", "--dcp", "3"][..], "tp = 8 is not divisible by the DCP size D = 3"),
+        (&["plan", "--tp", "8", "--dcp-size", "3"][..], "tp = 8 is not divisible by the DCP size D = 3"),
+        (&["plan", "--tp", "6", "--dcp-size", "3"][..], "D = 3 is not supported"),
+        (&["plan", "--num-q", "9"][..], "q = 9"),
         (&["plan", "--gpu-mem", "1MB"][..], "below one block"),
         (&["plan", "--cache-fraction", "1.5"][..], "--cache-fraction"),
         (&["plan", "--interleave", "3"][..], "interleave I = 3"),
         (&["plan", "--kv-lora-rank", "256"][..], "not supported"),
-        (&["plan", "--dcp", "8", "--local-heads", "32"][..], "heads"),
+        (&["plan", "--dcp-size", "8", "--local-heads", "32"][..], "heads"),
     ] {
         let o = run(args);
         let (_, err) = text(&o);
@@ -168,11 +188,11 @@ fn cpu_demo_passes_its_check() {
         &[
             "demo",
             "--cpu",
-            "--dcp",
+            "--dcp-size",
             "2",
             "--interleave",
             "2",
-            "--q",
+            "--num-q",
             "2",
             "--batch",
             "3",
@@ -195,11 +215,34 @@ fn cpu_demo_passes_its_check() {
 }
 
 #[test]
+fn old_spellings_still_work_with_a_deprecation_warning() {
+    let new = run(&["plan", "--json", "--dcp-size", "2", "--batch", "8", "--num-q", "2", "--kv-format", "fp8_656"]);
+    let old = run(&["plan", "--json", "--dcp", "2", "--max-batch", "8", "--q", "2", "--kv-format", "fp8"]);
+    assert!(new.status.success() && old.status.success());
+    assert_eq!(new.stdout, old.stdout, "the old spellings mean the same");
+    let (_, err) = text(&old);
+    for w in ["`--dcp` is deprecated", "`--max-batch` is deprecated", "`--q` is deprecated", "`--kv-format fp8`"] {
+        assert!(err.contains(w), "{w} in {err}");
+    }
+    assert!(text(&new).1.is_empty(), "{}", text(&new).1);
+    let v: serde_json::Value = serde_json::from_slice(&new.stdout).unwrap();
+    assert_eq!((v["dcp_size"].as_u64(), v["kv_format"].as_str()), (Some(2), Some("fp8_656")));
+    assert_eq!((v["workspace"]["batch"].as_u64(), v["workspace"]["num_q"].as_u64()), (Some(8), Some(2)));
+}
+
+#[test]
+fn demo_refuses_a_dcp_size_without_kernels() {
+    let o = run(&["demo", "--cpu", "--tp", "6", "--dcp-size", "3"]);
+    assert!(!o.status.success());
+    assert!(text(&o).1.contains("D = 3 is not supported"), "{}", text(&o).1);
+}
+
+#[test]
 fn demo_rejects_bad_configurations() {
-    let o = run(&["demo", "--cpu", "--dcp", "4", "--topk", "768"]);
+    let o = run(&["demo", "--cpu", "--dcp-size", "4", "--topk", "768"]);
     assert!(!o.status.success());
     assert!(text(&o).1.contains("K = 768"), "{}", text(&o).1);
-    let o = run(&["demo", "--cpu", "--dcp", "1", "--tp", "1", "--topk", "256"]);
+    let o = run(&["demo", "--cpu", "--dcp-size", "1", "--tp", "1", "--topk", "256"]);
     assert!(!o.status.success());
     assert!(text(&o).1.contains("D = 1") && text(&o).1.contains("K = 256"), "{}", text(&o).1);
 }

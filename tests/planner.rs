@@ -212,3 +212,114 @@ proptest! {
         }
     }
 }
+
+/// Every D but 1, 2, 4 and 8 is refused by the config check and the decode-shape check, naming D.
+#[test]
+fn only_the_built_dcp_sizes_plan() {
+    use dcp_mla::planner::{check_decode_shape, DCP_SIZES};
+    for d in 0..=16usize {
+        let built = DCP_SIZES.contains(&d);
+        assert_eq!(DcpConfig::new(d.max(1) * 8, d, 1, 64).is_ok(), built, "D = {d}");
+        let shape = check_decode_shape(d, 1, 1, 1, 1);
+        assert_eq!(shape.is_ok(), built, "D = {d}");
+        if !built {
+            assert!(shape.unwrap_err().to_string().contains(&format!("D = {d}")));
+        }
+    }
+    // the kernels the sizes stand for: the a2a combine and the top-k merge are compiled for each
+    for d in DCP_SIZES {
+        assert!(dcp_mla::ops::topk::global_merge_compiled(d, 2048), "topk_merge D = {d}");
+    }
+}
+
+#[test]
+fn decode_shape_names_what_is_out_of_range() {
+    use dcp_mla::planner::check_decode_shape;
+    assert_eq!(check_decode_shape(4, 16, 2, 64, 131072).unwrap(), 64);
+    for ((d, h_l, q, b, ctx), needle) in [
+        ((8, 32, 1, 1, 10), "heads"),
+        ((4, 16, 9, 1, 10), "q = 9"),
+        ((4, 16, 0, 1, 10), "q = 0"),
+        ((4, 16, 1, 0, 10), "batch = 0"),
+        ((4, 16, 4, 1, 3), "context = 3"),
+        ((4, 16, 1, 1, 1 << 40), "context"),
+        ((4, 16, 8, usize::MAX, 10), "batch·q"),
+    ] {
+        let e = check_decode_shape(d, h_l, q, b, ctx).unwrap_err().to_string();
+        assert!(e.contains(needle), "{:?}: `{needle}` in {e}", (d, h_l, q, b, ctx));
+    }
+}
+
+/// Integers of every size, weighted towards the edges where arithmetic overflows.
+fn any_usize() -> impl Strategy<Value = usize> {
+    // small values, the sizes the checks accept (block, top-k), and the edges of the types
+    prop_oneof![
+        0usize..20,
+        Just(64usize),
+        Just(256usize),
+        Just(2048usize),
+        Just(usize::MAX),
+        Just(usize::MAX / 2 + 1),
+        Just(1usize << 31),
+        Just((1usize << 32) + 1),
+        any::<usize>()
+    ]
+}
+
+fn any_u64() -> impl Strategy<Value = u64> {
+    prop_oneof![0u64..20, Just(u64::MAX), Just(i32::MAX as u64 + 1), Just(1u64 << 40), any::<u64>()]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    /// The planner's public entry points take any integers: each gives a result or a typed
+    /// error, never a panic (overflow checks are on in tests), and what a validated
+    /// configuration returns is consistent.
+    #[test]
+    fn planner_entry_points_never_panic(
+        tp in any_usize(), d in any_usize(), i in any_usize(), b in any_usize(), h_l in any_usize(),
+        q in any_usize(), batch in any_usize(), k in any_usize(), sms in any_usize(), t in any_u64(),
+        len in any_u64(), bytes in any_u64(), lens in proptest::collection::vec(any_u64(), 0..4),
+        qs in proptest::collection::vec(any_usize(), 0..4),
+    ) {
+        use dcp_mla::ops::combine::a2a_aligned_slot_bytes;
+        use dcp_mla::ops::decode::{decode_num_splits, decode_workspace_bytes};
+        use dcp_mla::planner::{check_decode_shape, check_i32, pages_per_rank, workspace};
+        let _ = check_topk(d, k);
+        let _ = check_heads(d, h_l);
+        let _ = check_i32("x", len as u128);
+        let _ = check_decode_shape(d, h_l, q, batch, len);
+        for sparse in [false, true] {
+            let splits = decode_num_splits(batch, q, h_l, sparse, sms);
+            prop_assert!(splits >= 1);
+            let _ = decode_workspace_bytes(batch, q, h_l, sparse, splits);
+            let _ = decode_workspace_bytes(batch, q, h_l, sparse, sms);
+        }
+        let _ = a2a_aligned_slot_bytes(batch, h_l);
+        let _ = workspace::merge_ag_rs_bytes(d, batch, h_l);
+        let _ = workspace::merge_a2a_bytes(d, batch, h_l);
+        let _ = workspace::merge_gathered_bytes(d, batch, h_l);
+        let _ = workspace::topk_bytes(d, batch, k);
+        let _ = workspace::decode_out_f32_bytes(batch, q, h_l);
+        let _ = prefill_chunk_bytes(len, d);
+        for format in [KvFormat::Bf16, KvFormat::Fp8_656] {
+            let _ = capacity_tokens(bytes, format, b, d);
+            let _ = pages_per_rank(bytes, format, b);
+        }
+        if let Ok(cfg) = DcpConfig::new(tp, d, i, b) {
+            let dcp = cfg.dcp;
+            let (r, col, slot) = dcp.address(t, b);
+            prop_assert!(r < dcp.size && slot < b as u64);
+            prop_assert_eq!(dcp.global(col * b as u64 + slot, r), t);
+            prop_assert!(dcp.local_len(len, r) <= len);
+            let _ = dcp.pages_for(len, b);
+            let _ = cfg.logical_block();
+            let n = lens.len().min(qs.len());
+            let _ = causal_local_lens(&lens[..n], &qs[..n], dcp, r);
+            let _ = plan_prefill_chunks(&lens, dcp, b, bytes);
+        } else {
+            prop_assert!(plan_prefill_chunks(&lens, layout(d, i), b, bytes).is_err());
+        }
+    }
+}

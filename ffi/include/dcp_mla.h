@@ -14,7 +14,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-// The ABI revision of this header: bumped whenever a signature or a struct changes.
+// The ABI revision of this header. Any change to the header's declarations (a prototype, a
+// struct, an enum or a code) comes with a new revision and a new line in ffi/abi-revisions.sha256,
+// which ffi/tests/header.rs checks; python/dcp_mla/_lib.py's ABI_VERSION follows it. (Revision 3
+// changed several times before that check existed: see CHANGELOG.md.)
 #define DCP_MLA_ABI_VERSION 4
 
 // Dtype code: bytes (caches, workspaces, a2a buffers).
@@ -614,6 +617,16 @@ enum DcpMlaStatus dcp_mla_check_config(size_t tp,
 // DCP_MLA_STATUS_INVALID_CONFIG naming D and K otherwise.
 enum DcpMlaStatus dcp_mla_check_topk(size_t dcp_size,
                                      size_t k);
+
+// Checks a decode step's sizes as the `dcp-mla` CLI's `plan` and `demo` and Python's `plan()`
+// do (`dcp_mla::planner::check_decode_shape`): D in {1, 2, 4, 8}, 1 ≤ D·local_heads ≤ 128,
+// 1 ≤ num_q ≤ 8, batch ≥ 1, num_q ≤ context ≤ 2^31 − 1 and batch·num_q within int32.
+// DCP_MLA_STATUS_INVALID_CONFIG naming the value otherwise.
+enum DcpMlaStatus dcp_mla_check_decode(size_t dcp_size,
+                                       size_t local_heads,
+                                       size_t num_q,
+                                       size_t batch,
+                                       uint64_t context);
 
 // n_r(L): the tokens rank `rank` holds of a sequence of `len` global tokens (docs/contract.md §2).
 //

@@ -65,7 +65,10 @@ pub enum DcpMlaStatus {
     Internal = 9,
 }
 
-/// The ABI revision of this header: bumped whenever a signature or a struct changes.
+/// The ABI revision of this header. Any change to the header's declarations (a prototype, a
+/// struct, an enum or a code) comes with a new revision and a new line in ffi/abi-revisions.sha256,
+/// which ffi/tests/header.rs checks; python/dcp_mla/_lib.py's ABI_VERSION follows it. (Revision 3
+/// changed several times before that check existed: see CHANGELOG.md.)
 pub const DCP_MLA_ABI_VERSION: u32 = 4;
 
 /// Dtype code: bytes (caches, workspaces, a2a buffers).

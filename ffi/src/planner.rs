@@ -7,13 +7,19 @@ use dcp_mla::ops::decode::{decode_num_splits, decode_workspace_bytes, default_sc
 use dcp_mla::ops::prefill::{piece_table, PIECE_FIELDS};
 use dcp_mla::planner::{self, workspace, DcpConfig, DcpLayout};
 
-/// A layout the planner's arithmetic can use: D ≥ 1, I ≥ 1, rank < D.
+/// A layout the planner's arithmetic can use: D ≥ 1 and one of the sizes the kernels are built
+/// for (`planner::DCP_SIZES`, INVALID_CONFIG as everywhere else), I ≥ 1 with D·I within 64
+/// bits, rank < D.
 fn layout(dcp_size: usize, interleave: usize, rank: usize) -> R<DcpLayout> {
     if dcp_size == 0 {
         return Err(bad_arg("dcp_size", "must be at least 1"));
     }
+    planner::check_dcp_size(dcp_size).map_err(dcp_mla::Error::from)?;
     if interleave == 0 {
         return Err(bad_arg("interleave", "must be at least 1"));
+    }
+    if (interleave as u64).checked_mul(dcp_size as u64).is_none() {
+        return Err(bad_arg("interleave", format!("D·I = {dcp_size}·{interleave} overflows 64 bits")));
     }
     if rank >= dcp_size {
         return Err(bad_arg("rank", format!("{rank} is not below the group size {dcp_size}")));
@@ -58,6 +64,21 @@ pub extern "C" fn dcp_mla_check_config(
 #[no_mangle]
 pub extern "C" fn dcp_mla_check_topk(dcp_size: usize, k: usize) -> DcpMlaStatus {
     guard(|| Ok(planner::check_topk(dcp_size, k)?))
+}
+
+/// Checks a decode step's sizes as the `dcp-mla` CLI's `plan` and `demo` and Python's `plan()`
+/// do (`dcp_mla::planner::check_decode_shape`): D in {1, 2, 4, 8}, 1 ≤ D·local_heads ≤ 128,
+/// 1 ≤ num_q ≤ 8, batch ≥ 1, num_q ≤ context ≤ 2^31 − 1 and batch·num_q within int32.
+/// DCP_MLA_STATUS_INVALID_CONFIG naming the value otherwise.
+#[no_mangle]
+pub extern "C" fn dcp_mla_check_decode(
+    dcp_size: usize,
+    local_heads: usize,
+    num_q: usize,
+    batch: usize,
+    context: u64,
+) -> DcpMlaStatus {
+    guard(|| planner::check_decode_shape(dcp_size, local_heads, num_q, batch, context).map(|_| ()).map_err(Into::into))
 }
 
 /// n_r(L): the tokens rank `rank` holds of a sequence of `len` global tokens (docs/contract.md §2).

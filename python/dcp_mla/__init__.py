@@ -18,7 +18,7 @@ from ._lib import DcpMlaError, ABI_VERSION
 from ._native import version as _native_version
 from .planner import (
     KV_FORMATS, Plan, PrefillPlan, a2a_slot_bytes, ag_rs_workspace_bytes, capacity, causal_local_lens,
-    check_config, check_topk, compute_capability_supported, decode_num_splits, decode_workspace_bytes,
+    check_config, check_decode, check_topk, compute_capability_supported, decode_num_splits, decode_workspace_bytes,
     default_scale, local_len, pages_for, plan, prefill_piece_table, prefill_plan, token_address,
     topk_workspace_bytes, variants, version,
 )

@@ -76,6 +76,7 @@ SIGNATURES = {
     "dcp_mla_prefill_reorder": [_D, _S, _T, _Z, _T, _Z, _T, _Z, _Z, _Z],
     "dcp_mla_check_config": [_Z, _Z, _Z, _Z],
     "dcp_mla_check_topk": [_Z, _Z],
+    "dcp_mla_check_decode": [_Z, _Z, _Z, _Z, _U64],
     "dcp_mla_local_len": [_Z, _Z, _Z, _U64, POINTER(c_uint64)],
     "dcp_mla_token_address": [_Z, _Z, _Z, _U64, POINTER(c_size_t), POINTER(c_uint64), POINTER(c_uint64)],
     "dcp_mla_causal_local_lens": [POINTER(c_uint64), POINTER(c_uint32), _Z, _Z, _Z, _Z, POINTER(c_int32), _Z],
@@ -132,6 +133,41 @@ def _load(path):
     return l
 
 
+#: The range of each integer type a C argument may have: (lowest, highest).
+_INT_RANGES = {
+    c_int32: (-(1 << 31), (1 << 31) - 1), c_uint32: (0, (1 << 32) - 1), c_uint8: (0, 255),
+    c_uint64: (0, (1 << 64) - 1), c_size_t: (0, (1 << (8 * ctypes.sizeof(c_size_t))) - 1),
+}
+
+
+def integer(name, value, lo=0, hi=(1 << 64) - 1):
+    """`value` as a Python int in [lo, hi], or a TypeError / ValueError naming `name`: the one
+    check every integer argument passes before ctypes sees it (ctypes would take -1 as 2^64 - 1,
+    and refuses a float with a message that names no argument). bool is refused too."""
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise TypeError(f"{name}: expected an integer, got {type(value).__name__} {value!r}")
+    v = value.__index__()
+    if not lo <= v <= hi:
+        raise ValueError(f"{name}: {v} is out of range [{lo}, {hi}]")
+    return v
+
+
+def _check_args(name, args):
+    """The safety net under `call`: every Python value passed to an integer parameter goes
+    through `integer`, named by its function and position (the planner and the operations name
+    their arguments themselves before this)."""
+    types = SIGNATURES.get(name)
+    if types is None:
+        return args
+    out = []
+    for i, (a, t) in enumerate(zip(args, types)):
+        if t in _INT_RANGES and not isinstance(a, ctypes._SimpleCData):
+            lo, hi = _INT_RANGES[t]
+            a = integer(f"{name} argument {i + 1}", a, lo, hi)
+        out.append(a)
+    return out + list(args[len(out):])
+
+
 def check(name, status):
     """Raises DcpMlaError for a failed call, with the library's message."""
     if status != 0:
@@ -140,7 +176,7 @@ def check(name, status):
 
 def call(name, *args):
     """Calls a status-returning function and checks its status."""
-    check(name, getattr(lib(), name)(*args))
+    check(name, getattr(lib(), name)(*_check_args(name, args)))
 
 
 def query(name, *args, out_types=()):

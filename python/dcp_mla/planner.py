@@ -16,6 +16,16 @@ TOKEN_BYTES = {"bf16": 576 * 2, "fp8_656": 656}
 H200_SMS = 132
 
 
+_U64 = (1 << 64) - 1
+_I32 = (1 << 31) - 1
+
+
+def _ints(**named):
+    """Every integer argument of a planner function, checked by name (`_lib.integer`): ≥ 0 and
+    within 64 bits; ints, not floats or bools."""
+    return [_lib.integer(name, v, 0, _U64) for name, v in named.items()]
+
+
 def kv_format_code(kv_format):
     """'bf16' or 'fp8_656' (or the C ABI code) as the C ABI code."""
     if kv_format in KV_FORMATS.values():
@@ -42,27 +52,39 @@ def default_scale() -> float:
 
 
 def compute_capability_supported(major: int, minor: int) -> bool:
+    major, minor = (_lib.integer(n, v, 0, _I32) for n, v in (("major", major), ("minor", minor)))
     return bool(_lib.query("dcp_mla_compute_capability_supported", major, minor, out_types=(c_int32,))[0])
 
 
 def check_config(tp: int, dcp_size: int, interleave: int, block_size: int) -> None:
-    """D ≥ 1 dividing tp, B ≥ 1, I ≥ 1 dividing B; DcpMlaError (INVALID_CONFIG) otherwise."""
-    _lib.call("dcp_mla_check_config", tp, dcp_size, interleave, block_size)
+    """D in {1, 2, 4, 8} dividing tp, B ≥ 1, I ≥ 1 dividing B; DcpMlaError (INVALID_CONFIG)
+    otherwise."""
+    _lib.call("dcp_mla_check_config", *_ints(tp=tp, dcp_size=dcp_size, interleave=interleave, block_size=block_size))
 
 
 def check_topk(dcp_size: int, k: int) -> None:
     """K in {256, 512, 1024, 2048} and D·K a multiple of 512; DcpMlaError otherwise."""
-    _lib.call("dcp_mla_check_topk", dcp_size, k)
+    _lib.call("dcp_mla_check_topk", *_ints(dcp_size=dcp_size, k=k))
+
+
+def check_decode(dcp_size: int, local_heads: int, num_q: int, batch: int, context: int) -> None:
+    """The decode step's sizes, checked as the CLI's `plan` and `demo` check them: D in {1, 2, 4,
+    8}, 1 ≤ D·local_heads ≤ 128, 1 ≤ num_q ≤ 8, batch ≥ 1, num_q ≤ context < 2^31;
+    DcpMlaError (INVALID_CONFIG) naming the value otherwise."""
+    _lib.call("dcp_mla_check_decode", *_ints(dcp_size=dcp_size, local_heads=local_heads, num_q=num_q, batch=batch,
+                                             context=context))
 
 
 def local_len(length: int, dcp_size: int, interleave: int, rank: int) -> int:
     """n_r(L): the tokens rank `rank` holds of a sequence of `length` tokens."""
-    return _lib.query("dcp_mla_local_len", dcp_size, interleave, rank, length, out_types=(c_uint64,))[0]
+    return _lib.query("dcp_mla_local_len", *_ints(dcp_size=dcp_size, interleave=interleave, rank=rank, length=length),
+                      out_types=(c_uint64,))[0]
 
 
 def token_address(t: int, dcp_size: int, interleave: int, block_size: int):
     """(owner rank, block-table column, slot) of global token `t`."""
-    return tuple(_lib.query("dcp_mla_token_address", dcp_size, interleave, block_size, t,
+    return tuple(_lib.query("dcp_mla_token_address", *_ints(dcp_size=dcp_size, interleave=interleave,
+                                                            block_size=block_size, t=t),
                             out_types=(c_size_t, c_uint64, c_uint64)))
 
 
@@ -73,6 +95,9 @@ def causal_local_lens(lens: Sequence[int], qs: Sequence[int], dcp_size: int, int
     n = len(lens)
     if len(qs) != n:
         raise ValueError(f"qs: {len(qs)} entries for {n} lens")
+    lens = [_lib.integer(f"lens[{i}]", v, 0, _U64) for i, v in enumerate(lens)]
+    qs = [_lib.integer(f"qs[{i}]", v, 0, (1 << 32) - 1) for i, v in enumerate(qs)]
+    dcp_size, interleave, rank = _ints(dcp_size=dcp_size, interleave=interleave, rank=rank)
     rows = sum(qs)
     out = (c_int32 * max(rows, 1))()
     _lib.call("dcp_mla_causal_local_lens", (c_uint64 * max(n, 1))(*lens), (c_uint32 * max(n, 1))(*qs), n,
@@ -82,38 +107,45 @@ def causal_local_lens(lens: Sequence[int], qs: Sequence[int], dcp_size: int, int
 
 def pages_for(length: int, dcp_size: int, block_size: int) -> int:
     """Pages every rank needs for one sequence of `length` tokens: ceil(L / (B·D))."""
-    return _lib.query("dcp_mla_pages_for", dcp_size, block_size, length, out_types=(c_uint64,))[0]
+    return _lib.query("dcp_mla_pages_for", *_ints(dcp_size=dcp_size, block_size=block_size, length=length),
+                      out_types=(c_uint64,))[0]
 
 
 def capacity(bytes_per_rank: int, kv_format, block_size: int, dcp_size: int):
     """(global tokens the group holds, pages per rank) with `bytes_per_rank` of cache per rank."""
+    bytes_per_rank, block_size, dcp_size = _ints(bytes_per_rank=bytes_per_rank, block_size=block_size,
+                                                 dcp_size=dcp_size)
     return tuple(_lib.query("dcp_mla_capacity", bytes_per_rank, kv_format_code(kv_format), block_size, dcp_size,
                             out_types=(c_uint64, c_uint64)))
 
 
-def decode_num_splits(batch: int, nq: int, heads: int, sparse: bool, num_sms: int = H200_SMS) -> int:
+def decode_num_splits(batch: int, num_q: int, heads: int, sparse: bool, num_sms: int = H200_SMS) -> int:
     """Split-KV parts for about one wave of `num_sms` decode CTAs, aligned with the sequences so
     that equal lengths split none (a function of the shapes only)."""
-    return _lib.query("dcp_mla_decode_num_splits", batch, nq, heads, int(sparse), num_sms, out_types=(c_size_t,))[0]
+    return _lib.query("dcp_mla_decode_num_splits", *_ints(batch=batch, num_q=num_q, heads=heads), int(bool(sparse)),
+                      *_ints(num_sms=num_sms), out_types=(c_size_t,))[0]
 
 
-def decode_workspace_bytes(batch: int, nq: int, heads: int, sparse: bool, num_splits: int) -> int:
+def decode_workspace_bytes(batch: int, num_q: int, heads: int, sparse: bool, num_splits: int) -> int:
     """Bytes of the split-KV workspace (0 for one split); `heads` is the gathered D·H_l."""
-    return _lib.query("dcp_mla_decode_workspace_bytes", batch, nq, heads, int(sparse), num_splits,
-                      out_types=(c_size_t,))[0]
+    return _lib.query("dcp_mla_decode_workspace_bytes", *_ints(batch=batch, num_q=num_q, heads=heads),
+                      int(bool(sparse)), *_ints(num_splits=num_splits), out_types=(c_size_t,))[0]
 
 
 def a2a_slot_bytes(num_tokens: int, local_heads: int) -> int:
     """Bytes of one a2a slot (one destination's share of a [D, slot] buffer), 16-aligned."""
-    return _lib.query("dcp_mla_a2a_slot_bytes", num_tokens, local_heads, out_types=(c_size_t,))[0]
+    return _lib.query("dcp_mla_a2a_slot_bytes", *_ints(num_tokens=num_tokens, local_heads=local_heads),
+                      out_types=(c_size_t,))[0]
 
 
 def ag_rs_workspace_bytes(dcp_size: int, num_tokens: int, local_heads: int) -> int:
-    return _lib.query("dcp_mla_ag_rs_workspace_bytes", dcp_size, num_tokens, local_heads, out_types=(c_uint64,))[0]
+    return _lib.query("dcp_mla_ag_rs_workspace_bytes", *_ints(dcp_size=dcp_size, num_tokens=num_tokens,
+                                                              local_heads=local_heads), out_types=(c_uint64,))[0]
 
 
 def topk_workspace_bytes(dcp_size: int, rows: int, k: int) -> int:
-    return _lib.query("dcp_mla_topk_workspace_bytes", dcp_size, rows, k, out_types=(c_uint64,))[0]
+    return _lib.query("dcp_mla_topk_workspace_bytes", *_ints(dcp_size=dcp_size, rows=rows, k=k),
+                      out_types=(c_uint64,))[0]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,7 +160,9 @@ class PrefillPlan:
 
 def _prefill_args(prefix_lens, dcp_size, interleave, block_size, budget_bytes):
     n = len(prefix_lens)
-    return ((c_uint64 * max(n, 1))(*prefix_lens), n, dcp_size, interleave, block_size, budget_bytes)
+    prefix_lens = [_lib.integer(f"prefix_lens[{i}]", v, 0, _U64) for i, v in enumerate(prefix_lens)]
+    return ((c_uint64 * max(n, 1))(*prefix_lens), n,
+            *_ints(dcp_size=dcp_size, interleave=interleave, block_size=block_size, budget_bytes=budget_bytes))
 
 
 def prefill_plan(prefix_lens: Sequence[int], dcp_size: int, interleave: int, block_size: int,
@@ -145,7 +179,7 @@ def prefill_piece_table(prefix_lens: Sequence[int], dcp_size: int, interleave: i
     pp = prefill_plan(prefix_lens, dcp_size, interleave, block_size, budget_bytes)
     table = (c_int32 * max(pp.max_pieces * 8, 1))()
     _lib.call("dcp_mla_prefill_piece_table", *_prefill_args(prefix_lens, dcp_size, interleave, block_size,
-                                                            budget_bytes), chunk, table, pp.max_pieces)
+                                                            budget_bytes), *_ints(chunk=chunk), table, pp.max_pieces)
     flat = list(table)
     return [flat[i * 8:(i + 1) * 8] for i in range(pp.max_pieces)]
 
@@ -183,11 +217,19 @@ def plan(context: int, dcp_size: int, *, interleave: int = 1, block_size: int = 
          tp: Optional[int] = None, num_sms: int = H200_SMS) -> Plan:
     """Plans a DCP group of `dcp_size` ranks for `batch` requests of `context` tokens, `num_q`
     query rows each, `local_heads` query heads per rank before the query-head all-gather
-    (the decode runs D·local_heads). Raises DcpMlaError for a configuration the planner rejects
-    (D not dividing `tp`, I not dividing B, D·K not a multiple of 512)."""
+    (the decode runs D·local_heads). Raises DcpMlaError for a configuration the planner rejects,
+    with the checks and messages of the CLI's `dcp-mla plan`: D not in {1, 2, 4, 8} or not
+    dividing `tp`, I not dividing B, D·local_heads above 128, num_q outside 1..8, batch 0, a
+    context shorter than num_q or beyond int32, D·K not a multiple of 512; TypeError /
+    ValueError naming an argument that is not a non-negative integer."""
+    context, dcp_size, interleave, block_size, batch, num_q, local_heads = _ints(
+        context=context, dcp_size=dcp_size, interleave=interleave, block_size=block_size, batch=batch, num_q=num_q,
+        local_heads=local_heads)
     check_config(tp if tp is not None else dcp_size, dcp_size, interleave, block_size)
+    check_decode(dcp_size, local_heads, num_q, batch, context)
     if topk is not None:
         check_topk(dcp_size, topk)
+    num_sms, = _ints(num_sms=num_sms)
     fmt = kv_format if isinstance(kv_format, str) else {v: k for k, v in KV_FORMATS.items()}[kv_format]
     kv_format_code(fmt)
     heads = dcp_size * local_heads

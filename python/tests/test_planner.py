@@ -47,7 +47,7 @@ def test_version_and_variants():
     assert dcp_mla.default_scale() == pytest.approx(576 ** -0.5, rel=1e-7)
 
 
-@pytest.mark.parametrize("d,i", [(1, 1), (2, 1), (4, 1), (4, 4), (8, 2), (3, 16)])
+@pytest.mark.parametrize("d,i", [(1, 1), (2, 1), (4, 1), (4, 4), (8, 2), (8, 16)])
 def test_local_len_counts_owned_tokens(d, i):
     for length in [0, 1, i, d * i - 1, d * i, d * i + 1, 1000, 4097]:
         for r in range(d):
@@ -152,3 +152,50 @@ def test_ctypes_signatures_match_the_header():
         assert m, f"{name} is not in {header}"
         params = [p for p in m.group(1).split(",") if p.strip() not in ("", "void")]
         assert len(params) == len(args), f"{name}: the header takes {len(params)} arguments, _lib declares {len(args)}"
+
+
+@pytest.mark.parametrize("kwargs,needle", [
+    (dict(dcp_size=3, tp=6), "D = 3"),
+    (dict(local_heads=256 // 4), "heads"),
+    (dict(num_q=9), "q = 9"),
+    (dict(batch=0), "batch = 0"),
+    (dict(context=1 << 40), "context"),
+])
+def test_plan_refuses_what_the_cli_refuses(kwargs, needle):
+    args = {"context": 4096, "dcp_size": 4, **kwargs}
+    with pytest.raises(DcpMlaError) as e:
+        dcp_mla.plan(**args)
+    assert e.value.status == "INVALID_CONFIG" and needle in e.value.message, e.value.message
+
+
+@pytest.mark.parametrize("d", [0, 3, 5, 6, 7, 9, 16])
+def test_only_the_built_dcp_sizes(d):
+    with pytest.raises(DcpMlaError):
+        dcp_mla.local_len(100, d, 1, 0)
+    with pytest.raises(DcpMlaError):
+        dcp_mla.check_config(16 * max(d, 1), d, 1, 64)
+
+
+@pytest.mark.parametrize("value,error", [
+    (-1, ValueError), (1 << 64, ValueError), (2.0, TypeError), (True, TypeError), ("4", TypeError), (None, TypeError),
+])
+def test_integer_arguments_are_checked_by_name(value, error):
+    for call, name in [
+        (lambda: dcp_mla.plan(context=value, dcp_size=4), "context"),
+        (lambda: dcp_mla.plan(context=4096, dcp_size=value), "dcp_size"),
+        (lambda: dcp_mla.plan(context=4096, dcp_size=4, batch=value), "batch"),
+        (lambda: dcp_mla.local_len(value, 4, 1, 0), "length"),
+        (lambda: dcp_mla.pages_for(100, 4, value), "block_size"),
+        (lambda: dcp_mla.decode_num_splits(value, 1, 64, False), "batch"),
+        (lambda: dcp_mla.causal_local_lens([value], [1], 4, 1, 0), "lens[0]"),
+        (lambda: dcp_mla.capacity(value, "bf16", 64, 4), "bytes_per_rank"),
+    ]:
+        with pytest.raises(error) as e:
+            call()
+        assert str(e.value).startswith(name), (name, str(e.value))
+
+
+def test_call_checks_integers_even_without_a_name():
+    from dcp_mla import _lib
+    with pytest.raises(ValueError, match="dcp_mla_check_topk argument 1"):
+        _lib.call("dcp_mla_check_topk", -4, 2048)

@@ -58,7 +58,8 @@ pub struct ChunkPlan {
 /// output [chunk_tokens, 576].
 pub fn prefill_chunk_bytes(chunk_tokens: u64, d: usize) -> u64 {
     let row = (D_QK * 2) as u64;
-    (chunk_tokens / d as u64 + 2 * chunk_tokens) * row
+    // saturating: a chunk beyond 64 bits of bytes fits no budget (and D = 0 counts as 1)
+    (chunk_tokens / (d as u64).max(1)).saturating_add(chunk_tokens.saturating_mul(2)).saturating_mul(row)
 }
 
 /// Plans the gather of cached prefixes of `prefix_lens` tokens under a workspace budget of

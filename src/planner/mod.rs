@@ -15,6 +15,9 @@ pub use chunks::{plan_prefill_chunks, prefill_chunk_bytes, Chunk, ChunkPlan, Pie
 use crate::error::{Error, Result};
 use crate::formats::KvFormat;
 
+/// DCP sizes D the kernels are built for (the a2a combine and the global top-k merge are compiled
+/// per D): every interface refuses any other D through [`DcpConfig::new`] or [`check_dcp_size`].
+pub const DCP_SIZES: [usize; 4] = [1, 2, 4, 8];
 /// Top-k sizes the sparse kernels support: DeepSeek-V3.2's 2048 and 512, and 256 and 1024 for
 /// smaller indexers (with D·K a multiple of 512: K = 256 needs D ≥ 2).
 pub const TOPK_SIZES: [usize; 4] = [256, 512, 1024, 2048];
@@ -30,6 +33,8 @@ pub const MAX_TOKENS: u64 = i32::MAX as u64;
 pub enum PlanError {
     #[error("DCP size D = {d} must be at least 1")]
     ZeroDcp { d: usize },
+    #[error("DCP size D = {d} is not supported: the kernels are built for D in 1, 2, 4, 8")]
+    DcpSize { d: usize },
     #[error("tp = {tp} is not divisible by the DCP size D = {d}")]
     TpNotDivisible { tp: usize, d: usize },
     #[error("interleave I = {interleave} must be at least 1 and divide the block size B = {block_size}")]
@@ -44,6 +49,10 @@ pub enum PlanError {
     Heads { d: usize, h_l: usize, max: usize },
     #[error("q = {q} query rows per request: must be between 1 and {max}")]
     QueryRows { q: usize, max: usize },
+    #[error("batch = {batch} requests: must be at least 1")]
+    Batch { batch: usize },
+    #[error("context = {context} tokens is shorter than the q = {q} new tokens of a request")]
+    ContextShorterThanQ { context: u64, q: usize },
     #[error("request {request}: length {len} is shorter than its {q} new tokens")]
     ShorterThanQ { request: usize, len: u64, q: usize },
     #[error("{what} = {value} overflows the kernels' int32 range")]
@@ -101,7 +110,8 @@ impl DcpLayout {
     /// Pages one sequence of L tokens needs on every rank: ceil(L / (B·D)) (docs/contract.md §2), which
     /// is ceil(max_r n_r(L) / B) because I divides B.
     pub fn pages_for(&self, len: u64, block_size: usize) -> u64 {
-        len.div_ceil(block_size as u64 * self.size as u64)
+        // saturating is exact: a product beyond u64 exceeds any len, which then needs one page
+        len.div_ceil((block_size as u64).saturating_mul(self.size as u64))
     }
 
     /// Where global token t lives: (rank, block-table column, slot within the page).
@@ -140,13 +150,56 @@ fn check_layout(tp: usize, dcp: DcpLayout, block_size: usize) -> Result<(), Plan
     if tp % dcp.size != 0 {
         return Err(PlanError::TpNotDivisible { tp, d: dcp.size });
     }
+    check_dcp_size(dcp.size)?;
     if block_size == 0 {
         return Err(PlanError::ZeroBlockSize);
     }
     if dcp.interleave == 0 || block_size % dcp.interleave != 0 {
         return Err(PlanError::BadInterleave { interleave: dcp.interleave, block_size });
     }
+    // a logical block's slots are int32 on the device; this also bounds every D·I and B·D
+    // product of the layout arithmetic
+    let logical = block_size as u128 * dcp.size as u128;
+    if logical > MAX_TOKENS as u128 {
+        return Err(PlanError::Overflow { what: "B·D (tokens of a logical block)", value: logical });
+    }
     Ok(())
+}
+
+/// D must be one of [`DCP_SIZES`] (D = 0 has its own message).
+pub fn check_dcp_size(d: usize) -> Result<(), PlanError> {
+    match d {
+        0 => Err(PlanError::ZeroDcp { d }),
+        d if DCP_SIZES.contains(&d) => Ok(()),
+        d => Err(PlanError::DcpSize { d }),
+    }
+}
+
+/// The sizes of a decode step, checked alike by every interface (the CLI's `plan` and `demo`,
+/// the C ABI's `dcp_mla_check_decode`, Python's `plan()`): D in [`DCP_SIZES`], 1 ≤ H = D·H_l ≤
+/// [`MAX_HEADS`], 1 ≤ q ≤ [`MAX_Q_ROWS`], batch ≥ 1, q ≤ context ≤ [`MAX_TOKENS`] and b·q rows
+/// within int32. Returns H.
+pub fn check_decode_shape(
+    dcp_size: usize,
+    local_heads: usize,
+    num_q: usize,
+    batch: usize,
+    context: u64,
+) -> Result<usize> {
+    check_dcp_size(dcp_size)?;
+    let heads = check_heads(dcp_size, local_heads)?;
+    if num_q == 0 || num_q > MAX_Q_ROWS {
+        return Err(PlanError::QueryRows { q: num_q, max: MAX_Q_ROWS }.into());
+    }
+    if batch == 0 {
+        return Err(PlanError::Batch { batch }.into());
+    }
+    if context < num_q as u64 {
+        return Err(PlanError::ContextShorterThanQ { context, q: num_q }.into());
+    }
+    check_i32("context", context as u128)?;
+    check_i32("batch·q rows", batch as u128 * num_q as u128)?;
+    Ok(heads)
 }
 
 /// The sparse top-k constraint (docs/contract.md §6): K ∈ {256, 512, 1024, 2048} and D·K a multiple of 512; the
@@ -158,9 +211,10 @@ pub fn check_topk(d: usize, k: usize) -> Result<()> {
     if !TOPK_SIZES.contains(&k) {
         return Err(PlanError::TopkSize { d, k }.into());
     }
-    if (d * k) % 512 != 0 {
+    if d.checked_mul(k).is_none_or(|dk| dk % 512 != 0) {
         return Err(PlanError::TopkMultiple { d, k }.into());
     }
+    check_dcp_size(d)?;
     Ok(())
 }
 
@@ -183,7 +237,8 @@ pub fn check_i32(what: &'static str, value: u128) -> Result<i32> {
 /// gives the kernels' [b, q] layout).
 pub fn causal_local_lens(lens: &[u64], qs: &[usize], dcp: DcpLayout, r: usize) -> Result<Vec<i32>> {
     assert_eq!(lens.len(), qs.len(), "one q per request");
-    let mut rows = Vec::with_capacity(qs.iter().sum());
+    // no capacity from qs before they are checked: a huge q would abort in the allocator
+    let mut rows = Vec::new();
     for (request, (&len, &q)) in lens.iter().zip(qs).enumerate() {
         if q == 0 || q > MAX_Q_ROWS {
             return Err(PlanError::QueryRows { q, max: MAX_Q_ROWS }.into());
@@ -211,13 +266,13 @@ pub fn local_slot(table_row: &[i32], block_size: usize, num_pages: usize, l: u64
 /// Global tokens a DCP group can hold when every rank has `bytes_per_rank` of cache in `format`:
 /// whole pages per rank times B·D (capacity grows D-fold).
 pub fn capacity_tokens(bytes_per_rank: u64, format: KvFormat, block_size: usize, d: usize) -> u64 {
-    let pages = bytes_per_rank / (block_size as u64 * format.token_bytes() as u64);
-    pages * block_size as u64 * d as u64
+    pages_per_rank(bytes_per_rank, format, block_size).saturating_mul(block_size as u64).saturating_mul(d as u64)
 }
 
 /// Pages per rank that hold `bytes_per_rank` of cache in `format`.
 pub fn pages_per_rank(bytes_per_rank: u64, format: KvFormat, block_size: usize) -> u64 {
-    bytes_per_rank / (block_size as u64 * format.token_bytes() as u64)
+    // saturating is exact: a page beyond u64 bytes holds more than any budget, so 0 pages
+    bytes_per_rank / (block_size as u64).saturating_mul(format.token_bytes() as u64).max(1)
 }
 
 #[cfg(test)]

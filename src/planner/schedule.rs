@@ -16,10 +16,12 @@
 /// The sequences of a decode launch and the query rows each holds: requests with their q·H rows
 /// (dense) or single query rows with their H heads (sparse: each has its own index list).
 pub fn seq_shape(batch: usize, nq: usize, heads: usize, sparse: bool) -> (usize, usize) {
+    // saturating: sizes beyond memory are refused by the launchers' checked arithmetic; a
+    // planner query over them must not panic first
     if sparse {
-        (batch * nq, heads)
+        (batch.saturating_mul(nq), heads)
     } else {
-        (batch, nq * heads)
+        (batch, nq.saturating_mul(heads))
     }
 }
 

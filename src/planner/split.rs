@@ -36,11 +36,12 @@ pub fn decode_num_splits(batch: usize, nq: usize, heads: usize, sparse: bool, nu
     if batch == 0 || num_sms == 0 {
         return 1;
     }
-    let rb = row_blocks_per_seq(nq, heads, sparse);
+    // (no rows at all: one block, so that a query of empty shapes answers 1 instead of dividing by 0)
+    let rb = row_blocks_per_seq(nq, heads, sparse).max(1);
     if sparse {
-        let ctas = batch * nq * rb;
+        let ctas = batch.saturating_mul(nq).saturating_mul(rb);
         let waves = ctas.div_ceil(num_sms);
-        if ctas * 5 >= waves * num_sms * 4 {
+        if ctas.saturating_mul(5) >= waves.saturating_mul(num_sms).saturating_mul(4) {
             return 1;
         }
     }

@@ -1,5 +1,6 @@
 //! `dcp-mla bench`: every row of `dcp_mla::bench::rows` on the GPU, with the same run's copy
-//! ceiling, each row's ratio to its docs/performance.md target, and JSON / CSV outputs.
+//! ceiling, each row's ratio to its docs/performance.md target, and JSON / CSV outputs
+//! (`--json`: JSON on stdout; `--json-out FILE`, `--csv FILE`: files).
 
 use dcp_mla::bench::{measure_us, rows, step_summary, BenchRow, Measurement, Timer};
 use dcp_mla::runtime::Device;
@@ -8,9 +9,14 @@ use std::path::PathBuf;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct BenchArgs {
-    /// Write the results as JSON to this file.
+    /// Print the results as JSON to stdout instead of the table (as `plan --json` and
+    /// `kernels --json` do).
+    #[arg(long)]
+    pub json: bool,
+    /// Write the results as JSON to this file (besides the table, or the JSON on stdout). The
+    /// older `--json FILE` still means this, with a warning, until the next release.
     #[arg(long, value_name = "FILE")]
-    pub json: Option<PathBuf>,
+    pub json_out: Option<PathBuf>,
     /// Write the results as CSV to this file.
     #[arg(long, value_name = "FILE")]
     pub csv: Option<PathBuf>,
@@ -101,13 +107,18 @@ pub fn run(a: &BenchArgs) -> i32 {
         eprint!("\r\x1b[2K");
     }
     eprintln!("{} rows measured", results.len());
-    print_table(&results, copy_gbs);
-    let steps: Vec<(&BenchRow, f64)> = results.iter().map(|r| (&r.row, r.m.us)).collect();
-    if steps.iter().any(|(r, _)| r.family == "dcp_step") {
-        print!("{}", step_summary(&steps));
+    let json = to_json(&dev, &results, copy_gbs, &failed, &tune_table);
+    if a.json {
+        println!("{json}");
+    } else {
+        print_table(&results, copy_gbs);
+        let steps: Vec<(&BenchRow, f64)> = results.iter().map(|r| (&r.row, r.m.us)).collect();
+        if steps.iter().any(|(r, _)| r.family == "dcp_step") {
+            print!("{}", step_summary(&steps));
+        }
     }
-    if let Some(path) = &a.json {
-        if let Err(e) = std::fs::write(path, to_json(&dev, &results, copy_gbs, &failed, &tune_table)) {
+    if let Some(path) = &a.json_out {
+        if let Err(e) = std::fs::write(path, &json) {
             eprintln!("error: cannot write {}: {e}", path.display());
             return 1;
         }

@@ -19,8 +19,8 @@ use std::time::Instant;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct DemoArgs {
-    /// DCP size D: ranks that split the KV by token (simulated on one device).
-    #[arg(long, value_parser = count(), allow_negative_numbers = true, short = 'd', default_value_t = 4)]
+    /// DCP size D: ranks that split the KV by token (simulated on one device); 1, 2, 4 or 8.
+    #[arg(long = "dcp-size", value_parser = count(), allow_negative_numbers = true, short = 'd', default_value_t = 4)]
     pub dcp: usize,
     /// Interleave I: runs of I consecutive tokens per rank (must divide the block size).
     #[arg(long, value_parser = count(), allow_negative_numbers = true, short = 'i', default_value_t = 1)]
@@ -38,11 +38,11 @@ pub struct DemoArgs {
     /// Query heads per TP rank H_l; attention sees H = D·H_l gathered heads.
     #[arg(long, value_parser = count(), allow_negative_numbers = true, default_value_t = 16)]
     pub local_heads: usize,
-    /// Query rows per request (1 + MTP draft tokens).
-    #[arg(long, value_parser = count(), allow_negative_numbers = true, default_value_t = 1)]
+    /// Query rows per request (1 + MTP draft tokens, at most 8).
+    #[arg(long = "num-q", value_parser = count(), allow_negative_numbers = true, default_value_t = 1)]
     pub q: usize,
     /// KV-cache format of the sparse path (the dense path is BF16).
-    #[arg(long, value_enum, default_value = "fp8")]
+    #[arg(long, value_enum, default_value = "fp8_656")]
     pub kv_format: FormatArg,
     /// Sparse top-k K (256, 512, 1024 or 2048; D·K must be a multiple of 512).
     #[arg(long, value_parser = count(), allow_negative_numbers = true, default_value_t = 2048)]
@@ -330,22 +330,22 @@ fn capacity(a: &DemoArgs) -> Option<(serde_json::Value, String)> {
     let argv = [
         "plan".to_string(),
         format!("--tp={}", a.tp),
-        format!("--dcp={}", a.dcp),
+        format!("--dcp-size={}", a.dcp),
         format!("--interleave={}", a.interleave),
         format!("--block-size={}", a.block_size),
         format!("--local-heads={}", a.local_heads),
         format!("--topk={}", a.topk),
-        format!("--kv-format={}", if a.kv_format == FormatArg::Fp8 { "fp8" } else { "bf16" }),
+        format!("--kv-format={}", KvFormat::from(a.kv_format).name()),
     ];
     let m = PlanArgs::augment_args(clap::Command::new("plan")).try_get_matches_from(argv).ok()?;
     let pa = PlanArgs::from_arg_matches(&m).ok()?;
     let v = super::plan::plan(&pa).ok()?;
     let what = format!(
-        "{:.0} GB × {} over {} layers, {:?}",
+        "{:.0} GB × {} over {} layers, {}",
         pa.gpu_mem as f64 / 1e9,
         pa.cache_fraction,
         pa.layers,
-        KvFormat::from(pa.kv_format)
+        KvFormat::from(pa.kv_format).name()
     );
     Some((v, what))
 }
@@ -390,9 +390,17 @@ pub fn run(a: &DemoArgs) -> i32 {
     }
     let (lmin, lmax) = (p.lens.iter().min().unwrap(), p.lens.iter().max().unwrap());
     println!(
-        "shape: batch {batch}, q {}, lengths {lmin}..{lmax}, H = D·H_l = {}·{} = {} heads, d_qk {D_QK}, d_v {D_V}, \
-         B {}, I {}, tp {}, top-k {}, sparse cache {:?} (inputs generated in {gen_s:.1} s)",
-        p.q, p.dcp.size, p.local_heads, p.heads, p.block_size, p.dcp.interleave, p.tp, p.k, p.format
+        "shape: batch {batch}, num_q {}, lengths {lmin}..{lmax}, H = D·H_l = {}·{} = {} heads, d_qk {D_QK}, d_v {D_V}, \
+         B {}, I {}, tp {}, top-k {}, sparse cache {} (inputs generated in {gen_s:.1} s)",
+        p.q,
+        p.dcp.size,
+        p.local_heads,
+        p.heads,
+        p.block_size,
+        p.dcp.interleave,
+        p.tp,
+        p.k,
+        p.format.name()
     );
     let outputs = match &device {
         Ok(dev) => match super::demo_gpu::run_gpu(dev, &p) {
@@ -418,7 +426,7 @@ pub fn run(a: &DemoArgs) -> i32 {
         t1.elapsed().as_secs_f64()
     );
     println!("  {:<22} {:>11} {:>10} {:>12}  result", "path", "max |err|", "rel L2", "max lse err");
-    let names = ["dense BF16".to_string(), format!("sparse {:?} K={}", p.format, p.k)];
+    let names = ["dense BF16".to_string(), format!("sparse {} K={}", p.format.name(), p.k)];
     for (name, pc) in names.iter().zip(&c.paths) {
         println!(
             "  {:<22} {:>11.2e} {:>10.2e} {:>12.2e}  {}",

@@ -3,7 +3,7 @@
 
 use dcp_mla::formats::{D_LATENT, D_QK, D_ROPE, D_V};
 use dcp_mla::ops::decode::{decode_num_splits, decode_workspace_bytes};
-use dcp_mla::planner::{self, workspace, DcpConfig, DcpLayout, MAX_Q_ROWS};
+use dcp_mla::planner::{self, workspace, DcpConfig, DcpLayout, DCP_SIZES};
 use dcp_mla::KvFormat;
 use serde_json::{json, Value};
 
@@ -12,7 +12,8 @@ use serde_json::{json, Value};
 pub enum FormatArg {
     /// 576 bf16 per token (1152 bytes).
     Bf16,
-    /// FlashMLA's FP8 "656" layout: 656 bytes per token.
+    /// FlashMLA's FP8 "656" layout: 656 bytes per token (`fp8_656`, as in Python, C and the JSON).
+    #[value(name = "fp8_656")]
     Fp8,
 }
 
@@ -57,23 +58,23 @@ pub struct PlanArgs {
     /// Tensor-parallel size.
     #[arg(long, value_parser = count(), allow_negative_numbers = true, default_value_t = 8)]
     pub tp: usize,
-    /// DCP size D (must divide tp).
-    #[arg(long, value_parser = count(), allow_negative_numbers = true, short = 'd', default_value_t = 4)]
+    /// DCP size D: 1, 2, 4 or 8 (the kernels are built for these), dividing tp.
+    #[arg(long = "dcp-size", value_parser = count(), allow_negative_numbers = true, short = 'd', default_value_t = 4)]
     pub dcp: usize,
     /// Interleave I: runs of I consecutive tokens per rank (must divide the block size).
     #[arg(long, value_parser = count(), allow_negative_numbers = true, short = 'i', default_value_t = 1)]
     pub interleave: usize,
     /// KV-cache format.
-    #[arg(long, value_enum, default_value = "fp8")]
+    #[arg(long, value_enum, default_value = "fp8_656")]
     pub kv_format: FormatArg,
     /// Tokens per physical page (B).
     #[arg(long, value_parser = count(), allow_negative_numbers = true, default_value_t = 64)]
     pub block_size: usize,
     /// Largest decode batch (requests), for the workspace sizes.
     #[arg(long, value_parser = count(), allow_negative_numbers = true, default_value_t = 64)]
-    pub max_batch: usize,
-    /// Query rows per request (1 + MTP draft tokens).
-    #[arg(long, value_parser = count(), allow_negative_numbers = true, default_value_t = 1)]
+    pub batch: usize,
+    /// Query rows per request (1 + MTP draft tokens, at most 8).
+    #[arg(long = "num-q", value_parser = count(), allow_negative_numbers = true, default_value_t = 1)]
     pub q: usize,
     /// Query heads per TP rank (H_l); attention sees H = D·H_l.
     #[arg(long, value_parser = count(), allow_negative_numbers = true, default_value_t = 16)]
@@ -136,36 +137,33 @@ pub fn plan(a: &PlanArgs) -> Result<Value, String> {
     if a.layers == 0 {
         return Err("--layers must be at least 1".into());
     }
-    if a.q == 0 || a.q > MAX_Q_ROWS {
-        return Err(format!("--q {} must be between 1 and {MAX_Q_ROWS}", a.q));
-    }
-    if a.max_batch == 0 {
-        return Err("--max-batch must be at least 1".into());
-    }
     if a.sms == 0 {
         return Err("--sms must be at least 1".into());
     }
-    // the same bound as the demo's and the kernels': lengths are int32 on the device
-    planner::check_i32("context", a.context as u128).map_err(|e| e.to_string())?;
+    // the planner's checks, the same the C ABI and Python run: D, tp, I and B, then the decode's
+    // heads, query rows, batch and context (int32 on the device), then K
     let cfg = DcpConfig::new(a.tp, a.dcp, a.interleave, a.block_size).map_err(|e| e.to_string())?;
-    let heads = planner::check_heads(a.dcp, a.local_heads).map_err(|e| e.to_string())?;
+    let heads =
+        planner::check_decode_shape(a.dcp, a.local_heads, a.q, a.batch, a.context).map_err(|e| e.to_string())?;
     planner::check_topk(a.dcp, a.topk).map_err(|e| e.to_string())?;
     let format = KvFormat::from(a.kv_format);
     let cache_bytes = (a.gpu_mem as f64 * a.cache_fraction) as u64;
     let per_layer = cache_bytes / a.layers;
     let pages = planner::pages_per_rank(per_layer, format, a.block_size);
     if pages == 0 {
-        let block = a.block_size as u64 * format.token_bytes() as u64;
+        let block = (a.block_size as u64).saturating_mul(format.token_bytes() as u64);
         return Err(format!(
             "the cache budget is too small: {cache_bytes} bytes over {} layers leave {per_layer} bytes per layer, \
-             below one block of {} {format:?} tokens ({block} bytes)",
-            a.layers, a.block_size
+             below one block of {} {} tokens ({block} bytes)",
+            a.layers,
+            a.block_size,
+            format.name()
         ));
     }
     let without = planner::capacity_tokens(per_layer, format, a.block_size, 1);
     let with = planner::capacity_tokens(per_layer, format, a.block_size, a.dcp);
 
-    let (b, q, h_l, d) = (a.max_batch, a.q, a.local_heads, a.dcp);
+    let (b, q, h_l, d) = (a.batch, a.q, a.local_heads, a.dcp);
     let t = b * q;
     let dense_splits = decode_num_splits(b, q, heads, false, a.sms);
     let sparse_splits = decode_num_splits(b, q, heads, true, a.sms);
@@ -182,8 +180,9 @@ pub fn plan(a: &PlanArgs) -> Result<Value, String> {
         .try_fold(partial_out, |acc, x| acc.checked_add(x))
         .ok_or("the workspaces together overflow 64 bits")?;
 
-    // the smallest D dividing tp for which the requests fit in the pages of one rank
-    let min_d = (1..=a.tp).filter(|d| a.tp % d == 0).find(|&d| {
+    // the smallest D the kernels support (DCP_SIZES) dividing tp for which the requests fit in
+    // the pages of one rank
+    let min_d = DCP_SIZES.into_iter().filter(|d| a.tp % d == 0).find(|&d| {
         let layout = DcpLayout { size: d, interleave: a.interleave };
         layout.pages_for(a.context, a.block_size).saturating_mul(a.context_requests) <= pages
     });
@@ -192,10 +191,10 @@ pub fn plan(a: &PlanArgs) -> Result<Value, String> {
         "cache_fraction": a.cache_fraction,
         "layers": a.layers,
         "tp": cfg.tp,
-        "dcp": cfg.dcp.size,
+        "dcp_size": cfg.dcp.size,
         "interleave": cfg.dcp.interleave,
         "block_size": cfg.block_size,
-        "kv_format": format!("{format:?}"),
+        "kv_format": format.name(),
         "token_bytes": format.token_bytes(),
         "cache_bytes_per_rank": cache_bytes,
         "cache_bytes_per_layer": per_layer,
@@ -205,7 +204,7 @@ pub fn plan(a: &PlanArgs) -> Result<Value, String> {
         "capacity_gain": with as f64 / without as f64,
         "workspace": {
             "batch": b,
-            "q": q,
+            "num_q": q,
             "heads": heads,
             "local_heads": h_l,
             "topk": a.topk,
@@ -256,14 +255,14 @@ pub fn print(p: &Value) {
     println!("  without DCP (D = 1):  {:>14}", u("tokens_without_dcp"));
     println!(
         "  with DCP    (D = {}):  {:>14}   ×{:.0}",
-        u("dcp"),
+        u("dcp_size"),
         u("tokens_with_dcp"),
         p["capacity_gain"].as_f64().unwrap_or(0.0)
     );
     println!(
-        "per-rank workspace at batch {} × q {} (H = {} gathered heads, K = {}):",
+        "per-rank workspace at batch {} × num_q {} (H = {} gathered heads, K = {}):",
         wu("batch"),
-        wu("q"),
+        wu("num_q"),
         wu("heads"),
         wu("topk")
     );
@@ -280,13 +279,13 @@ pub fn print(p: &Value) {
     println!("  total (larger merge)      {:>12}", mib(wu("total")));
     match p["min_dcp_for_context"].as_u64() {
         Some(d) => println!(
-            "smallest D (dividing tp = {}) that fits {} request(s) of {} tokens: D = {d}",
+            "smallest D (1, 2, 4 or 8, dividing tp = {}) that fits {} request(s) of {} tokens: D = {d}",
             u("tp"),
             u("context_requests"),
             u("context")
         ),
         None => println!(
-            "no D dividing tp = {} fits {} request(s) of {} tokens",
+            "no D (1, 2, 4 or 8) dividing tp = {} fits {} request(s) of {} tokens",
             u("tp"),
             u("context_requests"),
             u("context")
@@ -296,7 +295,86 @@ pub fn print(p: &Value) {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_bytes;
+    use super::{parse_bytes, plan, PlanArgs};
+    use clap::{Args, FromArgMatches};
+    use proptest::prelude::*;
+
+    /// `dcp-mla plan ARGS` as the binary parses it: Ok(the plan or its error message), or Err
+    /// (clap's message) when the command line does not parse.
+    fn run(args: &[String]) -> Result<Result<serde_json::Value, String>, String> {
+        let argv = std::iter::once("plan".to_string()).chain(args.iter().cloned());
+        let (argv, _) = crate::modernize_args(argv.collect());
+        let m =
+            PlanArgs::augment_args(clap::Command::new("plan")).try_get_matches_from(argv).map_err(|e| e.to_string())?;
+        let a = PlanArgs::from_arg_matches(&m).map_err(|e| e.to_string())?;
+        Ok(plan(&a))
+    }
+
+    /// Decimal integers of every sign and size, beyond 64 bits too.
+    fn any_number() -> impl Strategy<Value = String> {
+        prop_oneof![
+            (-20i128..20).prop_map(|x| x.to_string()),
+            any::<i64>().prop_map(|x| x.to_string()),
+            any::<u64>().prop_map(|x| x.to_string()),
+            any::<i128>().prop_map(|x| x.to_string()),
+            Just(u64::MAX.to_string()),
+            Just("340282366920938463463374607431768211457".to_string()),
+            Just((1u64 << 31).to_string()),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+        /// Every numeric option of `plan` (in its current and deprecated spellings) with any
+        /// integer: clap refuses it, or the planner returns a plan or a message. No panic.
+        #[test]
+        fn plan_takes_any_integer_without_a_panic(
+            values in proptest::collection::vec(any_number(), 14),
+            pick in proptest::collection::vec(any::<bool>(), 14),
+        ) {
+            let options = [
+                "--layers", "--tp", "--dcp-size", "--interleave", "--block-size", "--batch", "--num-q",
+                "--local-heads", "--topk", "--sms", "--context", "--context-requests", "--dcp", "--max-batch",
+            ];
+            let mut args = Vec::new();
+            for ((o, v), &on) in options.iter().zip(&values).zip(&pick) {
+                // the two deprecated spellings stand in for their new ones, never beside them
+                let dup = (*o == "--dcp" && pick[2]) || (*o == "--max-batch" && pick[5]);
+                if on && !dup {
+                    args.push(format!("{o}={v}"));
+                }
+            }
+            if let Ok(Ok(v)) = run(&args) {
+                // what plans is within the planner's bounds
+                let d = v["dcp_size"].as_u64().unwrap();
+                prop_assert!([1, 2, 4, 8].contains(&d));
+                if let Some(m) = v["min_dcp_for_context"].as_u64() {
+                    prop_assert!([1, 2, 4, 8].contains(&m));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn plan_refuses_what_the_planner_refuses() {
+        let s = |a: &[&str]| a.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+        for (args, needle) in [
+            (s(&["--tp", "6", "--dcp-size", "3"]), "D = 3"),
+            (s(&["--tp", "6", "--dcp", "3"]), "D = 3"),
+            (s(&["--num-q", "9"]), "q = 9"),
+            (s(&["--local-heads", "64"]), "heads"),
+            (s(&["--context", "1099511627776"]), "context"),
+        ] {
+            let e = run(&args).unwrap().unwrap_err();
+            assert!(e.contains(needle), "{args:?}: `{needle}` in {e}");
+        }
+        // tp = 6: D = 3 and 6 divide it but are not built; the smallest D is among 1 and 2
+        let v = run(&s(&["--tp", "6", "--dcp-size", "2", "--context", "2000000000", "--context-requests", "64"]))
+            .unwrap()
+            .unwrap();
+        assert!(v["min_dcp_for_context"].is_null() || [1, 2].contains(&v["min_dcp_for_context"].as_u64().unwrap()));
+    }
 
     #[test]
     fn sizes_parse_with_units() {

@@ -4,7 +4,7 @@
 //! depend on it and not on each other.
 
 use dcp_mla::formats::{D_LATENT, D_QK, D_ROPE, D_V};
-use dcp_mla::planner::{self, causal_local_lens, DcpConfig, DcpLayout, MAX_Q_ROWS};
+use dcp_mla::planner::{self, causal_local_lens, DcpConfig, DcpLayout};
 use dcp_mla::reference::attention::QueryShape;
 use dcp_mla::reference::fill::PagedCache;
 use dcp_mla::reference::topk::PageTranslate;
@@ -81,19 +81,11 @@ pub struct Problem {
 
 impl Problem {
     pub fn new(a: &Spec, batch: usize, context: u64) -> Result<Self, String> {
+        // the planner's checks, the same `plan`, the C ABI and Python run
         let cfg = DcpConfig::new(a.tp, a.dcp, a.interleave, a.block_size).map_err(|e| e.to_string())?;
-        let heads = planner::check_heads(a.dcp, a.local_heads).map_err(|e| e.to_string())?;
+        let heads =
+            planner::check_decode_shape(a.dcp, a.local_heads, a.q, batch, context).map_err(|e| e.to_string())?;
         planner::check_topk(a.dcp, a.topk).map_err(|e| e.to_string())?;
-        if a.q == 0 || a.q > MAX_Q_ROWS {
-            return Err(format!("--q {} must be between 1 and {MAX_Q_ROWS}", a.q));
-        }
-        if batch == 0 {
-            return Err("--batch must be at least 1".into());
-        }
-        if context < a.q as u64 {
-            return Err(format!("--context {context} is shorter than the q = {} new tokens", a.q));
-        }
-        planner::check_i32("context", context as u128).map_err(|e| e.to_string())?;
         check_host_memory(batch, a.q, heads, context)?;
         let mut rng = Rng::new(a.seed);
         let lens: Vec<u64> = (0..batch)
