@@ -25,6 +25,7 @@ use crate::error::{Error, Result};
 use crate::formats::{KvFormat, D_QK, D_V};
 use crate::planner::schedule::seq_shape;
 use crate::planner::split::row_blocks_per_seq;
+use crate::planner::tune::{tuned_decode, DecodeClass};
 use crate::planner::DcpLayout;
 use crate::runtime::registry::{self, axes, KernelId};
 use crate::runtime::{tensor_map_bf16_2d, Device, DeviceSlice, Stream};
@@ -442,6 +443,18 @@ fn decode_kernel(dev: &Device, format: KvFormat, sparse: bool, path: DecodePath,
     kernel.ok_or_else(|| Error::Unsupported(format!("mla_decode {kind} {format:?} on {path:?}")))
 }
 
+/// What an `Auto` launch runs by the tuned decode table (docs/performance.md, "Tuned decode
+/// table"): the row of the launch's class (or the nearest), else `Auto` (the heuristic). A path
+/// the caller or `DCP_MLA_DECODE_PATH` names is kept; a refused table is the launch's error. The
+/// table's split count is for the caller to pass (it sizes the workspace): the launcher runs the
+/// caller's.
+fn tuned_path(dev: &Device, path: DecodePath, class: impl FnOnce() -> DecodeClass) -> Result<DecodePath> {
+    if path != DecodePath::Auto || env_path()?.is_some() {
+        return Ok(path);
+    }
+    Ok(tuned_decode(dev, &class())?.map_or(DecodePath::Auto, |t| t.path))
+}
+
 /// Dense decode (docs/contract.md §4). Validates every argument, allocates nothing, never synchronises.
 /// Runs the kernel [`DecodePath::Auto`] picks.
 pub fn mla_decode_dense(dev: &Device, stream: Stream, a: &DenseDecode) -> Result<()> {
@@ -452,6 +465,12 @@ pub fn mla_decode_dense(dev: &Device, stream: Stream, a: &DenseDecode) -> Result
 pub fn mla_decode_dense_on(dev: &Device, stream: Stream, a: &DenseDecode, path: DecodePath) -> Result<()> {
     let mut params = dense_params(a)?;
     let row_blocks = row_blocks_per_seq(a.common.nq, a.common.heads, false);
+    let c = &a.common;
+    let causal = matches!(a.lens_rule, LensRule::Global { causal: true, .. });
+    let context = a.max_pages.saturating_mul(a.block_size);
+    let path = tuned_path(dev, path, || {
+        DecodeClass::new(false, KvFormat::Bf16, c.batch, c.nq, c.heads, context, causal, false)
+    })?;
     let kernel = decode_kernel(dev, KvFormat::Bf16, false, path, row_blocks)?;
     let page_rows = params.page_rows as usize;
     if kernel.takes_tensor_map && tma_enabled() && dense_tma_fits(a.num_pages, a.block_size, page_rows) {
@@ -563,6 +582,9 @@ pub fn mla_decode_sparse(dev: &Device, stream: Stream, a: &SparseDecode) -> Resu
 pub fn mla_decode_sparse_on(dev: &Device, stream: Stream, a: &SparseDecode, path: DecodePath) -> Result<()> {
     let mut params = sparse_params(a)?;
     let row_blocks = row_blocks_per_seq(a.common.nq, a.common.heads, true);
+    let c = &a.common;
+    let path =
+        tuned_path(dev, path, || DecodeClass::new(true, a.format, c.batch, c.nq, c.heads, a.topk, false, false))?;
     let mut kernel = decode_kernel(dev, a.format, true, path, row_blocks)?;
     let wgmma = |schedule| DecodePath::Wgmma { tile: 64, stages: 2, schedule };
     match pair_choice(kernel.cluster == 2, a.common.nq, a.common.heads, path, env_path()?) {
