@@ -65,6 +65,14 @@ def _check(x, name, dtypes, ndim=None, shape=None, contiguous=True, device=None)
     return x
 
 
+def _ints(**named):
+    """Integer arguments (None: absent) checked by name before ctypes sees them: ints in
+    [0, 2^63), not floats or bools (`_lib.integer`; ctypes would take −1 as 2^64 − 1)."""
+    for name, value in named.items():
+        if value is not None and not (type(value) is int and 0 <= value < 1 << 63):
+            _lib.integer(name, value, 0, (1 << 63) - 1)
+
+
 def _cache(cache, name="cache", device=None):
     """A paged cache [pages, B, row] or FlashMLA's [pages, B, 1, row]: its 3-d view and format.
     The pages may be a view of a larger page dimension: each page's rows contiguous, page starts
@@ -385,6 +393,7 @@ def kv_fill(ckv, kpe, req_idx, positions, block_table, cache, *, dcp_size, inter
     is accepted; its pages may be a view of a larger page dimension, each page's rows contiguous).
     A token with a negative position, a request index outside the batch or a page
     out of range is skipped. Returns `cache`."""
+    _ints(dcp_size=dcp_size, interleave=interleave, rank=rank)
     cache3, fmt = _cache(cache)
     _want_format("cache", fmt, kv_format)
     dev = cache.device
@@ -438,6 +447,7 @@ def _workspace(q, sparse, num_splits, workspace, reuse_schedule):
 def decode_workspace(q_shape, *, sparse, num_splits=None, device=None):
     """(num_splits, workspace or None) for decodes of q shape [b, nq, H, 576]: allocate it once
     and pass both to every decode of that shape (what a captured graph wants)."""
+    _ints(num_splits=num_splits)
     device = torch.device(device if device is not None else "cuda")
     num_splits, need = _split_plan(q_shape, sparse, num_splits, device)
     return num_splits, (torch.empty((need,), dtype=torch.uint8, device=device) if need else None)
@@ -472,6 +482,7 @@ def decode_dense(q, cache, block_table, lens, *, scale=None, num_splits=None, wo
     (FlashMLA's attn_sink): out scaled by e^lse / (e^lse + e^sink[h]), lse unchanged; leave it
     None on a DCP rank and give it to the combine, which applies it once. empty_lse_inf=True gives
     a row that sees no token lse +inf (FlashMLA's convention) instead of −inf."""
+    _ints(num_splits=num_splits, dcp_size=dcp_size, interleave=interleave, rank=rank)
     dev = q.device
     _check(q, "q", (torch.bfloat16,), ndim=4, shape=(None, None, None, 576), contiguous="rows")
     b, nq, h, _ = q.shape
@@ -504,6 +515,7 @@ def decode_sparse(q, cache, indices, *, topk_len=None, kv_format=None, scale=Non
     the cache as for decode_dense (views read in place); indices int32 [b, nq, topk], any strides
     with a unit last stride. Returns (out, lse) as decode_dense; reuse_schedule, sink and
     empty_lse_inf as there."""
+    _ints(num_splits=num_splits)
     dev = q.device
     _check(q, "q", (torch.bfloat16,), ndim=4, shape=(None, None, None, 576), contiguous="rows")
     b, nq, h, _ = q.shape
@@ -526,6 +538,7 @@ def ag_rs_correct(out, lse_all, *, dcp_size, rank, lse_base="e", contrib=None,
     computed in f32, head-major for the reduce-scatter. out bf16/f32 [T, H, 512] (H = D·H_l);
     lse_all f32 [D, T, H], every rank's lse in base `lse_base`. Returns contrib [H, T, 512] in
     contrib_dtype (f32 by default; bf16 rounds to nearest even)."""
+    _ints(dcp_size=dcp_size, rank=rank)
     _check(out, "out", _OUT, ndim=3, shape=(None, None, 512))
     t, h, _ = out.shape
     if h % dcp_size:
@@ -545,6 +558,7 @@ def ag_rs_finish(summed, lse_all, *, dcp_size, rank, lse_base="e", out=None, lse
     every shard is empty). lse_all is step 1's [D, T, D·H_l]. sink: optional f32 [H_l], the
     attention sinks of this rank's heads, applied once to the merged rows (lse unchanged).
     Returns (out, lse)."""
+    _ints(dcp_size=dcp_size, rank=rank)
     _check(summed, "summed", _OUT, ndim=3, shape=(None, None, 512))
     hl, t, _ = summed.shape
     _check(lse_all, "lse_all", (torch.float32,), ndim=3, shape=(dcp_size, t, dcp_size * hl), device=summed.device)
@@ -561,6 +575,7 @@ def a2a_pack(out, lse, *, dcp_size, send=None) -> torch.Tensor:
     """a2a combine, send side (docs/contract.md §5.2): out bf16/f32 [T, D·H_l, 512] (as bf16) and
     lse f32 [T, D·H_l] packed into one slot per destination rank. Returns send uint8 [D, slot]
     (slot = planner.a2a_slot_bytes(T, H_l)), which one all-to-all delivers."""
+    _ints(dcp_size=dcp_size)
     _check(out, "out", _OUT, ndim=3, shape=(None, None, 512))
     t, h, _ = out.shape
     if h % dcp_size:
@@ -578,6 +593,7 @@ def a2a_combine(recv, *, num_tokens, local_heads, lse_base="e", out=None, lse=No
     """a2a combine, receive side: the merge of the D received slots recv uint8 [D, slot] (slot r
     as rank r packed it for this rank) in f32, rank order. Returns out [T, H_l, 512] and lse f32
     [T, H_l] (natural log). sink: as for ag_rs_finish."""
+    _ints(num_tokens=num_tokens, local_heads=local_heads)
     _check(recv, "recv", _BYTES, ndim=2)
     slot = _slot_bytes(num_tokens, local_heads)
     _check(recv, "recv", _BYTES, ndim=2, shape=(None, slot))
@@ -622,6 +638,7 @@ def topk_local(scores, lens, k, *, cols=None, out=None) -> torch.Tensor:
     (score descending, index ascending; NaN as −inf), as ascending indices, −1 padded. scores
     f32 [rows, ≥cols] (unit last stride), lens int32 [rows], k in {256, 512, 1024, 2048}.
     Returns int32 [rows, k]."""
+    _ints(k=k, cols=cols)
     _check(scores, "scores", (torch.float32,), ndim=2, contiguous="rows")
     rows = scores.shape[0]
     _check(lens, "lens", (torch.int32,), ndim=1, shape=(rows,), device=scores.device)
@@ -636,6 +653,7 @@ def topk_pack(local_idx, scores, *, dcp_size, interleave, rank, cols=None, cand_
     for unused). local_idx int32 [rows, k]; scores f32 [rows, ≥cols]. Returns (cand_scores f32,
     cand_ids int32), [rows, k] each: pass this rank's slot of the [D, rows, k] all-gather buffers
     to write them in place."""
+    _ints(dcp_size=dcp_size, interleave=interleave, rank=rank, cols=cols)
     _check(local_idx, "local_idx", (torch.int32,), ndim=2)
     rows, k = local_idx.shape
     dev = local_idx.device
@@ -667,6 +685,8 @@ def topk_compact(ids, *, dcp_size, interleave, rank, block_table=None, block_siz
     """Keeps the merged global ids int32 [rows, k] that this rank owns, as local positions (or
     page·B + slot through block_table int32 [ceil(rows / rows_per_request), max_pages]),
     compacted to the front and −1 padded. Returns (out int32 [rows, k], counts int32 [rows])."""
+    _ints(dcp_size=dcp_size, interleave=interleave, rank=rank, block_size=block_size,
+          rows_per_request=rows_per_request)
     _check(ids, "ids", (torch.int32,), ndim=2)
     rows, k = ids.shape
     if block_table is not None:
@@ -684,6 +704,7 @@ def prefill_flatten(cache, block_table, pieces, out, *, dcp_size, interleave, ra
     [cap_rows, 576] (FP8-656 dequantised; every row written), the chunk read from pieces int32
     [max_pieces, 8] on the device (planner.prefill_piece_table). The cache as kv_fill takes it
     (its pages may be a view). Returns out."""
+    _ints(dcp_size=dcp_size, interleave=interleave, rank=rank)
     cache3, fmt = _cache(cache)
     _want_format("cache", fmt, kv_format)
     dev = cache.device
@@ -698,6 +719,7 @@ def prefill_reorder(gathered, pieces, out, *, dcp_size, interleave):
     """Prefill reorder: every token of every piece from the all-gathered flatten buffers gathered
     bf16 [D, cap_rows, 576] to its global row of out bf16 [out_rows, 576] (rows of other chunks
     untouched). Returns out."""
+    _ints(dcp_size=dcp_size, interleave=interleave)
     _check(gathered, "gathered", (torch.bfloat16,), ndim=3, shape=(dcp_size, None, 576))
     _check(pieces, "pieces", (torch.int32,), ndim=2, shape=(None, 8), device=gathered.device)
     _check(out, "out", (torch.bfloat16,), ndim=2, shape=(None, 576), device=gathered.device)
@@ -711,6 +733,7 @@ def local_lens(cache_seqlens, *, dcp_size, interleave, rank, num_q=1, causal=Tru
     num_q new tokens included), n_r(L_i) without; n_r(L) counts the t < L with (t // I) % D == r
     (docs/contract.md §2; planner.local_len is the same on the host). A few small torch kernels,
     capturable in a graph."""
+    _ints(dcp_size=dcp_size, interleave=interleave, rank=rank, num_q=num_q)
     _check(cache_seqlens, "cache_seqlens", (torch.int32, torch.int64), ndim=1)
     lens = cache_seqlens.to(torch.int64).view(-1, 1)
     if causal and num_q > 1:

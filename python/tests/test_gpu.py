@@ -759,3 +759,17 @@ def test_decode_writes_into_output_views(dev):
         assert got_out is out_v and got_lse is lse_v
         assert torch.equal(out_v, out) and torch.equal(lse_v, lse), splits
         assert torch.all(out_big[:, :, h] == 7.0) and torch.all(out_big[..., 512:] == 7.0)
+
+
+def test_operations_refuse_bad_integers_by_name(dev):
+    """Every integer argument of the operations is checked by name before ctypes sees it: ctypes
+    would take −1 as 2^64 − 1 and refuses a float naming no argument."""
+    scores = torch.zeros(2, 64, device=dev)
+    lens = torch.full((2,), 64, dtype=torch.int32, device=dev)
+    for bad, err in [(-1, ValueError), (2.0, TypeError), (True, TypeError), (1 << 70, ValueError)]:
+        with pytest.raises(err, match="^k: "):
+            dcp_mla.topk_local(scores, lens, bad)
+        with pytest.raises(err, match="^num_splits: "):
+            dcp_mla.decode_workspace((1, 1, 16, 576), sparse=False, num_splits=bad, device=dev)
+        with pytest.raises(err, match="^rank: "):
+            dcp_mla.local_lens(lens, dcp_size=2, interleave=1, rank=bad)
