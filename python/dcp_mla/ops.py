@@ -67,7 +67,10 @@ def _check(x, name, dtypes, ndim=None, shape=None, contiguous=True, device=None)
 
 def _ints(**named):
     """Integer arguments (None: absent) checked by name before ctypes sees them: ints in
-    [0, 2^63), not floats or bools (`_lib.integer`; ctypes would take −1 as 2^64 − 1)."""
+    [0, 2^63), not floats or bools (`_lib.integer`; ctypes would take −1 as 2^64 − 1). Under
+    torch.compile the values may be symbolic: the traced custom op's eager run checks them then."""
+    if torch.compiler.is_compiling():
+        return
     for name, value in named.items():
         if value is not None and not (type(value) is int and 0 <= value < 1 << 63):
             _lib.integer(name, value, 0, (1 << 63) - 1)
