@@ -116,7 +116,7 @@ fn decode_common(
     q: DcpMlaTensor,
     q_strides: Option<[usize; 3]>,
     batch: usize,
-    nq: usize,
+    num_q: usize,
     heads: usize,
     scale: f32,
     out: DcpMlaTensor,
@@ -142,7 +142,7 @@ fn decode_common(
         q: arg!(q),
         q_strides,
         batch,
-        nq,
+        nq: num_q,
         heads,
         scale,
         out,
@@ -160,13 +160,13 @@ fn decode_common(
 /// Dense MLA decode over the BF16 paged cache (docs/contract.md §4): row (i, j) attends to the first
 /// `lens[i][j]` local tokens of request i.
 ///
-/// - `q`: bf16 [batch, nq, heads, 576]; `scale`: softmax scale σ (dcp_mla_default_scale()).
-/// - `out`: bf16 or f32 [batch, nq, heads, 512]; `lse`: f32 [batch, nq, heads], natural log,
+/// - `q`: bf16 [batch, num_q, heads, 576]; `scale`: softmax scale σ (dcp_mla_default_scale()).
+/// - `out`: bf16 or f32 [batch, num_q, heads, 512]; `lse`: f32 [batch, num_q, heads], natural log,
 ///   −inf for a row that sees no token.
 /// - `num_splits`: KV splits (dcp_mla_decode_num_splits); with more than 1, `workspace` must hold
 ///   dcp_mla_decode_workspace_bytes bytes (16-byte aligned); with 1 it may be null.
 /// - `schedule`: DCP_MLA_SCHEDULE_COMPUTE, or DCP_MLA_SCHEDULE_REUSE to reuse the split schedule an
-///   earlier COMPUTE launch of the same batch, nq, heads, num_splits and kind (dense or sparse,
+///   earlier COMPUTE launch of the same batch, num_q, heads, num_splits and kind (dense or sparse,
 ///   cache format) left in this workspace, e.g. the step's first layer: it saves a kernel and
 ///   the wait for it. Exact whatever the lengths are now (other lengths cost only balance); a
 ///   workspace whose schedule has another sequence count, part count or KV tile, or that no
@@ -182,13 +182,13 @@ fn decode_common(
 /// - `cache`: [num_pages, page_stride, 576] bf16 (any dtype), the first `block_size` rows of each
 ///   page its tokens; `page_stride`: cache rows between page starts (≥ block_size), 0 for
 ///   `block_size` (packed pages); `block_table`: int32 [batch, block_table_stride], first
-///   `max_pages` columns used; `lens`: int32 [batch, nq]; `lens_strides`: null for contiguous
+///   `max_pages` columns used; `lens`: int32 [batch, num_q]; `lens_strides`: null for contiguous
 ///   lengths, else 2 values: elements between requests and query rows (any, 0 broadcasts).
 /// - `lens_rule`: what `lens` holds (DCP_MLA_LENS_*). LOCAL (0): each query row's local length.
-///   GLOBAL (1): each request's global length L, its nq new tokens included (FlashMLA's
+///   GLOBAL (1): each request's global length L, its num_q new tokens included (FlashMLA's
 ///   cache_seqlens; {1, 0} strides broadcast a [batch] tensor): every row sees n_r(L) tokens,
 ///   the t < L of rank `rank` ((t / interleave) % dcp_size == rank). GLOBAL_CAUSAL (2): the same
-///   with causal MTP rows, row j sees n_r(max(L − nq + 1 + j, 0)). The kernels work the rows'
+///   with causal MTP rows, row j sees n_r(max(L − num_q + 1 + j, 0)). The kernels work the rows'
 ///   lengths out themselves: no lengths kernel before the decode. `dcp_size` (1, 2, 4 or 8),
 ///   `interleave` (≥ 1) and `rank` (< dcp_size) are read with GLOBAL and GLOBAL_CAUSAL only;
 ///   one GPU is 1, 1, 0.
@@ -205,7 +205,7 @@ pub unsafe extern "C" fn dcp_mla_decode_dense(
     q: DcpMlaTensor,
     q_strides: *const usize,
     batch: usize,
-    nq: usize,
+    num_q: usize,
     heads: usize,
     scale: f32,
     out: DcpMlaTensor,
@@ -238,7 +238,7 @@ pub unsafe extern "C" fn dcp_mla_decode_dense(
                 q,
                 strides_arg(q_strides),
                 batch,
-                nq,
+                num_q,
                 heads,
                 scale,
                 out,
@@ -272,9 +272,9 @@ pub unsafe extern "C" fn dcp_mla_decode_dense(
 /// - `q_strides`, `page_stride`: as for dcp_mla_decode_dense.
 /// - `cache`: [num_pages, page_stride, row] in `format` (DCP_MLA_KV_*), any dtype; an index is
 ///   still page·block_size + slot.
-/// - `indices`: int32 [batch, nq, topk]; `indices_strides`: null for contiguous lists, else 2
+/// - `indices`: int32 [batch, num_q, topk]; `indices_strides`: null for contiguous lists, else 2
 ///   values: elements between the lists' requests and query rows (each list contiguous);
-///   `topk_len`: optional int32 [batch, nq] (null data: every entry counts), only the first
+///   `topk_len`: optional int32 [batch, num_q] (null data: every entry counts), only the first
 ///   topk_len[i][j] entries count; `topk_len_strides`: as `lens_strides` of dcp_mla_decode_dense
 ///   (FlashMLA's per-request topk_length is {1, 0}).
 /// - `sink`: as for dcp_mla_decode_dense.
@@ -288,7 +288,7 @@ pub unsafe extern "C" fn dcp_mla_decode_sparse(
     q: DcpMlaTensor,
     q_strides: *const usize,
     batch: usize,
-    nq: usize,
+    num_q: usize,
     heads: usize,
     scale: f32,
     out: DcpMlaTensor,
@@ -317,7 +317,7 @@ pub unsafe extern "C" fn dcp_mla_decode_sparse(
                 q,
                 strides_arg(q_strides),
                 batch,
-                nq,
+                num_q,
                 heads,
                 scale,
                 out,

@@ -211,13 +211,13 @@ pub unsafe extern "C" fn dcp_mla_capacity(
 #[no_mangle]
 pub unsafe extern "C" fn dcp_mla_decode_num_splits(
     batch: usize,
-    nq: usize,
+    num_q: usize,
     heads: usize,
     sparse: i32,
     num_sms: usize,
     out: *mut usize,
 ) -> DcpMlaStatus {
-    guard(|| put("out", out, decode_num_splits(batch, nq, heads, sparse != 0, num_sms)))
+    guard(|| put("out", out, decode_num_splits(batch, num_q, heads, sparse != 0, num_sms)))
 }
 
 /// Bytes of the decode split-KV workspace (0 for one split) for dense (`sparse` = 0) or sparse
@@ -228,13 +228,13 @@ pub unsafe extern "C" fn dcp_mla_decode_num_splits(
 #[no_mangle]
 pub unsafe extern "C" fn dcp_mla_decode_workspace_bytes(
     batch: usize,
-    nq: usize,
+    num_q: usize,
     heads: usize,
     sparse: i32,
     num_splits: usize,
     out: *mut usize,
 ) -> DcpMlaStatus {
-    guard(|| put("out", out, decode_workspace_bytes(batch, nq, heads, sparse != 0, num_splits)?))
+    guard(|| put("out", out, decode_workspace_bytes(batch, num_q, heads, sparse != 0, num_splits)?))
 }
 
 /// Bytes of one a2a slot (one destination's share of a [D, slot] send or receive buffer) for
