@@ -485,6 +485,34 @@ pub fn mla_decode_dense_on(dev: &Device, stream: Stream, a: &DenseDecode, path: 
     launch(dev, stream, &kernel, &a.common, &mut params, false)
 }
 
+/// The pieces of a dense launch's host path, for `benches/host_time.rs` to time apart (not an API).
+#[doc(hidden)]
+pub mod host_pieces {
+    use super::*;
+
+    /// Every argument check and the kernel parameters, without the kernel choice or the launch.
+    pub fn checks(a: &DenseDecode) -> Result<()> {
+        dense_params(a).map(|_| ())
+    }
+
+    /// The kernel choice of an Auto launch (the tuned table's lookup and the registry's).
+    pub fn choice(dev: &Device, a: &DenseDecode) -> Result<()> {
+        let c = &a.common;
+        let class = || {
+            DecodeClass::new(false, KvFormat::Bf16, c.batch, c.nq, c.heads, a.max_pages * a.block_size, false, false)
+        };
+        let path = tuned_path(dev, DecodePath::Auto, class)?;
+        decode_kernel(dev, KvFormat::Bf16, false, path, row_blocks_per_seq(c.nq, c.heads, false)).map(|_| ())
+    }
+
+    /// The dense cache's TMA descriptor (`cuTensorMapEncodeTiled`), as every TMA launch encodes it.
+    pub fn tensor_map(a: &DenseDecode) -> Result<()> {
+        let rows = (a.num_pages * a.page_stride.unwrap_or(a.block_size)) as u64;
+        tensor_map_bf16_2d(a.cache.ptr(), rows, D_QK as u64, (D_QK * 2) as u64, 64, a.block_size.min(64) as u32)
+            .map(|_| ())
+    }
+}
+
 /// Tokens a decode CTA may iterate over at most: its tile counts are int32 sums of a length and
 /// a tile (≤ 64) on the device, so lengths stay this far below INT32_MAX.
 const MAX_DECODE_TOKENS: usize = i32::MAX as usize - 64;
