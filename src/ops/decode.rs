@@ -26,7 +26,7 @@ use crate::formats::{KvFormat, D_QK, D_V};
 use crate::planner::schedule::seq_shape;
 use crate::planner::split::row_blocks_per_seq;
 use crate::planner::tune::{tuned_decode, DecodeClass};
-use crate::planner::DcpLayout;
+use crate::planner::{DcpLayout, DCP_SIZES};
 use crate::runtime::registry::{self, axes, KernelId};
 use crate::runtime::{tensor_map_bf16_2d, Device, DeviceSlice, Stream};
 use half::bf16;
@@ -465,24 +465,31 @@ pub fn mla_decode_dense(dev: &Device, stream: Stream, a: &DenseDecode) -> Result
 pub fn mla_decode_dense_on(dev: &Device, stream: Stream, a: &DenseDecode, path: DecodePath) -> Result<()> {
     let mut params = dense_params(a)?;
     let row_blocks = row_blocks_per_seq(a.common.nq, a.common.heads, false);
-    let c = &a.common;
-    let causal = matches!(a.lens_rule, LensRule::Global { causal: true, .. });
-    let context = a.max_pages.saturating_mul(a.block_size);
-    let path = tuned_path(dev, path, || {
-        DecodeClass::new(false, KvFormat::Bf16, c.batch, c.nq, c.heads, context, causal, false)
-    })?;
+    let path = tuned_path(dev, path, || dense_class(a))?;
     let kernel = decode_kernel(dev, KvFormat::Bf16, false, path, row_blocks)?;
     let page_rows = params.page_rows as usize;
     if kernel.takes_tensor_map && tma_enabled() && dense_tma_fits(a.num_pages, a.block_size, page_rows) {
-        // [num_pages·page_rows rows, 576] bf16; a box is one 128-byte column block of a tile's
-        // tokens, or of one page's B tokens when B is smaller (a tile then spans whole pages);
-        // the kernel works out the same box size
-        let box_rows = a.block_size.min(kernel.tile as usize) as u32;
-        let rows = (a.num_pages * page_rows) as u64;
-        params.kv_tmap = tensor_map_bf16_2d(a.cache.ptr(), rows, D_QK as u64, (D_QK * 2) as u64, 64, box_rows)?;
+        params.kv_tmap = dense_tensor_map(a, page_rows, kernel.tile)?;
         params.kv_tma = 1;
     }
     launch(dev, stream, &kernel, &a.common, &mut params, false)
+}
+
+/// The tuned table's class of a dense launch (its context: the block table's capacity).
+fn dense_class(a: &DenseDecode) -> DecodeClass {
+    let c = &a.common;
+    let causal = matches!(a.lens_rule, LensRule::Global { causal: true, .. });
+    let context = a.max_pages.saturating_mul(a.block_size);
+    DecodeClass::new(false, KvFormat::Bf16, c.batch, c.nq, c.heads, context, causal, false)
+}
+
+/// The dense cache's TMA descriptor: [num_pages·page_rows rows, 576] bf16; a box is one 128-byte
+/// column block of a tile's tokens, or of one page's B tokens when B is smaller (a tile then spans
+/// whole pages); the kernel works out the same box size.
+fn dense_tensor_map(a: &DenseDecode, page_rows: usize, tile: u32) -> Result<[u64; 16]> {
+    let box_rows = a.block_size.min(tile as usize) as u32;
+    let rows = (a.num_pages * page_rows) as u64;
+    tensor_map_bf16_2d(a.cache.ptr(), rows, D_QK as u64, (D_QK * 2) as u64, 64, box_rows)
 }
 
 /// The pieces of a dense launch's host path, for `benches/host_time.rs` to time apart (not an API).
@@ -497,19 +504,14 @@ pub mod host_pieces {
 
     /// The kernel choice of an Auto launch (the tuned table's lookup and the registry's).
     pub fn choice(dev: &Device, a: &DenseDecode) -> Result<()> {
+        let path = tuned_path(dev, DecodePath::Auto, || dense_class(a))?;
         let c = &a.common;
-        let class = || {
-            DecodeClass::new(false, KvFormat::Bf16, c.batch, c.nq, c.heads, a.max_pages * a.block_size, false, false)
-        };
-        let path = tuned_path(dev, DecodePath::Auto, class)?;
         decode_kernel(dev, KvFormat::Bf16, false, path, row_blocks_per_seq(c.nq, c.heads, false)).map(|_| ())
     }
 
     /// The dense cache's TMA descriptor (`cuTensorMapEncodeTiled`), as every TMA launch encodes it.
     pub fn tensor_map(a: &DenseDecode) -> Result<()> {
-        let rows = (a.num_pages * a.page_stride.unwrap_or(a.block_size)) as u64;
-        tensor_map_bf16_2d(a.cache.ptr(), rows, D_QK as u64, (D_QK * 2) as u64, 64, a.block_size.min(64) as u32)
-            .map(|_| ())
+        dense_tensor_map(a, a.page_stride.unwrap_or(a.block_size), 64).map(|_| ())
     }
 }
 
@@ -532,7 +534,7 @@ fn dense_params(a: &DenseDecode) -> Result<DcpMlaDecodeParams> {
     );
     [params.len_stride_b, params.len_stride_s] = length_strides("lens", "lens_strides", &a.lens, a.lens_strides, c)?;
     if let LensRule::Global { dcp, rank, causal } = a.lens_rule {
-        ensure_arg!([1, 2, 4, 8].contains(&dcp.size), "lens_rule", "DCP size {} is not one of 1, 2, 4, 8", dcp.size);
+        ensure_arg!(DCP_SIZES.contains(&dcp.size), "lens_rule", "DCP size {} is not one of {DCP_SIZES:?}", dcp.size);
         ensure_arg!(
             dcp.interleave >= 1 && dcp.size * dcp.interleave <= i32::MAX as usize,
             "lens_rule",
