@@ -910,6 +910,14 @@ fn padded_pages(hc: &HostCache, extra: usize) -> (Vec<u8>, usize) {
     (buf, stride)
 }
 
+/// Two launches' (out, lse) are equal bit for bit, their lengths included (a zip alone would
+/// pass a short read).
+fn assert_same_bits(what: &str, want: &(Vec<f32>, Vec<f32>), got: &(Vec<f32>, Vec<f32>)) {
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+    assert!(bits(&want.0) == bits(&got.0), "{what}: out");
+    assert!(bits(&want.1) == bits(&got.1), "{what}: lse");
+}
+
 /// Strided views (docs/contract.md §4): q, the index lists, the cache's pages, the lengths, out
 /// (rows 576 apart) and lse (FlashMLA's [b, H, q] layout; dense also with its +inf for an empty
 /// row, `empty_lse_inf`) as views of larger buffers (NaN or a negative length in every slot outside the view; the sparse
@@ -955,9 +963,10 @@ fn strided_views_match_contiguous() {
                 mla_decode_dense_on(gpu(), raw(&s), &args, path).expect("strided dense launch");
                 let (want, got) = (plain.read(), views.read());
                 let what = format!("strided dense case {n} {path:?} splits={splits}");
-                assert!(want.0.iter().zip(&got.0).all(|(a, b)| a.to_bits() == b.to_bits()), "{what}: out");
+                // FlashMLA's +inf where the contiguous launch wrote −inf for an empty row
                 let flashmla = |x: f32| if x == f32::NEG_INFINITY { f32::INFINITY } else { x };
-                assert!(want.1.iter().zip(&got.1).all(|(&a, b)| flashmla(a).to_bits() == b.to_bits()), "{what}: lse");
+                let want = (want.0, want.1.into_iter().map(flashmla).collect());
+                assert_same_bits(&what, &want, &got);
             }
         }
     }
@@ -1002,8 +1011,7 @@ fn strided_views_match_contiguous() {
                 mla_decode_sparse_on(gpu(), raw(&s), &args, path).expect("strided sparse launch");
                 let (want, got) = (plain.read(), views.read());
                 let what = format!("strided sparse case {n} {format:?} {path:?} splits={splits}");
-                assert!(want.0.iter().zip(&got.0).all(|(a, b)| a.to_bits() == b.to_bits()), "{what}: out");
-                assert!(want.1.iter().zip(&got.1).all(|(a, b)| a.to_bits() == b.to_bits()), "{what}: lse");
+                assert_same_bits(&what, &want, &got);
             }
         }
     }
@@ -1053,8 +1061,7 @@ fn sparse_pages_of_any_block_size_a_stride_apart() {
                 let (want, got) = (plain.read(), strided.read());
                 let what = format!("case {n} {format:?} B={b} stride {page_stride} {path:?} splits={splits}");
                 assert!(want.1.iter().any(|l| l.is_finite()), "{what}: no row read a token");
-                assert!(want.0.iter().zip(&got.0).all(|(a, b)| a.to_bits() == b.to_bits()), "{what}: out");
-                assert!(want.1.iter().zip(&got.1).all(|(a, b)| a.to_bits() == b.to_bits()), "{what}: lse");
+                assert_same_bits(&what, &want, &got);
             }
         }
     }
@@ -1099,8 +1106,7 @@ fn global_lengths_match_the_rows_local_lengths() {
                         let (want, got) = (plain.read(), ruled.read());
                         let what =
                             format!("D={d} I={i} r={rank} q={nq} H={heads} causal={causal} {path:?} splits={splits}");
-                        assert!(want.0.iter().zip(&got.0).all(|(a, b)| a.to_bits() == b.to_bits()), "{what}: out");
-                        assert!(want.1.iter().zip(&got.1).all(|(a, b)| a.to_bits() == b.to_bits()), "{what}: lse");
+                        assert_same_bits(&what, &want, &got);
                         ruled.check_schedule(&what, splits, &dense_seq_tokens(&hc, &local, nq), schedule_tile(path));
                     }
                 }
