@@ -8,6 +8,10 @@ use dcp_mla::planner::{
 use dcp_mla::{DcpLayout, Error, KvFormat};
 use proptest::prelude::*;
 
+#[path = "common/edge_ints.rs"]
+mod edge_ints;
+use edge_ints::{any_u64, any_usize};
+
 fn layout(size: usize, interleave: usize) -> DcpLayout {
     DcpLayout { size, interleave }
 }
@@ -248,26 +252,6 @@ fn decode_shape_names_what_is_out_of_range() {
         let e = check_decode_shape(d, h_l, q, b, ctx).unwrap_err().to_string();
         assert!(e.contains(needle), "{:?}: `{needle}` in {e}", (d, h_l, q, b, ctx));
     }
-}
-
-/// Integers of every size, weighted towards the edges where arithmetic overflows.
-fn any_usize() -> impl Strategy<Value = usize> {
-    // small values, the sizes the checks accept (block, top-k), and the edges of the types
-    prop_oneof![
-        0usize..20,
-        Just(64usize),
-        Just(256usize),
-        Just(2048usize),
-        Just(usize::MAX),
-        Just(usize::MAX / 2 + 1),
-        Just(1usize << 31),
-        Just((1usize << 32) + 1),
-        any::<usize>()
-    ]
-}
-
-fn any_u64() -> impl Strategy<Value = u64> {
-    prop_oneof![0u64..20, Just(u64::MAX), Just(i32::MAX as u64 + 1), Just(1u64 << 40), any::<u64>()]
 }
 
 proptest! {

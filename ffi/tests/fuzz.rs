@@ -5,23 +5,9 @@
 use dcp_mla_ffi::*;
 use proptest::prelude::*;
 
-fn any_usize() -> impl Strategy<Value = usize> {
-    // small values, the sizes the checks accept (block, top-k), and the edges of the types
-    prop_oneof![
-        0usize..20,
-        Just(64usize),
-        Just(256usize),
-        Just(2048usize),
-        Just(usize::MAX),
-        Just(1usize << 31),
-        Just((1usize << 63) + 1),
-        any::<usize>()
-    ]
-}
-
-fn any_u64() -> impl Strategy<Value = u64> {
-    prop_oneof![0u64..20, Just(u64::MAX), Just(1u64 << 31), Just(1u64 << 40), any::<u64>()]
-}
+#[path = "../../tests/common/edge_ints.rs"]
+mod edge_ints;
+use edge_ints::{any_u64, any_usize};
 
 fn any_i32() -> impl Strategy<Value = i32> {
     prop_oneof![-3i32..20, Just(i32::MIN), Just(i32::MAX), any::<i32>()]
