@@ -109,7 +109,7 @@ typedef struct DcpMlaDecodeParams {
     /* same, causal: row j sees n_r(max(L − nq + 1 + j, 0)). n_r(g) counts the t < g with */
     /* (t / I) % D == r (docs/contract.md §2) */
     /* (lens_rule 1, 2 with D·I ≥ 2: g / (D·I) is umulhi(g, dcp_cycle_magic) >> dcp_cycle_shift) */
-    int32_t lens_rule;
+    int32_t lens_rule;       /* the launcher's record only: the kernels read the fields below */
     int32_t causal_shift;    /* 1 with lens_rule 2, else 0: row j's global length is L − (nq − 1 − j)·this */
     int32_t dcp_cycle;       /* D·I (1 with lens_rule 0: the rule is then the identity) */
     uint32_t dcp_cycle_magic;

@@ -40,7 +40,7 @@ __device__ __forceinline__ int div_heads(const DcpMlaDecodeParams& p, int x) {
 // in what rank_tokens takes, so the longest row is the rule applied to the largest of them.
 __device__ __forceinline__ int row_global_len(const DcpMlaDecodeParams& p, int s, int j) {
     const int32_t len = ((const int32_t*)p.lens)[s * p.len_stride_b + j * p.len_stride_s];
-    // branch-free: local lengths take the identity (no causal shift, D·I = 1, magic 2^31 >> 31)
+    // branch-free: local lengths take the identity (no causal shift, D·I = 1, rank start 0)
     return max(len - p.causal_shift * (p.nq - 1 - j), 0);
 }
 __device__ __forceinline__ int local_of_global(const DcpMlaDecodeParams& p, int g) {
