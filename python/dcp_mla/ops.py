@@ -468,8 +468,9 @@ def decode_dense(q, cache, block_table, lens, *, scale=None, num_splits=None, wo
     lens holds each request's global length L (its nq new tokens included; int32 [b] or
     [b, nq]) and every row sees n_r(L) tokens of rank `rank` of (dcp_size, interleave); with
     "global_causal" row j sees n_r(max(L − nq + 1 + j, 0)), the causal MTP rule. The kernels
-    work the lengths out themselves (no lengths kernel); one GPU is dcp_size=1, rank=0. q bf16 [b, nq, H, 576], a view with any strides
-    that are multiples of 8 and a unit last stride; cache bf16 [pages, B, 576] (or [pages, B, 1,
+    work the lengths out themselves (no lengths kernel); one GPU is dcp_size=1, rank=0, and a
+    "local" rule takes no layout. q bf16 [b, nq, H, 576], a view with any strides that are
+    multiples of 8 and a unit last stride; cache bf16 [pages, B, 576] (or [pages, B, 1,
     576]), whose pages may be a view of a larger page dimension (each page's rows contiguous, page
     starts a whole number of rows apart); block_table int32 [b, max_pages] (unit last stride);
     lens int32 [b, nq] (any strides). Views are read in place, never copied, and out (rows
@@ -496,6 +497,10 @@ def decode_dense(q, cache, block_table, lens, *, scale=None, num_splits=None, wo
     rule = _LENS_RULES.get(lens_rule)
     if rule is None:
         _fail("lens_rule", f"{lens_rule!r}, expected one of {sorted(_LENS_RULES)}")
+    if rule == _lib.LENS_LOCAL and (dcp_size, interleave, rank) != (1, 1, 0):
+        # local lengths are already this rank's: a layout given with them would go unused
+        _fail("lens_rule", f"'local' lengths take no DCP layout (dcp_size={dcp_size}, interleave={interleave}, "
+                           f"rank={rank}); use 'global' or 'global_causal' with request lengths")
     if rule != _lib.LENS_LOCAL and isinstance(lens, torch.Tensor) and lens.dim() == 1:
         _check(lens, "lens", (torch.int32,), ndim=1, shape=(b,), contiguous=False, device=dev)
         lens = lens.unsqueeze(1).expand(b, nq)  # one global length a request, read by every row

@@ -773,3 +773,16 @@ def test_operations_refuse_bad_integers_by_name(dev):
             dcp_mla.decode_workspace((1, 1, 16, 576), sparse=False, num_splits=bad, device=dev)
         with pytest.raises(err, match="^rank: "):
             dcp_mla.local_lens(lens, dcp_size=2, interleave=1, rank=bad)
+
+
+def test_decode_dense_local_lengths_take_no_layout(dev):
+    """A DCP layout given with local lengths would go unused: refused by name, not ignored."""
+    q = torch.zeros(1, 1, 16, 576, dtype=torch.bfloat16, device=dev)
+    cache = torch.zeros(1, 64, 576, dtype=torch.bfloat16, device=dev)
+    table = torch.zeros(1, 1, dtype=torch.int32, device=dev)
+    lens = torch.ones(1, 1, dtype=torch.int32, device=dev)
+    for layout in [dict(dcp_size=2), dict(interleave=64), dict(rank=1)]:
+        with pytest.raises(ValueError, match="^lens_rule: "):
+            dcp_mla.decode_dense(q, cache, table, lens, **layout)
+    out, _ = dcp_mla.decode_dense(q, cache, table, lens, lens_rule="global", dcp_size=2, rank=1)
+    assert torch.equal(out, torch.zeros_like(out)), "rank 1 of 2 holds none of a 1-token request"
