@@ -784,5 +784,7 @@ def test_decode_dense_local_lengths_take_no_layout(dev):
     for layout in [dict(dcp_size=2), dict(interleave=64), dict(rank=1)]:
         with pytest.raises(ValueError, match="^lens_rule: "):
             dcp_mla.decode_dense(q, cache, table, lens, **layout)
-    out, _ = dcp_mla.decode_dense(q, cache, table, lens, lens_rule="global", dcp_size=2, rank=1)
-    assert torch.equal(out, torch.zeros_like(out)), "rank 1 of 2 holds none of a 1-token request"
+    # a 1-token request: rank 0 of 2 holds its token, rank 1 none (an empty row's lse is −inf)
+    _, lse0 = dcp_mla.decode_dense(q, cache, table, lens, lens_rule="global", dcp_size=2, rank=0)
+    _, lse1 = dcp_mla.decode_dense(q, cache, table, lens, lens_rule="global", dcp_size=2, rank=1)
+    assert torch.isfinite(lse0).all() and (lse1 == -INF).all()
