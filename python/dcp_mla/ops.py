@@ -486,7 +486,7 @@ def decode_dense(q, cache, block_table, lens, *, scale=None, num_splits=None, wo
     (FlashMLA's attn_sink): out scaled by e^lse / (e^lse + e^sink[h]), lse unchanged; leave it
     None on a DCP rank and give it to the combine, which applies it once. empty_lse_inf=True gives
     a row that sees no token lse +inf (FlashMLA's convention) instead of −inf."""
-    _ints(num_splits=num_splits, dcp_size=dcp_size, interleave=interleave, rank=rank)
+    _ints(num_splits=num_splits)
     dev = q.device
     _check(q, "q", (torch.bfloat16,), ndim=4, shape=(None, None, None, 576), contiguous="rows")
     b, nq, h, _ = q.shape
@@ -501,6 +501,8 @@ def decode_dense(q, cache, block_table, lens, *, scale=None, num_splits=None, wo
         # local lengths are already this rank's: a layout given with them would go unused
         _fail("lens_rule", f"'local' lengths take no DCP layout (dcp_size={dcp_size}, interleave={interleave}, "
                            f"rank={rank}); use 'global' or 'global_causal' with request lengths")
+    if rule != _lib.LENS_LOCAL:
+        _ints(dcp_size=dcp_size, interleave=interleave, rank=rank)
     if rule != _lib.LENS_LOCAL and isinstance(lens, torch.Tensor) and lens.dim() == 1:
         _check(lens, "lens", (torch.int32,), ndim=1, shape=(b,), contiguous=False, device=dev)
         lens = lens.unsqueeze(1).expand(b, nq)  # one global length a request, read by every row
