@@ -4,13 +4,16 @@
 //! - [`abi`]: the kernel parameter structs, generated from `kernels-src/abi.h`;
 //! - [`runtime`]: device, embedded kernel modules and the generated kernel registry (cudarc,
 //!   loaded dynamically: no CUDA is needed to build, link or run the CPU parts);
+//! - [`catalogue`]: the decode kernels this build ships, their names and the heuristic among them;
 //! - [`ops`]: safe launchers that validate arguments and launch on a caller's stream;
-//! - [`planner`]: ownership, lengths, pages, capacity and workspace sizes (host only);
+//! - [`planner`]: ownership, lengths, pages, capacity and workspace sizes, the tuned decode table
+//!   and the choice of a decode kernel (host only);
 //! - [`formats`]: the KV-cache formats and their exact quantisation;
 //! - [`reference`]: the CPU reference of every operation (docs/contract.md's executable form).
 
 pub mod abi;
 pub mod bench;
+pub mod catalogue;
 #[macro_use]
 pub mod error;
 pub mod dcp;

@@ -21,16 +21,19 @@
 
 use super::to_i32;
 use crate::abi::{DcpMlaDecodeCombineParams, DcpMlaDecodeParams};
+use crate::catalogue::kv_axis;
 use crate::error::{Error, Result};
 use crate::formats::{KvFormat, D_QK, D_V};
+use crate::planner::choice::{choose_decode, DecodeShape};
 use crate::planner::schedule::seq_shape;
 use crate::planner::split::row_blocks_per_seq;
-use crate::planner::tune::{tuned_decode, DecodeClass};
 use crate::planner::{DcpLayout, DCP_SIZES};
 use crate::runtime::registry::{self, axes, KernelId};
 use crate::runtime::{tensor_map_bf16_2d, Device, DeviceSlice, Stream};
 use half::bf16;
 
+pub use crate::catalogue::{sm90_variants, DecodePath, Sm90Schedule, Sm90Variant};
+pub use crate::planner::choice::decode_num_splits_on;
 pub use crate::planner::split::{decode_num_splits, SplitPlan, MAX_SPLITS, ROWS_PER_CTA};
 
 /// The softmax scale docs/contract.md §4 defaults to: 576^-½.
@@ -246,113 +249,6 @@ pub fn fallback_shared_bytes() -> usize {
         .unwrap_or(0)
 }
 
-/// Which decode kernel runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DecodePath {
-    /// The Hopper wgmma kernel's default variant on compute capability 9.0 when built, else
-    /// mma.sync; the environment variable `DCP_MLA_DECODE_PATH` overrides it (read once):
-    /// `mma`, `wgmma` (the default variant) or `wgmma-<schedule>-<tile>x<stages>`.
-    Auto,
-    /// The mma.sync kernel (sm_80+), `kernels-src/decode/sm80.cuh`.
-    Mma,
-    /// The wgmma kernel (sm_90a only), `kernels-src/decode/sm90_trio.cuh`: `tile` KV tokens per
-    /// S = Q·Kᵀ step, a ring of `stages` buffers and a schedule; one of [`sm90_variants`] for the
-    /// launch's kind.
-    Wgmma { tile: u32, stages: u32, schedule: Sm90Schedule },
-}
-
-/// How the wgmma kernel's warpgroups share a tile: the `schedule` axis of kernels.toml itself
-/// (`Sm90Schedule` in decode/sm90_base.cuh describes each). `Trio`: three warpgroups, one
-/// computing S, the softmax and P, two holding O's halves and doing P·V (one also loads), so the
-/// next tile is scored while this one is multiplied (dense and sparse BF16). `Quad`: sparse
-/// FP8's default, trio's three warpgroups and a fourth, the producer, which dequantises every tile
-/// so that the P·V warpgroups only multiply (512 threads). `Pair`: sparse FP8 trio
-/// whose query rows have two row blocks (65..=128 heads): the row's two CTAs form a thread-block
-/// cluster and each dequantises half of every tile into both; what [`DecodePath::Auto`] runs
-/// there (a launch naming it whose rows have one block or more than two runs quad instead).
-pub type Sm90Schedule = axes::Schedule;
-
-/// A wgmma decode variant: its tile (KV tokens per S step), stages (buffers) and schedule, as
-/// kernels.toml's axes name it.
-pub type Sm90Variant = (u32, u32, Sm90Schedule);
-
-/// Every wgmma decode variant kernels.toml ships for a launch over `format` (`sparse`: index
-/// lists, else the dense block table), over the Hopper decode families (trio and quad): the one
-/// kernels.toml marks `default` first, then the rest in its order. BF16 runs trio, FP8 quad (its
-/// producer warpgroup dequantises the tiles) and pair where a query row has two row blocks.
-pub fn sm90_variants(format: KvFormat, sparse: bool) -> Vec<Sm90Variant> {
-    let kv = kv_axis(format, sparse);
-    let mut v: Vec<(Sm90Variant, bool)> = registry::MLA_DECODE_SM90_TRIO_VARIANTS
-        .iter()
-        .chain(registry::MLA_DECODE_SM90_QUAD_VARIANTS)
-        .filter(|((k, ..), _)| *k == kv)
-        .map(|&((_, tile, stages, schedule), default)| ((tile, stages, schedule), default))
-        .collect();
-    v.sort_by_key(|&(_, default)| !default); // stable: kernels.toml's order otherwise
-    v.into_iter().map(|(x, _)| x).collect()
-}
-
-/// Every shipped wgmma variant of any kind, each once (what `DCP_MLA_DECODE_PATH` may name).
-fn all_sm90_variants() -> Vec<Sm90Variant> {
-    let mut all: Vec<Sm90Variant> = Vec::new();
-    for (format, sparse) in [(KvFormat::Bf16, false), (KvFormat::Bf16, true), (KvFormat::Fp8_656, true)] {
-        for v in sm90_variants(format, sparse) {
-            if !all.contains(&v) {
-                all.push(v);
-            }
-        }
-    }
-    all
-}
-
-/// `DCP_MLA_DECODE_PATH` (read once): unset or empty is `None`; a value that names no shipped
-/// kernel is an error naming it and listing the valid ones, so a misspelling is never silently
-/// ignored.
-fn env_path() -> Result<Option<DecodePath>> {
-    static PATH: std::sync::OnceLock<std::result::Result<Option<DecodePath>, String>> = std::sync::OnceLock::new();
-    PATH.get_or_init(|| parse_env_path(std::env::var("DCP_MLA_DECODE_PATH").ok().as_deref()))
-        .clone()
-        .map_err(|reason| Error::arg("DCP_MLA_DECODE_PATH", reason))
-}
-
-fn parse_env_path(v: Option<&str>) -> std::result::Result<Option<DecodePath>, String> {
-    match v {
-        None | Some("") => Ok(None),
-        Some("mma") => Ok(Some(DecodePath::Mma)),
-        Some(s) => parse_wgmma_path(s).map(Some).ok_or_else(|| {
-            let mut valid = vec!["mma".to_string(), "wgmma".to_string()];
-            valid.extend(all_sm90_variants().iter().map(|(t, st, sc)| format!("wgmma-{}-{t}x{st}", sc.name())));
-            let removed = REMOVED_SCHEDULES
-                .iter()
-                .find(|r| {
-                    s.strip_prefix("wgmma-").and_then(|x| x.strip_prefix(**r)).is_some_and(|x| x.starts_with('-'))
-                })
-                .map(|r| format!(" (the {r} schedule was removed: CHANGELOG.md)"))
-                .unwrap_or_default();
-            format!("{s:?} names no decode kernel{removed}; valid: {}", valid.join(", "))
-        }),
-    }
-}
-
-/// The wgmma schedules earlier releases shipped (issue 48 removed them: no shape ran them by
-/// default): `DCP_MLA_DECODE_PATH` naming one is refused saying so.
-const REMOVED_SCHEDULES: [&str; 3] = ["plain", "roles", "seesaw"];
-
-/// `wgmma` (the dense default) or `wgmma-<schedule>-<tile>x<stages>` naming a shipped variant of
-/// some kind (each launch checks its own list, [`sm90_variants`]).
-fn parse_wgmma_path(s: &str) -> Option<DecodePath> {
-    if s == "wgmma" {
-        let (tile, stages, schedule) = *sm90_variants(KvFormat::Bf16, false).first()?;
-        return Some(DecodePath::Wgmma { tile, stages, schedule });
-    }
-    let rest = s.strip_prefix("wgmma-")?;
-    let (name, shape) = rest.split_once('-')?;
-    let schedule = Sm90Schedule::ALL.iter().copied().find(|x| x.name() == name)?;
-    let (tile, stages) = shape.split_once('x')?;
-    let v = (tile.parse().ok()?, stages.parse().ok()?, schedule);
-    all_sm90_variants().contains(&v).then_some(DecodePath::Wgmma { tile: v.0, stages: v.1, schedule })
-}
-
 /// The wgmma kernel of one variant, in whichever Hopper decode family kernels.toml puts it (trio's
 /// 384 threads or quad's 512; a variant is in at most one).
 fn sm90_kernel_id(
@@ -383,76 +279,34 @@ struct Kernel {
     cluster: u32,
 }
 
-/// The DSL's `kv` axis of a launch over `format` (`sparse`: index lists, else the dense block
-/// table, always BF16).
-fn kv_axis(format: KvFormat, sparse: bool) -> axes::Kv {
-    match (sparse, format) {
-        (false, _) => axes::Kv::DenseBf16,
-        (true, KvFormat::Bf16) => axes::Kv::SparseBf16,
-        (true, KvFormat::Fp8_656) => axes::Kv::SparseFp8,
-    }
-}
-
-/// The kernel for a launch over `format` (`sparse`: index lists, else the dense block table) on
-/// `dev`; `Error::Unsupported` when `path` cannot run here (wgmma asked for on a device that is
-/// not compute capability 9.0, or a variant not built for this kind of launch). `Auto` is the
-/// wgmma variant that `DCP_MLA_DECODE_PATH` names when it is built for this kind, else this
-/// kind's default (the first of [`sm90_variants`], as [`auto_schedule`] adjusts it for sequences
-/// of `row_blocks` row blocks) on compute capability 9.0, else mma.sync;
-/// `DCP_MLA_DECODE_PATH=mma` forces mma.sync, and a value naming no kernel is an error.
-fn decode_kernel(dev: &Device, format: KvFormat, sparse: bool, path: DecodePath, row_blocks: usize) -> Result<Kernel> {
+/// The kernel of `path` (never `Auto`: [`choose_decode`] resolves it) for a launch over `format`
+/// (`sparse`: index lists, else the dense block table) on `dev`; `Error::Unsupported` when it
+/// cannot run here (wgmma on a device that is not compute capability 9.0, or a variant not
+/// built for this kind of launch).
+fn decode_kernel(dev: &Device, format: KvFormat, sparse: bool, path: DecodePath) -> Result<Kernel> {
     let kv = kv_axis(format, sparse);
-    let mma = || {
-        mma_kernel(kv).map(|(id, tile)| Kernel {
+    // the registry holds exactly the variants kernels.toml builds for `kv`
+    let kernel = match path {
+        DecodePath::Mma => mma_kernel(kv).map(|(id, tile)| Kernel {
             id,
             shared_bytes: id.info().dynamic_shared_bytes as usize,
             tile,
             takes_tensor_map: false,
             cluster: 1,
-        })
-    };
-    // the registry holds exactly the variants kernels.toml builds for `kv`
-    let wgmma = |tile: u32, stages: u32, schedule: Sm90Schedule| {
-        if dev.compute_capability() != (9, 0) {
-            return None;
+        }),
+        DecodePath::Wgmma { tile, stages, schedule } if dev.compute_capability() == (9, 0) => {
+            sm90_kernel_id(kv, tile, stages, schedule).map(|id| Kernel {
+                id,
+                shared_bytes: id.info().dynamic_shared_bytes as usize,
+                tile,
+                takes_tensor_map: kv == axes::Kv::DenseBf16,
+                cluster: if schedule == Sm90Schedule::Pair { 2 } else { 1 },
+            })
         }
-        sm90_kernel_id(kv, tile, stages, schedule).map(|id| Kernel {
-            id,
-            shared_bytes: id.info().dynamic_shared_bytes as usize,
-            tile,
-            takes_tensor_map: kv == axes::Kv::DenseBf16,
-            cluster: if schedule == Sm90Schedule::Pair { 2 } else { 1 },
-        })
-    };
-    let default = || {
-        let (tile, stages, schedule) = *sm90_variants(format, sparse).first()?;
-        wgmma(tile, stages, auto_schedule(schedule, row_blocks))
-    };
-    let kernel = match path {
-        DecodePath::Mma => mma(),
-        DecodePath::Wgmma { tile, stages, schedule } => wgmma(tile, stages, schedule),
-        DecodePath::Auto => match env_path()? {
-            Some(DecodePath::Mma) => mma(),
-            Some(DecodePath::Wgmma { tile, stages, schedule }) => {
-                wgmma(tile, stages, schedule).or_else(default).or_else(mma)
-            }
-            _ => default().or_else(mma),
-        },
+        DecodePath::Wgmma { .. } | DecodePath::Auto => None,
     };
     let kind = if sparse { "sparse" } else { "dense" };
     kernel.ok_or_else(|| Error::Unsupported(format!("mla_decode {kind} {format:?} on {path:?}")))
-}
-
-/// What an `Auto` launch runs by the tuned decode table (docs/performance.md, "Tuned decode
-/// table"): the row of the launch's class (or the nearest), else `Auto` (the heuristic). A path
-/// the caller or `DCP_MLA_DECODE_PATH` names is kept; a refused table is the launch's error. The
-/// table's split count is for the caller to pass (it sizes the workspace): the launcher runs the
-/// caller's.
-fn tuned_path(dev: &Device, path: DecodePath, class: impl FnOnce() -> DecodeClass) -> Result<DecodePath> {
-    if path != DecodePath::Auto || env_path()?.is_some() {
-        return Ok(path);
-    }
-    Ok(tuned_decode(dev, &class())?.map_or(DecodePath::Auto, |t| t.path))
 }
 
 /// Dense decode (docs/contract.md §4). Validates every argument, allocates nothing, never synchronises.
@@ -464,9 +318,8 @@ pub fn mla_decode_dense(dev: &Device, stream: Stream, a: &DenseDecode) -> Result
 /// [`mla_decode_dense`] on a chosen kernel; `Error::Unsupported` when it cannot run on `dev`.
 pub fn mla_decode_dense_on(dev: &Device, stream: Stream, a: &DenseDecode, path: DecodePath) -> Result<()> {
     let mut params = dense_params(a)?;
-    let row_blocks = row_blocks_per_seq(a.common.nq, a.common.heads, false);
-    let path = tuned_path(dev, path, || dense_class(a))?;
-    let kernel = decode_kernel(dev, KvFormat::Bf16, false, path, row_blocks)?;
+    let choice = choose_decode(dev, &dense_shape(a), path)?;
+    let kernel = decode_kernel(dev, KvFormat::Bf16, false, choice.path)?;
     let page_rows = params.page_rows as usize;
     if kernel.takes_tensor_map && tma_enabled() && dense_tma_fits(a.num_pages, a.block_size, page_rows) {
         params.kv_tmap = dense_tensor_map(a, page_rows, kernel.tile)?;
@@ -475,12 +328,33 @@ pub fn mla_decode_dense_on(dev: &Device, stream: Stream, a: &DenseDecode, path: 
     launch(dev, stream, &kernel, &a.common, &mut params, false)
 }
 
-/// The tuned table's class of a dense launch (its context: the block table's capacity).
-fn dense_class(a: &DenseDecode) -> DecodeClass {
+/// The shape of a dense launch as the kernel choice sees it (its context: the block table's
+/// capacity).
+pub fn dense_shape(a: &DenseDecode) -> DecodeShape {
     let c = &a.common;
-    let causal = matches!(a.lens_rule, LensRule::Global { causal: true, .. });
-    let context = a.max_pages.saturating_mul(a.block_size);
-    DecodeClass::new(false, KvFormat::Bf16, c.batch, c.nq, c.heads, context, causal, false)
+    DecodeShape {
+        sparse: false,
+        format: KvFormat::Bf16,
+        batch: c.batch,
+        nq: c.nq,
+        heads: c.heads,
+        context: a.max_pages.saturating_mul(a.block_size),
+        causal: matches!(a.lens_rule, LensRule::Global { causal: true, .. }),
+    }
+}
+
+/// The shape of a sparse launch as the kernel choice sees it (its context: the top-k).
+pub fn sparse_shape(a: &SparseDecode) -> DecodeShape {
+    let c = &a.common;
+    DecodeShape {
+        sparse: true,
+        format: a.format,
+        batch: c.batch,
+        nq: c.nq,
+        heads: c.heads,
+        context: a.topk,
+        causal: false,
+    }
 }
 
 /// The dense cache's TMA descriptor: [num_pages·page_rows rows, 576] bf16; a box is one 128-byte
@@ -504,9 +378,8 @@ pub mod host_pieces {
 
     /// The kernel choice of an Auto launch (the tuned table's lookup and the registry's).
     pub fn choice(dev: &Device, a: &DenseDecode) -> Result<()> {
-        let path = tuned_path(dev, DecodePath::Auto, || dense_class(a))?;
-        let c = &a.common;
-        decode_kernel(dev, KvFormat::Bf16, false, path, row_blocks_per_seq(c.nq, c.heads, false)).map(|_| ())
+        let choice = choose_decode(dev, &dense_shape(a), DecodePath::Auto)?;
+        decode_kernel(dev, KvFormat::Bf16, false, choice.path).map(|_| ())
     }
 
     /// The dense cache's TMA descriptor (`cuTensorMapEncodeTiled`), as every TMA launch encodes it.
@@ -611,63 +484,9 @@ pub fn mla_decode_sparse(dev: &Device, stream: Stream, a: &SparseDecode) -> Resu
 /// [`mla_decode_sparse`] on a chosen kernel; `Error::Unsupported` when it cannot run on `dev`.
 pub fn mla_decode_sparse_on(dev: &Device, stream: Stream, a: &SparseDecode, path: DecodePath) -> Result<()> {
     let mut params = sparse_params(a)?;
-    let row_blocks = row_blocks_per_seq(a.common.nq, a.common.heads, true);
-    let c = &a.common;
-    let path =
-        tuned_path(dev, path, || DecodeClass::new(true, a.format, c.batch, c.nq, c.heads, a.topk, false, false))?;
-    let mut kernel = decode_kernel(dev, a.format, true, path, row_blocks)?;
-    let wgmma = |schedule| DecodePath::Wgmma { tile: 64, stages: 2, schedule };
-    match pair_choice(kernel.cluster == 2, a.common.nq, a.common.heads, path, env_path()?) {
-        PairChoice::Keep => {}
-        PairChoice::Default => {
-            let &(tile, stages, schedule) = sm90_variants(a.format, true)
-                .first()
-                .ok_or_else(|| Error::Unsupported(format!("mla_decode sparse {:?}: no wgmma variant", a.format)))?;
-            kernel = decode_kernel(dev, a.format, true, DecodePath::Wgmma { tile, stages, schedule }, row_blocks)?
-        }
-        // where it is built (sparse FP8 on sm_90a); else the kernel Auto chose
-        PairChoice::PairIfBuilt => {
-            if let Ok(k) = decode_kernel(dev, a.format, true, wgmma(Sm90Schedule::Pair), row_blocks) {
-                kernel = k;
-            }
-        }
-    }
+    let choice = choose_decode(dev, &sparse_shape(a), path)?;
+    let kernel = decode_kernel(dev, a.format, true, choice.path)?;
     launch(dev, stream, &kernel, &a.common, &mut params, true)
-}
-
-/// The schedule [`DecodePath::Auto`] runs for a kind whose default is `default`, on sequences of
-/// `row_blocks` blocks of 64 rows: trio_split in place of trio from two blocks on, where the
-/// scorer's chain bounds the tile and handing P over in halves overlaps it with P·V (H200: −7 to
-/// −8%); a sequence of one block is bound by its KV stream, where the second hand-over costs
-/// 1-3%, so trio stays.
-fn auto_schedule(default: Sm90Schedule, row_blocks: usize) -> Sm90Schedule {
-    if default == Sm90Schedule::Trio && row_blocks >= 2 {
-        Sm90Schedule::TrioSplit
-    } else {
-        default
-    }
-}
-
-/// What a sparse launch does about the pair schedule, given whether the kernel chosen so far is
-/// the pair one: it shares a query row's tiles between exactly two row blocks, so other head
-/// counts take the kind's default (quad); `Auto` with no `DCP_MLA_DECODE_PATH` takes it wherever
-/// a row has two blocks.
-#[derive(Debug, PartialEq, Eq)]
-enum PairChoice {
-    Keep,
-    Default,
-    PairIfBuilt,
-}
-
-fn pair_choice(is_pair: bool, nq: usize, heads: usize, path: DecodePath, env: Option<DecodePath>) -> PairChoice {
-    let two_blocks = row_blocks_per_seq(nq, heads, true) == 2;
-    if is_pair && !two_blocks {
-        PairChoice::Default
-    } else if !is_pair && two_blocks && path == DecodePath::Auto && env.is_none() {
-        PairChoice::PairIfBuilt
-    } else {
-        PairChoice::Keep
-    }
 }
 
 /// Every check of a sparse launch, and its kernel parameters.
@@ -1144,48 +963,6 @@ mod tests {
     }
 
     #[test]
-    fn decode_path_values_are_parsed_or_refused_by_name() {
-        assert_eq!(parse_env_path(None), Ok(None));
-        assert_eq!(parse_env_path(Some("")), Ok(None));
-        assert_eq!(parse_env_path(Some("mma")), Ok(Some(DecodePath::Mma)));
-        let (tile, stages, schedule) = sm90_variants(KvFormat::Bf16, false)[0];
-        assert_eq!(parse_env_path(Some("wgmma")), Ok(Some(DecodePath::Wgmma { tile, stages, schedule })));
-        assert_eq!(
-            parse_env_path(Some("wgmma-pair-64x2")),
-            Ok(Some(DecodePath::Wgmma { tile: 64, stages: 2, schedule: Sm90Schedule::Pair }))
-        );
-        for bad in ["wgmma-trio-64x3", "wgmma-rolesx-64x2", "MMA", "wgmma-quad", "fast"] {
-            let e = parse_env_path(Some(bad)).unwrap_err();
-            assert!(e.contains(bad) && e.contains("wgmma-trio-64x2") && e.contains("mma"), "{e}");
-            assert!(!e.contains("removed"), "{e}");
-        }
-    }
-
-    #[test]
-    fn removed_schedules_are_refused_by_name() {
-        // issue 48: the plain, roles and seesaw schedules are gone; naming one is an error that
-        // names the path, says the schedule was removed and lists what is shipped
-        for (path, schedule) in [
-            ("wgmma-plain-64x2", "plain"),
-            ("wgmma-plain-32x4", "plain"),
-            ("wgmma-roles-64x2", "roles"),
-            ("wgmma-seesaw-64x2", "seesaw"),
-        ] {
-            let e = parse_env_path(Some(path)).unwrap_err();
-            assert!(e.contains(&format!("{path:?}")), "{e}");
-            assert!(e.contains(&format!("the {schedule} schedule was removed")), "{e}");
-            assert!(e.contains("wgmma-trio-64x2") && e.contains("wgmma-quad-64x2"), "{e}");
-            // as the launchers report it
-            let Error::InvalidArgument { arg, reason } = Error::arg("DCP_MLA_DECODE_PATH", e) else { unreachable!() };
-            assert_eq!(arg, "DCP_MLA_DECODE_PATH");
-            assert!(reason.contains(path), "{reason}");
-        }
-        // sparse FP8 trio is no longer built: `wgmma-trio-64x2` names BF16's, and FP8 has none
-        assert!(!sm90_variants(KvFormat::Fp8_656, true).iter().any(|&(_, _, s)| s == Sm90Schedule::Trio));
-        assert!(sm90_kernel_id(axes::Kv::SparseFp8, 64, 2, Sm90Schedule::Trio).is_none());
-    }
-
-    #[test]
     fn sparse_topk_near_int32_max_is_refused() {
         let s = |topk: usize| SparseDecode {
             common: common(1, 1, 16),
@@ -1255,45 +1032,6 @@ mod tests {
     }
 
     #[test]
-    fn pair_runs_where_a_query_row_has_two_row_blocks() {
-        let pair = DecodePath::Wgmma { tile: 64, stages: 2, schedule: Sm90Schedule::Pair };
-        let trio = DecodePath::Wgmma { tile: 64, stages: 2, schedule: Sm90Schedule::Trio };
-        // Auto, no override: pair at 65..=128 heads (any nq: sparse rows are per query row)
-        for heads in [65, 96, 128] {
-            assert_eq!(pair_choice(false, 2, heads, DecodePath::Auto, None), PairChoice::PairIfBuilt, "H={heads}");
-        }
-        for heads in [16, 64, 129, 256] {
-            assert_eq!(pair_choice(false, 1, heads, DecodePath::Auto, None), PairChoice::Keep, "H={heads}");
-        }
-        // a named kernel or an override is kept where it applies
-        assert_eq!(pair_choice(false, 1, 128, trio, None), PairChoice::Keep);
-        assert_eq!(pair_choice(false, 1, 128, DecodePath::Auto, Some(trio)), PairChoice::Keep);
-        assert_eq!(pair_choice(false, 1, 128, DecodePath::Mma, None), PairChoice::Keep);
-        assert_eq!(pair_choice(true, 1, 128, pair, None), PairChoice::Keep);
-        // pair named for rows of one block or of more than two: the default (quad) instead
-        assert_eq!(pair_choice(true, 1, 64, pair, None), PairChoice::Default);
-        assert_eq!(pair_choice(true, 1, 256, DecodePath::Auto, Some(pair)), PairChoice::Default);
-    }
-
-    #[test]
-    fn trio_split_runs_where_a_sequence_has_two_or_more_row_blocks() {
-        let blocks = |nq, h, sparse| row_blocks_per_seq(nq, h, sparse);
-        // dense: a request's rows are nq·H; sparse: a query row's H
-        for (nq, h, sparse) in [(1, 128, false), (2, 64, false), (6, 64, false), (2, 128, true)] {
-            assert_eq!(auto_schedule(Sm90Schedule::Trio, blocks(nq, h, sparse)), Sm90Schedule::TrioSplit);
-        }
-        for (nq, h, sparse) in [(1, 64, false), (1, 16, false), (2, 64, true)] {
-            assert_eq!(auto_schedule(Sm90Schedule::Trio, blocks(nq, h, sparse)), Sm90Schedule::Trio, "one block");
-        }
-        // FP8's default (quad) is kept whatever the shape
-        assert_eq!(auto_schedule(Sm90Schedule::Quad, 2), Sm90Schedule::Quad);
-        // and both BF16 kinds ship it
-        for sparse in [false, true] {
-            assert!(sm90_variants(KvFormat::Bf16, sparse).contains(&(64, 2, Sm90Schedule::TrioSplit)));
-        }
-    }
-
-    #[test]
     fn combine_grid_follows_partials_per_row() {
         // b = 128 over 128-132 parts: ~2 partials a split row, a CTA per (part, 8 rows)
         assert_eq!(combine_grid(132, 128), axes::Grid::Part);
@@ -1346,21 +1084,5 @@ mod tests {
             }
         }
         assert_eq!(mma_kernel(axes::Kv::DenseBf16).map(|(_, tile)| tile), Some(32));
-    }
-
-    #[test]
-    fn wgmma_path_names_parse() {
-        let w = |tile, stages, schedule| Some(DecodePath::Wgmma { tile, stages, schedule });
-        assert_eq!(parse_wgmma_path("wgmma"), w(64, 2, Sm90Schedule::Trio), "the dense default");
-        assert_eq!(parse_wgmma_path("wgmma-trio-64x2"), w(64, 2, Sm90Schedule::Trio));
-        assert_eq!(parse_wgmma_path("wgmma-trio-64x3"), None, "not shipped");
-        assert_eq!(parse_wgmma_path("wgmma-quad-64x2"), w(64, 2, Sm90Schedule::Quad));
-        assert_eq!(parse_wgmma_path("wgmma-pair-64x2"), w(64, 2, Sm90Schedule::Pair));
-        assert_eq!(parse_wgmma_path("wgmma-plain-32x4"), None, "removed (issue 48)");
-        assert_eq!(parse_wgmma_path("wgmma-roles-64x2"), None, "removed (issue 48)");
-        assert_eq!(parse_wgmma_path("wgmma-seesaw-64x2"), None, "removed (issue 48)");
-        assert_eq!(parse_wgmma_path("wgmma-64x2"), None, "no schedule");
-        assert_eq!(parse_wgmma_path("wgmma-trio-64"), None);
-        assert_eq!(parse_wgmma_path("mma"), None);
     }
 }

@@ -3,6 +3,7 @@
 //! arithmetic, shared by the CPU reference, the launchers and the C ABI. Bad configurations are
 //! [`PlanError`]s, converted into [`crate::Error::InvalidConfig`].
 
+pub mod choice;
 mod chunks;
 pub mod schedule;
 mod size;

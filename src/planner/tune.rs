@@ -37,11 +37,10 @@
 //! this build does not ship, or was made for another card is refused with an error naming what is
 //! wrong (every later call repeats it): it is never used silently, and never silently dropped.
 
+use crate::catalogue::{decode_variants, variant_applies, DecodePath};
 use crate::error::{Error, Result};
 use crate::formats::KvFormat;
-use crate::ops::decode::{sm90_variants, DecodePath};
 use crate::planner::split::{row_blocks_per_seq, MAX_SPLITS};
-use crate::runtime::registry::{self, axes};
 use crate::runtime::Device;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -201,7 +200,7 @@ impl CardId {
 #[derive(Debug, Clone, PartialEq)]
 pub struct TuneRow {
     pub class: DecodeClass,
-    /// `mma` or `wgmma-<schedule>-<tile>x<stages>` ([`variant_name`]).
+    /// `mma` or `wgmma-<schedule>-<tile>x<stages>` ([`crate::catalogue::variant_name`]).
     pub variant: String,
     pub path: DecodePath,
     pub num_splits: usize,
@@ -209,6 +208,9 @@ pub struct TuneRow {
     /// inputs; for the reader.
     pub us: Option<f64>,
     pub heuristic_us: Option<f64>,
+    /// The same on ragged lengths (dense rows; `dcp-mla tune` measures both).
+    pub ragged_us: Option<f64>,
+    pub heuristic_ragged_us: Option<f64>,
 }
 
 /// A tuned table: the card and commit it was measured on, and its rows.
@@ -245,6 +247,10 @@ struct RowJson {
     us: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     heuristic_us: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    ragged_us: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    heuristic_ragged_us: Option<f64>,
 }
 
 #[derive(serde::Serialize, serde::Deserialize)]
@@ -265,45 +271,6 @@ pub fn kv_name(format: KvFormat) -> &'static str {
     match format {
         KvFormat::Bf16 => "bf16",
         KvFormat::Fp8_656 => "fp8_656",
-    }
-}
-
-/// `DCP_MLA_DECODE_PATH`'s spelling of a kernel: `mma`, or `wgmma-<schedule>-<tile>x<stages>`;
-/// `auto` for [`DecodePath::Auto`].
-pub fn variant_name(path: DecodePath) -> String {
-    match path {
-        DecodePath::Auto => "auto".into(),
-        DecodePath::Mma => "mma".into(),
-        DecodePath::Wgmma { tile, stages, schedule } => format!("wgmma-{}-{tile}x{stages}", schedule.name()),
-    }
-}
-
-/// Every decode kernel this build ships for a launch over `format` (`sparse`: index lists, else
-/// the dense block table), named by [`variant_name`]: the mma.sync kernel when kernels.toml
-/// builds one for the kind, then the wgmma variants, default first ([`sm90_variants`]).
-pub fn decode_variants(format: KvFormat, sparse: bool) -> Vec<(String, DecodePath)> {
-    let kv = match (sparse, format) {
-        (false, _) => axes::Kv::DenseBf16,
-        (true, KvFormat::Bf16) => axes::Kv::SparseBf16,
-        (true, KvFormat::Fp8_656) => axes::Kv::SparseFp8,
-    };
-    let mut v = Vec::new();
-    if registry::MLA_DECODE_VARIANTS.iter().any(|((k, _), _)| *k == kv) {
-        v.push(("mma".to_string(), DecodePath::Mma));
-    }
-    for (tile, stages, schedule) in sm90_variants(format, sparse) {
-        let path = DecodePath::Wgmma { tile, stages, schedule };
-        v.push((variant_name(path), path));
-    }
-    v
-}
-
-/// Whether `path` does its own work on a launch of `class`: the pair schedule shares a query
-/// row's tiles between exactly two row blocks (the launcher runs the kind's default elsewhere).
-pub fn variant_applies(path: DecodePath, class: &DecodeClass) -> bool {
-    match path {
-        DecodePath::Wgmma { schedule: axes::Schedule::Pair, .. } => class.row_blocks() == 2,
-        _ => true,
     }
 }
 
@@ -366,6 +333,8 @@ impl TuneTable {
                     num_splits: r.num_splits,
                     us: r.us,
                     heuristic_us: r.heuristic_us,
+                    ragged_us: r.ragged_us,
+                    heuristic_ragged_us: r.heuristic_ragged_us,
                 })
                 .collect(),
         };
@@ -448,7 +417,7 @@ fn parse_row(r: RowJson) -> std::result::Result<TuneRow, String> {
             names.join(", ")
         ));
     };
-    if !variant_applies(path, &class) {
+    if !variant_applies(path, class.row_blocks()) {
         return Err(format!(
             "variant {:?} runs only query rows of two row blocks, and {} has {}",
             r.variant,
@@ -459,7 +428,16 @@ fn parse_row(r: RowJson) -> std::result::Result<TuneRow, String> {
     if !(1..=MAX_SPLITS).contains(&r.num_splits) {
         return Err(format!("num_splits = {} is not in 1..={MAX_SPLITS}", r.num_splits));
     }
-    Ok(TuneRow { class, variant: r.variant, path, num_splits: r.num_splits, us: r.us, heuristic_us: r.heuristic_us })
+    Ok(TuneRow {
+        class,
+        variant: r.variant,
+        path,
+        num_splits: r.num_splits,
+        us: r.us,
+        heuristic_us: r.heuristic_us,
+        ragged_us: r.ragged_us,
+        heuristic_ragged_us: r.heuristic_ragged_us,
+    })
 }
 
 /// Where the active table comes from, in [`tuned_decode`]'s order.
@@ -597,15 +575,6 @@ mod tests {
     }
 
     #[test]
-    fn variants_are_named_as_the_env_var_names_them() {
-        let dense: Vec<String> = decode_variants(KvFormat::Bf16, false).into_iter().map(|(n, _)| n).collect();
-        assert_eq!(dense, ["mma", "wgmma-trio-64x2", "wgmma-trio_split-64x2"]);
-        let fp8: Vec<String> = decode_variants(KvFormat::Fp8_656, true).into_iter().map(|(n, _)| n).collect();
-        assert_eq!(fp8, ["mma", "wgmma-quad-64x2", "wgmma-pair-64x2"]);
-        assert_eq!(variant_name(DecodePath::Auto), "auto");
-    }
-
-    #[test]
     fn classes_bucket_the_batch_and_context() {
         let c = DecodeClass::new(false, KvFormat::Bf16, 100, 1, 64, 5000, false, true);
         assert_eq!((c.batch, c.context), (128, 8192));
@@ -648,7 +617,7 @@ mod tests {
         assert_eq!(t.lookup(&c), None);
         let c = DecodeClass::new(true, KvFormat::Fp8_656, 128, 2, 128, 2048, false, false);
         let got = t.lookup(&c).unwrap();
-        assert!(matches!(got.path, DecodePath::Wgmma { schedule: axes::Schedule::Pair, .. }));
+        assert!(matches!(got.path, DecodePath::Wgmma { schedule: crate::catalogue::Sm90Schedule::Pair, .. }));
     }
 
     #[test]

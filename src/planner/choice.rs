@@ -1,0 +1,224 @@
+//! Choosing a decode launch's kernel and split count: one function, one precedence
+//! ([`choose`]), what every launcher, `decode_num_splits_on`, the C ABI and Python ask.
+//!
+//! The precedence, first that answers wins:
+//! 1. the caller's path (a launch naming a kernel, `mla_decode_*_on`);
+//! 2. `DCP_MLA_DECODE_PATH`;
+//! 3. the tuned table's row for the launch's class ([`crate::planner::tune`]: its own class or
+//!    the nearest), which gives the split count too;
+//! 4. the heuristic ([`heuristic_path`]: the DSL's default variant of the kind, trio_split for
+//!    sequences of two or more row blocks, pair for sparse FP8 rows of two blocks, mma.sync
+//!    without wgmma) with [`decode_num_splits`]'s split count.
+//!
+//! A named pair schedule where a query row does not have two row blocks runs the kind's default.
+//! The split count a launch runs is always the caller's (it sized the workspace);
+//! [`DecodeChoice::num_splits`] is what the caller should pass.
+
+use crate::catalogue::{default_wgmma, env_path, heuristic_path, ships, variant_applies, DecodePath};
+use crate::error::{Error, Result};
+use crate::formats::KvFormat;
+use crate::planner::split::{decode_num_splits, row_blocks_per_seq};
+use crate::planner::tune::{tuned_decode, DecodeClass, TunedChoice};
+use crate::runtime::Device;
+
+/// A decode launch's shape as the choice sees it (before [`DecodeClass`]'s buckets).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DecodeShape {
+    /// Index lists (sparse), else the dense block table (BF16).
+    pub sparse: bool,
+    pub format: KvFormat,
+    pub batch: usize,
+    /// Query rows a request.
+    pub nq: usize,
+    pub heads: usize,
+    /// Dense: the most tokens a request may hold (the block table's capacity). Sparse: the top-k.
+    pub context: usize,
+    /// Causal MTP rows (row j sees L − q + 1 + j tokens).
+    pub causal: bool,
+}
+
+impl DecodeShape {
+    /// The tuned table's class (lengths counted as equal: the launcher cannot know).
+    pub fn class(&self) -> DecodeClass {
+        DecodeClass::new(self.sparse, self.format, self.batch, self.nq, self.heads, self.context, self.causal, false)
+    }
+
+    /// Row blocks (64 query rows) a sequence.
+    pub fn row_blocks(&self) -> usize {
+        row_blocks_per_seq(self.nq, self.heads, self.sparse)
+    }
+
+    /// The heuristic's split count on `num_sms` SMs ([`decode_num_splits`]).
+    pub fn heuristic_splits(&self, num_sms: usize) -> usize {
+        decode_num_splits(self.batch, self.nq, self.heads, self.sparse, num_sms)
+    }
+}
+
+/// Which rule of the precedence made a choice.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum ChoiceSource {
+    Caller,
+    Env,
+    /// The tuned table; `distance` from the launch's class to the row's (0: its own class).
+    Tuned {
+        distance: f64,
+    },
+    Heuristic,
+}
+
+/// What runs: the kernel (never [`DecodePath::Auto`]) and, from the tuned table, the split count.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DecodeChoice {
+    pub path: DecodePath,
+    pub source: ChoiceSource,
+    /// The tuned row's split count; `None`: the heuristic's.
+    pub tuned_splits: Option<usize>,
+}
+
+impl DecodeChoice {
+    /// The split count a caller should pass for `shape` on `num_sms` SMs.
+    pub fn num_splits(&self, shape: &DecodeShape, num_sms: usize) -> usize {
+        self.tuned_splits.unwrap_or_else(|| shape.heuristic_splits(num_sms))
+    }
+}
+
+/// [`choose`] on `dev`: its compute capability, `DCP_MLA_DECODE_PATH` and the tuned table in
+/// force for it. Errors: a malformed `DCP_MLA_DECODE_PATH`, a refused table, or no kernel built.
+pub fn choose_decode(dev: &Device, shape: &DecodeShape, caller: DecodePath) -> Result<DecodeChoice> {
+    choose(shape, caller, env_path()?, dev.compute_capability() == (9, 0), |c| tuned_decode(dev, c))
+}
+
+/// The split count a caller should pass for a launch of `shape` on `dev` that lets the launcher
+/// choose its kernel ([`DecodePath::Auto`]): the tuned table's where its row is the choice, else
+/// [`decode_num_splits`]'s.
+pub fn decode_num_splits_on(dev: &Device, shape: &DecodeShape) -> Result<usize> {
+    let choice = choose_decode(dev, shape, DecodePath::Auto)?;
+    Ok(choice.num_splits(shape, dev.num_sms()?))
+}
+
+/// The precedence (the module's list) with its inputs given: `env` is `DCP_MLA_DECODE_PATH`,
+/// `sm90` whether the device runs wgmma, `tuned` the table's lookup (asked only when the caller
+/// and the environment leave the choice to it).
+pub fn choose(
+    shape: &DecodeShape,
+    caller: DecodePath,
+    env: Option<DecodePath>,
+    sm90: bool,
+    tuned: impl FnOnce(&DecodeClass) -> Result<Option<TunedChoice>>,
+) -> Result<DecodeChoice> {
+    let (format, sparse, rb) = (shape.format, shape.sparse, shape.row_blocks());
+    // a named pair schedule where a row does not have two blocks: the kind's default
+    let fit = |p: DecodePath| if variant_applies(p, rb) { p } else { default_wgmma(format, sparse, rb).unwrap_or(p) };
+    let made = |path, source| DecodeChoice { path, source, tuned_splits: None };
+    if caller != DecodePath::Auto {
+        return Ok(made(fit(caller), ChoiceSource::Caller));
+    }
+    if let Some(env) = env {
+        let path = match env {
+            DecodePath::Wgmma { .. } if sm90 && ships(env, format, sparse) => fit(env),
+            // another kind's variant, or no wgmma here: the kind's default (mma.sync without wgmma)
+            DecodePath::Wgmma { .. } => {
+                sm90.then(|| default_wgmma(format, sparse, rb)).flatten().unwrap_or(DecodePath::Mma)
+            }
+            p => p,
+        };
+        return Ok(made(path, ChoiceSource::Env));
+    }
+    if let Some(t) = tuned(&shape.class())? {
+        return Ok(DecodeChoice {
+            path: t.path,
+            source: ChoiceSource::Tuned { distance: t.distance },
+            tuned_splits: Some(t.num_splits),
+        });
+    }
+    let kind = if sparse { "sparse" } else { "dense" };
+    let path = heuristic_path(format, sparse, rb, sm90)
+        .ok_or_else(|| Error::Unsupported(format!("mla_decode {kind} {format:?}: no decode kernel built")))?;
+    Ok(made(path, ChoiceSource::Heuristic))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::catalogue::Sm90Schedule;
+
+    fn shape(sparse: bool, format: KvFormat, batch: usize, nq: usize, heads: usize, context: usize) -> DecodeShape {
+        DecodeShape { sparse, format, batch, nq, heads, context, causal: false }
+    }
+
+    fn w(schedule: Sm90Schedule) -> DecodePath {
+        DecodePath::Wgmma { tile: 64, stages: 2, schedule }
+    }
+
+    fn no_table(_: &DecodeClass) -> Result<Option<TunedChoice>> {
+        Ok(None)
+    }
+
+    fn table(path: DecodePath, num_splits: usize) -> impl FnOnce(&DecodeClass) -> Result<Option<TunedChoice>> {
+        move |_| Ok(Some(TunedChoice { path, num_splits, distance: 0.0 }))
+    }
+
+    fn never(_: &DecodeClass) -> Result<Option<TunedChoice>> {
+        panic!("the table is not asked when the caller or the environment chose")
+    }
+
+    #[test]
+    fn the_caller_then_the_environment_then_the_table_then_the_heuristic() {
+        let fp8 = shape(true, KvFormat::Fp8_656, 64, 1, 128, 512);
+        let quad = w(Sm90Schedule::Quad);
+        // the caller's path wins, and the table is not asked
+        let c = choose(&fp8, quad, Some(DecodePath::Mma), true, never).unwrap();
+        assert_eq!((c.path, c.source, c.tuned_splits), (quad, ChoiceSource::Caller, None));
+        // then DCP_MLA_DECODE_PATH
+        let c = choose(&fp8, DecodePath::Auto, Some(DecodePath::Mma), true, never).unwrap();
+        assert_eq!((c.path, c.source), (DecodePath::Mma, ChoiceSource::Env));
+        // then the table, with its split count
+        let c = choose(&fp8, DecodePath::Auto, None, true, table(quad, 1)).unwrap();
+        assert_eq!((c.path, c.source, c.tuned_splits), (quad, ChoiceSource::Tuned { distance: 0.0 }, Some(1)));
+        assert_eq!(c.num_splits(&fp8, 132), 1);
+        // then the heuristic: pair for two row blocks, the heuristic's split count
+        let c = choose(&fp8, DecodePath::Auto, None, true, no_table).unwrap();
+        assert_eq!((c.path, c.source), (w(Sm90Schedule::Pair), ChoiceSource::Heuristic));
+        assert_eq!(c.num_splits(&fp8, 132), decode_num_splits(64, 1, 128, true, 132));
+        // a refused table is the launch's error
+        let refused = |_: &DecodeClass| Err(Error::InvalidConfig("tuned decode table t.json refused: x".into()));
+        assert!(choose(&fp8, DecodePath::Auto, None, true, refused).is_err());
+    }
+
+    #[test]
+    fn pair_named_where_it_does_not_apply_runs_the_default() {
+        let pair = w(Sm90Schedule::Pair);
+        let one_block = shape(true, KvFormat::Fp8_656, 128, 2, 64, 2048);
+        assert_eq!(choose(&one_block, pair, None, true, never).unwrap().path, w(Sm90Schedule::Quad));
+        assert_eq!(choose(&one_block, DecodePath::Auto, Some(pair), true, never).unwrap().path, w(Sm90Schedule::Quad));
+        let four_blocks = shape(true, KvFormat::Fp8_656, 128, 1, 256, 2048);
+        assert_eq!(choose(&four_blocks, pair, None, true, never).unwrap().path, w(Sm90Schedule::Quad));
+        let two_blocks = shape(true, KvFormat::Fp8_656, 128, 1, 128, 2048);
+        assert_eq!(choose(&two_blocks, pair, None, true, never).unwrap().path, pair);
+        // the environment naming quad where pair would apply: quad (a named kernel is kept)
+        let quad = w(Sm90Schedule::Quad);
+        assert_eq!(choose(&two_blocks, DecodePath::Auto, Some(quad), true, never).unwrap().path, quad);
+    }
+
+    #[test]
+    fn the_environment_naming_another_kinds_variant_or_wgmma_without_it_falls_back() {
+        let dense = shape(false, KvFormat::Bf16, 128, 2, 64, 8192);
+        // quad is sparse FP8's: dense runs its own default, adjusted for two row blocks
+        let c = choose(&dense, DecodePath::Auto, Some(w(Sm90Schedule::Quad)), true, never).unwrap();
+        assert_eq!(c.path, w(Sm90Schedule::TrioSplit));
+        // no wgmma on the device: mma.sync
+        let c = choose(&dense, DecodePath::Auto, Some(w(Sm90Schedule::Trio)), false, never).unwrap();
+        assert_eq!(c.path, DecodePath::Mma);
+        // the heuristic without wgmma: mma.sync
+        let c = choose(&dense, DecodePath::Auto, None, false, no_table).unwrap();
+        assert_eq!(c.path, DecodePath::Mma);
+    }
+
+    #[test]
+    fn the_class_buckets_the_shape() {
+        let s = DecodeShape { causal: true, ..shape(false, KvFormat::Bf16, 100, 2, 64, 5000) };
+        let c = s.class();
+        assert_eq!((c.batch, c.context, c.causal, c.ragged), (128, 8192, true, false));
+        assert_eq!(s.row_blocks(), 2);
+    }
+}
