@@ -9,6 +9,7 @@
 //! leaves the L2 full of dirty lines: the timed kernel then pays their write-back, up to doubling
 //! the traffic of a kernel that moves less than the L2 holds.
 
+use crate::catalogue::heuristic_path;
 use crate::error::{Error, Result};
 use crate::formats::{KvFormat, D_LATENT, D_QK, D_ROPE, D_V};
 use crate::ops::combine::{self, a2a_aligned_slot_bytes, A2aCombine, A2aPack, AgRsCorrect, CombineRows, MergeTwo};
@@ -17,6 +18,7 @@ use crate::ops::fill::{kv_fill, KvFill};
 use crate::ops::prefill::{self, piece_table, Flatten, Reorder};
 use crate::ops::topk::{self, Compact, GlobalMerge, LocalTopk, PackCandidates, PageTranslate};
 use crate::ops::RowsDtype;
+use crate::planner::choice::DecodeShape;
 use crate::planner::{plan_prefill_chunks, prefill_chunk_bytes, DcpLayout};
 use crate::rng::Rng;
 use crate::runtime::{registry, Device, DeviceSlice, Stream};
@@ -132,6 +134,11 @@ pub const DECODE_GRAPH_FAMILY: &str = "mla_decode_graph";
 /// graph, causal MTP rows and ragged lengths where the shape says so.
 pub const DECODE_ENGINE_FAMILY: &str = "mla_decode_engine";
 
+/// The engine view's shapes launched on the heuristic's kernel and split count (no tuned
+/// table), timed as [`DECODE_ENGINE_FAMILY`]'s in the same run: what the tuned table buys, row
+/// for row (`of` = heuristic µs / Auto µs in the JSON's pairing, by shape).
+pub const DECODE_ENGINE_HEURISTIC_FAMILY: &str = "mla_decode_engine_heuristic";
+
 /// The diagnosis rows of the identity block table: the flushed decode shapes with each request's
 /// pages in order (what `mla_decode` read before issue 53), beside the same shapes over a
 /// shuffled table, to show what the page layout costs.
@@ -150,7 +157,7 @@ const ENGINE_REPLAYS: usize = 15;
 pub fn graph_replays(family: &str) -> Option<usize> {
     match family {
         DECODE_GRAPH_FAMILY => Some(GRAPH_REPLAYS),
-        DECODE_ENGINE_FAMILY => Some(ENGINE_REPLAYS),
+        DECODE_ENGINE_FAMILY | DECODE_ENGINE_HEURISTIC_FAMILY => Some(ENGINE_REPLAYS),
         _ => None,
     }
 }
@@ -633,6 +640,10 @@ pub fn rows() -> Vec<BenchRow> {
     for e in ENGINE_SHAPES {
         v.push(BenchRow::new(DECODE_ENGINE_FAMILY, Case::Engine(e), Target::None));
     }
+    // the same on the heuristic's kernel and split count, beside them: what the tuned table buys
+    for e in ENGINE_SHAPES {
+        v.push(BenchRow::new(DECODE_ENGINE_HEURISTIC_FAMILY, Case::Engine(e), Target::None));
+    }
     // diagnosis: the flushed dense and sparse FP8 shapes over the identity block table (each
     // request's pages in order), beside the shuffled rows above: what the page layout costs
     for (q, h, sk) in [(1, 16, 8192), (1, 64, 8192), (1, 128, 8192), (1, 64, 32768), (2, 64, 8192), (6, 64, 8192)] {
@@ -929,6 +940,21 @@ impl DecodeSpec {
         decode::decode_num_splits(self.b, self.q, self.h, self.sparse, num_sms)
     }
 
+    /// The shape the launcher's kernel choice sees ([`DecodeInputs::args`]' launch: a dense
+    /// context of whole pages, a sparse one of the top-k).
+    pub fn shape(&self) -> DecodeShape {
+        let context = if self.sparse { self.topk } else { self.context.div_ceil(DECODE_BLOCK) * DECODE_BLOCK };
+        DecodeShape {
+            sparse: self.sparse,
+            format: self.format,
+            batch: self.b,
+            nq: self.q,
+            heads: self.h,
+            context,
+            causal: self.causal,
+        }
+    }
+
     /// Bytes of its device buffers (cache, queries, outputs, table or indices) without the
     /// workspace: what a bench row allocates a layer.
     pub fn device_bytes(&self) -> usize {
@@ -1058,14 +1084,25 @@ pub fn prepare_layer<'a>(dev: &'a Device, s: &Arc<CudaStream>, row: &BenchRow, l
     let block = DECODE_BLOCK;
     if let Some(spec) = DecodeSpec::of(row)? {
         let split = !matches!(row.case, Case::DenseUnsplit { .. } | Case::DenseRamp { split: false, .. });
-        let splits = if split { spec.heuristic_splits(dev.num_sms()?) } else { 1 };
-        let first_engine_layer = row.family == DECODE_ENGINE_FAMILY && layer == 0;
+        // the launcher's own choice (the tuned table's where it has a row), or the heuristic's
+        let shape = spec.shape();
+        let (path, splits) = if row.family == DECODE_ENGINE_HEURISTIC_FAMILY {
+            let sm90 = dev.compute_capability() == (9, 0);
+            let path = heuristic_path(shape.format, shape.sparse, shape.row_blocks(), sm90)
+                .ok_or_else(|| Error::Unsupported(format!("{}: no decode kernel built", row.name())))?;
+            (path, shape.heuristic_splits(dev.num_sms()?))
+        } else {
+            (DecodePath::Auto, decode::decode_num_splits_on(dev, &shape)?)
+        };
+        let splits = if split { splits } else { 1 };
+        let first_engine_layer =
+            [DECODE_ENGINE_FAMILY, DECODE_ENGINE_HEURISTIC_FAMILY].contains(&row.family) && layer == 0;
         let reuse = !matches!(row.case, Case::DenseScheduled { .. }) && !first_engine_layer;
         let inputs = DecodeInputs::new(s, &mut rng, &spec, splits)?;
         let mut args = inputs.args(s, splits);
         return Ok(Box::new(move || {
             let _ = &inputs;
-            let r = args.launch(dev, st, DecodePath::Auto);
+            let r = args.launch(dev, st, path);
             if reuse {
                 args.common_mut().schedule = DecodeSchedule::Reuse;
             }
@@ -1555,7 +1592,7 @@ mod tests {
             } else {
                 assert_eq!(spec.order, PageOrder::Shuffled, "{}", r.name());
             }
-            if spec.sparse && r.family != DECODE_ENGINE_FAMILY {
+            if spec.sparse && !matches!(r.case, Case::Engine(_)) {
                 assert_eq!(spec.context, SPARSE_CONTEXT, "{}", r.name());
             }
             // a row's buffers (every layer of a graph row) stay well inside an 80 GB card

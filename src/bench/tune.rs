@@ -18,11 +18,12 @@
 use super::{
     step_parts, BenchRow, Case, DecodeInputs, DecodeSpec, StepShape, Target, Timer, DECODE_ENGINE_FAMILY, ENGINE_SHAPES,
 };
+use crate::catalogue::{decode_variants, heuristic_path, variant_applies, variant_name};
 use crate::error::Result;
 use crate::formats::{D_QK, D_V};
 use crate::ops::decode::{DecodePath, DecodeSchedule};
 use crate::planner::split::{row_blocks_per_seq, MAX_SPLITS};
-use crate::planner::tune::{decode_variants, variant_applies, DecodeClass, TuneRow};
+use crate::planner::tune::{DecodeClass, TuneRow};
 use crate::rng::Rng;
 use crate::runtime::{Device, Stream};
 
@@ -32,7 +33,7 @@ pub const TUNE_BUDGET_S: f64 = 480.0;
 /// One (variant, split count) of a class.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TuneRun {
-    /// As [`crate::planner::tune::variant_name`] spells it.
+    /// As [`crate::catalogue::variant_name`] spells it.
     pub variant: String,
     pub path: DecodePath,
     pub num_splits: usize,
@@ -45,8 +46,16 @@ pub struct TuneClass {
     /// The bench row (family and shape) whose inputs it measures.
     pub source: String,
     pub spec: DecodeSpec,
+    /// What the launcher runs without a table (its heuristic's kernel and split count): the
+    /// baseline a run must beat, by [`WIN_MARGIN`], to become the class's row.
+    pub heuristic: TuneRun,
     pub runs: Vec<TuneRun>,
 }
+
+/// How much faster than the heuristic a run must measure, on equal and on ragged lengths
+/// alike, to replace it in the table: two timings of one configuration in one tune run differ
+/// by up to ~2% (H100, 2026-12-06), and the fastest of fifteen runs is biased low by as much.
+pub const WIN_MARGIN: f64 = 0.02;
 
 /// The plan of runs of one `dcp-mla tune` on a card of `num_sms` SMs.
 #[derive(Debug, Clone, PartialEq)]
@@ -55,10 +64,31 @@ pub struct TunePlan {
     pub classes: Vec<TuneClass>,
 }
 
-/// The class of a decode launch over `spec`.
+/// The class of a decode launch over `spec`, as the launcher looks it up
+/// ([`crate::planner::choice::DecodeShape::class`]): never `ragged`, since a launcher cannot
+/// know its lengths; a dense class is measured on equal and ragged lengths both instead.
 pub fn class_of(spec: &DecodeSpec) -> DecodeClass {
-    let ctx = if spec.sparse { spec.topk } else { spec.context };
-    DecodeClass::new(spec.sparse, spec.format, spec.b, spec.q, spec.h, ctx, spec.causal, spec.ragged)
+    spec.shape().class()
+}
+
+/// `spec`'s lengths made ragged: each request's drawn uniformly from [L/8, L] (L its length in
+/// `spec`), as engines' batches and the engine view's ragged rows have them, seeded by `seed`.
+/// Sparse specs (a fixed top-k a row) are returned as they are.
+pub fn ragged_spec(spec: &DecodeSpec, seed: u64) -> DecodeSpec {
+    if spec.sparse {
+        return spec.clone();
+    }
+    let mut rng = Rng::new(seed);
+    let q = spec.q.max(1);
+    let mut row_lens = Vec::with_capacity(spec.row_lens.len());
+    for rows in spec.row_lens.chunks(q) {
+        // every row of a request holds its length L (the causal rule shifts rows in the kernel)
+        let l = rows.iter().copied().max().unwrap_or(0).max(0) as u64;
+        let lo = l / 8;
+        let drawn = (lo + rng.below(l - lo + 1)) as i32;
+        row_lens.extend(rows.iter().map(|&r| r - rows[rows.len() - 1] + drawn));
+    }
+    DecodeSpec { row_lens, ragged: true, ..spec.clone() }
 }
 
 /// The split counts tried for `spec` on `num_sms` SMs: unsplit, half a wave, the heuristic's,
@@ -101,6 +131,8 @@ fn grid_rows() -> Vec<BenchRow> {
 /// The plan for a card of `num_sms` SMs; `filter` keeps the classes whose label or source
 /// contains it.
 pub fn tune_plan(num_sms: usize, filter: Option<&str>) -> Result<TunePlan> {
+    // the table is for Hopper cards (the wgmma kernels): the baseline is the heuristic there
+    let sm90 = true;
     let mut classes: Vec<TuneClass> = Vec::new();
     for row in grid_rows() {
         let Some(spec) = DecodeSpec::of(&row)? else { continue };
@@ -113,14 +145,17 @@ pub fn tune_plan(num_sms: usize, filter: Option<&str>) -> Result<TunePlan> {
             continue;
         }
         let splits = split_candidates(&spec, num_sms);
+        let shape = spec.shape();
+        let Some(path) = heuristic_path(spec.format, spec.sparse, shape.row_blocks(), sm90) else { continue };
+        let heuristic = TuneRun { variant: variant_name(path), path, num_splits: shape.heuristic_splits(num_sms) };
         let runs = decode_variants(spec.format, spec.sparse)
             .into_iter()
-            .filter(|(_, path)| variant_applies(*path, &class))
+            .filter(|(_, path)| variant_applies(*path, class.row_blocks()))
             .flat_map(|(variant, path)| {
                 splits.iter().map(move |&num_splits| TuneRun { variant: variant.clone(), path, num_splits })
             })
             .collect();
-        classes.push(TuneClass { class, source, spec, runs });
+        classes.push(TuneClass { class, source, spec, heuristic, runs });
     }
     Ok(TunePlan { num_sms, classes })
 }
@@ -213,15 +248,32 @@ pub fn estimate_s(plan: &TunePlan, warmup: usize, reps: usize, m: &CardModel) ->
     let mut s = m.startup_s;
     for c in &plan.classes {
         s += m.setup_s + m.setup_s_per_gb * c.spec.device_bytes() as f64 / 1e9;
-        let auto =
-            estimate_launch_us(&c.spec, DecodePath::Auto, c.spec.heuristic_splits(plan.num_sms), plan.num_sms, m);
-        s += per_run * (auto + m.per_launch_us) / 1e6;
-        for r in &c.runs {
+        // dense runs are timed on equal and on ragged lengths
+        let sets = if c.spec.sparse { 1.0 } else { 2.0 };
+        for r in c.runs.iter().chain([&c.heuristic]) {
             let us = estimate_launch_us(&c.spec, r.path, r.num_splits, plan.num_sms, m);
-            s += per_run * (us + m.per_launch_us) / 1e6;
+            s += sets * per_run * (us + m.per_launch_us) / 1e6;
         }
     }
     s
+}
+
+/// A run's µs on the class's equal lengths and (dense) on ragged ones ([`ragged_spec`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Timing {
+    pub equal: f64,
+    pub ragged: Option<f64>,
+}
+
+impl Timing {
+    /// Its worse ratio to `base` over the two length sets (below 1: faster on both).
+    pub fn worst_ratio(&self, base: &Timing) -> f64 {
+        let r = self.equal / base.equal;
+        match (self.ragged, base.ragged) {
+            (Some(a), Some(b)) => r.max(a / b),
+            _ => r,
+        }
+    }
 }
 
 /// One class measured: the heuristic's time and every run's (or why it failed).
@@ -229,26 +281,40 @@ pub fn estimate_s(plan: &TunePlan, warmup: usize, reps: usize, m: &CardModel) ->
 pub struct Measured {
     pub class: DecodeClass,
     pub source: String,
-    /// The launcher's own choice (`Auto`, heuristic split count), µs; or why it failed.
-    pub heuristic: std::result::Result<f64, String>,
-    pub runs: Vec<(TuneRun, std::result::Result<f64, String>)>,
+    /// The heuristic's run ([`TuneClass::heuristic`]) and its time, or why it failed.
+    pub heuristic_run: TuneRun,
+    pub heuristic: std::result::Result<Timing, String>,
+    pub runs: Vec<(TuneRun, std::result::Result<Timing, String>)>,
 }
 
 impl Measured {
-    /// The fastest run, as a table row.
+    /// The class's row: the run whose worse ratio to the heuristic (equal and ragged lengths) is
+    /// lowest, if it is below 1 − [`WIN_MARGIN`]; else the heuristic's own run, so that the
+    /// class keeps its heuristic rather than borrowing a neighbour's row. With the heuristic
+    /// failed, the fastest run on equal lengths; `None` when every run failed.
     pub fn best(&self) -> Option<TuneRow> {
-        let (run, us) = self
-            .runs
-            .iter()
-            .filter_map(|(r, t)| t.as_ref().ok().map(|&us| (r, us)))
-            .min_by(|a, b| a.1.total_cmp(&b.1))?;
+        let ok = self.runs.iter().filter_map(|(r, t)| t.as_ref().ok().map(|t| (r, *t)));
+        let (run, t) = match &self.heuristic {
+            Ok(h) => {
+                let (run, t) = ok.min_by(|a, b| a.1.worst_ratio(h).total_cmp(&b.1.worst_ratio(h)))?;
+                if t.worst_ratio(h) < 1.0 - WIN_MARGIN {
+                    (run, t)
+                } else {
+                    (&self.heuristic_run, *h)
+                }
+            }
+            Err(_) => ok.min_by(|a, b| a.1.equal.total_cmp(&b.1.equal))?,
+        };
+        let h = self.heuristic.as_ref().ok();
         Some(TuneRow {
             class: self.class,
             variant: run.variant.clone(),
             path: run.path,
             num_splits: run.num_splits,
-            us: Some(us),
-            heuristic_us: self.heuristic.as_ref().ok().copied(),
+            us: Some(t.equal),
+            heuristic_us: h.map(|h| h.equal),
+            ragged_us: t.ragged,
+            heuristic_ragged_us: h.and_then(|h| h.ragged),
         })
     }
 }
@@ -267,31 +333,53 @@ pub fn measure_plan(
     let mut out = Vec::with_capacity(plan.classes.len());
     for (i, c) in plan.classes.iter().enumerate() {
         progress(i, c);
-        let heuristic_splits = c.spec.heuristic_splits(plan.num_sms);
-        let max_splits = c.runs.iter().map(|r| r.num_splits).chain([heuristic_splits]).max().unwrap_or(1);
+        let max_splits = c.runs.iter().chain([&c.heuristic]).map(|r| r.num_splits).max().unwrap_or(1);
         let mut rng = Rng::new(0x7e57_0000 + i as u64);
-        let inputs = match DecodeInputs::new(&s, &mut rng, &c.spec, max_splits) {
-            Ok(x) => x,
-            Err(e) => {
-                let why = format!("inputs: {e}");
-                let runs = c.runs.iter().map(|r| (r.clone(), Err(why.clone()))).collect();
-                out.push(Measured { class: c.class, source: c.source.clone(), heuristic: Err(why), runs });
-                continue;
-            }
-        };
-        // the first launch computes the split schedule, the timed ones reuse it
-        let mut time = |path: DecodePath, splits: usize| -> std::result::Result<f64, String> {
-            let mut args = inputs.args(&s, splits);
-            let mut launch = || {
-                let r = args.launch(dev, st, path);
-                args.common_mut().schedule = DecodeSchedule::Reuse;
-                r
+        // dense: equal lengths and ragged ones (a run must win on both); sparse: one set
+        let mut specs = vec![c.spec.clone()];
+        if !c.spec.sparse {
+            specs.push(ragged_spec(&c.spec, 0x7e57_ba5e + i as u64));
+        }
+        let inputs =
+            match specs.iter().map(|sp| DecodeInputs::new(&s, &mut rng, sp, max_splits)).collect::<Result<Vec<_>>>() {
+                Ok(x) => x,
+                Err(e) => {
+                    let why = format!("inputs: {e}");
+                    let runs = c.runs.iter().map(|r| (r.clone(), Err(why.clone()))).collect();
+                    let heuristic_run = c.heuristic.clone();
+                    out.push(Measured {
+                        class: c.class,
+                        source: c.source.clone(),
+                        heuristic_run,
+                        heuristic: Err(why),
+                        runs,
+                    });
+                    continue;
+                }
             };
-            timer.median_ms(&mut launch).map(|ms| ms * 1e3).map_err(|e| e.to_string())
+        // the first launch computes the split schedule, the timed ones reuse it
+        let mut time = |r: &TuneRun| -> std::result::Result<Timing, String> {
+            let mut us = Vec::with_capacity(inputs.len());
+            for inp in &inputs {
+                let mut args = inp.args(&s, r.num_splits);
+                let mut launch = || {
+                    let x = args.launch(dev, st, r.path);
+                    args.common_mut().schedule = DecodeSchedule::Reuse;
+                    x
+                };
+                us.push(timer.median_ms(&mut launch).map(|ms| ms * 1e3).map_err(|e| e.to_string())?);
+            }
+            Ok(Timing { equal: us[0], ragged: us.get(1).copied() })
         };
-        let heuristic = time(DecodePath::Auto, heuristic_splits);
-        let runs = c.runs.iter().map(|r| (r.clone(), time(r.path, r.num_splits))).collect();
-        out.push(Measured { class: c.class, source: c.source.clone(), heuristic, runs });
+        let heuristic = time(&c.heuristic);
+        let runs = c.runs.iter().map(|r| (r.clone(), time(r))).collect();
+        out.push(Measured {
+            class: c.class,
+            source: c.source.clone(),
+            heuristic_run: c.heuristic.clone(),
+            heuristic,
+            runs,
+        });
     }
     Ok(out)
 }
@@ -355,7 +443,7 @@ mod tests {
         // b128 q1 H64 8K 423 µs, sparse FP8 K2048 q1 H64 120 µs
         let find = |f: &str| tune_plan(132, Some(f)).unwrap().classes.remove(0);
         let dense = find("dense b128 q1 H64 8K");
-        let wgmma = DecodePath::Wgmma { tile: 64, stages: 2, schedule: crate::runtime::registry::axes::Schedule::Trio };
+        let wgmma = DecodePath::Wgmma { tile: 64, stages: 2, schedule: crate::catalogue::Sm90Schedule::Trio };
         let us = estimate_launch_us(&dense.spec, wgmma, 128, 132, &H100_MODEL);
         assert!((423.0 / 1.5..423.0 * 1.5).contains(&us), "{us}");
         // unsplit, a request's 128 tiles run in series on one CTA: slower
@@ -366,20 +454,47 @@ mod tests {
     }
 
     #[test]
-    fn the_best_run_becomes_the_row() {
+    fn the_best_run_becomes_the_row_only_if_it_wins_on_both_length_sets() {
         let plan = tune_plan(132, Some("dense b128 q1 H64 8K")).unwrap();
         let c = &plan.classes[0];
-        let times = [Ok(500.0), Err("trap".to_string()), Ok(410.0), Ok(430.0)];
-        let m = Measured {
+        assert_eq!(c.heuristic.variant, "wgmma-trio-64x2");
+        assert_eq!(c.heuristic.num_splits, 128);
+        let t = |equal, ragged| Ok(Timing { equal, ragged: Some(ragged) });
+        let measured = |times: Vec<std::result::Result<Timing, String>>| Measured {
             class: c.class,
             source: c.source.clone(),
-            heuristic: Ok(425.0),
-            runs: c.runs.iter().cloned().zip(times.iter().cloned().chain(std::iter::repeat(Ok(999.0)))).collect(),
+            heuristic_run: c.heuristic.clone(),
+            heuristic: t(425.0, 300.0),
+            runs: c.runs.iter().cloned().zip(times.into_iter().chain(std::iter::repeat(t(999.0, 999.0)))).collect(),
         };
+        // run 2 wins on both by more than the margin; run 0 is faster on equal lengths only
+        let m = measured(vec![t(300.0, 400.0), Err("trap".into()), t(410.0, 285.0), t(430.0, 290.0)]);
         let row = m.best().unwrap();
         assert_eq!((row.variant.as_str(), row.num_splits), (c.runs[2].variant.as_str(), c.runs[2].num_splits));
-        assert_eq!((row.us, row.heuristic_us), (Some(410.0), Some(425.0)));
+        assert_eq!((row.us, row.heuristic_us, row.ragged_us), (Some(410.0), Some(425.0), Some(285.0)));
+        // within the margin on one set: the heuristic's own run is the row
+        let m = measured(vec![t(300.0, 299.0)]);
+        let row = m.best().unwrap();
+        assert_eq!((row.variant.as_str(), row.num_splits), ("wgmma-trio-64x2", 128));
+        assert_eq!(row.us, Some(425.0));
+        // the heuristic failed: the fastest on equal lengths
+        let m = Measured { heuristic: Err("x".into()), ..measured(vec![t(300.0, 400.0), t(310.0, 200.0)]) };
+        assert_eq!(m.best().unwrap().num_splits, c.runs[0].num_splits);
         let none = Measured { runs: vec![(c.runs[0].clone(), Err("x".into()))], ..m };
         assert!(none.best().is_none());
+    }
+
+    #[test]
+    fn ragged_lengths_keep_each_request_within_an_eighth_and_its_length() {
+        let plan = tune_plan(132, Some("dense b128 q2 H64 8K causal")).unwrap();
+        let spec = &plan.classes[0].spec;
+        let r = ragged_spec(spec, 7);
+        assert!(r.ragged && r.row_lens.len() == spec.row_lens.len());
+        for (rows, orig) in r.row_lens.chunks(2).zip(spec.row_lens.chunks(2)) {
+            assert!(rows[1] >= orig[1] / 8 && rows[1] <= orig[1], "{rows:?}");
+            assert_eq!(rows[1] - rows[0], orig[1] - orig[0], "the rows of a request keep their offsets");
+        }
+        assert_ne!(r.row_lens, spec.row_lens);
+        assert_eq!(class_of(&r), class_of(spec), "one class for both length sets");
     }
 }

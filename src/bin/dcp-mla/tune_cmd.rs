@@ -3,7 +3,9 @@
 //! (`dcp_mla::planner::tune`) the decode launcher's `Auto` choice reads. `--dry-run` prints the
 //! plan and its estimated time without a GPU.
 
-use dcp_mla::bench::tune::{estimate_s, measure_plan, tune_plan, Measured, TunePlan, H100_MODEL, TUNE_BUDGET_S};
+use dcp_mla::bench::tune::{
+    estimate_s, measure_plan, tune_plan, Measured, TunePlan, H100_MODEL, TUNE_BUDGET_S, WIN_MARGIN,
+};
 use dcp_mla::bench::Timer;
 use dcp_mla::planner::tune::{set_tune_table, CardId, TuneCard, TuneTable, TUNE_TABLE_ENV};
 use dcp_mla::runtime::Device;
@@ -128,9 +130,12 @@ fn tune(dev: &Device, a: &TuneArgs) -> dcp_mla::Result<i32> {
         date: utc_date(std::time::SystemTime::now()),
         method: format!(
             "dcp-mla tune: each (variant, num_splits) timed as dcp-mla bench times a flushed row (L2 evicted before \
-             each launch), median of {} after {} warm-ups, split schedule reused; {:.0} s",
+             each launch), median of {} after {} warm-ups, split schedule reused; dense classes on equal and on \
+             ragged lengths (uniform in [L/8, L]); a run replaces the heuristic only if it is {}% faster on both; \
+             {:.0} s",
             a.reps,
             a.warmup,
+            WIN_MARGIN * 100.0,
             started.elapsed().as_secs_f64()
         ),
         rows: measured.iter().filter_map(Measured::best).collect(),
@@ -169,19 +174,30 @@ fn card_of(dev: &Device) -> dcp_mla::Result<TuneCard> {
 }
 
 fn print_results(measured: &[Measured]) {
-    println!("{:<52} {:>12} {:>28} {:>10} {:>7}", "class", "heuristic µs", "best (variant, splits)", "µs", "gain");
+    println!("{:<44} {:>16} {:>28} {:>16} {:>13}", "class", "heuristic µs", "row (variant, splits)", "µs", "gain");
+    println!("{:<44} {:>16} {:>28} {:>16} {:>13}", "", "equal / ragged", "", "equal / ragged", "equal/ragged");
+    let pair = |a: Option<f64>, b: Option<f64>| match (a, b) {
+        (Some(a), Some(b)) => format!("{a:.1} / {b:.1}"),
+        (Some(a), None) => format!("{a:.1}"),
+        _ => "-".into(),
+    };
     for m in measured {
-        let heur = m.heuristic.as_ref().map_or("failed".to_string(), |us| format!("{us:.1}"));
+        let heur = m.heuristic.as_ref().map_or("failed".to_string(), |t| pair(Some(t.equal), t.ragged));
         match m.best() {
             Some(b) => {
-                let gain = b.heuristic_us.map_or("-".to_string(), |h| format!("{:.3}", h / b.us.unwrap_or(h)));
+                let gain = |h: Option<f64>, t: Option<f64>| h.zip(t).map(|(h, t)| h / t);
+                let g = match (gain(b.heuristic_us, b.us), gain(b.heuristic_ragged_us, b.ragged_us)) {
+                    (Some(e), Some(r)) => format!("{e:.3}/{r:.3}"),
+                    (Some(e), None) => format!("{e:.3}"),
+                    _ => "-".into(),
+                };
                 println!(
-                    "{:<52} {:>12} {:>28} {:>10.1} {:>7}",
+                    "{:<44} {:>16} {:>28} {:>16} {:>13}",
                     m.class.label(),
                     heur,
                     format!("{} P={}", b.variant, b.num_splits),
-                    b.us.unwrap_or(0.0),
-                    gain
+                    pair(b.us, b.ragged_us),
+                    g
                 );
             }
             None => println!("{:<52} {:>12} {:>28}", m.class.label(), heur, "every run failed"),
