@@ -615,6 +615,57 @@ pub unsafe extern "C" fn dcp_mla_device_info(
     })
 }
 
+/// Split-KV parts to pass to a decode launch that leaves the kernel to the library: the tuned
+/// decode table's count where its row for the launch's class is what the launch runs (the table
+/// embedded for this card, or DCP_MLA_TUNE_TABLE's; not when DCP_MLA_DECODE_PATH names a
+/// kernel), else dcp_mla_decode_num_splits's for this device's SMs. `sparse` 0: dense over the
+/// bf16 cache (`kv_format` DCP_MLA_KV_BF16), `context` the most tokens a request may hold
+/// (max_pages · block_size), `causal` 1 with DCP_MLA_LENS_GLOBAL_CAUSAL; `sparse` 1: index
+/// lists over `kv_format`, `context` the top-k, `causal` 0.
+///
+/// # Safety
+/// `device` must be an open handle; `out` must be valid for a write.
+#[no_mangle]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn dcp_mla_decode_num_splits_on(
+    device: *const DcpMlaDevice,
+    sparse: i32,
+    kv_format: i32,
+    batch: usize,
+    num_q: usize,
+    heads: usize,
+    context: usize,
+    causal: i32,
+    out: *mut usize,
+) -> DcpMlaStatus {
+    guard(|| {
+        let dev = self::device(device)?;
+        let format = self::kv_format("kv_format", kv_format)?;
+        let sparse = sparse != 0;
+        if !sparse && format != dcp_mla::KvFormat::Bf16 {
+            return Err(bad_arg("kv_format", "dense decode reads the bf16 cache (DCP_MLA_KV_BF16)"));
+        }
+        if sparse && causal != 0 {
+            return Err(bad_arg("causal", "sparse decode has no causal rule (pass 0)"));
+        }
+        for (name, v) in [("batch", batch), ("num_q", num_q), ("heads", heads), ("context", context)] {
+            if v == 0 {
+                return Err(bad_arg(name, "must be at least 1"));
+            }
+        }
+        let shape = dcp_mla::planner::choice::DecodeShape {
+            sparse,
+            format,
+            batch,
+            nq: num_q,
+            heads,
+            context,
+            causal: causal != 0,
+        };
+        put("out", out, dcp_mla::ops::decode::decode_num_splits_on(dev, &shape)?)
+    })
+}
+
 // ---------------------------------------------------------------------------------------------
 // Memory helpers for programs without the CUDA toolkit (examples, tests). Synchronous; the
 // launchers never call them.

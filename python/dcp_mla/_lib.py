@@ -83,6 +83,7 @@ SIGNATURES = {
     "dcp_mla_pages_for": [_Z, _Z, _U64, POINTER(c_uint64)],
     "dcp_mla_capacity": [_U64, _I, _Z, _Z, POINTER(c_uint64), POINTER(c_uint64)],
     "dcp_mla_decode_num_splits": [_Z, _Z, _Z, _I, _Z, POINTER(c_size_t)],
+    "dcp_mla_decode_num_splits_on": [_D, _I, _I, _Z, _Z, _Z, _Z, _I, POINTER(c_size_t)],
     "dcp_mla_decode_workspace_bytes": [_Z, _Z, _Z, _I, _Z, POINTER(c_size_t)],
     "dcp_mla_a2a_slot_bytes": [_Z, _Z, POINTER(c_size_t)],
     "dcp_mla_ag_rs_workspace_bytes": [_Z, _Z, _Z, POINTER(c_uint64)],

@@ -109,7 +109,14 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
               None if indices is None else indices.shape[-1])
     reuse = meta.scheduled
     if not meta.have_initialized:
-        meta.num_splits, meta.workspace = ops.decode_workspace(q.shape, sparse=sparse, device=q.device)
+        # the library's split count for this launch (the card's tuned table where it has a row)
+        if sparse:
+            context = indices.shape[-1]
+        else:
+            context = (block_table.shape[1] if block_table is not None else 1) * k_cache.shape[1]
+        meta.num_splits, meta.workspace = ops.decode_workspace(
+            q.shape, sparse=sparse, device=q.device, kv_format="fp8_656" if is_fp8_kvcache and sparse else "bf16",
+            context=max(context, 1), causal=bool(causal) and not sparse)
         meta.config = config
         meta.have_initialized = True
     elif meta.config != config:

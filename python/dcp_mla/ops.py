@@ -166,6 +166,12 @@ def _splits_cached(b, nq, h, sparse, index):
 
 
 @_cached
+def _splits_on_cached(b, nq, h, sparse, kv, context, causal, index):
+    return _lib.query("dcp_mla_decode_num_splits_on", _device(index), int(bool(sparse)), kv, b, nq, h, context,
+                      int(bool(causal)), out_types=(c_size_t,))[0]
+
+
+@_cached
 def _workspace_bytes_cached(b, nq, h, sparse, num_splits):
     return planner.decode_workspace_bytes(b, nq, h, sparse, num_splits)
 
@@ -183,6 +189,11 @@ def _default_scale_cached():
 @torch.compiler.assume_constant_result
 def _splits(b, nq, h, sparse, index):
     return _splits_cached(b, nq, h, sparse, index)
+
+
+@torch.compiler.assume_constant_result
+def _splits_on(b, nq, h, sparse, kv, context, causal, index):
+    return _splits_on_cached(b, nq, h, sparse, kv, context, causal, index)
 
 
 @torch.compiler.assume_constant_result
@@ -424,18 +435,32 @@ def _decode_outputs(q, out, lse, out_dtype):
     return out, lse
 
 
-def _split_plan(q_shape, sparse, num_splits, device):
-    """(num_splits, workspace bytes) of decodes of q shape [b, nq, H, 576] on `device`."""
+def _split_plan(q_shape, sparse, num_splits, device, kv_format=None, context=None, causal=False):
+    """(num_splits, workspace bytes) of decodes of q shape [b, nq, H, 576] on `device`: the
+    caller's count, else the library's choice for the launch (the tuned table's where it has a
+    row for the class of `kv_format`, `context` and `causal`), else, with no context, the
+    heuristic's."""
     b, nq, h = q_shape[0], q_shape[1], q_shape[2]
     if num_splits is None:
-        num_splits = _splits(b, nq, h, sparse, _index(device))
+        if context is None:
+            num_splits = _splits(b, nq, h, sparse, _index(device))
+        else:
+            kv = _KV_CODES.get(kv_format if kv_format is not None else "bf16")
+            if kv is None:
+                _fail("kv_format", f"{kv_format!r}, expected 'bf16' or 'fp8_656'")
+            _ints(context=context)
+            num_splits = _splits_on(b, nq, h, sparse, kv, context, bool(causal), _index(device))
     return num_splits, _workspace_bytes(b, nq, h, sparse, num_splits)
 
 
-def _workspace(q, sparse, num_splits, workspace, reuse_schedule):
+_KV_CODES = {"bf16": _lib.KV_BF16, "fp8_656": _lib.KV_FP8_656}
+_KV_NAMES = {code: name for name, code in _KV_CODES.items()}
+
+
+def _workspace(q, sparse, num_splits, workspace, reuse_schedule, kv_format, context, causal=False):
     """The caller's workspace, checked against what num_splits needs, or a new one (which holds
     no schedule to reuse); and the launch's schedule code."""
-    num_splits, need = _split_plan(q.shape, sparse, num_splits, q.device)
+    num_splits, need = _split_plan(q.shape, sparse, num_splits, q.device, kv_format, context, causal)
     code = _lib.SCHEDULE_REUSE if reuse_schedule else _lib.SCHEDULE_COMPUTE
     if workspace is None:
         if reuse_schedule and need:
@@ -447,12 +472,18 @@ def _workspace(q, sparse, num_splits, workspace, reuse_schedule):
     return num_splits, workspace, code
 
 
-def decode_workspace(q_shape, *, sparse, num_splits=None, device=None):
+def decode_workspace(q_shape, *, sparse, num_splits=None, device=None, kv_format="bf16", context=None,
+                     causal=False):
     """(num_splits, workspace or None) for decodes of q shape [b, nq, H, 576]: allocate it once
-    and pass both to every decode of that shape (what a captured graph wants)."""
+    and pass both to every decode of that shape (what a captured graph wants). With `context`
+    (dense: the most tokens a request may hold, block_table.shape[1] · B; sparse: the top-k),
+    `kv_format` ('bf16' or 'fp8_656') and `causal` (dense lens_rule='global_causal'), num_splits
+    is what the library runs best for the launch (the card's tuned decode table where it has a
+    row, as a launch that leaves the kernel to the library runs its kernel); without, the
+    shape-only heuristic's."""
     _ints(num_splits=num_splits)
     device = torch.device(device if device is not None else "cuda")
-    num_splits, need = _split_plan(q_shape, sparse, num_splits, device)
+    num_splits, need = _split_plan(q_shape, sparse, num_splits, device, kv_format, context, causal)
     return num_splits, (torch.empty((need,), dtype=torch.uint8, device=device) if need else None)
 
 
@@ -509,7 +540,9 @@ def decode_dense(q, cache, block_table, lens, *, scale=None, num_splits=None, wo
     _check(lens, "lens", (torch.int32,), ndim=2, shape=(b, nq), contiguous=False, device=dev)
     _sink(sink, h, dev)
     out, lse = _decode_outputs(q, out, lse, out_dtype)
-    num_splits, workspace, schedule = _workspace(q, False, num_splits, workspace, reuse_schedule)
+    num_splits, workspace, schedule = _workspace(q, False, num_splits, workspace, reuse_schedule, "bf16",
+                                                 block_table.shape[1] * cache3.shape[1],
+                                                 rule == _lib.LENS_GLOBAL_CAUSAL)
     _run("decode_dense", q, cache3, block_table, lens, out, lse, workspace,
          _default_scale() if scale is None else float(scale), num_splits, schedule, sink, int(bool(empty_lse_inf)),
          rule, dcp_size, interleave, rank)
@@ -536,7 +569,8 @@ def decode_sparse(q, cache, indices, *, topk_len=None, kv_format=None, scale=Non
         _check(topk_len, "topk_len", (torch.int32,), ndim=2, shape=(b, nq), contiguous=False, device=dev)
     _sink(sink, h, dev)
     out, lse = _decode_outputs(q, out, lse, out_dtype)
-    num_splits, workspace, schedule = _workspace(q, True, num_splits, workspace, reuse_schedule)
+    num_splits, workspace, schedule = _workspace(q, True, num_splits, workspace, reuse_schedule, _KV_NAMES[fmt],
+                                                 indices.shape[2])
     _run("decode_sparse", q, cache3, fmt, indices, topk_len, out, lse, workspace,
          _default_scale() if scale is None else float(scale), num_splits, schedule, sink, int(bool(empty_lse_inf)))
     return out, lse
