@@ -302,6 +302,15 @@ fn bad_counts_are_refused_by_option_name_without_a_crash() {
         (&["plan", "--context", "1099511627776"][..], "context"),
         // refused before anything is allocated (used to abort on a 3.9 TB allocation)
         (&["demo", "--cpu", "--context", "2147483647"][..], "host memory"),
+        // tune's counts, in a dry run as on a GPU (a 64-bit repetition count used to overflow)
+        (&["tune", "--dry-run", "--reps", "18446744073709551615"][..], "--reps"),
+        (&["tune", "--dry-run", "--warmup", "18446744073709551615"][..], "--warmup"),
+        (&["tune", "--dry-run", "--reps", "0"][..], "--reps"),
+        (&["tune", "--dry-run", "--sms", "0"][..], "--sms"),
+        (&["tune", "--dry-run", "--filter", "no such class"][..], "--filter `no such class` matches no class"),
+        (&["bench", "--reps", "0"][..], "--reps"),
+        (&["bench", "--warmup", "18446744073709551615"][..], "--warmup"),
+        (&["bench", "--filter", "no such row"][..], "--filter `no such row` matches no row"),
     ] {
         let o = run(args);
         let (out, err) = text(&o);
