@@ -1,5 +1,5 @@
 //! The `dcp-mla` command: help, `plan` against the planner's functions, bad input, the CPU demo's
-//! check, `bench` without a GPU, and `tune`'s dry run.
+//! check, `bench` without a GPU, `tune`'s dry run, and `--json` on every subcommand.
 
 use dcp_mla::formats::KvFormat;
 use dcp_mla::ops::decode::{decode_num_splits, decode_workspace_bytes};
@@ -317,5 +317,57 @@ fn bad_counts_are_refused_by_option_name_without_a_crash() {
         assert!(!o.status.success(), "{args:?} was accepted: {out}");
         assert!(err.contains(needle), "{args:?}: the error should name {needle:?}: {err}");
         assert!(!err.contains("panicked") && !err.contains("backtrace"), "{args:?} crashed: {err}");
+    }
+}
+
+/// The subcommands `dcp-mla --help` lists (`help` aside).
+fn subcommands() -> Vec<String> {
+    let (out, _) = text(&run(&["--help"]));
+    let list = out.split("Commands:").nth(1).expect("--help lists the commands");
+    let list = list.split("\n\n").next().unwrap_or(list);
+    list.lines()
+        .filter_map(|l| l.strip_prefix("  ")?.split_whitespace().next().map(str::to_string))
+        .filter(|c| c != "help")
+        .collect()
+}
+
+#[test]
+fn every_subcommand_prints_json() {
+    // the README: "`--json` prints JSON to stdout as on every subcommand"
+    let cmds = subcommands();
+    assert!(cmds.len() >= 5, "{cmds:?}");
+    for cmd in &cmds {
+        let (out, _) = text(&run(&[cmd, "--help"]));
+        assert!(out.contains("--json"), "`dcp-mla {cmd}` has no --json:\n{out}");
+    }
+    let json = |args: &[&str]| -> serde_json::Value {
+        let o = run(args);
+        let (out, err) = text(&o);
+        assert!(o.status.success(), "{args:?}:\n{out}\n{err}");
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("{args:?} prints JSON ({e}):\n{out}"))
+    };
+    let v =
+        json(&["demo", "--cpu", "--json", "--batch", "2", "--context", "1500", "--local-heads", "4", "--topk", "512"]);
+    assert_eq!((v["device"].as_str(), v["pass"].as_bool()), (Some("cpu"), Some(true)), "{v}");
+    assert_eq!((v["dcp_size"].as_u64(), v["batch"].as_u64()), (Some(4), Some(2)));
+    let paths = v["check"]["paths"].as_array().unwrap();
+    assert!(paths.len() == 2 && paths.iter().all(|p| p["pass"] == true && p["rel_l2"].as_f64().is_some()), "{v}");
+    assert!(v["stages"].as_array().is_some_and(|s| !s.is_empty()) && v["capacity"]["tokens_with_dcp"].is_u64());
+    let v = json(&["tune", "--dry-run", "--json", "--sms", "132", "--filter", "sparse fp8 b128 q2 H128"]);
+    assert_eq!(v["num_sms"], 132);
+    let classes = v["classes"].as_array().unwrap();
+    assert_eq!(classes.len(), 1, "{v}");
+    assert_eq!(classes[0]["class"]["kv"], "fp8_656");
+    assert!(classes[0]["variants"].as_array().unwrap().iter().any(|x| x == "wgmma-pair-64x2"), "{v}");
+    assert!(v["estimated_s"].as_f64().unwrap() > 0.0);
+    let v = json(&["plan", "--json"]);
+    assert!(v["tokens_with_dcp"].is_u64());
+    let v = json(&["kernels", "--json"]);
+    assert!(v.as_array().is_some_and(|k| !k.is_empty()));
+    if Device::open(0).is_err() {
+        // bench takes --json, then says it needs a GPU (not a usage error)
+        let o = run(&["bench", "--json"]);
+        assert_eq!(o.status.code(), Some(2));
+        assert!(text(&o).1.contains("needs a CUDA GPU"), "{}", text(&o).1);
     }
 }
