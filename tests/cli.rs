@@ -1,5 +1,6 @@
 //! The `dcp-mla` command: help, `plan` against the planner's functions, bad input, the CPU demo's
-//! check, `bench` without a GPU, `tune`'s dry run, and `--json` on every subcommand.
+//! check, `bench` without a GPU, `tune`'s dry run, `--json` on every subcommand, and the
+//! README's other promises (the C demo's build line, the license).
 
 use dcp_mla::formats::KvFormat;
 use dcp_mla::ops::decode::{decode_num_splits, decode_workspace_bytes};
@@ -369,5 +370,35 @@ fn every_subcommand_prints_json() {
         let o = run(&["bench", "--json"]);
         assert_eq!(o.status.code(), Some(2));
         assert!(text(&o).1.contains("needs a CUDA GPU"), "{}", text(&o).1);
+    }
+}
+
+#[test]
+fn the_readme_keeps_its_promises() {
+    let readme = include_str!("../README.md");
+    // the C demo is built into target/, not the repository root
+    let c_builds: Vec<&str> = readme.lines().filter(|l| l.contains("ffi/examples/demo.c -I")).collect();
+    assert!(!c_builds.is_empty(), "the README shows how to build the C demo");
+    for l in readme.lines().chain(include_str!("../ffi/examples/demo.c").lines()) {
+        let words: Vec<&str> = l.split_whitespace().collect();
+        for w in words.windows(2).filter(|w| w[0] == "-o") {
+            assert!(w[1].starts_with("target/"), "`{l}` writes {} outside target/", w[1]);
+        }
+    }
+    // a license section that agrees with Cargo.toml and the license files
+    let license = readme.split("\n## License").nth(1).expect("the README has a License section");
+    for s in ["MIT", "Apache-2.0", "LICENSE-MIT", "LICENSE-APACHE"] {
+        assert!(license.contains(s), "the License section names {s}");
+    }
+    assert!(include_str!("../Cargo.toml").contains("license = \"MIT OR Apache-2.0\""));
+    assert!(include_str!("../LICENSE-MIT").contains("MIT License"));
+    assert!(include_str!("../LICENSE-APACHE").contains("Apache License"));
+    // docs/performance.md's opening names every card a section is measured on
+    let perf = include_str!("../docs/performance.md");
+    let opening = perf.split("\n## ").next().unwrap();
+    for card in ["H100", "H200"] {
+        if perf.lines().any(|l| l.starts_with('#') && l.contains(card)) {
+            assert!(opening.contains(card), "docs/performance.md has {card} sections; its opening should say so");
+        }
     }
 }
