@@ -7,7 +7,7 @@
 //! - [`ops`]: safe launchers that validate arguments and launch on a caller's stream;
 //! - [`planner`]: ownership, lengths, pages, capacity and workspace sizes (host only);
 //! - [`formats`]: the KV-cache formats and their exact quantisation;
-//! - [`reference`]: the CPU reference of every operation (docs/contract.md's executable form).
+//! - [`reference`](mod@reference): the CPU reference of every operation (docs/contract.md's executable form).
 
 pub mod abi;
 pub mod bench;
