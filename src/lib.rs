@@ -9,7 +9,7 @@
 //! - [`planner`]: ownership, lengths, pages, capacity and workspace sizes, the tuned decode table
 //!   and the choice of a decode kernel (host only);
 //! - [`formats`]: the KV-cache formats and their exact quantisation;
-//! - [`reference`]: the CPU reference of every operation (docs/contract.md's executable form).
+//! - [`reference`](mod@reference): the CPU reference of every operation (docs/contract.md's executable form).
 
 pub mod abi;
 pub mod bench;

@@ -1,5 +1,6 @@
 //! The `dcp-mla` command: help, `plan` against the planner's functions, bad input, the CPU demo's
-//! check, `bench` without a GPU, and `tune`'s dry run.
+//! check, `bench` without a GPU, `tune`'s dry run, `--json` on every subcommand, and the
+//! README's other promises (the C demo's build line, the license).
 
 use dcp_mla::formats::KvFormat;
 use dcp_mla::ops::decode::{decode_num_splits, decode_workspace_bytes};
@@ -302,11 +303,102 @@ fn bad_counts_are_refused_by_option_name_without_a_crash() {
         (&["plan", "--context", "1099511627776"][..], "context"),
         // refused before anything is allocated (used to abort on a 3.9 TB allocation)
         (&["demo", "--cpu", "--context", "2147483647"][..], "host memory"),
+        // tune's counts, in a dry run as on a GPU (a 64-bit repetition count used to overflow)
+        (&["tune", "--dry-run", "--reps", "18446744073709551615"][..], "--reps"),
+        (&["tune", "--dry-run", "--warmup", "18446744073709551615"][..], "--warmup"),
+        (&["tune", "--dry-run", "--reps", "0"][..], "--reps"),
+        (&["tune", "--dry-run", "--sms", "0"][..], "--sms"),
+        (&["tune", "--dry-run", "--filter", "no such class"][..], "--filter `no such class` matches no class"),
+        (&["bench", "--reps", "0"][..], "--reps"),
+        (&["bench", "--warmup", "18446744073709551615"][..], "--warmup"),
+        (&["bench", "--filter", "no such row"][..], "--filter `no such row` matches no row"),
     ] {
         let o = run(args);
         let (out, err) = text(&o);
         assert!(!o.status.success(), "{args:?} was accepted: {out}");
         assert!(err.contains(needle), "{args:?}: the error should name {needle:?}: {err}");
         assert!(!err.contains("panicked") && !err.contains("backtrace"), "{args:?} crashed: {err}");
+    }
+}
+
+/// The subcommands `dcp-mla --help` lists (`help` aside).
+fn subcommands() -> Vec<String> {
+    let (out, _) = text(&run(&["--help"]));
+    let list = out.split("Commands:").nth(1).expect("--help lists the commands");
+    let list = list.split("\n\n").next().unwrap_or(list);
+    list.lines()
+        .filter_map(|l| l.strip_prefix("  ")?.split_whitespace().next().map(str::to_string))
+        .filter(|c| c != "help")
+        .collect()
+}
+
+#[test]
+fn every_subcommand_prints_json() {
+    // the README: "`--json` prints JSON to stdout as on every subcommand"
+    let cmds = subcommands();
+    assert!(cmds.len() >= 5, "{cmds:?}");
+    for cmd in &cmds {
+        let (out, _) = text(&run(&[cmd, "--help"]));
+        assert!(out.contains("--json"), "`dcp-mla {cmd}` has no --json:\n{out}");
+    }
+    let json = |args: &[&str]| -> serde_json::Value {
+        let o = run(args);
+        let (out, err) = text(&o);
+        assert!(o.status.success(), "{args:?}:\n{out}\n{err}");
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("{args:?} prints JSON ({e}):\n{out}"))
+    };
+    let v =
+        json(&["demo", "--cpu", "--json", "--batch", "2", "--context", "1500", "--local-heads", "4", "--topk", "512"]);
+    assert_eq!((v["device"].as_str(), v["pass"].as_bool()), (Some("cpu"), Some(true)), "{v}");
+    assert_eq!((v["dcp_size"].as_u64(), v["batch"].as_u64()), (Some(4), Some(2)));
+    let paths = v["check"]["paths"].as_array().unwrap();
+    assert!(paths.len() == 2 && paths.iter().all(|p| p["pass"] == true && p["rel_l2"].as_f64().is_some()), "{v}");
+    assert!(v["stages"].as_array().is_some_and(|s| !s.is_empty()) && v["capacity"]["tokens_with_dcp"].is_u64());
+    let v = json(&["tune", "--dry-run", "--json", "--sms", "132", "--filter", "sparse fp8 b128 q2 H128"]);
+    assert_eq!(v["num_sms"], 132);
+    let classes = v["classes"].as_array().unwrap();
+    assert_eq!(classes.len(), 1, "{v}");
+    assert_eq!(classes[0]["class"]["kv"], "fp8_656");
+    assert!(classes[0]["variants"].as_array().unwrap().iter().any(|x| x == "wgmma-pair-64x2"), "{v}");
+    assert!(v["estimated_s"].as_f64().unwrap() > 0.0);
+    let v = json(&["plan", "--json"]);
+    assert!(v["tokens_with_dcp"].is_u64());
+    let v = json(&["kernels", "--json"]);
+    assert!(v.as_array().is_some_and(|k| !k.is_empty()));
+    if Device::open(0).is_err() {
+        // bench takes --json, then says it needs a GPU (not a usage error)
+        let o = run(&["bench", "--json"]);
+        assert_eq!(o.status.code(), Some(2));
+        assert!(text(&o).1.contains("needs a CUDA GPU"), "{}", text(&o).1);
+    }
+}
+
+#[test]
+fn the_readme_keeps_its_promises() {
+    let readme = include_str!("../README.md");
+    // the C demo is built into target/, not the repository root
+    let c_builds: Vec<&str> = readme.lines().filter(|l| l.contains("ffi/examples/demo.c -I")).collect();
+    assert!(!c_builds.is_empty(), "the README shows how to build the C demo");
+    for l in readme.lines().chain(include_str!("../ffi/examples/demo.c").lines()) {
+        let words: Vec<&str> = l.split_whitespace().collect();
+        for w in words.windows(2).filter(|w| w[0] == "-o") {
+            assert!(w[1].starts_with("target/"), "`{l}` writes {} outside target/", w[1]);
+        }
+    }
+    // a license section that agrees with Cargo.toml and the license files
+    let license = readme.split("\n## License").nth(1).expect("the README has a License section");
+    for s in ["MIT", "Apache-2.0", "LICENSE-MIT", "LICENSE-APACHE"] {
+        assert!(license.contains(s), "the License section names {s}");
+    }
+    assert!(include_str!("../Cargo.toml").contains("license = \"MIT OR Apache-2.0\""));
+    assert!(include_str!("../LICENSE-MIT").contains("MIT License"));
+    assert!(include_str!("../LICENSE-APACHE").contains("Apache License"));
+    // docs/performance.md's opening names every card a section is measured on
+    let perf = include_str!("../docs/performance.md");
+    let opening = perf.split("\n## ").next().unwrap();
+    for card in ["H100", "H200"] {
+        if perf.lines().any(|l| l.starts_with('#') && l.contains(card)) {
+            assert!(opening.contains(card), "docs/performance.md has {card} sections; its opening should say so");
+        }
     }
 }

@@ -3,8 +3,10 @@
  * KV fill on both ranks, dense decode of each rank's shard (f32 out), the two-way merge that
  * combines the shards, then a check against attention over all tokens computed here on the host.
  *
- * Build (tests/c_demo.rs does this):
- *   cc demo.c -I ffi/include -o demo target/release/libdcp_mla_ffi.a -lpthread -ldl -lm
+ * Build from the repository root, into target/ (tests/c_demo.rs does the same):
+ *   cargo build --release -p dcp-mla-ffi
+ *   cc ffi/examples/demo.c -I ffi/include -o target/release/dcp_mla_demo
+ *     target/release/libdcp_mla_ffi.a -lpthread -ldl -lm     (one command)
  * Exit status: 0 checked on a GPU, 2 no device (the message is printed), 1 any other failure. */
 #include <math.h>
 #include <stdint.h>

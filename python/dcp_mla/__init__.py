@@ -12,9 +12,14 @@ The operations take torch CUDA tensors (torch >= 2.4) and are torch custom ops
 
 `dcp_mla.flash_mla` has FlashMLA's interface over the same kernels. docs/contract.md in the
 repository is the contract every operation meets; docs/semantics.md what each computes.
+
+Errors: a bad Python value raises TypeError or ValueError naming the argument; a call the library
+refuses raises DcpMlaError (a RuntimeError) with its DcpMlaStatus and message. When the library
+refused an argument or a configuration (INVALID_ARGUMENT, INVALID_CONFIG: `plan(dcp_size=3)`,
+`batch=0`, `num_q=9`) the error is a DcpMlaValueError, a DcpMlaError that is also a ValueError.
 """
 
-from ._lib import DcpMlaError, ABI_VERSION
+from ._lib import DcpMlaError, DcpMlaValueError, ABI_VERSION
 from ._native import version as _native_version
 from .planner import (
     KV_FORMATS, Plan, PrefillPlan, a2a_slot_bytes, ag_rs_workspace_bytes, capacity, causal_local_lens,

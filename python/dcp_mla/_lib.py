@@ -29,13 +29,31 @@ ABI_VERSION = 4
 
 class DcpMlaError(RuntimeError):
     """A C ABI call failed: `status` is the DcpMlaStatus name, `message` the library's reason
-    (which names the argument)."""
+    (which names the argument). A refused argument or configuration raises the subclass
+    DcpMlaValueError, which is a ValueError too."""
 
     def __init__(self, function, status, message):
         self.code = status
         self.status = STATUS[status] if 0 <= status < len(STATUS) else str(status)
         self.message = message
         super().__init__(f"{function}: DCP_MLA_STATUS_{self.status}: {message}")
+
+    @staticmethod
+    def of(function, status, message):
+        """The error of a failed call: DcpMlaValueError for the statuses in VALUE_STATUSES,
+        DcpMlaError for the others."""
+        cls = DcpMlaValueError if status in VALUE_STATUSES else DcpMlaError
+        return cls(function, status, message)
+
+
+class DcpMlaValueError(DcpMlaError, ValueError):
+    """The library refused an argument or a configuration (DCP_MLA_STATUS_INVALID_ARGUMENT or
+    INVALID_CONFIG: e.g. plan(dcp_size=3), batch=0, num_q=9): catchable as ValueError, as a bad
+    Python value is, and as DcpMlaError (a RuntimeError), as before."""
+
+
+#: The status codes raised as DcpMlaValueError: a value the caller passed was refused.
+VALUE_STATUSES = (STATUS.index("INVALID_ARGUMENT"), STATUS.index("INVALID_CONFIG"))
 
 
 class Tensor(ctypes.Structure):
@@ -170,9 +188,10 @@ def _check_args(name, args):
 
 
 def check(name, status):
-    """Raises DcpMlaError for a failed call, with the library's message."""
+    """Raises DcpMlaError for a failed call, with the library's message (DcpMlaValueError, also a
+    ValueError, for a refused argument or configuration)."""
     if status != 0:
-        raise DcpMlaError(name, status, lib().dcp_mla_last_error().decode())
+        raise DcpMlaError.of(name, status, lib().dcp_mla_last_error().decode())
 
 
 def call(name, *args):

@@ -57,20 +57,20 @@ def compute_capability_supported(major: int, minor: int) -> bool:
 
 
 def check_config(tp: int, dcp_size: int, interleave: int, block_size: int) -> None:
-    """D in {1, 2, 4, 8} dividing tp, B ≥ 1, I ≥ 1 dividing B; DcpMlaError (INVALID_CONFIG)
-    otherwise."""
+    """D in {1, 2, 4, 8} dividing tp, B ≥ 1, I ≥ 1 dividing B; DcpMlaValueError (INVALID_CONFIG:
+    a DcpMlaError and a ValueError) otherwise."""
     _lib.call("dcp_mla_check_config", *_ints(tp=tp, dcp_size=dcp_size, interleave=interleave, block_size=block_size))
 
 
 def check_topk(dcp_size: int, k: int) -> None:
-    """K in {256, 512, 1024, 2048} and D·K a multiple of 512; DcpMlaError otherwise."""
+    """K in {256, 512, 1024, 2048} and D·K a multiple of 512; DcpMlaValueError otherwise."""
     _lib.call("dcp_mla_check_topk", *_ints(dcp_size=dcp_size, k=k))
 
 
 def check_decode(dcp_size: int, local_heads: int, num_q: int, batch: int, context: int) -> None:
     """The decode step's sizes, checked as the CLI's `plan` and `demo` check them: D in {1, 2, 4,
     8}, 1 ≤ D·local_heads ≤ 128, 1 ≤ num_q ≤ 8, batch ≥ 1, num_q ≤ context < 2^31;
-    DcpMlaError (INVALID_CONFIG) naming the value otherwise."""
+    DcpMlaValueError (INVALID_CONFIG) naming the value otherwise."""
     _lib.call("dcp_mla_check_decode", *_ints(dcp_size=dcp_size, local_heads=local_heads, num_q=num_q, batch=batch,
                                              context=context))
 
@@ -217,8 +217,8 @@ def plan(context: int, dcp_size: int, *, interleave: int = 1, block_size: int = 
          tp: Optional[int] = None, num_sms: int = H200_SMS) -> Plan:
     """Plans a DCP group of `dcp_size` ranks for `batch` requests of `context` tokens, `num_q`
     query rows each, `local_heads` query heads per rank before the query-head all-gather
-    (the decode runs D·local_heads). Raises DcpMlaError for a configuration the planner rejects,
-    with the checks and messages of the CLI's `dcp-mla plan`: D not in {1, 2, 4, 8} or not
+    (the decode runs D·local_heads). Raises DcpMlaValueError (a DcpMlaError and a ValueError)
+    for a configuration the planner rejects, with the checks and messages of the CLI's `dcp-mla plan`: D not in {1, 2, 4, 8} or not
     dividing `tp`, I not dividing B, D·local_heads above 128, num_q outside 1..8, batch 0, a
     context shorter than num_q or beyond int32, D·K not a multiple of 512; TypeError /
     ValueError naming an argument that is not a non-negative integer."""

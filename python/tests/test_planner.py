@@ -8,7 +8,7 @@ import sys
 import pytest
 
 import dcp_mla
-from dcp_mla import DcpMlaError
+from dcp_mla import DcpMlaError, DcpMlaValueError
 
 
 def owner(t, d, i):
@@ -166,6 +166,36 @@ def test_plan_refuses_what_the_cli_refuses(kwargs, needle):
     with pytest.raises(DcpMlaError) as e:
         dcp_mla.plan(**args)
     assert e.value.status == "INVALID_CONFIG" and needle in e.value.message, e.value.message
+
+
+@pytest.mark.parametrize("kwargs", [dict(dcp_size=3), dict(dcp_size=3, tp=6), dict(batch=0), dict(num_q=9)])
+def test_a_refused_configuration_is_a_value_error(kwargs):
+    # catchable as ValueError (as a bad Python value is) and still as DcpMlaError / RuntimeError
+    args = {"context": 4096, "dcp_size": 4, **kwargs}
+    with pytest.raises(ValueError) as e:
+        dcp_mla.plan(**args)
+    assert type(e.value) is DcpMlaValueError, type(e.value)
+    assert isinstance(e.value, DcpMlaError) and isinstance(e.value, RuntimeError)
+    assert e.value.status == "INVALID_CONFIG" and e.value.message in str(e.value)
+
+
+def test_error_kinds_follow_the_status():
+    from dcp_mla import _lib
+    # the library's INVALID_ARGUMENT (a rank outside the group, a zero block size) is a ValueError too
+    for call in (lambda: dcp_mla.local_len(10, 4, 1, 4), lambda: dcp_mla.pages_for(100, 4, 0)):
+        with pytest.raises(DcpMlaValueError) as e:
+            call()
+        assert e.value.status == "INVALID_ARGUMENT" and isinstance(e.value, ValueError)
+    # every other status stays a DcpMlaError that is no ValueError: a null out-pointer here
+    with pytest.raises(DcpMlaError) as e:
+        _lib.call("dcp_mla_pages_for", 4, 64, 100, None)
+    assert e.value.status == "NULL_POINTER" and not isinstance(e.value, ValueError)
+    for code, name in enumerate(_lib.STATUS):
+        if name == "SUCCESS":
+            continue
+        err = DcpMlaError.of("f", code, "m")
+        assert err.status == name and isinstance(err, DcpMlaError)
+        assert isinstance(err, ValueError) == (name in ("INVALID_ARGUMENT", "INVALID_CONFIG")), name
 
 
 @pytest.mark.parametrize("d", [0, 3, 5, 6, 7, 9, 16])

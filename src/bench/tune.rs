@@ -244,7 +244,8 @@ pub fn estimate_launch_us(
 /// Estimated seconds of `plan` with `warmup` + `reps` launches a run and a timed heuristic
 /// baseline a class, under `m`: what `dcp-mla tune --dry-run` prints.
 pub fn estimate_s(plan: &TunePlan, warmup: usize, reps: usize, m: &CardModel) -> f64 {
-    let per_run = (warmup + reps) as f64;
+    // in f64: a sum of two counts may not fit in usize
+    let per_run = warmup as f64 + reps as f64;
     let mut s = m.startup_s;
     for c in &plan.classes {
         s += m.setup_s + m.setup_s_per_gb * c.spec.device_bytes() as f64 / 1e9;

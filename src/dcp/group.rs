@@ -133,7 +133,7 @@ impl DcpGroup {
         self.ctx.bind_to_thread().map_err(|source| Error::Driver { call: "cuCtxSetCurrent", source })
     }
 
-    /// All-gather: `recv` [D, n] receives every rank's `send` [n] in rank order. `send` may be
+    /// All-gather: `recv` \[D, n\] receives every rank's `send` \[n\] in rank order. `send` may be
     /// exactly this rank's slot of `recv` (in place).
     pub fn all_gather<T: NcclType>(
         &self,
@@ -186,7 +186,7 @@ impl DcpGroup {
         self.all_gather(stream, own, buf, n)
     }
 
-    /// fp32 sum reduce-scatter: `send` [D, n] (block d destined to rank d), `recv` [n] receives
+    /// fp32 sum reduce-scatter: `send` \[D, n\] (block d destined to rank d), `recv` \[n\] receives
     /// the sum over ranks of block `rank`.
     pub fn reduce_scatter_sum(
         &self,

@@ -463,7 +463,7 @@ impl<'a> DecodeStep<'a> {
     }
 
     /// The attention sinks of this rank's H_l heads (FlashMLA's `attn_sink`, docs/contract.md §4:
-    /// its TP shard of the model's per-head sinks, sink[j] for head rank·H_l + j), applied once by
+    /// its TP shard of the model's per-head sinks, sink\[j\] for head rank·H_l + j), applied once by
     /// the combine's last step (ag_rs finish or a2a combine), never by the ranks' attention; `None`
     /// removes them. A step captured in a graph keeps the choice it was captured with (the values
     /// may be rewritten in place).

@@ -101,7 +101,7 @@ pub fn ue8m0_decode(b: u8) -> f32 {
     }
 }
 
-/// Quantises one token (`row` [512] bf16: 448 nope, then 64 rope) into slot `slot` of a MODEL1
+/// Quantises one token (`row` \[512\] bf16: 448 nope, then 64 rope) into slot `slot` of a MODEL1
 /// cache: its value row and its 8-byte scale slot (the pad byte written 0). Nothing else of the
 /// cache changes, the page's padding included.
 ///

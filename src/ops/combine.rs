@@ -79,7 +79,7 @@ pub struct AgRsFinish {
     pub local_heads: usize,
     pub dcp_size: usize,
     pub rank: usize,
-    /// fp32 [H_l]: the attention sinks of this rank's heads (sink[j] for head rank·H_l + j), applied
+    /// fp32 \[H_l\]: the attention sinks of this rank's heads (sink\[j\] for head rank·H_l + j), applied
     /// once to the merged fp32 rows before the cast (docs/contract.md §5); `None`: no sink.
     pub sink: Option<DeviceSlice<f32>>,
 }
@@ -117,7 +117,7 @@ pub struct A2aCombine {
     pub num_tokens: usize,
     pub local_heads: usize,
     pub dcp_size: usize,
-    /// fp32 [H_l]: the attention sinks of this rank's heads (sink[j] for head rank·H_l + j), applied
+    /// fp32 \[H_l\]: the attention sinks of this rank's heads (sink\[j\] for head rank·H_l + j), applied
     /// once to the merged fp32 rows before the cast (docs/contract.md §5); `None`: no sink.
     pub sink: Option<DeviceSlice<f32>>,
 }
@@ -128,10 +128,10 @@ pub struct MergeTwo {
     /// [rows, 512], bf16 (as an attention kernel writes it) or fp32 (a running merge's result);
     /// `out_b` must have the same dtype.
     pub out_a: CombineRows,
-    /// fp32 [rows], in `lse_a_base`.
+    /// fp32 \[rows\], in `lse_a_base`.
     pub lse_a: DeviceSlice<f32>,
     pub out_b: CombineRows,
-    /// fp32 [rows], in `lse_b_base`.
+    /// fp32 \[rows\], in `lse_b_base`.
     pub lse_b: DeviceSlice<f32>,
     /// The base of each input's lse (docs/contract.md §5.3): a running result in natural log (this merge's
     /// own output) merged with a base-2 chunk from another kernel is the normal case.
@@ -140,10 +140,10 @@ pub struct MergeTwo {
     /// [rows, 512] fp32 or bf16: written. An `out` of the inputs' dtype may be exactly `out_a` or
     /// `out_b` (accumulating chunk after chunk in place); any other overlap is rejected.
     pub out: CombineRows,
-    /// fp32 [rows], natural log: written. May be exactly `lse_a` or `lse_b`.
+    /// fp32 \[rows\], natural log: written. May be exactly `lse_a` or `lse_b`.
     pub lse: DeviceSlice<f32>,
     pub rows: usize,
-    /// fp32 [H]: attention sinks applied to the merged rows, laid out [T, H] (head = row mod H, with
+    /// fp32 \[H\]: attention sinks applied to the merged rows, laid out \[T, H\] (head = row mod H, with
     /// H = the slice's length, which must divide `rows`). Pass it on the last merge of a chain
     /// only: the running result carries no sink, or the sink would enter the softmax once a chunk.
     pub sink: Option<DeviceSlice<f32>>,

@@ -100,8 +100,8 @@ pub struct DecodeCommon {
     pub workspace: DeviceSlice<u8>,
     /// Compute the split schedule into `workspace`, or reuse the one there (see [`DecodeSchedule`]).
     pub schedule: DecodeSchedule,
-    /// fp32 [heads] attention sinks (docs/contract.md §4, FlashMLA's `attn_sink`): each row's out
-    /// is scaled by e^lse / (e^lse + e^sink[h]), lse unchanged. `None` on a rank whose result a DCP
+    /// fp32 \[heads\] attention sinks (docs/contract.md §4, FlashMLA's `attn_sink`): each row's out
+    /// is scaled by e^lse / (e^lse + e^sink\[h\]), lse unchanged. `None` on a rank whose result a DCP
     /// combine merges: the sink belongs to the combine (see [`crate::ops::combine`]), once.
     pub sink: Option<DeviceSlice<f32>>,
 }
@@ -161,7 +161,7 @@ pub struct DenseDecode {
     /// int32 [batch, nq]: what [`DenseDecode::lens_rule`] says, local lengths per query row by
     /// default; the rows' local lengths are clamped on the device to [0, max_pages·block_size].
     pub lens: DeviceSlice<i32>,
-    /// Elements between `lens`' requests and query rows, any (0 broadcasts one value: [batch]
+    /// Elements between `lens`' requests and query rows, any (0 broadcasts one value: \[batch\]
     /// global lengths are `Some([1, 0])`); `None`: contiguous, [nq, 1].
     pub lens_strides: Option<[usize; 2]>,
     /// What `lens` holds: the rows' local lengths, or the requests' global lengths from which
@@ -222,10 +222,10 @@ pub struct SparseDecode {
     /// [nq·topk, topk].
     pub indices_strides: Option<[usize; 2]>,
     pub topk: usize,
-    /// int32 [batch, nq]: only the first topk_len[i][j] entries count (clamped to [0, topk]).
+    /// int32 \[batch, nq\]: only the first topk_len\[i\]\[j\] entries count (clamped to \[0, topk\]).
     pub topk_len: Option<DeviceSlice<i32>>,
     /// Elements between `topk_len`'s requests and query rows, any (0 broadcasts: FlashMLA's
-    /// per-request `topk_length` is [batch] with strides [1, 0]); `None`: contiguous, [nq, 1].
+    /// per-request `topk_length` is \[batch\] with strides \[1, 0\]); `None`: contiguous, \[nq, 1\].
     pub topk_len_strides: Option<[usize; 2]>,
 }
 

@@ -18,9 +18,9 @@ pub struct KvFill {
     /// bf16 [num_tokens, kpe_stride]: k_pe in the first 64 values of each row.
     pub kpe: DeviceSlice<bf16>,
     pub kpe_stride: usize,
-    /// int32 [num_tokens]: block-table row of each token.
+    /// int32 \[num_tokens\]: block-table row of each token.
     pub req_idx: DeviceSlice<i32>,
-    /// int32 [num_tokens]: global position of each token; negative skips it (padding).
+    /// int32 \[num_tokens\]: global position of each token; negative skips it (padding).
     pub positions: DeviceSlice<i32>,
     /// int32 [batch, block_table_stride]; the first `max_pages` columns are used.
     pub block_table: DeviceSlice<i32>,

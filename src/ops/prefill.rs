@@ -107,7 +107,7 @@ fn flatten_params(a: &Flatten) -> Result<DcpPrefillFlattenParams> {
 /// Arguments of [`reorder`].
 #[derive(Debug, Clone, Copy)]
 pub struct Reorder {
-    /// bf16 [D, cap_rows, 576]: rank r's flatten buffer at [r].
+    /// bf16 \[D, cap_rows, 576\]: rank r's flatten buffer at \[r\].
     pub gathered: DeviceSlice<bf16>,
     pub cap_rows: usize,
     /// int32 [max_pieces, PIECE_FIELDS] from [`piece_table`].

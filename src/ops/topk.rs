@@ -22,7 +22,7 @@ pub struct LocalTopk {
     pub row_stride: usize,
     /// N: the columns a row may use; a device-side length above it is clamped to it.
     pub cols: usize,
-    /// int32 [rows]: valid length of each row, read on the device (negative counts as 0).
+    /// int32 \[rows\]: valid length of each row, read on the device (negative counts as 0).
     pub lens: DeviceSlice<i32>,
     pub rows: usize,
     /// K: 256, 512, 1024 or 2048.
@@ -44,7 +44,7 @@ pub fn global_merge_compiled(dcp_size: usize, k: usize) -> bool {
     }
 }
 
-/// Per row, the K best of the first len[row] scores by (score descending, index ascending; NaN
+/// Per row, the K best of the first len\[row\] scores by (score descending, index ascending; NaN
 /// counts as −inf, −0 as +0), as ascending indices; a row with len ≤ K gives 0..len then −1.
 /// Bit-identical to [`crate::reference::topk::local_topk`] (with cols = row_stride).
 pub fn local_topk(dev: &Device, stream: Stream, a: &LocalTopk) -> Result<()> {
@@ -337,7 +337,7 @@ pub struct Compact {
     pub translate: Option<PageTranslate>,
     /// int32 [rows, k]: the kept ids, compacted to the front, −1 padded.
     pub out: DeviceSlice<i32>,
-    /// int32 [rows]: kept ids per row.
+    /// int32 \[rows\]: kept ids per row.
     pub counts: DeviceSlice<i32>,
 }
 

@@ -232,8 +232,8 @@ pub fn check_i32(what: &'static str, value: u128) -> Result<i32> {
     i32::try_from(value).map_err(|_| PlanError::Overflow { what, value }.into())
 }
 
-/// Causal local lengths of MTP rows (docs/contract.md §2): for each request i of total length lens[i]
-/// (including its qs[i] new tokens), row j sees global length c_j = L − q + 1 + j, i.e.
+/// Causal local lengths of MTP rows (docs/contract.md §2): for each request i of total length lens\[i\]
+/// (including its qs\[i\] new tokens), row j sees global length c_j = L − q + 1 + j, i.e.
 /// n_r(c_j) local tokens on rank r. Returns the rows of every request, concatenated (a uniform q
 /// gives the kernels' [b, q] layout).
 pub fn causal_local_lens(lens: &[u64], qs: &[usize], dcp: DcpLayout, r: usize) -> Result<Vec<i32>> {

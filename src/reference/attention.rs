@@ -29,13 +29,13 @@ pub struct QueryShape {
 /// Which tokens each row attends to.
 #[derive(Debug, Clone, Copy)]
 pub enum Selection<'a> {
-    /// int32 [b, q]: row (i, j) attends to the first lens[i][j] local tokens of request i, in
+    /// int32 \[b, q\]: row (i, j) attends to the first lens\[i\]\[j\] local tokens of request i, in
     /// local order, through the block table (a negative length is 0). A token whose column lies
     /// beyond `max_pages` or whose page is negative or ≥ num_pages is skipped, never read.
     Dense { lens: &'a [i32] },
     /// int32 [b, q, k]: row (i, j) attends to the tokens at addresses page·B + slot listed in
-    /// indices[i][j]; an entry outside [0, num_pages·B) (−1 included) is unused. With `topk_len`
-    /// [b, q], only the first topk_len[i][j] entries (clamped to [0, k]) count. A repeated
+    /// indices\[i\]\[j\]; an entry outside [0, num_pages·B) (−1 included) is unused. With `topk_len`
+    /// \[b, q\], only the first topk_len\[i\]\[j\] entries (clamped to \[0, k\]) count. A repeated
     /// address counts once per entry.
     Sparse { indices: &'a [i32], k: usize, topk_len: Option<&'a [i32]> },
 }

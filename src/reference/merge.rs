@@ -58,7 +58,7 @@ pub fn merge_weights<T: Real>(lses: impl IntoIterator<Item = T>, base: LseBase, 
 }
 
 /// Merges D partial results of n rows: `out` [D, n, 512] and `lse` [D, n] in `base`. Returns the
-/// merged out [n, 512] and lse [n] (natural log), exactly docs/contract.md §5. `merge::<f32>` is the
+/// merged out \[n, 512\] and lse \[n\] (natural log), exactly docs/contract.md §5. `merge::<f32>` is the
 /// bit-level model of the kernels; [`merge_f64`] is the oracle.
 pub fn merge<T: Real>(out: &[T], lse: &[T], d: usize, n: usize, base: LseBase) -> (Vec<T>, Vec<T>) {
     merge_with_sink(out, lse, d, n, base, None)
@@ -118,7 +118,7 @@ fn merge_parts<T: Real>(outs: &[&[T]], lses: &[&[T]], n: usize, base: LseBase) -
 }
 
 /// The two-way merge of chunked prefill (docs/contract.md §5.3): (out_a, lse_a) + (out_b, lse_b), each
-/// out [n, 512] f32 and lse [n] in its own base; fp32 out and natural-log lse, cast once at the
+/// out \[n, 512\] f32 and lse \[n\] in its own base; fp32 out and natural-log lse, cast once at the
 /// end. Each lse is first taken to λ (natural log; +inf as empty, NaN kept), then the two are
 /// weighted as natural logs.
 pub fn merge_two(
@@ -227,7 +227,7 @@ pub fn ag_rs_finish(
 }
 
 /// [`ag_rs_finish`] with an optional attention sink per head, applied after the merge, to the
-/// fp32 result before any cast: `sink` [H_l] holds the sinks of this rank's heads, sink[j] for
+/// fp32 result before any cast: `sink` \[H_l\] holds the sinks of this rank's heads, sink\[j\] for
 /// head head_offset + j (a TP rank's own shard of the model's sinks). Ranks' contributions carry
 /// no sink; only this last step applies it.
 #[allow(clippy::too_many_arguments)]
@@ -301,7 +301,7 @@ pub fn a2a_combine(recv: &[u8], d: usize, t: usize, h_l: usize, base: LseBase) -
 }
 
 /// [`a2a_combine`] with an optional attention sink per head applied to the merged fp32 result:
-/// `sink` [H_l] holds the sinks of this rank's heads (sink[j] for its j-th head, global head
+/// `sink` \[H_l\] holds the sinks of this rank's heads (sink\[j\] for its j-th head, global head
 /// rank·H_l + j). The packed slots carry no sink.
 pub fn a2a_combine_with_sink(
     recv: &[u8],

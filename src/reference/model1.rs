@@ -38,8 +38,8 @@ pub struct Model1Source<'a> {
     /// is unused and never read; a repeated address counts once per entry.
     pub indices: &'a [i32],
     pub k: usize,
-    /// int32 [b] (FlashMLA's `topk_length` / `extra_topk_length`): every row of request i uses
-    /// only its leftmost topk_len[i] entries, clamped to [0, k]. None: all k.
+    /// int32 \[b\] (FlashMLA's `topk_length` / `extra_topk_length`): every row of request i uses
+    /// only its leftmost topk_len\[i\] entries, clamped to \[0, k\]. None: all k.
     pub topk_len: Option<&'a [i32]>,
 }
 

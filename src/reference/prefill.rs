@@ -61,7 +61,7 @@ fn flatten_into(
     }
 }
 
-/// The reorder of one chunk piece: `gathered` [D, cap, 576] (rank r's flattened rows at [r]) to
+/// The reorder of one chunk piece: `gathered` \[D, cap, 576\] (rank r's flattened rows at \[r\]) to
 /// [global_len, 576] in global order: token g comes from rank owner(g), row local(g). A token
 /// whose local row is ≥ cap (a plan that did not size cap for it) is zero.
 pub fn reorder(gathered: &[bf16], dcp: DcpLayout, global_len: usize) -> Vec<bf16> {
@@ -79,7 +79,7 @@ pub fn reorder(gathered: &[bf16], dcp: DcpLayout, global_len: usize) -> Vec<bf16
 }
 
 /// Flatten of a whole planned chunk on rank `rank`: [cap_rows, 576] where the plan's piece p
-/// occupies rows [p.row_offset, p.row_offset + p.local_len[rank]) (zero up to the next piece).
+/// occupies rows [p.row_offset, p.row_offset + p.local_len\[rank\]) (zero up to the next piece).
 /// `cache` describes the rank's cache `bytes` and its block table [batch, stride]; columns
 /// beyond `max_pages` are not read.
 pub fn flatten_chunk(plan: &ChunkPlan, chunk: usize, rank: usize, cache: &PagedCache, bytes: &[u8]) -> Vec<bf16> {

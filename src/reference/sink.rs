@@ -38,7 +38,7 @@ pub fn sink_factor<T: Real>(lse: T, sink: T) -> T {
 
 /// Applies per-head attention sinks to an attention result in place (docs/contract.md §4,
 /// FlashMLA's `attn_sink`): each row of `out` [n, 512], rows laid out [.., H] (head = row mod H),
-/// is multiplied by [`sink_factor`]`(lse[row], sink[head])`; `lse` [n] (natural log) describes the
+/// is multiplied by [`sink_factor`]`(lse[row], sink[head])`; `lse` \[n\] (natural log) describes the
 /// tokens only and is left unchanged. `sink` holds one fp32 value per head of the result, H of
 /// them (the H_l heads of a rank's combine result; see [`crate::reference::merge::merge_with_sink`]).
 ///

@@ -9,7 +9,7 @@
 //! - lse: |lse − ref| ≤ 1e-5 + 2e-6·|ref|.
 //! - NaN and ±inf positions identical to the oracle's (a NaN input row gives NaN out and lse).
 
-/// The fp64 oracle of one attention tensor: out [rows, 512], lse [rows], A [rows, 512].
+/// The fp64 oracle of one attention tensor: out \[rows, 512\], lse \[rows\], A \[rows, 512\].
 #[derive(Debug, Clone, Default)]
 pub struct AttentionOracle {
     pub out: Vec<f64>,

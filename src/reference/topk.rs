@@ -23,7 +23,7 @@ fn better(a: (f32, i64), b: (f32, i64)) -> Ordering {
 }
 
 /// Local top-k of `rows` rows of `scores` (row r starts at r·row_stride, 64-bit offsets, of
-/// which the first `cols` ≤ row_stride are the row's). Row r considers indices 0..len[r], len
+/// which the first `cols` ≤ row_stride are the row's). Row r considers indices 0..len\[r\], len
 /// clamped to [0, cols] (the kernel's rule: columns past `cols` are never read). Output [rows, k]
 /// int32: if len ≤ k, 0..len−1 then −1; otherwise the k best by the key, in ascending index order.
 pub fn local_topk(scores: &[f32], rows: usize, row_stride: usize, cols: usize, lens: &[i32], k: usize) -> Vec<i32> {

@@ -3,7 +3,7 @@
 //! per family (e.g. [`kv_fill`]`(axes::Format::Bf16)`).
 
 /// A compiled entry point (its index in [`KERNELS`]), typed by the parameter struct its kernel
-/// takes: [`crate::runtime::Device::launch`] takes a `KernelId<P>` and a `&P`, so launching a
+/// takes: the crate's `Device::launch` takes a `KernelId<P>` and a `&P`, so launching a
 /// kernel with another kernel's parameters does not compile. Only the generated lookups make one.
 ///
 /// ```compile_fail

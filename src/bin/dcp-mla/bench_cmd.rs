@@ -2,6 +2,7 @@
 //! ceiling, each row's ratio to its docs/performance.md target, and JSON / CSV outputs
 //! (`--json`: JSON on stdout; `--json-out FILE`, `--csv FILE`: files).
 
+use super::plan::launches;
 use dcp_mla::bench::{measure_us, rows, step_summary, BenchRow, Measurement, Timer};
 use dcp_mla::runtime::Device;
 use std::io::{IsTerminal, Write};
@@ -23,11 +24,11 @@ pub struct BenchArgs {
     /// Only rows whose name contains this text (e.g. `mla_decode`, `topk`).
     #[arg(long)]
     pub filter: Option<String>,
-    /// Untimed launches before each row is measured.
-    #[arg(long, default_value_t = 5)]
+    /// Untimed launches before each row is measured, at most 1,000,000.
+    #[arg(long, value_parser = launches(0), allow_negative_numbers = true, default_value_t = 5)]
     pub warmup: usize,
-    /// Timed launches per row (the median is reported).
-    #[arg(long, default_value_t = 30)]
+    /// Timed launches per row (the median is reported), 1 to 1,000,000.
+    #[arg(long, value_parser = launches(1), allow_negative_numbers = true, default_value_t = 30)]
     pub reps: usize,
     /// Ignore any tuned decode table (`DCP_MLA_TUNE_TABLE` or the build's own): the decode
     /// launcher's heuristic everywhere, to compare against a run with the table.
@@ -41,8 +42,16 @@ struct Result_ {
     ratio: Option<f64>,
 }
 
-/// Exit code: 0 when every row ran, 1 when a row failed, 2 without a GPU.
+/// Exit code: 0 when every row ran, 1 when a row failed (or `--filter` keeps none), 2 without a
+/// GPU.
 pub fn run(a: &BenchArgs) -> i32 {
+    let selected: Vec<BenchRow> =
+        rows().into_iter().filter(|r| a.filter.as_deref().is_none_or(|f| r.name().contains(f))).collect();
+    if selected.is_empty() {
+        // checked first: a filter that keeps nothing is an error with or without a GPU
+        eprintln!("error: --filter `{}` matches no row of dcp-mla bench", a.filter.as_deref().unwrap_or(""));
+        return 1;
+    }
     let dev = match Device::open(0) {
         Ok(d) => d,
         Err(e) => {
@@ -59,8 +68,6 @@ pub fn run(a: &BenchArgs) -> i32 {
         t => eprintln!("tuned decode table: {t}"),
     }
     let s = dev.context().default_stream();
-    let selected: Vec<BenchRow> =
-        rows().into_iter().filter(|r| a.filter.as_deref().is_none_or(|f| r.name().contains(f))).collect();
     let mut timer = match Timer::new(&dev, s.clone(), a.warmup, a.reps) {
         Ok(t) => t,
         Err(e) => {

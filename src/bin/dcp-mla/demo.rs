@@ -15,6 +15,7 @@ use dcp_mla::reference::tolerance::{AttentionOracle, LSE_ABS, LSE_REL, OUT_ELEME
 use dcp_mla::reference::topk::{compact, global_merge, local_topk, pack_candidates, PageTranslate};
 use dcp_mla::runtime::Device;
 use dcp_mla::{KvFormat, LseBase};
+use serde_json::json;
 use std::time::Instant;
 
 #[derive(Debug, Clone, clap::Args)]
@@ -59,6 +60,10 @@ pub struct DemoArgs {
     /// Run the CPU reference even when a GPU is present.
     #[arg(long)]
     pub cpu: bool,
+    /// Print a JSON summary (the device, the shape, the stage times, the check and the KV
+    /// capacity) instead of the report.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// The whole step on the CPU reference: every rank's fill, attention, top-k and combine.
@@ -376,20 +381,28 @@ pub fn run(a: &DemoArgs) -> i32 {
         }
     };
     let gen_s = t0.elapsed().as_secs_f64();
+    // the report, line by line; with --json, one summary at the end instead
+    macro_rules! say {
+        ($($t:tt)*) => {
+            if !a.json {
+                println!($($t)*);
+            }
+        };
+    }
     match &device {
-        Ok(dev) => println!(
+        Ok(dev) => say!(
             "dcp-mla demo: one DCP decode step on the GPU (compute capability {}.{}), D = {} ranks simulated on one device",
             dev.compute_capability().0,
             dev.compute_capability().1,
             p.dcp.size
         ),
-        Err(why) => println!(
+        Err(why) => say!(
             "dcp-mla demo: no GPU ({why}): running the CPU reference at a small size, D = {} ranks simulated",
             p.dcp.size
         ),
     }
     let (lmin, lmax) = (p.lens.iter().min().unwrap(), p.lens.iter().max().unwrap());
-    println!(
+    say!(
         "shape: batch {batch}, num_q {}, lengths {lmin}..{lmax}, H = D·H_l = {}·{} = {} heads, d_qk {D_QK}, d_v {D_V}, \
          B {}, I {}, tp {}, top-k {}, sparse cache {} (inputs generated in {gen_s:.1} s)",
         p.q,
@@ -412,23 +425,24 @@ pub fn run(a: &DemoArgs) -> i32 {
         },
         Err(_) => run_cpu(&p),
     };
-    println!("\n{:<40} {:>12}", "stage (mean per simulated rank)", if on_gpu { "µs" } else { "ms" });
+    say!("\n{:<40} {:>12}", "stage (mean per simulated rank)", if on_gpu { "µs" } else { "ms" });
     for (name, ms) in &outputs.stages {
         let per_rank = ms / p.dcp.size as f64;
-        println!("  {:<38} {:>12.3}", name, if on_gpu { per_rank * 1e3 } else { per_rank });
+        say!("  {:<38} {:>12.3}", name, if on_gpu { per_rank * 1e3 } else { per_rank });
     }
     let sample = if on_gpu { sample_requests(batch, a.check_requests) } else { (0..batch).collect() };
     let t1 = Instant::now();
     let (c, ok) = check(&p, &outputs, &sample);
-    println!(
+    let check_s = t1.elapsed().as_secs_f64();
+    say!(
         "\ncheck against full attention without DCP (fp64 reference, docs/contract.md §9), {} of {batch} requests, {:.1} s:",
         c.requests_checked,
-        t1.elapsed().as_secs_f64()
+        check_s
     );
-    println!("  {:<22} {:>11} {:>10} {:>12}  result", "path", "max |err|", "rel L2", "max lse err");
+    say!("  {:<22} {:>11} {:>10} {:>12}  result", "path", "max |err|", "rel L2", "max lse err");
     let names = ["dense BF16".to_string(), format!("sparse {} K={}", p.format.name(), p.k)];
     for (name, pc) in names.iter().zip(&c.paths) {
-        println!(
+        say!(
             "  {:<22} {:>11.2e} {:>10.2e} {:>12.2e}  {}",
             name,
             pc.max_abs,
@@ -437,18 +451,19 @@ pub fn run(a: &DemoArgs) -> i32 {
             if pc.failures.is_empty() { "pass" } else { "FAIL" }
         );
         for f in pc.failures.iter().take(5) {
-            println!("      {f}");
+            say!("      {f}");
         }
     }
-    println!(
+    say!(
         "  top-k ids: {} of {} rows equal the global top-{} without DCP{}",
         c.topk_rows_exact,
         p.rows(),
         p.k,
         if c.topk_rows_exact == p.rows() { " (exact)" } else { "  FAIL" }
     );
-    if let Some((v, what)) = capacity(a) {
-        println!(
+    let capacity = capacity(a);
+    if let Some((v, what)) = &capacity {
+        say!(
             "\nKV capacity (planner; {what}): {} tokens without DCP → {} with D = {} (×{:.0})",
             v["tokens_without_dcp"],
             v["tokens_with_dcp"],
@@ -456,7 +471,67 @@ pub fn run(a: &DemoArgs) -> i32 {
             v["capacity_gain"].as_f64().unwrap_or(0.0)
         );
     }
-    println!("\ncheck: {}", if ok { "PASS" } else { "FAIL" });
+    say!("\ncheck: {}", if ok { "PASS" } else { "FAIL" });
+    if a.json {
+        let (cc, cpu_reason) = match &device {
+            Ok(dev) => (Some(dev.compute_capability()), None),
+            Err(why) => (None, Some(why.clone())),
+        };
+        let stages: Vec<_> = outputs
+            .stages
+            .iter()
+            .map(|(name, ms)| json!({ "stage": name, "ms_per_rank": ms / p.dcp.size as f64 }))
+            .collect();
+        let paths: Vec<_> = names
+            .iter()
+            .zip(&c.paths)
+            .map(|(name, pc)| {
+                json!({
+                    "path": name,
+                    "max_abs_err": pc.max_abs,
+                    "rel_l2": pc.rel_l2,
+                    "max_lse_err": pc.max_lse,
+                    "pass": pc.failures.is_empty(),
+                    "failures": pc.failures.iter().take(5).collect::<Vec<_>>(),
+                })
+            })
+            .collect();
+        let v = json!({
+            "device": if on_gpu { "gpu" } else { "cpu" },
+            "compute_capability": cc,
+            "cpu_reason": cpu_reason,
+            "dcp_size": p.dcp.size,
+            "interleave": p.dcp.interleave,
+            "tp": p.tp,
+            "batch": batch,
+            "num_q": p.q,
+            "min_len": lmin,
+            "max_len": lmax,
+            "local_heads": p.local_heads,
+            "heads": p.heads,
+            "block_size": p.block_size,
+            "topk": p.k,
+            "kv_format": p.format.name(),
+            "seed": a.seed,
+            "inputs_s": gen_s,
+            "stages": stages,
+            "check": {
+                "requests_checked": c.requests_checked,
+                "seconds": check_s,
+                "paths": paths,
+                "topk_rows_exact": c.topk_rows_exact,
+                "topk_rows": p.rows(),
+            },
+            "capacity": capacity.as_ref().map(|(v, what)| json!({
+                "assumes": what,
+                "tokens_without_dcp": v["tokens_without_dcp"],
+                "tokens_with_dcp": v["tokens_with_dcp"],
+                "capacity_gain": v["capacity_gain"],
+            })),
+            "pass": ok,
+        });
+        println!("{}", serde_json::to_string_pretty(&v).expect("json"));
+    }
     if ok {
         0
     } else {

@@ -38,6 +38,16 @@ pub fn count64() -> clap::builder::RangedU64ValueParser<u64> {
     clap::builder::RangedU64ValueParser::<u64>::new().range(1..)
 }
 
+/// The most launches `--warmup` or `--reps` may ask for (`bench`, `tune`): a bound that keeps
+/// every count and time computed from them far inside 64 bits.
+pub const MAX_LAUNCHES: u64 = 1_000_000;
+
+/// A launch count option (`--warmup`, `--reps`) in `min..=`[`MAX_LAUNCHES`], refused by name
+/// otherwise (as [`count`]).
+pub fn launches(min: u64) -> clap::builder::RangedU64ValueParser<usize> {
+    clap::builder::RangedU64ValueParser::<usize>::new().range(min..=MAX_LAUNCHES)
+}
+
 #[derive(Debug, Clone, clap::Args)]
 pub struct PlanArgs {
     /// GPU memory per rank: bytes, or a number with a unit (KB, MB, GB, TB, KiB, MiB, GiB, TiB).
@@ -294,7 +304,7 @@ pub fn print(p: &Value) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::{parse_bytes, plan, PlanArgs};
     use clap::{Args, FromArgMatches};
     use proptest::prelude::*;
@@ -311,7 +321,7 @@ mod tests {
     }
 
     /// Decimal integers of every sign and size, beyond 64 bits too.
-    fn any_number() -> impl Strategy<Value = String> {
+    pub(crate) fn any_number() -> impl Strategy<Value = String> {
         prop_oneof![
             (-20i128..20).prop_map(|x| x.to_string()),
             any::<i64>().prop_map(|x| x.to_string()),
