@@ -135,7 +135,11 @@ pub fn tune_plan(num_sms: usize, filter: Option<&str>) -> Result<TunePlan> {
     let sm90 = true;
     let mut classes: Vec<TuneClass> = Vec::new();
     for row in grid_rows() {
-        let Some(spec) = DecodeSpec::of(&row)? else { continue };
+        let Some(mut spec) = DecodeSpec::of(&row)? else { continue };
+        if spec.ragged {
+            // a class's "equal" set: every request at the context (ragged_spec draws the other)
+            spec = DecodeSpec { row_lens: vec![spec.context as i32; spec.row_lens.len()], ragged: false, ..spec };
+        }
         let class = class_of(&spec);
         if classes.iter().any(|c| c.class == class) {
             continue;
