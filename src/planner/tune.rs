@@ -32,7 +32,7 @@
 //! # Which table
 //!
 //! [`tuned_decode`] reads, in this order: the table given by [`set_tune_table`]; the file named
-//! by `DCP_MLA_TUNE_TABLE`; the table embedded in this build for the running card (same name
+//! by `DCP_MLA_TUNE_TABLE` (`off`: none); the table embedded in this build for the running card (same name
 //! and SM count), if any. A table that is malformed, has another format version, names a variant
 //! this build does not ship, or was made for another card is refused with an error naming what is
 //! wrong (every later call repeats it): it is never used silently, and never silently dropped.
@@ -48,17 +48,22 @@ use std::sync::{Arc, Mutex};
 /// The table format this build reads and writes.
 pub const TUNE_FORMAT_VERSION: u64 = 1;
 
-/// The environment variable naming a tuned table file (read when a device first asks).
+/// The environment variable naming a tuned table file (read when a device first asks), or
+/// [`TUNE_TABLE_OFF`].
 pub const TUNE_TABLE_ENV: &str = "DCP_MLA_TUNE_TABLE";
+
+/// `DCP_MLA_TUNE_TABLE=off`: no table, the launcher's heuristic everywhere (the embedded table
+/// too is left out), to compare against the table from any interface.
+pub const TUNE_TABLE_OFF: &str = "off";
 
 /// The farthest class [`TuneTable::lookup`] takes as "nearest" (see [`class_distance`]): e.g. the
 /// batch 4× away and the context 2× away, or the batch 8× away alone.
 pub const MAX_NEAREST_DISTANCE: f64 = 3.0;
 
-/// Tables embedded in this build, (file name, contents): the committed `tuning/*.json`. Add a
-/// line `("h100.json", include_str!("../../tuning/h100.json"))` when one is committed; the
-/// table for the running card (name and SM count) is the default.
-const EMBEDDED_TABLES: &[(&str, &str)] = &[];
+/// Tables embedded in this build, (file name, contents): the committed `tuning/*.json` (add a
+/// line when one is committed); the table for the running card (name and SM count) is the default.
+const EMBEDDED_TABLES: &[(&str, &str)] =
+    &[("nvidia-h100-80gb-hbm3.json", include_str!("../../tuning/nvidia-h100-80gb-hbm3.json"))];
 
 /// The shape class of a decode launch: what a tuned row is keyed by. Build it with
 /// [`DecodeClass::new`], which rounds the batch and the context up to their buckets.
@@ -506,6 +511,7 @@ pub fn active_table(dev: &Device) -> Result<Option<Arc<TuneTable>>> {
     let env = std::env::var_os(TUNE_TABLE_ENV).filter(|v| !v.is_empty());
     let source = match (&given, &env) {
         (Some(t), _) => Source::Given(t.clone()),
+        (None, Some(v)) if v == TUNE_TABLE_OFF => Source::Given(None),
         (None, Some(path)) => Source::File(Path::new(path)),
         (None, None) => Source::Embedded(EMBEDDED_TABLES),
     };
