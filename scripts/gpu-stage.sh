@@ -10,9 +10,9 @@ cd "$root"
 stage="$root/.gpu-stage"
 rm -rf "$stage" && mkdir -p "$stage/pack/tests" "$stage/pack/bin"
 list=$(mktemp)
-cargo test --release -p dcp-mla -p dcp-mla-ffi --no-run --message-format=json-render-diagnostics >"$list"
-cargo bench -p dcp-mla --no-run --message-format=json-render-diagnostics >>"$list"
-cargo build --release -p dcp-mla --bin dcp-mla
+cargo test --release -p dcp-mla -p dcp-mla-cli -p dcp-mla-ffi --no-run --message-format=json-render-diagnostics >"$list"
+cargo bench -p dcp-mla-cli --no-run --message-format=json-render-diagnostics >>"$list"
+cargo build --release -p dcp-mla-cli --bin dcp-mla
 python3 - "$list" "$stage/pack" <<'PY'
 import json, shutil, sys, os
 out = sys.argv[2]
@@ -29,7 +29,7 @@ for line in open(sys.argv[1]):
         dest = os.path.join(out, "bin", "bench-" + name)
     elif m["profile"]["test"]:
         pkg = m["package_id"]
-        prefix = "ffi-" if "dcp-mla-ffi" in pkg or "/ffi#" in pkg else ""
+        prefix = "ffi-" if "dcp-mla-ffi" in pkg or "/ffi#" in pkg else ("cli-" if "dcp-mla-cli" in pkg or "/cli#" in pkg else "")
         dest = os.path.join(out, "tests", prefix + ("lib" if "lib" in kinds else name))
     else:
         continue

@@ -38,7 +38,7 @@ for spec in "$@"; do
     trap 'git apply -R "$patch"' EXIT
   fi
   echo "== $name: building dcp-mla ($what)" >&2
-  cargo build --release -q -p dcp-mla --bin dcp-mla
+  cargo build --release -q -p dcp-mla-cli --bin dcp-mla
   cp "$target/release/dcp-mla" ".ab/dcp-mla-$name"
   strip ".ab/dcp-mla-$name" 2>/dev/null || true
   if [ "$name" = "$stage" ]; then

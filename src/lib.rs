@@ -12,7 +12,7 @@
 //! - [`reference`](mod@reference): the CPU reference of every operation (docs/contract.md's executable form).
 
 pub mod abi;
-pub mod bench;
+
 pub mod catalogue;
 #[macro_use]
 pub mod error;

@@ -14,7 +14,7 @@ use crate::ops::topk;
 use crate::planner::{causal_local_lens, check_heads, check_topk, DcpConfig, DcpLayout, MAX_Q_ROWS};
 use crate::runtime::{Device, DeviceSlice, Stream};
 use crate::LseBase;
-use cudarc::driver::{sys, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
+use cudarc::driver::{CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
 use half::bf16;
 use std::sync::Arc;
 
@@ -302,11 +302,18 @@ impl<'a> DecodeStep<'a> {
             Attention::Sparse { k, .. } => k,
             Attention::Dense => 0,
         };
-        let sms = dev
-            .context()
-            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-            .map_err(|source| Error::Driver { call: "cuDeviceGetAttribute", source })? as usize;
-        let num_splits = decode::decode_num_splits(cfg.batch, cfg.nq, h, sparse, sms);
+        // the attention's split count as its launch chooses it (the tuned table's where it has a
+        // row for this rank's shard: small local contexts run best unsplit)
+        let shape = crate::planner::choice::DecodeShape {
+            sparse,
+            format: cfg.attention.format(),
+            batch: cfg.batch,
+            nq: cfg.nq,
+            heads: h,
+            context: if sparse { k } else { cfg.max_pages * cfg.block_size },
+            causal: false,
+        };
+        let num_splits = decode::decode_num_splits_on(dev, &shape)?;
         let slot_bytes = a2a_aligned_slot_bytes(t, h_l)?;
         let cols = if sparse { cfg.local_capacity() } else { 0 };
         let cache_bytes = cfg.num_pages * cfg.block_size * cfg.attention.format().token_bytes();
@@ -519,229 +526,266 @@ impl<'a> DecodeStep<'a> {
 
     /// Enqueues one stage (see [`DecodeStep::stages`] for the order they need).
     pub fn run_stage(&self, stage: Stage) -> Result<()> {
-        let (c, v, dev, st, g) = (&self.cfg, &self.v, self.dev, self.raw(), self.group);
-        let (d, t, h_l) = (c.dcp.size, c.rows(), c.local_heads);
-        let rank = g.rank();
-        let k = match c.attention {
-            Attention::Sparse { k, .. } => k,
-            Attention::Dense => 0,
-        };
-        let cols = c.local_capacity();
-        let sparse_only = |what: &str| Error::Unsupported(format!("stage {what} of a dense step"));
+        let (c, v, st, g) = (&self.cfg, &self.v, self.raw(), self.group);
+        let (t, h_l) = (c.rows(), c.local_heads);
         match stage {
-            Stage::Fill => kv_fill(
+            Stage::Fill => self.fill(),
+            Stage::GatherQueries => g.gather_query_heads(st, v.q_local, v.q_staging, v.q_all, t, h_l),
+            Stage::LocalTopk => self.local_topk(),
+            Stage::GatherCandidates => {
+                let k = self.topk("GatherCandidates")?;
+                g.gather_candidates(st, v.cand_scores, v.cand_ids, t, k)
+            }
+            Stage::MergeTopk => self.merge_topk(),
+            Stage::Attend => self.attend(),
+            Stage::AgGatherLse => g.all_gather(st, v.attn_lse, v.lse_all, t * c.heads()),
+            Stage::AgCorrect => self.ag_correct(),
+            Stage::AgReduceScatter => g.reduce_scatter_sum(st, v.contrib, v.summed, h_l * t * D_V),
+            Stage::AgFinish => self.ag_finish(),
+            Stage::A2aPack => self.a2a_pack(),
+            Stage::A2aExchange => g.all_to_all_bytes(st, v.a2a_send, v.a2a_recv, self.slot_bytes),
+            Stage::A2aCombine => self.a2a_combine(),
+        }
+    }
+
+    /// The step's top-k K; a sparse stage of a dense step is refused by name.
+    fn topk(&self, stage: &str) -> Result<usize> {
+        match self.cfg.attention {
+            Attention::Sparse { k, .. } => Ok(k),
+            Attention::Dense => Err(Error::Unsupported(format!("stage {stage} of a dense step"))),
+        }
+    }
+
+    /// [`Stage::Fill`]: this rank's share of the new tokens into its cache.
+    fn fill(&self) -> Result<()> {
+        let (c, v) = (&self.cfg, &self.v);
+        let rank = self.group.rank();
+        kv_fill(
+            self.dev,
+            self.raw(),
+            &KvFill {
+                ckv: v.ckv,
+                ckv_stride: D_LATENT,
+                kpe: v.kpe,
+                kpe_stride: D_ROPE,
+                req_idx: v.req_idx,
+                positions: v.positions,
+                block_table: v.block_table,
+                block_table_stride: c.max_pages,
+                batch: c.batch,
+                max_pages: c.max_pages,
+                cache: v.cache,
+                num_pages: c.num_pages,
+                block_size: c.block_size,
+                page_stride: None,
+                format: c.attention.format(),
+                dcp: c.dcp,
+                rank,
+            },
+        )
+    }
+
+    /// [`Stage::LocalTopk`]: the local top-k of this rank's columns, packed as its candidates.
+    fn local_topk(&self) -> Result<()> {
+        let k = self.topk("LocalTopk")?;
+        let (c, v, dev, st) = (&self.cfg, &self.v, self.dev, self.raw());
+        let (t, cols, rank) = (c.rows(), c.local_capacity(), self.group.rank());
+        topk::local_topk(
+            dev,
+            st,
+            &topk::LocalTopk { scores: v.scores, row_stride: cols, cols, lens: v.lens, rows: t, k, out: v.local_idx },
+        )?;
+        let slot = (rank * t * k) as u64;
+        // SAFETY: slot `rank` of the [D, T, K] candidate buffers lies inside them.
+        let (cand_scores, cand_ids) = unsafe {
+            (
+                DeviceSlice::from_raw(v.cand_scores.ptr() + slot * 4, t * k),
+                DeviceSlice::from_raw(v.cand_ids.ptr() + slot * 4, t * k),
+            )
+        };
+        topk::pack_candidates(
+            dev,
+            st,
+            &topk::PackCandidates {
+                local_idx: v.local_idx,
+                scores: v.scores,
+                row_stride: cols,
+                cols,
+                rows: t,
+                k,
+                dcp: c.dcp,
+                rank,
+                cand_scores,
+                cand_ids,
+            },
+        )
+    }
+
+    /// [`Stage::MergeTopk`]: the exact global merge of every rank's candidates, compacted to this
+    /// rank's own tokens as cache indices.
+    fn merge_topk(&self) -> Result<()> {
+        let k = self.topk("MergeTopk")?;
+        let (c, v, dev, st) = (&self.cfg, &self.v, self.dev, self.raw());
+        let (d, t, rank) = (c.dcp.size, c.rows(), self.group.rank());
+        topk::global_merge(
+            dev,
+            st,
+            &topk::GlobalMerge {
+                cand_scores: v.cand_scores,
+                cand_ids: v.cand_ids,
+                dcp_size: d,
+                rows: t,
+                k,
+                out: v.merged,
+            },
+        )?;
+        topk::compact(
+            dev,
+            st,
+            &topk::Compact {
+                ids: v.merged,
+                rows: t,
+                k,
+                dcp: c.dcp,
+                rank,
+                translate: Some(topk::PageTranslate {
+                    block_table: v.block_table,
+                    stride: c.max_pages,
+                    block_size: c.block_size,
+                    rows_per_request: c.nq,
+                }),
+                out: v.indices,
+                counts: v.counts,
+            },
+        )
+    }
+
+    /// [`Stage::Attend`]: this rank's attention over its shard (dense or sparse).
+    fn attend(&self) -> Result<()> {
+        let (c, v, dev, st) = (&self.cfg, &self.v, self.dev, self.raw());
+        let out = DecodeOut::F32(v.attn_out);
+        let common = DecodeCommon {
+            scale: c.scale,
+            ..DecodeCommon::new(v.q_all, c.batch, c.nq, c.heads(), out, v.attn_lse, self.num_splits, v.split_ws)
+        };
+        match c.attention {
+            Attention::Dense => decode::mla_decode_dense(
                 dev,
                 st,
-                &KvFill {
-                    ckv: v.ckv,
-                    ckv_stride: D_LATENT,
-                    kpe: v.kpe,
-                    kpe_stride: D_ROPE,
-                    req_idx: v.req_idx,
-                    positions: v.positions,
-                    block_table: v.block_table,
-                    block_table_stride: c.max_pages,
-                    batch: c.batch,
-                    max_pages: c.max_pages,
+                &decode::DenseDecode {
+                    common,
                     cache: v.cache,
                     num_pages: c.num_pages,
                     block_size: c.block_size,
+                    block_table: v.block_table,
+                    block_table_stride: c.max_pages,
+                    max_pages: c.max_pages,
+                    lens: v.lens,
+                    lens_strides: None,
+                    lens_rule: decode::LensRule::Local,
                     page_stride: None,
-                    format: c.attention.format(),
-                    dcp: c.dcp,
-                    rank,
                 },
             ),
-            Stage::GatherQueries => g.gather_query_heads(st, v.q_local, v.q_staging, v.q_all, t, h_l),
-            Stage::LocalTopk => {
-                if k == 0 {
-                    return Err(sparse_only("LocalTopk"));
-                }
-                topk::local_topk(
-                    dev,
-                    st,
-                    &topk::LocalTopk {
-                        scores: v.scores,
-                        row_stride: cols,
-                        cols,
-                        lens: v.lens,
-                        rows: t,
-                        k,
-                        out: v.local_idx,
-                    },
-                )?;
-                let slot = (rank * t * k) as u64;
-                // SAFETY: slot `rank` of the [D, T, K] candidate buffers lies inside them.
-                let (cand_scores, cand_ids) = unsafe {
-                    (
-                        DeviceSlice::from_raw(v.cand_scores.ptr() + slot * 4, t * k),
-                        DeviceSlice::from_raw(v.cand_ids.ptr() + slot * 4, t * k),
-                    )
-                };
-                topk::pack_candidates(
-                    dev,
-                    st,
-                    &topk::PackCandidates {
-                        local_idx: v.local_idx,
-                        scores: v.scores,
-                        row_stride: cols,
-                        cols,
-                        rows: t,
-                        k,
-                        dcp: c.dcp,
-                        rank,
-                        cand_scores,
-                        cand_ids,
-                    },
-                )
-            }
-            Stage::GatherCandidates => {
-                if k == 0 {
-                    return Err(sparse_only("GatherCandidates"));
-                }
-                g.gather_candidates(st, v.cand_scores, v.cand_ids, t, k)
-            }
-            Stage::MergeTopk => {
-                if k == 0 {
-                    return Err(sparse_only("MergeTopk"));
-                }
-                topk::global_merge(
-                    dev,
-                    st,
-                    &topk::GlobalMerge {
-                        cand_scores: v.cand_scores,
-                        cand_ids: v.cand_ids,
-                        dcp_size: d,
-                        rows: t,
-                        k,
-                        out: v.merged,
-                    },
-                )?;
-                topk::compact(
-                    dev,
-                    st,
-                    &topk::Compact {
-                        ids: v.merged,
-                        rows: t,
-                        k,
-                        dcp: c.dcp,
-                        rank,
-                        translate: Some(topk::PageTranslate {
-                            block_table: v.block_table,
-                            stride: c.max_pages,
-                            block_size: c.block_size,
-                            rows_per_request: c.nq,
-                        }),
-                        out: v.indices,
-                        counts: v.counts,
-                    },
-                )
-            }
-            Stage::Attend => {
-                let out = DecodeOut::F32(v.attn_out);
-                let common = DecodeCommon {
-                    scale: c.scale,
-                    ..DecodeCommon::new(v.q_all, c.batch, c.nq, c.heads(), out, v.attn_lse, self.num_splits, v.split_ws)
-                };
-                match c.attention {
-                    Attention::Dense => decode::mla_decode_dense(
-                        dev,
-                        st,
-                        &decode::DenseDecode {
-                            common,
-                            cache: v.cache,
-                            num_pages: c.num_pages,
-                            block_size: c.block_size,
-                            block_table: v.block_table,
-                            block_table_stride: c.max_pages,
-                            max_pages: c.max_pages,
-                            lens: v.lens,
-                            lens_strides: None,
-                            lens_rule: decode::LensRule::Local,
-                            page_stride: None,
-                        },
-                    ),
-                    Attention::Sparse { k, format } => decode::mla_decode_sparse(
-                        dev,
-                        st,
-                        &decode::SparseDecode {
-                            common,
-                            cache: v.cache,
-                            format,
-                            num_pages: c.num_pages,
-                            block_size: c.block_size,
-                            indices: v.indices,
-                            topk: k,
-                            topk_len: Some(v.counts),
-                            topk_len_strides: None,
-                            page_stride: None,
-                            indices_strides: None,
-                        },
-                    ),
-                }
-            }
-            Stage::AgGatherLse => g.all_gather(st, v.attn_lse, v.lse_all, t * c.heads()),
-            Stage::AgCorrect => combine::ag_rs_correct(
+            Attention::Sparse { k, format } => decode::mla_decode_sparse(
                 dev,
                 st,
-                &combine::AgRsCorrect {
-                    out: CombineRows::F32(v.attn_out),
-                    lse_all: v.lse_all,
-                    lse_base: LseBase::E,
-                    contrib: CombineRows::F32(v.contrib),
-                    num_tokens: t,
-                    local_heads: h_l,
-                    dcp_size: d,
-                    rank,
-                },
-            ),
-            Stage::AgReduceScatter => g.reduce_scatter_sum(st, v.contrib, v.summed, h_l * t * D_V),
-            Stage::AgFinish => combine::ag_rs_finish(
-                dev,
-                st,
-                &combine::AgRsFinish {
-                    summed: CombineRows::F32(v.summed),
-                    lse_all: v.lse_all,
-                    lse_base: LseBase::E,
-                    out: CombineRows::Bf16(v.out),
-                    lse: v.lse,
-                    num_tokens: t,
-                    local_heads: h_l,
-                    dcp_size: d,
-                    rank,
-                    sink: v.sink,
-                },
-            ),
-            Stage::A2aPack => combine::a2a_pack(
-                dev,
-                st,
-                &combine::A2aPack {
-                    out: CombineRows::F32(v.attn_out),
-                    lse: v.attn_lse,
-                    send: v.a2a_send,
-                    slot_bytes: self.slot_bytes,
-                    num_tokens: t,
-                    local_heads: h_l,
-                    dcp_size: d,
-                },
-            ),
-            Stage::A2aExchange => g.all_to_all_bytes(st, v.a2a_send, v.a2a_recv, self.slot_bytes),
-            Stage::A2aCombine => combine::a2a_combine(
-                dev,
-                st,
-                &combine::A2aCombine {
-                    recv: v.a2a_recv,
-                    slot_bytes: self.slot_bytes,
-                    lse_base: LseBase::E,
-                    out: CombineRows::Bf16(v.out),
-                    lse: v.lse,
-                    num_tokens: t,
-                    local_heads: h_l,
-                    dcp_size: d,
-                    sink: v.sink,
+                &decode::SparseDecode {
+                    common,
+                    cache: v.cache,
+                    format,
+                    num_pages: c.num_pages,
+                    block_size: c.block_size,
+                    indices: v.indices,
+                    topk: k,
+                    topk_len: Some(v.counts),
+                    topk_len_strides: None,
+                    page_stride: None,
+                    indices_strides: None,
                 },
             ),
         }
+    }
+
+    /// [`Stage::AgCorrect`]: this rank's LSE-weighted contribution, head-major.
+    fn ag_correct(&self) -> Result<()> {
+        let (c, v, dev, st) = (&self.cfg, &self.v, self.dev, self.raw());
+        let (d, t, h_l, rank) = (c.dcp.size, c.rows(), c.local_heads, self.group.rank());
+        combine::ag_rs_correct(
+            dev,
+            st,
+            &combine::AgRsCorrect {
+                out: CombineRows::F32(v.attn_out),
+                lse_all: v.lse_all,
+                lse_base: LseBase::E,
+                contrib: CombineRows::F32(v.contrib),
+                num_tokens: t,
+                local_heads: h_l,
+                dcp_size: d,
+                rank,
+            },
+        )
+    }
+
+    /// [`Stage::AgFinish`]: the reduce-scattered heads cast to the step's output.
+    fn ag_finish(&self) -> Result<()> {
+        let (c, v, dev, st) = (&self.cfg, &self.v, self.dev, self.raw());
+        let (d, t, h_l, rank) = (c.dcp.size, c.rows(), c.local_heads, self.group.rank());
+        combine::ag_rs_finish(
+            dev,
+            st,
+            &combine::AgRsFinish {
+                summed: CombineRows::F32(v.summed),
+                lse_all: v.lse_all,
+                lse_base: LseBase::E,
+                out: CombineRows::Bf16(v.out),
+                lse: v.lse,
+                num_tokens: t,
+                local_heads: h_l,
+                dcp_size: d,
+                rank,
+                sink: v.sink,
+            },
+        )
+    }
+
+    /// [`Stage::A2aPack`]: the partial results packed a slot a destination rank.
+    fn a2a_pack(&self) -> Result<()> {
+        let (c, v, dev, st) = (&self.cfg, &self.v, self.dev, self.raw());
+        let (d, t, h_l) = (c.dcp.size, c.rows(), c.local_heads);
+        combine::a2a_pack(
+            dev,
+            st,
+            &combine::A2aPack {
+                out: CombineRows::F32(v.attn_out),
+                lse: v.attn_lse,
+                send: v.a2a_send,
+                slot_bytes: self.slot_bytes,
+                num_tokens: t,
+                local_heads: h_l,
+                dcp_size: d,
+            },
+        )
+    }
+
+    /// [`Stage::A2aCombine`]: the received slots merged into this rank's heads.
+    fn a2a_combine(&self) -> Result<()> {
+        let (c, v, dev, st) = (&self.cfg, &self.v, self.dev, self.raw());
+        let (d, t, h_l) = (c.dcp.size, c.rows(), c.local_heads);
+        combine::a2a_combine(
+            dev,
+            st,
+            &combine::A2aCombine {
+                recv: v.a2a_recv,
+                slot_bytes: self.slot_bytes,
+                lse_base: LseBase::E,
+                out: CombineRows::Bf16(v.out),
+                lse: v.lse,
+                num_tokens: t,
+                local_heads: h_l,
+                dcp_size: d,
+                sink: v.sink,
+            },
+        )
     }
 }
 

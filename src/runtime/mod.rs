@@ -158,6 +158,29 @@ impl Device {
             .map_err(|source| Error::Driver { call: "cuLaunchKernelEx", source })
     }
 
+    /// Reads every byte of `buf` on `stream` (8 CTAs an SM), writing nothing: what the
+    /// benchmarks run before each timed launch to evict the L2 cache (`dcp-mla bench`'s method).
+    /// `sink` is written only if the xor of an all-zero `buf` were non-zero, i.e. never; `buf`
+    /// must be zeros. Not for engines.
+    #[doc(hidden)]
+    pub fn evict_l2(&self, stream: Stream, buf: DeviceSlice<u8>, sink: DeviceSlice<u32>) -> Result<()> {
+        let id = registry::bench_l2_evict().ok_or_else(|| Error::Unsupported("bench_l2_evict".into()))?;
+        if sink.is_empty() {
+            return Err(Error::arg("sink", "must hold one u32"));
+        }
+        let params = crate::abi::DcpL2EvictParams {
+            buf: buf.ptr(),
+            sink: sink.ptr(),
+            bytes: buf.len() as i64,
+            never: 1,
+            reserved: 0,
+        };
+        let grid = 8 * self.num_sms()? as u32;
+        // SAFETY: the kernel reads the `bytes` bytes of `buf` (a slice of that length) and writes
+        // at most the one u32 of `sink`.
+        unsafe { self.launch(id, (grid, 1, 1), 0, stream, &params) }
+    }
+
     /// Launches `id` with `params` passed by value as its single argument.
     ///
     /// # Safety

@@ -375,11 +375,11 @@ fn every_subcommand_prints_json() {
 
 #[test]
 fn the_readme_keeps_its_promises() {
-    let readme = include_str!("../README.md");
+    let readme = include_str!("../../README.md");
     // the C demo is built into target/, not the repository root
     let c_builds: Vec<&str> = readme.lines().filter(|l| l.contains("ffi/examples/demo.c -I")).collect();
     assert!(!c_builds.is_empty(), "the README shows how to build the C demo");
-    for l in readme.lines().chain(include_str!("../ffi/examples/demo.c").lines()) {
+    for l in readme.lines().chain(include_str!("../../ffi/examples/demo.c").lines()) {
         let words: Vec<&str> = l.split_whitespace().collect();
         for w in words.windows(2).filter(|w| w[0] == "-o") {
             assert!(w[1].starts_with("target/"), "`{l}` writes {} outside target/", w[1]);
@@ -390,11 +390,11 @@ fn the_readme_keeps_its_promises() {
     for s in ["MIT", "Apache-2.0", "LICENSE-MIT", "LICENSE-APACHE"] {
         assert!(license.contains(s), "the License section names {s}");
     }
-    assert!(include_str!("../Cargo.toml").contains("license = \"MIT OR Apache-2.0\""));
-    assert!(include_str!("../LICENSE-MIT").contains("MIT License"));
-    assert!(include_str!("../LICENSE-APACHE").contains("Apache License"));
+    assert!(include_str!("../../Cargo.toml").contains("license = \"MIT OR Apache-2.0\""));
+    assert!(include_str!("../../LICENSE-MIT").contains("MIT License"));
+    assert!(include_str!("../../LICENSE-APACHE").contains("Apache License"));
     // docs/performance.md's opening names every card a section is measured on
-    let perf = include_str!("../docs/performance.md");
+    let perf = include_str!("../../docs/performance.md");
     let opening = perf.split("\n## ").next().unwrap();
     for card in ["H100", "H200"] {
         if perf.lines().any(|l| l.starts_with('#') && l.contains(card)) {

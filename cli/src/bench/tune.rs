@@ -1,5 +1,5 @@
 //! `dcp-mla tune` (issue 53 item 2): its plan of runs, the plan's time estimate, and the
-//! measuring loop that fills a tuned table ([`crate::planner::tune`]).
+//! measuring loop that fills a tuned table ([`dcp_mla::planner::tune`]).
 //!
 //! The grid: every shape class of the engine view ([`ENGINE_SHAPES`]), of the flushed decode
 //! rows of `dcp-mla bench` and of the attention inside its DCP step rows ([`step_parts`]: the
@@ -18,14 +18,14 @@
 use super::{
     step_parts, BenchRow, Case, DecodeInputs, DecodeSpec, StepShape, Target, Timer, DECODE_ENGINE_FAMILY, ENGINE_SHAPES,
 };
-use crate::catalogue::{decode_variants, heuristic_path, variant_applies, variant_name};
-use crate::error::Result;
-use crate::formats::{D_QK, D_V};
-use crate::ops::decode::{DecodePath, DecodeSchedule};
-use crate::planner::split::{row_blocks_per_seq, MAX_SPLITS};
-use crate::planner::tune::{DecodeClass, TuneRow};
-use crate::rng::Rng;
-use crate::runtime::{Device, Stream};
+use dcp_mla::catalogue::{decode_variants, heuristic_path, variant_applies, variant_name};
+use dcp_mla::error::Result;
+use dcp_mla::formats::{D_QK, D_V};
+use dcp_mla::ops::decode::{DecodePath, DecodeSchedule};
+use dcp_mla::planner::split::{row_blocks_per_seq, MAX_SPLITS};
+use dcp_mla::planner::tune::{DecodeClass, TuneRow};
+use dcp_mla::rng::Rng;
+use dcp_mla::runtime::{Device, Stream};
 
 /// What `dcp-mla tune` may take on the GPU (issue 53: one command of at most 8 minutes).
 pub const TUNE_BUDGET_S: f64 = 480.0;
@@ -33,7 +33,7 @@ pub const TUNE_BUDGET_S: f64 = 480.0;
 /// One (variant, split count) of a class.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TuneRun {
-    /// As [`crate::catalogue::variant_name`] spells it.
+    /// As [`dcp_mla::catalogue::variant_name`] spells it.
     pub variant: String,
     pub path: DecodePath,
     pub num_splits: usize,
@@ -65,7 +65,7 @@ pub struct TunePlan {
 }
 
 /// The class of a decode launch over `spec`, as the launcher looks it up
-/// ([`crate::planner::choice::DecodeShape::class`]): never `ragged`, since a launcher cannot
+/// ([`dcp_mla::planner::choice::DecodeShape::class`]): never `ragged`, since a launcher cannot
 /// know its lengths; a dense class is measured on equal and ragged lengths both instead.
 pub fn class_of(spec: &DecodeSpec) -> DecodeClass {
     spec.shape().class()
@@ -393,7 +393,7 @@ pub fn measure_plan(
 mod tests {
     use super::*;
     use crate::bench::{rows, DECODE_GRAPH_FAMILY};
-    use crate::formats::KvFormat;
+    use dcp_mla::formats::KvFormat;
 
     #[test]
     fn the_plan_covers_the_engine_view_and_the_bench_rows() {
@@ -448,7 +448,7 @@ mod tests {
         // b128 q1 H64 8K 423 µs, sparse FP8 K2048 q1 H64 120 µs
         let find = |f: &str| tune_plan(132, Some(f)).unwrap().classes.remove(0);
         let dense = find("dense b128 q1 H64 8K");
-        let wgmma = DecodePath::Wgmma { tile: 64, stages: 2, schedule: crate::catalogue::Sm90Schedule::Trio };
+        let wgmma = DecodePath::Wgmma { tile: 64, stages: 2, schedule: dcp_mla::catalogue::Sm90Schedule::Trio };
         let us = estimate_launch_us(&dense.spec, wgmma, 128, 132, &H100_MODEL);
         assert!((423.0 / 1.5..423.0 * 1.5).contains(&us), "{us}");
         // unsplit, a request's 128 tiles run in series on one CTA: slower

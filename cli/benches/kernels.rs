@@ -1,11 +1,11 @@
 //! Kernel microbenchmarks on the GPU (criterion, timed with CUDA events) over the rows of
-//! [`dcp_mla::bench::rows`], the same definitions `dcp-mla bench` runs, then a table of each
+//! [`dcp_mla_cli::bench::rows`], the same definitions `dcp-mla bench` runs, then a table of each
 //! row's median against its docs/performance.md target and the same run's copy bandwidth. Without a GPU:
 //! a message and exit code 2.
 
 use criterion::{Criterion, Throughput};
-use dcp_mla::bench::{events_elapsed, graph_replays, measure_us, prepare, rows, Measurement, Timer};
 use dcp_mla::runtime::Device;
+use dcp_mla_cli::bench::{events_elapsed, graph_replays, measure_us, prepare, rows, Measurement, Timer};
 use std::time::Duration;
 
 fn main() {

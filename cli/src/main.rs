@@ -3,22 +3,10 @@
 //! times every kernel family at the docs/performance.md shapes; `tune` measures the tuned decode
 //! table; `kernels` lists the compiled variants.
 
-#[path = "dcp-mla/bench_cmd.rs"]
-mod bench_cmd;
-#[path = "dcp-mla/demo.rs"]
-mod demo;
-#[path = "dcp-mla/demo_gpu.rs"]
-mod demo_gpu;
-#[path = "dcp-mla/kernels.rs"]
-mod kernels;
-#[path = "dcp-mla/plan.rs"]
-mod plan;
-#[path = "dcp-mla/problem.rs"]
-mod problem;
-#[path = "dcp-mla/tune_cmd.rs"]
-mod tune_cmd;
+mod cmd;
 
 use clap::{Parser, Subcommand};
+use cmd::{bench_cmd, demo, kernels, plan, tune_cmd};
 
 #[derive(Debug, Parser)]
 #[command(name = "dcp-mla", version, about = "CUDA kernels for decode context parallelism (DCP) with MLA")]

@@ -1,15 +1,15 @@
 //! `dcp-mla tune`: measures every decode variant × split count over the shape classes of
-//! `dcp_mla::bench::tune::tune_plan` on this GPU and writes the tuned table
+//! `dcp_mla_cli::bench::tune::tune_plan` on this GPU and writes the tuned table
 //! (`dcp_mla::planner::tune`) the decode launcher's `Auto` choice reads. `--dry-run` prints the
 //! plan and its estimated time without a GPU.
 
 use super::plan::{count, launches};
-use dcp_mla::bench::tune::{
-    estimate_s, measure_plan, tune_plan, Measured, TunePlan, H100_MODEL, TUNE_BUDGET_S, WIN_MARGIN,
-};
-use dcp_mla::bench::Timer;
 use dcp_mla::planner::tune::{kv_name, set_tune_table, CardId, TuneCard, TuneTable, TUNE_TABLE_ENV};
 use dcp_mla::runtime::Device;
+use dcp_mla_cli::bench::tune::{
+    estimate_s, measure_plan, tune_plan, Measured, TunePlan, H100_MODEL, TUNE_BUDGET_S, WIN_MARGIN,
+};
+use dcp_mla_cli::bench::Timer;
 use serde_json::{json, Value};
 use std::io::Write;
 use std::path::PathBuf;

@@ -9,21 +9,21 @@
 //! leaves the L2 full of dirty lines: the timed kernel then pays their write-back, up to doubling
 //! the traffic of a kernel that moves less than the L2 holds.
 
-use crate::catalogue::heuristic_path;
-use crate::error::{Error, Result};
-use crate::formats::{KvFormat, D_LATENT, D_QK, D_ROPE, D_V};
-use crate::ops::combine::{self, a2a_aligned_slot_bytes, A2aCombine, A2aPack, AgRsCorrect, CombineRows, MergeTwo};
-use crate::ops::decode::{self, DecodeCommon, DecodeOut, DecodePath, DecodeSchedule, DenseDecode, SparseDecode};
-use crate::ops::fill::{kv_fill, KvFill};
-use crate::ops::prefill::{self, piece_table, Flatten, Reorder};
-use crate::ops::topk::{self, Compact, GlobalMerge, LocalTopk, PackCandidates, PageTranslate};
-use crate::ops::RowsDtype;
-use crate::planner::choice::DecodeShape;
-use crate::planner::{plan_prefill_chunks, prefill_chunk_bytes, DcpLayout};
-use crate::rng::Rng;
-use crate::runtime::{registry, Device, DeviceSlice, Stream};
-use crate::LseBase;
 use cudarc::driver::{sys, CudaSlice, CudaStream, DeviceRepr, DriverError};
+use dcp_mla::catalogue::heuristic_path;
+use dcp_mla::error::{Error, Result};
+use dcp_mla::formats::{KvFormat, D_LATENT, D_QK, D_ROPE, D_V};
+use dcp_mla::ops::combine::{self, a2a_aligned_slot_bytes, A2aCombine, A2aPack, AgRsCorrect, CombineRows, MergeTwo};
+use dcp_mla::ops::decode::{self, DecodeCommon, DecodeOut, DecodePath, DecodeSchedule, DenseDecode, SparseDecode};
+use dcp_mla::ops::fill::{kv_fill, KvFill};
+use dcp_mla::ops::prefill::{self, piece_table, Flatten, Reorder};
+use dcp_mla::ops::topk::{self, Compact, GlobalMerge, LocalTopk, PackCandidates, PageTranslate};
+use dcp_mla::ops::RowsDtype;
+use dcp_mla::planner::choice::DecodeShape;
+use dcp_mla::planner::{plan_prefill_chunks, prefill_chunk_bytes, DcpLayout};
+use dcp_mla::rng::Rng;
+use dcp_mla::runtime::{Device, DeviceSlice, Stream};
+use dcp_mla::LseBase;
 use half::bf16;
 use std::sync::Arc;
 use std::time::Duration;
@@ -60,12 +60,10 @@ fn event_ms(s: &Arc<CudaStream>, iters: u64, f: &mut dyn FnMut() -> Result<()>) 
 pub struct Timer<'a> {
     dev: &'a Device,
     stream: Arc<CudaStream>,
-    /// Read (never written) before each timed launch; `sink` is the eviction kernel's output,
-    /// written only if the all-zero buffer's xor were 1, i.e. never.
-    _flush: CudaSlice<u8>,
-    _sink: CudaSlice<u32>,
-    evict: crate::abi::DcpL2EvictParams,
-    evict_grid: u32,
+    /// Read (never written) before each timed launch ([`Device::evict_l2`]); `sink` is the
+    /// eviction kernel's output, written never.
+    flush: CudaSlice<u8>,
+    sink: CudaSlice<u32>,
     /// Untimed launches before measuring.
     pub warmup: usize,
     /// Timed launches; the median is reported.
@@ -76,25 +74,15 @@ impl<'a> Timer<'a> {
     pub fn new(dev: &'a Device, stream: Arc<CudaStream>, warmup: usize, reps: usize) -> Result<Self> {
         let flush = drv("cuMemAlloc", stream.alloc_zeros::<u8>(L2_FLUSH_BYTES))?;
         let sink = drv("cuMemAlloc", stream.alloc_zeros::<u32>(1))?;
-        let evict = crate::abi::DcpL2EvictParams {
-            buf: DeviceSlice::of(&flush, &stream).ptr(),
-            sink: DeviceSlice::of(&sink, &stream).ptr(),
-            bytes: L2_FLUSH_BYTES as i64,
-            never: 1,
-            reserved: 0,
-        };
-        let evict_grid = 8 * dev.num_sms()? as u32;
-        Ok(Timer { dev, stream, _flush: flush, _sink: sink, evict, evict_grid, warmup, reps: reps.max(1) })
+        Ok(Timer { dev, stream, flush, sink, warmup, reps: reps.max(1) })
     }
 
     /// Reads the whole flush buffer on the timer's stream: one launch of ~70 µs on an H200, so
     /// the host queues the timed launch while the GPU is still busy (launch latency stays out of
     /// the timed window).
     fn evict_l2(&self) -> Result<()> {
-        let id = registry::bench_l2_evict().ok_or_else(|| Error::Unsupported("bench_l2_evict".into()))?;
-        // SAFETY: the kernel reads the `bytes` bytes of `buf` (allocated with that size, alive as
-        // long as the timer) and writes at most the one u32 of `sink`.
-        unsafe { self.dev.launch(id, (self.evict_grid, 1, 1), 0, Stream::from_cudarc(&self.stream), &self.evict) }
+        let st = Stream::from_cudarc(&self.stream);
+        self.dev.evict_l2(st, DeviceSlice::of(&self.flush, &self.stream), DeviceSlice::of(&self.sink, &self.stream))
     }
 
     pub fn stream(&self) -> &Arc<CudaStream> {
@@ -397,11 +385,16 @@ pub fn engine_lens(e: &EngineShape) -> Vec<u64> {
 /// `causal` L − q + 1 + j for row j (the planner's `causal_local_lens` without DCP).
 pub fn decode_row_lens(lens: &[u64], q: usize, causal: bool) -> Result<Vec<i32>> {
     if causal {
-        return crate::planner::causal_local_lens(lens, &vec![q; lens.len()], DcpLayout { size: 1, interleave: 1 }, 0);
+        return dcp_mla::planner::causal_local_lens(
+            lens,
+            &vec![q; lens.len()],
+            DcpLayout { size: 1, interleave: 1 },
+            0,
+        );
     }
     let mut rows = Vec::with_capacity(lens.len() * q);
     for &l in lens {
-        rows.extend(std::iter::repeat_n(crate::planner::check_i32("request length", l as u128)?, q));
+        rows.extend(std::iter::repeat_n(dcp_mla::planner::check_i32("request length", l as u128)?, q));
     }
     Ok(rows)
 }
@@ -1079,323 +1072,437 @@ pub fn prepare<'a>(dev: &'a Device, s: &Arc<CudaStream>, row: &BenchRow) -> Resu
 /// step's layers share one; but `DenseScheduled` (every launch computes it) and an engine row's
 /// first layer (a step computes it once, in its first layer).
 pub fn prepare_layer<'a>(dev: &'a Device, s: &Arc<CudaStream>, row: &BenchRow, layer: usize) -> Result<Launch<'a>> {
-    let st = Stream::from_cudarc(s);
     let mut rng = Rng::new(0x5eed_1234_abcd_0001 ^ ((layer as u64) << 40));
-    let block = DECODE_BLOCK;
     if let Some(spec) = DecodeSpec::of(row)? {
-        let split = !matches!(row.case, Case::DenseUnsplit { .. } | Case::DenseRamp { split: false, .. });
-        // the launcher's own choice (the tuned table's where it has a row), or the heuristic's
-        let shape = spec.shape();
-        let (path, splits) = if row.family == DECODE_ENGINE_HEURISTIC_FAMILY {
-            let sm90 = dev.compute_capability() == (9, 0);
-            let path = heuristic_path(shape.format, shape.sparse, shape.row_blocks(), sm90)
-                .ok_or_else(|| Error::Unsupported(format!("{}: no decode kernel built", row.name())))?;
-            (path, shape.heuristic_splits(dev.num_sms()?))
-        } else {
-            (DecodePath::Auto, decode::decode_num_splits_on(dev, &shape)?)
-        };
-        let splits = if split { splits } else { 1 };
-        let first_engine_layer =
-            [DECODE_ENGINE_FAMILY, DECODE_ENGINE_HEURISTIC_FAMILY].contains(&row.family) && layer == 0;
-        let reuse = !matches!(row.case, Case::DenseScheduled { .. }) && !first_engine_layer;
-        let inputs = DecodeInputs::new(s, &mut rng, &spec, splits)?;
-        let mut args = inputs.args(s, splits);
-        return Ok(Box::new(move || {
-            let _ = &inputs;
-            let r = args.launch(dev, st, path);
-            if reuse {
-                args.common_mut().schedule = DecodeSchedule::Reuse;
-            }
-            r
-        }));
+        return prepare_decode(dev, s, &mut rng, row, &spec, layer);
     }
-    Ok(match row.case {
-        Case::Fill { format, tokens } => {
-            let pages = tokens.div_ceil(block);
-            let ckv = up(s, &(0..tokens * D_LATENT).map(|_| bf16::from_f32(rng.unit())).collect::<Vec<_>>())?;
-            let kpe = up(s, &(0..tokens * D_ROPE).map(|_| bf16::from_f32(rng.unit())).collect::<Vec<_>>())?;
-            let req = zeros::<i32>(s, tokens)?;
-            let pos = up(s, &(0..tokens as i32).collect::<Vec<_>>())?;
-            let table = up(s, &(0..pages as i32).collect::<Vec<_>>())?;
-            let cache = zeros::<u8>(s, pages * block * format.token_bytes())?;
-            let args = KvFill {
-                ckv: sl(s, &ckv),
-                ckv_stride: D_LATENT,
-                kpe: sl(s, &kpe),
-                kpe_stride: D_ROPE,
-                req_idx: sl(s, &req),
-                positions: sl(s, &pos),
-                block_table: sl(s, &table),
-                block_table_stride: pages,
-                batch: 1,
-                max_pages: pages,
-                cache: sl(s, &cache),
-                num_pages: pages,
-                block_size: block,
-                page_stride: None,
-                format,
-                dcp: DcpLayout { size: 1, interleave: 1 },
-                rank: 0,
-            };
-            let keep = (ckv, kpe, req, pos, table, cache);
-            Box::new(move || {
-                let _ = &keep;
-                kv_fill(dev, st, &args)
-            })
-        }
+    match row.case {
+        Case::Fill { format, tokens } => prepare_fill(dev, s, &mut rng, format, tokens),
         Case::Dense { .. }
         | Case::DenseRamp { .. }
         | Case::DenseUnsplit { .. }
         | Case::DenseScheduled { .. }
         | Case::Sparse { .. }
         | Case::Engine(_) => unreachable!("decode rows have a DecodeSpec"),
-        Case::MergeTwo { t, h, input } => {
-            let rows = t * h;
-            let out_a = Part::upload(s, input, &(0..rows * D_V).map(|_| rng.unit()).collect::<Vec<_>>())?;
-            let out_b = Part::upload(s, input, &(0..rows * D_V).map(|_| rng.unit()).collect::<Vec<_>>())?;
-            let lse_a = up(s, &(0..rows).map(|_| rng.unit() * 4.0).collect::<Vec<_>>())?;
-            let lse_b = up(s, &(0..rows).map(|_| rng.unit() * 4.0).collect::<Vec<_>>())?;
-            let out = zeros::<bf16>(s, rows * D_V)?;
-            let lse = zeros::<f32>(s, rows)?;
-            let args = MergeTwo {
-                out_a: out_a.rows(s),
-                lse_a: sl(s, &lse_a),
-                out_b: out_b.rows(s),
-                lse_b: sl(s, &lse_b),
-                lse_a_base: LseBase::E,
-                lse_b_base: LseBase::E,
-                out: CombineRows::Bf16(sl(s, &out)),
-                lse: sl(s, &lse),
-                rows,
-                sink: None,
-            };
-            let keep = (out_a, out_b, lse_a, lse_b, out, lse);
-            Box::new(move || {
-                let _ = &keep;
-                combine::merge_two(dev, st, &args)
-            })
+        Case::MergeTwo { t, h, input } => prepare_merge_two(dev, s, &mut rng, t, h, input),
+        Case::AgRsCorrect { d, t, h, contrib } => prepare_ag_rs_correct(dev, s, &mut rng, d, t, h, contrib),
+        Case::A2aCombine { d, t, h } => prepare_a2a_combine(dev, s, &mut rng, d, t, h),
+        Case::TopkLocal { rows, n, k } => prepare_topk_local(dev, s, &mut rng, rows, n, k),
+        Case::TopkPack { rows, k, d } => prepare_topk_pack(dev, s, &mut rng, rows, k, d),
+        Case::TopkMerge { rows, d, k } => prepare_topk_merge(dev, s, &mut rng, rows, d, k),
+        Case::TopkCompact { rows, d, k } => prepare_topk_compact(dev, s, &mut rng, rows, d, k),
+        Case::Flatten { format, prefix, d } => prepare_flatten(dev, s, &mut rng, format, prefix, d),
+        Case::DcpStep(st) => prepare_dcp_step(dev, s, st),
+        Case::A2aPack { d, t, h } => prepare_a2a_pack(dev, s, &mut rng, d, t, h),
+        Case::Reorder { prefix, d } => prepare_reorder(dev, s, &mut rng, prefix, d),
+    }
+}
+
+/// A decode row's launch: the launcher's own choice of kernel and split count (the tuned
+/// table's where it has a row), or the heuristic's for [`DECODE_ENGINE_HEURISTIC_FAMILY`]; the
+/// split schedule computed by the first launch and reused after (but by `DenseScheduled` and an
+/// engine row's first layer).
+fn prepare_decode<'a>(
+    dev: &'a Device,
+    s: &Arc<CudaStream>,
+    rng: &mut Rng,
+    row: &BenchRow,
+    spec: &DecodeSpec,
+    layer: usize,
+) -> Result<Launch<'a>> {
+    let st = Stream::from_cudarc(s);
+    let split = !matches!(row.case, Case::DenseUnsplit { .. } | Case::DenseRamp { split: false, .. });
+    // the launcher's own choice (the tuned table's where it has a row), or the heuristic's
+    let shape = spec.shape();
+    let (path, splits) = if row.family == DECODE_ENGINE_HEURISTIC_FAMILY {
+        let sm90 = dev.compute_capability() == (9, 0);
+        let path = heuristic_path(shape.format, shape.sparse, shape.row_blocks(), sm90)
+            .ok_or_else(|| Error::Unsupported(format!("{}: no decode kernel built", row.name())))?;
+        (path, shape.heuristic_splits(dev.num_sms()?))
+    } else {
+        (DecodePath::Auto, decode::decode_num_splits_on(dev, &shape)?)
+    };
+    let splits = if split { splits } else { 1 };
+    let first_engine_layer = [DECODE_ENGINE_FAMILY, DECODE_ENGINE_HEURISTIC_FAMILY].contains(&row.family) && layer == 0;
+    let reuse = !matches!(row.case, Case::DenseScheduled { .. }) && !first_engine_layer;
+    let inputs = DecodeInputs::new(s, rng, spec, splits)?;
+    let mut args = inputs.args(s, splits);
+    Ok(Box::new(move || {
+        let _ = &inputs;
+        let r = args.launch(dev, st, path);
+        if reuse {
+            args.common_mut().schedule = DecodeSchedule::Reuse;
         }
-        Case::AgRsCorrect { d, t, h, contrib } => {
-            let out = up(s, &(0..t * h * D_V).map(|_| bf16::from_f32(rng.unit())).collect::<Vec<_>>())?;
-            let lse_all = up(s, &(0..d * t * h).map(|_| rng.unit() * 4.0).collect::<Vec<_>>())?;
-            let contrib = Part::zeros(s, contrib, t * h * D_V)?;
-            let args = AgRsCorrect {
-                out: CombineRows::Bf16(sl(s, &out)),
-                lse_all: sl(s, &lse_all),
-                lse_base: LseBase::E,
-                contrib: contrib.rows(s),
-                num_tokens: t,
-                local_heads: h / d,
-                dcp_size: d,
-                rank: 0,
-            };
-            let keep = (out, lse_all, contrib);
-            Box::new(move || {
-                let _ = &keep;
-                combine::ag_rs_correct(dev, st, &args)
-            })
+        r
+    }))
+}
+
+fn prepare_fill<'a>(
+    dev: &'a Device,
+    s: &Arc<CudaStream>,
+    rng: &mut Rng,
+    format: KvFormat,
+    tokens: usize,
+) -> Result<Launch<'a>> {
+    let st = Stream::from_cudarc(s);
+    let block = DECODE_BLOCK;
+    let pages = tokens.div_ceil(block);
+    let ckv = up(s, &(0..tokens * D_LATENT).map(|_| bf16::from_f32(rng.unit())).collect::<Vec<_>>())?;
+    let kpe = up(s, &(0..tokens * D_ROPE).map(|_| bf16::from_f32(rng.unit())).collect::<Vec<_>>())?;
+    let req = zeros::<i32>(s, tokens)?;
+    let pos = up(s, &(0..tokens as i32).collect::<Vec<_>>())?;
+    let table = up(s, &(0..pages as i32).collect::<Vec<_>>())?;
+    let cache = zeros::<u8>(s, pages * block * format.token_bytes())?;
+    let args = KvFill {
+        ckv: sl(s, &ckv),
+        ckv_stride: D_LATENT,
+        kpe: sl(s, &kpe),
+        kpe_stride: D_ROPE,
+        req_idx: sl(s, &req),
+        positions: sl(s, &pos),
+        block_table: sl(s, &table),
+        block_table_stride: pages,
+        batch: 1,
+        max_pages: pages,
+        cache: sl(s, &cache),
+        num_pages: pages,
+        block_size: block,
+        page_stride: None,
+        format,
+        dcp: DcpLayout { size: 1, interleave: 1 },
+        rank: 0,
+    };
+    let keep = (ckv, kpe, req, pos, table, cache);
+    Ok(Box::new(move || {
+        let _ = &keep;
+        kv_fill(dev, st, &args)
+    }))
+}
+
+fn prepare_merge_two<'a>(
+    dev: &'a Device,
+    s: &Arc<CudaStream>,
+    rng: &mut Rng,
+    t: usize,
+    h: usize,
+    input: RowsDtype,
+) -> Result<Launch<'a>> {
+    let st = Stream::from_cudarc(s);
+    let rows = t * h;
+    let out_a = Part::upload(s, input, &(0..rows * D_V).map(|_| rng.unit()).collect::<Vec<_>>())?;
+    let out_b = Part::upload(s, input, &(0..rows * D_V).map(|_| rng.unit()).collect::<Vec<_>>())?;
+    let lse_a = up(s, &(0..rows).map(|_| rng.unit() * 4.0).collect::<Vec<_>>())?;
+    let lse_b = up(s, &(0..rows).map(|_| rng.unit() * 4.0).collect::<Vec<_>>())?;
+    let out = zeros::<bf16>(s, rows * D_V)?;
+    let lse = zeros::<f32>(s, rows)?;
+    let args = MergeTwo {
+        out_a: out_a.rows(s),
+        lse_a: sl(s, &lse_a),
+        out_b: out_b.rows(s),
+        lse_b: sl(s, &lse_b),
+        lse_a_base: LseBase::E,
+        lse_b_base: LseBase::E,
+        out: CombineRows::Bf16(sl(s, &out)),
+        lse: sl(s, &lse),
+        rows,
+        sink: None,
+    };
+    let keep = (out_a, out_b, lse_a, lse_b, out, lse);
+    Ok(Box::new(move || {
+        let _ = &keep;
+        combine::merge_two(dev, st, &args)
+    }))
+}
+
+fn prepare_ag_rs_correct<'a>(
+    dev: &'a Device,
+    s: &Arc<CudaStream>,
+    rng: &mut Rng,
+    d: usize,
+    t: usize,
+    h: usize,
+    contrib: RowsDtype,
+) -> Result<Launch<'a>> {
+    let st = Stream::from_cudarc(s);
+    let out = up(s, &(0..t * h * D_V).map(|_| bf16::from_f32(rng.unit())).collect::<Vec<_>>())?;
+    let lse_all = up(s, &(0..d * t * h).map(|_| rng.unit() * 4.0).collect::<Vec<_>>())?;
+    let contrib = Part::zeros(s, contrib, t * h * D_V)?;
+    let args = AgRsCorrect {
+        out: CombineRows::Bf16(sl(s, &out)),
+        lse_all: sl(s, &lse_all),
+        lse_base: LseBase::E,
+        contrib: contrib.rows(s),
+        num_tokens: t,
+        local_heads: h / d,
+        dcp_size: d,
+        rank: 0,
+    };
+    let keep = (out, lse_all, contrib);
+    Ok(Box::new(move || {
+        let _ = &keep;
+        combine::ag_rs_correct(dev, st, &args)
+    }))
+}
+
+fn prepare_a2a_combine<'a>(
+    dev: &'a Device,
+    s: &Arc<CudaStream>,
+    rng: &mut Rng,
+    d: usize,
+    t: usize,
+    h: usize,
+) -> Result<Launch<'a>> {
+    let st = Stream::from_cudarc(s);
+    let h_l = h / d;
+    let slot = a2a_aligned_slot_bytes(t, h_l)?;
+    // each slot: [T·H_l·512 bf16 out][T·H_l fp32 lse] (reference::merge::a2a_pack's layout)
+    let mut recv = vec![0u8; d * slot];
+    for r in 0..d {
+        let (outs, lses) = recv[r * slot..].split_at_mut(t * h_l * D_V * 2);
+        for o in outs.chunks_mut(2) {
+            o.copy_from_slice(&bf16::from_f32(rng.unit()).to_bits().to_le_bytes());
         }
-        Case::A2aCombine { d, t, h } => {
-            let h_l = h / d;
-            let slot = a2a_aligned_slot_bytes(t, h_l)?;
-            // each slot: [T·H_l·512 bf16 out][T·H_l fp32 lse] (reference::merge::a2a_pack's layout)
-            let mut recv = vec![0u8; d * slot];
-            for r in 0..d {
-                let (outs, lses) = recv[r * slot..].split_at_mut(t * h_l * D_V * 2);
-                for o in outs.chunks_mut(2) {
-                    o.copy_from_slice(&bf16::from_f32(rng.unit()).to_bits().to_le_bytes());
-                }
-                for l in lses[..t * h_l * 4].chunks_mut(4) {
-                    l.copy_from_slice(&(rng.unit() * 4.0).to_le_bytes());
-                }
-            }
-            let recv = up(s, &recv)?;
-            let out = zeros::<bf16>(s, t * h_l * D_V)?;
-            let lse = zeros::<f32>(s, t * h_l)?;
-            let args = A2aCombine {
-                recv: sl(s, &recv),
-                slot_bytes: slot,
-                lse_base: LseBase::E,
-                out: CombineRows::Bf16(sl(s, &out)),
-                lse: sl(s, &lse),
-                num_tokens: t,
-                local_heads: h_l,
-                dcp_size: d,
-                sink: None,
-            };
-            let keep = (recv, out, lse);
-            Box::new(move || {
-                let _ = &keep;
-                combine::a2a_combine(dev, st, &args)
-            })
+        for l in lses[..t * h_l * 4].chunks_mut(4) {
+            l.copy_from_slice(&(rng.unit() * 4.0).to_le_bytes());
         }
-        Case::TopkLocal { rows, n, k } => {
-            let scores = up(s, &(0..rows * n).map(|_| rng.unit()).collect::<Vec<_>>())?;
-            let lens = up(s, &vec![n as i32; rows])?;
-            let out = zeros::<i32>(s, rows * k)?;
-            let args = LocalTopk {
-                scores: sl(s, &scores),
-                row_stride: n,
-                cols: n,
-                lens: sl(s, &lens),
-                rows,
-                k,
-                out: sl(s, &out),
-            };
-            let keep = (scores, lens, out);
-            Box::new(move || {
-                let _ = &keep;
-                topk::local_topk(dev, st, &args)
-            })
-        }
-        Case::TopkPack { rows, k, d } => {
-            let n = 32768 / d;
-            let scores = up(s, &(0..rows * n).map(|_| rng.unit()).collect::<Vec<_>>())?;
-            let idx = up(s, &(0..rows * k).map(|i| (i % k * (n / k)) as i32).collect::<Vec<_>>())?;
-            let cs = zeros::<f32>(s, rows * k)?;
-            let ci = zeros::<i32>(s, rows * k)?;
-            let args = PackCandidates {
-                local_idx: sl(s, &idx),
-                scores: sl(s, &scores),
-                row_stride: n,
-                cols: n,
-                rows,
-                k,
-                dcp: DcpLayout { size: d, interleave: 1 },
-                rank: 1,
-                cand_scores: sl(s, &cs),
-                cand_ids: sl(s, &ci),
-            };
-            let keep = (scores, idx, cs, ci);
-            Box::new(move || {
-                let _ = &keep;
-                topk::pack_candidates(dev, st, &args)
-            })
-        }
-        Case::TopkMerge { rows, d, k } => {
-            let (cs, ci) = candidates(&mut rng, rows, d, k);
-            let (cs, ci) = (up(s, &cs)?, up(s, &ci)?);
-            let out = zeros::<i32>(s, rows * k)?;
-            let args =
-                GlobalMerge { cand_scores: sl(s, &cs), cand_ids: sl(s, &ci), dcp_size: d, rows, k, out: sl(s, &out) };
-            let keep = (cs, ci, out);
-            Box::new(move || {
-                let _ = &keep;
-                topk::global_merge(dev, st, &args)
-            })
-        }
-        Case::TopkCompact { rows, d, k } => {
-            let ctx = 32768usize;
-            let ids = up(s, &(0..rows * k).map(|_| (rng.next_u64() % ctx as u64) as i32).collect::<Vec<_>>())?;
-            let stride = ctx / d / block;
-            let table = up(s, &(0..(rows * stride) as i32).collect::<Vec<_>>())?;
-            let out = zeros::<i32>(s, rows * k)?;
-            let counts = zeros::<i32>(s, rows)?;
-            let args = Compact {
-                ids: sl(s, &ids),
-                rows,
-                k,
-                dcp: DcpLayout { size: d, interleave: 1 },
-                rank: 0,
-                translate: Some(PageTranslate {
-                    block_table: sl(s, &table),
-                    stride,
-                    block_size: block,
-                    rows_per_request: 1,
-                }),
-                out: sl(s, &out),
-                counts: sl(s, &counts),
-            };
-            let keep = (ids, table, out, counts);
-            Box::new(move || {
-                let _ = &keep;
-                topk::compact(dev, st, &args)
-            })
-        }
-        Case::Flatten { format, prefix, d } => {
-            let dcp = DcpLayout { size: d, interleave: 1 };
-            let plan = plan_prefill_chunks(&[prefix as u64], dcp, block, prefill_chunk_bytes(prefix as u64, d))?;
-            let chunk = &plan.chunks[0];
-            let pieces = up(s, &piece_table(chunk, chunk.pieces.len())?)?;
-            let pages = (prefix / d).div_ceil(block);
-            let cache = random_cache(s, &mut rng, format, pages * block)?;
-            let table = up(s, &(0..pages as i32).collect::<Vec<_>>())?;
-            let out = zeros::<bf16>(s, plan.cap_rows * D_QK)?;
-            let args = Flatten {
-                cache: sl(s, &cache),
-                format,
-                num_pages: pages,
-                block_size: block,
-                page_stride: None,
-                block_table: sl(s, &table),
-                block_table_stride: pages,
-                batch: 1,
-                max_pages: pages,
-                pieces: sl(s, &pieces),
-                max_pieces: chunk.pieces.len(),
-                out: sl(s, &out),
-                cap_rows: plan.cap_rows,
-                dcp,
-                rank: 0,
-            };
-            let keep = (pieces, cache, table, out);
-            Box::new(move || {
-                let _ = &keep;
-                prefill::flatten(dev, st, &args)
-            })
-        }
-        Case::DcpStep(st) => {
-            let mut parts = step_parts(st)
-                .into_iter()
-                .map(|case| prepare(dev, s, &BenchRow::new("dcp_step", case, Target::None)))
-                .collect::<Result<Vec<_>>>()?;
-            Box::new(move || parts.iter_mut().try_for_each(|launch| launch()))
-        }
-        Case::A2aPack { d, t, h } => {
-            let h_l = h / d;
-            let slot = a2a_aligned_slot_bytes(t, h_l)?;
-            let out = up(s, &(0..t * h * D_V).map(|_| rng.unit()).collect::<Vec<_>>())?;
-            let lse = up(s, &(0..t * h).map(|_| rng.unit() * 4.0).collect::<Vec<_>>())?;
-            let send = zeros::<u8>(s, d * slot)?;
-            let args = A2aPack {
-                out: CombineRows::F32(sl(s, &out)),
-                lse: sl(s, &lse),
-                send: sl(s, &send),
-                slot_bytes: slot,
-                num_tokens: t,
-                local_heads: h_l,
-                dcp_size: d,
-            };
-            let keep = (out, lse, send);
-            Box::new(move || {
-                let _ = &keep;
-                combine::a2a_pack(dev, st, &args)
-            })
-        }
-        Case::Reorder { prefix, d } => {
-            let dcp = DcpLayout { size: d, interleave: 1 };
-            let plan = plan_prefill_chunks(&[prefix as u64], dcp, block, prefill_chunk_bytes(prefix as u64, d))?;
-            let chunk = &plan.chunks[0];
-            let pieces = up(s, &piece_table(chunk, chunk.pieces.len())?)?;
-            let gathered =
-                up(s, &(0..d * plan.cap_rows * D_QK).map(|_| bf16::from_f32(rng.unit())).collect::<Vec<_>>())?;
-            let out = zeros::<bf16>(s, chunk.tokens * D_QK)?;
-            let args = Reorder {
-                gathered: sl(s, &gathered),
-                cap_rows: plan.cap_rows,
-                pieces: sl(s, &pieces),
-                max_pieces: chunk.pieces.len(),
-                out: sl(s, &out),
-                out_rows: chunk.tokens,
-                dcp,
-            };
-            let keep = (pieces, gathered, out);
-            Box::new(move || {
-                let _ = &keep;
-                prefill::reorder(dev, st, &args)
-            })
-        }
-    })
+    }
+    let recv = up(s, &recv)?;
+    let out = zeros::<bf16>(s, t * h_l * D_V)?;
+    let lse = zeros::<f32>(s, t * h_l)?;
+    let args = A2aCombine {
+        recv: sl(s, &recv),
+        slot_bytes: slot,
+        lse_base: LseBase::E,
+        out: CombineRows::Bf16(sl(s, &out)),
+        lse: sl(s, &lse),
+        num_tokens: t,
+        local_heads: h_l,
+        dcp_size: d,
+        sink: None,
+    };
+    let keep = (recv, out, lse);
+    Ok(Box::new(move || {
+        let _ = &keep;
+        combine::a2a_combine(dev, st, &args)
+    }))
+}
+
+fn prepare_topk_local<'a>(
+    dev: &'a Device,
+    s: &Arc<CudaStream>,
+    rng: &mut Rng,
+    rows: usize,
+    n: usize,
+    k: usize,
+) -> Result<Launch<'a>> {
+    let st = Stream::from_cudarc(s);
+    let scores = up(s, &(0..rows * n).map(|_| rng.unit()).collect::<Vec<_>>())?;
+    let lens = up(s, &vec![n as i32; rows])?;
+    let out = zeros::<i32>(s, rows * k)?;
+    let args =
+        LocalTopk { scores: sl(s, &scores), row_stride: n, cols: n, lens: sl(s, &lens), rows, k, out: sl(s, &out) };
+    let keep = (scores, lens, out);
+    Ok(Box::new(move || {
+        let _ = &keep;
+        topk::local_topk(dev, st, &args)
+    }))
+}
+
+fn prepare_topk_pack<'a>(
+    dev: &'a Device,
+    s: &Arc<CudaStream>,
+    rng: &mut Rng,
+    rows: usize,
+    k: usize,
+    d: usize,
+) -> Result<Launch<'a>> {
+    let st = Stream::from_cudarc(s);
+    let n = 32768 / d;
+    let scores = up(s, &(0..rows * n).map(|_| rng.unit()).collect::<Vec<_>>())?;
+    let idx = up(s, &(0..rows * k).map(|i| (i % k * (n / k)) as i32).collect::<Vec<_>>())?;
+    let cs = zeros::<f32>(s, rows * k)?;
+    let ci = zeros::<i32>(s, rows * k)?;
+    let args = PackCandidates {
+        local_idx: sl(s, &idx),
+        scores: sl(s, &scores),
+        row_stride: n,
+        cols: n,
+        rows,
+        k,
+        dcp: DcpLayout { size: d, interleave: 1 },
+        rank: 1,
+        cand_scores: sl(s, &cs),
+        cand_ids: sl(s, &ci),
+    };
+    let keep = (scores, idx, cs, ci);
+    Ok(Box::new(move || {
+        let _ = &keep;
+        topk::pack_candidates(dev, st, &args)
+    }))
+}
+
+fn prepare_topk_merge<'a>(
+    dev: &'a Device,
+    s: &Arc<CudaStream>,
+    rng: &mut Rng,
+    rows: usize,
+    d: usize,
+    k: usize,
+) -> Result<Launch<'a>> {
+    let st = Stream::from_cudarc(s);
+    let (cs, ci) = candidates(rng, rows, d, k);
+    let (cs, ci) = (up(s, &cs)?, up(s, &ci)?);
+    let out = zeros::<i32>(s, rows * k)?;
+    let args = GlobalMerge { cand_scores: sl(s, &cs), cand_ids: sl(s, &ci), dcp_size: d, rows, k, out: sl(s, &out) };
+    let keep = (cs, ci, out);
+    Ok(Box::new(move || {
+        let _ = &keep;
+        topk::global_merge(dev, st, &args)
+    }))
+}
+
+fn prepare_topk_compact<'a>(
+    dev: &'a Device,
+    s: &Arc<CudaStream>,
+    rng: &mut Rng,
+    rows: usize,
+    d: usize,
+    k: usize,
+) -> Result<Launch<'a>> {
+    let st = Stream::from_cudarc(s);
+    let block = DECODE_BLOCK;
+    let ctx = 32768usize;
+    let ids = up(s, &(0..rows * k).map(|_| (rng.next_u64() % ctx as u64) as i32).collect::<Vec<_>>())?;
+    let stride = ctx / d / block;
+    let table = up(s, &(0..(rows * stride) as i32).collect::<Vec<_>>())?;
+    let out = zeros::<i32>(s, rows * k)?;
+    let counts = zeros::<i32>(s, rows)?;
+    let args = Compact {
+        ids: sl(s, &ids),
+        rows,
+        k,
+        dcp: DcpLayout { size: d, interleave: 1 },
+        rank: 0,
+        translate: Some(PageTranslate { block_table: sl(s, &table), stride, block_size: block, rows_per_request: 1 }),
+        out: sl(s, &out),
+        counts: sl(s, &counts),
+    };
+    let keep = (ids, table, out, counts);
+    Ok(Box::new(move || {
+        let _ = &keep;
+        topk::compact(dev, st, &args)
+    }))
+}
+
+fn prepare_flatten<'a>(
+    dev: &'a Device,
+    s: &Arc<CudaStream>,
+    rng: &mut Rng,
+    format: KvFormat,
+    prefix: usize,
+    d: usize,
+) -> Result<Launch<'a>> {
+    let st = Stream::from_cudarc(s);
+    let block = DECODE_BLOCK;
+    let dcp = DcpLayout { size: d, interleave: 1 };
+    let plan = plan_prefill_chunks(&[prefix as u64], dcp, block, prefill_chunk_bytes(prefix as u64, d))?;
+    let chunk = &plan.chunks[0];
+    let pieces = up(s, &piece_table(chunk, chunk.pieces.len())?)?;
+    let pages = (prefix / d).div_ceil(block);
+    let cache = random_cache(s, rng, format, pages * block)?;
+    let table = up(s, &(0..pages as i32).collect::<Vec<_>>())?;
+    let out = zeros::<bf16>(s, plan.cap_rows * D_QK)?;
+    let args = Flatten {
+        cache: sl(s, &cache),
+        format,
+        num_pages: pages,
+        block_size: block,
+        page_stride: None,
+        block_table: sl(s, &table),
+        block_table_stride: pages,
+        batch: 1,
+        max_pages: pages,
+        pieces: sl(s, &pieces),
+        max_pieces: chunk.pieces.len(),
+        out: sl(s, &out),
+        cap_rows: plan.cap_rows,
+        dcp,
+        rank: 0,
+    };
+    let keep = (pieces, cache, table, out);
+    Ok(Box::new(move || {
+        let _ = &keep;
+        prefill::flatten(dev, st, &args)
+    }))
+}
+
+fn prepare_dcp_step<'a>(dev: &'a Device, s: &Arc<CudaStream>, st: StepShape) -> Result<Launch<'a>> {
+    let mut parts = step_parts(st)
+        .into_iter()
+        .map(|case| prepare(dev, s, &BenchRow::new("dcp_step", case, Target::None)))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Box::new(move || parts.iter_mut().try_for_each(|launch| launch())))
+}
+
+fn prepare_a2a_pack<'a>(
+    dev: &'a Device,
+    s: &Arc<CudaStream>,
+    rng: &mut Rng,
+    d: usize,
+    t: usize,
+    h: usize,
+) -> Result<Launch<'a>> {
+    let st = Stream::from_cudarc(s);
+    let h_l = h / d;
+    let slot = a2a_aligned_slot_bytes(t, h_l)?;
+    let out = up(s, &(0..t * h * D_V).map(|_| rng.unit()).collect::<Vec<_>>())?;
+    let lse = up(s, &(0..t * h).map(|_| rng.unit() * 4.0).collect::<Vec<_>>())?;
+    let send = zeros::<u8>(s, d * slot)?;
+    let args = A2aPack {
+        out: CombineRows::F32(sl(s, &out)),
+        lse: sl(s, &lse),
+        send: sl(s, &send),
+        slot_bytes: slot,
+        num_tokens: t,
+        local_heads: h_l,
+        dcp_size: d,
+    };
+    let keep = (out, lse, send);
+    Ok(Box::new(move || {
+        let _ = &keep;
+        combine::a2a_pack(dev, st, &args)
+    }))
+}
+
+fn prepare_reorder<'a>(
+    dev: &'a Device,
+    s: &Arc<CudaStream>,
+    rng: &mut Rng,
+    prefix: usize,
+    d: usize,
+) -> Result<Launch<'a>> {
+    let st = Stream::from_cudarc(s);
+    let block = DECODE_BLOCK;
+    let dcp = DcpLayout { size: d, interleave: 1 };
+    let plan = plan_prefill_chunks(&[prefix as u64], dcp, block, prefill_chunk_bytes(prefix as u64, d))?;
+    let chunk = &plan.chunks[0];
+    let pieces = up(s, &piece_table(chunk, chunk.pieces.len())?)?;
+    let gathered = up(s, &(0..d * plan.cap_rows * D_QK).map(|_| bf16::from_f32(rng.unit())).collect::<Vec<_>>())?;
+    let out = zeros::<bf16>(s, chunk.tokens * D_QK)?;
+    let args = Reorder {
+        gathered: sl(s, &gathered),
+        cap_rows: plan.cap_rows,
+        pieces: sl(s, &pieces),
+        max_pieces: chunk.pieces.len(),
+        out: sl(s, &out),
+        out_rows: chunk.tokens,
+        dcp,
+    };
+    let keep = (pieces, gathered, out);
+    Ok(Box::new(move || {
+        let _ = &keep;
+        prefill::reorder(dev, st, &args)
+    }))
 }
 
 /// Token rows encoded on the host before the pattern repeats across the cache.
@@ -1417,7 +1524,7 @@ fn random_cache(s: &Arc<CudaStream>, rng: &mut Rng, format: KvFormat, tokens: us
                     d.copy_from_slice(&v.to_bits().to_le_bytes());
                 }
             }
-            KvFormat::Fp8_656 => crate::formats::encode_fp8_row(&ckv, &kpe, row),
+            KvFormat::Fp8_656 => dcp_mla::formats::encode_fp8_row(&ckv, &kpe, row),
         }
     }
     let pattern = up(s, &bytes)?;

@@ -1,10 +1,10 @@
-//! `dcp-mla bench`: every row of `dcp_mla::bench::rows` on the GPU, with the same run's copy
+//! `dcp-mla bench`: every row of `dcp_mla_cli::bench::rows` on the GPU, with the same run's copy
 //! ceiling, each row's ratio to its docs/performance.md target, and JSON / CSV outputs
 //! (`--json`: JSON on stdout; `--json-out FILE`, `--csv FILE`: files).
 
 use super::plan::launches;
-use dcp_mla::bench::{measure_us, rows, step_summary, BenchRow, Measurement, Timer};
 use dcp_mla::runtime::Device;
+use dcp_mla_cli::bench::{measure_us, rows, step_summary, BenchRow, Measurement, Timer};
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 
