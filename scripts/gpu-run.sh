@@ -8,7 +8,7 @@
 #   racecheck-topk-merge   racecheck of gpu_topk's pack, global merge, compaction and graph replay, one test a run
 #   racecheck-topk   both of those, one after the other (two calls if one does not hold them)
 #   bench     `dcp-mla bench` (every row against its target) and the GPU demo
-#   criterion the criterion benchmarks (benches/*.rs)
+#   criterion the criterion benchmarks (cli/benches/*.rs)
 #   python    the Python package's pytest suite on the GPU (python/tests) and its launch overhead
 #   multi     the multi-GPU decode-step test over all GPUs and the step benchmark
 #   all       tests, then sanitize, then bench
@@ -24,7 +24,7 @@ rm -rf "$work" && mkdir -p "$work"
 tar -xJf .gpu-stage/bundle.tar.xz -C "$work" || { echo "no .gpu-stage/bundle.tar.xz: run scripts/gpu-stage.sh and carry .gpu-stage"; exit 2; }
 # NVLink multicast stays off on shared machines.
 export NCCL_NVLS_ENABLE=0
-# tests/cli.rs runs the staged binary rather than the path it was built at.
+# cli/tests/cli.rs runs the staged binary rather than the path it was built at.
 export DCP_MLA_BIN="$work/bin/dcp-mla"
 # The C ABI's staged pieces: the C demo (tests/ffi-c_demo runs it), the C ABI checks (tests/ffi-c_abi_checks) and the shared library.
 export DCP_MLA_DEMO="$work/bin/dcp_mla_demo" DCP_MLA_LIB="$work/bin/libdcp_mla_ffi.so"
