@@ -322,3 +322,11 @@ typedef struct DcpL2EvictParams {
     uint32_t never;
     uint32_t reserved;
 } DcpL2EvictParams;
+
+/* Benchmark copy: `bytes` bytes from `src` to `dst`, the ceiling a data-path kernel that moves
+   2·bytes (read and written) is compared with (see bench.cuh). */
+typedef struct DcpBenchCopyParams {
+    uint64_t src;            /* bytes [bytes], 16-byte aligned */
+    uint64_t dst;            /* bytes [bytes], 16-byte aligned, not overlapping src */
+    int64_t bytes;           /* a multiple of 16 */
+} DcpBenchCopyParams;

@@ -181,6 +181,33 @@ impl Device {
         unsafe { self.launch(id, (grid, 1, 1), 0, stream, &params) }
     }
 
+    /// Copies `src` into `dst` (`src.len()` bytes, a multiple of 16, both 16-byte aligned, not
+    /// overlapping) on `stream` with the benchmarks' copy kernel (4 CTAs an SM): the same-bytes
+    /// ceiling `dcp-mla bench` compares a data-path row with. Not for engines.
+    #[doc(hidden)]
+    pub fn copy_bytes(&self, stream: Stream, src: DeviceSlice<u8>, dst: DeviceSlice<u8>) -> Result<()> {
+        let id = registry::bench_copy().ok_or_else(|| Error::Unsupported("bench_copy".into()))?;
+        let n = src.len();
+        if n % 16 != 0 || src.ptr() % 16 != 0 || dst.ptr() % 16 != 0 {
+            return Err(Error::arg(
+                "src",
+                format!("{n} bytes at {:#x} → {:#x}: 16-byte multiples only", src.ptr(), dst.ptr()),
+            ));
+        }
+        if dst.len() < n {
+            return Err(Error::arg("dst", format!("{} bytes, {n} needed", dst.len())));
+        }
+        let (a, b) = (src.ptr(), dst.ptr());
+        if a < b + n as u64 && b < a + n as u64 && n > 0 {
+            return Err(Error::arg("dst", "overlaps src"));
+        }
+        let params = crate::abi::DcpBenchCopyParams { src: a, dst: b, bytes: n as i64 };
+        let grid = 4 * self.num_sms()? as u32;
+        // SAFETY: the kernel reads the n bytes of `src` and writes the n bytes of `dst`, both
+        // slices of at least that length, checked not to overlap.
+        unsafe { self.launch(id, (grid, 1, 1), 0, stream, &params) }
+    }
+
     /// Launches `id` with `params` passed by value as its single argument.
     ///
     /// # Safety
