@@ -540,8 +540,9 @@ def decode_dense(q, cache, block_table, lens, *, scale=None, num_splits=None, wo
     _check(lens, "lens", (torch.int32,), ndim=2, shape=(b, nq), contiguous=False, device=dev)
     _sink(sink, h, dev)
     out, lse = _decode_outputs(q, out, lse, out_dtype)
+    # (at least 1: an empty table or top-k is the launcher's to judge, with its own message)
     num_splits, workspace, schedule = _workspace(q, False, num_splits, workspace, reuse_schedule, "bf16",
-                                                 block_table.shape[1] * cache3.shape[1],
+                                                 max(block_table.shape[1] * cache3.shape[1], 1),
                                                  rule == _lib.LENS_GLOBAL_CAUSAL)
     _run("decode_dense", q, cache3, block_table, lens, out, lse, workspace,
          _default_scale() if scale is None else float(scale), num_splits, schedule, sink, int(bool(empty_lse_inf)),
@@ -570,7 +571,7 @@ def decode_sparse(q, cache, indices, *, topk_len=None, kv_format=None, scale=Non
     _sink(sink, h, dev)
     out, lse = _decode_outputs(q, out, lse, out_dtype)
     num_splits, workspace, schedule = _workspace(q, True, num_splits, workspace, reuse_schedule, _KV_NAMES[fmt],
-                                                 indices.shape[2])
+                                                 max(indices.shape[2], 1))
     _run("decode_sparse", q, cache3, fmt, indices, topk_len, out, lse, workspace,
          _default_scale() if scale is None else float(scale), num_splits, schedule, sink, int(bool(empty_lse_inf)))
     return out, lse
