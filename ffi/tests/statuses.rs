@@ -468,3 +468,12 @@ fn bf16_merge_inputs_through_the_c_abi_match_the_reference() {
         assert_eq!(dcp_mla_device_close(dev), DcpMlaStatus::Success);
     }
 }
+
+#[test]
+fn the_tuned_split_query_refuses_a_null_device() {
+    let mut out = 0usize;
+    // SAFETY: a null handle is refused before anything is read.
+    let s = unsafe { dcp_mla_decode_num_splits_on(null(), 0, DCP_MLA_KV_BF16, 8, 1, 64, 4096, 0, &mut out) };
+    assert_status(s, DcpMlaStatus::NullPointer, "`device`");
+    assert_eq!(out, 0, "nothing written");
+}
