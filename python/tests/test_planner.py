@@ -136,22 +136,74 @@ def test_prefill_plan_covers_every_prefix_token():
     assert covered >= 2  # the two non-empty prefixes have at least one piece each
 
 
-def test_ctypes_signatures_match_the_header():
-    # Every function the package declares takes as many arguments as the C header says: ctypes
-    # cannot check a call's arity against the library, so a stale declaration would pass the wrong
-    # values silently (as after an ABI revision that adds arguments).
+def _header_text():
     import pathlib
+    return (pathlib.Path(__file__).resolve().parents[2] / "ffi" / "include" / "dcp_mla.h").read_text()
+
+
+def _ctype_of(c_type):
+    """The ctypes type a C parameter type of the header takes (None: one the package never uses)."""
+    from ctypes import POINTER, c_float, c_int32, c_size_t, c_uint8, c_uint32, c_uint64, c_void_p
+
+    from dcp_mla import _lib
+
+    t = " ".join(c_type.replace("const ", " ").replace("struct ", " ").split())
+    scalars = {"size_t": c_size_t, "int32_t": c_int32, "uint32_t": c_uint32, "uint64_t": c_uint64,
+               "uint8_t": c_uint8, "float": c_float, "DcpMlaTensor": _lib.Tensor}
+    if t in scalars:
+        return scalars[t]
+    if t in ("void *", "DcpMlaDevice *"):
+        return c_void_p  # a device handle, a stream, a host or device address
+    if t in ("void **", "DcpMlaDevice **"):
+        return POINTER(c_void_p)
+    if t.endswith(" *") and t[:-2] in scalars:
+        return POINTER(scalars[t[:-2]])
+    return None
+
+
+def test_ctypes_signatures_match_the_header():
+    # Every function the package declares takes the header's parameters, type by type: ctypes
+    # cannot check a call against the library, so a stale declaration (a parameter added, moved
+    # or retyped by an ABI revision) would pass the wrong values silently.
     import re
 
     from dcp_mla import _lib
 
-    header = pathlib.Path(__file__).resolve().parents[2] / "ffi" / "include" / "dcp_mla.h"
-    text = header.read_text()
+    text = _header_text()
     for name, args in _lib.SIGNATURES.items():
         m = re.search(r"\b" + name + r"\(([^)]*)\);", text)
-        assert m, f"{name} is not in {header}"
-        params = [p for p in m.group(1).split(",") if p.strip() not in ("", "void")]
+        assert m, f"{name} is not in the header"
+        params = [" ".join(p.split()) for p in m.group(1).split(",") if p.strip() not in ("", "void")]
         assert len(params) == len(args), f"{name}: the header takes {len(params)} arguments, _lib declares {len(args)}"
+        for i, (param, got) in enumerate(zip(params, args)):
+            stars = param.count("*")
+            base = re.sub(r"\w+$", "", param.replace("*", " ")).strip()  # the type, its name dropped
+            want = _ctype_of(base + (" " + "*" * stars if stars else ""))
+            assert want is not None, f"{name} argument {i} ({param}): a C type the test does not map"
+            assert got == want, f"{name} argument {i} ({param}): _lib declares {got.__name__}, the header says {want.__name__}"
+    # every status-returning function of the header is declared (or deliberately left to C)
+    declared = set(_lib.SIGNATURES)
+    for name in re.findall(r"enum DcpMlaStatus (dcp_mla_\w+)\(", text):
+        assert name in declared, f"{name} is in the header but not in _lib.SIGNATURES"
+
+
+def test_the_codes_match_the_header():
+    # the #define codes and the status enum, by name and value, against the package's constants
+    import re
+
+    from dcp_mla import _lib
+
+    text = _header_text()
+    defines = dict((k, int(v)) for k, v in re.findall(r"#define DCP_MLA_(\w+) (\d+)", text))
+    for name in ["DTYPE_U8", "DTYPE_BF16", "DTYPE_F32", "DTYPE_I32", "KV_BF16", "KV_FP8_656", "LSE_BASE_E",
+                 "LSE_BASE_2", "SCHEDULE_COMPUTE", "SCHEDULE_REUSE", "LENS_LOCAL", "LENS_GLOBAL", "LENS_GLOBAL_CAUSAL"]:
+        assert getattr(_lib, name) == defines[name], name
+    assert _lib.ABI_VERSION == defines["ABI_VERSION"]
+    enum = re.search(r"enum DcpMlaStatus \{([^}]*)\}", text).group(1)
+    statuses = re.findall(r"DCP_MLA_STATUS_(\w+) = (\d+)", enum)
+    assert statuses, "the header's DcpMlaStatus enum was not found"
+    assert [n for n, _ in sorted(statuses, key=lambda x: int(x[1]))] == _lib.STATUS
+    assert [int(v) for _, v in sorted(statuses, key=lambda x: int(x[1]))] == list(range(len(_lib.STATUS)))
 
 
 @pytest.mark.parametrize("kwargs,needle", [
