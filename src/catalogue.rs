@@ -7,7 +7,6 @@
 //! add a schedule is in docs/design.md, "Choosing a kernel".
 
 use crate::formats::KvFormat;
-use crate::planner::split::row_blocks_per_seq;
 use crate::runtime::registry::{self, axes};
 
 /// Which decode kernel runs.
@@ -144,18 +143,19 @@ pub fn default_wgmma(format: KvFormat, sparse: bool, row_blocks: usize) -> Optio
 
 /// The launcher's heuristic for a launch over `format` whose sequences have `row_blocks` row
 /// blocks, on a device that runs wgmma (`sm90`: compute capability 9.0) or not: the kind's
-/// default wgmma variant ([`default_wgmma`]), pair in its place where a sparse query row has two
-/// row blocks and pair is built; mma.sync without wgmma; `None` when nothing is built.
+/// pair variant where a sparse query row has two row blocks and the kind ships one, else its
+/// default wgmma variant ([`default_wgmma`]); mma.sync without wgmma; `None` when nothing is
+/// built. One read of the registry's variants (it runs on every launch that leaves the choice
+/// to the heuristic).
 pub fn heuristic_path(format: KvFormat, sparse: bool, row_blocks: usize, sm90: bool) -> Option<DecodePath> {
-    let mma = mma_built(format, sparse).then_some(DecodePath::Mma);
-    if !sm90 {
-        return mma;
+    if sm90 {
+        let variants = sm90_variants(format, sparse);
+        let pair = variants.iter().find(|v| v.2 == Sm90Schedule::Pair).filter(|_| sparse && row_blocks == 2);
+        if let Some(&(tile, stages, schedule)) = pair.or(variants.first()) {
+            return Some(DecodePath::Wgmma { tile, stages, schedule: auto_schedule(schedule, row_blocks) });
+        }
     }
-    let pair = DecodePath::Wgmma { tile: 64, stages: 2, schedule: Sm90Schedule::Pair };
-    if sparse && row_blocks == 2 && ships(pair, format, sparse) {
-        return Some(pair);
-    }
-    default_wgmma(format, sparse, row_blocks).or(mma)
+    mma_built(format, sparse).then_some(DecodePath::Mma)
 }
 
 /// The schedule the heuristic runs for a kind whose default is `default`, on sequences of
@@ -169,12 +169,6 @@ pub fn auto_schedule(default: Sm90Schedule, row_blocks: usize) -> Sm90Schedule {
     } else {
         default
     }
-}
-
-/// The row blocks a sequence of a launch has (the kernels' unit of work): see
-/// [`row_blocks_per_seq`].
-pub fn row_blocks(nq: usize, heads: usize, sparse: bool) -> usize {
-    row_blocks_per_seq(nq, heads, sparse)
 }
 
 /// `DCP_MLA_DECODE_PATH` (read once): unset or empty is `None`; a value that names no shipped
@@ -230,6 +224,7 @@ pub fn parse_wgmma_path(s: &str) -> Option<DecodePath> {
 mod tests {
     use super::*;
     use crate::error::Error;
+    use crate::planner::split::row_blocks_per_seq;
 
     #[test]
     fn decode_path_values_are_parsed_or_refused_by_name() {
@@ -305,10 +300,14 @@ mod tests {
     fn trio_split_runs_where_a_sequence_has_two_or_more_row_blocks() {
         // dense: a request's rows are nq·H; sparse: a query row's H
         for (nq, h, sparse) in [(1, 128, false), (2, 64, false), (6, 64, false), (2, 128, true)] {
-            assert_eq!(auto_schedule(Sm90Schedule::Trio, row_blocks(nq, h, sparse)), Sm90Schedule::TrioSplit);
+            assert_eq!(auto_schedule(Sm90Schedule::Trio, row_blocks_per_seq(nq, h, sparse)), Sm90Schedule::TrioSplit);
         }
         for (nq, h, sparse) in [(1, 64, false), (1, 16, false), (2, 64, true)] {
-            assert_eq!(auto_schedule(Sm90Schedule::Trio, row_blocks(nq, h, sparse)), Sm90Schedule::Trio, "one block");
+            assert_eq!(
+                auto_schedule(Sm90Schedule::Trio, row_blocks_per_seq(nq, h, sparse)),
+                Sm90Schedule::Trio,
+                "one block"
+            );
         }
         // FP8's default (quad) is kept whatever the shape
         assert_eq!(auto_schedule(Sm90Schedule::Quad, 2), Sm90Schedule::Quad);

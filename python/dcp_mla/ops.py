@@ -453,7 +453,7 @@ def _split_plan(q_shape, sparse, num_splits, device, kv_format=None, context=Non
     return num_splits, _workspace_bytes(b, nq, h, sparse, num_splits)
 
 
-_KV_CODES = {"bf16": _lib.KV_BF16, "fp8_656": _lib.KV_FP8_656}
+_KV_CODES = planner.KV_FORMATS
 _KV_NAMES = {code: name for name, code in _KV_CODES.items()}
 
 

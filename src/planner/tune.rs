@@ -487,8 +487,17 @@ fn resolve(source: Source, card: &CardId) -> Result<Option<Arc<TuneTable>>> {
 static GIVEN: Mutex<Option<Option<Arc<TuneTable>>>> = Mutex::new(None);
 /// A device's table, or why it was refused.
 type Resolved = std::result::Result<Option<Arc<TuneTable>>, String>;
-/// The table each device (by ordinal) resolved to, or why it was refused.
-static RESOLVED: Mutex<Vec<(usize, Resolved)>> = Mutex::new(Vec::new());
+
+/// What one device resolved: its table (or why it was refused) and the lookups made in it so
+/// far, by class: a launch's lookup is a hash probe, not a distance to every row on a miss.
+struct DeviceTable {
+    ordinal: usize,
+    table: Resolved,
+    lookups: std::collections::HashMap<DecodeClass, Option<TunedChoice>>,
+}
+
+/// Each device's table (by ordinal), resolved on its first ask.
+static RESOLVED: Mutex<Vec<DeviceTable>> = Mutex::new(Vec::new());
 
 /// Makes `table` the one [`tuned_decode`] reads in this process, in place of
 /// `DCP_MLA_TUNE_TABLE` and the embedded table (`None`: no table, the launcher's heuristic
@@ -498,14 +507,27 @@ pub fn set_tune_table(table: Option<TuneTable>) {
     RESOLVED.lock().unwrap_or_else(|e| e.into_inner()).clear();
 }
 
-/// The table in force for `dev` (see the module's "Which table"), resolved on the device's
-/// first call and kept; a refusal is kept too, and returned by every call.
-pub fn active_table(dev: &Device) -> Result<Option<Arc<TuneTable>>> {
+/// `f` on `dev`'s entry, resolving its table first if this is the device's first ask (under the
+/// one lock, so a lookup never outlives the table it was made in).
+fn with_device<T>(dev: &Device, f: impl FnOnce(&mut DeviceTable) -> T) -> Result<T> {
     let ordinal = dev.context().ordinal();
     let mut resolved = RESOLVED.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some((_, r)) = resolved.iter().find(|(o, _)| *o == ordinal) {
-        return r.clone().map_err(Error::InvalidConfig);
-    }
+    let at = match resolved.iter().position(|d| d.ordinal == ordinal) {
+        Some(at) => at,
+        None => {
+            let table = resolve_for(dev).map_err(|e| match e {
+                Error::InvalidConfig(s) => s,
+                e => e.to_string(),
+            });
+            resolved.push(DeviceTable { ordinal, table, lookups: Default::default() });
+            resolved.len() - 1
+        }
+    };
+    Ok(f(&mut resolved[at]))
+}
+
+/// The table the sources give for `dev`'s card, in the module's order ("Which table").
+fn resolve_for(dev: &Device) -> Result<Option<Arc<TuneTable>>> {
     let card = CardId::of(dev)?;
     let given = GIVEN.lock().unwrap_or_else(|e| e.into_inner()).clone();
     let env = std::env::var_os(TUNE_TABLE_ENV).filter(|v| !v.is_empty());
@@ -515,19 +537,25 @@ pub fn active_table(dev: &Device) -> Result<Option<Arc<TuneTable>>> {
         (None, Some(path)) => Source::File(Path::new(path)),
         (None, None) => Source::Embedded(EMBEDDED_TABLES),
     };
-    let r = resolve(source, &card).map_err(|e| match e {
-        Error::InvalidConfig(s) => s,
-        e => e.to_string(),
-    });
-    resolved.push((ordinal, r.clone()));
-    r.map_err(Error::InvalidConfig)
+    resolve(source, &card)
+}
+
+/// The table in force for `dev` (see the module's "Which table"), resolved on the device's
+/// first call and kept; a refusal is kept too, and returned by every call.
+pub fn active_table(dev: &Device) -> Result<Option<Arc<TuneTable>>> {
+    with_device(dev, |d| d.table.clone())?.map_err(Error::InvalidConfig)
 }
 
 /// What the decode launcher's `Auto` choice runs for a launch of `class` on `dev`, by the
 /// tuned table in force ([`active_table`]): `Ok(None)` when there is no table or no row near
-/// enough (keep the heuristic), an error when the table was refused.
+/// enough (keep the heuristic), an error when the table was refused. Each class is looked up
+/// once a device.
 pub fn tuned_decode(dev: &Device, class: &DecodeClass) -> Result<Option<TunedChoice>> {
-    Ok(active_table(dev)?.and_then(|t| t.lookup(class)))
+    with_device(dev, |d| match &d.table {
+        Err(why) => Err(Error::InvalidConfig(why.clone())),
+        Ok(None) => Ok(None),
+        Ok(Some(t)) => Ok(*d.lookups.entry(*class).or_insert_with(|| t.lookup(class))),
+    })?
 }
 
 #[cfg(test)]

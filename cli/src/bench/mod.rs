@@ -59,8 +59,6 @@ fn event_ms(s: &Arc<CudaStream>, iters: u64, f: &mut dyn FnMut() -> Result<()>) 
 /// A row's same-bytes ceiling ([`Timer::same_bytes_copy`]): the two copies' µs.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SameBytesCopy {
-    /// Bytes the copies move (read plus written): the row's, rounded up to 32.
-    pub bytes: usize,
     pub kernel_us: f64,
     pub memcpy_us: f64,
 }
@@ -133,7 +131,7 @@ impl<'a> Timer<'a> {
         let dev = self.dev;
         let kernel_us = self.median_ms(&mut || dev.copy_bytes(st, a, b))? * 1e3;
         let memcpy_us = self.median_ms(&mut || drv("cuMemcpyDtoDAsync", s.memcpy_dtod(&src, &mut dst)))? * 1e3;
-        Ok(SameBytesCopy { bytes: 2 * half, kernel_us, memcpy_us })
+        Ok(SameBytesCopy { kernel_us, memcpy_us })
     }
 
     /// The ceiling of this run: GB/s of a [`COPY_BYTES`] device-to-device copy, bytes read plus
@@ -157,7 +155,7 @@ pub const DECODE_ENGINE_FAMILY: &str = "mla_decode_engine";
 
 /// The engine view's shapes launched on the heuristic's kernel and split count (no tuned
 /// table), timed as [`DECODE_ENGINE_FAMILY`]'s in the same run: what the tuned table buys, row
-/// for row (`of` = heuristic µs / Auto µs in the JSON's pairing, by shape).
+/// for row (the two families' rows share their shape strings).
 pub const DECODE_ENGINE_HEURISTIC_FAMILY: &str = "mla_decode_engine_heuristic";
 
 /// The diagnosis rows of the identity block table: the flushed decode shapes with each request's
@@ -421,8 +419,14 @@ pub fn engine_lens(e: &EngineShape) -> Vec<u64> {
     // FNV-1a of the name: a seed that does not depend on the shape's place in the list
     let seed = e.name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, c| (h ^ c as u64).wrapping_mul(0x100_0000_01b3));
     let mut rng = Rng::new(seed);
-    let lo = (e.sk / 8) as u64;
-    (0..e.b).map(|_| lo + rng.below(e.sk as u64 - lo + 1)).collect()
+    (0..e.b).map(|_| ragged_len(&mut rng, e.sk as u64)).collect()
+}
+
+/// A ragged request's length under a context of `l` tokens: uniform in [l/8, l], as the engine
+/// view's ragged rows and `dcp-mla tune`'s ragged set draw them.
+pub fn ragged_len(rng: &mut Rng, l: u64) -> u64 {
+    let lo = l / 8;
+    lo + rng.below(l - lo + 1)
 }
 
 /// The [b, q] lengths a dense launch's rows see for requests of `lens` tokens: L each, or with
@@ -1804,7 +1808,7 @@ mod tests {
         }
         assert!(!rows.iter().any(|r| r.is_data_path()
             && (r.family.starts_with("mla_decode") || r.family.starts_with("topk") || r.family == "dcp_step")));
-        let c = SameBytesCopy { bytes: 64, kernel_us: 3.5, memcpy_us: 3.7 };
+        let c = SameBytesCopy { kernel_us: 3.5, memcpy_us: 3.7 };
         assert_eq!(c.us(), 3.5);
     }
 }

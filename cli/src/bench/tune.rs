@@ -16,7 +16,8 @@
 //! same inputs, so the table says what tuning bought for each class.
 
 use super::{
-    step_parts, BenchRow, Case, DecodeInputs, DecodeSpec, StepShape, Target, Timer, DECODE_ENGINE_FAMILY, ENGINE_SHAPES,
+    ragged_len, step_parts, BenchRow, Case, DecodeInputs, DecodeSpec, StepShape, Target, Timer, DECODE_ENGINE_FAMILY,
+    ENGINE_SHAPES,
 };
 use dcp_mla::catalogue::{decode_variants, heuristic_path, variant_applies, variant_name};
 use dcp_mla::error::Result;
@@ -52,6 +53,14 @@ pub struct TuneClass {
     pub runs: Vec<TuneRun>,
 }
 
+impl TuneClass {
+    /// The run that launches what the heuristic launches (on Hopper the grid always has it): its
+    /// timing is the heuristic's baseline, so the launch is timed once.
+    pub fn heuristic_run(&self) -> Option<usize> {
+        self.runs.iter().position(|r| *r == self.heuristic)
+    }
+}
+
 /// How much faster than the heuristic a run must measure, on equal and on ragged lengths
 /// alike, to replace it in the table: two timings of one configuration in one tune run differ
 /// by up to ~2% (H100, 2026-12-06), and the fastest of fifteen runs is biased low by as much.
@@ -84,8 +93,7 @@ pub fn ragged_spec(spec: &DecodeSpec, seed: u64) -> DecodeSpec {
     for rows in spec.row_lens.chunks(q) {
         // every row of a request holds its length L (the causal rule shifts rows in the kernel)
         let l = rows.iter().copied().max().unwrap_or(0).max(0) as u64;
-        let lo = l / 8;
-        let drawn = (lo + rng.below(l - lo + 1)) as i32;
+        let drawn = ragged_len(&mut rng, l) as i32;
         row_lens.extend(rows.iter().map(|&r| r - rows[rows.len() - 1] + drawn));
     }
     DecodeSpec { row_lens, ragged: true, ..spec.clone() }
@@ -255,7 +263,7 @@ pub fn estimate_s(plan: &TunePlan, warmup: usize, reps: usize, m: &CardModel) ->
         s += m.setup_s + m.setup_s_per_gb * c.spec.device_bytes() as f64 / 1e9;
         // dense runs are timed on equal and on ragged lengths
         let sets = if c.spec.sparse { 1.0 } else { 2.0 };
-        for r in c.runs.iter().chain([&c.heuristic]) {
+        for r in c.runs.iter().chain(c.heuristic_run().is_none().then_some(&c.heuristic)) {
             let us = estimate_launch_us(&c.spec, r.path, r.num_splits, plan.num_sms, m);
             s += sets * per_run * (us + m.per_launch_us) / 1e6;
         }
@@ -376,8 +384,11 @@ pub fn measure_plan(
             }
             Ok(Timing { equal: us[0], ragged: us.get(1).copied() })
         };
-        let heuristic = time(&c.heuristic);
-        let runs = c.runs.iter().map(|r| (r.clone(), time(r))).collect();
+        let runs: Vec<_> = c.runs.iter().map(|r| (r.clone(), time(r))).collect();
+        let heuristic = match c.heuristic_run() {
+            Some(i) => runs[i].1.clone(),
+            None => time(&c.heuristic),
+        };
         out.push(Measured {
             class: c.class,
             source: c.source.clone(),
@@ -430,6 +441,10 @@ mod tests {
         assert!(c.runs.iter().any(|r| r.variant == "wgmma-pair-64x2"));
         let one_block = tune_plan(132, Some("sparse fp8 b128 q1 H64")).unwrap();
         assert!(one_block.classes[0].runs.iter().all(|r| r.variant != "wgmma-pair-64x2"));
+        // the heuristic's launch is always one of the runs (timed once, as its baseline)
+        for c in &tune_plan(132, None).unwrap().classes {
+            assert!(c.heuristic_run().is_some(), "{}", c.class.label());
+        }
         // the heuristic's split count is always a candidate
         for c in &tune_plan(132, None).unwrap().classes {
             assert!(split_candidates(&c.spec, 132).contains(&c.spec.heuristic_splits(132)), "{}", c.class.label());
