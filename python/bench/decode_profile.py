@@ -21,6 +21,7 @@ from dcp_mla import flash_mla as face
 from dcp_mla import ops
 
 LAYERS, PAGE, REPLAYS = 4, 64, 20
+SWEEP = False  # --sweep: b = 64 q = 1 over growing contexts, and the native call unsplit beside
 POWER = False  # --power: also time 2 s of back-to-back replays beside nvidia-smi's clock and power
 # (b, s_q, h, s_k, causal, topk): topk > 0 is sparse FP8-656 over a context of s_k tokens a request
 SHAPES = [(64, 1, 16, 4096, False, 0), (128, 1, 128, 8192, False, 0), (32, 2, 128, 16384, True, 0),
@@ -171,7 +172,7 @@ def main():
         sys.path.insert(0, args[i + 1])
         import flash_mla as fmla  # noqa: F401
         del args[i:i + 2]
-    global POWER
+    global POWER, SWEEP
     if "--power" in args:
         POWER = True
         args.remove("--power")
@@ -179,6 +180,7 @@ def main():
         # the dense decode kernel's fixed cost and rate: b = 64 q = 1 at growing contexts, each
         # library's decode kernel alone (median over the layers and replays)
         args.remove("--sweep")
+        SWEEP = True
         SHAPES[:] = [(64, 1, h, s_k, False, 0) for h in (16, 64) for s_k in (1024, 2048, 4096, 8192, 16384)]
     pick = None
     if "--shapes" in args:
@@ -212,7 +214,15 @@ def main():
                 dcp_mla.decode_dense(L["q"], L["cache"], L["table"], L["seqlens"], num_splits=splits, workspace=ws,
                                      reuse_schedule=i > 0, lens_rule=rule, lse=lse.transpose(1, 2), empty_lse_inf=True)
 
+        def unsplit_step():
+            for L in layers:
+                lse = torch.empty((b, h, s_q), dtype=torch.float32, device="cuda")
+                dcp_mla.decode_dense(L["q"], L["cache"], L["table"], L["seqlens"], num_splits=1, lens_rule=rule,
+                                     lse=lse.transpose(1, 2), empty_lse_inf=True)
+
         steps = {"face": face_step, "native": native_step}
+        if SWEEP:
+            steps["unsplit"] = unsplit_step
         if fmla is not None:
             def fmla_step():
                 meta, _ = fmla.get_mla_metadata()

@@ -46,8 +46,8 @@ loop_end = "                if (t == 0 && i == 0) DCP_TL(4);\n            }\n   
 end = "                    mbar_arrive(p_full(b));\n                }\n            }\n"
 rep(end, end[: -len("            }\n")] + loop_end)
 # quad's producer: Q issued, first fill arrived, loop end
-rep("            if (n > 0) load_q(p, sQ, seq_row0, row_base, row_limit, t, 128);\n",
-    "            if (n > 0) load_q(p, sQ, seq_row0, row_base, row_limit, t, 128);\n            if (t == 0) DCP_TL(1);\n")
+rep("            if (n > 0) load_q<kSparse>(p, sQ, seq, row_base, row_limit, t, 128);\n",
+    "            if (n > 0) load_q<kSparse>(p, sQ, seq, row_base, row_limit, t, 128);\n            if (t == 0) DCP_TL(1);\n")
 rep("                mbar_arrive(full(b));\n                if (f + 1 < n) {",
     "                mbar_arrive(full(b));\n                if (t == 0 && f == 0) DCP_TL(2);\n                if (f + 1 < n) {")
 rep("            uses += n;\n            __syncthreads();                // the scorer's sStats\n",
@@ -70,9 +70,9 @@ rep("                if (f >= 2) mbar_wait_cluster(peer_free(kHalf, b), ((f >> 1
     "                if (kHalf == 1 && t == 0) DCP_ACC(2, DCP_NOW() - tl_q0);\n")
 a = "                mbar_arrive(empty(b));  // every thread: it read sAlpha, and its P·V is done\n"
 rep(a, a + "                if (kRole == 1 && t == 0 && i == 0) DCP_TL(5);\n")
-a = "            uses += n;\n            __syncthreads();  // the scorer's sStats\n            float l_row"
+a = "            uses += n;\n            __syncthreads();  // the scorer's sStats\n            float2 stats[2];"
 rep(a, "            if (kRole == 1 && t == 0) DCP_TL(7);\n" + a)
-a = "l_row, m_row, OHalf{o}, kPair ? sQ : sKV, tid - 128, 256);\n"
+a = "stats, OHalf{o}, kPair ? sQ : sKV, tid - 128, 256);\n"
 rep(a, a + "            if (kRole == 1 && t == 0) DCP_TL(8);\n")
 open(path, "w").write(s)
 print(f"stamped {path}")
