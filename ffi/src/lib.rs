@@ -198,9 +198,11 @@ fn status_of(e: &dcp_mla::Error) -> DcpMlaStatus {
 }
 
 /// The C field a launcher's argument name stands for: its strides live in the tensor
-/// descriptors (`q_strides` is `q.strides`, `page_stride` is `cache.strides`).
+/// descriptors (`q_strides` is `q.strides`, `page_stride` is `cache.strides`), and `nq` is
+/// `num_q`.
 fn c_field(arg: &str) -> String {
     match arg {
+        "nq" => "num_q".into(),
         "page_stride" => "cache.strides".into(),
         "row_stride" => "scores.strides".into(),
         _ => match arg.strip_suffix("_strides").or_else(|| arg.strip_suffix("_stride")) {
@@ -1079,6 +1081,7 @@ mod tests {
         assert_eq!(c_field("page_stride"), "cache.strides");
         assert_eq!(c_field("row_stride"), "scores.strides");
         assert_eq!(c_field("num_q"), "num_q");
+        assert_eq!(c_field("nq"), "num_q");
     }
 
     #[test]

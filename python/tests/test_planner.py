@@ -262,6 +262,9 @@ def test_one_pack_fills_a_struct_as_its_fields_say():
     assert buf.struct_size == 1 and buf.device == 2 and buf.q.data == 4 and buf.q.strides[3] == 11
     assert buf.scale == 1.5 and buf.empty_lse_inf == values[-1]
     assert [p for p, _, _ in leaves[:5]] == ["struct_size", "device", "stream", "q.data", "q.numel"]
+    # a later fill rewrites every byte, padding included: nothing of an earlier call survives
+    _lib.packer(cls).pack_into(buf, 0, *[0] * len(leaves))
+    assert bytes(buf) == bytes(len(bytes(buf)))
 
 
 def test_a_value_the_struct_cannot_hold_is_refused_by_field():
