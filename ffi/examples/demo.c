@@ -51,8 +51,12 @@ static float uniform(void) { /* [-1, 1) */
   return (float)((rng * 0x2545F4914F6CDD1Dull) >> 40) / (float)(1u << 23) - 1.0f;
 }
 
+/* A contiguous tensor (no strides: num_strides 0 is each field's default layout). */
 static DcpMlaTensor tensor(void *data, size_t numel, int32_t dtype) {
-  DcpMlaTensor t = {data, numel, dtype};
+  DcpMlaTensor t = {0};
+  t.data = data;
+  t.numel = numel;
+  t.dtype = dtype;
   return t;
 }
 
@@ -105,23 +109,51 @@ int main(void) {
     void *d_cache = NULL;
     CHECK(dcp_mla_malloc(dev, cache_bytes, &d_cache));
     CHECK(dcp_mla_memset(dev, d_cache, 0, cache_bytes));
-    CHECK(dcp_mla_kv_fill(dev, NULL, tensor(d_ckv, L * D_V, DCP_MLA_DTYPE_BF16), D_V,
-                          tensor(d_kpe, L * 64, DCP_MLA_DTYPE_BF16), 64, tensor(d_req, L, DCP_MLA_DTYPE_I32),
-                          tensor(d_pos, L, DCP_MLA_DTYPE_I32), tensor(d_table, 4, DCP_MLA_DTYPE_I32), 4, 1, 4,
-                          tensor(d_cache, cache_bytes, DCP_MLA_DTYPE_U8), pages, B, 0, DCP_MLA_KV_BF16, D, I, r));
+    /* One argument struct per operation: zero it, set struct_size, then the fields used (a field
+       left zero takes its default: here the contiguous strides, packed pages, the default stream). */
+    DcpMlaKvFillArgs fill = {0};
+    fill.struct_size = sizeof fill;
+    fill.device = dev;
+    fill.ckv = tensor(d_ckv, L * D_V, DCP_MLA_DTYPE_BF16);
+    fill.kpe = tensor(d_kpe, L * 64, DCP_MLA_DTYPE_BF16);
+    fill.req_idx = tensor(d_req, L, DCP_MLA_DTYPE_I32);
+    fill.positions = tensor(d_pos, L, DCP_MLA_DTYPE_I32);
+    fill.block_table = tensor(d_table, 4, DCP_MLA_DTYPE_I32);
+    fill.batch = 1;
+    fill.max_pages = 4;
+    fill.cache = tensor(d_cache, cache_bytes, DCP_MLA_DTYPE_U8);
+    fill.num_pages = pages;
+    fill.block_size = B;
+    fill.format = DCP_MLA_KV_BF16;
+    fill.dcp_size = D;
+    fill.interleave = I;
+    fill.rank = r;
+    CHECK(dcp_mla_launch_kv_fill(&fill));
     uint64_t n = 0;
     CHECK(dcp_mla_local_len(D, I, r, L, &n));
     int32_t len = (int32_t)n;
     void *d_len = upload(&len, 4);
     CHECK(dcp_mla_malloc(dev, H * D_V * 4, &d_out[r]));
     CHECK(dcp_mla_malloc(dev, H * 4, &d_lse[r]));
-    CHECK(dcp_mla_decode_dense(dev, NULL, tensor(d_q, H * D_QK, DCP_MLA_DTYPE_BF16), NULL, 1, 1, H, scale,
-                               tensor(d_out[r], H * D_V, DCP_MLA_DTYPE_F32), NULL, tensor(d_lse[r], H, DCP_MLA_DTYPE_F32), NULL, 0,
-                               1, tensor(NULL, 0, DCP_MLA_DTYPE_U8), DCP_MLA_SCHEDULE_COMPUTE,
-                               tensor(d_cache, cache_bytes, DCP_MLA_DTYPE_U8),
-                               pages, B, 0, tensor(d_table, 4, DCP_MLA_DTYPE_I32), 4, 4,
-                               tensor(d_len, 1, DCP_MLA_DTYPE_I32), NULL, DCP_MLA_LENS_LOCAL, 1, 1, 0,
-                               tensor(NULL, 0, DCP_MLA_DTYPE_F32)));
+    DcpMlaDecodeDenseArgs dec = {0};
+    dec.struct_size = sizeof dec;
+    dec.device = dev;
+    dec.q = tensor(d_q, H * D_QK, DCP_MLA_DTYPE_BF16);
+    dec.out = tensor(d_out[r], H * D_V, DCP_MLA_DTYPE_F32);
+    dec.lse = tensor(d_lse[r], H, DCP_MLA_DTYPE_F32);
+    dec.cache = tensor(d_cache, cache_bytes, DCP_MLA_DTYPE_U8);
+    dec.block_table = tensor(d_table, 4, DCP_MLA_DTYPE_I32);
+    dec.lens = tensor(d_len, 1, DCP_MLA_DTYPE_I32);
+    dec.batch = 1;
+    dec.num_q = 1;
+    dec.heads = H;
+    dec.num_splits = 1; /* one split: no workspace */
+    dec.num_pages = pages;
+    dec.block_size = B;
+    dec.max_pages = 4;
+    dec.scale = scale;
+    dec.lens_rule = DCP_MLA_LENS_LOCAL; /* this rank's own lengths (dcp_size, interleave, rank unread) */
+    CHECK(dcp_mla_launch_decode_dense(&dec));
     CHECK(dcp_mla_synchronize(dev));
     CHECK(dcp_mla_free(dev, d_len));
     CHECK(dcp_mla_free(dev, d_cache));
@@ -131,11 +163,19 @@ int main(void) {
   void *d_merged = NULL, *d_mlse = NULL;
   CHECK(dcp_mla_malloc(dev, H * D_V * 4, &d_merged));
   CHECK(dcp_mla_malloc(dev, H * 4, &d_mlse));
-  CHECK(dcp_mla_merge_two(dev, NULL, tensor(d_out[0], H * D_V, DCP_MLA_DTYPE_F32),
-                          tensor(d_lse[0], H, DCP_MLA_DTYPE_F32), tensor(d_out[1], H * D_V, DCP_MLA_DTYPE_F32),
-                          tensor(d_lse[1], H, DCP_MLA_DTYPE_F32), DCP_MLA_LSE_BASE_E, DCP_MLA_LSE_BASE_E,
-                          tensor(d_merged, H * D_V, DCP_MLA_DTYPE_F32), tensor(d_mlse, H, DCP_MLA_DTYPE_F32), H,
-                          tensor(NULL, 0, DCP_MLA_DTYPE_F32)));
+  DcpMlaMergeTwoArgs merge = {0};
+  merge.struct_size = sizeof merge;
+  merge.device = dev;
+  merge.out_a = tensor(d_out[0], H * D_V, DCP_MLA_DTYPE_F32);
+  merge.lse_a = tensor(d_lse[0], H, DCP_MLA_DTYPE_F32);
+  merge.out_b = tensor(d_out[1], H * D_V, DCP_MLA_DTYPE_F32);
+  merge.lse_b = tensor(d_lse[1], H, DCP_MLA_DTYPE_F32);
+  merge.out = tensor(d_merged, H * D_V, DCP_MLA_DTYPE_F32);
+  merge.lse = tensor(d_mlse, H, DCP_MLA_DTYPE_F32);
+  merge.rows = H;
+  merge.lse_a_base = DCP_MLA_LSE_BASE_E;
+  merge.lse_b_base = DCP_MLA_LSE_BASE_E;
+  CHECK(dcp_mla_launch_merge_two(&merge));
   CHECK(dcp_mla_synchronize(dev));
   float *out = malloc(H * D_V * 4), lse[16];
   CHECK(dcp_mla_memcpy_dtoh(dev, out, d_merged, H * D_V * 4));

@@ -1,10 +1,30 @@
 /* dcp-mla: CUDA kernels for decode context parallelism with multi-head latent attention.
  *
  * Every function returns a DcpMlaStatus; on failure dcp_mla_last_error() names the argument
- * and the reason, and nothing was written. Device buffers are DcpMlaTensor (pointer, element
- * count, DCP_MLA_DTYPE_* code); `stream` is a cudaStream_t/CUstream (NULL: default stream).
+ * (an argument struct's field by its name) and the reason, and nothing was written. Device
+ * buffers are DcpMlaTensor (pointer, element count, DCP_MLA_DTYPE_* code, strides); `stream` is a
+ * cudaStream_t/CUstream (NULL: default stream).
  * Link: the shared library, or libdcp_mla_ffi.a plus -lpthread -ldl -lm. No CUDA library is
- * linked: libcuda is loaded at run time. */
+ * linked: libcuda is loaded at run time.
+ *
+ * Argument structs and their compatibility rule (ABI revision 5 on). Each operation
+ * dcp_mla_launch_<op> takes one `const DcpMla<Op>Args *`, whose first field `struct_size` the
+ * caller sets to sizeof(DcpMla<Op>Args) as it was compiled; zero-initialise the struct (`= {0}`
+ * or memset) and set the fields you use: a field's zero is its default (an absent tensor, a
+ * tensor's default layout, code 0). Later revisions only append fields, each defaulting to zero,
+ * never move, retype or remove one (that would be a new struct and a new entry point). So:
+ *  - a caller built against an older revision passes its smaller struct_size: the library reads
+ *    that many bytes and takes the fields past them at their defaults;
+ *  - a caller built against a newer revision calling an older library is served when the bytes
+ *    past the library's own struct are all zero (it set no field the library does not know), and
+ *    refused otherwise with DCP_MLA_STATUS_INVALID_ARGUMENT naming `DcpMla<Op>Args.struct_size`
+ *    and the first non-zero byte;
+ *  - a struct_size below the struct's first revision's size, above 4096, or a null struct is
+ *    refused by name; the `_reserved` padding fields must be zero.
+ * Fields are ordered struct_size, device, stream, tensors, size_t values, then 4-byte codes, with
+ * explicit `_reserved` padding: no field has implicit padding before it. The positional entry
+ * points of revisions 1-4 (dcp_mla_decode_dense(device, stream, q, ...) and the others) remain
+ * exported for old binaries and only return DCP_MLA_STATUS_UNSUPPORTED naming the replacement. */
 
 #ifndef DCP_MLA_H
 #define DCP_MLA_H
@@ -17,8 +37,10 @@
 // The ABI revision of this header. Any change to the header's declarations (a prototype, a
 // struct, an enum or a code) comes with a new revision and a new line in ffi/abi-revisions.sha256,
 // which ffi/tests/header.rs checks; python/dcp_mla/_lib.py's ABI_VERSION follows it. (Revision 3
-// changed several times before that check existed: see CHANGELOG.md.)
-#define DCP_MLA_ABI_VERSION 4
+// changed several times before that check existed: see CHANGELOG.md.) From revision 5 on, an
+// operation's argument struct grows by appending fields (see the header's compatibility rule),
+// so a caller built against an older revision's struct keeps working.
+#define DCP_MLA_ABI_VERSION 5
 
 // Dtype code: bytes (caches, workspaces, a2a buffers).
 #define DCP_MLA_DTYPE_U8 1
@@ -42,14 +64,14 @@
 #define DCP_MLA_SCHEDULE_COMPUTE 0
 
 // Decode schedule code: a split launch reuses the schedule an earlier launch of the same shape
-// left in the workspace (e.g. the step's first layer); see dcp_mla_decode_dense.
+// left in the workspace (e.g. the step's first layer); see dcp_mla_launch_decode_dense.
 #define DCP_MLA_SCHEDULE_REUSE 1
 
 // Dense decode lengths code: `lens` holds each query row's local length.
 #define DCP_MLA_LENS_LOCAL 0
 
 // Dense decode lengths code: `lens` holds each request's global length; the kernels work out
-// every row's share on the rank (see dcp_mla_decode_dense).
+// every row's share on the rank (see dcp_mla_launch_decode_dense).
 #define DCP_MLA_LENS_GLOBAL 1
 
 // Dense decode lengths code: as DCP_MLA_LENS_GLOBAL, with causal MTP rows.
@@ -88,17 +110,529 @@ typedef enum DcpMlaStatus {
 // An open CUDA device with every kernel of this build loaded (opaque).
 typedef struct DcpMlaDevice DcpMlaDevice;
 
-// A device buffer: `numel` elements of dtype `dtype` (a `DCP_MLA_DTYPE_*` code) at `data`.
-// Launchers check every kernel access against `numel`. Byte buffers (caches, workspaces, a2a
-// slots) accept any dtype and count `numel` times its size.
+// A device buffer: `numel` elements of dtype `dtype` (a `DCP_MLA_DTYPE_*` code) at `data`, with
+// its strides. Launchers check every kernel access against `numel`. Byte buffers (caches,
+// workspaces, a2a slots) accept any dtype and count `numel` times its size. All zero (what a
+// zero-initialised argument struct holds) is an absent tensor.
+//
+// `num_strides` 0 is the layout the field documents as its default (contiguous, packed pages);
+// otherwise it is the number of strides the field takes (its documentation says how many and
+// what they step over), given in `strides[0..num_strides]` in elements of `dtype`; any other
+// count is refused, naming `<field>.num_strides`. A field that takes no strides needs 0.
 typedef struct DcpMlaTensor {
   // Device pointer (CUDA unified addressing), or null for an absent optional buffer.
   void *data;
-  // Number of elements.
+  // Number of elements: for a strided view, the extent from its first element to the end of
+  // its last.
   size_t numel;
   // One of the `DCP_MLA_DTYPE_*` codes.
   int32_t dtype;
+  // How many of `strides` are given: 0 (the field's default layout) or the count it takes.
+  uint32_t num_strides;
+  // Strides in elements, outermost first; entries past `num_strides` are not read.
+  size_t strides[4];
 } DcpMlaTensor;
+
+// The arguments of dcp_mla_launch_kv_fill.
+typedef struct DcpMlaKvFillArgs {
+  // sizeof(DcpMlaKvFillArgs) as the caller was compiled (the header's compatibility rule).
+  size_t struct_size;
+  // An open handle (dcp_mla_device_open).
+  const struct DcpMlaDevice *device;
+  // A cudaStream_t/CUstream of the device's context (null: the legacy default stream).
+  void *stream;
+  // bf16 [num_tokens, 512 + …]: c_kv in the first 512 values of a row; 1 stride (elements
+  // between tokens), default 512.
+  struct DcpMlaTensor ckv;
+  // bf16 [num_tokens, 64 + …]: k_pe in the first 64 values of a row; 1 stride, default 64.
+  struct DcpMlaTensor kpe;
+  // int32 [num_tokens]: each token's block-table row.
+  struct DcpMlaTensor req_idx;
+  // int32 [num_tokens]: each token's global position.
+  struct DcpMlaTensor positions;
+  // int32 [batch, …], the first `max_pages` columns used; 1 stride (elements between
+  // requests), default `max_pages`.
+  struct DcpMlaTensor block_table;
+  // This rank's cache [num_pages, …, row] in `format`, any dtype, the first `block_size` rows
+  // of each page its tokens; 1 stride (elements of its dtype between page starts, a whole
+  // number of rows, at least block_size of them), default packed pages.
+  struct DcpMlaTensor cache;
+  // Rows of `block_table`.
+  size_t batch;
+  // Columns of `block_table` used.
+  size_t max_pages;
+  // Pages of `cache`.
+  size_t num_pages;
+  // Tokens per page B.
+  size_t block_size;
+  // D, the DCP group size.
+  size_t dcp_size;
+  // I, the interleave.
+  size_t interleave;
+  // This rank r.
+  size_t rank;
+  // The cache format (DCP_MLA_KV_*).
+  int32_t format;
+  // Padding: must be 0.
+  uint32_t _reserved;
+} DcpMlaKvFillArgs;
+
+// The arguments of dcp_mla_launch_decode_dense (docs/contract.md §4).
+typedef struct DcpMlaDecodeDenseArgs {
+  // sizeof(DcpMlaDecodeDenseArgs) as the caller was compiled.
+  size_t struct_size;
+  // An open handle.
+  const struct DcpMlaDevice *device;
+  // The stream (null: the legacy default stream).
+  void *stream;
+  // bf16 [batch, num_q, heads, 576]; 3 strides (elements between requests, query rows and
+  // heads; multiples of 8, each row's 576 values contiguous) for a view of a larger buffer,
+  // default contiguous. `numel` counts the elements from q's first to the end of its last row.
+  struct DcpMlaTensor q;
+  // bf16 or f32 [batch, num_q, heads, 512]; 3 strides as q's (no two rows overlapping, a
+  // multiple of 16 bytes), default contiguous.
+  struct DcpMlaTensor out;
+  // f32 [batch, num_q, heads], natural log, −inf for a row that sees no token; 3 strides as
+  // q's (FlashMLA's lse [b, h, s_q] is {h·s_q, 1, s_q}), default contiguous.
+  struct DcpMlaTensor lse;
+  // With more than 1 split, dcp_mla_decode_workspace_bytes bytes (16-byte aligned); with 1 it
+  // may be absent (null data).
+  struct DcpMlaTensor workspace;
+  // [num_pages, …, 576] bf16 (any dtype), the first `block_size` rows of each page its
+  // tokens; 1 stride (elements of its dtype between page starts, a whole number of rows, at
+  // least block_size of them), default packed pages.
+  struct DcpMlaTensor cache;
+  // int32 [batch, …], the first `max_pages` columns used; 1 stride (elements between
+  // requests), default `max_pages`.
+  struct DcpMlaTensor block_table;
+  // int32 [batch, num_q], what `lens_rule` says; 2 strides (elements between requests and
+  // query rows, any, 0 broadcasts: FlashMLA's per-request cache_seqlens is {1, 0}), default
+  // contiguous.
+  struct DcpMlaTensor lens;
+  // Optional f32 [heads] attention sinks (absent: none), FlashMLA's `attn_sink`: each row's
+  // out is scaled by e^lse / (e^lse + e^sink[h]), lse unchanged (docs/contract.md §4). Leave
+  // it absent on a DCP rank whose partial result a combine merges: give it to the combine.
+  struct DcpMlaTensor sink;
+  // Requests.
+  size_t batch;
+  // Query rows per request (MTP).
+  size_t num_q;
+  // Query heads.
+  size_t heads;
+  // KV splits (dcp_mla_decode_num_splits, dcp_mla_decode_num_splits_on).
+  size_t num_splits;
+  // Pages of `cache`.
+  size_t num_pages;
+  // Tokens per page B.
+  size_t block_size;
+  // Columns of `block_table` used.
+  size_t max_pages;
+  // D (1, 2, 4 or 8); read with DCP_MLA_LENS_GLOBAL and GLOBAL_CAUSAL only (one GPU: 1).
+  size_t dcp_size;
+  // I (≥ 1); read as dcp_size (one GPU: 1).
+  size_t interleave;
+  // This rank (< dcp_size); read as dcp_size (one GPU: 0).
+  size_t rank;
+  // The softmax scale σ (dcp_mla_default_scale()).
+  float scale;
+  // DCP_MLA_SCHEDULE_COMPUTE (0), or DCP_MLA_SCHEDULE_REUSE to reuse the split schedule an
+  // earlier COMPUTE launch of the same batch, num_q, heads, num_splits and kind (dense or
+  // sparse, cache format) left in this workspace, e.g. the step's first layer: it saves a
+  // kernel and the wait for it. Exact whatever the lengths are now (other lengths cost only
+  // balance); a workspace whose schedule has another sequence count, part count or KV tile,
+  // or that no schedule wrote, makes the kernel trap. Ignored with one split.
+  int32_t schedule;
+  // What `lens` holds (DCP_MLA_LENS_*). LOCAL (0): each query row's local length. GLOBAL
+  // (1): each request's global length L, its num_q new tokens included (FlashMLA's
+  // cache_seqlens): every row sees n_r(L) tokens, the t < L of rank `rank`
+  // ((t / interleave) % dcp_size == rank). GLOBAL_CAUSAL (2): the same with causal MTP rows,
+  // row j sees n_r(max(L − num_q + 1 + j, 0)). The kernels work the rows' lengths out
+  // themselves: no lengths kernel before the decode.
+  int32_t lens_rule;
+  // Nonzero gives a row that sees no token lse = +inf (FlashMLA's convention) instead of
+  // −inf; out is 0 either way.
+  int32_t empty_lse_inf;
+} DcpMlaDecodeDenseArgs;
+
+// The arguments of dcp_mla_launch_decode_sparse (docs/contract.md §4); the fields it shares
+// with DcpMlaDecodeDenseArgs mean what they mean there.
+typedef struct DcpMlaDecodeSparseArgs {
+  // sizeof(DcpMlaDecodeSparseArgs) as the caller was compiled.
+  size_t struct_size;
+  // An open handle.
+  const struct DcpMlaDevice *device;
+  // The stream (null: the legacy default stream).
+  void *stream;
+  // As for dense decode.
+  struct DcpMlaTensor q;
+  // As for dense decode.
+  struct DcpMlaTensor out;
+  // As for dense decode.
+  struct DcpMlaTensor lse;
+  // As for dense decode.
+  struct DcpMlaTensor workspace;
+  // [num_pages, …, row] in `format` (DCP_MLA_KV_*), any dtype; 1 stride as for dense decode.
+  // An index is still page·block_size + slot.
+  struct DcpMlaTensor cache;
+  // int32 [batch, num_q, topk]: cache rows page·block_size + slot (−1 or out of range:
+  // unused); 2 strides (elements between the lists' requests and query rows, each list
+  // contiguous), default contiguous.
+  struct DcpMlaTensor indices;
+  // Optional int32 [batch, num_q] (absent: every entry counts): only the first
+  // topk_len[i][j] entries count; 2 strides as dense decode's `lens` (FlashMLA's per-request
+  // topk_length is {1, 0}).
+  struct DcpMlaTensor topk_len;
+  // As for dense decode.
+  struct DcpMlaTensor sink;
+  // Requests.
+  size_t batch;
+  // Query rows per request.
+  size_t num_q;
+  // Query heads.
+  size_t heads;
+  // KV splits.
+  size_t num_splits;
+  // Pages of `cache`.
+  size_t num_pages;
+  // Tokens per page B.
+  size_t block_size;
+  // Entries per index list.
+  size_t topk;
+  // The softmax scale σ.
+  float scale;
+  // As for dense decode.
+  int32_t schedule;
+  // The cache format (DCP_MLA_KV_*).
+  int32_t format;
+  // As for dense decode.
+  int32_t empty_lse_inf;
+} DcpMlaDecodeSparseArgs;
+
+// The arguments of dcp_mla_launch_ag_rs_correct (docs/contract.md §5.1), on rank `rank` of
+// D = `dcp_size` (H = D·local_heads).
+typedef struct DcpMlaAgRsCorrectArgs {
+  // sizeof(DcpMlaAgRsCorrectArgs) as the caller was compiled.
+  size_t struct_size;
+  // An open handle.
+  const struct DcpMlaDevice *device;
+  // The stream (null: the legacy default stream).
+  void *stream;
+  // bf16 or f32 [num_tokens, H, 512], this rank's partial attention output.
+  struct DcpMlaTensor out;
+  // f32 [D, num_tokens, H], every rank's lse (all-gathered), base `lse_base`.
+  struct DcpMlaTensor lse_all;
+  // f32 or bf16 [H, num_tokens, 512] (bf16: rounded to nearest even), written.
+  struct DcpMlaTensor contrib;
+  // Tokens T.
+  size_t num_tokens;
+  // Heads per rank.
+  size_t local_heads;
+  // D.
+  size_t dcp_size;
+  // This rank.
+  size_t rank;
+  // The base of `lse_all` (DCP_MLA_LSE_BASE_*).
+  int32_t lse_base;
+  // Padding: must be 0.
+  uint32_t _reserved;
+} DcpMlaAgRsCorrectArgs;
+
+// The arguments of dcp_mla_launch_ag_rs_finish.
+typedef struct DcpMlaAgRsFinishArgs {
+  // sizeof(DcpMlaAgRsFinishArgs) as the caller was compiled.
+  size_t struct_size;
+  // An open handle.
+  const struct DcpMlaDevice *device;
+  // The stream (null: the legacy default stream).
+  void *stream;
+  // f32 or bf16 [local_heads, num_tokens, 512], the reduce-scattered contributions.
+  struct DcpMlaTensor summed;
+  // f32 [D, num_tokens, D·local_heads], the same all-gathered lse, base `lse_base`.
+  struct DcpMlaTensor lse_all;
+  // bf16 or f32 [num_tokens, local_heads, 512], written.
+  struct DcpMlaTensor out;
+  // f32 [num_tokens, local_heads], written.
+  struct DcpMlaTensor lse;
+  // Optional f32 [local_heads] (absent: none), the attention sinks of this rank's heads
+  // (sink[j] for head rank·local_heads + j), applied once to the merged f32 rows before the
+  // cast.
+  struct DcpMlaTensor sink;
+  // Tokens T.
+  size_t num_tokens;
+  // Heads per rank.
+  size_t local_heads;
+  // D.
+  size_t dcp_size;
+  // This rank.
+  size_t rank;
+  // The base of `lse_all` (DCP_MLA_LSE_BASE_*).
+  int32_t lse_base;
+  // Padding: must be 0.
+  uint32_t _reserved;
+} DcpMlaAgRsFinishArgs;
+
+// The arguments of dcp_mla_launch_a2a_pack (docs/contract.md §5.2).
+typedef struct DcpMlaA2aPackArgs {
+  // sizeof(DcpMlaA2aPackArgs) as the caller was compiled.
+  size_t struct_size;
+  // An open handle.
+  const struct DcpMlaDevice *device;
+  // The stream (null: the legacy default stream).
+  void *stream;
+  // bf16 or f32 [num_tokens, D·local_heads, 512].
+  struct DcpMlaTensor out;
+  // f32 [num_tokens, D·local_heads].
+  struct DcpMlaTensor lse;
+  // Bytes [D, slot_bytes] (any dtype), written.
+  struct DcpMlaTensor send;
+  // Bytes per slot (dcp_mla_a2a_slot_bytes).
+  size_t slot_bytes;
+  // Tokens T.
+  size_t num_tokens;
+  // Heads per rank.
+  size_t local_heads;
+  // D.
+  size_t dcp_size;
+} DcpMlaA2aPackArgs;
+
+// The arguments of dcp_mla_launch_a2a_combine.
+typedef struct DcpMlaA2aCombineArgs {
+  // sizeof(DcpMlaA2aCombineArgs) as the caller was compiled.
+  size_t struct_size;
+  // An open handle.
+  const struct DcpMlaDevice *device;
+  // The stream (null: the legacy default stream).
+  void *stream;
+  // Bytes [D, slot_bytes]: slot r as source rank r packed it for this rank.
+  struct DcpMlaTensor recv;
+  // bf16 or f32 [num_tokens, local_heads, 512], written.
+  struct DcpMlaTensor out;
+  // f32 [num_tokens, local_heads], written.
+  struct DcpMlaTensor lse;
+  // Optional f32 [local_heads] (absent: none): as for dcp_mla_launch_ag_rs_finish.
+  struct DcpMlaTensor sink;
+  // Bytes per slot.
+  size_t slot_bytes;
+  // Tokens T.
+  size_t num_tokens;
+  // Heads per rank.
+  size_t local_heads;
+  // D (compiled for 1, 2, 4, 8).
+  size_t dcp_size;
+  // The base of the packed lse (DCP_MLA_LSE_BASE_*).
+  int32_t lse_base;
+  // Padding: must be 0.
+  uint32_t _reserved;
+} DcpMlaA2aCombineArgs;
+
+// The arguments of dcp_mla_launch_merge_two (docs/contract.md §5.3).
+typedef struct DcpMlaMergeTwoArgs {
+  // sizeof(DcpMlaMergeTwoArgs) as the caller was compiled.
+  size_t struct_size;
+  // An open handle.
+  const struct DcpMlaDevice *device;
+  // The stream (null: the legacy default stream).
+  void *stream;
+  // bf16 or f32 [rows, 512].
+  struct DcpMlaTensor out_a;
+  // f32 [rows], base `lse_a_base`.
+  struct DcpMlaTensor lse_a;
+  // [rows, 512], out_a's dtype.
+  struct DcpMlaTensor out_b;
+  // f32 [rows], base `lse_b_base`.
+  struct DcpMlaTensor lse_b;
+  // bf16 or f32 [rows, 512], written; of the inputs' dtype it may be exactly out_a or out_b
+  // (in place).
+  struct DcpMlaTensor out;
+  // f32 [rows], natural log, written.
+  struct DcpMlaTensor lse;
+  // Optional f32 [H] (absent: none): attention sinks applied to the merged rows, laid out
+  // [T, H] (head = row mod H, H = sink.numel dividing `rows`). Give it on the last merge of a
+  // chain only, so that the sink enters the softmax once.
+  struct DcpMlaTensor sink;
+  // Rows.
+  size_t rows;
+  // The base of lse_a (DCP_MLA_LSE_BASE_*; a running natural-log result merged with a
+  // base-2 chunk is the normal case).
+  int32_t lse_a_base;
+  // The base of lse_b.
+  int32_t lse_b_base;
+} DcpMlaMergeTwoArgs;
+
+// The arguments of dcp_mla_launch_topk_local (docs/contract.md §6).
+typedef struct DcpMlaTopkLocalArgs {
+  // sizeof(DcpMlaTopkLocalArgs) as the caller was compiled.
+  size_t struct_size;
+  // An open handle.
+  const struct DcpMlaDevice *device;
+  // The stream (null: the legacy default stream).
+  void *stream;
+  // f32 [rows, …], the first `cols` columns usable; 1 stride (elements between rows),
+  // default `cols`.
+  struct DcpMlaTensor scores;
+  // int32 [rows].
+  struct DcpMlaTensor lens;
+  // int32 [rows, k], written.
+  struct DcpMlaTensor out;
+  // Columns usable.
+  size_t cols;
+  // Rows.
+  size_t rows;
+  // K: 256, 512, 1024 or 2048.
+  size_t k;
+} DcpMlaTopkLocalArgs;
+
+// The arguments of dcp_mla_launch_topk_pack.
+typedef struct DcpMlaTopkPackArgs {
+  // sizeof(DcpMlaTopkPackArgs) as the caller was compiled.
+  size_t struct_size;
+  // An open handle.
+  const struct DcpMlaDevice *device;
+  // The stream (null: the legacy default stream).
+  void *stream;
+  // int32 [rows, k], this rank's local top-k.
+  struct DcpMlaTensor local_idx;
+  // f32 [rows, …], `cols` columns used; 1 stride as topk_local's, default `cols`.
+  struct DcpMlaTensor scores;
+  // f32 [rows, k], written (usually this rank's slot of the [D, rows, k] buffers the
+  // all-gather fills).
+  struct DcpMlaTensor cand_scores;
+  // int32 [rows, k], written.
+  struct DcpMlaTensor cand_ids;
+  // Columns used.
+  size_t cols;
+  // Rows.
+  size_t rows;
+  // K.
+  size_t k;
+  // D.
+  size_t dcp_size;
+  // I.
+  size_t interleave;
+  // This rank.
+  size_t rank;
+} DcpMlaTopkPackArgs;
+
+// The arguments of dcp_mla_launch_topk_merge.
+typedef struct DcpMlaTopkMergeArgs {
+  // sizeof(DcpMlaTopkMergeArgs) as the caller was compiled.
+  size_t struct_size;
+  // An open handle.
+  const struct DcpMlaDevice *device;
+  // The stream (null: the legacy default stream).
+  void *stream;
+  // f32 [D, rows, k], rank-major.
+  struct DcpMlaTensor cand_scores;
+  // int32 [D, rows, k], rank-major.
+  struct DcpMlaTensor cand_ids;
+  // int32 [rows, k], global ids, written.
+  struct DcpMlaTensor out;
+  // D.
+  size_t dcp_size;
+  // Rows.
+  size_t rows;
+  // K.
+  size_t k;
+} DcpMlaTopkMergeArgs;
+
+// The arguments of dcp_mla_launch_topk_compact.
+typedef struct DcpMlaTopkCompactArgs {
+  // sizeof(DcpMlaTopkCompactArgs) as the caller was compiled.
+  size_t struct_size;
+  // An open handle.
+  const struct DcpMlaDevice *device;
+  // The stream (null: the legacy default stream).
+  void *stream;
+  // int32 [rows, k], merged global ids.
+  struct DcpMlaTensor ids;
+  // Optional int32 [ceil(rows / rows_per_request), …] (absent: no translation); when given,
+  // 1 stride (elements between requests) is required.
+  struct DcpMlaTensor block_table;
+  // int32 [rows, k], written.
+  struct DcpMlaTensor out;
+  // int32 [rows], written.
+  struct DcpMlaTensor counts;
+  // Rows.
+  size_t rows;
+  // K.
+  size_t k;
+  // D.
+  size_t dcp_size;
+  // I.
+  size_t interleave;
+  // This rank.
+  size_t rank;
+  // Tokens per page B (with `block_table`).
+  size_t block_size;
+  // Row i belongs to request i / rows_per_request (with `block_table`).
+  size_t rows_per_request;
+} DcpMlaTopkCompactArgs;
+
+// The arguments of dcp_mla_launch_prefill_flatten (docs/contract.md §7).
+typedef struct DcpMlaPrefillFlattenArgs {
+  // sizeof(DcpMlaPrefillFlattenArgs) as the caller was compiled.
+  size_t struct_size;
+  // An open handle.
+  const struct DcpMlaDevice *device;
+  // The stream (null: the legacy default stream).
+  void *stream;
+  // [num_pages, …, row] in `format`; 1 stride as for dcp_mla_launch_kv_fill.
+  struct DcpMlaTensor cache;
+  // int32 [batch, …], the first `max_pages` columns read; 1 stride, default `max_pages`.
+  struct DcpMlaTensor block_table;
+  // int32 [max_pieces, 8], the chunk's piece table (dcp_mla_prefill_piece_table).
+  struct DcpMlaTensor pieces;
+  // bf16 [cap_rows, 576], every row written.
+  struct DcpMlaTensor out;
+  // Pages of `cache`.
+  size_t num_pages;
+  // Tokens per page B.
+  size_t block_size;
+  // Rows of `block_table`.
+  size_t batch;
+  // Columns of `block_table` read.
+  size_t max_pages;
+  // Rows of `pieces`.
+  size_t max_pieces;
+  // Rows of `out`.
+  size_t cap_rows;
+  // D.
+  size_t dcp_size;
+  // I.
+  size_t interleave;
+  // This rank.
+  size_t rank;
+  // The cache format (DCP_MLA_KV_*).
+  int32_t format;
+  // Padding: must be 0.
+  uint32_t _reserved;
+} DcpMlaPrefillFlattenArgs;
+
+// The arguments of dcp_mla_launch_prefill_reorder.
+typedef struct DcpMlaPrefillReorderArgs {
+  // sizeof(DcpMlaPrefillReorderArgs) as the caller was compiled.
+  size_t struct_size;
+  // An open handle.
+  const struct DcpMlaDevice *device;
+  // The stream (null: the legacy default stream).
+  void *stream;
+  // bf16 [D, cap_rows, 576], the all-gathered flatten buffers.
+  struct DcpMlaTensor gathered;
+  // int32 [max_pieces, 8] (the flatten's table).
+  struct DcpMlaTensor pieces;
+  // bf16 [out_rows, 576]; rows of other chunks are left as they are.
+  struct DcpMlaTensor out;
+  // Rows per rank of `gathered`.
+  size_t cap_rows;
+  // Rows of `pieces`.
+  size_t max_pieces;
+  // Rows of `out`.
+  size_t out_rows;
+  // D.
+  size_t dcp_size;
+  // I.
+  size_t interleave;
+} DcpMlaPrefillReorderArgs;
 
 #ifdef __cplusplus
 extern "C" {
@@ -226,402 +760,111 @@ enum DcpMlaStatus dcp_mla_memset(const struct DcpMlaDevice *device,
 // `device` must be an open handle.
 enum DcpMlaStatus dcp_mla_synchronize(const struct DcpMlaDevice *device);
 
-// Writes each new token's KV into this rank's paged cache if this rank owns it (docs/contract.md §2-3);
-// bit-identical to the CPU reference. A token whose position is negative, whose request index
-// is outside [0, batch) or whose page is out of range is skipped.
-//
-// - `ckv`: bf16 [num_tokens, ckv_stride] (c_kv in the first 512 values of a row);
-//   `kpe`: bf16 [num_tokens, kpe_stride] (k_pe in the first 64); strides in elements.
-// - `req_idx`, `positions`: int32 [num_tokens]: block-table row and global position per token.
-// - `block_table`: int32 [batch, block_table_stride], first `max_pages` columns used.
-// - `cache`: this rank's cache [num_pages, page_stride, row] in `format` (DCP_MLA_KV_*), any
-//   dtype, the first `block_size` rows of each page its tokens; `page_stride` 0: packed pages.
-// - `dcp_size`, `interleave`, `rank`: D, I and this rank r.
+// Writes each new token's KV into this rank's paged cache if this rank owns it
+// (docs/contract.md §2-3); bit-identical to the CPU reference. A token whose position is
+// negative, whose request index is outside [0, batch) or whose page is out of range is skipped.
 //
 // # Safety
-// Every tensor must describe live device memory of its `numel`; `device` an open handle;
-// `stream` null or a live stream of the device's context.
-enum DcpMlaStatus dcp_mla_kv_fill(const struct DcpMlaDevice *device,
-                                  void *stream,
-                                  struct DcpMlaTensor ckv,
-                                  size_t ckv_stride,
-                                  struct DcpMlaTensor kpe,
-                                  size_t kpe_stride,
-                                  struct DcpMlaTensor req_idx,
-                                  struct DcpMlaTensor positions,
-                                  struct DcpMlaTensor block_table,
-                                  size_t block_table_stride,
-                                  size_t batch,
-                                  size_t max_pages,
-                                  struct DcpMlaTensor cache,
-                                  size_t num_pages,
-                                  size_t block_size,
-                                  size_t page_stride,
-                                  int32_t format,
-                                  size_t dcp_size,
-                                  size_t interleave,
-                                  size_t rank);
+// `args` must be null or point at `args->struct_size` readable bytes; every tensor must
+// describe live device memory of its `numel`; `device` an open handle; `stream` null or a live
+// stream of the device's context.
+enum DcpMlaStatus dcp_mla_launch_kv_fill(const struct DcpMlaKvFillArgs *args);
 
-// Dense MLA decode over the BF16 paged cache (docs/contract.md §4): row (i, j) attends to the first
-// `lens[i][j]` local tokens of request i.
-//
-// - `q`: bf16 [batch, num_q, heads, 576]; `scale`: softmax scale σ (dcp_mla_default_scale()).
-// - `out`: bf16 or f32 [batch, num_q, heads, 512]; `lse`: f32 [batch, num_q, heads], natural log,
-//   −inf for a row that sees no token.
-// - `num_splits`: KV splits (dcp_mla_decode_num_splits); with more than 1, `workspace` must hold
-//   dcp_mla_decode_workspace_bytes bytes (16-byte aligned); with 1 it may be null.
-// - `schedule`: DCP_MLA_SCHEDULE_COMPUTE, or DCP_MLA_SCHEDULE_REUSE to reuse the split schedule an
-//   earlier COMPUTE launch of the same batch, num_q, heads, num_splits and kind (dense or sparse,
-//   cache format) left in this workspace, e.g. the step's first layer: it saves a kernel and
-//   the wait for it. Exact whatever the lengths are now (other lengths cost only balance); a
-//   workspace whose schedule has another sequence count, part count or KV tile, or that no
-//   schedule wrote, makes the kernel trap. Ignored with one split.
-// - `q_strides`: null for a contiguous q, else 3 values: elements between q's requests, query
-//   rows and heads (multiples of 8; each row's 576 values contiguous), for a view of a larger
-//   buffer. `q.numel` counts the elements from q's first to the end of its last row.
-// - `out_strides`, `lse_strides`: null for contiguous outputs, else 3 values each: elements
-//   between requests, query rows and heads, no two rows (values) overlapping; out's a multiple
-//   of 16 bytes (FlashMLA's lse [b, h, s_q] is lse_strides {h·s_q, 1, s_q}).
-// - `empty_lse_inf`: nonzero gives a row that sees no token lse = +inf (FlashMLA's convention)
-//   instead of −inf; out is 0 either way.
-// - `cache`: [num_pages, page_stride, 576] bf16 (any dtype), the first `block_size` rows of each
-//   page its tokens; `page_stride`: cache rows between page starts (≥ block_size), 0 for
-//   `block_size` (packed pages); `block_table`: int32 [batch, block_table_stride], first
-//   `max_pages` columns used; `lens`: int32 [batch, num_q]; `lens_strides`: null for contiguous
-//   lengths, else 2 values: elements between requests and query rows (any, 0 broadcasts).
-// - `lens_rule`: what `lens` holds (DCP_MLA_LENS_*). LOCAL (0): each query row's local length.
-//   GLOBAL (1): each request's global length L, its num_q new tokens included (FlashMLA's
-//   cache_seqlens; {1, 0} strides broadcast a [batch] tensor): every row sees n_r(L) tokens,
-//   the t < L of rank `rank` ((t / interleave) % dcp_size == rank). GLOBAL_CAUSAL (2): the same
-//   with causal MTP rows, row j sees n_r(max(L − num_q + 1 + j, 0)). The kernels work the rows'
-//   lengths out themselves: no lengths kernel before the decode. `dcp_size` (1, 2, 4 or 8),
-//   `interleave` (≥ 1) and `rank` (< dcp_size) are read with GLOBAL and GLOBAL_CAUSAL only;
-//   one GPU is 1, 1, 0.
-// - `sink`: optional f32 [heads] attention sinks (null data: none), FlashMLA's `attn_sink`: each
-//   row's out is scaled by e^lse / (e^lse + e^sink[h]), lse unchanged (docs/contract.md §4). Leave
-//   it null on a DCP rank whose partial result a combine merges: pass it to the combine instead.
+// Dense MLA decode over the BF16 paged cache (docs/contract.md §4): row (i, j) attends to the
+// first `lens[i][j]` local tokens of request i (or, by `lens_rule`, its share of a global
+// length). The fields are documented on DcpMlaDecodeDenseArgs.
 //
 // # Safety
-// As for dcp_mla_kv_fill; each strides pointer null or pointing at its values (host memory).
-enum DcpMlaStatus dcp_mla_decode_dense(const struct DcpMlaDevice *device,
-                                       void *stream,
-                                       struct DcpMlaTensor q,
-                                       const size_t *q_strides,
-                                       size_t batch,
-                                       size_t num_q,
-                                       size_t heads,
-                                       float scale,
-                                       struct DcpMlaTensor out,
-                                       const size_t *out_strides,
-                                       struct DcpMlaTensor lse,
-                                       const size_t *lse_strides,
-                                       int32_t empty_lse_inf,
-                                       size_t num_splits,
-                                       struct DcpMlaTensor workspace,
-                                       int32_t schedule,
-                                       struct DcpMlaTensor cache,
-                                       size_t num_pages,
-                                       size_t block_size,
-                                       size_t page_stride,
-                                       struct DcpMlaTensor block_table,
-                                       size_t block_table_stride,
-                                       size_t max_pages,
-                                       struct DcpMlaTensor lens,
-                                       const size_t *lens_strides,
-                                       int32_t lens_rule,
-                                       size_t dcp_size,
-                                       size_t interleave,
-                                       size_t rank,
-                                       struct DcpMlaTensor sink);
+// As for dcp_mla_launch_kv_fill.
+enum DcpMlaStatus dcp_mla_launch_decode_dense(const struct DcpMlaDecodeDenseArgs *args);
 
-// Sparse MLA decode (docs/contract.md §4) over the BF16 or FP8-656 cache: row (i, j) attends to the
-// cache rows page·block_size + slot listed in `indices[i][j]` (−1 or out of range: unused).
-//
-// - `q`, `scale`, `out`, `lse`, `num_splits`, `workspace`, `schedule`: as for dcp_mla_decode_dense.
-// - `q_strides`, `page_stride`: as for dcp_mla_decode_dense.
-// - `cache`: [num_pages, page_stride, row] in `format` (DCP_MLA_KV_*), any dtype; an index is
-//   still page·block_size + slot.
-// - `indices`: int32 [batch, num_q, topk]; `indices_strides`: null for contiguous lists, else 2
-//   values: elements between the lists' requests and query rows (each list contiguous);
-//   `topk_len`: optional int32 [batch, num_q] (null data: every entry counts), only the first
-//   topk_len[i][j] entries count; `topk_len_strides`: as `lens_strides` of dcp_mla_decode_dense
-//   (FlashMLA's per-request topk_length is {1, 0}).
-// - `sink`: as for dcp_mla_decode_dense.
+// Sparse MLA decode (docs/contract.md §4) over the BF16 or FP8-656 cache: row (i, j) attends
+// to the cache rows page·block_size + slot listed in `indices[i][j]`.
 //
 // # Safety
-// As for dcp_mla_kv_fill; each strides pointer null or pointing at its values (host memory).
-enum DcpMlaStatus dcp_mla_decode_sparse(const struct DcpMlaDevice *device,
-                                        void *stream,
-                                        struct DcpMlaTensor q,
-                                        const size_t *q_strides,
-                                        size_t batch,
-                                        size_t num_q,
-                                        size_t heads,
-                                        float scale,
-                                        struct DcpMlaTensor out,
-                                        const size_t *out_strides,
-                                        struct DcpMlaTensor lse,
-                                        const size_t *lse_strides,
-                                        int32_t empty_lse_inf,
-                                        size_t num_splits,
-                                        struct DcpMlaTensor workspace,
-                                        int32_t schedule,
-                                        struct DcpMlaTensor cache,
-                                        int32_t format,
-                                        size_t num_pages,
-                                        size_t block_size,
-                                        size_t page_stride,
-                                        struct DcpMlaTensor indices,
-                                        const size_t *indices_strides,
-                                        size_t topk,
-                                        struct DcpMlaTensor topk_len,
-                                        const size_t *topk_len_strides,
-                                        struct DcpMlaTensor sink);
+// As for dcp_mla_launch_kv_fill.
+enum DcpMlaStatus dcp_mla_launch_decode_sparse(const struct DcpMlaDecodeSparseArgs *args);
 
-// ag_rs combine, step 1 (docs/contract.md §5.1) on rank `rank` of D = `dcp_size` (H = D·local_heads):
-// contrib[h, t, :] = (w_rank / S) · out[t, h, :] computed in f32, head-major for a reduce-scatter.
-//
-// - `out`: bf16 or f32 [num_tokens, H, 512], this rank's partial attention output.
-// - `lse_all`: f32 [D, num_tokens, H], every rank's lse (all-gathered), base `lse_base_code`.
-// - `contrib`: f32 or bf16 [H, num_tokens, 512] (bf16: rounded to nearest even), written.
+// ag_rs combine, step 1: contrib[h, t, :] = (w_rank / S) · out[t, h, :] computed in f32,
+// head-major for a reduce-scatter.
 //
 // # Safety
-// As for dcp_mla_kv_fill.
-enum DcpMlaStatus dcp_mla_ag_rs_correct(const struct DcpMlaDevice *device,
-                                        void *stream,
-                                        struct DcpMlaTensor out,
-                                        struct DcpMlaTensor lse_all,
-                                        int32_t lse_base_code,
-                                        struct DcpMlaTensor contrib,
-                                        size_t num_tokens,
-                                        size_t local_heads,
-                                        size_t dcp_size,
-                                        size_t rank);
+// As for dcp_mla_launch_kv_fill.
+enum DcpMlaStatus dcp_mla_launch_ag_rs_correct(const struct DcpMlaAgRsCorrectArgs *args);
 
 // ag_rs combine, step 2: casts this rank's reduce-scattered heads to the output dtype and
 // writes their merged lse (natural log; −inf with out = 0 where every shard is empty).
 //
-// - `summed`: f32 or bf16 [local_heads, num_tokens, 512], the reduce-scattered contributions.
-// - `lse_all`: f32 [D, num_tokens, D·local_heads], the same all-gathered lse, base `lse_base_code`.
-// - `out`: bf16 or f32 [num_tokens, local_heads, 512]; `lse`: f32 [num_tokens, local_heads].
-// - `sink`: optional f32 [local_heads] (null data: none), the attention sinks of this rank's heads
-//   (sink[j] for head rank·local_heads + j), applied once to the merged f32 rows before the cast.
+// # Safety
+// As for dcp_mla_launch_kv_fill.
+enum DcpMlaStatus dcp_mla_launch_ag_rs_finish(const struct DcpMlaAgRsFinishArgs *args);
+
+// a2a combine, send side: packs this rank's out (as bf16) and lse into one slot per
+// destination rank d (heads [d·H_l, (d+1)·H_l)), so one all-to-all moves both.
 //
 // # Safety
-// As for dcp_mla_kv_fill.
-enum DcpMlaStatus dcp_mla_ag_rs_finish(const struct DcpMlaDevice *device,
-                                       void *stream,
-                                       struct DcpMlaTensor summed,
-                                       struct DcpMlaTensor lse_all,
-                                       int32_t lse_base_code,
-                                       struct DcpMlaTensor out,
-                                       struct DcpMlaTensor lse,
-                                       size_t num_tokens,
-                                       size_t local_heads,
-                                       size_t dcp_size,
-                                       size_t rank,
-                                       struct DcpMlaTensor sink);
+// As for dcp_mla_launch_kv_fill.
+enum DcpMlaStatus dcp_mla_launch_a2a_pack(const struct DcpMlaA2aPackArgs *args);
 
-// a2a combine, send side (docs/contract.md §5.2): packs this rank's out (as bf16) and lse into one slot
-// per destination rank d (heads [d·H_l, (d+1)·H_l)), so one all-to-all moves both.
-//
-// - `out`: bf16 or f32 [num_tokens, D·local_heads, 512]; `lse`: f32 [num_tokens, D·local_heads].
-// - `send`: bytes [D, slot_bytes] (any dtype), slot_bytes from dcp_mla_a2a_slot_bytes.
-//
-// # Safety
-// As for dcp_mla_kv_fill.
-enum DcpMlaStatus dcp_mla_a2a_pack(const struct DcpMlaDevice *device,
-                                   void *stream,
-                                   struct DcpMlaTensor out,
-                                   struct DcpMlaTensor lse,
-                                   struct DcpMlaTensor send,
-                                   size_t slot_bytes,
-                                   size_t num_tokens,
-                                   size_t local_heads,
-                                   size_t dcp_size);
-
-// a2a combine, receive side: the full merge (docs/contract.md §5) of the D received slots, in f32, rank
-// order, a source with coefficient 0 skipped. Compiled for D in {1, 2, 4, 8} (D = 1 is the identity: the one slot
+// a2a combine, receive side: the full merge (docs/contract.md §5) of the D received slots, in
+// f32, rank order, a source with coefficient 0 skipped (D = 1 is the identity: the one slot
 // unpacked, docs/contract.md §9's DCP identity at D = 1).
 //
-// - `recv`: bytes [D, slot_bytes]: slot r as source rank r packed it for this rank.
-// - `out`: bf16 or f32 [num_tokens, local_heads, 512]; `lse`: f32 [num_tokens, local_heads].
-// - `sink`: optional f32 [local_heads] (null data: none): as for dcp_mla_ag_rs_finish.
-//
 // # Safety
-// As for dcp_mla_kv_fill.
-enum DcpMlaStatus dcp_mla_a2a_combine(const struct DcpMlaDevice *device,
-                                      void *stream,
-                                      struct DcpMlaTensor recv,
-                                      size_t slot_bytes,
-                                      int32_t lse_base_code,
-                                      struct DcpMlaTensor out,
-                                      struct DcpMlaTensor lse,
-                                      size_t num_tokens,
-                                      size_t local_heads,
-                                      size_t dcp_size,
-                                      struct DcpMlaTensor sink);
+// As for dcp_mla_launch_kv_fill.
+enum DcpMlaStatus dcp_mla_launch_a2a_combine(const struct DcpMlaA2aCombineArgs *args);
 
-// The two-way merge of chunked prefill (docs/contract.md §5.3): (out_a, lse_a) + (out_b, lse_b) over
-// `rows` rows, f32 accumulation. An `out` of the inputs' dtype may be exactly `out_a` or `out_b`
-// (in place).
-//
-// - `out_a`, `out_b`: bf16 or f32 [rows, 512], both the same dtype; `lse_a`, `lse_b`: f32
-//   [rows], each in its own base
-//   (`lse_a_base_code`, `lse_b_base_code`: a running natural-log result merged with a base-2
-//   chunk is the normal case).
-// - `out`: bf16 or f32 [rows, 512]; `lse`: f32 [rows], natural log.
-// - `sink`: optional f32 [H] (null data: none): attention sinks applied to the merged rows, laid
-//   out [T, H] (head = row mod H, H = sink.numel dividing `rows`). Pass it on the last merge of a
-//   chain only, so that the sink enters the softmax once.
+// The two-way merge of chunked prefill: (out_a, lse_a) + (out_b, lse_b) over `rows` rows, f32
+// accumulation.
 //
 // # Safety
-// As for dcp_mla_kv_fill.
-enum DcpMlaStatus dcp_mla_merge_two(const struct DcpMlaDevice *device,
-                                    void *stream,
-                                    struct DcpMlaTensor out_a,
-                                    struct DcpMlaTensor lse_a,
-                                    struct DcpMlaTensor out_b,
-                                    struct DcpMlaTensor lse_b,
-                                    int32_t lse_a_base_code,
-                                    int32_t lse_b_base_code,
-                                    struct DcpMlaTensor out,
-                                    struct DcpMlaTensor lse,
-                                    size_t rows,
-                                    struct DcpMlaTensor sink);
+// As for dcp_mla_launch_kv_fill.
+enum DcpMlaStatus dcp_mla_launch_merge_two(const struct DcpMlaMergeTwoArgs *args);
 
-// Local top-k (docs/contract.md §6): per row the K best of the first lens[row] scores by (score
-// descending, index ascending; NaN as −inf), as ascending indices, −1 padded.
-//
-// - `scores`: f32 [rows, row_stride], the first `cols` columns usable.
-// - `lens`: int32 [rows]; `k`: 256, 512, 1024 or 2048; `out`: int32 [rows, k].
+// Local top-k: per row the K best of the first lens[row] scores by (score descending, index
+// ascending; NaN as −inf), as ascending indices, −1 padded.
 //
 // # Safety
-// As for dcp_mla_kv_fill.
-enum DcpMlaStatus dcp_mla_topk_local(const struct DcpMlaDevice *device,
-                                     void *stream,
-                                     struct DcpMlaTensor scores,
-                                     size_t row_stride,
-                                     size_t cols,
-                                     struct DcpMlaTensor lens,
-                                     size_t rows,
-                                     size_t k,
-                                     struct DcpMlaTensor out);
+// As for dcp_mla_launch_kv_fill.
+enum DcpMlaStatus dcp_mla_launch_topk_local(const struct DcpMlaTopkLocalArgs *args);
 
 // Packs this rank's local top-k into candidates: (scores[row, l] bit for bit, global(l, rank))
 // per entry, (−inf, −1) for an unused one.
 //
-// - `local_idx`: int32 [rows, k]; `scores`: f32 [rows, row_stride], `cols` columns used.
-// - `cand_scores`: f32 [rows, k], `cand_ids`: int32 [rows, k]: written (usually this rank's slot
-//   of the [D, rows, k] buffers the all-gather fills).
-//
 // # Safety
-// As for dcp_mla_kv_fill.
-enum DcpMlaStatus dcp_mla_topk_pack(const struct DcpMlaDevice *device,
-                                    void *stream,
-                                    struct DcpMlaTensor local_idx,
-                                    struct DcpMlaTensor scores,
-                                    size_t row_stride,
-                                    size_t cols,
-                                    size_t rows,
-                                    size_t k,
-                                    size_t dcp_size,
-                                    size_t interleave,
-                                    size_t rank,
-                                    struct DcpMlaTensor cand_scores,
-                                    struct DcpMlaTensor cand_ids);
+// As for dcp_mla_launch_kv_fill.
+enum DcpMlaStatus dcp_mla_launch_topk_pack(const struct DcpMlaTopkPackArgs *args);
 
-// Global merge (docs/contract.md §6): the exact top-K of the D·K all-gathered candidates per row by
-// (score descending, id ascending), in candidate order, −1 padded. D·K must be a multiple of
-// 512 (DCP_MLA_STATUS_INVALID_CONFIG otherwise, naming D and K).
-//
-// - `cand_scores`: f32 [D, rows, k], `cand_ids`: int32 [D, rows, k], rank-major.
-// - `out`: int32 [rows, k], global ids.
+// Global merge (docs/contract.md §6): the exact top-K of the D·K all-gathered candidates per
+// row by (score descending, id ascending), in candidate order, −1 padded. D·K must be a
+// multiple of 512 (DCP_MLA_STATUS_INVALID_CONFIG otherwise, naming D and K).
 //
 // # Safety
-// As for dcp_mla_kv_fill.
-enum DcpMlaStatus dcp_mla_topk_merge(const struct DcpMlaDevice *device,
-                                     void *stream,
-                                     struct DcpMlaTensor cand_scores,
-                                     struct DcpMlaTensor cand_ids,
-                                     size_t dcp_size,
-                                     size_t rows,
-                                     size_t k,
-                                     struct DcpMlaTensor out);
+// As for dcp_mla_launch_kv_fill.
+enum DcpMlaStatus dcp_mla_launch_topk_merge(const struct DcpMlaTopkMergeArgs *args);
 
-// Compaction for rank `rank` (docs/contract.md §6): keeps the ids this rank owns, as local positions
-// (or page·block_size + slot when `block_table` is given), compacted to the front, −1 padded,
-// with per-row counts.
-//
-// - `ids`: int32 [rows, k], merged global ids; `out`: int32 [rows, k]; `counts`: int32 [rows].
-// - `block_table`: optional int32 [ceil(rows / rows_per_request), block_table_stride] (null data:
-//   no translation); `block_size` B; row i belongs to request i / rows_per_request.
+// Compaction for rank `rank` (docs/contract.md §6): keeps the ids this rank owns, as local
+// positions (or page·block_size + slot when `block_table` is given), compacted to the front,
+// −1 padded, with per-row counts.
 //
 // # Safety
-// As for dcp_mla_kv_fill.
-enum DcpMlaStatus dcp_mla_topk_compact(const struct DcpMlaDevice *device,
-                                       void *stream,
-                                       struct DcpMlaTensor ids,
-                                       size_t rows,
-                                       size_t k,
-                                       size_t dcp_size,
-                                       size_t interleave,
-                                       size_t rank,
-                                       struct DcpMlaTensor block_table,
-                                       size_t block_table_stride,
-                                       size_t block_size,
-                                       size_t rows_per_request,
-                                       struct DcpMlaTensor out,
-                                       struct DcpMlaTensor counts);
+// As for dcp_mla_launch_kv_fill.
+enum DcpMlaStatus dcp_mla_launch_topk_compact(const struct DcpMlaTopkCompactArgs *args);
 
-// Prefill prefix flatten (docs/contract.md §7): writes this rank's rows of one chunk into its uniform
-// bf16 buffer (FP8-656 dequantised), zeros elsewhere; the chunk's layout is read from the
-// device-side piece table (dcp_mla_prefill_piece_table).
-//
-// - `cache`: [num_pages, page_stride, row] in `format` (`page_stride` 0: packed pages, as for
-//   dcp_mla_kv_fill); `block_table`: int32
-//   [batch, block_table_stride], the first `max_pages` columns read.
-// - `pieces`: int32 [max_pieces, 8]; `out`: bf16 [cap_rows, 576], every row written.
+// Prefill prefix flatten: writes this rank's rows of one chunk into its uniform bf16 buffer
+// (FP8-656 dequantised), zeros elsewhere; the chunk's layout is read from the device-side
+// piece table.
 //
 // # Safety
-// As for dcp_mla_kv_fill.
-enum DcpMlaStatus dcp_mla_prefill_flatten(const struct DcpMlaDevice *device,
-                                          void *stream,
-                                          struct DcpMlaTensor cache,
-                                          int32_t format,
-                                          size_t num_pages,
-                                          size_t block_size,
-                                          size_t page_stride,
-                                          struct DcpMlaTensor block_table,
-                                          size_t block_table_stride,
-                                          size_t batch,
-                                          size_t max_pages,
-                                          struct DcpMlaTensor pieces,
-                                          size_t max_pieces,
-                                          struct DcpMlaTensor out,
-                                          size_t cap_rows,
-                                          size_t dcp_size,
-                                          size_t interleave,
-                                          size_t rank);
+// As for dcp_mla_launch_kv_fill.
+enum DcpMlaStatus dcp_mla_launch_prefill_flatten(const struct DcpMlaPrefillFlattenArgs *args);
 
-// Prefill reorder: writes every token of every piece from the all-gathered flatten buffers
-// to its global row.
-//
-// - `gathered`: bf16 [D, cap_rows, 576]; `pieces`: int32 [max_pieces, 8] (the flatten's table).
-// - `out`: bf16 [out_rows, 576]; rows of other chunks are left as they are.
+// Prefill reorder: writes every token of every piece from the all-gathered flatten buffers to
+// its global row.
 //
 // # Safety
-// As for dcp_mla_kv_fill.
-enum DcpMlaStatus dcp_mla_prefill_reorder(const struct DcpMlaDevice *device,
-                                          void *stream,
-                                          struct DcpMlaTensor gathered,
-                                          size_t cap_rows,
-                                          struct DcpMlaTensor pieces,
-                                          size_t max_pieces,
-                                          struct DcpMlaTensor out,
-                                          size_t out_rows,
-                                          size_t dcp_size,
-                                          size_t interleave);
+// As for dcp_mla_launch_kv_fill.
+enum DcpMlaStatus dcp_mla_launch_prefill_reorder(const struct DcpMlaPrefillReorderArgs *args);
 
 // The default softmax scale of docs/contract.md §4: 576^-1/2.
 float dcp_mla_default_scale(void);
@@ -673,7 +916,7 @@ enum DcpMlaStatus dcp_mla_token_address(size_t dcp_size,
 // Causal local lengths of MTP rows (docs/contract.md §2) on rank `rank`: for request i of total length
 // lens[i] (including its qs[i] new tokens), row j sees n_r(lens[i] − qs[i] + 1 + j) tokens.
 // Writes the rows of every request, concatenated, to `out` (int32, sum(qs) entries, at most
-// `out_len`): with a uniform q this is the [batch, q] `lens` of dcp_mla_decode_dense.
+// `out_len`): with a uniform q this is the [batch, q] `lens` of dcp_mla_launch_decode_dense.
 //
 // # Safety
 // `lens` and `qs` must hold `num_requests` entries; `out` `out_len` writable entries.

@@ -3,27 +3,39 @@
 //!
 //! Conventions of every entry point:
 //! - it returns a [`DcpMlaStatus`]; on failure [`dcp_mla_last_error`] gives a message naming the
-//!   argument and the reason, and nothing was written or launched;
+//!   argument (an argument struct's field) and the reason, and nothing was written or launched;
+//! - an operation takes one argument struct (`ffi/src/ops.rs`), read by `read_args` under the
+//!   compatibility rule the header states (`struct_size` first, fields only appended, zero the
+//!   default of every field);
 //! - no panic crosses the boundary: each body runs inside `catch_unwind` and a panic becomes
 //!   `DCP_MLA_STATUS_INTERNAL`;
-//! - device buffers are [`DcpMlaTensor`]s (pointer, element count, dtype code); the stream is the
-//!   caller's `cudaStream_t`/`CUstream` as `void*` (null: the legacy default stream); workspaces
-//!   are the caller's, sized by the planner queries; launchers never allocate and never
-//!   synchronise;
+//! - device buffers are [`DcpMlaTensor`]s (pointer, element count, dtype code, strides); the
+//!   stream is the caller's `cudaStream_t`/`CUstream` as `void*` (null: the legacy default
+//!   stream); workspaces are the caller's, sized by the planner queries; launchers never allocate
+//!   and never synchronise;
 //! - the tensors' own checks (null pointers, dtype and format codes, element alignment), the
 //!   supported variants and planner constraints such as D·K % 512 == 0 run before the device
 //!   handle is looked at; a launcher's size, extent, overlap and 16-byte alignment checks run
 //!   after it (a null device is refused first), still before anything is launched.
 
-/// One C argument converted for a launcher ([`Arg`]), the argument's name (its error names it) its
-/// own identifier or, as `arg!(code as "name")`, another.
+/// One field of an argument struct converted for a launcher ([`Arg`]): `arg!(a.field)`, its error
+/// naming the field, or `arg!(a.field as "name")` naming it otherwise. A tensor field converted
+/// this way takes no strides (`num_strides` 0); `strided!(a.field, N)` takes N.
 macro_rules! arg {
-    ($x:ident) => {
-        $crate::Arg::arg($x, stringify!($x))?
+    ($s:ident . $f:ident) => {
+        $crate::Arg::arg($s.$f, stringify!($f))?
     };
-    ($x:ident as $name:literal) => {
-        $crate::Arg::arg($x, $name)?
+    ($s:ident . $f:ident as $name:literal) => {
+        $crate::Arg::arg($s.$f, $name)?
     };
+}
+
+/// A tensor field with N strides (or 0, its default layout): `(view, Option<[usize; N]>)`.
+macro_rules! strided {
+    ($s:ident . $f:ident, $n:literal) => {{
+        let strides = $s.$f.strides::<$n>(stringify!($f))?;
+        ($crate::Arg::arg($s.$f.unstrided(), stringify!($f))?, strides)
+    }};
 }
 
 // The entry points' docs are the header's comments (cbindgen copies them verbatim), where
@@ -33,6 +45,8 @@ macro_rules! arg {
 mod ops;
 #[allow(rustdoc::broken_intra_doc_links)]
 mod planner;
+// The positional entry points of revisions 1-4, kept as refusals (not in the header).
+mod compat;
 
 use dcp_mla::runtime::registry::KERNELS;
 use dcp_mla::runtime::{Device, DeviceSlice, Stream};
@@ -73,8 +87,10 @@ pub enum DcpMlaStatus {
 /// The ABI revision of this header. Any change to the header's declarations (a prototype, a
 /// struct, an enum or a code) comes with a new revision and a new line in ffi/abi-revisions.sha256,
 /// which ffi/tests/header.rs checks; python/dcp_mla/_lib.py's ABI_VERSION follows it. (Revision 3
-/// changed several times before that check existed: see CHANGELOG.md.)
-pub const DCP_MLA_ABI_VERSION: u32 = 4;
+/// changed several times before that check existed: see CHANGELOG.md.) From revision 5 on, an
+/// operation's argument struct grows by appending fields (see the header's compatibility rule),
+/// so a caller built against an older revision's struct keeps working.
+pub const DCP_MLA_ABI_VERSION: u32 = 5;
 
 /// Dtype code: bytes (caches, workspaces, a2a buffers).
 pub const DCP_MLA_DTYPE_U8: i32 = 1;
@@ -93,13 +109,13 @@ pub const DCP_MLA_KV_FP8_656: i32 = 2;
 /// Decode schedule code: a split launch computes its schedule into the workspace.
 pub const DCP_MLA_SCHEDULE_COMPUTE: i32 = 0;
 /// Decode schedule code: a split launch reuses the schedule an earlier launch of the same shape
-/// left in the workspace (e.g. the step's first layer); see dcp_mla_decode_dense.
+/// left in the workspace (e.g. the step's first layer); see dcp_mla_launch_decode_dense.
 pub const DCP_MLA_SCHEDULE_REUSE: i32 = 1;
 
 /// Dense decode lengths code: `lens` holds each query row's local length.
 pub const DCP_MLA_LENS_LOCAL: i32 = 0;
 /// Dense decode lengths code: `lens` holds each request's global length; the kernels work out
-/// every row's share on the rank (see dcp_mla_decode_dense).
+/// every row's share on the rank (see dcp_mla_launch_decode_dense).
 pub const DCP_MLA_LENS_GLOBAL: i32 = 1;
 /// Dense decode lengths code: as DCP_MLA_LENS_GLOBAL, with causal MTP rows.
 pub const DCP_MLA_LENS_GLOBAL_CAUSAL: i32 = 2;
@@ -109,18 +125,36 @@ pub const DCP_MLA_LSE_BASE_E: i32 = 1;
 /// LSE base code: base 2 (FlashInfer-style kernels).
 pub const DCP_MLA_LSE_BASE_2: i32 = 2;
 
-/// A device buffer: `numel` elements of dtype `dtype` (a `DCP_MLA_DTYPE_*` code) at `data`.
-/// Launchers check every kernel access against `numel`. Byte buffers (caches, workspaces, a2a
-/// slots) accept any dtype and count `numel` times its size.
+/// A device buffer: `numel` elements of dtype `dtype` (a `DCP_MLA_DTYPE_*` code) at `data`, with
+/// its strides. Launchers check every kernel access against `numel`. Byte buffers (caches,
+/// workspaces, a2a slots) accept any dtype and count `numel` times its size. All zero (what a
+/// zero-initialised argument struct holds) is an absent tensor.
+///
+/// `num_strides` 0 is the layout the field documents as its default (contiguous, packed pages);
+/// otherwise it is the number of strides the field takes (its documentation says how many and
+/// what they step over), given in `strides[0..num_strides]` in elements of `dtype`; any other
+/// count is refused, naming `<field>.num_strides`. A field that takes no strides needs 0.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
 pub struct DcpMlaTensor {
     /// Device pointer (CUDA unified addressing), or null for an absent optional buffer.
     pub data: *mut c_void,
-    /// Number of elements.
+    /// Number of elements: for a strided view, the extent from its first element to the end of
+    /// its last.
     pub numel: usize,
     /// One of the `DCP_MLA_DTYPE_*` codes.
     pub dtype: i32,
+    /// How many of `strides` are given: 0 (the field's default layout) or the count it takes.
+    pub num_strides: u32,
+    /// Strides in elements, outermost first; entries past `num_strides` are not read.
+    pub strides: [usize; 4],
+}
+
+/// An absent tensor (all zero).
+impl Default for DcpMlaTensor {
+    fn default() -> Self {
+        DcpMlaTensor { data: std::ptr::null_mut(), numel: 0, dtype: 0, num_strides: 0, strides: [0; 4] }
+    }
 }
 
 /// An open CUDA device with every kernel of this build loaded (opaque).
@@ -163,9 +197,30 @@ fn status_of(e: &dcp_mla::Error) -> DcpMlaStatus {
     }
 }
 
+/// The C field a launcher's argument name stands for: its strides live in the tensor
+/// descriptors (`q_strides` is `q.strides`, `page_stride` is `cache.strides`), and `nq` is
+/// `num_q`.
+fn c_field(arg: &str) -> String {
+    match arg {
+        "nq" => "num_q".into(),
+        "page_stride" => "cache.strides".into(),
+        "row_stride" => "scores.strides".into(),
+        _ => match arg.strip_suffix("_strides").or_else(|| arg.strip_suffix("_stride")) {
+            Some(tensor) => format!("{tensor}.strides"),
+            None => arg.into(),
+        },
+    }
+}
+
 impl From<dcp_mla::Error> for FfiError {
     fn from(e: dcp_mla::Error) -> Self {
-        fail(status_of(&e), e.to_string())
+        use dcp_mla::Error as E;
+        let message = match &e {
+            E::InvalidArgument { arg, reason } => format!("invalid argument `{}`: {reason}", c_field(arg)),
+            E::Misaligned { arg, reason } => format!("misaligned argument `{}`: {reason}", c_field(arg)),
+            _ => e.to_string(),
+        };
+        fail(status_of(&e), message)
     }
 }
 
@@ -215,8 +270,74 @@ pub(crate) unsafe fn put<T>(arg: &str, out: *mut T, v: T) -> R<()> {
     Ok(())
 }
 
+/// An operation's argument struct (ops.rs): `#[repr(C)]`, `struct_size` its first field, then
+/// `device` and `stream`; all-zero bytes are a valid value of it (null pointers, zero integers,
+/// absent tensors), and every field's zero is its default.
+///
+/// # Safety
+/// Implementors must have that layout and that all-zero validity.
+pub(crate) unsafe trait ArgsStruct: Copy {
+    /// The C name, e.g. "DcpMlaDecodeDenseArgs" (errors name its fields by it).
+    const NAME: &'static str;
+    /// The struct's size at the revision it appeared in (revision 5 for every struct so far): the
+    /// smallest `struct_size` accepted. A later revision appends fields and keeps this value.
+    const FIRST_SIZE: usize;
+    fn device(&self) -> *const DcpMlaDevice;
+    fn stream(&self) -> *mut c_void;
+}
+
+/// The most bytes a `struct_size` may claim: a larger value is no struct of this ABI (an
+/// uninitialised size, or a pointer that is no argument struct), refused without reading.
+pub(crate) const MAX_STRUCT_SIZE: usize = 4096;
+
+/// Reads a caller's argument struct by the compatibility rule of the header: `struct_size` bytes
+/// of it (at least `T::FIRST_SIZE`), the fields past them at their defaults (zero); a struct
+/// larger than this revision's is accepted only when its extra bytes are all zero.
+///
+/// # Safety
+/// `p` must be null or point at `struct_size` readable bytes (what the caller's struct holds).
+pub(crate) unsafe fn read_args<T: ArgsStruct>(p: *const T) -> R<T> {
+    let name = T::NAME;
+    if p.is_null() {
+        return Err(fail(DcpMlaStatus::NullPointer, format!("`args` is a null {name} pointer")));
+    }
+    let size = std::ptr::read_unaligned(p.cast::<usize>());
+    let known = std::mem::size_of::<T>();
+    let field = format!("{name}.struct_size");
+    if size < T::FIRST_SIZE {
+        return Err(bad_arg(
+            &field,
+            format!(
+                "{size} bytes is smaller than any revision of {name} ({} bytes at ABI revision 5): set it to \
+                 sizeof({name})",
+                T::FIRST_SIZE
+            ),
+        ));
+    }
+    if size > MAX_STRUCT_SIZE {
+        return Err(bad_arg(&field, format!("{size} bytes is no size of {name} (at most {MAX_STRUCT_SIZE})")));
+    }
+    if size > known {
+        let tail = std::slice::from_raw_parts(p.cast::<u8>().add(known), size - known);
+        if let Some(at) = tail.iter().position(|&b| b != 0) {
+            return Err(bad_arg(
+                &field,
+                format!(
+                    "{size} bytes, and byte {} is not zero: fields of a newer ABI revision than this \
+                     library's ({DCP_MLA_ABI_VERSION}, {known} bytes) are set, and this library cannot honour them",
+                    known + at
+                ),
+            ));
+        }
+    }
+    // SAFETY: the trait's contract: all-zero bytes are a valid T.
+    let mut out: T = std::mem::zeroed();
+    std::ptr::copy_nonoverlapping(p.cast::<u8>(), (&mut out as *mut T).cast::<u8>(), size.min(known));
+    Ok(out)
+}
+
 /// A dtype code's element size and name, or None for an unknown code.
-fn dtype_info(code: i32) -> Option<(usize, &'static str)> {
+pub(crate) fn dtype_info(code: i32) -> Option<(usize, &'static str)> {
     match code {
         DCP_MLA_DTYPE_U8 => Some((1, "u8")),
         DCP_MLA_DTYPE_BF16 => Some((2, "bf16")),
@@ -245,9 +366,36 @@ impl DcpMlaTensor {
         self.data.is_null()
     }
 
+    /// The `N` strides of a field that takes them, or None for its default layout
+    /// (`num_strides` 0); another count is refused, naming `<arg>.num_strides`.
+    pub(crate) fn strides<const N: usize>(&self, arg: &str) -> R<Option<[usize; N]>> {
+        match self.num_strides as usize {
+            0 => Ok(None),
+            n if n == N => {
+                let mut s = [0; N];
+                s.copy_from_slice(&self.strides[..N]);
+                Ok(Some(s))
+            }
+            n => Err(bad_arg(
+                &format!("{arg}.num_strides"),
+                if N == 0 {
+                    format!("{n}: this tensor takes no strides (pass 0)")
+                } else {
+                    format!("{n}: this tensor takes {N} strides, or 0 for its default layout")
+                },
+            )),
+        }
+    }
+
+    /// The descriptor with its strides taken (by `strided!`).
+    pub(crate) fn unstrided(self) -> Self {
+        DcpMlaTensor { num_strides: 0, ..self }
+    }
+
     /// Checks the dtype code against `allowed`, the pointer for null and element alignment;
     /// returns the element size.
     fn check(&self, arg: &str, allowed: &[i32]) -> R<usize> {
+        self.strides::<0>(arg)?;
         let Some((size, name)) = dtype_info(self.dtype) else {
             return Err(fail(DcpMlaStatus::BadDtype, format!("`{arg}`: unknown dtype code {}", self.dtype)));
         };
@@ -283,6 +431,7 @@ impl DcpMlaTensor {
     /// A typed view of an optional buffer: None when `data` is null.
     pub(crate) fn typed_opt<T: Elem>(&self, arg: &str) -> R<Option<DeviceSlice<T>>> {
         if self.is_absent() {
+            self.strides::<0>(arg)?;
             return Ok(None);
         }
         self.typed(arg).map(Some)
@@ -309,7 +458,7 @@ impl DcpMlaTensor {
     }
 }
 
-/// A C argument as the launchers take it, the one home of their conversions: a tensor as a typed
+/// A C field as the launchers take it, the one home of their conversions: a tensor as a typed
 /// view (`DeviceSlice<T>`), a byte view (`DeviceSlice<u8>`, any dtype), an optional typed view
 /// (null data: `None`) or bf16/f32 rows; a code as its enum. Errors name `arg`.
 pub(crate) trait Arg<T> {
@@ -827,6 +976,112 @@ mod tests {
         assert!(last().contains("boom 7"), "{}", last());
         assert_eq!(guard(|| Ok(())), DcpMlaStatus::Success);
         assert_eq!(last(), "");
+    }
+
+    /// A struct as revision 5 defines it, and as a later revision that appends a field.
+    #[repr(C)]
+    #[derive(Debug, Clone, Copy)]
+    struct V5 {
+        struct_size: usize,
+        device: *const DcpMlaDevice,
+        stream: *mut c_void,
+        rows: usize,
+    }
+    #[repr(C)]
+    #[derive(Debug, Clone, Copy)]
+    struct V6 {
+        v5: V5,
+        added: usize,
+    }
+    // SAFETY: repr(C), struct_size first, all-zero valid.
+    unsafe impl ArgsStruct for V6 {
+        const NAME: &'static str = "DcpMlaTestArgs";
+        const FIRST_SIZE: usize = std::mem::size_of::<V5>();
+        fn device(&self) -> *const DcpMlaDevice {
+            self.v5.device
+        }
+        fn stream(&self) -> *mut c_void {
+            self.v5.stream
+        }
+    }
+    // SAFETY: as above (the library as revision 5 built it).
+    unsafe impl ArgsStruct for V5 {
+        const NAME: &'static str = "DcpMlaTestArgs";
+        const FIRST_SIZE: usize = std::mem::size_of::<V5>();
+        fn device(&self) -> *const DcpMlaDevice {
+            self.device
+        }
+        fn stream(&self) -> *mut c_void {
+            self.stream
+        }
+    }
+
+    fn v5(size: usize) -> V5 {
+        V5 { struct_size: size, device: std::ptr::null(), stream: std::ptr::null_mut(), rows: 7 }
+    }
+
+    #[test]
+    fn an_older_struct_is_read_with_the_new_fields_at_their_defaults() {
+        // a caller built against revision 5 calls a library whose struct has grown
+        let old = v5(std::mem::size_of::<V5>());
+        // SAFETY: `old` holds struct_size bytes.
+        let got = unsafe { read_args::<V6>((&old as *const V5).cast()) }.unwrap();
+        assert_eq!((got.v5.rows, got.added), (7, 0));
+        // and the same size is what it reads in full
+        let full = V6 { v5: v5(std::mem::size_of::<V6>()), added: 3 };
+        // SAFETY: as above.
+        let got = unsafe { read_args::<V6>(&full) }.unwrap();
+        assert_eq!((got.v5.rows, got.added), (7, 3));
+    }
+
+    #[test]
+    fn a_newer_struct_is_read_when_its_extra_fields_are_zero_and_refused_by_name_otherwise() {
+        // a caller built against a later revision calls a revision-5 library
+        let mut newer = V6 { v5: v5(std::mem::size_of::<V6>()), added: 0 };
+        // SAFETY: `newer` holds struct_size bytes.
+        let got = unsafe { read_args::<V5>((&newer as *const V6).cast()) }.unwrap();
+        assert_eq!(got.rows, 7);
+        newer.added = 1;
+        // SAFETY: as above.
+        let e = unsafe { read_args::<V5>((&newer as *const V6).cast()) }.unwrap_err();
+        assert_eq!(e.status, DcpMlaStatus::InvalidArgument);
+        assert!(
+            e.message.contains("`DcpMlaTestArgs.struct_size`") && e.message.contains("newer ABI revision"),
+            "{}",
+            e.message
+        );
+    }
+
+    #[test]
+    fn a_struct_smaller_than_its_first_revision_a_wild_size_and_null_are_refused_by_name() {
+        for size in [0, 8, std::mem::size_of::<V5>() - 8] {
+            let s = v5(size);
+            // SAFETY: refused after reading struct_size only.
+            let e = unsafe { read_args::<V5>(&s) }.unwrap_err();
+            assert!(
+                e.message.contains("`DcpMlaTestArgs.struct_size`") && e.message.contains("smaller"),
+                "{}",
+                e.message
+            );
+        }
+        let s = v5(usize::MAX);
+        // SAFETY: refused before anything past struct_size is read.
+        let e = unsafe { read_args::<V5>(&s) }.unwrap_err();
+        assert!(e.message.contains("no size of DcpMlaTestArgs"), "{}", e.message);
+        // SAFETY: null is refused.
+        let e = unsafe { read_args::<V5>(std::ptr::null()) }.unwrap_err();
+        assert_eq!(e.status, DcpMlaStatus::NullPointer);
+        assert!(e.message.contains("`args`"), "{}", e.message);
+    }
+
+    #[test]
+    fn launcher_argument_names_become_the_c_fields() {
+        assert_eq!(c_field("q_strides"), "q.strides");
+        assert_eq!(c_field("block_table_stride"), "block_table.strides");
+        assert_eq!(c_field("page_stride"), "cache.strides");
+        assert_eq!(c_field("row_stride"), "scores.strides");
+        assert_eq!(c_field("num_q"), "num_q");
+        assert_eq!(c_field("nq"), "num_q");
     }
 
     #[test]

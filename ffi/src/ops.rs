@@ -1,9 +1,15 @@
-//! One entry point per operation of docs/contract.md, each a thin shell around a launcher of
-//! `dcp_mla::ops`: convert the C arguments (checking null pointers, dtype codes and element
-//! alignment), check what can be checked without a device (variants, planner constraints), then
-//! call the launcher, which validates every extent before it launches.
+//! One entry point per operation of docs/contract.md, each taking one argument struct and each a
+//! thin shell around a launcher of `dcp_mla::ops`: read the struct by the compatibility rule
+//! (`read_args`), convert its fields (checking null pointers, dtype codes, strides counts and
+//! element alignment), check what can be checked without a device (variants, planner
+//! constraints), then call the launcher, which validates every extent before it launches.
+//!
+//! Every struct starts with `struct_size`, `device` and `stream`, then its tensors, its sizes
+//! (size_t) and its 4-byte codes, so that no field needs implicit padding; a struct whose codes
+//! are odd in number ends with an explicit `_reserved` (must be 0). A later revision appends
+//! fields whose zero is their default.
 
-use crate::{device, fail, guard, stream, DcpMlaDevice, DcpMlaStatus, DcpMlaTensor, R};
+use crate::{device, fail, guard, read_args, stream, ArgsStruct, DcpMlaDevice, DcpMlaStatus, DcpMlaTensor, R};
 use dcp_mla::ops::combine::{self, A2aCombine, A2aPack, AgRsCorrect, AgRsFinish, MergeTwo};
 use dcp_mla::ops::decode::{self, DecodeCommon, DecodeOut, DenseDecode, SparseDecode};
 use dcp_mla::ops::fill::{kv_fill, KvFill};
@@ -11,773 +17,1121 @@ use dcp_mla::ops::prefill::{self, Flatten, Reorder};
 use dcp_mla::ops::topk::{self, Compact, GlobalMerge, LocalTopk, PackCandidates, PageTranslate};
 use dcp_mla::planner::{check_topk, DcpLayout};
 use dcp_mla::runtime::{Device, DeviceSlice, Stream};
+use dcp_mla::KvFormat;
 use std::ffi::c_void;
 
-/// The body of every entry point below: `args` converts the C arguments (`arg!`) and runs the
-/// checks that need no device, then the device handle is looked at and `op` launches; `guard`
-/// maps the outcome (an error, a panic) to the call's status.
+/// The body of every entry point below: the struct is read (`read_args`), `convert` turns its
+/// fields into the launcher's arguments and runs the checks that need no device, then the device
+/// handle is looked at and `op` launches; `guard` maps the outcome (an error, a panic) to the
+/// call's status.
 ///
 /// # Safety
-/// As for the entry points: `device` null or an open handle, `stream` null or a live stream of
-/// its context, and the tensors `args` converts live device memory of their `numel`.
-unsafe fn launch<A>(
-    device: *const DcpMlaDevice,
-    stream: *mut c_void,
+/// As for the entry points: `args` null or a struct of its `struct_size`, its `device` null or
+/// an open handle, its `stream` null or a live stream of that context, and its tensors live
+/// device memory of their `numel`.
+unsafe fn launch<C: ArgsStruct, A>(
+    args: *const C,
     op: fn(&Device, Stream, &A) -> dcp_mla::Result<()>,
-    args: impl FnOnce() -> R<A>,
+    convert: impl FnOnce(&C) -> R<A>,
 ) -> DcpMlaStatus {
     guard(|| {
-        let a = args()?;
-        Ok(op(self::device(device)?, self::stream(stream), &a)?)
+        let c = read_args(args)?;
+        let a = convert(&c)?;
+        Ok(op(device(c.device())?, stream(c.stream()), &a)?)
     })
+}
+
+macro_rules! args_structs {
+    ($($t:ident = $first:literal),* $(,)?) => {$(
+        // SAFETY: #[repr(C)], `struct_size`, `device` and `stream` first; its fields are raw
+        // pointers, integers, floats and tensors, all valid as zero bytes.
+        unsafe impl ArgsStruct for $t {
+            const NAME: &'static str = stringify!($t);
+            const FIRST_SIZE: usize = $first;
+            fn device(&self) -> *const DcpMlaDevice {
+                self.device
+            }
+            fn stream(&self) -> *mut c_void {
+                self.stream
+            }
+        }
+
+        /// All fields at their defaults (zero), `struct_size` this revision's size.
+        impl Default for $t {
+            fn default() -> Self {
+                // SAFETY: all-zero bytes are a valid value (see the ArgsStruct impl).
+                let mut a: Self = unsafe { std::mem::zeroed() };
+                a.struct_size = std::mem::size_of::<Self>();
+                a
+            }
+        }
+    )*};
+}
+
+// The size of each struct at revision 5, where each appeared: the smallest `struct_size` a
+// caller may pass. A revision that appends fields keeps these numbers.
+args_structs! {
+    DcpMlaKvFillArgs = 424,
+    DcpMlaDecodeDenseArgs = 568,
+    DcpMlaDecodeSparseArgs = 544,
+    DcpMlaAgRsCorrectArgs = 232,
+    DcpMlaAgRsFinishArgs = 344,
+    DcpMlaA2aPackArgs = 224,
+    DcpMlaA2aCombineArgs = 288,
+    DcpMlaMergeTwoArgs = 432,
+    DcpMlaTopkLocalArgs = 216,
+    DcpMlaTopkPackArgs = 296,
+    DcpMlaTopkMergeArgs = 216,
+    DcpMlaTopkCompactArgs = 304,
+    DcpMlaPrefillFlattenArgs = 328,
+    DcpMlaPrefillReorderArgs = 232,
 }
 
 fn layout(dcp_size: usize, interleave: usize) -> DcpLayout {
     DcpLayout { size: dcp_size, interleave }
 }
 
-/// Writes each new token's KV into this rank's paged cache if this rank owns it (docs/contract.md §2-3);
-/// bit-identical to the CPU reference. A token whose position is negative, whose request index
-/// is outside [0, batch) or whose page is out of range is skipped.
-///
-/// - `ckv`: bf16 [num_tokens, ckv_stride] (c_kv in the first 512 values of a row);
-///   `kpe`: bf16 [num_tokens, kpe_stride] (k_pe in the first 64); strides in elements.
-/// - `req_idx`, `positions`: int32 [num_tokens]: block-table row and global position per token.
-/// - `block_table`: int32 [batch, block_table_stride], first `max_pages` columns used.
-/// - `cache`: this rank's cache [num_pages, page_stride, row] in `format` (DCP_MLA_KV_*), any
-///   dtype, the first `block_size` rows of each page its tokens; `page_stride` 0: packed pages.
-/// - `dcp_size`, `interleave`, `rank`: D, I and this rank r.
+/// A `_reserved` field: 0, or refused by name (a later revision may give it a meaning).
+fn reserved(name: &str, v: u32) -> R<()> {
+    if v != 0 {
+        return Err(crate::bad_arg(name, format!("{v}: reserved, must be 0")));
+    }
+    Ok(())
+}
+
+/// A one-stride field's stride, `default` for its contiguous layout.
+fn or(stride: Option<[usize; 1]>, default: usize) -> usize {
+    stride.map_or(default, |[s]| s)
+}
+
+/// A cache's byte view (its stride is read by `page_stride`).
+fn cache(t: &DcpMlaTensor) -> R<DeviceSlice<u8>> {
+    crate::Arg::arg(t.unstrided(), "cache")
+}
+
+/// A cache's page stride in cache rows (`None`: packed pages) from `cache.strides[0]`, elements
+/// of its dtype between page starts, which must be a whole number of `format` rows.
+fn page_stride(cache: &DcpMlaTensor, format: KvFormat) -> R<Option<usize>> {
+    let Some([s]) = cache.strides::<1>("cache")? else { return Ok(None) };
+    let elem = crate::dtype_info(cache.dtype).map_or(1, |(size, _)| size);
+    let row = format.token_bytes();
+    match s.checked_mul(elem) {
+        Some(bytes) if bytes % row == 0 => Ok(Some(bytes / row)),
+        _ => Err(crate::bad_arg(
+            "cache.strides",
+            format!("{s} elements of {elem} bytes between page starts is not a whole number of {row}-byte rows"),
+        )),
+    }
+}
+
+/// The arguments of dcp_mla_launch_kv_fill.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct DcpMlaKvFillArgs {
+    /// sizeof(DcpMlaKvFillArgs) as the caller was compiled (the header's compatibility rule).
+    pub struct_size: usize,
+    /// An open handle (dcp_mla_device_open).
+    pub device: *const DcpMlaDevice,
+    /// A cudaStream_t/CUstream of the device's context (null: the legacy default stream).
+    pub stream: *mut c_void,
+    /// bf16 [num_tokens, 512 + …]: c_kv in the first 512 values of a row; 1 stride (elements
+    /// between tokens), default 512.
+    pub ckv: DcpMlaTensor,
+    /// bf16 [num_tokens, 64 + …]: k_pe in the first 64 values of a row; 1 stride, default 64.
+    pub kpe: DcpMlaTensor,
+    /// int32 [num_tokens]: each token's block-table row.
+    pub req_idx: DcpMlaTensor,
+    /// int32 [num_tokens]: each token's global position.
+    pub positions: DcpMlaTensor,
+    /// int32 [batch, …], the first `max_pages` columns used; 1 stride (elements between
+    /// requests), default `max_pages`.
+    pub block_table: DcpMlaTensor,
+    /// This rank's cache [num_pages, …, row] in `format`, any dtype, the first `block_size` rows
+    /// of each page its tokens; 1 stride (elements of its dtype between page starts, a whole
+    /// number of rows, at least block_size of them), default packed pages.
+    pub cache: DcpMlaTensor,
+    /// Rows of `block_table`.
+    pub batch: usize,
+    /// Columns of `block_table` used.
+    pub max_pages: usize,
+    /// Pages of `cache`.
+    pub num_pages: usize,
+    /// Tokens per page B.
+    pub block_size: usize,
+    /// D, the DCP group size.
+    pub dcp_size: usize,
+    /// I, the interleave.
+    pub interleave: usize,
+    /// This rank r.
+    pub rank: usize,
+    /// The cache format (DCP_MLA_KV_*).
+    pub format: i32,
+    /// Padding: must be 0.
+    pub _reserved: u32,
+}
+
+/// Writes each new token's KV into this rank's paged cache if this rank owns it
+/// (docs/contract.md §2-3); bit-identical to the CPU reference. A token whose position is
+/// negative, whose request index is outside [0, batch) or whose page is out of range is skipped.
 ///
 /// # Safety
-/// Every tensor must describe live device memory of its `numel`; `device` an open handle;
-/// `stream` null or a live stream of the device's context.
+/// `args` must be null or point at `args->struct_size` readable bytes; every tensor must
+/// describe live device memory of its `numel`; `device` an open handle; `stream` null or a live
+/// stream of the device's context.
 #[no_mangle]
-pub unsafe extern "C" fn dcp_mla_kv_fill(
-    device: *const DcpMlaDevice,
-    stream: *mut c_void,
-    ckv: DcpMlaTensor,
-    ckv_stride: usize,
-    kpe: DcpMlaTensor,
-    kpe_stride: usize,
-    req_idx: DcpMlaTensor,
-    positions: DcpMlaTensor,
-    block_table: DcpMlaTensor,
-    block_table_stride: usize,
-    batch: usize,
-    max_pages: usize,
-    cache: DcpMlaTensor,
-    num_pages: usize,
-    block_size: usize,
-    page_stride: usize,
-    format: i32,
-    dcp_size: usize,
-    interleave: usize,
-    rank: usize,
-) -> DcpMlaStatus {
-    launch(device, stream, kv_fill, || {
+pub unsafe extern "C" fn dcp_mla_launch_kv_fill(args: *const DcpMlaKvFillArgs) -> DcpMlaStatus {
+    launch(args, kv_fill, |a| {
+        let format: KvFormat = arg!(a.format);
+        reserved("_reserved", a._reserved)?;
+        let (ckv, ckv_stride) = strided!(a.ckv, 1);
+        let (kpe, kpe_stride) = strided!(a.kpe, 1);
+        let (block_table, table_stride) = strided!(a.block_table, 1);
         Ok(KvFill {
-            ckv: arg!(ckv),
-            ckv_stride,
-            kpe: arg!(kpe),
-            kpe_stride,
-            req_idx: arg!(req_idx),
-            positions: arg!(positions),
-            block_table: arg!(block_table),
-            block_table_stride,
-            batch,
-            max_pages,
-            cache: arg!(cache),
-            num_pages,
-            block_size,
-            page_stride: page_stride_arg(page_stride),
-            format: arg!(format),
-            dcp: layout(dcp_size, interleave),
-            rank,
+            ckv,
+            ckv_stride: or(ckv_stride, 512),
+            kpe,
+            kpe_stride: or(kpe_stride, 64),
+            req_idx: arg!(a.req_idx),
+            positions: arg!(a.positions),
+            block_table,
+            block_table_stride: or(table_stride, a.max_pages),
+            batch: a.batch,
+            max_pages: a.max_pages,
+            page_stride: page_stride(&a.cache, format)?,
+            cache: cache(&a.cache)?,
+            num_pages: a.num_pages,
+            block_size: a.block_size,
+            format,
+            dcp: layout(a.dcp_size, a.interleave),
+            rank: a.rank,
         })
     })
 }
 
-/// `n` strides from a C array, or `None` (contiguous) for a null pointer.
-///
-/// # Safety
-/// `p` null or pointing at `N` readable values.
-unsafe fn strides_arg<const N: usize>(p: *const usize) -> Option<[usize; N]> {
-    // SAFETY: the caller's contract.
-    (!p.is_null()).then(|| unsafe { std::ptr::read_unaligned(p as *const [usize; N]) })
+/// The arguments of dcp_mla_launch_decode_dense (docs/contract.md §4).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct DcpMlaDecodeDenseArgs {
+    /// sizeof(DcpMlaDecodeDenseArgs) as the caller was compiled.
+    pub struct_size: usize,
+    /// An open handle.
+    pub device: *const DcpMlaDevice,
+    /// The stream (null: the legacy default stream).
+    pub stream: *mut c_void,
+    /// bf16 [batch, num_q, heads, 576]; 3 strides (elements between requests, query rows and
+    /// heads; multiples of 8, each row's 576 values contiguous) for a view of a larger buffer,
+    /// default contiguous. `numel` counts the elements from q's first to the end of its last row.
+    pub q: DcpMlaTensor,
+    /// bf16 or f32 [batch, num_q, heads, 512]; 3 strides as q's (no two rows overlapping, a
+    /// multiple of 16 bytes), default contiguous.
+    pub out: DcpMlaTensor,
+    /// f32 [batch, num_q, heads], natural log, −inf for a row that sees no token; 3 strides as
+    /// q's (FlashMLA's lse [b, h, s_q] is {h·s_q, 1, s_q}), default contiguous.
+    pub lse: DcpMlaTensor,
+    /// With more than 1 split, dcp_mla_decode_workspace_bytes bytes (16-byte aligned); with 1 it
+    /// may be absent (null data).
+    pub workspace: DcpMlaTensor,
+    /// [num_pages, …, 576] bf16 (any dtype), the first `block_size` rows of each page its
+    /// tokens; 1 stride (elements of its dtype between page starts, a whole number of rows, at
+    /// least block_size of them), default packed pages.
+    pub cache: DcpMlaTensor,
+    /// int32 [batch, …], the first `max_pages` columns used; 1 stride (elements between
+    /// requests), default `max_pages`.
+    pub block_table: DcpMlaTensor,
+    /// int32 [batch, num_q], what `lens_rule` says; 2 strides (elements between requests and
+    /// query rows, any, 0 broadcasts: FlashMLA's per-request cache_seqlens is {1, 0}), default
+    /// contiguous.
+    pub lens: DcpMlaTensor,
+    /// Optional f32 [heads] attention sinks (absent: none), FlashMLA's `attn_sink`: each row's
+    /// out is scaled by e^lse / (e^lse + e^sink[h]), lse unchanged (docs/contract.md §4). Leave
+    /// it absent on a DCP rank whose partial result a combine merges: give it to the combine.
+    pub sink: DcpMlaTensor,
+    /// Requests.
+    pub batch: usize,
+    /// Query rows per request (MTP).
+    pub num_q: usize,
+    /// Query heads.
+    pub heads: usize,
+    /// KV splits (dcp_mla_decode_num_splits, dcp_mla_decode_num_splits_on).
+    pub num_splits: usize,
+    /// Pages of `cache`.
+    pub num_pages: usize,
+    /// Tokens per page B.
+    pub block_size: usize,
+    /// Columns of `block_table` used.
+    pub max_pages: usize,
+    /// D (1, 2, 4 or 8); read with DCP_MLA_LENS_GLOBAL and GLOBAL_CAUSAL only (one GPU: 1).
+    pub dcp_size: usize,
+    /// I (≥ 1); read as dcp_size (one GPU: 1).
+    pub interleave: usize,
+    /// This rank (< dcp_size); read as dcp_size (one GPU: 0).
+    pub rank: usize,
+    /// The softmax scale σ (dcp_mla_default_scale()).
+    pub scale: f32,
+    /// DCP_MLA_SCHEDULE_COMPUTE (0), or DCP_MLA_SCHEDULE_REUSE to reuse the split schedule an
+    /// earlier COMPUTE launch of the same batch, num_q, heads, num_splits and kind (dense or
+    /// sparse, cache format) left in this workspace, e.g. the step's first layer: it saves a
+    /// kernel and the wait for it. Exact whatever the lengths are now (other lengths cost only
+    /// balance); a workspace whose schedule has another sequence count, part count or KV tile,
+    /// or that no schedule wrote, makes the kernel trap. Ignored with one split.
+    pub schedule: i32,
+    /// What `lens` holds (DCP_MLA_LENS_*). LOCAL (0): each query row's local length. GLOBAL
+    /// (1): each request's global length L, its num_q new tokens included (FlashMLA's
+    /// cache_seqlens): every row sees n_r(L) tokens, the t < L of rank `rank`
+    /// ((t / interleave) % dcp_size == rank). GLOBAL_CAUSAL (2): the same with causal MTP rows,
+    /// row j sees n_r(max(L − num_q + 1 + j, 0)). The kernels work the rows' lengths out
+    /// themselves: no lengths kernel before the decode.
+    pub lens_rule: i32,
+    /// Nonzero gives a row that sees no token lse = +inf (FlashMLA's convention) instead of
+    /// −inf; out is 0 either way.
+    pub empty_lse_inf: i32,
 }
 
-/// A page stride in cache rows, 0 for packed pages (`None`).
-fn page_stride_arg(page_stride: usize) -> Option<usize> {
-    (page_stride != 0).then_some(page_stride)
-}
-
-#[allow(clippy::too_many_arguments)]
-fn decode_common(
+/// The fields dense and sparse decode share.
+struct Common {
     q: DcpMlaTensor,
-    q_strides: Option<[usize; 3]>,
+    out: DcpMlaTensor,
+    lse: DcpMlaTensor,
+    workspace: DcpMlaTensor,
+    sink: DcpMlaTensor,
     batch: usize,
     num_q: usize,
     heads: usize,
-    scale: f32,
-    out: DcpMlaTensor,
-    out_strides: Option<[usize; 3]>,
-    lse: DcpMlaTensor,
-    lse_strides: Option<[usize; 3]>,
-    empty_lse_inf: i32,
     num_splits: usize,
-    workspace: DcpMlaTensor,
+    scale: f32,
     schedule: i32,
-    sink: DcpMlaTensor,
-) -> R<DecodeCommon> {
-    let schedule = arg!(schedule);
-    let out: DecodeOut = arg!(out);
-    // The workspace is only touched with more than one split: an absent one is 0 bytes.
-    let workspace = if workspace.data.is_null() && num_splits <= 1 {
-        // SAFETY: an empty view is never dereferenced.
-        unsafe { DeviceSlice::from_raw(0, 0) }
-    } else {
-        arg!(workspace)
+    empty_lse_inf: i32,
+}
+
+impl Common {
+    fn convert(self) -> R<DecodeCommon> {
+        let a = self;
+        let schedule = arg!(a.schedule);
+        let (q, q_strides) = strided!(a.q, 3);
+        let (out, out_strides): (DecodeOut, _) = strided!(a.out, 3);
+        let (lse, lse_strides) = strided!(a.lse, 3);
+        // The workspace is only touched with more than one split: an absent one is 0 bytes.
+        let workspace = if a.workspace.data.is_null() && a.num_splits <= 1 {
+            // SAFETY: an empty view is never dereferenced.
+            unsafe { DeviceSlice::from_raw(0, 0) }
+        } else {
+            arg!(a.workspace)
+        };
+        Ok(DecodeCommon {
+            q,
+            q_strides,
+            batch: a.batch,
+            nq: a.num_q,
+            heads: a.heads,
+            scale: a.scale,
+            out,
+            lse,
+            num_splits: a.num_splits,
+            workspace,
+            schedule,
+            sink: arg!(a.sink),
+            out_strides,
+            lse_strides,
+            empty_lse_inf: a.empty_lse_inf != 0,
+        })
+    }
+}
+
+macro_rules! common {
+    ($a:ident) => {
+        Common {
+            q: $a.q,
+            out: $a.out,
+            lse: $a.lse,
+            workspace: $a.workspace,
+            sink: $a.sink,
+            batch: $a.batch,
+            num_q: $a.num_q,
+            heads: $a.heads,
+            num_splits: $a.num_splits,
+            scale: $a.scale,
+            schedule: $a.schedule,
+            empty_lse_inf: $a.empty_lse_inf,
+        }
+        .convert()?
     };
-    Ok(DecodeCommon {
-        q: arg!(q),
-        q_strides,
-        batch,
-        nq: num_q,
-        heads,
-        scale,
-        out,
-        lse: arg!(lse),
-        num_splits,
-        workspace,
-        schedule,
-        sink: arg!(sink),
-        out_strides,
-        lse_strides,
-        empty_lse_inf: empty_lse_inf != 0,
-    })
 }
 
-/// Dense MLA decode over the BF16 paged cache (docs/contract.md §4): row (i, j) attends to the first
-/// `lens[i][j]` local tokens of request i.
-///
-/// - `q`: bf16 [batch, num_q, heads, 576]; `scale`: softmax scale σ (dcp_mla_default_scale()).
-/// - `out`: bf16 or f32 [batch, num_q, heads, 512]; `lse`: f32 [batch, num_q, heads], natural log,
-///   −inf for a row that sees no token.
-/// - `num_splits`: KV splits (dcp_mla_decode_num_splits); with more than 1, `workspace` must hold
-///   dcp_mla_decode_workspace_bytes bytes (16-byte aligned); with 1 it may be null.
-/// - `schedule`: DCP_MLA_SCHEDULE_COMPUTE, or DCP_MLA_SCHEDULE_REUSE to reuse the split schedule an
-///   earlier COMPUTE launch of the same batch, num_q, heads, num_splits and kind (dense or sparse,
-///   cache format) left in this workspace, e.g. the step's first layer: it saves a kernel and
-///   the wait for it. Exact whatever the lengths are now (other lengths cost only balance); a
-///   workspace whose schedule has another sequence count, part count or KV tile, or that no
-///   schedule wrote, makes the kernel trap. Ignored with one split.
-/// - `q_strides`: null for a contiguous q, else 3 values: elements between q's requests, query
-///   rows and heads (multiples of 8; each row's 576 values contiguous), for a view of a larger
-///   buffer. `q.numel` counts the elements from q's first to the end of its last row.
-/// - `out_strides`, `lse_strides`: null for contiguous outputs, else 3 values each: elements
-///   between requests, query rows and heads, no two rows (values) overlapping; out's a multiple
-///   of 16 bytes (FlashMLA's lse [b, h, s_q] is lse_strides {h·s_q, 1, s_q}).
-/// - `empty_lse_inf`: nonzero gives a row that sees no token lse = +inf (FlashMLA's convention)
-///   instead of −inf; out is 0 either way.
-/// - `cache`: [num_pages, page_stride, 576] bf16 (any dtype), the first `block_size` rows of each
-///   page its tokens; `page_stride`: cache rows between page starts (≥ block_size), 0 for
-///   `block_size` (packed pages); `block_table`: int32 [batch, block_table_stride], first
-///   `max_pages` columns used; `lens`: int32 [batch, num_q]; `lens_strides`: null for contiguous
-///   lengths, else 2 values: elements between requests and query rows (any, 0 broadcasts).
-/// - `lens_rule`: what `lens` holds (DCP_MLA_LENS_*). LOCAL (0): each query row's local length.
-///   GLOBAL (1): each request's global length L, its num_q new tokens included (FlashMLA's
-///   cache_seqlens; {1, 0} strides broadcast a [batch] tensor): every row sees n_r(L) tokens,
-///   the t < L of rank `rank` ((t / interleave) % dcp_size == rank). GLOBAL_CAUSAL (2): the same
-///   with causal MTP rows, row j sees n_r(max(L − num_q + 1 + j, 0)). The kernels work the rows'
-///   lengths out themselves: no lengths kernel before the decode. `dcp_size` (1, 2, 4 or 8),
-///   `interleave` (≥ 1) and `rank` (< dcp_size) are read with GLOBAL and GLOBAL_CAUSAL only;
-///   one GPU is 1, 1, 0.
-/// - `sink`: optional f32 [heads] attention sinks (null data: none), FlashMLA's `attn_sink`: each
-///   row's out is scaled by e^lse / (e^lse + e^sink[h]), lse unchanged (docs/contract.md §4). Leave
-///   it null on a DCP rank whose partial result a combine merges: pass it to the combine instead.
+/// Dense MLA decode over the BF16 paged cache (docs/contract.md §4): row (i, j) attends to the
+/// first `lens[i][j]` local tokens of request i (or, by `lens_rule`, its share of a global
+/// length). The fields are documented on DcpMlaDecodeDenseArgs.
 ///
 /// # Safety
-/// As for dcp_mla_kv_fill; each strides pointer null or pointing at its values (host memory).
+/// As for dcp_mla_launch_kv_fill.
 #[no_mangle]
-pub unsafe extern "C" fn dcp_mla_decode_dense(
-    device: *const DcpMlaDevice,
-    stream: *mut c_void,
-    q: DcpMlaTensor,
-    q_strides: *const usize,
-    batch: usize,
-    num_q: usize,
-    heads: usize,
-    scale: f32,
-    out: DcpMlaTensor,
-    out_strides: *const usize,
-    lse: DcpMlaTensor,
-    lse_strides: *const usize,
-    empty_lse_inf: i32,
-    num_splits: usize,
-    workspace: DcpMlaTensor,
-    schedule: i32,
-    cache: DcpMlaTensor,
-    num_pages: usize,
-    block_size: usize,
-    page_stride: usize,
-    block_table: DcpMlaTensor,
-    block_table_stride: usize,
-    max_pages: usize,
-    lens: DcpMlaTensor,
-    lens_strides: *const usize,
-    lens_rule: i32,
-    dcp_size: usize,
-    interleave: usize,
-    rank: usize,
-    sink: DcpMlaTensor,
-) -> DcpMlaStatus {
-    launch(device, stream, decode::mla_decode_dense, || {
-        let lens_rule = crate::lens_rule("lens_rule", lens_rule, dcp_size, interleave, rank)?;
+pub unsafe extern "C" fn dcp_mla_launch_decode_dense(args: *const DcpMlaDecodeDenseArgs) -> DcpMlaStatus {
+    launch(args, decode::mla_decode_dense, |a| {
+        let lens_rule = crate::lens_rule("lens_rule", a.lens_rule, a.dcp_size, a.interleave, a.rank)?;
+        let common = common!(a);
+        let (block_table, table_stride) = strided!(a.block_table, 1);
+        let (lens, lens_strides) = strided!(a.lens, 2);
         Ok(DenseDecode {
-            common: decode_common(
-                q,
-                strides_arg(q_strides),
-                batch,
-                num_q,
-                heads,
-                scale,
-                out,
-                strides_arg(out_strides),
-                lse,
-                strides_arg(lse_strides),
-                empty_lse_inf,
-                num_splits,
-                workspace,
-                schedule,
-                sink,
-            )?,
-            cache: arg!(cache),
-            num_pages,
-            block_size,
-            block_table: arg!(block_table),
-            block_table_stride,
-            max_pages,
-            lens: arg!(lens),
-            lens_strides: strides_arg(lens_strides),
+            common,
+            page_stride: page_stride(&a.cache, KvFormat::Bf16)?,
+            cache: cache(&a.cache)?,
+            num_pages: a.num_pages,
+            block_size: a.block_size,
+            block_table,
+            block_table_stride: or(table_stride, a.max_pages),
+            max_pages: a.max_pages,
+            lens,
+            lens_strides,
             lens_rule,
-            page_stride: page_stride_arg(page_stride),
         })
     })
 }
 
-/// Sparse MLA decode (docs/contract.md §4) over the BF16 or FP8-656 cache: row (i, j) attends to the
-/// cache rows page·block_size + slot listed in `indices[i][j]` (−1 or out of range: unused).
-///
-/// - `q`, `scale`, `out`, `lse`, `num_splits`, `workspace`, `schedule`: as for dcp_mla_decode_dense.
-/// - `q_strides`, `page_stride`: as for dcp_mla_decode_dense.
-/// - `cache`: [num_pages, page_stride, row] in `format` (DCP_MLA_KV_*), any dtype; an index is
-///   still page·block_size + slot.
-/// - `indices`: int32 [batch, num_q, topk]; `indices_strides`: null for contiguous lists, else 2
-///   values: elements between the lists' requests and query rows (each list contiguous);
-///   `topk_len`: optional int32 [batch, num_q] (null data: every entry counts), only the first
-///   topk_len[i][j] entries count; `topk_len_strides`: as `lens_strides` of dcp_mla_decode_dense
-///   (FlashMLA's per-request topk_length is {1, 0}).
-/// - `sink`: as for dcp_mla_decode_dense.
+/// The arguments of dcp_mla_launch_decode_sparse (docs/contract.md §4); the fields it shares
+/// with DcpMlaDecodeDenseArgs mean what they mean there.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct DcpMlaDecodeSparseArgs {
+    /// sizeof(DcpMlaDecodeSparseArgs) as the caller was compiled.
+    pub struct_size: usize,
+    /// An open handle.
+    pub device: *const DcpMlaDevice,
+    /// The stream (null: the legacy default stream).
+    pub stream: *mut c_void,
+    /// As for dense decode.
+    pub q: DcpMlaTensor,
+    /// As for dense decode.
+    pub out: DcpMlaTensor,
+    /// As for dense decode.
+    pub lse: DcpMlaTensor,
+    /// As for dense decode.
+    pub workspace: DcpMlaTensor,
+    /// [num_pages, …, row] in `format` (DCP_MLA_KV_*), any dtype; 1 stride as for dense decode.
+    /// An index is still page·block_size + slot.
+    pub cache: DcpMlaTensor,
+    /// int32 [batch, num_q, topk]: cache rows page·block_size + slot (−1 or out of range:
+    /// unused); 2 strides (elements between the lists' requests and query rows, each list
+    /// contiguous), default contiguous.
+    pub indices: DcpMlaTensor,
+    /// Optional int32 [batch, num_q] (absent: every entry counts): only the first
+    /// topk_len[i][j] entries count; 2 strides as dense decode's `lens` (FlashMLA's per-request
+    /// topk_length is {1, 0}).
+    pub topk_len: DcpMlaTensor,
+    /// As for dense decode.
+    pub sink: DcpMlaTensor,
+    /// Requests.
+    pub batch: usize,
+    /// Query rows per request.
+    pub num_q: usize,
+    /// Query heads.
+    pub heads: usize,
+    /// KV splits.
+    pub num_splits: usize,
+    /// Pages of `cache`.
+    pub num_pages: usize,
+    /// Tokens per page B.
+    pub block_size: usize,
+    /// Entries per index list.
+    pub topk: usize,
+    /// The softmax scale σ.
+    pub scale: f32,
+    /// As for dense decode.
+    pub schedule: i32,
+    /// The cache format (DCP_MLA_KV_*).
+    pub format: i32,
+    /// As for dense decode.
+    pub empty_lse_inf: i32,
+}
+
+/// Sparse MLA decode (docs/contract.md §4) over the BF16 or FP8-656 cache: row (i, j) attends
+/// to the cache rows page·block_size + slot listed in `indices[i][j]`.
 ///
 /// # Safety
-/// As for dcp_mla_kv_fill; each strides pointer null or pointing at its values (host memory).
+/// As for dcp_mla_launch_kv_fill.
 #[no_mangle]
-pub unsafe extern "C" fn dcp_mla_decode_sparse(
-    device: *const DcpMlaDevice,
-    stream: *mut c_void,
-    q: DcpMlaTensor,
-    q_strides: *const usize,
-    batch: usize,
-    num_q: usize,
-    heads: usize,
-    scale: f32,
-    out: DcpMlaTensor,
-    out_strides: *const usize,
-    lse: DcpMlaTensor,
-    lse_strides: *const usize,
-    empty_lse_inf: i32,
-    num_splits: usize,
-    workspace: DcpMlaTensor,
-    schedule: i32,
-    cache: DcpMlaTensor,
-    format: i32,
-    num_pages: usize,
-    block_size: usize,
-    page_stride: usize,
-    indices: DcpMlaTensor,
-    indices_strides: *const usize,
-    topk: usize,
-    topk_len: DcpMlaTensor,
-    topk_len_strides: *const usize,
-    sink: DcpMlaTensor,
-) -> DcpMlaStatus {
-    launch(device, stream, decode::mla_decode_sparse, || {
+pub unsafe extern "C" fn dcp_mla_launch_decode_sparse(args: *const DcpMlaDecodeSparseArgs) -> DcpMlaStatus {
+    launch(args, decode::mla_decode_sparse, |a| {
+        let common = common!(a);
+        let format: KvFormat = arg!(a.format);
+        let (indices, indices_strides) = strided!(a.indices, 2);
+        let (topk_len, topk_len_strides) = strided!(a.topk_len, 2);
         Ok(SparseDecode {
-            common: decode_common(
-                q,
-                strides_arg(q_strides),
-                batch,
-                num_q,
-                heads,
-                scale,
-                out,
-                strides_arg(out_strides),
-                lse,
-                strides_arg(lse_strides),
-                empty_lse_inf,
-                num_splits,
-                workspace,
-                schedule,
-                sink,
-            )?,
-            cache: arg!(cache),
-            format: arg!(format),
-            num_pages,
-            block_size,
-            indices: arg!(indices),
-            topk,
-            topk_len: arg!(topk_len),
-            topk_len_strides: strides_arg(topk_len_strides),
-            page_stride: page_stride_arg(page_stride),
-            indices_strides: strides_arg(indices_strides),
+            common,
+            page_stride: page_stride(&a.cache, format)?,
+            cache: cache(&a.cache)?,
+            format,
+            num_pages: a.num_pages,
+            block_size: a.block_size,
+            indices,
+            topk: a.topk,
+            topk_len,
+            topk_len_strides,
+            indices_strides,
         })
     })
 }
 
-/// ag_rs combine, step 1 (docs/contract.md §5.1) on rank `rank` of D = `dcp_size` (H = D·local_heads):
-/// contrib[h, t, :] = (w_rank / S) · out[t, h, :] computed in f32, head-major for a reduce-scatter.
-///
-/// - `out`: bf16 or f32 [num_tokens, H, 512], this rank's partial attention output.
-/// - `lse_all`: f32 [D, num_tokens, H], every rank's lse (all-gathered), base `lse_base_code`.
-/// - `contrib`: f32 or bf16 [H, num_tokens, 512] (bf16: rounded to nearest even), written.
+/// The arguments of dcp_mla_launch_ag_rs_correct (docs/contract.md §5.1), on rank `rank` of
+/// D = `dcp_size` (H = D·local_heads).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct DcpMlaAgRsCorrectArgs {
+    /// sizeof(DcpMlaAgRsCorrectArgs) as the caller was compiled.
+    pub struct_size: usize,
+    /// An open handle.
+    pub device: *const DcpMlaDevice,
+    /// The stream (null: the legacy default stream).
+    pub stream: *mut c_void,
+    /// bf16 or f32 [num_tokens, H, 512], this rank's partial attention output.
+    pub out: DcpMlaTensor,
+    /// f32 [D, num_tokens, H], every rank's lse (all-gathered), base `lse_base`.
+    pub lse_all: DcpMlaTensor,
+    /// f32 or bf16 [H, num_tokens, 512] (bf16: rounded to nearest even), written.
+    pub contrib: DcpMlaTensor,
+    /// Tokens T.
+    pub num_tokens: usize,
+    /// Heads per rank.
+    pub local_heads: usize,
+    /// D.
+    pub dcp_size: usize,
+    /// This rank.
+    pub rank: usize,
+    /// The base of `lse_all` (DCP_MLA_LSE_BASE_*).
+    pub lse_base: i32,
+    /// Padding: must be 0.
+    pub _reserved: u32,
+}
+
+/// ag_rs combine, step 1: contrib[h, t, :] = (w_rank / S) · out[t, h, :] computed in f32,
+/// head-major for a reduce-scatter.
 ///
 /// # Safety
-/// As for dcp_mla_kv_fill.
+/// As for dcp_mla_launch_kv_fill.
 #[no_mangle]
-pub unsafe extern "C" fn dcp_mla_ag_rs_correct(
-    device: *const DcpMlaDevice,
-    stream: *mut c_void,
-    out: DcpMlaTensor,
-    lse_all: DcpMlaTensor,
-    lse_base_code: i32,
-    contrib: DcpMlaTensor,
-    num_tokens: usize,
-    local_heads: usize,
-    dcp_size: usize,
-    rank: usize,
-) -> DcpMlaStatus {
-    launch(device, stream, combine::ag_rs_correct, || {
+pub unsafe extern "C" fn dcp_mla_launch_ag_rs_correct(args: *const DcpMlaAgRsCorrectArgs) -> DcpMlaStatus {
+    launch(args, combine::ag_rs_correct, |a| {
+        reserved("_reserved", a._reserved)?;
         Ok(AgRsCorrect {
-            out: arg!(out),
-            lse_all: arg!(lse_all),
-            lse_base: arg!(lse_base_code as "lse_base"),
-            contrib: arg!(contrib),
-            num_tokens,
-            local_heads,
-            dcp_size,
-            rank,
+            out: arg!(a.out),
+            lse_all: arg!(a.lse_all),
+            lse_base: arg!(a.lse_base),
+            contrib: arg!(a.contrib),
+            num_tokens: a.num_tokens,
+            local_heads: a.local_heads,
+            dcp_size: a.dcp_size,
+            rank: a.rank,
         })
     })
+}
+
+/// The arguments of dcp_mla_launch_ag_rs_finish.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct DcpMlaAgRsFinishArgs {
+    /// sizeof(DcpMlaAgRsFinishArgs) as the caller was compiled.
+    pub struct_size: usize,
+    /// An open handle.
+    pub device: *const DcpMlaDevice,
+    /// The stream (null: the legacy default stream).
+    pub stream: *mut c_void,
+    /// f32 or bf16 [local_heads, num_tokens, 512], the reduce-scattered contributions.
+    pub summed: DcpMlaTensor,
+    /// f32 [D, num_tokens, D·local_heads], the same all-gathered lse, base `lse_base`.
+    pub lse_all: DcpMlaTensor,
+    /// bf16 or f32 [num_tokens, local_heads, 512], written.
+    pub out: DcpMlaTensor,
+    /// f32 [num_tokens, local_heads], written.
+    pub lse: DcpMlaTensor,
+    /// Optional f32 [local_heads] (absent: none), the attention sinks of this rank's heads
+    /// (sink[j] for head rank·local_heads + j), applied once to the merged f32 rows before the
+    /// cast.
+    pub sink: DcpMlaTensor,
+    /// Tokens T.
+    pub num_tokens: usize,
+    /// Heads per rank.
+    pub local_heads: usize,
+    /// D.
+    pub dcp_size: usize,
+    /// This rank.
+    pub rank: usize,
+    /// The base of `lse_all` (DCP_MLA_LSE_BASE_*).
+    pub lse_base: i32,
+    /// Padding: must be 0.
+    pub _reserved: u32,
 }
 
 /// ag_rs combine, step 2: casts this rank's reduce-scattered heads to the output dtype and
 /// writes their merged lse (natural log; −inf with out = 0 where every shard is empty).
 ///
-/// - `summed`: f32 or bf16 [local_heads, num_tokens, 512], the reduce-scattered contributions.
-/// - `lse_all`: f32 [D, num_tokens, D·local_heads], the same all-gathered lse, base `lse_base_code`.
-/// - `out`: bf16 or f32 [num_tokens, local_heads, 512]; `lse`: f32 [num_tokens, local_heads].
-/// - `sink`: optional f32 [local_heads] (null data: none), the attention sinks of this rank's heads
-///   (sink[j] for head rank·local_heads + j), applied once to the merged f32 rows before the cast.
-///
 /// # Safety
-/// As for dcp_mla_kv_fill.
+/// As for dcp_mla_launch_kv_fill.
 #[no_mangle]
-pub unsafe extern "C" fn dcp_mla_ag_rs_finish(
-    device: *const DcpMlaDevice,
-    stream: *mut c_void,
-    summed: DcpMlaTensor,
-    lse_all: DcpMlaTensor,
-    lse_base_code: i32,
-    out: DcpMlaTensor,
-    lse: DcpMlaTensor,
-    num_tokens: usize,
-    local_heads: usize,
-    dcp_size: usize,
-    rank: usize,
-    sink: DcpMlaTensor,
-) -> DcpMlaStatus {
-    launch(device, stream, combine::ag_rs_finish, || {
+pub unsafe extern "C" fn dcp_mla_launch_ag_rs_finish(args: *const DcpMlaAgRsFinishArgs) -> DcpMlaStatus {
+    launch(args, combine::ag_rs_finish, |a| {
+        reserved("_reserved", a._reserved)?;
         Ok(AgRsFinish {
-            summed: arg!(summed),
-            lse_all: arg!(lse_all),
-            lse_base: arg!(lse_base_code as "lse_base"),
-            out: arg!(out),
-            lse: arg!(lse),
-            num_tokens,
-            local_heads,
-            dcp_size,
-            rank,
-            sink: arg!(sink),
+            summed: arg!(a.summed),
+            lse_all: arg!(a.lse_all),
+            lse_base: arg!(a.lse_base),
+            out: arg!(a.out),
+            lse: arg!(a.lse),
+            num_tokens: a.num_tokens,
+            local_heads: a.local_heads,
+            dcp_size: a.dcp_size,
+            rank: a.rank,
+            sink: arg!(a.sink),
         })
     })
 }
 
-/// a2a combine, send side (docs/contract.md §5.2): packs this rank's out (as bf16) and lse into one slot
-/// per destination rank d (heads [d·H_l, (d+1)·H_l)), so one all-to-all moves both.
-///
-/// - `out`: bf16 or f32 [num_tokens, D·local_heads, 512]; `lse`: f32 [num_tokens, D·local_heads].
-/// - `send`: bytes [D, slot_bytes] (any dtype), slot_bytes from dcp_mla_a2a_slot_bytes.
+/// The arguments of dcp_mla_launch_a2a_pack (docs/contract.md §5.2).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct DcpMlaA2aPackArgs {
+    /// sizeof(DcpMlaA2aPackArgs) as the caller was compiled.
+    pub struct_size: usize,
+    /// An open handle.
+    pub device: *const DcpMlaDevice,
+    /// The stream (null: the legacy default stream).
+    pub stream: *mut c_void,
+    /// bf16 or f32 [num_tokens, D·local_heads, 512].
+    pub out: DcpMlaTensor,
+    /// f32 [num_tokens, D·local_heads].
+    pub lse: DcpMlaTensor,
+    /// Bytes [D, slot_bytes] (any dtype), written.
+    pub send: DcpMlaTensor,
+    /// Bytes per slot (dcp_mla_a2a_slot_bytes).
+    pub slot_bytes: usize,
+    /// Tokens T.
+    pub num_tokens: usize,
+    /// Heads per rank.
+    pub local_heads: usize,
+    /// D.
+    pub dcp_size: usize,
+}
+
+/// a2a combine, send side: packs this rank's out (as bf16) and lse into one slot per
+/// destination rank d (heads [d·H_l, (d+1)·H_l)), so one all-to-all moves both.
 ///
 /// # Safety
-/// As for dcp_mla_kv_fill.
+/// As for dcp_mla_launch_kv_fill.
 #[no_mangle]
-pub unsafe extern "C" fn dcp_mla_a2a_pack(
-    device: *const DcpMlaDevice,
-    stream: *mut c_void,
-    out: DcpMlaTensor,
-    lse: DcpMlaTensor,
-    send: DcpMlaTensor,
-    slot_bytes: usize,
-    num_tokens: usize,
-    local_heads: usize,
-    dcp_size: usize,
-) -> DcpMlaStatus {
-    launch(device, stream, combine::a2a_pack, || {
-        Ok(A2aPack { out: arg!(out), lse: arg!(lse), send: arg!(send), slot_bytes, num_tokens, local_heads, dcp_size })
+pub unsafe extern "C" fn dcp_mla_launch_a2a_pack(args: *const DcpMlaA2aPackArgs) -> DcpMlaStatus {
+    launch(args, combine::a2a_pack, |a| {
+        Ok(A2aPack {
+            out: arg!(a.out),
+            lse: arg!(a.lse),
+            send: arg!(a.send),
+            slot_bytes: a.slot_bytes,
+            num_tokens: a.num_tokens,
+            local_heads: a.local_heads,
+            dcp_size: a.dcp_size,
+        })
     })
 }
 
-/// a2a combine, receive side: the full merge (docs/contract.md §5) of the D received slots, in f32, rank
-/// order, a source with coefficient 0 skipped. Compiled for D in {1, 2, 4, 8} (D = 1 is the identity: the one slot
+/// The arguments of dcp_mla_launch_a2a_combine.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct DcpMlaA2aCombineArgs {
+    /// sizeof(DcpMlaA2aCombineArgs) as the caller was compiled.
+    pub struct_size: usize,
+    /// An open handle.
+    pub device: *const DcpMlaDevice,
+    /// The stream (null: the legacy default stream).
+    pub stream: *mut c_void,
+    /// Bytes [D, slot_bytes]: slot r as source rank r packed it for this rank.
+    pub recv: DcpMlaTensor,
+    /// bf16 or f32 [num_tokens, local_heads, 512], written.
+    pub out: DcpMlaTensor,
+    /// f32 [num_tokens, local_heads], written.
+    pub lse: DcpMlaTensor,
+    /// Optional f32 [local_heads] (absent: none): as for dcp_mla_launch_ag_rs_finish.
+    pub sink: DcpMlaTensor,
+    /// Bytes per slot.
+    pub slot_bytes: usize,
+    /// Tokens T.
+    pub num_tokens: usize,
+    /// Heads per rank.
+    pub local_heads: usize,
+    /// D (compiled for 1, 2, 4, 8).
+    pub dcp_size: usize,
+    /// The base of the packed lse (DCP_MLA_LSE_BASE_*).
+    pub lse_base: i32,
+    /// Padding: must be 0.
+    pub _reserved: u32,
+}
+
+/// a2a combine, receive side: the full merge (docs/contract.md §5) of the D received slots, in
+/// f32, rank order, a source with coefficient 0 skipped (D = 1 is the identity: the one slot
 /// unpacked, docs/contract.md §9's DCP identity at D = 1).
 ///
-/// - `recv`: bytes [D, slot_bytes]: slot r as source rank r packed it for this rank.
-/// - `out`: bf16 or f32 [num_tokens, local_heads, 512]; `lse`: f32 [num_tokens, local_heads].
-/// - `sink`: optional f32 [local_heads] (null data: none): as for dcp_mla_ag_rs_finish.
-///
 /// # Safety
-/// As for dcp_mla_kv_fill.
+/// As for dcp_mla_launch_kv_fill.
 #[no_mangle]
-pub unsafe extern "C" fn dcp_mla_a2a_combine(
-    device: *const DcpMlaDevice,
-    stream: *mut c_void,
-    recv: DcpMlaTensor,
-    slot_bytes: usize,
-    lse_base_code: i32,
-    out: DcpMlaTensor,
-    lse: DcpMlaTensor,
-    num_tokens: usize,
-    local_heads: usize,
-    dcp_size: usize,
-    sink: DcpMlaTensor,
-) -> DcpMlaStatus {
-    launch(device, stream, combine::a2a_combine, || {
-        let a = A2aCombine {
-            recv: arg!(recv),
-            slot_bytes,
-            lse_base: arg!(lse_base_code as "lse_base"),
-            out: arg!(out),
-            lse: arg!(lse),
-            num_tokens,
-            local_heads,
-            dcp_size,
-            sink: arg!(sink),
+pub unsafe extern "C" fn dcp_mla_launch_a2a_combine(args: *const DcpMlaA2aCombineArgs) -> DcpMlaStatus {
+    launch(args, combine::a2a_combine, |a| {
+        reserved("_reserved", a._reserved)?;
+        let c = A2aCombine {
+            recv: arg!(a.recv),
+            slot_bytes: a.slot_bytes,
+            lse_base: arg!(a.lse_base),
+            out: arg!(a.out),
+            lse: arg!(a.lse),
+            num_tokens: a.num_tokens,
+            local_heads: a.local_heads,
+            dcp_size: a.dcp_size,
+            sink: arg!(a.sink),
         };
-        if !combine::a2a_combine_compiled(dcp_size, &a.out) {
+        if !combine::a2a_combine_compiled(a.dcp_size, &c.out) {
             return Err(fail(
                 DcpMlaStatus::Unsupported,
-                format!("a2a combine for D = {dcp_size} is not compiled (D in {:?})", combine::A2A_RANKS),
+                format!("a2a combine for D = {} is not compiled (D in {:?})", a.dcp_size, combine::A2A_RANKS),
             ));
         }
-        Ok(a)
+        Ok(c)
     })
 }
 
-/// The two-way merge of chunked prefill (docs/contract.md §5.3): (out_a, lse_a) + (out_b, lse_b) over
-/// `rows` rows, f32 accumulation. An `out` of the inputs' dtype may be exactly `out_a` or `out_b`
-/// (in place).
-///
-/// - `out_a`, `out_b`: bf16 or f32 [rows, 512], both the same dtype; `lse_a`, `lse_b`: f32
-///   [rows], each in its own base
-///   (`lse_a_base_code`, `lse_b_base_code`: a running natural-log result merged with a base-2
-///   chunk is the normal case).
-/// - `out`: bf16 or f32 [rows, 512]; `lse`: f32 [rows], natural log.
-/// - `sink`: optional f32 [H] (null data: none): attention sinks applied to the merged rows, laid
-///   out [T, H] (head = row mod H, H = sink.numel dividing `rows`). Pass it on the last merge of a
-///   chain only, so that the sink enters the softmax once.
+/// The arguments of dcp_mla_launch_merge_two (docs/contract.md §5.3).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct DcpMlaMergeTwoArgs {
+    /// sizeof(DcpMlaMergeTwoArgs) as the caller was compiled.
+    pub struct_size: usize,
+    /// An open handle.
+    pub device: *const DcpMlaDevice,
+    /// The stream (null: the legacy default stream).
+    pub stream: *mut c_void,
+    /// bf16 or f32 [rows, 512].
+    pub out_a: DcpMlaTensor,
+    /// f32 [rows], base `lse_a_base`.
+    pub lse_a: DcpMlaTensor,
+    /// [rows, 512], out_a's dtype.
+    pub out_b: DcpMlaTensor,
+    /// f32 [rows], base `lse_b_base`.
+    pub lse_b: DcpMlaTensor,
+    /// bf16 or f32 [rows, 512], written; of the inputs' dtype it may be exactly out_a or out_b
+    /// (in place).
+    pub out: DcpMlaTensor,
+    /// f32 [rows], natural log, written.
+    pub lse: DcpMlaTensor,
+    /// Optional f32 [H] (absent: none): attention sinks applied to the merged rows, laid out
+    /// [T, H] (head = row mod H, H = sink.numel dividing `rows`). Give it on the last merge of a
+    /// chain only, so that the sink enters the softmax once.
+    pub sink: DcpMlaTensor,
+    /// Rows.
+    pub rows: usize,
+    /// The base of lse_a (DCP_MLA_LSE_BASE_*; a running natural-log result merged with a
+    /// base-2 chunk is the normal case).
+    pub lse_a_base: i32,
+    /// The base of lse_b.
+    pub lse_b_base: i32,
+}
+
+/// The two-way merge of chunked prefill: (out_a, lse_a) + (out_b, lse_b) over `rows` rows, f32
+/// accumulation.
 ///
 /// # Safety
-/// As for dcp_mla_kv_fill.
+/// As for dcp_mla_launch_kv_fill.
 #[no_mangle]
-pub unsafe extern "C" fn dcp_mla_merge_two(
-    device: *const DcpMlaDevice,
-    stream: *mut c_void,
-    out_a: DcpMlaTensor,
-    lse_a: DcpMlaTensor,
-    out_b: DcpMlaTensor,
-    lse_b: DcpMlaTensor,
-    lse_a_base_code: i32,
-    lse_b_base_code: i32,
-    out: DcpMlaTensor,
-    lse: DcpMlaTensor,
-    rows: usize,
-    sink: DcpMlaTensor,
-) -> DcpMlaStatus {
-    launch(device, stream, combine::merge_two, || {
+pub unsafe extern "C" fn dcp_mla_launch_merge_two(args: *const DcpMlaMergeTwoArgs) -> DcpMlaStatus {
+    launch(args, combine::merge_two, |a| {
         Ok(MergeTwo {
-            out_a: arg!(out_a),
-            lse_a: arg!(lse_a),
-            out_b: arg!(out_b),
-            lse_b: arg!(lse_b),
-            lse_a_base: arg!(lse_a_base_code as "lse_a_base"),
-            lse_b_base: arg!(lse_b_base_code as "lse_b_base"),
-            out: arg!(out),
-            lse: arg!(lse),
-            rows,
-            sink: arg!(sink),
+            out_a: arg!(a.out_a),
+            lse_a: arg!(a.lse_a),
+            out_b: arg!(a.out_b),
+            lse_b: arg!(a.lse_b),
+            lse_a_base: arg!(a.lse_a_base),
+            lse_b_base: arg!(a.lse_b_base),
+            out: arg!(a.out),
+            lse: arg!(a.lse),
+            rows: a.rows,
+            sink: arg!(a.sink),
         })
     })
 }
 
-/// Local top-k (docs/contract.md §6): per row the K best of the first lens[row] scores by (score
-/// descending, index ascending; NaN as −inf), as ascending indices, −1 padded.
-///
-/// - `scores`: f32 [rows, row_stride], the first `cols` columns usable.
-/// - `lens`: int32 [rows]; `k`: 256, 512, 1024 or 2048; `out`: int32 [rows, k].
+/// The arguments of dcp_mla_launch_topk_local (docs/contract.md §6).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct DcpMlaTopkLocalArgs {
+    /// sizeof(DcpMlaTopkLocalArgs) as the caller was compiled.
+    pub struct_size: usize,
+    /// An open handle.
+    pub device: *const DcpMlaDevice,
+    /// The stream (null: the legacy default stream).
+    pub stream: *mut c_void,
+    /// f32 [rows, …], the first `cols` columns usable; 1 stride (elements between rows),
+    /// default `cols`.
+    pub scores: DcpMlaTensor,
+    /// int32 [rows].
+    pub lens: DcpMlaTensor,
+    /// int32 [rows, k], written.
+    pub out: DcpMlaTensor,
+    /// Columns usable.
+    pub cols: usize,
+    /// Rows.
+    pub rows: usize,
+    /// K: 256, 512, 1024 or 2048.
+    pub k: usize,
+}
+
+/// Local top-k: per row the K best of the first lens[row] scores by (score descending, index
+/// ascending; NaN as −inf), as ascending indices, −1 padded.
 ///
 /// # Safety
-/// As for dcp_mla_kv_fill.
+/// As for dcp_mla_launch_kv_fill.
 #[no_mangle]
-pub unsafe extern "C" fn dcp_mla_topk_local(
-    device: *const DcpMlaDevice,
-    stream: *mut c_void,
-    scores: DcpMlaTensor,
-    row_stride: usize,
-    cols: usize,
-    lens: DcpMlaTensor,
-    rows: usize,
-    k: usize,
-    out: DcpMlaTensor,
-) -> DcpMlaStatus {
-    launch(device, stream, topk::local_topk, || {
-        let a = LocalTopk { scores: arg!(scores), row_stride, cols, lens: arg!(lens), rows, k, out: arg!(out) };
-        if !topk::local_topk_compiled(k) {
+pub unsafe extern "C" fn dcp_mla_launch_topk_local(args: *const DcpMlaTopkLocalArgs) -> DcpMlaStatus {
+    launch(args, topk::local_topk, |a| {
+        let (scores, row_stride) = strided!(a.scores, 1);
+        let t = LocalTopk {
+            scores,
+            row_stride: or(row_stride, a.cols),
+            cols: a.cols,
+            lens: arg!(a.lens),
+            rows: a.rows,
+            k: a.k,
+            out: arg!(a.out),
+        };
+        if !topk::local_topk_compiled(a.k) {
             return Err(fail(
                 DcpMlaStatus::Unsupported,
-                format!("local top-k for K = {k} is not compiled (K in 256, 512, 1024, 2048)"),
+                format!("local top-k for K = {} is not compiled (K in 256, 512, 1024, 2048)", a.k),
             ));
         }
-        Ok(a)
+        Ok(t)
     })
+}
+
+/// The arguments of dcp_mla_launch_topk_pack.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct DcpMlaTopkPackArgs {
+    /// sizeof(DcpMlaTopkPackArgs) as the caller was compiled.
+    pub struct_size: usize,
+    /// An open handle.
+    pub device: *const DcpMlaDevice,
+    /// The stream (null: the legacy default stream).
+    pub stream: *mut c_void,
+    /// int32 [rows, k], this rank's local top-k.
+    pub local_idx: DcpMlaTensor,
+    /// f32 [rows, …], `cols` columns used; 1 stride as topk_local's, default `cols`.
+    pub scores: DcpMlaTensor,
+    /// f32 [rows, k], written (usually this rank's slot of the [D, rows, k] buffers the
+    /// all-gather fills).
+    pub cand_scores: DcpMlaTensor,
+    /// int32 [rows, k], written.
+    pub cand_ids: DcpMlaTensor,
+    /// Columns used.
+    pub cols: usize,
+    /// Rows.
+    pub rows: usize,
+    /// K.
+    pub k: usize,
+    /// D.
+    pub dcp_size: usize,
+    /// I.
+    pub interleave: usize,
+    /// This rank.
+    pub rank: usize,
 }
 
 /// Packs this rank's local top-k into candidates: (scores[row, l] bit for bit, global(l, rank))
 /// per entry, (−inf, −1) for an unused one.
 ///
-/// - `local_idx`: int32 [rows, k]; `scores`: f32 [rows, row_stride], `cols` columns used.
-/// - `cand_scores`: f32 [rows, k], `cand_ids`: int32 [rows, k]: written (usually this rank's slot
-///   of the [D, rows, k] buffers the all-gather fills).
-///
 /// # Safety
-/// As for dcp_mla_kv_fill.
+/// As for dcp_mla_launch_kv_fill.
 #[no_mangle]
-pub unsafe extern "C" fn dcp_mla_topk_pack(
-    device: *const DcpMlaDevice,
-    stream: *mut c_void,
-    local_idx: DcpMlaTensor,
-    scores: DcpMlaTensor,
-    row_stride: usize,
-    cols: usize,
-    rows: usize,
-    k: usize,
-    dcp_size: usize,
-    interleave: usize,
-    rank: usize,
-    cand_scores: DcpMlaTensor,
-    cand_ids: DcpMlaTensor,
-) -> DcpMlaStatus {
-    launch(device, stream, topk::pack_candidates, || {
+pub unsafe extern "C" fn dcp_mla_launch_topk_pack(args: *const DcpMlaTopkPackArgs) -> DcpMlaStatus {
+    launch(args, topk::pack_candidates, |a| {
+        let (scores, row_stride) = strided!(a.scores, 1);
         Ok(PackCandidates {
-            local_idx: arg!(local_idx),
-            scores: arg!(scores),
-            row_stride,
-            cols,
-            rows,
-            k,
-            dcp: layout(dcp_size, interleave),
-            rank,
-            cand_scores: arg!(cand_scores),
-            cand_ids: arg!(cand_ids),
+            local_idx: arg!(a.local_idx),
+            scores,
+            row_stride: or(row_stride, a.cols),
+            cols: a.cols,
+            rows: a.rows,
+            k: a.k,
+            dcp: layout(a.dcp_size, a.interleave),
+            rank: a.rank,
+            cand_scores: arg!(a.cand_scores),
+            cand_ids: arg!(a.cand_ids),
         })
     })
 }
 
-/// Global merge (docs/contract.md §6): the exact top-K of the D·K all-gathered candidates per row by
-/// (score descending, id ascending), in candidate order, −1 padded. D·K must be a multiple of
-/// 512 (DCP_MLA_STATUS_INVALID_CONFIG otherwise, naming D and K).
-///
-/// - `cand_scores`: f32 [D, rows, k], `cand_ids`: int32 [D, rows, k], rank-major.
-/// - `out`: int32 [rows, k], global ids.
+/// The arguments of dcp_mla_launch_topk_merge.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct DcpMlaTopkMergeArgs {
+    /// sizeof(DcpMlaTopkMergeArgs) as the caller was compiled.
+    pub struct_size: usize,
+    /// An open handle.
+    pub device: *const DcpMlaDevice,
+    /// The stream (null: the legacy default stream).
+    pub stream: *mut c_void,
+    /// f32 [D, rows, k], rank-major.
+    pub cand_scores: DcpMlaTensor,
+    /// int32 [D, rows, k], rank-major.
+    pub cand_ids: DcpMlaTensor,
+    /// int32 [rows, k], global ids, written.
+    pub out: DcpMlaTensor,
+    /// D.
+    pub dcp_size: usize,
+    /// Rows.
+    pub rows: usize,
+    /// K.
+    pub k: usize,
+}
+
+/// Global merge (docs/contract.md §6): the exact top-K of the D·K all-gathered candidates per
+/// row by (score descending, id ascending), in candidate order, −1 padded. D·K must be a
+/// multiple of 512 (DCP_MLA_STATUS_INVALID_CONFIG otherwise, naming D and K).
 ///
 /// # Safety
-/// As for dcp_mla_kv_fill.
+/// As for dcp_mla_launch_kv_fill.
 #[no_mangle]
-pub unsafe extern "C" fn dcp_mla_topk_merge(
-    device: *const DcpMlaDevice,
-    stream: *mut c_void,
-    cand_scores: DcpMlaTensor,
-    cand_ids: DcpMlaTensor,
-    dcp_size: usize,
-    rows: usize,
-    k: usize,
-    out: DcpMlaTensor,
-) -> DcpMlaStatus {
-    launch(device, stream, topk::global_merge, || {
-        let a =
-            GlobalMerge { cand_scores: arg!(cand_scores), cand_ids: arg!(cand_ids), dcp_size, rows, k, out: arg!(out) };
-        check_topk(dcp_size, k)?;
-        if !topk::global_merge_compiled(dcp_size, k) {
+pub unsafe extern "C" fn dcp_mla_launch_topk_merge(args: *const DcpMlaTopkMergeArgs) -> DcpMlaStatus {
+    launch(args, topk::global_merge, |a| {
+        let m = GlobalMerge {
+            cand_scores: arg!(a.cand_scores),
+            cand_ids: arg!(a.cand_ids),
+            dcp_size: a.dcp_size,
+            rows: a.rows,
+            k: a.k,
+            out: arg!(a.out),
+        };
+        check_topk(a.dcp_size, a.k)?;
+        if !topk::global_merge_compiled(a.dcp_size, a.k) {
             return Err(fail(
                 DcpMlaStatus::Unsupported,
-                format!("global top-k merge for D = {dcp_size}, K = {k} is not compiled (D in 1, 2, 4, 8)"),
+                format!("global top-k merge for D = {}, K = {} is not compiled (D in 1, 2, 4, 8)", a.dcp_size, a.k),
             ));
         }
-        Ok(a)
+        Ok(m)
     })
 }
 
-/// Compaction for rank `rank` (docs/contract.md §6): keeps the ids this rank owns, as local positions
-/// (or page·block_size + slot when `block_table` is given), compacted to the front, −1 padded,
-/// with per-row counts.
-///
-/// - `ids`: int32 [rows, k], merged global ids; `out`: int32 [rows, k]; `counts`: int32 [rows].
-/// - `block_table`: optional int32 [ceil(rows / rows_per_request), block_table_stride] (null data:
-///   no translation); `block_size` B; row i belongs to request i / rows_per_request.
+/// The arguments of dcp_mla_launch_topk_compact.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct DcpMlaTopkCompactArgs {
+    /// sizeof(DcpMlaTopkCompactArgs) as the caller was compiled.
+    pub struct_size: usize,
+    /// An open handle.
+    pub device: *const DcpMlaDevice,
+    /// The stream (null: the legacy default stream).
+    pub stream: *mut c_void,
+    /// int32 [rows, k], merged global ids.
+    pub ids: DcpMlaTensor,
+    /// Optional int32 [ceil(rows / rows_per_request), …] (absent: no translation); when given,
+    /// 1 stride (elements between requests) is required.
+    pub block_table: DcpMlaTensor,
+    /// int32 [rows, k], written.
+    pub out: DcpMlaTensor,
+    /// int32 [rows], written.
+    pub counts: DcpMlaTensor,
+    /// Rows.
+    pub rows: usize,
+    /// K.
+    pub k: usize,
+    /// D.
+    pub dcp_size: usize,
+    /// I.
+    pub interleave: usize,
+    /// This rank.
+    pub rank: usize,
+    /// Tokens per page B (with `block_table`).
+    pub block_size: usize,
+    /// Row i belongs to request i / rows_per_request (with `block_table`).
+    pub rows_per_request: usize,
+}
+
+/// Compaction for rank `rank` (docs/contract.md §6): keeps the ids this rank owns, as local
+/// positions (or page·block_size + slot when `block_table` is given), compacted to the front,
+/// −1 padded, with per-row counts.
 ///
 /// # Safety
-/// As for dcp_mla_kv_fill.
+/// As for dcp_mla_launch_kv_fill.
 #[no_mangle]
-pub unsafe extern "C" fn dcp_mla_topk_compact(
-    device: *const DcpMlaDevice,
-    stream: *mut c_void,
-    ids: DcpMlaTensor,
-    rows: usize,
-    k: usize,
-    dcp_size: usize,
-    interleave: usize,
-    rank: usize,
-    block_table: DcpMlaTensor,
-    block_table_stride: usize,
-    block_size: usize,
-    rows_per_request: usize,
-    out: DcpMlaTensor,
-    counts: DcpMlaTensor,
-) -> DcpMlaStatus {
-    launch(device, stream, topk::compact, || {
-        let block_table: Option<DeviceSlice<i32>> = arg!(block_table);
-        let translate = block_table.map(|t| PageTranslate {
-            block_table: t,
-            stride: block_table_stride,
-            block_size,
-            rows_per_request,
-        });
-        let a = Compact {
-            ids: arg!(ids),
-            rows,
-            k,
-            dcp: layout(dcp_size, interleave),
-            rank,
-            translate,
-            out: arg!(out),
-            counts: arg!(counts),
+pub unsafe extern "C" fn dcp_mla_launch_topk_compact(args: *const DcpMlaTopkCompactArgs) -> DcpMlaStatus {
+    launch(args, topk::compact, |a| {
+        let (block_table, stride): (Option<DeviceSlice<i32>>, _) = strided!(a.block_table, 1);
+        let translate = match (block_table, stride) {
+            (None, _) => None,
+            (Some(_), None) => {
+                return Err(crate::bad_arg(
+                    "block_table.num_strides",
+                    "0: a translating compaction takes the table's row stride (1 stride)",
+                ))
+            }
+            (Some(t), Some([stride])) => Some(PageTranslate {
+                block_table: t,
+                stride,
+                block_size: a.block_size,
+                rows_per_request: a.rows_per_request,
+            }),
         };
-        Ok(a)
+        Ok(Compact {
+            ids: arg!(a.ids),
+            rows: a.rows,
+            k: a.k,
+            dcp: layout(a.dcp_size, a.interleave),
+            rank: a.rank,
+            translate,
+            out: arg!(a.out),
+            counts: arg!(a.counts),
+        })
     })
 }
 
-/// Prefill prefix flatten (docs/contract.md §7): writes this rank's rows of one chunk into its uniform
-/// bf16 buffer (FP8-656 dequantised), zeros elsewhere; the chunk's layout is read from the
-/// device-side piece table (dcp_mla_prefill_piece_table).
-///
-/// - `cache`: [num_pages, page_stride, row] in `format` (`page_stride` 0: packed pages, as for
-///   dcp_mla_kv_fill); `block_table`: int32
-///   [batch, block_table_stride], the first `max_pages` columns read.
-/// - `pieces`: int32 [max_pieces, 8]; `out`: bf16 [cap_rows, 576], every row written.
+/// The arguments of dcp_mla_launch_prefill_flatten (docs/contract.md §7).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct DcpMlaPrefillFlattenArgs {
+    /// sizeof(DcpMlaPrefillFlattenArgs) as the caller was compiled.
+    pub struct_size: usize,
+    /// An open handle.
+    pub device: *const DcpMlaDevice,
+    /// The stream (null: the legacy default stream).
+    pub stream: *mut c_void,
+    /// [num_pages, …, row] in `format`; 1 stride as for dcp_mla_launch_kv_fill.
+    pub cache: DcpMlaTensor,
+    /// int32 [batch, …], the first `max_pages` columns read; 1 stride, default `max_pages`.
+    pub block_table: DcpMlaTensor,
+    /// int32 [max_pieces, 8], the chunk's piece table (dcp_mla_prefill_piece_table).
+    pub pieces: DcpMlaTensor,
+    /// bf16 [cap_rows, 576], every row written.
+    pub out: DcpMlaTensor,
+    /// Pages of `cache`.
+    pub num_pages: usize,
+    /// Tokens per page B.
+    pub block_size: usize,
+    /// Rows of `block_table`.
+    pub batch: usize,
+    /// Columns of `block_table` read.
+    pub max_pages: usize,
+    /// Rows of `pieces`.
+    pub max_pieces: usize,
+    /// Rows of `out`.
+    pub cap_rows: usize,
+    /// D.
+    pub dcp_size: usize,
+    /// I.
+    pub interleave: usize,
+    /// This rank.
+    pub rank: usize,
+    /// The cache format (DCP_MLA_KV_*).
+    pub format: i32,
+    /// Padding: must be 0.
+    pub _reserved: u32,
+}
+
+/// Prefill prefix flatten: writes this rank's rows of one chunk into its uniform bf16 buffer
+/// (FP8-656 dequantised), zeros elsewhere; the chunk's layout is read from the device-side
+/// piece table.
 ///
 /// # Safety
-/// As for dcp_mla_kv_fill.
+/// As for dcp_mla_launch_kv_fill.
 #[no_mangle]
-pub unsafe extern "C" fn dcp_mla_prefill_flatten(
-    device: *const DcpMlaDevice,
-    stream: *mut c_void,
-    cache: DcpMlaTensor,
-    format: i32,
-    num_pages: usize,
-    block_size: usize,
-    page_stride: usize,
-    block_table: DcpMlaTensor,
-    block_table_stride: usize,
-    batch: usize,
-    max_pages: usize,
-    pieces: DcpMlaTensor,
-    max_pieces: usize,
-    out: DcpMlaTensor,
-    cap_rows: usize,
-    dcp_size: usize,
-    interleave: usize,
-    rank: usize,
-) -> DcpMlaStatus {
-    launch(device, stream, prefill::flatten, || {
+pub unsafe extern "C" fn dcp_mla_launch_prefill_flatten(args: *const DcpMlaPrefillFlattenArgs) -> DcpMlaStatus {
+    launch(args, prefill::flatten, |a| {
+        let format: KvFormat = arg!(a.format);
+        reserved("_reserved", a._reserved)?;
+        let (block_table, table_stride) = strided!(a.block_table, 1);
         Ok(Flatten {
-            cache: arg!(cache),
-            format: arg!(format),
-            num_pages,
-            block_size,
-            page_stride: page_stride_arg(page_stride),
-            block_table: arg!(block_table),
-            block_table_stride,
-            batch,
-            max_pages,
-            pieces: arg!(pieces),
-            max_pieces,
-            out: arg!(out),
-            cap_rows,
-            dcp: layout(dcp_size, interleave),
-            rank,
+            page_stride: page_stride(&a.cache, format)?,
+            cache: cache(&a.cache)?,
+            format,
+            num_pages: a.num_pages,
+            block_size: a.block_size,
+            block_table,
+            block_table_stride: or(table_stride, a.max_pages),
+            batch: a.batch,
+            max_pages: a.max_pages,
+            pieces: arg!(a.pieces),
+            max_pieces: a.max_pieces,
+            out: arg!(a.out),
+            cap_rows: a.cap_rows,
+            dcp: layout(a.dcp_size, a.interleave),
+            rank: a.rank,
         })
     })
 }
 
-/// Prefill reorder: writes every token of every piece from the all-gathered flatten buffers
-/// to its global row.
-///
-/// - `gathered`: bf16 [D, cap_rows, 576]; `pieces`: int32 [max_pieces, 8] (the flatten's table).
-/// - `out`: bf16 [out_rows, 576]; rows of other chunks are left as they are.
+/// The arguments of dcp_mla_launch_prefill_reorder.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct DcpMlaPrefillReorderArgs {
+    /// sizeof(DcpMlaPrefillReorderArgs) as the caller was compiled.
+    pub struct_size: usize,
+    /// An open handle.
+    pub device: *const DcpMlaDevice,
+    /// The stream (null: the legacy default stream).
+    pub stream: *mut c_void,
+    /// bf16 [D, cap_rows, 576], the all-gathered flatten buffers.
+    pub gathered: DcpMlaTensor,
+    /// int32 [max_pieces, 8] (the flatten's table).
+    pub pieces: DcpMlaTensor,
+    /// bf16 [out_rows, 576]; rows of other chunks are left as they are.
+    pub out: DcpMlaTensor,
+    /// Rows per rank of `gathered`.
+    pub cap_rows: usize,
+    /// Rows of `pieces`.
+    pub max_pieces: usize,
+    /// Rows of `out`.
+    pub out_rows: usize,
+    /// D.
+    pub dcp_size: usize,
+    /// I.
+    pub interleave: usize,
+}
+
+/// Prefill reorder: writes every token of every piece from the all-gathered flatten buffers to
+/// its global row.
 ///
 /// # Safety
-/// As for dcp_mla_kv_fill.
+/// As for dcp_mla_launch_kv_fill.
 #[no_mangle]
-pub unsafe extern "C" fn dcp_mla_prefill_reorder(
-    device: *const DcpMlaDevice,
-    stream: *mut c_void,
-    gathered: DcpMlaTensor,
-    cap_rows: usize,
-    pieces: DcpMlaTensor,
-    max_pieces: usize,
-    out: DcpMlaTensor,
-    out_rows: usize,
-    dcp_size: usize,
-    interleave: usize,
-) -> DcpMlaStatus {
-    launch(device, stream, prefill::reorder, || {
+pub unsafe extern "C" fn dcp_mla_launch_prefill_reorder(args: *const DcpMlaPrefillReorderArgs) -> DcpMlaStatus {
+    launch(args, prefill::reorder, |a| {
         Ok(Reorder {
-            gathered: arg!(gathered),
-            cap_rows,
-            pieces: arg!(pieces),
-            max_pieces,
-            out: arg!(out),
-            out_rows,
-            dcp: layout(dcp_size, interleave),
+            gathered: arg!(a.gathered),
+            cap_rows: a.cap_rows,
+            pieces: arg!(a.pieces),
+            max_pieces: a.max_pieces,
+            out: arg!(a.out),
+            out_rows: a.out_rows,
+            dcp: layout(a.dcp_size, a.interleave),
         })
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every struct appeared in revision 5: its first size is its size, and the smallest
+    /// struct_size accepted. (A revision that appends fields keeps FIRST_SIZE and changes this.)
+    #[test]
+    fn first_sizes_are_the_revision_5_sizes() {
+        fn check<T: ArgsStruct>() {
+            assert_eq!(T::FIRST_SIZE, std::mem::size_of::<T>(), "{}", T::NAME);
+        }
+        check::<DcpMlaKvFillArgs>();
+        check::<DcpMlaDecodeDenseArgs>();
+        check::<DcpMlaDecodeSparseArgs>();
+        check::<DcpMlaAgRsCorrectArgs>();
+        check::<DcpMlaAgRsFinishArgs>();
+        check::<DcpMlaA2aPackArgs>();
+        check::<DcpMlaA2aCombineArgs>();
+        check::<DcpMlaMergeTwoArgs>();
+        check::<DcpMlaTopkLocalArgs>();
+        check::<DcpMlaTopkPackArgs>();
+        check::<DcpMlaTopkMergeArgs>();
+        check::<DcpMlaTopkCompactArgs>();
+        check::<DcpMlaPrefillFlattenArgs>();
+        check::<DcpMlaPrefillReorderArgs>();
+    }
 }

@@ -125,7 +125,7 @@ pub unsafe extern "C" fn dcp_mla_token_address(
 /// Causal local lengths of MTP rows (docs/contract.md §2) on rank `rank`: for request i of total length
 /// lens[i] (including its qs[i] new tokens), row j sees n_r(lens[i] − qs[i] + 1 + j) tokens.
 /// Writes the rows of every request, concatenated, to `out` (int32, sum(qs) entries, at most
-/// `out_len`): with a uniform q this is the [batch, q] `lens` of dcp_mla_decode_dense.
+/// `out_len`): with a uniform q this is the [batch, q] `lens` of dcp_mla_launch_decode_dense.
 ///
 /// # Safety
 /// `lens` and `qs` must hold `num_requests` entries; `out` `out_len` writable entries.

@@ -13,12 +13,7 @@ fn last() -> String {
 /// A tensor at a fake device address: never dereferenced, because every case fails before a
 /// launch (or passes no device).
 fn t(addr: usize, numel: usize, dtype: i32) -> DcpMlaTensor {
-    DcpMlaTensor { data: addr as *mut c_void, numel, dtype }
-}
-
-/// An absent optional tensor (null data), e.g. no attention sink.
-fn none() -> DcpMlaTensor {
-    t(0, 0, F32)
+    DcpMlaTensor { data: addr as *mut c_void, numel, dtype, ..Default::default() }
 }
 
 const BF16: i32 = DCP_MLA_DTYPE_BF16;
@@ -27,29 +22,45 @@ const F32: i32 = DCP_MLA_DTYPE_F32;
 const U8: i32 = DCP_MLA_DTYPE_U8;
 
 /// kv_fill of 4 tokens with one tensor replaced and the format code given.
-unsafe fn fill(dev: *const DcpMlaDevice, ckv: DcpMlaTensor, format: i32) -> DcpMlaStatus {
-    dcp_mla_kv_fill(
-        dev,
-        null_mut(),
+fn fill_args(dev: *const DcpMlaDevice, ckv: DcpMlaTensor, format: i32) -> DcpMlaKvFillArgs {
+    DcpMlaKvFillArgs {
+        device: dev,
         ckv,
-        512,
-        t(0x2000_0000, 4 * 64, BF16),
-        64,
-        t(0x3000_0000, 4, I32),
-        t(0x3100_0000, 4, I32),
-        t(0x3200_0000, 8, I32),
-        8,
-        1,
-        8,
-        t(0x4000_0000, 8 * 64 * 1152, U8),
-        8,
-        64,
-        0,
+        kpe: t(0x2000_0000, 4 * 64, BF16),
+        req_idx: t(0x3000_0000, 4, I32),
+        positions: t(0x3100_0000, 4, I32),
+        block_table: t(0x3200_0000, 8, I32),
+        batch: 1,
+        max_pages: 8,
+        cache: t(0x4000_0000, 8 * 64 * 1152, U8),
+        num_pages: 8,
+        block_size: 64,
         format,
-        2,
-        1,
-        0,
-    )
+        dcp_size: 2,
+        interleave: 1,
+        rank: 0,
+        ..Default::default()
+    }
+}
+
+unsafe fn fill(dev: *const DcpMlaDevice, ckv: DcpMlaTensor, format: i32) -> DcpMlaStatus {
+    dcp_mla_launch_kv_fill(&fill_args(dev, ckv, format))
+}
+
+/// A two-way merge of `rows` f32 rows at fake addresses (or `out`/`lse` given).
+fn merge_args(rows: usize) -> DcpMlaMergeTwoArgs {
+    DcpMlaMergeTwoArgs {
+        out_a: t(0x1000_0000, rows * 512, F32),
+        lse_a: t(0x2000_0000, rows, F32),
+        out_b: t(0x3000_0000, rows * 512, F32),
+        lse_b: t(0x4000_0000, rows, F32),
+        lse_a_base: DCP_MLA_LSE_BASE_E,
+        lse_b_base: DCP_MLA_LSE_BASE_E,
+        out: t(0x5000_0000, rows * 512, F32),
+        lse: t(0x6000_0000, rows, F32),
+        rows,
+        ..Default::default()
+    }
 }
 
 fn assert_status(got: DcpMlaStatus, want: DcpMlaStatus, needle: &str) {
@@ -156,51 +167,39 @@ fn bad_dtype_and_format_codes_are_refused() {
         // each input's base code is checked, and named, on its own; the combines' row tensors
         // take bf16 or f32 (merge_two's inputs, the ag_rs contribution and sum), nothing else
         let merge = |base_a: i32, base_b: i32, dtype_b: i32| {
-            dcp_mla_merge_two(
-                null(),
-                null_mut(),
-                t(0x1000_0000, 512, F32),
-                t(0x2000_0000, 1, F32),
-                t(0x3000_0000, 512, dtype_b),
-                t(0x4000_0000, 1, F32),
-                base_a,
-                base_b,
-                t(0x5000_0000, 512, F32),
-                t(0x6000_0000, 1, F32),
-                1,
-                none(),
-            )
+            let a = DcpMlaMergeTwoArgs {
+                out_b: t(0x3000_0000, 512, dtype_b),
+                lse_a_base: base_a,
+                lse_b_base: base_b,
+                ..merge_args(1)
+            };
+            dcp_mla_launch_merge_two(&a)
         };
         assert_status(merge(0, DCP_MLA_LSE_BASE_E, F32), DcpMlaStatus::BadDtype, "`lse_a_base`");
         assert_status(merge(DCP_MLA_LSE_BASE_2, 9, F32), DcpMlaStatus::BadDtype, "`lse_b_base`");
         assert_status(merge(DCP_MLA_LSE_BASE_E, DCP_MLA_LSE_BASE_E, I32), DcpMlaStatus::BadDtype, "`out_b`");
-        let correct = dcp_mla_ag_rs_correct(
-            null(),
-            null_mut(),
-            t(0x1000_0000, 512, BF16),
-            t(0x2000_0000, 1, F32),
-            DCP_MLA_LSE_BASE_E,
-            t(0x3000_0000, 512, U8),
-            1,
-            1,
-            1,
-            0,
-        );
+        let correct = dcp_mla_launch_ag_rs_correct(&DcpMlaAgRsCorrectArgs {
+            out: t(0x1000_0000, 512, BF16),
+            lse_all: t(0x2000_0000, 1, F32),
+            lse_base: DCP_MLA_LSE_BASE_E,
+            contrib: t(0x3000_0000, 512, U8),
+            num_tokens: 1,
+            local_heads: 1,
+            dcp_size: 1,
+            ..Default::default()
+        });
         assert_status(correct, DcpMlaStatus::BadDtype, "`contrib`");
-        let finish = dcp_mla_ag_rs_finish(
-            null(),
-            null_mut(),
-            t(0x1000_0000, 512, I32),
-            t(0x2000_0000, 1, F32),
-            DCP_MLA_LSE_BASE_E,
-            t(0x3000_0000, 512, BF16),
-            t(0x4000_0000, 1, F32),
-            1,
-            1,
-            1,
-            0,
-            none(),
-        );
+        let finish = dcp_mla_launch_ag_rs_finish(&DcpMlaAgRsFinishArgs {
+            summed: t(0x1000_0000, 512, I32),
+            lse_all: t(0x2000_0000, 1, F32),
+            lse_base: DCP_MLA_LSE_BASE_E,
+            out: t(0x3000_0000, 512, BF16),
+            lse: t(0x4000_0000, 1, F32),
+            num_tokens: 1,
+            local_heads: 1,
+            dcp_size: 1,
+            ..Default::default()
+        });
         assert_status(finish, DcpMlaStatus::BadDtype, "`summed`");
     }
 }
@@ -216,16 +215,15 @@ fn topk_constraints_are_invalid_config_naming_d_and_k() {
     // The merge checks D·K before it needs a device.
     let merge = |d: usize, k: usize| unsafe {
         // SAFETY: refused before any use.
-        dcp_mla_topk_merge(
-            null(),
-            null_mut(),
-            t(0x1000_0000, d * 2 * k, F32),
-            t(0x2000_0000, d * 2 * k, I32),
-            d,
-            2,
+        dcp_mla_launch_topk_merge(&DcpMlaTopkMergeArgs {
+            cand_scores: t(0x1000_0000, d * 2 * k, F32),
+            cand_ids: t(0x2000_0000, d * 2 * k, I32),
+            dcp_size: d,
+            rows: 2,
             k,
-            t(0x3000_0000, 2 * k, I32),
-        )
+            out: t(0x3000_0000, 2 * k, I32),
+            ..Default::default()
+        })
     };
     assert_status(merge(1, 256), DcpMlaStatus::InvalidConfig, "D = 1");
     // D = 16 passes D·K % 512 but is no built DCP size: the planner refuses it, as it does D = 3
@@ -238,19 +236,17 @@ fn topk_constraints_are_invalid_config_naming_d_and_k() {
 fn uncompiled_variants_are_unsupported() {
     // SAFETY: refused before any use.
     let s = unsafe {
-        dcp_mla_a2a_combine(
-            null(),
-            null_mut(),
-            t(0x1000_0000, 3 * 4096, U8),
-            4096,
-            DCP_MLA_LSE_BASE_E,
-            t(0x2000_0000, 512, BF16),
-            t(0x3000_0000, 1, F32),
-            1,
-            1,
-            3,
-            none(),
-        )
+        dcp_mla_launch_a2a_combine(&DcpMlaA2aCombineArgs {
+            recv: t(0x1000_0000, 3 * 4096, U8),
+            slot_bytes: 4096,
+            lse_base: DCP_MLA_LSE_BASE_E,
+            out: t(0x2000_0000, 512, BF16),
+            lse: t(0x3000_0000, 1, F32),
+            num_tokens: 1,
+            local_heads: 1,
+            dcp_size: 3,
+            ..Default::default()
+        })
     };
     assert_status(s, DcpMlaStatus::Unsupported, "D = 3");
     let mut supported = 1;
@@ -322,37 +318,25 @@ fn a_rejected_launch_writes_nothing() {
         let (lse_a, lse_b) = (base + 8 * 512 * 4, base + 8 * 512 * 4 + 16);
         let mut lse = null_mut();
         assert_eq!(dcp_mla_malloc(dev, 16, &mut lse), DcpMlaStatus::Success);
+        let merge = |lse_b_numel: usize, out_addr: usize, rows: usize| {
+            dcp_mla_launch_merge_two(&DcpMlaMergeTwoArgs {
+                device: dev,
+                out_a: t(out_a, 4 * 512, F32),
+                lse_a: t(lse_a, 4, F32),
+                out_b: t(out_b, 4 * 512, F32),
+                lse_b: t(lse_b, lse_b_numel, F32),
+                lse_a_base: DCP_MLA_LSE_BASE_E,
+                lse_b_base: DCP_MLA_LSE_BASE_2,
+                out: t(out_addr, rows * 512, F32),
+                lse: t(lse as usize, rows, F32),
+                rows,
+                ..Default::default()
+            })
+        };
         // lse_b holds 3 of the 4 rows' values: refused, nothing launched.
-        let s = dcp_mla_merge_two(
-            dev,
-            null_mut(),
-            t(out_a, 4 * 512, F32),
-            t(lse_a, 4, F32),
-            t(out_b, 4 * 512, F32),
-            t(lse_b, 3, F32),
-            DCP_MLA_LSE_BASE_E,
-            DCP_MLA_LSE_BASE_2,
-            t(out as usize, 4 * 512, F32),
-            t(lse as usize, 4, F32),
-            4,
-            none(),
-        );
-        assert_status(s, DcpMlaStatus::InvalidArgument, "`lse_b`");
+        assert_status(merge(3, out as usize, 4), DcpMlaStatus::InvalidArgument, "`lse_b`");
         // A misaligned output row (4-byte aligned, not 16): the library's own check.
-        let s = dcp_mla_merge_two(
-            dev,
-            null_mut(),
-            t(out_a, 4 * 512, F32),
-            t(lse_a, 4, F32),
-            t(out_b, 4 * 512, F32),
-            t(lse_b, 4, F32),
-            DCP_MLA_LSE_BASE_E,
-            DCP_MLA_LSE_BASE_2,
-            t(out as usize + 4, 3 * 512, F32),
-            t(lse as usize, 3, F32),
-            3,
-            none(),
-        );
+        let s = merge(4, out as usize + 4, 3);
         assert_status(s, DcpMlaStatus::Misaligned, "`out`");
         assert_eq!(dcp_mla_synchronize(dev), DcpMlaStatus::Success);
         let mut back = vec![0u8; poison.len()];
@@ -412,20 +396,19 @@ fn bf16_merge_inputs_through_the_c_abi_match_the_reference() {
             let elem = if out_dtype == BF16 { 2 } else { 4 };
             let d_out = up(&vec![0xFFu8; N * W * elem]);
             let d_lse = up(&[0xFFu8; N * 4]);
-            let s = dcp_mla_merge_two(
-                dev,
-                null_mut(),
-                t(d_a as usize, N * W, BF16),
-                t(d_la as usize, N, F32),
-                t(d_b as usize, N * W, BF16),
-                t(d_lb as usize, N, F32),
-                DCP_MLA_LSE_BASE_E,
-                DCP_MLA_LSE_BASE_2,
-                t(d_out as usize, N * W, out_dtype),
-                t(d_lse as usize, N, F32),
-                N,
-                none(),
-            );
+            let s = dcp_mla_launch_merge_two(&DcpMlaMergeTwoArgs {
+                device: dev,
+                out_a: t(d_a as usize, N * W, BF16),
+                lse_a: t(d_la as usize, N, F32),
+                out_b: t(d_b as usize, N * W, BF16),
+                lse_b: t(d_lb as usize, N, F32),
+                lse_a_base: DCP_MLA_LSE_BASE_E,
+                lse_b_base: DCP_MLA_LSE_BASE_2,
+                out: t(d_out as usize, N * W, out_dtype),
+                lse: t(d_lse as usize, N, F32),
+                rows: N,
+                ..Default::default()
+            });
             assert_status(s, DcpMlaStatus::Success, "");
             assert_eq!(dcp_mla_synchronize(dev), DcpMlaStatus::Success);
             let raw = down(d_out, N * W * elem);
@@ -476,4 +459,86 @@ fn the_tuned_split_query_refuses_a_null_device() {
     let s = unsafe { dcp_mla_decode_num_splits_on(null(), 0, DCP_MLA_KV_BF16, 8, 1, 64, 4096, 0, &mut out) };
     assert_status(s, DcpMlaStatus::NullPointer, "`device`");
     assert_eq!(out, 0, "nothing written");
+}
+
+/// The compatibility rule of the argument structs (the header's comment), through a real entry
+/// point: each case is either refused by name or gets as far as the null device.
+#[test]
+fn argument_structs_follow_the_compatibility_rule() {
+    let size = std::mem::size_of::<DcpMlaMergeTwoArgs>();
+    // A caller built against a later revision: a larger struct whose extra bytes are zero is
+    // served (here: to the null device), one with a field set there is refused by name.
+    #[repr(C)]
+    struct Newer {
+        args: DcpMlaMergeTwoArgs,
+        added: [u64; 2],
+    }
+    let mut newer = Newer { args: merge_args(1), added: [0; 2] };
+    newer.args.struct_size = std::mem::size_of::<Newer>();
+    // SAFETY: `newer` holds struct_size bytes; no device, so nothing launches.
+    let s = unsafe { dcp_mla_launch_merge_two(&newer.args) };
+    assert_status(s, DcpMlaStatus::NullPointer, "`device`");
+    newer.added[1] = 5;
+    // SAFETY: as above.
+    let s = unsafe { dcp_mla_launch_merge_two(&newer.args) };
+    assert_status(s, DcpMlaStatus::InvalidArgument, "`DcpMlaMergeTwoArgs.struct_size`");
+    assert!(last().contains(&format!("byte {}", size + 8)), "{}", last());
+    // A size below revision 5's (an uninitialised or wrong struct_size), a wild one, none.
+    for bad in [0, 8, size - 8, 1 << 40] {
+        let a = DcpMlaMergeTwoArgs { struct_size: bad, ..merge_args(1) };
+        // SAFETY: refused after reading struct_size.
+        let s = unsafe { dcp_mla_launch_merge_two(&a) };
+        assert_status(s, DcpMlaStatus::InvalidArgument, "`DcpMlaMergeTwoArgs.struct_size`");
+    }
+    // SAFETY: a null struct is refused.
+    let s = unsafe { dcp_mla_launch_merge_two(null()) };
+    assert_status(s, DcpMlaStatus::NullPointer, "`args`");
+    // Padding must be zero; a stride count a field does not take is refused by name.
+    let mut a = DcpMlaAgRsCorrectArgs {
+        out: t(0x1000_0000, 512, BF16),
+        lse_all: t(0x2000_0000, 1, F32),
+        lse_base: DCP_MLA_LSE_BASE_E,
+        contrib: t(0x3000_0000, 512, F32),
+        num_tokens: 1,
+        local_heads: 1,
+        dcp_size: 1,
+        _reserved: 1,
+        ..Default::default()
+    };
+    // SAFETY: refused before any use.
+    assert_status(unsafe { dcp_mla_launch_ag_rs_correct(&a) }, DcpMlaStatus::InvalidArgument, "`_reserved`");
+    a._reserved = 0;
+    a.lse_all.num_strides = 1;
+    // SAFETY: as above.
+    let s = unsafe { dcp_mla_launch_ag_rs_correct(&a) };
+    assert_status(s, DcpMlaStatus::InvalidArgument, "`lse_all.num_strides`");
+    let mut f = fill_args(null(), t(0x1000_0000, 4 * 512, BF16), DCP_MLA_KV_BF16);
+    f.ckv.num_strides = 3;
+    // SAFETY: as above.
+    assert_status(unsafe { dcp_mla_launch_kv_fill(&f) }, DcpMlaStatus::InvalidArgument, "`ckv.num_strides`");
+    // A page stride that is no whole number of rows is refused by its C name.
+    let mut f = fill_args(null(), t(0x1000_0000, 4 * 512, BF16), DCP_MLA_KV_BF16);
+    f.cache.num_strides = 1;
+    f.cache.strides[0] = 64 * 1152 + 3;
+    // SAFETY: as above.
+    assert_status(unsafe { dcp_mla_launch_kv_fill(&f) }, DcpMlaStatus::InvalidArgument, "`cache.strides`");
+}
+
+/// A program built against revisions 1-4 that calls a positional entry point gets a refusal
+/// naming the replacement, whatever it passes (here: the old kv_fill's first arguments).
+#[test]
+fn a_revision_4_caller_is_refused_by_name() {
+    extern "C" {
+        #[link_name = "dcp_mla_decode_dense"]
+        fn old_decode_dense(
+            device: *const c_void,
+            stream: *mut c_void,
+            q: DcpMlaTensor,
+            q_strides: *const usize,
+        ) -> DcpMlaStatus;
+    }
+    // SAFETY: the exported stub reads none of its arguments.
+    let s = unsafe { old_decode_dense(null(), null_mut(), t(0x1000, 1, BF16), null()) };
+    assert_status(s, DcpMlaStatus::Unsupported, "dcp_mla_launch_decode_dense");
+    assert!(last().contains("`dcp_mla_decode_dense`") && last().contains("revision 5"), "{}", last());
 }

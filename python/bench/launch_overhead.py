@@ -3,7 +3,10 @@ an empty torch op, on the current GPU. Prints a JSON object (and writes it to ar
 
 The overhead of an op is its host time per call in a loop of back-to-back launches of a tiny
 problem (the GPU keeps up, so the host is the limit): argument checks, allocation of outputs not
-passed, the ctypes call and the C ABI's own validation."""
+passed, filling the operation's argument struct, the ctypes call and the C ABI's own validation.
+`flash_mla_with_kvcache face` is the decode_dense problem through dcp_mla.flash_mla (FlashMLA's
+interface: out and lse allocated every call, as FlashMLA's own does), to set beside FlashMLA's
+figure for the same call."""
 
 import json
 import sys
@@ -12,7 +15,7 @@ import time
 import torch
 
 import dcp_mla
-from dcp_mla import ops
+from dcp_mla import flash_mla, ops
 
 
 def per_call_us(fn, reps=200, rounds=7):
@@ -47,6 +50,10 @@ def main():
     scores = torch.randn(4, 4096, device=dev)
     slens = torch.full((4,), 4096, dtype=torch.int32, device=dev)
     idx = torch.empty(4, 512, dtype=torch.int32, device=dev)
+    # the same tiny dense problem through the FlashMLA face: [pages, B, 1, 576], cache_seqlens [b]
+    # (one schedule for every call, as a step's layers share it; the first call makes it)
+    cache4, seqlens = cache.unsqueeze(2), lens.view(b)
+    meta, _ = flash_mla.get_mla_metadata()
     cases = {
         "torch add_ (baseline)": lambda: out.add_(1.0),
         "merge_two": lambda: dcp_mla.merge_two(oa, la, ob, lb, out=out, lse=lse),
@@ -61,6 +68,7 @@ def main():
         "decode_dense, 1 split, C ABI call only": lambda: ops._decode_dense(q, cache, table, lens, dout, dlse, None,
                                                                              scale, 1, compute, None, 0, 0, 1, 1, 0),
         "topk_local": lambda: dcp_mla.topk_local(scores, slens, 512, out=idx),
+        "flash_mla_with_kvcache face": lambda: flash_mla.flash_mla_with_kvcache(q, cache4, table, seqlens, 512, meta),
         # the pieces of a call
         "piece: 6 tensor descriptors": lambda: [ops._t(x) for x in (q, dout, dlse, ws, cache, table)],
         "piece: device and raw stream": lambda: ops._dev_stream(q),

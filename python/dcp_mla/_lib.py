@@ -8,6 +8,7 @@ Nothing here imports torch.
 
 import ctypes
 import os
+import struct
 import threading
 from ctypes import POINTER, c_char_p, c_float, c_int32, c_size_t, c_uint8, c_uint32, c_uint64, c_void_p
 
@@ -24,7 +25,7 @@ STATUS = [
 ]
 STATUS_NO_DEVICE = STATUS.index("NO_DEVICE")
 #: The header revision this package was written against (DCP_MLA_ABI_VERSION).
-ABI_VERSION = 4
+ABI_VERSION = 5
 
 
 class DcpMlaError(RuntimeError):
@@ -57,14 +58,119 @@ VALUE_STATUSES = (STATUS.index("INVALID_ARGUMENT"), STATUS.index("INVALID_CONFIG
 
 
 class Tensor(ctypes.Structure):
-    """DcpMlaTensor: a device pointer, its element count and a DTYPE_* code."""
-    _fields_ = [("data", c_void_p), ("numel", c_size_t), ("dtype", c_int32)]
+    """DcpMlaTensor: a device pointer, its element count, a DTYPE_* code and its strides
+    (num_strides 0: the field's default layout)."""
+    _fields_ = [("data", c_void_p), ("numel", c_size_t), ("dtype", c_int32), ("num_strides", c_uint32),
+                ("strides", c_size_t * 4)]
 
 
-_D, _S, _T, _Z, _I, _U64 = c_void_p, c_void_p, Tensor, c_size_t, c_int32, c_uint64
-_ZP = POINTER(c_size_t)  # an optional array of strides (None: contiguous)
+def _args_struct(name, tensors, sizes, codes=()):
+    """An operation's argument struct, laid out as the header's (ffi/src/ops.rs): struct_size,
+    device, stream, then its tensors, its size_t values and its 4-byte codes. python/tests and
+    ffi/tests/layout.rs check every field's name, type, offset and size against the header and
+    the Rust struct."""
+    fields = [("struct_size", c_size_t), ("device", c_void_p), ("stream", c_void_p)]
+    fields += [(t, Tensor) for t in tensors.split()] + [(z, c_size_t) for z in sizes.split()] + list(codes)
+    return type(name, (ctypes.Structure,), {"_fields_": fields})
 
-#: Argument types of every status-returning function, in header order.
+
+_PAD = ("_reserved", c_uint32)
+#: The argument struct of each operation's entry point (C ABI revision 5), by function name.
+ARGS = {
+    "dcp_mla_launch_kv_fill": _args_struct(
+        "DcpMlaKvFillArgs", "ckv kpe req_idx positions block_table cache",
+        "batch max_pages num_pages block_size dcp_size interleave rank", [("format", c_int32), _PAD]),
+    "dcp_mla_launch_decode_dense": _args_struct(
+        "DcpMlaDecodeDenseArgs", "q out lse workspace cache block_table lens sink",
+        "batch num_q heads num_splits num_pages block_size max_pages dcp_size interleave rank",
+        [("scale", c_float), ("schedule", c_int32), ("lens_rule", c_int32), ("empty_lse_inf", c_int32)]),
+    "dcp_mla_launch_decode_sparse": _args_struct(
+        "DcpMlaDecodeSparseArgs", "q out lse workspace cache indices topk_len sink",
+        "batch num_q heads num_splits num_pages block_size topk",
+        [("scale", c_float), ("schedule", c_int32), ("format", c_int32), ("empty_lse_inf", c_int32)]),
+    "dcp_mla_launch_ag_rs_correct": _args_struct(
+        "DcpMlaAgRsCorrectArgs", "out lse_all contrib", "num_tokens local_heads dcp_size rank",
+        [("lse_base", c_int32), _PAD]),
+    "dcp_mla_launch_ag_rs_finish": _args_struct(
+        "DcpMlaAgRsFinishArgs", "summed lse_all out lse sink", "num_tokens local_heads dcp_size rank",
+        [("lse_base", c_int32), _PAD]),
+    "dcp_mla_launch_a2a_pack": _args_struct(
+        "DcpMlaA2aPackArgs", "out lse send", "slot_bytes num_tokens local_heads dcp_size"),
+    "dcp_mla_launch_a2a_combine": _args_struct(
+        "DcpMlaA2aCombineArgs", "recv out lse sink", "slot_bytes num_tokens local_heads dcp_size",
+        [("lse_base", c_int32), _PAD]),
+    "dcp_mla_launch_merge_two": _args_struct(
+        "DcpMlaMergeTwoArgs", "out_a lse_a out_b lse_b out lse sink", "rows",
+        [("lse_a_base", c_int32), ("lse_b_base", c_int32)]),
+    "dcp_mla_launch_topk_local": _args_struct("DcpMlaTopkLocalArgs", "scores lens out", "cols rows k"),
+    "dcp_mla_launch_topk_pack": _args_struct(
+        "DcpMlaTopkPackArgs", "local_idx scores cand_scores cand_ids", "cols rows k dcp_size interleave rank"),
+    "dcp_mla_launch_topk_merge": _args_struct("DcpMlaTopkMergeArgs", "cand_scores cand_ids out", "dcp_size rows k"),
+    "dcp_mla_launch_topk_compact": _args_struct(
+        "DcpMlaTopkCompactArgs", "ids block_table out counts",
+        "rows k dcp_size interleave rank block_size rows_per_request"),
+    "dcp_mla_launch_prefill_flatten": _args_struct(
+        "DcpMlaPrefillFlattenArgs", "cache block_table pieces out",
+        "num_pages block_size batch max_pages max_pieces cap_rows dcp_size interleave rank",
+        [("format", c_int32), _PAD]),
+    "dcp_mla_launch_prefill_reorder": _args_struct(
+        "DcpMlaPrefillReorderArgs", "gathered pieces out", "cap_rows max_pieces out_rows dcp_size interleave"),
+}
+
+
+_CODES = {c_void_p: "Q", c_size_t: "Q", c_uint64: "Q", c_int32: "i", c_uint32: "I", c_float: "f"}
+
+
+def leaves(cls, prefix="", base=0):
+    """Every scalar of a struct in memory order: (field path, offset, ctypes type), a nested
+    struct's fields as `q.data`, an array's elements as `q.strides[0]`."""
+    out = []
+    for name, t in cls._fields_:
+        off = base + getattr(cls, name).offset
+        if isinstance(t, type) and issubclass(t, ctypes.Structure):
+            out += leaves(t, f"{prefix}{name}.", off)
+        elif isinstance(t, type) and issubclass(t, ctypes.Array):
+            size = ctypes.sizeof(t._type_)
+            out += [(f"{prefix}{name}[{i}]", off + i * size, t._type_) for i in range(t._length_)]
+        else:
+            out.append((prefix + name, off, t))
+    return out
+
+
+def packer(cls):
+    """A struct.Struct that writes all of `cls`'s scalars, in order, into an instance of it (its
+    explicit byte offsets taken from ctypes, so its layout is the struct's by construction)."""
+    assert ctypes.sizeof(c_size_t) == ctypes.sizeof(c_void_p) == 8, "a 64-bit platform"
+    fmt, pos = "=", 0
+    for _, off, t in leaves(cls):
+        fmt += "x" * (off - pos) + _CODES[t]
+        pos = off + ctypes.sizeof(t)
+    fmt += "x" * (ctypes.sizeof(cls) - pos)
+    packed = struct.Struct(fmt)
+    assert packed.size == ctypes.sizeof(cls), cls.__name__
+    return packed
+
+
+def fill_checked(cls, buf, values):
+    """The slow path of a fill that struct.pack_into refused: each value checked against its
+    field's type, the first bad one raising a TypeError or ValueError that names the field
+    (`DcpMlaDecodeDenseArgs.batch`), as `integer` does."""
+    for (path, off, t), v in zip(leaves(cls), values):
+        name = f"{cls.__name__}.{path}"
+        if t is c_float:
+            try:
+                float(v)
+            except (TypeError, ValueError):
+                raise TypeError(f"{name}: expected a float, got {type(v).__name__} {v!r}") from None
+        else:
+            lo, hi = _INT_RANGES.get(t, (0, (1 << 64) - 1))
+            integer(name, 0 if v is None and t is c_void_p else v, lo, hi)
+    packer(cls).pack_into(buf, 0, *values)
+
+
+_D, _Z, _I, _U64 = c_void_p, c_size_t, c_int32, c_uint64
+
+#: Argument types of every status-returning function (the operations last).
 SIGNATURES = {
     "dcp_mla_compute_capability_supported": [_I, _I, POINTER(c_int32)],
     "dcp_mla_device_open": [_I, POINTER(c_void_p)],
@@ -76,22 +182,6 @@ SIGNATURES = {
     "dcp_mla_memcpy_dtoh": [_D, c_void_p, c_void_p, _Z],
     "dcp_mla_memset": [_D, c_void_p, c_uint8, _Z],
     "dcp_mla_synchronize": [_D],
-    "dcp_mla_kv_fill": [_D, _S, _T, _Z, _T, _Z, _T, _T, _T, _Z, _Z, _Z, _T, _Z, _Z, _Z, _I, _Z, _Z, _Z],
-    "dcp_mla_decode_dense": [_D, _S, _T, _ZP, _Z, _Z, _Z, c_float, _T, _ZP, _T, _ZP, _I, _Z, _T, _I, _T, _Z, _Z, _Z,
-                             _T, _Z, _Z, _T, _ZP, _I, _Z, _Z, _Z, _T],
-    "dcp_mla_decode_sparse": [_D, _S, _T, _ZP, _Z, _Z, _Z, c_float, _T, _ZP, _T, _ZP, _I, _Z, _T, _I, _T, _I, _Z, _Z,
-                              _Z, _T, _ZP, _Z, _T, _ZP, _T],
-    "dcp_mla_ag_rs_correct": [_D, _S, _T, _T, _I, _T, _Z, _Z, _Z, _Z],
-    "dcp_mla_ag_rs_finish": [_D, _S, _T, _T, _I, _T, _T, _Z, _Z, _Z, _Z, _T],
-    "dcp_mla_a2a_pack": [_D, _S, _T, _T, _T, _Z, _Z, _Z, _Z],
-    "dcp_mla_a2a_combine": [_D, _S, _T, _Z, _I, _T, _T, _Z, _Z, _Z, _T],
-    "dcp_mla_merge_two": [_D, _S, _T, _T, _T, _T, _I, _I, _T, _T, _Z, _T],
-    "dcp_mla_topk_local": [_D, _S, _T, _Z, _Z, _T, _Z, _Z, _T],
-    "dcp_mla_topk_pack": [_D, _S, _T, _T, _Z, _Z, _Z, _Z, _Z, _Z, _Z, _T, _T],
-    "dcp_mla_topk_merge": [_D, _S, _T, _T, _Z, _Z, _Z, _T],
-    "dcp_mla_topk_compact": [_D, _S, _T, _Z, _Z, _Z, _Z, _Z, _T, _Z, _Z, _Z, _T, _T],
-    "dcp_mla_prefill_flatten": [_D, _S, _T, _I, _Z, _Z, _Z, _T, _Z, _Z, _Z, _T, _Z, _T, _Z, _Z, _Z, _Z],
-    "dcp_mla_prefill_reorder": [_D, _S, _T, _Z, _T, _Z, _T, _Z, _Z, _Z],
     "dcp_mla_check_config": [_Z, _Z, _Z, _Z],
     "dcp_mla_check_topk": [_Z, _Z],
     "dcp_mla_check_decode": [_Z, _Z, _Z, _Z, _U64],
@@ -108,6 +198,8 @@ SIGNATURES = {
     "dcp_mla_topk_workspace_bytes": [_Z, _Z, _Z, POINTER(c_uint64)],
     "dcp_mla_prefill_plan": [POINTER(c_uint64), _Z, _Z, _Z, _Z, _U64] + [POINTER(c_size_t)] * 4,
     "dcp_mla_prefill_piece_table": [POINTER(c_uint64), _Z, _Z, _Z, _Z, _U64, _Z, POINTER(c_int32), _Z],
+    # the operations: one argument struct each (an instance of it is passed by reference)
+    **{name: [POINTER(cls)] for name, cls in ARGS.items()},
 }
 
 _lib = None

@@ -13,13 +13,15 @@ implementations let `torch.compile(fullgraph=True)` trace a whole decode step.
 """
 
 import functools
-from ctypes import byref, c_size_t, c_void_p
+import struct
+import threading
+from ctypes import byref, c_size_t, c_void_p, sizeof
 from typing import Optional, Tuple
 
 import torch
 
 from . import _lib, planner
-from ._lib import Tensor, DTYPE_BF16, DTYPE_F32, DTYPE_I32, DTYPE_U8, LSE_BASE_E, LSE_BASE_2
+from ._lib import DTYPE_BF16, DTYPE_F32, DTYPE_I32, DTYPE_U8, LSE_BASE_E, LSE_BASE_2
 
 _BYTES = (torch.uint8, torch.int8) + tuple(
     d for d in (getattr(torch, "float8_e4m3fn", None),) if d is not None)
@@ -100,24 +102,27 @@ def _cache(cache, name="cache", device=None):
     return cache, fmt
 
 
-def _page_stride(cache3):
-    """The page stride in rows for the C ABI: 0 for packed pages."""
-    if cache3.shape[0] <= 1:
-        return 0
-    rows = cache3.stride(0) // cache3.shape[2]
-    return 0 if rows == cache3.shape[1] else rows
+def _cache_t(cache3):
+    """A cache [pages, B, row] as a C tensor: its stride (elements between page starts) given
+    only when its pages are not packed."""
+    if cache3.shape[0] <= 1 or cache3.stride(0) == cache3.shape[1] * cache3.shape[2]:
+        return _t(cache3)
+    return (cache3.data_ptr(), _extent(cache3), _CODES[cache3.dtype], 1, cache3.stride(0), 0, 0, 0)
 
 
 def _tv(x, n):
-    """A view for the C ABI: its DcpMlaTensor (as _t) and its first n strides as a C array, or
-    None when x is contiguous or absent (the C ABI's default), from one contiguity check. A dim of
-    size 1 gets stride 0 (torch leaves any stride there; the library checks alignment)."""
-    if x is None:
-        return _ABSENT, None
-    if x.is_contiguous():
-        return Tensor(x.data_ptr(), x.numel(), _CODES[x.dtype]), None
-    strides = (c_size_t * n)(*[st if sz > 1 else 0 for sz, st in zip(x.shape[:n], x.stride()[:n])])
-    return _t(x), strides
+    """A view as a C tensor with its first n strides, or with none (the C ABI's default layout)
+    when x is contiguous or absent. A dim of size 1 gets stride 0 (torch leaves any stride
+    there; the library checks alignment)."""
+    if x is None or x.is_contiguous():
+        return _t(x)
+    st = [s if z > 1 else 0 for z, s in zip(x.shape[:n], x.stride()[:n])] + [0] * (4 - n)
+    return (x.data_ptr(), _extent(x), _CODES[x.dtype], n, *st)
+
+
+def _t1(x):
+    """A 2-d tensor with its row stride (elements between rows) given."""
+    return (x.data_ptr(), _extent(x), _CODES[x.dtype], 1, x.stride(0), 0, 0, 0)
 
 
 def _want_format(name, got, kv_format):
@@ -146,7 +151,7 @@ def _device(index):
     """The library's handle of CUDA device `index` (its primary context: the one torch uses)."""
     dev = c_void_p()
     _lib.call("dcp_mla_device_open", index, byref(dev))
-    return dev
+    return dev.value
 
 
 @functools.lru_cache(maxsize=None)
@@ -228,30 +233,58 @@ def _dev_stream(x):
     return _device(index), _raw_stream(index)
 
 
+def _extent(x):
+    """The elements a tensor's shape and strides span from its first (its numel when
+    contiguous): the library bounds every access it makes by it."""
+    if x.numel() == 0:
+        return 0
+    return 1 + sum((size - 1) * stride for size, stride in zip(x.shape, x.stride()) if size > 0)
+
+
 def _t(x):
-    """A tensor as a DcpMlaTensor (None: absent). The element count is the extent the tensor's
-    shape and strides span from its first element (its numel when contiguous): the library
-    bounds every access it makes by it."""
+    """A tensor as the 8 scalars of a DcpMlaTensor without strides (None: absent)."""
     if x is None:
         return _ABSENT
-    if x.is_contiguous():
-        n = x.numel()
-    else:
-        n = 1 + sum((size - 1) * stride for size, stride in zip(x.shape, x.stride()) if size > 0)
-        if x.numel() == 0:
-            n = 0
-    return Tensor(x.data_ptr(), n, _CODES[x.dtype])
+    n = x.numel() if x.is_contiguous() else _extent(x)
+    return (x.data_ptr(), n, _CODES[x.dtype], 0, 0, 0, 0, 0)
 
 
-_ABSENT = Tensor(None, 0, DTYPE_U8)
-_FNS = {}
+_ABSENT = (0,) * 8
 
 
-def _launch(name, dev_stream, *args):
-    fn = _FNS.get(name)
-    if fn is None:
-        fn = _FNS[name] = getattr(_lib.lib(), name)
-    status = fn(*dev_stream, *args)
+class _Entry:
+    """An operation's entry point: the function (its argtypes set once), its argument struct's
+    class and size, and the struct.Struct that fills one in a single call."""
+    __slots__ = ("fn", "cls", "size", "pack")
+
+    def __init__(self, name):
+        self.fn = getattr(_lib.lib(), name)
+        self.cls = _lib.ARGS[name]
+        self.size = sizeof(self.cls)
+        self.pack = _lib.packer(self.cls).pack_into
+
+
+_ENTRIES = {}
+# One argument struct per operation and thread, filled in place by each call: no ctypes object
+# is made per launch, and two threads never share one.
+_local = threading.local()
+
+
+def _launch(name, dev_stream, *values):
+    """Fills `name`'s argument struct (struct_size, device and stream first, then `values` in
+    the order of its scalars) and calls it; a value the struct cannot hold raises a TypeError or
+    ValueError naming its field."""
+    e = _ENTRIES.get(name)
+    if e is None:
+        e = _ENTRIES[name] = _Entry(name)
+    buf = _local.__dict__.get(name)
+    if buf is None:
+        buf = _local.__dict__[name] = e.cls()
+    try:
+        e.pack(buf, 0, e.size, *dev_stream, *values)
+    except struct.error:
+        _lib.fill_checked(e.cls, buf, (e.size, *dev_stream, *values))
+    status = e.fn(buf)
     if status != 0:
         _lib.check(name, status)
 
@@ -282,9 +315,9 @@ def _run(name, *args):
 def _kv_fill(ckv: torch.Tensor, kpe: torch.Tensor, req_idx: torch.Tensor, positions: torch.Tensor,
              block_table: torch.Tensor, cache: torch.Tensor, fmt: int, dcp_size: int, interleave: int,
              rank: int) -> None:
-    _launch("dcp_mla_kv_fill", _dev_stream(cache), _t(ckv), ckv.stride(0), _t(kpe), kpe.stride(0), _t(req_idx),
-            _t(positions), _t(block_table), block_table.stride(0), block_table.shape[0], block_table.shape[1],
-            _t(cache), cache.shape[0], cache.shape[1], _page_stride(cache), fmt, dcp_size, interleave, rank)
+    _launch("dcp_mla_launch_kv_fill", _dev_stream(cache), *_t1(ckv), *_t1(kpe), *_t(req_idx), *_t(positions),
+            *_t1(block_table), *_cache_t(cache), block_table.shape[0], block_table.shape[1], cache.shape[0],
+            cache.shape[1], dcp_size, interleave, rank, fmt, 0)
 
 
 @_op(("out", "lse", "workspace"))
@@ -293,10 +326,9 @@ def _decode_dense(q: torch.Tensor, cache: torch.Tensor, block_table: torch.Tenso
                   num_splits: int, schedule: int, sink: Optional[torch.Tensor], empty_lse_inf: int, lens_rule: int,
                   dcp_size: int, interleave: int, rank: int) -> None:
     b, nq, h, _ = q.shape
-    _launch("dcp_mla_decode_dense", _dev_stream(q), *_tv(q, 3), b, nq, h, scale, *_tv(out, 3), *_tv(lse, 3),
-            empty_lse_inf, num_splits, _t(workspace), schedule, _t(cache), cache.shape[0], cache.shape[1],
-            _page_stride(cache), _t(block_table), block_table.stride(0), block_table.shape[1], *_tv(lens, 2),
-            lens_rule, dcp_size, interleave, rank, _t(sink))
+    _launch("dcp_mla_launch_decode_dense", _dev_stream(q), *_tv(q, 3), *_tv(out, 3), *_tv(lse, 3), *_t(workspace),
+            *_cache_t(cache), *_t1(block_table), *_tv(lens, 2), *_t(sink), b, nq, h, num_splits, cache.shape[0],
+            cache.shape[1], block_table.shape[1], dcp_size, interleave, rank, scale, schedule, lens_rule, empty_lse_inf)
 
 
 @_op(("out", "lse", "workspace"))
@@ -305,92 +337,91 @@ def _decode_sparse(q: torch.Tensor, cache: torch.Tensor, fmt: int, indices: torc
                    workspace: Optional[torch.Tensor], scale: float, num_splits: int, schedule: int,
                    sink: Optional[torch.Tensor], empty_lse_inf: int) -> None:
     b, nq, h, _ = q.shape
-    _launch("dcp_mla_decode_sparse", _dev_stream(q), *_tv(q, 3), b, nq, h, scale, *_tv(out, 3), *_tv(lse, 3),
-            empty_lse_inf, num_splits, _t(workspace), schedule, _t(cache), fmt, cache.shape[0], cache.shape[1],
-            _page_stride(cache), *_tv(indices, 2), indices.shape[-1], *_tv(topk_len, 2), _t(sink))
+    _launch("dcp_mla_launch_decode_sparse", _dev_stream(q), *_tv(q, 3), *_tv(out, 3), *_tv(lse, 3), *_t(workspace),
+            *_cache_t(cache), *_tv(indices, 2), *_tv(topk_len, 2), *_t(sink), b, nq, h, num_splits, cache.shape[0],
+            cache.shape[1], indices.shape[-1], scale, schedule, fmt, empty_lse_inf)
 
 
 @_op(("contrib",))
 def _ag_rs_correct(out: torch.Tensor, lse_all: torch.Tensor, base: int, contrib: torch.Tensor, dcp_size: int,
                    rank: int) -> None:
     t, h, _ = out.shape
-    _launch("dcp_mla_ag_rs_correct", _dev_stream(out), _t(out), _t(lse_all), base, _t(contrib), t, h // dcp_size,
-            dcp_size, rank)
+    _launch("dcp_mla_launch_ag_rs_correct", _dev_stream(out), *_t(out), *_t(lse_all), *_t(contrib), t,
+            h // dcp_size, dcp_size, rank, base, 0)
 
 
 @_op(("out", "lse"))
 def _ag_rs_finish(summed: torch.Tensor, lse_all: torch.Tensor, base: int, out: torch.Tensor, lse: torch.Tensor,
                   dcp_size: int, rank: int, sink: Optional[torch.Tensor]) -> None:
     hl, t, _ = summed.shape
-    _launch("dcp_mla_ag_rs_finish", _dev_stream(summed), _t(summed), _t(lse_all), base, _t(out), _t(lse), t, hl,
-            dcp_size, rank, _t(sink))
+    _launch("dcp_mla_launch_ag_rs_finish", _dev_stream(summed), *_t(summed), *_t(lse_all), *_t(out), *_t(lse),
+            *_t(sink), t, hl, dcp_size, rank, base, 0)
 
 
 @_op(("send",))
 def _a2a_pack(out: torch.Tensor, lse: torch.Tensor, send: torch.Tensor, dcp_size: int) -> None:
     t, h, _ = out.shape
-    _launch("dcp_mla_a2a_pack", _dev_stream(out), _t(out), _t(lse), _t(send), send.shape[1], t, h // dcp_size,
-            dcp_size)
+    _launch("dcp_mla_launch_a2a_pack", _dev_stream(out), *_t(out), *_t(lse), *_t(send), send.shape[1], t,
+            h // dcp_size, dcp_size)
 
 
 @_op(("out", "lse"))
 def _a2a_combine(recv: torch.Tensor, base: int, out: torch.Tensor, lse: torch.Tensor,
                  sink: Optional[torch.Tensor]) -> None:
     t, hl, _ = out.shape
-    _launch("dcp_mla_a2a_combine", _dev_stream(recv), _t(recv), recv.shape[1], base, _t(out), _t(lse), t, hl,
-            recv.shape[0], _t(sink))
+    _launch("dcp_mla_launch_a2a_combine", _dev_stream(recv), *_t(recv), *_t(out), *_t(lse), *_t(sink),
+            recv.shape[1], t, hl, recv.shape[0], base, 0)
 
 
 @_op(("out", "lse"))
 def _merge_two(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor, base_a: int,
                base_b: int, out: torch.Tensor, lse: torch.Tensor, sink: Optional[torch.Tensor]) -> None:
-    _launch("dcp_mla_merge_two", _dev_stream(out), _t(out_a), _t(lse_a), _t(out_b), _t(lse_b), base_a, base_b,
-            _t(out), _t(lse), out.shape[0], _t(sink))
+    _launch("dcp_mla_launch_merge_two", _dev_stream(out), *_t(out_a), *_t(lse_a), *_t(out_b), *_t(lse_b), *_t(out),
+            *_t(lse), *_t(sink), out.shape[0], base_a, base_b)
 
 
 @_op(("out",))
 def _topk_local(scores: torch.Tensor, cols: int, lens: torch.Tensor, out: torch.Tensor) -> None:
     rows, k = out.shape
-    _launch("dcp_mla_topk_local", _dev_stream(scores), _t(scores), scores.stride(0), cols, _t(lens), rows, k,
-            _t(out))
+    _launch("dcp_mla_launch_topk_local", _dev_stream(scores), *_t1(scores), *_t(lens), *_t(out), cols, rows, k)
 
 
 @_op(("cand_scores", "cand_ids"))
 def _topk_pack(local_idx: torch.Tensor, scores: torch.Tensor, cols: int, dcp_size: int, interleave: int, rank: int,
                cand_scores: torch.Tensor, cand_ids: torch.Tensor) -> None:
     rows, k = local_idx.shape
-    _launch("dcp_mla_topk_pack", _dev_stream(scores), _t(local_idx), _t(scores), scores.stride(0), cols, rows, k,
-            dcp_size, interleave, rank, _t(cand_scores), _t(cand_ids))
+    _launch("dcp_mla_launch_topk_pack", _dev_stream(scores), *_t(local_idx), *_t1(scores), *_t(cand_scores),
+            *_t(cand_ids), cols, rows, k, dcp_size, interleave, rank)
 
 
 @_op(("out",))
 def _topk_merge(cand_scores: torch.Tensor, cand_ids: torch.Tensor, out: torch.Tensor) -> None:
     d, rows, k = cand_scores.shape
-    _launch("dcp_mla_topk_merge", _dev_stream(out), _t(cand_scores), _t(cand_ids), d, rows, k, _t(out))
+    _launch("dcp_mla_launch_topk_merge", _dev_stream(out), *_t(cand_scores), *_t(cand_ids), *_t(out), d, rows, k)
 
 
 @_op(("out", "counts"))
 def _topk_compact(ids: torch.Tensor, dcp_size: int, interleave: int, rank: int, block_table: Optional[torch.Tensor],
                   block_size: int, rows_per_request: int, out: torch.Tensor, counts: torch.Tensor) -> None:
     rows, k = ids.shape
-    stride = 0 if block_table is None else block_table.stride(0)
-    _launch("dcp_mla_topk_compact", _dev_stream(ids), _t(ids), rows, k, dcp_size, interleave, rank, _t(block_table),
-            stride, block_size, rows_per_request, _t(out), _t(counts))
+    table = _ABSENT if block_table is None else _t1(block_table)
+    _launch("dcp_mla_launch_topk_compact", _dev_stream(ids), *_t(ids), *table, *_t(out), *_t(counts), rows, k,
+            dcp_size, interleave, rank, block_size, rows_per_request)
 
 
 @_op(("out",))
 def _prefill_flatten(cache: torch.Tensor, fmt: int, block_table: torch.Tensor, pieces: torch.Tensor,
                      out: torch.Tensor, dcp_size: int, interleave: int, rank: int) -> None:
-    _launch("dcp_mla_prefill_flatten", _dev_stream(out), _t(cache), fmt, cache.shape[0], cache.shape[1],
-            _page_stride(cache), _t(block_table), block_table.stride(0), block_table.shape[0], block_table.shape[1],
-            _t(pieces), pieces.shape[0], _t(out), out.shape[0], dcp_size, interleave, rank)
+    _launch("dcp_mla_launch_prefill_flatten", _dev_stream(out), *_cache_t(cache), *_t1(block_table), *_t(pieces),
+            *_t(out), cache.shape[0], cache.shape[1], block_table.shape[0], block_table.shape[1], pieces.shape[0],
+            out.shape[0], dcp_size, interleave, rank, fmt, 0)
 
 
 @_op(("out",))
 def _prefill_reorder(gathered: torch.Tensor, pieces: torch.Tensor, out: torch.Tensor, dcp_size: int,
                      interleave: int) -> None:
-    _launch("dcp_mla_prefill_reorder", _dev_stream(out), _t(gathered), gathered.shape[1], _t(pieces),
-            pieces.shape[0], _t(out), out.shape[0], dcp_size, interleave)
+    _launch("dcp_mla_launch_prefill_reorder", _dev_stream(out), *_t(gathered), *_t(pieces), *_t(out),
+            gathered.shape[1], pieces.shape[0], out.shape[0], dcp_size, interleave)
 
 
 # --- the public functions ------------------------------------------------------------------------

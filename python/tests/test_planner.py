@@ -149,7 +149,8 @@ def _ctype_of(c_type):
 
     t = " ".join(c_type.replace("const ", " ").replace("struct ", " ").split())
     scalars = {"size_t": c_size_t, "int32_t": c_int32, "uint32_t": c_uint32, "uint64_t": c_uint64,
-               "uint8_t": c_uint8, "float": c_float, "DcpMlaTensor": _lib.Tensor}
+               "uint8_t": c_uint8, "float": c_float, "DcpMlaTensor": _lib.Tensor,
+               **{cls.__name__: cls for cls in _lib.ARGS.values()}}
     if t in scalars:
         return scalars[t]
     if t in ("void *", "DcpMlaDevice *"):
@@ -204,6 +205,108 @@ def test_the_codes_match_the_header():
     assert statuses, "the header's DcpMlaStatus enum was not found"
     assert [n for n, _ in sorted(statuses, key=lambda x: int(x[1]))] == _lib.STATUS
     assert [int(v) for _, v in sorted(statuses, key=lambda x: int(x[1]))] == list(range(len(_lib.STATUS)))
+
+
+def _header_structs(text):
+    """Every `typedef struct Name { ... } Name;` of the header: {name: [(field, C type)]}."""
+    import re
+
+    out = {}
+    for name, body in re.findall(r"typedef struct (\w+) \{(.*?)\n\} \1;", text, re.S):
+        fields = []
+        for line in body.splitlines():
+            decl = line.split("//")[0].strip().rstrip(";")
+            if not decl:
+                continue
+            m = re.match(r"(.*?)(\w+)(\[(\d+)\])?$", decl)
+            ctype = " ".join(m.group(1).replace("const ", "").replace("struct ", "").split())
+            fields.append((m.group(2), ctype + (f"[{m.group(4)}]" if m.group(3) else "")))
+        out[name] = fields
+    return out
+
+
+def test_argument_structs_match_the_header_field_by_field():
+    # Python's ctypes structures against the header's: the same structs, fields, order and C
+    # types (ffi/tests/layout.rs also compares their offsets and sizes with the Rust structs').
+    import ctypes
+
+    from dcp_mla import _lib
+
+    header = _header_structs(_header_text())
+    ours = {"DcpMlaTensor": _lib.Tensor, **{cls.__name__: cls for cls in _lib.ARGS.values()}}
+    assert sorted(header) == sorted(ours)
+    for name, cls in ours.items():
+        assert [f for f, _ in cls._fields_] == [f for f, _ in header[name]], name
+        for (field, t), (_, ctype) in zip(cls._fields_, header[name]):
+            if ctype.endswith("]"):
+                base, n = ctype[:-1].split("[")
+                assert issubclass(t, ctypes.Array) and t._length_ == int(n), (name, field)
+                t, ctype = t._type_, base
+            want = _ctype_of(ctype)
+            want = ctypes.c_void_p if ctype.endswith("*") else want
+            assert t == want, f"{name}.{field}: _lib has {t.__name__}, the header says {ctype}"
+    # every operation takes its struct: dcp_mla_launch_<op>(const DcpMla<Op>Args *)
+    for fn, cls in _lib.ARGS.items():
+        assert "dcp_mla_launch_" in fn and f"{fn}(const struct {cls.__name__} *args);" in _header_text(), fn
+
+
+def test_one_pack_fills_a_struct_as_its_fields_say():
+    # the fast fill (one struct.pack_into) writes what ctypes reads back field by field
+    from dcp_mla import _lib
+
+    cls = _lib.ARGS["dcp_mla_launch_decode_dense"]
+    leaves = _lib.leaves(cls)
+    values = [1.5 if t.__name__ == "c_float" else i + 1 for i, (_, _, t) in enumerate(leaves)]
+    buf = cls()
+    _lib.packer(cls).pack_into(buf, 0, *values)
+    assert buf.struct_size == 1 and buf.device == 2 and buf.q.data == 4 and buf.q.strides[3] == 11
+    assert buf.scale == 1.5 and buf.empty_lse_inf == values[-1]
+    assert [p for p, _, _ in leaves[:5]] == ["struct_size", "device", "stream", "q.data", "q.numel"]
+    # a later fill rewrites every byte, padding included: nothing of an earlier call survives
+    _lib.packer(cls).pack_into(buf, 0, *[0] * len(leaves))
+    assert bytes(buf) == bytes(len(bytes(buf)))
+
+
+def test_a_value_the_struct_cannot_hold_is_refused_by_field():
+    from dcp_mla import _lib
+
+    cls = _lib.ARGS["dcp_mla_launch_decode_dense"]
+    n = len(_lib.leaves(cls))
+    batch = [p for p, _, _ in _lib.leaves(cls)].index("batch")
+    for bad, error in [(-1, ValueError), (1 << 64, ValueError), (2.5, TypeError)]:
+        values = [0] * n
+        values[batch] = bad
+        with pytest.raises(error, match=r"DcpMlaDecodeDenseArgs\.batch"):
+            _lib.fill_checked(cls, cls(), values)
+
+
+def test_launches_without_a_device_are_refused_by_name():
+    # the compatibility rule and the device check through ctypes, on a machine without a GPU
+    import ctypes
+
+    from dcp_mla import _lib
+
+    cls = _lib.ARGS["dcp_mla_launch_merge_two"]
+    a = cls(struct_size=ctypes.sizeof(cls))
+    a.out_a.data = a.out_b.data = a.out.data = 0x10000
+    a.lse_a.data = a.lse_b.data = a.lse.data = 0x20000
+    for t in (a.out_a, a.out_b, a.out):
+        t.numel, t.dtype = 512, _lib.DTYPE_F32
+    for t in (a.lse_a, a.lse_b, a.lse):
+        t.numel, t.dtype = 1, _lib.DTYPE_F32
+    a.rows, a.lse_a_base, a.lse_b_base = 1, _lib.LSE_BASE_E, _lib.LSE_BASE_E
+    with pytest.raises(DcpMlaError) as e:
+        _lib.call("dcp_mla_launch_merge_two", a)
+    assert e.value.status == "NULL_POINTER" and "`device`" in e.value.message
+    a.struct_size = 8
+    with pytest.raises(DcpMlaValueError) as e:
+        _lib.call("dcp_mla_launch_merge_two", a)
+    assert "`DcpMlaMergeTwoArgs.struct_size`" in e.value.message
+    # a revision-4 caller's positional entry point answers by name
+    old = _lib.lib().dcp_mla_merge_two
+    old.restype = ctypes.c_int32
+    assert _lib.STATUS[old()] == "UNSUPPORTED"
+    assert "dcp_mla_launch_merge_two" in _lib.lib().dcp_mla_last_error().decode()
 
 
 @pytest.mark.parametrize("kwargs,needle", [

@@ -28,20 +28,103 @@ static void expect(const char *what, enum DcpMlaStatus got, enum DcpMlaStatus wa
 
 /* A buffer at a fake device address: never dereferenced, every call that gets one is refused first. */
 static DcpMlaTensor fake(uintptr_t addr, size_t numel, int32_t dtype) {
-  DcpMlaTensor t = {(void *)addr, numel, dtype};
+  DcpMlaTensor t = {0};
+  t.data = (void *)addr;
+  t.numel = numel;
+  t.dtype = dtype;
   return t;
+}
+
+/* q with its 3 strides (NULL: contiguous, no strides). */
+static DcpMlaTensor with_strides(DcpMlaTensor t, const size_t *strides, uint32_t n) {
+  if (strides) {
+    t.num_strides = n;
+    for (uint32_t i = 0; i < n; i++) t.strides[i] = strides[i];
+  }
+  return t;
+}
+
+static DcpMlaTopkLocalArgs topk(const DcpMlaDevice *dev, DcpMlaTensor scores, size_t row_stride, size_t cols,
+                                DcpMlaTensor lens, size_t rows, size_t k, DcpMlaTensor out) {
+  DcpMlaTopkLocalArgs a = {0};
+  a.struct_size = sizeof a;
+  a.device = dev;
+  a.scores = with_strides(scores, &row_stride, 1);
+  a.lens = lens;
+  a.out = out;
+  a.cols = cols;
+  a.rows = rows;
+  a.k = k;
+  return a;
+}
+
+static enum DcpMlaStatus topk_local(const DcpMlaDevice *dev, DcpMlaTensor scores, size_t row_stride, size_t cols,
+                                    DcpMlaTensor lens, size_t rows, size_t k, DcpMlaTensor out) {
+  DcpMlaTopkLocalArgs a = topk(dev, scores, row_stride, cols, lens, rows, k, out);
+  return dcp_mla_launch_topk_local(&a);
+}
+
+static DcpMlaMergeTwoArgs merge(const DcpMlaDevice *dev, DcpMlaTensor lse_b, size_t rows, int32_t base_b) {
+  DcpMlaMergeTwoArgs a = {0};
+  a.struct_size = sizeof a;
+  a.device = dev;
+  a.out_a = fake(0x50000000, 512, DCP_MLA_DTYPE_F32);
+  a.lse_a = fake(0x51000000, 1, DCP_MLA_DTYPE_F32);
+  a.out_b = fake(0x52000000, 512, DCP_MLA_DTYPE_F32);
+  a.lse_b = lse_b;
+  a.out = fake(0x54000000, 512, DCP_MLA_DTYPE_F32);
+  a.lse = fake(0x55000000, 1, DCP_MLA_DTYPE_F32);
+  a.rows = rows;
+  a.lse_a_base = DCP_MLA_LSE_BASE_E;
+  a.lse_b_base = base_b;
+  return a;
 }
 
 /* A dense decode of one request of `heads` heads over a 4-page cache, with everything but q, its
    strides, the head count and the page stride fixed (fake buffers, refused before any use). */
 static enum DcpMlaStatus dense(const DcpMlaDevice *dev, DcpMlaTensor q, const size_t *q_strides, size_t heads,
                                size_t page_stride) {
-  DcpMlaTensor cache = fake(0x40000000, 4 * 64 * 1152, DCP_MLA_DTYPE_U8), table = fake(0x41000000, 4, DCP_MLA_DTYPE_I32);
-  DcpMlaTensor lens = fake(0x42000000, 4, DCP_MLA_DTYPE_I32), ws = fake(0, 0, DCP_MLA_DTYPE_U8);
-  return dcp_mla_decode_dense(dev, NULL, q, q_strides, 1, 1, heads, 0.04f, fake(0x44000000, 64 * 512, DCP_MLA_DTYPE_BF16),
-                              NULL, fake(0x45000000, 64, DCP_MLA_DTYPE_F32), NULL, 0, 1, ws, DCP_MLA_SCHEDULE_COMPUTE,
-                              cache, 4, 64, page_stride, table, 1, 1, lens, NULL, DCP_MLA_LENS_LOCAL, 1, 1, 0,
-                              fake(0, 0, DCP_MLA_DTYPE_F32));
+  size_t stride = page_stride * 576; /* page_stride rows of 576 bf16 elements */
+  DcpMlaDecodeDenseArgs a = {0};
+  a.struct_size = sizeof a;
+  a.device = dev;
+  a.q = with_strides(q, q_strides, 3);
+  a.out = fake(0x44000000, 64 * 512, DCP_MLA_DTYPE_BF16);
+  a.lse = fake(0x45000000, 64, DCP_MLA_DTYPE_F32);
+  a.cache = with_strides(fake(0x40000000, 4 * 64 * 576, DCP_MLA_DTYPE_BF16), page_stride ? &stride : NULL, 1);
+  a.block_table = fake(0x41000000, 4, DCP_MLA_DTYPE_I32);
+  a.lens = fake(0x42000000, 4, DCP_MLA_DTYPE_I32);
+  a.batch = 1;
+  a.num_q = 1;
+  a.heads = heads;
+  a.num_splits = 1;
+  a.num_pages = 4;
+  a.block_size = 64;
+  a.max_pages = 1;
+  a.scale = 0.04f;
+  return dcp_mla_launch_decode_dense(&a);
+}
+
+/* kv_fill whose block table's (batch - 1) * stride + max_pages wraps */
+static enum DcpMlaStatus fill_wrapped(const DcpMlaDevice *dev) {
+  const size_t wrap = SIZE_MAX - 10;
+  DcpMlaKvFillArgs a = {0};
+  a.struct_size = sizeof a;
+  a.device = dev;
+  a.ckv = fake(0x20000000, 4 * 512, DCP_MLA_DTYPE_BF16);
+  a.kpe = fake(0x21000000, 4 * 64, DCP_MLA_DTYPE_BF16);
+  a.req_idx = fake(0x22000000, 4, DCP_MLA_DTYPE_I32);
+  a.positions = fake(0x23000000, 4, DCP_MLA_DTYPE_I32);
+  a.block_table = with_strides(fake(0x24000000, 16, DCP_MLA_DTYPE_I32), &wrap, 1);
+  a.batch = 2;
+  a.max_pages = 8;
+  a.cache = fake(0x30000000, 8 * 64 * 1152, DCP_MLA_DTYPE_U8);
+  a.num_pages = 8;
+  a.block_size = 64;
+  a.format = DCP_MLA_KV_BF16;
+  a.dcp_size = 1;
+  a.interleave = 1;
+  return dcp_mla_launch_kv_fill(&a);
 }
 
 static void launcher_checks(const DcpMlaDevice *dev) {
@@ -50,25 +133,22 @@ static void launcher_checks(const DcpMlaDevice *dev) {
 
   /* top-k: (rows - 1) * row_stride + cols wraps; a null and a misaligned score buffer */
   expect("topk_local, wrapped row_stride",
-         dcp_mla_topk_local(dev, NULL, fake(0x12000000, 1000, DCP_MLA_DTYPE_F32), wrap, 100, lens2, 2, 256, out2),
+         topk_local(dev, fake(0x12000000, 1000, DCP_MLA_DTYPE_F32), wrap, 100, lens2, 2, 256, out2),
          DCP_MLA_STATUS_INVALID_ARGUMENT, "`scores`");
   expect("topk_local, null scores",
-         dcp_mla_topk_local(dev, NULL, fake(0, 1000, DCP_MLA_DTYPE_F32), 300, 300, lens2, 2, 256, out2),
+         topk_local(dev, fake(0, 1000, DCP_MLA_DTYPE_F32), 300, 300, lens2, 2, 256, out2),
          DCP_MLA_STATUS_NULL_POINTER, "`scores`");
   expect("topk_local, misaligned scores",
-         dcp_mla_topk_local(dev, NULL, fake(0x12000002, 1000, DCP_MLA_DTYPE_F32), 300, 300, lens2, 2, 256, out2),
+         topk_local(dev, fake(0x12000002, 1000, DCP_MLA_DTYPE_F32), 300, 300, lens2, 2, 256, out2),
          DCP_MLA_STATUS_MISALIGNED, "`scores`");
   expect("topk_local, rows past the output",
-         dcp_mla_topk_local(dev, NULL, fake(0x12000000, 1000, DCP_MLA_DTYPE_F32), 300, 300, lens2, 3, 256, out2),
+         topk_local(dev, fake(0x12000000, 1000, DCP_MLA_DTYPE_F32), 300, 300, lens2, 3, 256, out2),
          DCP_MLA_STATUS_INVALID_ARGUMENT, "`lens`");
 
   /* kv_fill: (batch - 1) * block_table_stride + max_pages wraps */
   expect("kv_fill, wrapped block_table_stride",
-         dcp_mla_kv_fill(dev, NULL, fake(0x20000000, 4 * 512, DCP_MLA_DTYPE_BF16), 512,
-                         fake(0x21000000, 4 * 64, DCP_MLA_DTYPE_BF16), 64, fake(0x22000000, 4, DCP_MLA_DTYPE_I32),
-                         fake(0x23000000, 4, DCP_MLA_DTYPE_I32), fake(0x24000000, 16, DCP_MLA_DTYPE_I32), wrap, 2, 8,
-                         fake(0x30000000, 8 * 64 * 1152, DCP_MLA_DTYPE_U8), 8, 64, 0, DCP_MLA_KV_BF16, 1, 1, 0),
-         DCP_MLA_STATUS_INVALID_ARGUMENT, "block_table_stride");
+         fill_wrapped(dev),
+         DCP_MLA_STATUS_INVALID_ARGUMENT, "block_table.strides");
 
   /* dense decode: batch * nq * heads * 576 wraps; a misaligned q; strided q: a head stride that
      is not a multiple of 8 elements, a view that runs past q's numel; a page stride below B */
@@ -79,24 +159,19 @@ static void launcher_checks(const DcpMlaDevice *dev) {
          DCP_MLA_STATUS_MISALIGNED, "`q`");
   expect("decode_dense, q stride not 16-byte aligned",
          dense(dev, fake(0x43000000, 64 * 580, DCP_MLA_DTYPE_BF16), odd_strides, 64, 0), DCP_MLA_STATUS_MISALIGNED,
-         "q_strides");
+         "q.strides");
   expect("decode_dense, q view past its numel",
          dense(dev, fake(0x43000000, 64 * 576, DCP_MLA_DTYPE_BF16), wide_strides, 64, 0),
          DCP_MLA_STATUS_INVALID_ARGUMENT, "`q`");
   expect("decode_dense, page stride below the block size",
          dense(dev, fake(0x43000000, 64 * 576, DCP_MLA_DTYPE_BF16), NULL, 64, 32), DCP_MLA_STATUS_INVALID_ARGUMENT,
-         "page_stride");
+         "cache.strides");
 
-  DcpMlaTensor nosink = fake(0, 0, DCP_MLA_DTYPE_F32); /* null data: no attention sink */
   /* two-way merge: rows * 512 wraps; a null lse */
-  DcpMlaTensor fo = fake(0x50000000, 512, DCP_MLA_DTYPE_F32), fl = fake(0x51000000, 1, DCP_MLA_DTYPE_F32);
-  DcpMlaTensor go = fake(0x52000000, 512, DCP_MLA_DTYPE_F32), gl = fake(0x53000000, 1, DCP_MLA_DTYPE_F32);
-  DcpMlaTensor mo = fake(0x54000000, 512, DCP_MLA_DTYPE_F32), ml = fake(0x55000000, 1, DCP_MLA_DTYPE_F32);
-  expect("merge_two, wrapped rows", dcp_mla_merge_two(dev, NULL, fo, fl, go, gl, DCP_MLA_LSE_BASE_E, DCP_MLA_LSE_BASE_2, mo, ml, SIZE_MAX / 256, nosink),
-         DCP_MLA_STATUS_INVALID_ARGUMENT, "rows");
-  expect("merge_two, null lse_b", dcp_mla_merge_two(dev, NULL, fo, fl, go, fake(0, 1, DCP_MLA_DTYPE_F32), DCP_MLA_LSE_BASE_E,
-                           DCP_MLA_LSE_BASE_E, mo, ml, 1, nosink),
-         DCP_MLA_STATUS_NULL_POINTER, "`lse_b`");
+  DcpMlaMergeTwoArgs m = merge(dev, fake(0x53000000, 1, DCP_MLA_DTYPE_F32), SIZE_MAX / 256, DCP_MLA_LSE_BASE_2);
+  expect("merge_two, wrapped rows", dcp_mla_launch_merge_two(&m), DCP_MLA_STATUS_INVALID_ARGUMENT, "rows");
+  m = merge(dev, fake(0, 1, DCP_MLA_DTYPE_F32), 1, DCP_MLA_LSE_BASE_E);
+  expect("merge_two, null lse_b", dcp_mla_launch_merge_two(&m), DCP_MLA_STATUS_NULL_POINTER, "`lse_b`");
 
   /* a valid top-k after the refusals: 2 rows of 300 scores s[i] = i, K = 256 */
   enum { COLS = 300, K = 256 };
@@ -109,9 +184,9 @@ static void launcher_checks(const DcpMlaDevice *dev) {
   expect("malloc", dcp_mla_malloc(dev, sizeof out, &d_out), DCP_MLA_STATUS_SUCCESS, NULL);
   expect("htod", dcp_mla_memcpy_htod(dev, d_scores, scores, sizeof(float) * 2 * COLS), DCP_MLA_STATUS_SUCCESS, NULL);
   expect("htod", dcp_mla_memcpy_htod(dev, d_lens, lens, sizeof lens), DCP_MLA_STATUS_SUCCESS, NULL);
-  DcpMlaTensor ts = {d_scores, 2 * COLS, DCP_MLA_DTYPE_F32}, tl = {d_lens, 2, DCP_MLA_DTYPE_I32};
-  DcpMlaTensor to = {d_out, 2 * K, DCP_MLA_DTYPE_I32};
-  expect("topk_local, valid", dcp_mla_topk_local(dev, NULL, ts, COLS, COLS, tl, 2, K, to), DCP_MLA_STATUS_SUCCESS, NULL);
+  DcpMlaTensor ts = fake((uintptr_t)d_scores, 2 * COLS, DCP_MLA_DTYPE_F32);
+  DcpMlaTensor tl = fake((uintptr_t)d_lens, 2, DCP_MLA_DTYPE_I32), to = fake((uintptr_t)d_out, 2 * K, DCP_MLA_DTYPE_I32);
+  expect("topk_local, valid", topk_local(dev, ts, COLS, COLS, tl, 2, K, to), DCP_MLA_STATUS_SUCCESS, NULL);
   expect("synchronize", dcp_mla_synchronize(dev), DCP_MLA_STATUS_SUCCESS, NULL);
   expect("dtoh", dcp_mla_memcpy_dtoh(dev, out, d_out, sizeof out), DCP_MLA_STATUS_SUCCESS, NULL);
   /* row 0: the 256 largest of 0..299 are 44..299, ascending; row 1 (length 100 <= K): 0..99, then -1 */
@@ -192,9 +267,42 @@ int main(int argc, char **argv) {
 
   /* a launcher without a device: refused by name before anything else */
   expect("topk_local, null device",
-         dcp_mla_topk_local(NULL, NULL, fake(0x12000000, 600, DCP_MLA_DTYPE_F32), 300, 300,
+         topk_local(NULL, fake(0x12000000, 600, DCP_MLA_DTYPE_F32), 300, 300,
                             fake(0x10000000, 2, DCP_MLA_DTYPE_I32), 2, 256, fake(0x11000000, 512, DCP_MLA_DTYPE_I32)),
          DCP_MLA_STATUS_NULL_POINTER, "`device`");
+
+  /* the argument structs' compatibility rule, from C: a newer caller's larger struct whose extra
+     bytes are zero is served (here as far as the null device), one with a field set there is
+     refused by name, and so is a struct_size below revision 5's */
+  struct {
+    DcpMlaMergeTwoArgs args;
+    uint64_t added[2];
+  } newer;
+  memset(&newer, 0, sizeof newer);
+  newer.args = merge(NULL, fake(0x53000000, 1, DCP_MLA_DTYPE_F32), 1, DCP_MLA_LSE_BASE_E);
+  newer.args.struct_size = sizeof newer;
+  expect("newer struct, zero tail", dcp_mla_launch_merge_two(&newer.args), DCP_MLA_STATUS_NULL_POINTER, "`device`");
+  newer.added[0] = 1;
+  expect("newer struct, a field set", dcp_mla_launch_merge_two(&newer.args), DCP_MLA_STATUS_INVALID_ARGUMENT,
+         "`DcpMlaMergeTwoArgs.struct_size`");
+  DcpMlaMergeTwoArgs small = merge(NULL, fake(0x53000000, 1, DCP_MLA_DTYPE_F32), 1, DCP_MLA_LSE_BASE_E);
+  small.struct_size = sizeof small - 8;
+  expect("struct_size below revision 5's", dcp_mla_launch_merge_two(&small), DCP_MLA_STATUS_INVALID_ARGUMENT,
+         "`DcpMlaMergeTwoArgs.struct_size`");
+  expect("null args", dcp_mla_launch_merge_two(NULL), DCP_MLA_STATUS_NULL_POINTER, "`args`");
+
+  /* a caller of revision 4: its positional prototype, as its header declared it, is refused by
+     name (the symbol remains for old binaries; it reads none of its arguments) */
+  {
+    typedef enum DcpMlaStatus (*old_topk_local_fn)(const DcpMlaDevice *, void *, DcpMlaTensor, size_t, size_t,
+                                                   DcpMlaTensor, size_t, size_t, DcpMlaTensor);
+    extern enum DcpMlaStatus dcp_mla_topk_local(void);
+    old_topk_local_fn old = (old_topk_local_fn)(void (*)(void))dcp_mla_topk_local;
+    expect("revision 4 dcp_mla_topk_local",
+           old(NULL, NULL, fake(0x12000000, 600, DCP_MLA_DTYPE_F32), 300, 300, fake(0x10000000, 2, DCP_MLA_DTYPE_I32),
+               2, 256, fake(0x11000000, 512, DCP_MLA_DTYPE_I32)),
+           DCP_MLA_STATUS_UNSUPPORTED, "dcp_mla_launch_topk_local");
+  }
 
   /* the launchers on device 0 */
   if (with_device) {
