@@ -40,6 +40,14 @@ pub(crate) fn drv<T>(call: &'static str, r: std::result::Result<T, DriverError>)
     r.map_err(|source| Error::Driver { call, source })
 }
 
+/// Device 0 for a benchmark binary, or `{needs} a CUDA GPU: {error}` on stderr and exit code 2.
+pub fn gpu_or_exit(needs: &str) -> Device {
+    Device::open(0).unwrap_or_else(|e| {
+        eprintln!("{needs} a CUDA GPU: {e}");
+        std::process::exit(2)
+    })
+}
+
 /// Milliseconds between two events recorded around `f` on `s`.
 fn event_ms(s: &Arc<CudaStream>, iters: u64, f: &mut dyn FnMut() -> Result<()>) -> Result<f64> {
     let ctx = s.context();
