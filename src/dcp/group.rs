@@ -229,30 +229,17 @@ impl DcpGroup {
         self.bind()?;
         nccl::group_start().map_err(nccl_err("ncclGroupStart"))?;
         let mut result = Ok(());
+        let (bytes, comm, st) = (sys::ncclDataType_t::ncclUint8, self.comm, stream.0 as _);
         for peer in 0..self.size {
-            let off = (peer * slot_bytes) as u64;
+            let (off, to) = ((peer * slot_bytes) as u64, peer as i32);
             // SAFETY: slot `peer` lies inside both buffers (checked above).
             let r = unsafe {
-                nccl::send(
-                    (send.ptr() + off) as *const c_void,
-                    slot_bytes,
-                    sys::ncclDataType_t::ncclUint8,
-                    peer as i32,
-                    self.comm,
-                    stream.0 as _,
-                )
-                .map_err(nccl_err("ncclSend"))
-                .and_then(|_| {
-                    nccl::recv(
-                        (recv.ptr() + off) as *mut c_void,
-                        slot_bytes,
-                        sys::ncclDataType_t::ncclUint8,
-                        peer as i32,
-                        self.comm,
-                        stream.0 as _,
-                    )
-                    .map_err(nccl_err("ncclRecv"))
-                })
+                nccl::send((send.ptr() + off) as _, slot_bytes, bytes, to, comm, st)
+                    .map_err(nccl_err("ncclSend"))
+                    .and_then(|_| {
+                        nccl::recv((recv.ptr() + off) as _, slot_bytes, bytes, to, comm, st)
+                            .map_err(nccl_err("ncclRecv"))
+                    })
             };
             if r.is_err() {
                 result = r.map(|_| ());
