@@ -9,7 +9,8 @@ use dcp_mla::ops::decode::{
     decode_num_splits, decode_workspace_bytes, host_pieces, mla_decode_dense, mla_decode_dense_on, DecodeCommon,
     DecodeOut, DecodePath, DecodeSchedule, DenseDecode, LensRule,
 };
-use dcp_mla::runtime::{Device, DeviceSlice, Stream};
+use dcp_mla::runtime::{DeviceSlice, Stream};
+use dcp_mla_cli::bench::gpu_or_exit;
 use half::bf16;
 use std::sync::Arc;
 use std::time::Instant;
@@ -34,13 +35,7 @@ fn best_us(s: &Arc<CudaStream>, mut f: impl FnMut()) -> f64 {
 }
 
 fn main() {
-    let dev = match Device::open(0) {
-        Ok(d) => d,
-        Err(e) => {
-            eprintln!("host_time needs a CUDA GPU: {e}");
-            std::process::exit(2);
-        }
-    };
+    let dev = gpu_or_exit("host_time needs");
     let s = dev.context().default_stream();
     let raw = Stream::from_cudarc(&s);
     let (b, nq, h, tokens, block) = (8usize, 1usize, 16usize, 64usize, 64usize);

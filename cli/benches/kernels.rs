@@ -4,18 +4,11 @@
 //! a message and exit code 2.
 
 use criterion::{Criterion, Throughput};
-use dcp_mla::runtime::Device;
-use dcp_mla_cli::bench::{events_elapsed, graph_replays, measure_us, prepare, rows, Measurement, Timer};
+use dcp_mla_cli::bench::{events_elapsed, gpu_or_exit, graph_replays, measure_us, prepare, rows, Measurement, Timer};
 use std::time::Duration;
 
 fn main() {
-    let dev = match Device::open(0) {
-        Ok(d) => d,
-        Err(e) => {
-            eprintln!("the dcp-mla benchmarks need a CUDA GPU: {e}");
-            std::process::exit(2);
-        }
-    };
+    let dev = gpu_or_exit("the dcp-mla benchmarks need");
     let s = dev.context().default_stream();
     let mut timer = Timer::new(&dev, s.clone(), 5, 30).expect("timer");
     let copy_gbs = timer.copy_gbs().expect("copy ceiling");

@@ -133,6 +133,22 @@ impl DcpGroup {
         self.ctx.bind_to_thread().map_err(|source| Error::Driver { call: "cuCtxSetCurrent", source })
     }
 
+    /// Enqueues the NCCL collective `f` (named `call` in its error) over `n` elements on this
+    /// group's device; nothing for `n == 0`.
+    fn enqueue(
+        &self,
+        n: usize,
+        call: &'static str,
+        f: impl FnOnce() -> std::result::Result<nccl::NcclStatus, nccl::NcclError>,
+    ) -> Result<()> {
+        if n == 0 {
+            return Ok(());
+        }
+        self.bind()?;
+        f().map_err(nccl_err(call))?;
+        Ok(())
+    }
+
     /// All-gather: `recv` \[D, n\] receives every rank's `send` \[n\] in rank order. `send` may be
     /// exactly this rank's slot of `recv` (in place).
     pub fn all_gather<T: NcclType>(
@@ -153,23 +169,10 @@ impl DcpGroup {
             "send",
             "overlaps `recv` without being this rank's slot of it"
         );
-        if n == 0 {
-            return Ok(());
-        }
-        self.bind()?;
         // SAFETY: both buffers were checked to hold what NCCL reads and writes.
-        unsafe {
-            nccl::all_gather(
-                send.ptr() as *const c_void,
-                recv.ptr() as *mut c_void,
-                n,
-                T::as_nccl_type(),
-                self.comm,
-                stream.0 as _,
-            )
-        }
-        .map_err(nccl_err("ncclAllGather"))?;
-        Ok(())
+        self.enqueue(n, "ncclAllGather", || unsafe {
+            nccl::all_gather(send.ptr() as _, recv.ptr() as _, n, T::as_nccl_type(), self.comm, stream.0 as _)
+        })
     }
 
     /// All-gather in place: rank r's data is already at slot r of `buf` [D, n].
@@ -198,24 +201,11 @@ impl DcpGroup {
         let need = n * self.size;
         ensure_arg!(send.len() >= need, "send", "holds {} values but [D, n] needs {need}", send.len());
         ensure_arg!(recv.len() >= n, "recv", "holds {} values but {n} are received", recv.len());
-        if n == 0 {
-            return Ok(());
-        }
-        self.bind()?;
+        let (f32, sum) = (sys::ncclDataType_t::ncclFloat32, sys::ncclRedOp_t::ncclSum);
         // SAFETY: both buffers were checked to hold what NCCL reads and writes.
-        unsafe {
-            nccl::reduce_scatter(
-                send.ptr() as *const c_void,
-                recv.ptr() as *mut c_void,
-                n,
-                sys::ncclDataType_t::ncclFloat32,
-                sys::ncclRedOp_t::ncclSum,
-                self.comm,
-                stream.0 as _,
-            )
-        }
-        .map_err(nccl_err("ncclReduceScatter"))?;
-        Ok(())
+        self.enqueue(n, "ncclReduceScatter", || unsafe {
+            nccl::reduce_scatter(send.ptr() as _, recv.ptr() as _, n, f32, sum, self.comm, stream.0 as _)
+        })
     }
 
     /// All-to-all of byte slots: slot d of `send` [D, slot_bytes] goes to rank d, and slot r of
@@ -239,30 +229,17 @@ impl DcpGroup {
         self.bind()?;
         nccl::group_start().map_err(nccl_err("ncclGroupStart"))?;
         let mut result = Ok(());
+        let (bytes, comm, st) = (sys::ncclDataType_t::ncclUint8, self.comm, stream.0 as _);
         for peer in 0..self.size {
-            let off = (peer * slot_bytes) as u64;
+            let (off, to) = ((peer * slot_bytes) as u64, peer as i32);
             // SAFETY: slot `peer` lies inside both buffers (checked above).
             let r = unsafe {
-                nccl::send(
-                    (send.ptr() + off) as *const c_void,
-                    slot_bytes,
-                    sys::ncclDataType_t::ncclUint8,
-                    peer as i32,
-                    self.comm,
-                    stream.0 as _,
-                )
-                .map_err(nccl_err("ncclSend"))
-                .and_then(|_| {
-                    nccl::recv(
-                        (recv.ptr() + off) as *mut c_void,
-                        slot_bytes,
-                        sys::ncclDataType_t::ncclUint8,
-                        peer as i32,
-                        self.comm,
-                        stream.0 as _,
-                    )
-                    .map_err(nccl_err("ncclRecv"))
-                })
+                nccl::send((send.ptr() + off) as _, slot_bytes, bytes, to, comm, st)
+                    .map_err(nccl_err("ncclSend"))
+                    .and_then(|_| {
+                        nccl::recv((recv.ptr() + off) as _, slot_bytes, bytes, to, comm, st)
+                            .map_err(nccl_err("ncclRecv"))
+                    })
             };
             if r.is_err() {
                 result = r.map(|_| ());

@@ -20,7 +20,7 @@ use dcp_mla::ops::prefill::{self, piece_table, Flatten, Reorder};
 use dcp_mla::ops::topk::{self, Compact, GlobalMerge, LocalTopk, PackCandidates, PageTranslate};
 use dcp_mla::ops::RowsDtype;
 use dcp_mla::planner::choice::DecodeShape;
-use dcp_mla::planner::{plan_prefill_chunks, prefill_chunk_bytes, DcpLayout};
+use dcp_mla::planner::{plan_prefill_chunks, prefill_chunk_bytes, ChunkPlan, DcpLayout};
 use dcp_mla::rng::Rng;
 use dcp_mla::runtime::{Device, DeviceSlice, Stream};
 use dcp_mla::LseBase;
@@ -38,6 +38,14 @@ pub const L2_FLUSH_BYTES: usize = 256 << 20;
 /// Maps a cudarc error to the library's.
 pub(crate) fn drv<T>(call: &'static str, r: std::result::Result<T, DriverError>) -> Result<T> {
     r.map_err(|source| Error::Driver { call, source })
+}
+
+/// Device 0 for a benchmark binary, or `{needs} a CUDA GPU: {error}` on stderr and exit code 2.
+pub fn gpu_or_exit(needs: &str) -> Device {
+    Device::open(0).unwrap_or_else(|e| {
+        eprintln!("{needs} a CUDA GPU: {e}");
+        std::process::exit(2)
+    })
 }
 
 /// Milliseconds between two events recorded around `f` on `s`.
@@ -1138,28 +1146,29 @@ pub fn prepare<'a>(dev: &'a Device, s: &Arc<CudaStream>, row: &BenchRow) -> Resu
 /// first layer (a step computes it once, in its first layer).
 pub fn prepare_layer<'a>(dev: &'a Device, s: &Arc<CudaStream>, row: &BenchRow, layer: usize) -> Result<Launch<'a>> {
     let mut rng = Rng::new(0x5eed_1234_abcd_0001 ^ ((layer as u64) << 40));
+    let p = Prep { dev, s, rng: &mut rng };
     if let Some(spec) = DecodeSpec::of(row)? {
-        return prepare_decode(dev, s, &mut rng, row, &spec, layer);
+        return prepare_decode(p, row, &spec, layer);
     }
     match row.case {
-        Case::Fill { format, tokens } => prepare_fill(dev, s, &mut rng, format, tokens),
+        Case::Fill { format, tokens } => prepare_fill(p, format, tokens),
         Case::Dense { .. }
         | Case::DenseRamp { .. }
         | Case::DenseUnsplit { .. }
         | Case::DenseScheduled { .. }
         | Case::Sparse { .. }
         | Case::Engine(_) => unreachable!("decode rows have a DecodeSpec"),
-        Case::MergeTwo { t, h, input } => prepare_merge_two(dev, s, &mut rng, t, h, input),
-        Case::AgRsCorrect { d, t, h, contrib } => prepare_ag_rs_correct(dev, s, &mut rng, d, t, h, contrib),
-        Case::A2aCombine { d, t, h } => prepare_a2a_combine(dev, s, &mut rng, d, t, h),
-        Case::TopkLocal { rows, n, k } => prepare_topk_local(dev, s, &mut rng, rows, n, k),
-        Case::TopkPack { rows, k, d } => prepare_topk_pack(dev, s, &mut rng, rows, k, d),
-        Case::TopkMerge { rows, d, k } => prepare_topk_merge(dev, s, &mut rng, rows, d, k),
-        Case::TopkCompact { rows, d, k } => prepare_topk_compact(dev, s, &mut rng, rows, d, k),
-        Case::Flatten { format, prefix, d } => prepare_flatten(dev, s, &mut rng, format, prefix, d),
+        Case::MergeTwo { t, h, input } => prepare_merge_two(p, t, h, input),
+        Case::AgRsCorrect { d, t, h, contrib } => prepare_ag_rs_correct(p, d, t, h, contrib),
+        Case::A2aCombine { d, t, h } => prepare_a2a_combine(p, d, t, h),
+        Case::TopkLocal { rows, n, k } => prepare_topk_local(p, rows, n, k),
+        Case::TopkPack { rows, k, d } => prepare_topk_pack(p, rows, k, d),
+        Case::TopkMerge { rows, d, k } => prepare_topk_merge(p, rows, d, k),
+        Case::TopkCompact { rows, d, k } => prepare_topk_compact(p, rows, d, k),
+        Case::Flatten { format, prefix, d } => prepare_flatten(p, format, prefix, d),
         Case::DcpStep(st) => prepare_dcp_step(dev, s, st),
-        Case::A2aPack { d, t, h } => prepare_a2a_pack(dev, s, &mut rng, d, t, h),
-        Case::Reorder { prefix, d } => prepare_reorder(dev, s, &mut rng, prefix, d),
+        Case::A2aPack { d, t, h } => prepare_a2a_pack(p, d, t, h),
+        Case::Reorder { prefix, d } => prepare_reorder(p, prefix, d),
     }
 }
 
@@ -1167,14 +1176,8 @@ pub fn prepare_layer<'a>(dev: &'a Device, s: &Arc<CudaStream>, row: &BenchRow, l
 /// table's where it has a row), or the heuristic's for [`DECODE_ENGINE_HEURISTIC_FAMILY`]; the
 /// split schedule computed by the first launch and reused after (but by `DenseScheduled` and an
 /// engine row's first layer).
-fn prepare_decode<'a>(
-    dev: &'a Device,
-    s: &Arc<CudaStream>,
-    rng: &mut Rng,
-    row: &BenchRow,
-    spec: &DecodeSpec,
-    layer: usize,
-) -> Result<Launch<'a>> {
+fn prepare_decode<'a>(p: Prep<'a, '_>, row: &BenchRow, spec: &DecodeSpec, layer: usize) -> Result<Launch<'a>> {
+    let Prep { dev, s, rng } = p;
     let st = Stream::from_cudarc(s);
     let split = !matches!(row.case, Case::DenseUnsplit { .. } | Case::DenseRamp { split: false, .. });
     // the launcher's own choice (the tuned table's where it has a row), or the heuristic's
@@ -1202,18 +1205,51 @@ fn prepare_decode<'a>(
     }))
 }
 
-fn prepare_fill<'a>(
+/// What preparing a row draws on: the device, the stream its buffers live on and the row's
+/// random generator.
+struct Prep<'a, 'p> {
     dev: &'a Device,
-    s: &Arc<CudaStream>,
-    rng: &mut Rng,
-    format: KvFormat,
-    tokens: usize,
-) -> Result<Launch<'a>> {
-    let st = Stream::from_cudarc(s);
+    s: &'p Arc<CudaStream>,
+    rng: &'p mut Rng,
+}
+
+impl<'a> Prep<'a, '_> {
+    /// `n` random values in [0, 1).
+    fn units(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| self.rng.unit()).collect()
+    }
+
+    /// `n` random lse values in [0, 4).
+    fn lses(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| self.rng.unit() * 4.0).collect()
+    }
+
+    /// `n` random bf16 values in [0, 1), on the device.
+    fn bf16_units(&mut self, n: usize) -> Result<CudaSlice<bf16>> {
+        up(self.s, &(0..n).map(|_| bf16::from_f32(self.rng.unit())).collect::<Vec<_>>())
+    }
+
+    /// The launch of `kernel(dev, stream, &args)`, owning `keep`: the buffers `args` points into.
+    fn launch<K: 'a, A: 'a>(
+        self,
+        keep: K,
+        args: A,
+        kernel: fn(&Device, Stream, &A) -> Result<()>,
+    ) -> Result<Launch<'a>> {
+        let (dev, st) = (self.dev, Stream::from_cudarc(self.s));
+        Ok(Box::new(move || {
+            let _ = &keep;
+            kernel(dev, st, &args)
+        }))
+    }
+}
+
+fn prepare_fill<'a>(mut p: Prep<'a, '_>, format: KvFormat, tokens: usize) -> Result<Launch<'a>> {
+    let s = p.s;
     let block = DECODE_BLOCK;
     let pages = tokens.div_ceil(block);
-    let ckv = up(s, &(0..tokens * D_LATENT).map(|_| bf16::from_f32(rng.unit())).collect::<Vec<_>>())?;
-    let kpe = up(s, &(0..tokens * D_ROPE).map(|_| bf16::from_f32(rng.unit())).collect::<Vec<_>>())?;
+    let ckv = p.bf16_units(tokens * D_LATENT)?;
+    let kpe = p.bf16_units(tokens * D_ROPE)?;
     let req = zeros::<i32>(s, tokens)?;
     let pos = up(s, &(0..tokens as i32).collect::<Vec<_>>())?;
     let table = up(s, &(0..pages as i32).collect::<Vec<_>>())?;
@@ -1237,29 +1273,15 @@ fn prepare_fill<'a>(
         dcp: DcpLayout { size: 1, interleave: 1 },
         rank: 0,
     };
-    let keep = (ckv, kpe, req, pos, table, cache);
-    Ok(Box::new(move || {
-        let _ = &keep;
-        kv_fill(dev, st, &args)
-    }))
+    p.launch((ckv, kpe, req, pos, table, cache), args, kv_fill)
 }
 
-fn prepare_merge_two<'a>(
-    dev: &'a Device,
-    s: &Arc<CudaStream>,
-    rng: &mut Rng,
-    t: usize,
-    h: usize,
-    input: RowsDtype,
-) -> Result<Launch<'a>> {
-    let st = Stream::from_cudarc(s);
-    let rows = t * h;
-    let out_a = Part::upload(s, input, &(0..rows * D_V).map(|_| rng.unit()).collect::<Vec<_>>())?;
-    let out_b = Part::upload(s, input, &(0..rows * D_V).map(|_| rng.unit()).collect::<Vec<_>>())?;
-    let lse_a = up(s, &(0..rows).map(|_| rng.unit() * 4.0).collect::<Vec<_>>())?;
-    let lse_b = up(s, &(0..rows).map(|_| rng.unit() * 4.0).collect::<Vec<_>>())?;
-    let out = zeros::<bf16>(s, rows * D_V)?;
-    let lse = zeros::<f32>(s, rows)?;
+fn prepare_merge_two<'a>(mut p: Prep<'a, '_>, t: usize, h: usize, input: RowsDtype) -> Result<Launch<'a>> {
+    let (s, rows) = (p.s, t * h);
+    let out_a = Part::upload(s, input, &p.units(rows * D_V))?;
+    let out_b = Part::upload(s, input, &p.units(rows * D_V))?;
+    let (lse_a, lse_b) = (up(s, &p.lses(rows))?, up(s, &p.lses(rows))?);
+    let (out, lse) = (zeros::<bf16>(s, rows * D_V)?, zeros::<f32>(s, rows)?);
     let args = MergeTwo {
         out_a: out_a.rows(s),
         lse_a: sl(s, &lse_a),
@@ -1272,26 +1294,20 @@ fn prepare_merge_two<'a>(
         rows,
         sink: None,
     };
-    let keep = (out_a, out_b, lse_a, lse_b, out, lse);
-    Ok(Box::new(move || {
-        let _ = &keep;
-        combine::merge_two(dev, st, &args)
-    }))
+    p.launch((out_a, out_b, lse_a, lse_b, out, lse), args, combine::merge_two)
 }
 
 fn prepare_ag_rs_correct<'a>(
-    dev: &'a Device,
-    s: &Arc<CudaStream>,
-    rng: &mut Rng,
+    mut p: Prep<'a, '_>,
     d: usize,
     t: usize,
     h: usize,
-    contrib: RowsDtype,
+    dtype: RowsDtype,
 ) -> Result<Launch<'a>> {
-    let st = Stream::from_cudarc(s);
-    let out = up(s, &(0..t * h * D_V).map(|_| bf16::from_f32(rng.unit())).collect::<Vec<_>>())?;
-    let lse_all = up(s, &(0..d * t * h).map(|_| rng.unit() * 4.0).collect::<Vec<_>>())?;
-    let contrib = Part::zeros(s, contrib, t * h * D_V)?;
+    let s = p.s;
+    let out = p.bf16_units(t * h * D_V)?;
+    let lse_all = up(s, &p.lses(d * t * h))?;
+    let contrib = Part::zeros(s, dtype, t * h * D_V)?;
     let args = AgRsCorrect {
         out: CombineRows::Bf16(sl(s, &out)),
         lse_all: sl(s, &lse_all),
@@ -1302,22 +1318,11 @@ fn prepare_ag_rs_correct<'a>(
         dcp_size: d,
         rank: 0,
     };
-    let keep = (out, lse_all, contrib);
-    Ok(Box::new(move || {
-        let _ = &keep;
-        combine::ag_rs_correct(dev, st, &args)
-    }))
+    p.launch((out, lse_all, contrib), args, combine::ag_rs_correct)
 }
 
-fn prepare_a2a_combine<'a>(
-    dev: &'a Device,
-    s: &Arc<CudaStream>,
-    rng: &mut Rng,
-    d: usize,
-    t: usize,
-    h: usize,
-) -> Result<Launch<'a>> {
-    let st = Stream::from_cudarc(s);
+fn prepare_a2a_combine<'a>(p: Prep<'a, '_>, d: usize, t: usize, h: usize) -> Result<Launch<'a>> {
+    let s = p.s;
     let h_l = h / d;
     let slot = a2a_aligned_slot_bytes(t, h_l)?;
     // each slot: [T·H_l·512 bf16 out][T·H_l fp32 lse] (reference::merge::a2a_pack's layout)
@@ -1325,15 +1330,14 @@ fn prepare_a2a_combine<'a>(
     for r in 0..d {
         let (outs, lses) = recv[r * slot..].split_at_mut(t * h_l * D_V * 2);
         for o in outs.chunks_mut(2) {
-            o.copy_from_slice(&bf16::from_f32(rng.unit()).to_bits().to_le_bytes());
+            o.copy_from_slice(&bf16::from_f32(p.rng.unit()).to_bits().to_le_bytes());
         }
         for l in lses[..t * h_l * 4].chunks_mut(4) {
-            l.copy_from_slice(&(rng.unit() * 4.0).to_le_bytes());
+            l.copy_from_slice(&(p.rng.unit() * 4.0).to_le_bytes());
         }
     }
     let recv = up(s, &recv)?;
-    let out = zeros::<bf16>(s, t * h_l * D_V)?;
-    let lse = zeros::<f32>(s, t * h_l)?;
+    let (out, lse) = (zeros::<bf16>(s, t * h_l * D_V)?, zeros::<f32>(s, t * h_l)?);
     let args = A2aCombine {
         recv: sl(s, &recv),
         slot_bytes: slot,
@@ -1345,48 +1349,24 @@ fn prepare_a2a_combine<'a>(
         dcp_size: d,
         sink: None,
     };
-    let keep = (recv, out, lse);
-    Ok(Box::new(move || {
-        let _ = &keep;
-        combine::a2a_combine(dev, st, &args)
-    }))
+    p.launch((recv, out, lse), args, combine::a2a_combine)
 }
 
-fn prepare_topk_local<'a>(
-    dev: &'a Device,
-    s: &Arc<CudaStream>,
-    rng: &mut Rng,
-    rows: usize,
-    n: usize,
-    k: usize,
-) -> Result<Launch<'a>> {
-    let st = Stream::from_cudarc(s);
-    let scores = up(s, &(0..rows * n).map(|_| rng.unit()).collect::<Vec<_>>())?;
+fn prepare_topk_local<'a>(mut p: Prep<'a, '_>, rows: usize, n: usize, k: usize) -> Result<Launch<'a>> {
+    let s = p.s;
+    let scores = up(s, &p.units(rows * n))?;
     let lens = up(s, &vec![n as i32; rows])?;
     let out = zeros::<i32>(s, rows * k)?;
     let args =
         LocalTopk { scores: sl(s, &scores), row_stride: n, cols: n, lens: sl(s, &lens), rows, k, out: sl(s, &out) };
-    let keep = (scores, lens, out);
-    Ok(Box::new(move || {
-        let _ = &keep;
-        topk::local_topk(dev, st, &args)
-    }))
+    p.launch((scores, lens, out), args, topk::local_topk)
 }
 
-fn prepare_topk_pack<'a>(
-    dev: &'a Device,
-    s: &Arc<CudaStream>,
-    rng: &mut Rng,
-    rows: usize,
-    k: usize,
-    d: usize,
-) -> Result<Launch<'a>> {
-    let st = Stream::from_cudarc(s);
-    let n = 32768 / d;
-    let scores = up(s, &(0..rows * n).map(|_| rng.unit()).collect::<Vec<_>>())?;
+fn prepare_topk_pack<'a>(mut p: Prep<'a, '_>, rows: usize, k: usize, d: usize) -> Result<Launch<'a>> {
+    let (s, n) = (p.s, 32768 / d);
+    let scores = up(s, &p.units(rows * n))?;
     let idx = up(s, &(0..rows * k).map(|i| (i % k * (n / k)) as i32).collect::<Vec<_>>())?;
-    let cs = zeros::<f32>(s, rows * k)?;
-    let ci = zeros::<i32>(s, rows * k)?;
+    let (cs, ci) = (zeros::<f32>(s, rows * k)?, zeros::<i32>(s, rows * k)?);
     let args = PackCandidates {
         local_idx: sl(s, &idx),
         scores: sl(s, &scores),
@@ -1399,49 +1379,24 @@ fn prepare_topk_pack<'a>(
         cand_scores: sl(s, &cs),
         cand_ids: sl(s, &ci),
     };
-    let keep = (scores, idx, cs, ci);
-    Ok(Box::new(move || {
-        let _ = &keep;
-        topk::pack_candidates(dev, st, &args)
-    }))
+    p.launch((scores, idx, cs, ci), args, topk::pack_candidates)
 }
 
-fn prepare_topk_merge<'a>(
-    dev: &'a Device,
-    s: &Arc<CudaStream>,
-    rng: &mut Rng,
-    rows: usize,
-    d: usize,
-    k: usize,
-) -> Result<Launch<'a>> {
-    let st = Stream::from_cudarc(s);
-    let (cs, ci) = candidates(rng, rows, d, k);
+fn prepare_topk_merge<'a>(p: Prep<'a, '_>, rows: usize, d: usize, k: usize) -> Result<Launch<'a>> {
+    let s = p.s;
+    let (cs, ci) = candidates(p.rng, rows, d, k);
     let (cs, ci) = (up(s, &cs)?, up(s, &ci)?);
     let out = zeros::<i32>(s, rows * k)?;
     let args = GlobalMerge { cand_scores: sl(s, &cs), cand_ids: sl(s, &ci), dcp_size: d, rows, k, out: sl(s, &out) };
-    let keep = (cs, ci, out);
-    Ok(Box::new(move || {
-        let _ = &keep;
-        topk::global_merge(dev, st, &args)
-    }))
+    p.launch((cs, ci, out), args, topk::global_merge)
 }
 
-fn prepare_topk_compact<'a>(
-    dev: &'a Device,
-    s: &Arc<CudaStream>,
-    rng: &mut Rng,
-    rows: usize,
-    d: usize,
-    k: usize,
-) -> Result<Launch<'a>> {
-    let st = Stream::from_cudarc(s);
-    let block = DECODE_BLOCK;
-    let ctx = 32768usize;
-    let ids = up(s, &(0..rows * k).map(|_| (rng.next_u64() % ctx as u64) as i32).collect::<Vec<_>>())?;
+fn prepare_topk_compact<'a>(p: Prep<'a, '_>, rows: usize, d: usize, k: usize) -> Result<Launch<'a>> {
+    let (s, block, ctx) = (p.s, DECODE_BLOCK, 32768usize);
+    let ids = up(s, &(0..rows * k).map(|_| (p.rng.next_u64() % ctx as u64) as i32).collect::<Vec<_>>())?;
     let stride = ctx / d / block;
     let table = up(s, &(0..(rows * stride) as i32).collect::<Vec<_>>())?;
-    let out = zeros::<i32>(s, rows * k)?;
-    let counts = zeros::<i32>(s, rows)?;
+    let (out, counts) = (zeros::<i32>(s, rows * k)?, zeros::<i32>(s, rows)?);
     let args = Compact {
         ids: sl(s, &ids),
         rows,
@@ -1452,29 +1407,24 @@ fn prepare_topk_compact<'a>(
         out: sl(s, &out),
         counts: sl(s, &counts),
     };
-    let keep = (ids, table, out, counts);
-    Ok(Box::new(move || {
-        let _ = &keep;
-        topk::compact(dev, st, &args)
-    }))
+    p.launch((ids, table, out, counts), args, topk::compact)
 }
 
-fn prepare_flatten<'a>(
-    dev: &'a Device,
-    s: &Arc<CudaStream>,
-    rng: &mut Rng,
-    format: KvFormat,
-    prefix: usize,
-    d: usize,
-) -> Result<Launch<'a>> {
-    let st = Stream::from_cudarc(s);
-    let block = DECODE_BLOCK;
+/// The one chunk of a `prefix`-token prefill over a group of `d` ranks: the DCP layout, the
+/// chunk plan and its piece table on the device.
+fn prefill_chunk(s: &Arc<CudaStream>, prefix: usize, d: usize) -> Result<(DcpLayout, ChunkPlan, CudaSlice<i32>)> {
     let dcp = DcpLayout { size: d, interleave: 1 };
-    let plan = plan_prefill_chunks(&[prefix as u64], dcp, block, prefill_chunk_bytes(prefix as u64, d))?;
+    let plan = plan_prefill_chunks(&[prefix as u64], dcp, DECODE_BLOCK, prefill_chunk_bytes(prefix as u64, d))?;
     let chunk = &plan.chunks[0];
     let pieces = up(s, &piece_table(chunk, chunk.pieces.len())?)?;
+    Ok((dcp, plan, pieces))
+}
+
+fn prepare_flatten<'a>(p: Prep<'a, '_>, format: KvFormat, prefix: usize, d: usize) -> Result<Launch<'a>> {
+    let (s, block) = (p.s, DECODE_BLOCK);
+    let (dcp, plan, pieces) = prefill_chunk(s, prefix, d)?;
     let pages = (prefix / d).div_ceil(block);
-    let cache = random_cache(s, rng, format, pages * block)?;
+    let cache = random_cache(s, p.rng, format, pages * block)?;
     let table = up(s, &(0..pages as i32).collect::<Vec<_>>())?;
     let out = zeros::<bf16>(s, plan.cap_rows * D_QK)?;
     let args = Flatten {
@@ -1488,17 +1438,13 @@ fn prepare_flatten<'a>(
         batch: 1,
         max_pages: pages,
         pieces: sl(s, &pieces),
-        max_pieces: chunk.pieces.len(),
+        max_pieces: plan.chunks[0].pieces.len(),
         out: sl(s, &out),
         cap_rows: plan.cap_rows,
         dcp,
         rank: 0,
     };
-    let keep = (pieces, cache, table, out);
-    Ok(Box::new(move || {
-        let _ = &keep;
-        prefill::flatten(dev, st, &args)
-    }))
+    p.launch((pieces, cache, table, out), args, prefill::flatten)
 }
 
 fn prepare_dcp_step<'a>(dev: &'a Device, s: &Arc<CudaStream>, st: StepShape) -> Result<Launch<'a>> {
@@ -1509,19 +1455,11 @@ fn prepare_dcp_step<'a>(dev: &'a Device, s: &Arc<CudaStream>, st: StepShape) -> 
     Ok(Box::new(move || parts.iter_mut().try_for_each(|launch| launch())))
 }
 
-fn prepare_a2a_pack<'a>(
-    dev: &'a Device,
-    s: &Arc<CudaStream>,
-    rng: &mut Rng,
-    d: usize,
-    t: usize,
-    h: usize,
-) -> Result<Launch<'a>> {
-    let st = Stream::from_cudarc(s);
-    let h_l = h / d;
+fn prepare_a2a_pack<'a>(mut p: Prep<'a, '_>, d: usize, t: usize, h: usize) -> Result<Launch<'a>> {
+    let (s, h_l) = (p.s, h / d);
     let slot = a2a_aligned_slot_bytes(t, h_l)?;
-    let out = up(s, &(0..t * h * D_V).map(|_| rng.unit()).collect::<Vec<_>>())?;
-    let lse = up(s, &(0..t * h).map(|_| rng.unit() * 4.0).collect::<Vec<_>>())?;
+    let out = up(s, &p.units(t * h * D_V))?;
+    let lse = up(s, &p.lses(t * h))?;
     let send = zeros::<u8>(s, d * slot)?;
     let args = A2aPack {
         out: CombineRows::F32(sl(s, &out)),
@@ -1532,27 +1470,14 @@ fn prepare_a2a_pack<'a>(
         local_heads: h_l,
         dcp_size: d,
     };
-    let keep = (out, lse, send);
-    Ok(Box::new(move || {
-        let _ = &keep;
-        combine::a2a_pack(dev, st, &args)
-    }))
+    p.launch((out, lse, send), args, combine::a2a_pack)
 }
 
-fn prepare_reorder<'a>(
-    dev: &'a Device,
-    s: &Arc<CudaStream>,
-    rng: &mut Rng,
-    prefix: usize,
-    d: usize,
-) -> Result<Launch<'a>> {
-    let st = Stream::from_cudarc(s);
-    let block = DECODE_BLOCK;
-    let dcp = DcpLayout { size: d, interleave: 1 };
-    let plan = plan_prefill_chunks(&[prefix as u64], dcp, block, prefill_chunk_bytes(prefix as u64, d))?;
+fn prepare_reorder<'a>(mut p: Prep<'a, '_>, prefix: usize, d: usize) -> Result<Launch<'a>> {
+    let s = p.s;
+    let (dcp, plan, pieces) = prefill_chunk(s, prefix, d)?;
     let chunk = &plan.chunks[0];
-    let pieces = up(s, &piece_table(chunk, chunk.pieces.len())?)?;
-    let gathered = up(s, &(0..d * plan.cap_rows * D_QK).map(|_| bf16::from_f32(rng.unit())).collect::<Vec<_>>())?;
+    let gathered = p.bf16_units(d * plan.cap_rows * D_QK)?;
     let out = zeros::<bf16>(s, chunk.tokens * D_QK)?;
     let args = Reorder {
         gathered: sl(s, &gathered),
@@ -1563,11 +1488,7 @@ fn prepare_reorder<'a>(
         out_rows: chunk.tokens,
         dcp,
     };
-    let keep = (pieces, gathered, out);
-    Ok(Box::new(move || {
-        let _ = &keep;
-        prefill::reorder(dev, st, &args)
-    }))
+    p.launch((pieces, gathered, out), args, prefill::reorder)
 }
 
 /// Token rows encoded on the host before the pattern repeats across the cache.

@@ -70,6 +70,12 @@ impl Clock {
         add_time(&mut self.stages, name, ms);
         Ok(())
     }
+
+    /// [`Clock::time`] of one rank's decode, the stream synchronised after it.
+    fn time_decode(&mut self, name: &'static str, f: impl FnOnce() -> Result<()>) -> Result<()> {
+        self.time(name, f)?;
+        drv("cuStreamSynchronize", self.s.synchronize())
+    }
 }
 
 pub fn run_gpu(dev: &Device, p: &Problem) -> Result<Outputs> {
@@ -143,8 +149,7 @@ pub fn run_gpu(dev: &Device, p: &Problem) -> Result<Outputs> {
         ..DecodeCommon::new(sl(&s, &d_query), b, q, h, DecodeOut::F32(sl(&s, out)), sl(&s, lse), splits, sl(&s, &ws))
     };
 
-    let mut outs = Vec::new();
-    let mut lses = Vec::new();
+    let mut parts = Vec::new();
     for (r, cache) in dense_caches.iter().enumerate() {
         let lens = up(&s, &p.local_lens(r))?;
         let out = poisoned::<f32>(&s, t * h * D_V, 0xff)?;
@@ -162,12 +167,10 @@ pub fn run_gpu(dev: &Device, p: &Problem) -> Result<Outputs> {
             lens_rule: LensRule::Local,
             page_stride: None,
         };
-        clock.time(STAGE_DENSE, || mla_decode_dense(dev, st, &args))?;
-        drv("cuStreamSynchronize", s.synchronize())?;
-        outs.push(out);
-        lses.push(lse);
+        clock.time_decode(STAGE_DENSE, || mla_decode_dense(dev, st, &args))?;
+        parts.push((out, lse));
     }
-    let dense = combine_gpu(dev, &s, &mut clock, p, &outs, &lses)?;
+    let dense = combine_gpu(dev, &s, &mut clock, p, &parts)?;
 
     // distributed top-k: local top-k and pack on every rank into its slot of the all-gathered
     // candidate buffers (one device: the all-gather is the shared buffer), then merge and compact
@@ -216,8 +219,7 @@ pub fn run_gpu(dev: &Device, p: &Problem) -> Result<Outputs> {
         k,
         out: sl(&s, &merged),
     };
-    let mut outs = Vec::new();
-    let mut lses = Vec::new();
+    let mut parts = Vec::new();
     for (r, cache) in sparse_caches.iter().enumerate() {
         let idx = poisoned::<i32>(&s, t * k, 0x7f)?;
         let counts = poisoned::<i32>(&s, t, 0x7f)?;
@@ -256,12 +258,10 @@ pub fn run_gpu(dev: &Device, p: &Problem) -> Result<Outputs> {
             page_stride: None,
             indices_strides: None,
         };
-        clock.time(STAGE_SPARSE, || mla_decode_sparse(dev, st, &args))?;
-        drv("cuStreamSynchronize", s.synchronize())?;
-        outs.push(out);
-        lses.push(lse);
+        clock.time_decode(STAGE_SPARSE, || mla_decode_sparse(dev, st, &args))?;
+        parts.push((out, lse));
     }
-    let sparse = combine_gpu(dev, &s, &mut clock, p, &outs, &lses)?;
+    let sparse = combine_gpu(dev, &s, &mut clock, p, &parts)?;
     let merged_ids = down(&s, &merged)?;
     drop(keep);
     Ok(Outputs { dense, sparse, merged_ids, stages: clock.stages })
@@ -269,24 +269,23 @@ pub fn run_gpu(dev: &Device, p: &Problem) -> Result<Outputs> {
 
 /// The ag_rs combine: all-gather of the lse (device copies), every rank's fp32 contribution,
 /// the reduce-scatter over heads (summed on the host in rank order, in fp32), and the final
-/// cast of each rank's heads to bf16.
+/// cast of each rank's heads to bf16. `parts` holds each rank's decode output and lse.
 fn combine_gpu(
     dev: &Device,
     s: &Arc<CudaStream>,
     clock: &mut Clock,
     p: &Problem,
-    outs: &[CudaSlice<f32>],
-    lses: &[CudaSlice<f32>],
+    parts: &[(CudaSlice<f32>, CudaSlice<f32>)],
 ) -> Result<PathOutput> {
     let st = Stream::from_cudarc(s);
     let (d, t, h, h_l) = (p.dcp.size, p.rows(), p.heads, p.local_heads);
     let n = t * h;
     let mut lse_all = poisoned::<f32>(s, d * n, 0xff)?;
-    for (r, l) in lses.iter().enumerate() {
+    for (r, (_, l)) in parts.iter().enumerate() {
         drv("cuMemcpyDtoDAsync", s.memcpy_dtod(&l.slice(..n), &mut lse_all.slice_mut(r * n..(r + 1) * n)))?;
     }
     let mut contribs = Vec::new();
-    for (r, out) in outs.iter().enumerate() {
+    for (r, (out, _)) in parts.iter().enumerate() {
         let contrib = poisoned::<f32>(s, n * D_V, 0xff)?;
         let args = AgRsCorrect {
             out: CombineRows::F32(sl(s, out)),
