@@ -14,7 +14,9 @@
 //        -DSCHED=Pair -o /tmp/tl tools/diag/decode-timeline.cu
 //   /tmp/tl q K [timeline.txt] [heads]      (pair: heads 65..128; quad and trio: up to 64)
 //   dense: -DDENSE (trio; -DSCHED=TrioSplit for trio_split), then /tmp/tl q s_k [timeline.txt] [heads]
-//   (heads: any, e.g. 16, 64, 128)
+//   [requests] [parts] (heads: any, e.g. 16, 64, 128; requests 128; parts 1, or P > 1 for a split
+//   launch with its schedule kernel, e.g. `/tmp/tl 1 4096 t.txt 16 64 128` as the engine view's
+//   b64 H16 4K row runs)
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cstring>
@@ -45,6 +47,10 @@ extern "C" __global__ void __launch_bounds__(THREADS) k_dec(const __grid_constan
         DCP_TL(0);
     }
     mla_decode_sm90_trio<KV, 64, 2, Sm90Schedule::SCHED>(p);
+}
+// a split launch's schedule (the sequences' unit prefix), as the launcher runs it before the decode
+extern "C" __global__ void __launch_bounds__(1024) k_sched(const __grid_constant__ DcpMlaDecodeParams p) {
+    mla_decode_schedule(p);
 }
 
 // Dense: n bf16 values uniform in [-1, 1) from a hash of the index (the cache is 1.2 GB at
@@ -110,7 +116,10 @@ static bool is_sum(int s) {
 
 int main(int argc, char** argv) {
     // sparse: q K; dense: q s_k (the second argument is the tokens a row attends to either way)
-    const int b = 128, q = argc > 1 ? atoi(argv[1]) : 2, h = argc > 4 ? atoi(argv[4]) : kPairLaunch ? 128 : 64,
+    // argv[5]: requests (128); argv[6]: KV parts P (1, unsplit; P > 1 runs the schedule kernel
+    // before each decode launch, as the launcher does with DecodeSchedule::Compute)
+    const int b = argc > 5 ? atoi(argv[5]) : 128, splits = argc > 6 ? atoi(argv[6]) : 1;
+    const int q = argc > 1 ? atoi(argv[1]) : 2, h = argc > 4 ? atoi(argv[4]) : kPairLaunch ? 128 : 64,
               k = argc > 2 ? atoi(argv[2]) : kDense ? 8192 : 2048;
     const char* tlout = argc > 3 ? argv[3] : nullptr;
     const int per_req = kDense ? k : 8192, block = 64;
@@ -187,22 +196,40 @@ int main(int argc, char** argv) {
     p.nq = q;
     p.heads = h;
     p.block_size = block;
-    p.num_splits = 1;
+    p.num_splits = splits;
     p.sched_tile = 64;
+    if (splits > 1) {
+        // the workspace as planner::split lays it out: prefix, stamp, partial out, partial lse
+        const size_t seqs = kDense ? b : (size_t)b * q, rows_per_seq = kDense ? (size_t)q * h : h;
+        const size_t stamp = ((seqs + 1) * 8 + 15) / 16 * 16, out = (stamp + 16 + 127) / 128 * 128;
+        const size_t lse = out + 2 * (size_t)splits * rows_per_seq * 512 * 4;
+        void* ws;
+        CK(cudaMalloc(&ws, lse + 2 * (size_t)splits * rows_per_seq * 4));
+        p.sched = (uint64_t)ws;
+        p.sched_stamp = (uint64_t)ws + stamp;
+        p.ws_out = (uint64_t)ws + out;
+        p.ws_lse = (uint64_t)ws + lse;
+    }
     p.out_f32 = 0;
     const int smem = decode_sm90::shared_bytes<KV, 64, 2, Sm90Schedule::SCHED>();
     CK(cudaFuncSetAttribute(k_dec, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     // sparse: (query row, head block) pairs along x; dense: the request's row blocks of q·H rows
-    dim3 grid(kDense ? (q * h + 63) / 64 : q * ((h + 63) / 64), b), blk(THREADS);
+    dim3 grid(kDense ? (q * h + 63) / 64 : q * ((h + 63) / 64), b, splits), blk(THREADS);
+    auto run = [&] {
+        if (splits > 1) k_sched<<<1, 1024>>>(p);
+        launch(grid, blk, smem, p);
+    };
     FlushedTimer timer;
     float min_us;
-    const float med = timer.median([&] { launch(grid, blk, smem, p); }, &min_us);
-    printf("%s q=%d %s=%d H=%d grid=%dx%d smem=%d median %.1f us (min %.1f)\n", kDense ? "dense" : "sparse", q, kDense ? "s_k" : "K", k, h, grid.x, grid.y, smem, med, min_us);
-    // timeline of one flushed launch (pair: as a cluster launch, like the timed ones)
+    const float med = timer.median(run, &min_us);
+    printf("%s q=%d %s=%d H=%d b=%d parts=%d grid=%dx%dx%d smem=%d median %.1f us (min %.1f, schedule included)\n",
+           kDense ? "dense" : "sparse", q, kDense ? "s_k" : "K", k, h, b, splits, grid.x, grid.y, grid.z, smem, med, min_us);
+    // timeline of one flushed launch (pair: as a cluster launch, like the timed ones); a CTA's
+    // slots hold its last piece's stamps where it runs several
     clear_slots();
-    timer.once([&] { launch(grid, blk, smem, p); });
+    timer.once(run);
     const std::vector<unsigned long long> tl = read_slots();
-    const int ctas = grid.x * grid.y;
+    const int ctas = grid.x * grid.y * grid.z;
     unsigned long long t0 = ~0ull, tend = 0;
     for (int c = 0; c < ctas; ++c) {
         t0 = std::min(t0, tl[c * NSLOT]);

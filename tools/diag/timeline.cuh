@@ -16,7 +16,7 @@
 #define TL_MAX_CTAS 4096
 #endif
 __device__ unsigned long long g_tl[TL_MAX_CTAS * NSLOT];
-#define DCP_CTA_SLOT(slot) g_tl[(blockIdx.y * gridDim.x + blockIdx.x) * NSLOT + (slot)]
+#define DCP_CTA_SLOT(slot) g_tl[((blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x) * NSLOT + (slot)]
 #define DCP_NOW()                                                                           \
     ([] {                                                                                   \
         unsigned long long _t;                                                              \
