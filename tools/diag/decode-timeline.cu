@@ -196,6 +196,20 @@ int main(int argc, char** argv) {
     p.nq = q;
     p.heads = h;
     p.block_size = block;
+    // as src/ops/decode.rs fills them for contiguous tensors and local lengths (one rank)
+    p.q_stride_h = 576, p.q_stride_s = (int64_t)h * 576, p.q_stride_b = (int64_t)q * h * 576;
+    p.out_stride_h = 512, p.out_stride_s = (int64_t)h * 512, p.out_stride_b = (int64_t)q * h * 512;
+    p.lse_stride_h = 1, p.lse_stride_s = h, p.lse_stride_b = (int64_t)q * h;
+    p.len_stride_s = 1, p.len_stride_b = q;
+    p.indices_stride_s = k, p.indices_stride_b = (int64_t)q * k;
+    p.page_rows = block;
+    p.dcp_cycle = 1, p.dcp_interleave = 1;
+    if (h >= 2) {  // high_word_divisor: umulhi(x, magic) >> shift = x / h
+        int l = 0;
+        while ((1ull << l) < (unsigned long long)h) ++l;
+        p.heads_magic = (uint32_t)(((1ull << (31 + l)) + h - 1) / h);
+        p.heads_shift = l - 1;
+    }
     p.num_splits = splits;
     p.sched_tile = 64;
     if (splits > 1) {
@@ -214,7 +228,8 @@ int main(int argc, char** argv) {
     const int smem = decode_sm90::shared_bytes<KV, 64, 2, Sm90Schedule::SCHED>();
     CK(cudaFuncSetAttribute(k_dec, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     // sparse: (query row, head block) pairs along x; dense: the request's row blocks of q·H rows
-    dim3 grid(kDense ? (q * h + 63) / 64 : q * ((h + 63) / 64), b, splits), blk(THREADS);
+    // a split launch: parts along z, each over the whole batch's units (the launcher's grid)
+    dim3 grid(kDense ? (q * h + 63) / 64 : q * ((h + 63) / 64), splits > 1 ? 1 : b, splits), blk(THREADS);
     auto run = [&] {
         if (splits > 1) k_sched<<<1, 1024>>>(p);
         launch(grid, blk, smem, p);

@@ -13,7 +13,7 @@
 
 #define NSLOT 16
 #ifndef TL_MAX_CTAS
-#define TL_MAX_CTAS 4096
+#define TL_MAX_CTAS 16384
 #endif
 __device__ unsigned long long g_tl[TL_MAX_CTAS * NSLOT];
 #define DCP_CTA_SLOT(slot) g_tl[((blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x) * NSLOT + (slot)]
