@@ -100,7 +100,7 @@ struct Piece {
 };
 
 // A share of a split sequence with no tiles for this row block (a part holding only the
-// sequence's fixed-cost unit, or tiles past this row block's rows): its partial has weight 0, so
+// sequence's fixed-cost units, or tiles past this row block's rows): its partial has weight 0, so
 // only lse = −inf is written (the combine then never reads its out) and Q is not loaded.
 __device__ __forceinline__ bool skip_empty_share(const DcpMlaDecodeParams& p, const Piece& pc, int tile_begin,
                                                  int tile_end, int seq_rows, int row_base, int row_limit, int tid) {
@@ -138,6 +138,10 @@ __device__ __forceinline__ void check_sched_stamp(const DcpMlaDecodeParams& p, i
     const int4 st = *(const int4*)p.sched_stamp;
     if (st.x != kSchedStampMagic || st.y != p.sched_tile || st.z != seqs || st.w != p.num_splits) __trap();
 }
+
+// A sequence's fixed cost in units (tiles) of the split schedule: planner::schedule::SEQ_FIXED_UNITS,
+// whose comment says why 8 (a piece's restart costs ~4 tiles of a memory-bound stream at each end).
+constexpr int kSeqFixedUnits = 8;
 
 // Calls f(piece) for each piece of this CTA, in order. One part: the whole of `block_seq`. Else
 // part blockIdx.z's units [z·W, (z + 1)·W) of the prefix that mla_decode_schedule wrote. Only the
@@ -182,7 +186,7 @@ __device__ __forceinline__ void for_each_piece(const DcpMlaDecodeParams& p, int 
         const PartRange r = part_range(p, u, seqs);
         const int64_t a = u[s], z = u[s + 1];
         if (a >= r.e) break;
-        const int64_t first = a + 1;  // unit of tile 0; unit a is the sequence's fixed cost
+        const int64_t first = a + kSeqFixedUnits;  // unit of tile 0; units a.. are the sequence's fixed cost
         const int tb = (int)(max(r.b, first) - first);
         // the sequence's last piece runs to its last tile, whatever the prefix counted: a reused
         // prefix made for shorter lengths then costs balance, never tokens (piece_tiles clamps
@@ -195,7 +199,7 @@ __device__ __forceinline__ void for_each_piece(const DcpMlaDecodeParams& p, int 
 
 }  // namespace decode
 
-// The schedule of a split launch: sched[s] = Σ_{s' < s} (1 + ceil(tokens(s') / sched_tile)), one
+// The schedule of a split launch: sched[s] = Σ_{s' < s} (kSeqFixedUnits + ceil(tokens(s') / sched_tile)), one
 // CTA; each thread sums a run of consecutive sequences, then a block scan.
 template <int Unused = 0>
 __device__ __forceinline__ void mla_decode_schedule(const DcpMlaDecodeParams& p) {
@@ -210,7 +214,7 @@ __device__ __forceinline__ void mla_decode_schedule(const DcpMlaDecodeParams& p)
     int64_t* u = (int64_t*)p.sched;
     int64_t own = 0;
     for (int s = s0; s < s1; ++s) {
-        u[s] = 1 + (seq_tokens(p, sparse, s) + tile - 1) / tile;
+        u[s] = kSeqFixedUnits + (seq_tokens(p, sparse, s) + tile - 1) / tile;
         own += u[s];
     }
     // inclusive scan: within each warp, then over the warps' totals

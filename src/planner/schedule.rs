@@ -4,8 +4,9 @@
 //! the decode kernels (`kernels-src/decode/split_schedule.cuh`, `decode::for_each_piece`); the GPU tests compare the
 //! device's unit prefix with [`schedule_units`] bit for bit.
 //!
-//! The work is a line of units. Sequence `s` owns `1 + ceil(len_s / tile)` consecutive units:
-//! one for its fixed cost (loading Q, writing its rows, the combine) and one per tile; `U` is the
+//! The work is a line of units. Sequence `s` owns `F + ceil(len_s / tile)` consecutive units:
+//! [`SEQ_FIXED_UNITS`] = F for its fixed cost (a piece's start: Q and the first tiles' round
+//! trips; its end: the last tile, the rows written, the combine) and one per tile; `U` is the
 //! exclusive prefix, `U[s]..U[s + 1]`. Part `p` takes units `[p·W, (p + 1)·W)` with
 //! `W = ceil(U[seqs] / P)`: a piece per sequence it touches. A sequence inside one part writes
 //! its rows directly; a sequence spread over several parts writes one fp32 partial per part to
@@ -35,9 +36,18 @@ pub struct Piece {
     pub slot: Option<usize>,
 }
 
+/// The units a sequence's fixed cost counts, in tiles: what a piece costs beyond its tiles. A
+/// piece's start and end (Q and the first tile's round trips before its first S, ~10-12 µs on an
+/// H100; the last tile and the rows' write after the stream) cost ~4 tiles of a memory-bound
+/// CTA's stream each. Counted as 1, a part ending with a few tiles of the next sequence paid a
+/// whole restart for them and finished last: split dense launches ran 5-6% longer (b = 64 1K-8K,
+/// H = 16 and 64, against 8; 12 and more cost balance again: docs/performance.md). The decode
+/// kernels' `kSeqFixedUnits` (`kernels-src/decode/split_schedule.cuh`) is this number.
+pub const SEQ_FIXED_UNITS: u64 = 8;
+
 /// Units of a sequence of `len` tokens with KV tiles of `tile` tokens.
 pub fn seq_units(len: u64, tile: u64) -> u64 {
-    1 + len.div_ceil(tile)
+    SEQ_FIXED_UNITS + len.div_ceil(tile)
 }
 
 /// The exclusive prefix `U` (length `lens.len() + 1`) the device scheduler writes.
@@ -73,7 +83,7 @@ pub fn part_pieces(u: &[i64], parts: usize, part: usize) -> Vec<Piece> {
     let mut s = u.partition_point(|&x| x <= b) - 1;
     while s < seqs && u[s] < e {
         let (a, z) = (u[s], u[s + 1]);
-        let first = a + 1; // unit of tile 0
+        let first = a + SEQ_FIXED_UNITS as i64; // unit of tile 0
         let tile_begin = (b.max(first) - first).max(0) as u64;
         let tile_end = (e.min(z) - first).max(0) as u64;
         let (fp, lp) = (a / w, (z - 1) / w);
@@ -222,10 +232,20 @@ mod tests {
         }
     }
 
+    /// The kernels' fixed-cost units are the planner's (the GPU tests compare the device's prefix
+    /// with [`schedule_units`] bit for bit; this keeps the two in step where no GPU runs).
+    #[test]
+    fn the_kernels_count_the_same_fixed_units() {
+        let src = include_str!("../../kernels-src/decode/split_schedule.cuh");
+        let want = format!("constexpr int kSeqFixedUnits = {SEQ_FIXED_UNITS};");
+        assert!(src.contains(&want), "split_schedule.cuh lacks `{want}`");
+    }
+
     #[test]
     fn parts_are_balanced() {
         // Whatever the lengths, no part gets more KV tiles than ceil(total units / parts), and
-        // every part's units are tiles but for one per sequence: what the SMs' balance rests on.
+        // every part's units are tiles but for the fixed units of its sequences: what the SMs'
+        // balance rests on.
         for lens in [vec![8192u64; 128], (1..=128).map(|i| 256 * i).collect(), vec![0, 1 << 20, 3, 0, 77]] {
             for parts in [1, 7, 132] {
                 let u = schedule_units(&lens, 64);
@@ -235,10 +255,10 @@ mod tests {
                     let load: u64 =
                         part_pieces(&u, parts, p as usize).iter().map(|pc| pc.tile_end - pc.tile_begin).sum();
                     assert!(load <= w, "{lens:?}: part {p} of {parts} holds {load} tiles > {w}");
-                    // its units minus at most one fixed-cost unit per sequence are tiles
+                    // its units minus at most the fixed-cost units of each sequence are tiles
                     let units = total.min((p + 1) * w).saturating_sub(p * w);
                     assert!(
-                        load >= units.saturating_sub(lens.len() as u64),
+                        load >= units.saturating_sub(SEQ_FIXED_UNITS * lens.len() as u64),
                         "{lens:?}: part {p} of {parts}: {load} tiles"
                     );
                 }
