@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Where a captured decode step's time goes, kernel by kernel: the same layers (4 a CUDA graph, as
-`face_gap.py` builds them) replayed through FlashMLA (when its package is given), the FlashMLA face
+the engine view builds them) replayed through FlashMLA (when its package is given), the FlashMLA face
 and the native `decode_dense` call, under torch's profiler. For each, per layer: the replay's wall
 time (CUDA events), the kernels' summed device time, the gaps between them, and each kernel's
 name and median duration. A face-against-native difference then shows as longer kernels (the
