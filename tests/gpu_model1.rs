@@ -374,12 +374,15 @@ impl RankCache {
         let host = Model1Cache { block_table: &table, block_table_stride: max_pages, batch, max_pages, pages };
         fill_model1(&tok.input(), &host, dcp, rank, &mut want);
         let got = gpu_fill(tok, &table, max_pages, batch, pages, dcp, rank, init);
-        assert!(
-            got == want,
-            "kv_fill_model1 D={} I={} rank {rank} B={block_size}: not the reference's bytes",
-            dcp.size,
-            dcp.interleave
-        );
+        // the first differing byte, and where it lies in its page (value rows, scale slots, padding)
+        if let Some(i) = (0..want.len()).find(|&i| got[i] != want[i]) {
+            let (page, at) = (i / pages.page_stride, i % pages.page_stride);
+            panic!(
+                "kv_fill_model1 D={} I={} rank {rank} B={block_size}: byte {i} (page {page}, offset {at}) is {:#04x}, \
+                 the reference's {:#04x}",
+                dcp.size, dcp.interleave, got[i], want[i]
+            );
+        }
         RankCache { cache: HostCache { pages, bytes: got, used: Vec::new() }, table, max_pages }
     }
 
