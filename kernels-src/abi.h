@@ -120,6 +120,26 @@ typedef struct DcpMlaDecodeParams {
     /* itself when heads = 1 */
     uint32_t heads_magic;
     int32_t heads_shift;
+    /* MODEL1 (mla_decode_model1, docs/contract.md §4 "MODEL1"): `cache` is FlashMLA's page-wise */
+    /* FP8 layout, page p at byte p·page_rows·576 (page_rows counts 576-byte units there), and a */
+    /* second source may follow the first in the same softmax: its own page-wise cache, index lists */
+    /* int32 [batch, nq, extra_topk] (strides extra_indices_stride_*) and optional valid counts */
+    /* extra_topk_len [batch, nq] (strides extra_len_stride_*, 0 broadcasts). A sequence's tokens */
+    /* are the first list's valid entries, then the second's. extra_indices = 0: no second source */
+    /* (every other decode kernel reads none of these fields) */
+    uint64_t extra_cache;
+    uint64_t extra_indices;
+    uint64_t extra_topk_len;
+    int64_t extra_indices_stride_b;
+    int64_t extra_indices_stride_s;
+    int64_t extra_len_stride_b;
+    int64_t extra_len_stride_s;
+    int32_t extra_topk;
+    int32_t extra_num_pages;
+    int32_t extra_block_size;
+    int32_t extra_page_rows;  /* 576-byte units from one page's start to the next's */
+    uint32_t extra_page_div_magic;  /* index v's page is (v · magic) >> shift, as page_div_* */
+    int32_t extra_page_div_shift;
 } DcpMlaDecodeParams;
 
 /* Merge of a split decode's partial results (docs/contract.md §5, natural-log lse): the rows of every

@@ -73,4 +73,78 @@ __device__ __forceinline__ void kv_fill(const DcpKvFillParams& p) {
     }
 }
 
+// MODEL1 fill (docs/contract.md §3, "MODEL1"; src/formats/model1.rs): one warp per new token, the
+// same ownership, page and skip rules as kv_fill. The cache is page-wise: page p at byte
+// p·page_rows·576 (page_rows counts 576-byte units), token s's value row at 576·s (448 e4m3, then
+// 64 bf16 rope values), its scale slot at 576·B + 8·s (7 ue8m0 bytes, then a pad byte written 0).
+// Lanes 0..27 quantise 16 of the 448 values each (tile t is lanes 4t..4t + 3, their amax shared by
+// two shuffles), lanes 28..31 copy 16 rope values each; lane 0 gathers the 7 scale bytes and
+// writes the slot. Nothing else of the page is written, its padding included.
+template <int Unused = 0>
+__device__ __forceinline__ void kv_fill_model1(const DcpKvFillParams& p) {
+    constexpr int kRowBytes = 576, kNope = 448, kRopeLane = kNope / 16;  // 28
+    const int lane = threadIdx.x & 31;
+    const int64_t token = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    if (token >= p.num_tokens) return;
+
+    const int req = ((const int32_t*)p.req_idx)[token];
+    const int pos = ((const int32_t*)p.positions)[token];
+    if (pos < 0 || req < 0 || req >= p.batch) return;
+    if (owner_of(pos, p.dcp_size, p.interleave) != p.dcp_rank) return;
+    const int64_t local = local_of(pos, p.dcp_size, p.interleave);
+    const int64_t page_col = local / p.block_size;
+    if (page_col >= p.max_pages) return;
+
+    // lane < 28: nope values [16·lane, 16·lane + 16); else rope values [16·(lane − 28), +16)
+    const bool rope = lane >= kRopeLane;
+    const uint4* src = rope ? (const uint4*)((const __nv_bfloat16*)p.kpe + token * p.kpe_stride + 16 * (lane - kRopeLane))
+                            : (const uint4*)((const __nv_bfloat16*)p.ckv + token * p.ckv_stride + 16 * lane);
+    const uint4 c0 = src[0], c1 = src[1];
+
+    const int page = ((const int32_t*)p.block_table)[req * p.block_table_stride + page_col];
+    if (page < 0 || page >= p.num_pages) return;
+    const int64_t base = (int64_t)page * p.page_rows * kRowBytes;
+    const int s = (int)(local % p.block_size);
+    uint8_t* row = (uint8_t*)p.cache + base + (int64_t)s * kRowBytes;
+
+    const __nv_bfloat16* h0 = (const __nv_bfloat16*)&c0;
+    const __nv_bfloat16* h1 = (const __nv_bfloat16*)&c1;
+    float amax = 0.0f;  // fmaxf drops a NaN operand, as the reference's f32::max
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+        amax = fmaxf(amax, fmaxf(fabsf(__bfloat162float(h0[i])), fabsf(__bfloat162float(h1[i]))));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+    const float scale = fp8_group_scale(amax);  // (the rope lanes' is unused)
+    if (rope) {
+        uint4* dst = (uint4*)(row + kNope + 32 * (lane - kRopeLane));
+        dst[0] = c0;
+        dst[1] = c1;
+    } else {
+        // a power of two (or +inf): x · (1/scale) is the correctly rounded x / scale, as kv_fill's
+        const float inv_scale = __frcp_rn(scale);
+        uint32_t packed[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const __nv_bfloat16* h = i < 2 ? h0 : h1;
+            uint32_t w = 0;
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+                w |= (uint32_t)fp8_e4m3_encode(__fmul_rn(__bfloat162float(h[4 * (i & 1) + j]), inv_scale)) << (8 * j);
+            packed[i] = w;
+        }
+        *(uint4*)(row + 16 * lane) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+    }
+    // the scale's ue8m0 byte is its fp32 exponent field; tile t's is lane 4t's
+    const uint32_t byte = __float_as_uint(scale) >> 23;
+    uint32_t lo = 0, hi = 0;
+#pragma unroll
+    for (int t = 0; t < 7; ++t) {
+        const uint32_t b = __shfl_sync(0xffffffffu, byte, 4 * t) & 0xffu;
+        if (t < 4) lo |= b << (8 * t);
+        else hi |= b << (8 * (t - 4));
+    }
+    if (lane == 0) *(uint2*)(row + ((int64_t)(p.block_size - s) * kRowBytes + 8 * s)) = make_uint2(lo, hi);
+}
+
 }  // namespace dcp

@@ -67,6 +67,19 @@ __device__ __forceinline__ int seq_tokens(const DcpMlaDecodeParams& p, bool spar
     return local_of_global(p, g);
 }
 
+// MODEL1's second source (p.extra_indices, decode/model1.cuh): the entries sequence s reads
+// from it, its clamped count; 0 without one. Its tokens follow the first list's.
+__device__ __forceinline__ int extra_seq_tokens(const DcpMlaDecodeParams& p, int s) {
+    if (!p.extra_indices) return 0;
+    int n = p.extra_topk;
+    if (p.extra_topk_len) {
+        const int b = s / p.nq;
+        n = max(0, min(n, ((const int32_t*)p.extra_topk_len)[b * p.extra_len_stride_b +
+                                                             (s - b * p.nq) * p.extra_len_stride_s]));
+    }
+    return n;
+}
+
 // What a CTA's rows row_base.. (row_limit of them) of sequence `seq` attend to: returns the
 // tokens of the longest of them (sparse: the sequence's index count) and sets row_len[k] for the
 // thread's rows r0 and r0 + 8 (0 for a row past row_limit). Shared by both decode kernels.
@@ -214,7 +227,8 @@ __device__ __forceinline__ void mla_decode_schedule(const DcpMlaDecodeParams& p)
     int64_t* u = (int64_t*)p.sched;
     int64_t own = 0;
     for (int s = s0; s < s1; ++s) {
-        u[s] = kSeqFixedUnits + (seq_tokens(p, sparse, s) + tile - 1) / tile;
+        // (a MODEL1 launch's second source adds its entries; no other launch has one)
+        u[s] = kSeqFixedUnits + (seq_tokens(p, sparse, s) + extra_seq_tokens(p, s) + tile - 1) / tile;
         own += u[s];
     }
     // inclusive scan: within each warp, then over the warps' totals

@@ -269,14 +269,14 @@ fn mma_kernel(kv: axes::Kv) -> Option<(KernelId<DcpMlaDecodeParams>, u32)> {
 }
 
 /// A decode kernel, its dynamic shared memory and its KV tile (what the split schedule counts).
-struct Kernel {
-    id: KernelId<DcpMlaDecodeParams>,
-    shared_bytes: usize,
-    tile: u32,
+pub(super) struct Kernel {
+    pub(super) id: KernelId<DcpMlaDecodeParams>,
+    pub(super) shared_bytes: usize,
+    pub(super) tile: u32,
     /// Loads whole dense tiles by TMA when the params carry a tensor map (the dense wgmma kernel).
-    takes_tensor_map: bool,
+    pub(super) takes_tensor_map: bool,
     /// Consecutive CTAs along x launched as one thread-block cluster (the pair schedule: 2).
-    cluster: u32,
+    pub(super) cluster: u32,
 }
 
 /// The kernel of `path` (never `Auto`: [`choose_decode`] resolves it) for a launch over `format`
@@ -390,11 +390,11 @@ pub mod host_pieces {
 
 /// Tokens a decode CTA may iterate over at most: its tile counts are int32 sums of a length and
 /// a tile (≤ 64) on the device, so lengths stay this far below INT32_MAX.
-const MAX_DECODE_TOKENS: usize = i32::MAX as usize - 64;
+pub(super) const MAX_DECODE_TOKENS: usize = i32::MAX as usize - 64;
 
 /// Every check of a dense launch, and its kernel parameters (without the kernel's tensor map).
 fn dense_params(a: &DenseDecode) -> Result<DcpMlaDecodeParams> {
-    let mut params = validate_common(&a.common, false)?;
+    let mut params = validate_common(&a.common, false, D_QK)?;
     let c = &a.common;
     params.page_rows = super::check_cache_bytes(&a.cache, a.num_pages, a.block_size, a.page_stride, KvFormat::Bf16)?;
     super::check_block_table(&a.block_table, c.batch, a.block_table_stride, a.max_pages)?;
@@ -491,7 +491,7 @@ pub fn mla_decode_sparse_on(dev: &Device, stream: Stream, a: &SparseDecode, path
 
 /// Every check of a sparse launch, and its kernel parameters.
 fn sparse_params(a: &SparseDecode) -> Result<DcpMlaDecodeParams> {
-    let mut params = validate_common(&a.common, true)?;
+    let mut params = validate_common(&a.common, true, D_QK)?;
     let c = &a.common;
     params.page_rows = super::check_cache_bytes(&a.cache, a.num_pages, a.block_size, a.page_stride, a.format)?;
     // an index page·B + slot splits by a multiply and a shift in the kernels (no division a token)
@@ -516,7 +516,7 @@ fn sparse_params(a: &SparseDecode) -> Result<DcpMlaDecodeParams> {
 
 /// The kernels' strides of per-row int32 values [batch, nq] (lengths) at `strides` (`None`:
 /// contiguous): any, 0 included (a broadcast is only read).
-fn length_strides(
+pub(super) fn length_strides(
     arg: &'static str,
     strides_arg: &'static str,
     buf: &DeviceSlice<i32>,
@@ -528,7 +528,9 @@ fn length_strides(
     Ok(s.map(|x| x as i64))
 }
 
-fn validate_common(c: &DecodeCommon, sparse: bool) -> Result<DcpMlaDecodeParams> {
+/// The checks every decode launch shares, and the parameters they fix; `q_width`: the values of
+/// a query row (576, or MODEL1's 512).
+pub(super) fn validate_common(c: &DecodeCommon, sparse: bool, q_width: usize) -> Result<DcpMlaDecodeParams> {
     ensure_arg!(c.nq >= 1, "nq", "must be at least 1");
     ensure_arg!(c.heads >= 1, "heads", "must be at least 1");
     ensure_arg!(c.batch <= 65535, "batch", "{} exceeds the grid limit 65535", c.batch);
@@ -542,7 +544,7 @@ fn validate_common(c: &DecodeCommon, sparse: bool) -> Result<DcpMlaDecodeParams>
     );
     let counts = [c.batch, c.nq, c.heads];
     // q's rows load and out's rows are written in 16-byte pieces
-    let q = super::View { counts, width: D_QK, align: 16, written: false };
+    let q = super::View { counts, width: q_width, align: 16, written: false };
     let [sb, ss, sh] = q.strides("q", "q_strides", &c.q, c.q_strides)?;
     let out = super::View { counts, width: D_V, align: 16, written: true };
     let out_strides = out.strides("out", "out_strides", &c.out, c.out_strides)?;
@@ -622,6 +624,19 @@ fn validate_common(c: &DecodeCommon, sparse: bool) -> Result<DcpMlaDecodeParams>
         out_f32: c.out.is_f32() as i32,
         kv_tmap: [0; 16],
         kv_tma: 0,
+        extra_cache: 0,
+        extra_indices: 0,
+        extra_topk_len: 0,
+        extra_indices_stride_b: 0,
+        extra_indices_stride_s: 0,
+        extra_len_stride_b: 0,
+        extra_len_stride_s: 0,
+        extra_topk: 0,
+        extra_num_pages: 0,
+        extra_block_size: 1,
+        extra_page_rows: 1,
+        extra_page_div_magic: 0,
+        extra_page_div_shift: 0,
     })
 }
 
@@ -637,7 +652,7 @@ fn combine_grid(parts: usize, seqs: usize) -> axes::Grid {
     }
 }
 
-fn launch(
+pub(super) fn launch(
     dev: &Device,
     stream: Stream,
     kernel: &Kernel,

@@ -5,6 +5,7 @@
 pub mod combine;
 pub mod decode;
 pub mod fill;
+pub mod model1;
 pub mod prefill;
 pub mod topk;
 

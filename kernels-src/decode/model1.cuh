@@ -1,0 +1,312 @@
+// MODEL1 sparse decode (docs/contract.md §4, "MODEL1"; FlashMLA's d_qk = 512 path) on tensor
+// cores with mma.sync m16n8k16 bf16 (sm_80+), in the shape of decode/sm80.cuh: one CTA = 64 heads
+// of one query row × one split-KV part, 256 threads, KV tiles of 32 tokens.
+//
+// The cache is the page-wise FP8 layout of src/formats/model1.rs: a token's value row (448 e4m3,
+// then 64 bf16 rope values, 576 bytes) at page·stride + 576·s, its 8 scale bytes (7 ue8m0 tile
+// scales and a pad byte) at page·stride + 576·B + 8·s. A query row reads two sources in one
+// softmax: the entries of its first index list (p.cache, p.indices, p.topk_len), then those of
+// its second (p.extra_*), when there is one; a sequence's token positions 0..n1 − 1 are the
+// first list's valid entries and n1..n1 + n2 − 1 the second's, so a tile may straddle both and
+// the split schedule (which counts n1 + n2: split_schedule.cuh's extra_seq_tokens) cuts the
+// concatenation like any other list.
+//
+// Per tile: load   cp.async of each token's 576-byte row and its 8 scale bytes into a raw stage
+//                  (double buffered), unread tokens zero-filled (so no NaN of an unused slot);
+//           dequant the raw stage into one bf16 tile [32, 512]: float(e4m3)·2^(b − 127), exact
+//                  in bf16 for every scale a fill writes; the rope values copied;
+//           score  S = Q·Kᵀ over the 512 values (warp (rg, c): rows 16rg.., tokens 16c..);
+//           softmax online in the log2 domain, masked before the max (sm80.cuh's);
+//           accum  O += P·V with V the whole 512-value row, P rounded once to bf16.
+// Then decode::write_rows: O / l and the natural-log lse (sinks, empty rows and NaN rows as every
+// decode), to out/lse or a split's workspace slot.
+#pragma once
+#include "arch/sm80_ptx.cuh"
+#include "decode/base.cuh"
+#include "decode/split_schedule.cuh"
+
+namespace dcp {
+namespace decode_model1 {
+using namespace decode;
+
+constexpr int kDim = 512;                   // d_qk = d_v
+constexpr int kNope = 448;                  // e4m3 values a token
+constexpr int kRowBytes = 576;              // a token's value row; also the unit of a page's stride
+constexpr int kPitch1 = kDim + 8;           // bf16 per smem row: +16 bytes keeps ldmatrix conflict-free
+constexpr int kChunks1 = kDim / 8;          // 16-byte chunks of a bf16 row (64)
+constexpr int kRowChunks = kRowBytes / 16;  // 16-byte chunks of a raw row (36)
+constexpr int kRawPitch = kRowBytes + 16;   // a token's raw stage: its row, then its 8 scale bytes
+constexpr int kQBytes1 = kRows * kPitch1 * 2;
+constexpr int kKTileBytes1 = kTile * kPitch1 * 2;
+constexpr int kRawTileBytes1 = kTile * kRawPitch;
+
+// Dynamic shared memory of one CTA: Q, the bf16 tile, two raw stages, P, the row exchanges.
+template <int Dqk, int Tile>
+constexpr int shared_bytes() {
+    return kQBytes1 + kKTileBytes1 + 2 * kRawTileBytes1 + kPBytes + kMiscBytes;
+}
+
+// 8-byte cp.async (a token's scale slot is 8-byte aligned); `valid` false zero-fills.
+__device__ __forceinline__ void cp_async8(void* dst, const void* src, bool valid) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+                 "r"(valid ? 8 : 0));
+}
+
+// ue8m0 → f32, exact: 2^(b − 127) (byte 0 is 2^-127, an fp32 subnormal); 0xff is NaN
+// (formats::model1::ue8m0_decode).
+__device__ __forceinline__ float ue8m0(uint32_t b) {
+    return b == 0xffu ? __int_as_float(0x7fffffff) : b == 0 ? __int_as_float(0x00400000) : __int_as_float(b << 23);
+}
+
+// Sequence `seq`'s second index list (query row seq mod nq of request seq div nq).
+__device__ __forceinline__ const int32_t* extra_index_list(const DcpMlaDecodeParams& p, int seq) {
+    const int b = seq / p.nq;
+    return (const int32_t*)p.extra_indices + b * p.extra_indices_stride_b + (seq - b * p.nq) * p.extra_indices_stride_s;
+}
+
+// Where entry v (already checked to lie in [0, pages·B)) of a source lives: its value row's and
+// its scale slot's byte offsets in the source's cache. The page is v / B by the launcher's magic
+// number (no divide).
+__device__ __forceinline__ void token_offsets(int v, int block_size, int page_units, uint32_t magic, int shift,
+                                              int64_t& row, int64_t& scales) {
+    const int page = (int)(((uint64_t)(uint32_t)v * magic) >> shift);
+    const int s = v - page * block_size;
+    const int64_t base = (int64_t)page * page_units * kRowBytes;
+    row = base + (int64_t)s * kRowBytes;
+    scales = base + (int64_t)block_size * kRowBytes + 8 * s;
+}
+
+}  // namespace decode_model1
+
+// Dqk, Tile: kernels.toml's axes (d_qk 512, tile 32), which the launcher reads.
+template <int Dqk, int Tile>
+__device__ __forceinline__ void mla_decode_model1(const DcpMlaDecodeParams& p) {
+    using namespace decode_model1;
+    static_assert(Dqk == kDim, "kernels.toml's d_qk axis names the 512 values this kernel is written for");
+    static_assert(Tile == kTile, "kernels.toml's tile axis names decode::kTile");
+
+    {
+        uint32_t dyn;
+        asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
+        if (dyn < (uint32_t)shared_bytes<Dqk, Tile>()) __trap();  // a host/kernel mismatch: fail loudly
+    }
+    extern __shared__ __align__(16) unsigned char smem[];
+    __nv_bfloat16* sQ = (__nv_bfloat16*)smem;
+    __nv_bfloat16* sK = (__nv_bfloat16*)(smem + kQBytes1);
+    unsigned char* sRaw = smem + kQBytes1 + kKTileBytes1;  // 2 raw stages
+    unsigned char* after_kv = sRaw + 2 * kRawTileBytes1;
+    __nv_bfloat16* sP = (__nv_bfloat16*)after_kv;
+    float* sMax = (float*)(after_kv + kPBytes);  // [2][kRows]
+    float* sSum = sMax + 2 * kRows;              // [2][kRows]
+    int* sValid = (int*)(sSum + 2 * kRows);      // [2][kTile]
+
+    const int hblocks = (p.heads + kRows - 1) / kRows;
+    const int block_seq = blockIdx.y * p.nq + blockIdx.x / hblocks;
+
+    for_each_piece(p, num_seqs(p, true), block_seq, [&](const Piece pc) {
+        __syncthreads();  // the previous piece is done with shared memory
+        const int tid = thread_index(), lane = tid & 31, warp = tid >> 5;
+        const int rg = warp & 3, half = warp >> 2;
+        const int g = lane >> 2, t4 = lane & 3;
+        const int seq_rows = p.heads;
+        const int row_base = (p.num_splits <= 1 ? (int)blockIdx.x % hblocks : (int)blockIdx.x) * kRows;
+        const int row_limit = min(kRows, seq_rows - row_base);
+        const int seq = pc.seq;
+
+        // the sequence's tokens: n1 of the first list, then the second's
+        const int n1 = seq_tokens(p, true, seq);
+        const int n_tokens = n1 + extra_seq_tokens(p, seq);
+        int row_len[2];
+#pragma unroll
+        for (int k = 0; k < 2; ++k) row_len[k] = rg * 16 + g + 8 * k < row_limit ? n_tokens : 0;
+        const int tile_end = min((n_tokens + kTile - 1) / kTile, pc.tile_end);
+        const int tile_begin = min(tile_end, pc.tile_begin);
+        if (skip_empty_share(p, pc, tile_begin, tile_end, seq_rows, row_base, row_limit, tid)) return;
+
+        // ---- load: Q once; then a tile's tokens, 8 threads per token ----
+        const __nv_bfloat16* q_seq = (const __nv_bfloat16*)p.q + q_seq_offset<true>(p, seq);
+        for (int c = tid; c < kRows * kChunks1; c += kThreads) {
+            const int r = c / kChunks1, part = c % kChunks1;
+            const bool ok = r < row_limit;
+            const __nv_bfloat16* src = ok ? q_seq + q_row_offset<true>(p, row_base + r) + part * 8 : (const __nv_bfloat16*)p.q;
+            cp_async16(sQ + r * kPitch1 + part * 8, src, ok);
+        }
+        const int ld_tok = tid >> 3, ld_part = tid & 7;
+        const int32_t* const list1 = index_list(p, seq);
+        const int32_t* const list2 = p.extra_indices ? extra_index_list(p, seq) : list1;
+        auto issue_tile = [&](int tile, int stage) {
+            const int pos = tile * kTile + ld_tok;
+            bool ok = false;
+            const unsigned char* src = (const unsigned char*)p.cache;  // read nothing when !ok
+            int64_t row = 0, scales = 0;
+            if (pos < n_tokens) {
+                if (pos < n1) {
+                    const int v = list1[pos];
+                    ok = v >= 0 && (int64_t)v < (int64_t)p.num_pages * p.block_size;
+                    if (ok) token_offsets(v, p.block_size, p.page_rows, p.page_div_magic, p.page_div_shift, row, scales);
+                } else {
+                    const int v = list2[pos - n1];
+                    ok = v >= 0 && (int64_t)v < (int64_t)p.extra_num_pages * p.extra_block_size;
+                    src = (const unsigned char*)p.extra_cache;
+                    if (ok)
+                        token_offsets(v, p.extra_block_size, p.extra_page_rows, p.extra_page_div_magic,
+                                      p.extra_page_div_shift, row, scales);
+                }
+            }
+            if (ld_part == 0) sValid[stage * kTile + ld_tok] = ok;
+            unsigned char* dst = sRaw + stage * kRawTileBytes1 + ld_tok * kRawPitch;
+#pragma unroll
+            for (int k = 0; k < (kRowChunks + 7) / 8; ++k) {
+                const int c = ld_part + 8 * k;
+                if (c < kRowChunks) cp_async16(dst + 16 * c, src + row + 16 * c, ok);
+            }
+            if (ld_part == kRowChunks % 8) cp_async8(dst + kRowBytes, src + scales, ok);
+        };
+        if (tile_begin < tile_end) issue_tile(tile_begin, 0);
+        cp_async_commit();
+
+        const float scale_log2 = p.scale_log2;
+        float o[32][4];
+#pragma unroll
+        for (int n = 0; n < 32; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+        float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+
+        for (int tile = tile_begin; tile < tile_end; ++tile) {
+            const int stage = (tile - tile_begin) & 1;
+            const bool has_next = tile + 1 < tile_end;
+            if (has_next) issue_tile(tile + 1, stage ^ 1);
+            cp_async_commit();
+            if (has_next) cp_async_wait<1>(); else cp_async_wait<0>();
+            __syncthreads();
+            {
+                // dequantise the raw stage into the bf16 tile: chunk c = ld_part + 8k of 8 values,
+                // k < 7 the nope tile k (its scale byte 576 + k), k = 7 the rope values
+                const unsigned char* raw = sRaw + stage * kRawTileBytes1 + ld_tok * kRawPitch;
+                __nv_bfloat16* dst = sK + ld_tok * kPitch1;
+                const uint2 sb = *(const uint2*)(raw + kRowBytes);
+#pragma unroll
+                for (int k = 0; k < 8; ++k) {
+                    const int c = ld_part + 8 * k;
+                    uint4 v;
+                    if (k < 7) {
+                        const uint32_t b = ((k < 4 ? sb.x : sb.y) >> (8 * (k & 3))) & 0xffu;
+                        v = dequant8(*(const uint2*)(raw + 8 * c), ue8m0(b));
+                    } else {
+                        v = *(const uint4*)(raw + kNope + 16 * ld_part);
+                    }
+                    *(uint4*)(dst + 8 * c) = v;
+                }
+            }
+            __syncthreads();
+
+            // ---- score: S[16 rows, 16 tokens] = Q·Kᵀ over 512 values ----
+            float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+            {
+                const __nv_bfloat16* qa = sQ + (rg * 16 + (lane & 7) + 8 * ((lane >> 3) & 1)) * kPitch1 + 8 * (lane >> 4);
+                const __nv_bfloat16* kb = sK + (half * 16 + (lane & 7) + 8 * (lane >> 4)) * kPitch1 + 8 * ((lane >> 3) & 1);
+#pragma unroll 4
+                for (int k0 = 0; k0 < kDim; k0 += 16) {
+                    uint32_t a[4], b[4];
+                    ldmatrix_x4(a, qa + k0);
+                    ldmatrix_x4(b, kb + k0);
+                    mma_bf16(s[0], a, b[0], b[1]);
+                    mma_bf16(s[1], a, b[2], b[3]);
+                }
+            }
+
+            // ---- softmax: mask before the max, exchange row maxima with the partner warp ----
+            const int* valid = sValid + stage * kTile;
+            float tmax[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+            for (int n = 0; n < 2; ++n)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const int col = half * 16 + n * 8 + 2 * t4 + (e & 1);
+                    const int pos = tile * kTile + col;
+                    const bool ok = valid[col] && pos < row_len[e >> 1];
+                    s[n][e] = ok ? s[n][e] * scale_log2 : -INFINITY;  // select: a NaN score never survives
+                    tmax[e >> 1] = fmaxf(tmax[e >> 1], s[n][e]);
+                }
+#pragma unroll
+            for (int k = 0; k < 2; ++k) {
+                tmax[k] = fmaxf(tmax[k], __shfl_xor_sync(0xffffffffu, tmax[k], 1));
+                tmax[k] = fmaxf(tmax[k], __shfl_xor_sync(0xffffffffu, tmax[k], 2));
+                if (t4 == 0) sMax[half * kRows + rg * 16 + g + 8 * k] = tmax[k];
+            }
+            __syncthreads();
+            float alpha[2];
+#pragma unroll
+            for (int k = 0; k < 2; ++k) {
+                const int r = rg * 16 + g + 8 * k;
+                const float m_new = fmaxf(m_run[k], fmaxf(sMax[r], sMax[kRows + r]));
+                const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // all masked so far: p = 0, no NaN
+                alpha[k] = exp2f(m_run[k] - m_use);
+                m_run[k] = m_new;
+                float sum = 0.0f;
+#pragma unroll
+                for (int n = 0; n < 2; ++n)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        s[n][2 * k + e] = exp2f(s[n][2 * k + e] - m_use);
+                        sum += s[n][2 * k + e];
+                    }
+                l_run[k] = l_run[k] * alpha[k] + sum;
+            }
+#pragma unroll
+            for (int n = 0; n < 2; ++n) {
+                const int col = half * 16 + n * 8 + 2 * t4;
+#pragma unroll
+                for (int k = 0; k < 2; ++k) {
+                    const int off = (rg * 16 + g + 8 * k) * kPPitch + col;
+                    *(uint32_t*)(sP + off) = pack_bf16(s[n][2 * k], s[n][2 * k + 1]);
+                }
+            }
+#pragma unroll
+            for (int n = 0; n < 32; ++n) {
+                o[n][0] *= alpha[0];
+                o[n][1] *= alpha[0];
+                o[n][2] *= alpha[1];
+                o[n][3] *= alpha[1];
+            }
+            __syncthreads();
+
+            // ---- accumulate: O[16 rows, 256 cols] += P[16, 32]·V[32, 256], V the whole row ----
+#pragma unroll
+            for (int k0 = 0; k0 < kTile; k0 += 16) {
+                uint32_t a[4];
+                const int p_off = (rg * 16 + (lane & 7) + 8 * ((lane >> 3) & 1)) * kPPitch + k0 + 8 * (lane >> 4);
+                ldmatrix_x4(a, sP + p_off);
+                const __nv_bfloat16* vb =
+                    sK + (k0 + (lane & 7) + 8 * ((lane >> 3) & 1)) * kPitch1 + half * 256 + 8 * (lane >> 4);
+#pragma unroll
+                for (int n = 0; n < 16; ++n) {
+                    uint32_t b[4];
+                    ldmatrix_x4_trans(b, vb + 16 * n);
+                    mma_bf16(o[2 * n], a, b[0], b[1]);
+                    mma_bf16(o[2 * n + 1], a, b[2], b[3]);
+                }
+            }
+            __syncthreads();
+        }
+        cp_async_wait<0>();
+
+        // ---- write: O / l and lse = (m + log2 l)·ln 2 (row_stats: with the sink's term) ----
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+            l_run[k] += __shfl_xor_sync(0xffffffffu, l_run[k], 1);
+            l_run[k] += __shfl_xor_sync(0xffffffffu, l_run[k], 2);
+            if (t4 == 0) sSum[half * kRows + rg * 16 + g + 8 * k] = l_run[k];
+        }
+        __syncthreads();
+        float2 stats[2];
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+            const int r = rg * 16 + g + 8 * k;
+            stats[k] = row_stats(p, pc.slot >= 0, row_base + r, sSum[r] + sSum[kRows + r], m_run[k]);
+        }
+        write_rows<true>(p, pc.slot, seq, seq_rows, row_base, row_limit, rg * 16 + g, half * 256 + 2 * t4,
+                         half == 0 && t4 == 0, stats, [&](int n, int e) { return o[n][e]; });
+    });
+}
+
+}  // namespace dcp

@@ -1,0 +1,400 @@
+//! MODEL1 on the GPU (docs/contract.md §3-§4, "MODEL1"; FlashMLA's `d_qk = 512` sparse path):
+//! the sparse decode over the page-wise FP8 cache of [`crate::formats::model1`], one or two
+//! sources in one softmax, and the cache's fill. References: [`crate::reference::model1`].
+//!
+//! Kernels: `kernels-src/decode/model1.cuh` (family `mla_decode_model1`, mma.sync: sm_80 and
+//! sm_90), split launches through the decode's own schedule and combine
+//! ([`crate::ops::decode`]); `kernels-src/fill.cuh` (`kv_fill_model1`).
+
+use super::decode::{launch, length_strides, validate_common, DecodeCommon, Kernel, MAX_DECODE_TOKENS};
+use super::{check_block_table, check_layout, check_rows, compiled, launch_warp_rows, to_i32};
+use crate::abi::{DcpKvFillParams, DcpMlaDecodeParams};
+use crate::error::Result;
+use crate::formats::model1::{model1_page_bytes, Model1Pages, MODEL1_D_NOPE, MODEL1_D_QK, MODEL1_PAGE_ALIGN};
+use crate::formats::D_ROPE;
+use crate::planner::DcpLayout;
+use crate::runtime::registry;
+use crate::runtime::{Device, DeviceSlice, Stream};
+use half::bf16;
+
+pub use crate::reference::model1::model1_default_scale;
+
+/// One source of a MODEL1 decode on the device: a page-wise FP8 cache and the index lists that
+/// pick from it.
+#[derive(Debug, Clone, Copy)]
+pub struct Model1Source {
+    /// The cache tensor's bytes (FlashMLA's `k_cache` / `extra_k_cache`), 16-byte aligned, at
+    /// least `pages.cache_bytes()` of them.
+    pub cache: DeviceSlice<u8>,
+    /// Pages, block size B and the page stride in bytes (a multiple of 576, at least
+    /// [`model1_page_bytes`]`(B)`).
+    pub pages: Model1Pages,
+    /// int32 [batch, nq, topk] of addresses page·B + slot, strides `indices_strides`; −1 or an
+    /// address outside [0, num_pages·B) is unused and never read.
+    pub indices: DeviceSlice<i32>,
+    /// Elements between the lists' requests and query rows; `None`: contiguous, [nq·topk, topk].
+    pub indices_strides: Option<[usize; 2]>,
+    pub topk: usize,
+    /// int32 [batch, nq] valid entries (FlashMLA's per-request `topk_length` is \[batch\] with
+    /// strides \[1, 0\]), clamped to \[0, topk\]; `None`: all topk.
+    pub topk_len: Option<DeviceSlice<i32>>,
+    /// Elements between `topk_len`'s requests and query rows (any, 0 broadcasts); `None`:
+    /// contiguous, \[nq, 1\].
+    pub topk_len_strides: Option<[usize; 2]>,
+}
+
+/// A MODEL1 sparse decode: `common.q` is bf16 [batch, nq, heads, 512] (its strides in
+/// `common.q_strides`), `common.scale` σ ([`model1_default_scale`], 512^-½, is FlashMLA's
+/// default; [`DecodeCommon::new`] sets 576^-½, the 576 path's). Out [batch, nq, heads, 512] and
+/// lse as every decode's, sinks and splits included.
+#[derive(Debug, Clone, Copy)]
+pub struct Model1Decode {
+    pub common: DecodeCommon,
+    /// The first source (FlashMLA's `k_cache`, `indices`, `topk_length`).
+    pub main: Model1Source,
+    /// The second (`extra_k_cache`, `extra_indices_in_kvcache`, `extra_topk_length`): its
+    /// entries follow the first list's in the same softmax.
+    pub extra: Option<Model1Source>,
+}
+
+/// The argument names of a source's fields, as the C ABI spells them.
+struct Names {
+    cache: &'static str,
+    block_size: &'static str,
+    num_pages: &'static str,
+    page_stride: &'static str,
+    indices: &'static str,
+    indices_strides: &'static str,
+    topk: &'static str,
+    topk_len: &'static str,
+    topk_len_strides: &'static str,
+}
+
+const MAIN: Names = Names {
+    cache: "cache",
+    block_size: "block_size",
+    num_pages: "num_pages",
+    page_stride: "page_stride",
+    indices: "indices",
+    indices_strides: "indices_strides",
+    topk: "topk",
+    topk_len: "topk_len",
+    topk_len_strides: "topk_len_strides",
+};
+
+const EXTRA: Names = Names {
+    cache: "extra_cache",
+    block_size: "extra_block_size",
+    num_pages: "extra_num_pages",
+    page_stride: "extra_page_stride",
+    indices: "extra_indices",
+    indices_strides: "extra_indices_strides",
+    topk: "extra_topk",
+    topk_len: "extra_topk_len",
+    topk_len_strides: "extra_topk_len_strides",
+};
+
+/// A MODEL1 cache's pages against its buffer: returns page_rows, the page stride in 576-byte
+/// units (what the kernels take).
+fn check_model1_cache(cache: &DeviceSlice<u8>, pages: &Model1Pages, n: &Names) -> Result<i32> {
+    let Model1Pages { num_pages, block_size, page_stride } = *pages;
+    ensure_arg!(block_size >= 1, n.block_size, "must be at least 1");
+    let min = block_size.checked_mul(584).map(|_| model1_page_bytes(block_size));
+    ensure_arg!(min.is_some(), n.block_size, "{block_size} tokens a page overflow the page size");
+    let min = min.unwrap_or(0);
+    ensure_arg!(
+        page_stride >= min && page_stride % MODEL1_PAGE_ALIGN == 0,
+        n.page_stride,
+        "{page_stride} bytes is not a multiple of {MODEL1_PAGE_ALIGN} of at least {min} (the page of {block_size} tokens)"
+    );
+    ensure_arg!(
+        num_pages.checked_mul(block_size).is_some_and(|s| s <= i32::MAX as usize),
+        n.num_pages,
+        "{num_pages} pages of {block_size} tokens exceed the int32 addresses page·B + slot"
+    );
+    let need = (num_pages.max(1) - 1).checked_mul(page_stride).and_then(|x| x.checked_add(min));
+    let need = if num_pages == 0 { Some(0) } else { need };
+    ensure_arg!(
+        need.is_some_and(|b| cache.len() >= b),
+        n.cache,
+        "holds {} bytes but {num_pages} pages of {block_size} MODEL1 tokens, {page_stride} bytes apart, need {need:?}",
+        cache.len()
+    );
+    ensure_aligned!(cache.ptr() % 16 == 0, n.cache, "pointer {:#x} is not 16-byte aligned", cache.ptr());
+    to_i32(n.page_stride, page_stride / MODEL1_PAGE_ALIGN)
+}
+
+/// One source's checks; sets its fields of `params` (the first source's in the fields the 576
+/// path's sparse decode uses, the second's in `extra_*`).
+fn source_params(
+    s: &Model1Source,
+    c: &DecodeCommon,
+    n: &Names,
+    params: &mut DcpMlaDecodeParams,
+    extra: bool,
+) -> Result<()> {
+    let page_rows = check_model1_cache(&s.cache, &s.pages, n)?;
+    ensure_arg!(s.topk >= 1, n.topk, "must be at least 1");
+    ensure_arg!(s.topk <= MAX_DECODE_TOKENS, n.topk, "{} exceeds the kernels' int32 token counts", s.topk);
+    let indices = super::View { counts: [c.batch, c.nq], width: s.topk, align: 4, written: false };
+    let [sb, ss] = indices.strides(n.indices, n.indices_strides, &s.indices, s.indices_strides)?;
+    let [lb, ls] = match &s.topk_len {
+        Some(t) => length_strides(n.topk_len, n.topk_len_strides, t, s.topk_len_strides, c)?,
+        None => [0, 0],
+    };
+    // an index page·B + slot splits by a multiply and a shift in the kernel
+    let (magic, shift) = super::decode::invariant_divisor(s.pages.block_size);
+    let (num_pages, block_size) = (to_i32(n.num_pages, s.pages.num_pages)?, to_i32(n.block_size, s.pages.block_size)?);
+    let topk = to_i32(n.topk, s.topk)?;
+    let topk_len = s.topk_len.map_or(0, |t| t.ptr());
+    if extra {
+        params.extra_cache = s.cache.ptr();
+        params.extra_indices = s.indices.ptr();
+        params.extra_topk_len = topk_len;
+        (params.extra_indices_stride_b, params.extra_indices_stride_s) = (sb as i64, ss as i64);
+        (params.extra_len_stride_b, params.extra_len_stride_s) = (lb, ls);
+        (params.extra_topk, params.extra_num_pages, params.extra_block_size) = (topk, num_pages, block_size);
+        (params.extra_page_rows, params.extra_page_div_magic, params.extra_page_div_shift) = (page_rows, magic, shift);
+    } else {
+        params.cache = s.cache.ptr();
+        params.indices = s.indices.ptr();
+        params.topk_len = topk_len;
+        (params.indices_stride_b, params.indices_stride_s) = (sb as i64, ss as i64);
+        (params.len_stride_b, params.len_stride_s) = (lb, ls);
+        (params.topk, params.num_pages, params.block_size) = (topk, num_pages, block_size);
+        (params.page_rows, params.page_div_magic, params.page_div_shift) = (page_rows, magic, shift);
+    }
+    Ok(())
+}
+
+/// Every check of a MODEL1 launch, and its kernel parameters.
+fn decode_params(a: &Model1Decode) -> Result<DcpMlaDecodeParams> {
+    let c = &a.common;
+    let mut params = validate_common(c, true, MODEL1_D_QK)?;
+    source_params(&a.main, c, &MAIN, &mut params, false)?;
+    if let Some(e) = &a.extra {
+        source_params(e, c, &EXTRA, &mut params, true)?;
+        ensure_arg!(
+            a.main.topk + e.topk <= MAX_DECODE_TOKENS,
+            "extra_topk",
+            "{} and {} entries together exceed the kernels' int32 token counts",
+            a.main.topk,
+            e.topk
+        );
+    }
+    Ok(params)
+}
+
+/// The MODEL1 kernel: the registry's one variant (d_qk 512) and its KV tile.
+fn model1_kernel() -> Result<Kernel> {
+    let &((d_qk, tile), _) = registry::MLA_DECODE_MODEL1_VARIANTS
+        .iter()
+        .find(|((d, _), _)| *d as usize == MODEL1_D_QK)
+        .ok_or_else(|| crate::Error::Unsupported("mla_decode_model1".into()))?;
+    let id = compiled(registry::mla_decode_model1(d_qk, tile), || "mla_decode_model1".into())?;
+    Ok(Kernel { id, shared_bytes: id.info().dynamic_shared_bytes as usize, tile, takes_tensor_map: false, cluster: 1 })
+}
+
+/// MODEL1 sparse decode (docs/contract.md §4, "MODEL1"): row (i, j) attends to the valid entries
+/// of its first list, then those of its second, in one softmax (natural-log lse, sinks, empty and
+/// NaN rows as every decode). Validates every argument, allocates nothing, never synchronises;
+/// `common.num_splits > 1` splits the lists' tokens over parts as the 576 path's sparse decode
+/// does ([`crate::ops::decode::decode_workspace_bytes`] with `sparse`).
+pub fn mla_decode_model1(dev: &Device, stream: Stream, a: &Model1Decode) -> Result<()> {
+    let mut params = decode_params(a)?;
+    let kernel = model1_kernel()?;
+    launch(dev, stream, &kernel, &a.common, &mut params, true)
+}
+
+/// Arguments of [`kv_fill_model1`]: the new tokens, where they go, and this rank's MODEL1 cache.
+#[derive(Debug, Clone, Copy)]
+pub struct Model1Fill {
+    /// bf16 [num_tokens, ckv_stride]: the 448 quantised ("nope") values in the first 448 of each
+    /// row (a stride of 16-byte multiples).
+    pub ckv: DeviceSlice<bf16>,
+    pub ckv_stride: usize,
+    /// bf16 [num_tokens, kpe_stride]: the 64 rope values in the first 64 of each row.
+    pub kpe: DeviceSlice<bf16>,
+    pub kpe_stride: usize,
+    /// int32 \[num_tokens\]: block-table row of each token.
+    pub req_idx: DeviceSlice<i32>,
+    /// int32 \[num_tokens\]: global position of each token; negative skips it (padding).
+    pub positions: DeviceSlice<i32>,
+    /// int32 [batch, block_table_stride]; the first `max_pages` columns are used.
+    pub block_table: DeviceSlice<i32>,
+    pub block_table_stride: usize,
+    pub batch: usize,
+    pub max_pages: usize,
+    /// This rank's MODEL1 cache, `pages` of it (page stride in bytes, a multiple of 576).
+    pub cache: DeviceSlice<u8>,
+    pub pages: Model1Pages,
+    pub dcp: DcpLayout,
+    pub rank: usize,
+}
+
+/// Writes each new token into this rank's MODEL1 cache if this rank owns it (docs/contract.md
+/// §3): its value row and scale slot, bit-identical to
+/// [`crate::reference::model1::fill_model1`]; nothing else of the cache, page padding included.
+/// A token whose position is negative, whose request index is outside `0..batch`, or whose page
+/// is beyond `max_pages` or maps outside `0..num_pages` is skipped.
+pub fn kv_fill_model1(dev: &Device, stream: Stream, a: &Model1Fill) -> Result<()> {
+    let params = fill_params(a)?;
+    let id = compiled(registry::kv_fill_model1(), || "kv_fill_model1".into())?;
+    // SAFETY: fill_params checked every buffer against the extents the kernel addresses.
+    unsafe { launch_warp_rows(dev, stream, id, params.num_tokens as usize, "positions", &params) }
+}
+
+fn fill_params(a: &Model1Fill) -> Result<DcpKvFillParams> {
+    let t = a.positions.len();
+    ensure_arg!(a.req_idx.len() == t, "req_idx", "has {} entries but positions has {t}", a.req_idx.len());
+    check_rows("ckv", &a.ckv, t, a.ckv_stride, MODEL1_D_NOPE)?;
+    check_rows("kpe", &a.kpe, t, a.kpe_stride, D_ROPE)?;
+    let [dcp_size, dcp_rank, interleave] = check_layout(a.dcp, a.rank)?;
+    let page_rows = check_model1_cache(&a.cache, &a.pages, &MAIN)?;
+    ensure_arg!(
+        a.pages.block_size % a.dcp.interleave == 0,
+        "interleave",
+        "{} does not divide the block size {}",
+        a.dcp.interleave,
+        a.pages.block_size
+    );
+    check_block_table(&a.block_table, a.batch, a.block_table_stride, a.max_pages)?;
+    Ok(DcpKvFillParams {
+        ckv: a.ckv.ptr(),
+        kpe: a.kpe.ptr(),
+        req_idx: a.req_idx.ptr(),
+        positions: a.positions.ptr(),
+        block_table: a.block_table.ptr(),
+        cache: a.cache.ptr(),
+        ckv_stride: a.ckv_stride as i64,
+        kpe_stride: a.kpe_stride as i64,
+        block_table_stride: a.block_table_stride as i64,
+        num_tokens: to_i32("positions", t)?,
+        batch: to_i32("batch", a.batch)?,
+        max_pages: to_i32("max_pages", a.max_pages)?,
+        num_pages: to_i32("num_pages", a.pages.num_pages)?,
+        block_size: to_i32("block_size", a.pages.block_size)?,
+        dcp_size,
+        dcp_rank,
+        interleave,
+        page_rows,
+        reserved: 0,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::decode::DecodeOut;
+    use crate::ops::test_util::{arg_of, fake};
+
+    fn source(batch: usize, nq: usize, topk: usize, pages: Model1Pages) -> Model1Source {
+        Model1Source {
+            cache: fake(pages.cache_bytes()),
+            pages,
+            indices: fake(batch * nq * topk),
+            indices_strides: None,
+            topk,
+            topk_len: Some(fake(batch)),
+            topk_len_strides: Some([1, 0]),
+        }
+    }
+
+    fn decode(extra: bool) -> Model1Decode {
+        let (batch, nq, heads) = (2, 1, 64);
+        let rows = batch * nq * heads;
+        let common = DecodeCommon {
+            scale: model1_default_scale(),
+            ..DecodeCommon::new(
+                fake(rows * 512),
+                batch,
+                nq,
+                heads,
+                DecodeOut::Bf16(fake(rows * 512)),
+                fake(rows),
+                1,
+                fake(0),
+            )
+        };
+        Model1Decode {
+            common,
+            main: source(batch, nq, 128, Model1Pages::new(8, 64)),
+            extra: extra.then(|| source(batch, nq, 64, Model1Pages::new(3, 2))),
+        }
+    }
+
+    #[test]
+    fn decode_errors_name_the_fields() {
+        assert!(decode_params(&decode(false)).is_ok());
+        let p = decode_params(&decode(true)).unwrap();
+        // page strides in 576-byte units: 64 tokens → 65 units; 2 tokens → 3
+        assert_eq!((p.page_rows, p.extra_page_rows, p.extra_topk, p.extra_block_size), (65, 3, 64, 2));
+        assert_eq!((p.len_stride_b, p.len_stride_s), (1, 0));
+        // q is 512 values a row: a 576-value q buffer's worth is not needed, a shorter one fails
+        let mut a = decode(true);
+        a.common.q = fake(2 * 64 * 512 - 1);
+        assert_eq!(arg_of(decode_params(&a).unwrap_err()), "q");
+        let mut a = decode(true);
+        a.extra.as_mut().unwrap().pages.page_stride = 1_000;
+        assert_eq!(arg_of(decode_params(&a).unwrap_err()), "extra_page_stride");
+        let mut a = decode(true);
+        a.main.pages.page_stride = 65 * 576 - 576;
+        assert_eq!(arg_of(decode_params(&a).unwrap_err()), "page_stride");
+        let mut a = decode(true);
+        a.extra.as_mut().unwrap().cache = fake(3 * 1_728 - 1);
+        assert_eq!(arg_of(decode_params(&a).unwrap_err()), "extra_cache");
+        let mut a = decode(true);
+        a.extra.as_mut().unwrap().topk = 0;
+        assert_eq!(arg_of(decode_params(&a).unwrap_err()), "extra_topk");
+        let mut a = decode(true);
+        a.extra.as_mut().unwrap().indices = fake(2 * 64 - 1);
+        assert_eq!(arg_of(decode_params(&a).unwrap_err()), "extra_indices");
+        let mut a = decode(true);
+        a.extra.as_mut().unwrap().topk_len = Some(fake(1));
+        assert_eq!(arg_of(decode_params(&a).unwrap_err()), "extra_topk_len");
+        let mut a = decode(false);
+        a.main.topk_len = Some(fake(1));
+        assert_eq!(arg_of(decode_params(&a).unwrap_err()), "topk_len");
+        let mut a = decode(false);
+        a.main.pages.block_size = 0;
+        assert_eq!(arg_of(decode_params(&a).unwrap_err()), "block_size");
+    }
+
+    fn fill() -> Model1Fill {
+        let pages = Model1Pages::new(8, 64);
+        Model1Fill {
+            ckv: fake(4 * 448),
+            ckv_stride: 448,
+            kpe: fake(4 * 64),
+            kpe_stride: 64,
+            req_idx: fake(4),
+            positions: fake(4),
+            block_table: fake(8),
+            block_table_stride: 8,
+            batch: 1,
+            max_pages: 8,
+            cache: fake(pages.cache_bytes()),
+            pages,
+            dcp: DcpLayout { size: 2, interleave: 1 },
+            rank: 1,
+        }
+    }
+
+    #[test]
+    fn fill_errors_name_the_fields() {
+        let p = fill_params(&fill()).unwrap();
+        assert_eq!((p.page_rows, p.block_size, p.dcp_rank), (65, 64, 1));
+        let mut a = fill();
+        a.ckv_stride = 440;
+        assert_eq!(arg_of(fill_params(&a).unwrap_err()), "ckv");
+        let mut a = fill();
+        a.cache = fake(a.pages.cache_bytes() - 1);
+        assert_eq!(arg_of(fill_params(&a).unwrap_err()), "cache");
+        let mut a = fill();
+        a.dcp.interleave = 3;
+        assert_eq!(arg_of(fill_params(&a).unwrap_err()), "interleave");
+        let mut a = fill();
+        a.pages.page_stride += 1;
+        assert_eq!(arg_of(fill_params(&a).unwrap_err()), "page_stride");
+    }
+}
