@@ -5,21 +5,36 @@
 
 namespace dcp {
 
+// The warp's token and where it goes on this rank: valid = false for a warp past the tokens, a
+// padded token (position < 0), a request outside the batch, a token another rank owns, or a page
+// beyond max_pages (the callers then write nothing). Shared by both formats' fills.
+struct FillToken {
+    int64_t token, local, page_col;
+    int req;
+    bool valid;
+};
+__device__ __forceinline__ FillToken fill_token(const DcpKvFillParams& p) {
+    FillToken f{((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5, 0, 0, 0, false};
+    if (f.token >= p.num_tokens) return f;
+    f.req = ((const int32_t*)p.req_idx)[f.token];
+    const int pos = ((const int32_t*)p.positions)[f.token];
+    if (pos < 0 || f.req < 0 || f.req >= p.batch) return f;
+    if (owner_of(pos, p.dcp_size, p.interleave) != p.dcp_rank) return f;
+    f.local = local_of(pos, p.dcp_size, p.interleave);
+    f.page_col = f.local / p.block_size;
+    f.valid = f.page_col < p.max_pages;
+    return f;
+}
+
 struct alignas(16) Bf16x8 { __nv_bfloat162 v[4]; };
 
 template <KvFormat Format>
 __device__ __forceinline__ void kv_fill(const DcpKvFillParams& p) {
     const int lane = threadIdx.x & 31;
-    const int64_t token = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    if (token >= p.num_tokens) return;
-
-    const int req = ((const int32_t*)p.req_idx)[token];
-    const int pos = ((const int32_t*)p.positions)[token];
-    if (pos < 0 || req < 0 || req >= p.batch) return;
-    if (owner_of(pos, p.dcp_size, p.interleave) != p.dcp_rank) return;
-    const int64_t local = local_of(pos, p.dcp_size, p.interleave);
-    const int64_t page_col = local / p.block_size;
-    if (page_col >= p.max_pages) return;
+    const FillToken ft = fill_token(p);
+    if (!ft.valid) return;
+    const int64_t token = ft.token, local = ft.local, page_col = ft.page_col;
+    const int req = ft.req;
 
     // c_kv: lane owns values [16·lane, 16·lane + 16) as two 16-byte vectors; k_pe: lanes 0..7
     // own one 16-byte vector each. Loaded before the block-table entry is known, so the two
@@ -84,16 +99,10 @@ template <int Unused = 0>
 __device__ __forceinline__ void kv_fill_model1(const DcpKvFillParams& p) {
     constexpr int kRowBytes = 576, kNope = 448, kRopeLane = kNope / 16;  // 28
     const int lane = threadIdx.x & 31;
-    const int64_t token = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    if (token >= p.num_tokens) return;
-
-    const int req = ((const int32_t*)p.req_idx)[token];
-    const int pos = ((const int32_t*)p.positions)[token];
-    if (pos < 0 || req < 0 || req >= p.batch) return;
-    if (owner_of(pos, p.dcp_size, p.interleave) != p.dcp_rank) return;
-    const int64_t local = local_of(pos, p.dcp_size, p.interleave);
-    const int64_t page_col = local / p.block_size;
-    if (page_col >= p.max_pages) return;
+    const FillToken ft = fill_token(p);
+    if (!ft.valid) return;
+    const int64_t token = ft.token, local = ft.local, page_col = ft.page_col;
+    const int req = ft.req;
 
     // lane < 28: nope values [16·lane, 16·lane + 16); else rope values [16·(lane − 28), +16)
     const bool rope = lane >= kRopeLane;
