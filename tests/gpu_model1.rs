@@ -301,7 +301,10 @@ fn concatenated<'a>(a: &Src<'a>, e: &Src, b: usize, nq: usize) -> Option<(HostCa
         for j in 0..nq {
             let r = i * nq + j;
             let row = &mut idx[r * k..(r + 1) * k];
-            row[..na].copy_from_slice(&a.idx[r * a.k..r * a.k + na]);
+            for (d, &v) in row[..na].iter_mut().zip(&a.idx[r * a.k..r * a.k + na]) {
+                // an entry past the first cache stays past it (else it would address the second's pages)
+                *d = if v >= 0 && (v as usize) < pa.slots() { v } else { -1 };
+            }
             for (d, &v) in row[na..na + ne].iter_mut().zip(&e.idx[r * e.k..r * e.k + ne]) {
                 // an unused entry of the second list stays unused (never an address in the first)
                 *d = if v >= 0 && (v as usize) < pe.slots() { v + offset } else { -1 };
