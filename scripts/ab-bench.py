@@ -34,6 +34,44 @@ def run_bench(binary, filt, path):
     return {(r["family"], r["shape"]): r["us"] for r in rows if isinstance(r, dict) and r.get("us")}
 
 
+def report(a, builds, times, rounds_done):
+    """Prints the table of every round so far (and writes --json): called after each round, so a
+    call cut short by its time limit still leaves the finished rounds' figures."""
+    base = builds[0][0]
+    status = 0
+    w = max((len(f"{f} {s}") for f, s in times[base]), default=10)
+    head = f"{'row':<{w}}" + "".join(f"  {n + ' us':>{8 * rounds_done}}" for n, _ in builds)
+    head += "".join(f"  {n + '/' + base:>12}" for n, _ in builds[1:])
+    print(head)
+    out = []
+    for row, base_us in times[base].items():
+        line = f"{row[0] + ' ' + row[1]:<{w}}"
+        rec = {"family": row[0], "shape": row[1], "us": {}, "ratio": {}}
+        for n, _ in builds:
+            us = times[n].get(row)
+            if us is None:
+                status = 1
+                line += f"  {'(missing)':>{8 * rounds_done}}"
+                continue
+            rec["us"][n] = us
+            line += "  " + " ".join(f"{x:7.1f}" for x in us).rjust(8 * rounds_done)
+        for n, _ in builds[1:]:
+            us = times[n].get(row)
+            if us:
+                ratio = statistics.median(us) / statistics.median(base_us)
+                rec["ratio"][n] = ratio
+                line += f"  {ratio:>12.3f}"
+            else:
+                line += f"  {'-':>12}"
+        print(line)
+        out.append(rec)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"rounds": rounds_done, "filter": a.filter, "builds": [n for n, _ in builds], "rows": out}, f, indent=1)
+    sys.stdout.flush()
+    return status
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3)
@@ -50,6 +88,7 @@ def main():
     if len({n for n, _ in builds}) != len(builds):
         raise SystemExit("build names must differ")
     times = {n: {} for n, _ in builds}  # name -> row -> [us per round]
+    status = 0
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(a.rounds):
             order = builds[r % len(builds):] + builds[:r % len(builds)]
@@ -58,37 +97,8 @@ def main():
                 for row, us in got.items():
                     times[name].setdefault(row, []).append(us)
                 print(f"round {r + 1}: {name} done ({len(got)} rows)", file=sys.stderr)
-    base = builds[0][0]
-    status = 0
-    w = max((len(f"{f} {s}") for f, s in times[base]), default=10)
-    head = f"{'row':<{w}}" + "".join(f"  {n + ' us':>{8 * a.rounds}}" for n, _ in builds)
-    head += "".join(f"  {n + '/' + base:>12}" for n, _ in builds[1:])
-    print(head)
-    out = []
-    for row, base_us in times[base].items():
-        line = f"{row[0] + ' ' + row[1]:<{w}}"
-        rec = {"family": row[0], "shape": row[1], "us": {}, "ratio": {}}
-        for n, _ in builds:
-            us = times[n].get(row)
-            if us is None:
-                status = 1
-                line += f"  {'(missing)':>{8 * a.rounds}}"
-                continue
-            rec["us"][n] = us
-            line += "  " + " ".join(f"{x:7.1f}" for x in us).rjust(8 * a.rounds)
-        for n, _ in builds[1:]:
-            us = times[n].get(row)
-            if us:
-                ratio = statistics.median(us) / statistics.median(base_us)
-                rec["ratio"][n] = ratio
-                line += f"  {ratio:>12.3f}"
-            else:
-                line += f"  {'-':>12}"
-        print(line)
-        out.append(rec)
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"rounds": a.rounds, "filter": a.filter, "builds": [n for n, _ in builds], "rows": out}, f, indent=1)
+            print(f"== after round {r + 1} of {a.rounds}")
+            status = report(a, builds, times, r + 1)
     return status
 
 
