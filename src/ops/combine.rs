@@ -201,15 +201,8 @@ fn validate_ag_rs_finish(a: &AgRsFinish) -> Result<(DcpAgRsFinishParams, usize)>
     let lse_all = product("num_tokens", &[a.dcp_size, a.num_tokens, heads])?;
     check_rows_buf("summed", &a.summed, rows)?;
     check_buf("lse_all", &a.lse_all, lse_all, 4)?;
-    check_rows_buf("out", &a.out, rows)?;
-    check_buf("lse", &a.lse, rows, 4)?;
-    let (out, lse) = (a.out.extent(rows), f32_extent(&a.lse, rows));
-    disjoint("out", out, "lse", lse)?;
-    for (name, e) in [("summed", a.summed.extent(rows)), ("lse_all", f32_extent(&a.lse_all, lse_all))] {
-        disjoint("out", out, name, e)?;
-        disjoint("lse", lse, name, e)?;
-    }
-    let sink = sink_param(a.sink.as_ref(), a.local_heads, rows, &[out, lse])?;
+    let inputs = [("summed", a.summed.extent(rows)), ("lse_all", f32_extent(&a.lse_all, lse_all))];
+    let sink = check_merged(&a.out, &a.lse, rows, &inputs, a.sink.as_ref(), a.local_heads)?;
     let params = DcpAgRsFinishParams {
         summed: a.summed.ptr(),
         lse_all: a.lse_all.ptr(),
@@ -282,13 +275,7 @@ fn validate_a2a_combine(a: &A2aCombine) -> Result<(DcpA2aCombineParams, usize)> 
     );
     let rows = row_count("num_tokens", &[a.num_tokens, a.local_heads])?;
     let recv = check_slots("recv", &a.recv, a.slot_bytes, a.dcp_size, a.num_tokens, a.local_heads)?;
-    check_rows_buf("out", &a.out, rows)?;
-    check_buf("lse", &a.lse, rows, 4)?;
-    let (out, lse) = (a.out.extent(rows), f32_extent(&a.lse, rows));
-    disjoint("out", out, "lse", lse)?;
-    disjoint("out", out, "recv", recv)?;
-    disjoint("lse", lse, "recv", recv)?;
-    let sink = sink_param(a.sink.as_ref(), a.local_heads, rows, &[out, lse])?;
+    let sink = check_merged(&a.out, &a.lse, rows, &[("recv", recv)], a.sink.as_ref(), a.local_heads)?;
     let params = DcpA2aCombineParams {
         recv: a.recv.ptr(),
         out: a.out.ptr(),
@@ -373,6 +360,29 @@ fn check_group(dcp_size: usize, rank: usize, local_heads: usize, max_ranks: usiz
     let heads = dcp_size.checked_mul(local_heads);
     ensure_arg!(heads.is_some(), "local_heads", "{local_heads} heads times D = {dcp_size} overflows");
     Ok(heads.unwrap_or_default())
+}
+
+/// The merged result of a combine over `rows` rows, `out` [rows, 512] and its fp32 natural-log
+/// `lse` \[rows\]: both checked, kept apart from each other and from every one of `inputs` (named
+/// extents the launch reads), and the sinks of `heads` heads kept apart from both
+/// ([`sink_param`]). Returns the kernels' sink pointer.
+fn check_merged(
+    out: &CombineRows,
+    lse: &DeviceSlice<f32>,
+    rows: usize,
+    inputs: &[(&str, Extent)],
+    sink: Option<&DeviceSlice<f32>>,
+    heads: usize,
+) -> Result<u64> {
+    check_rows_buf("out", out, rows)?;
+    check_buf("lse", lse, rows, 4)?;
+    let (out, lse) = (out.extent(rows), f32_extent(lse, rows));
+    disjoint("out", out, "lse", lse)?;
+    for &(name, e) in inputs {
+        disjoint("out", out, name, e)?;
+        disjoint("lse", lse, name, e)?;
+    }
+    sink_param(sink, heads, rows, &[out, lse])
 }
 
 /// A buffer of `rows` contiguous rows of 512 values (a count [`row_count`] checked), 16-byte

@@ -29,7 +29,7 @@ use crate::planner::schedule::seq_shape;
 use crate::planner::split::row_blocks_per_seq;
 use crate::planner::{DcpLayout, DCP_SIZES};
 use crate::runtime::registry::{self, axes, KernelId};
-use crate::runtime::{tensor_map_bf16_2d, Device, DeviceSlice, Stream};
+use crate::runtime::{tensor_map_bf16_2d, Device, DeviceSlice, LaunchAttrs, Stream};
 use half::bf16;
 
 pub use crate::catalogue::{sm90_variants, DecodePath, Sm90Schedule, Sm90Variant};
@@ -277,6 +277,27 @@ pub(super) struct Kernel {
     pub(super) takes_tensor_map: bool,
     /// Consecutive CTAs along x launched as one thread-block cluster (the pair schedule: 2).
     pub(super) cluster: u32,
+}
+
+impl Kernel {
+    /// Launches this kernel over `grid` with its dynamic shared memory, in clusters of
+    /// `cluster` CTAs when that is above 1, as a programmatic dependent of the stream's previous
+    /// kernel when `dependent`.
+    ///
+    /// # Safety
+    /// As for [`Device::launch_with`].
+    unsafe fn launch(
+        &self,
+        dev: &Device,
+        grid: (u32, u32, u32),
+        dependent: bool,
+        stream: Stream,
+        params: &DcpMlaDecodeParams,
+    ) -> Result<()> {
+        let attrs = LaunchAttrs { dependent, cluster: (self.cluster > 1).then_some(self.cluster) };
+        // SAFETY: the caller's contract.
+        unsafe { dev.launch_with(self.id, grid, self.shared_bytes as u32, stream, params, attrs) }
+    }
 }
 
 /// The kernel of `path` (never `Auto`: [`choose_decode`] resolves it) for a launch over `format`
@@ -670,9 +691,7 @@ pub(super) fn launch(
         let grid = if sparse { (rb * c.nq as u32, c.batch as u32, 1) } else { (rb, c.batch as u32, 1) };
         // SAFETY: the validate functions checked every buffer against the extents the kernel
         // addresses; lengths and indices are clamped or skipped on the device.
-        return unsafe {
-            dev.launch_grouped(kernel.id, grid, kernel.cluster, false, kernel.shared_bytes as u32, stream, params)
-        };
+        return unsafe { kernel.launch(dev, grid, false, stream, params) };
     }
     params.sched_tile = kernel.tile as i32;
     let schedule = registry::mla_decode_schedule().ok_or_else(|| Error::Unsupported("mla_decode_schedule".into()))?;
@@ -688,12 +707,10 @@ pub(super) fn launch(
         match c.schedule {
             DecodeSchedule::Compute => {
                 dev.launch(schedule, (1, 1, 1), 0, stream, params)?;
-                dev.launch_grouped(kernel.id, grid, kernel.cluster, true, kernel.shared_bytes as u32, stream, params)?;
+                kernel.launch(dev, grid, true, stream, params)?;
             }
             // the prefix is already in the workspace (its stamp is checked on the device)
-            DecodeSchedule::Reuse => {
-                dev.launch_grouped(kernel.id, grid, kernel.cluster, false, kernel.shared_bytes as u32, stream, params)?
-            }
+            DecodeSchedule::Reuse => kernel.launch(dev, grid, false, stream, params)?,
         }
         let merge = DcpMlaDecodeCombineParams {
             sched: params.sched,

@@ -83,7 +83,7 @@ fn flatten_params(a: &Flatten) -> Result<DcpPrefillFlattenParams> {
     let [dcp_size, dcp_rank, interleave] = check_layout(a.dcp, a.rank)?;
     let page_rows = check_cache_bytes(&a.cache, a.num_pages, a.block_size, a.page_stride, a.format)?;
     check_block_table(&a.block_table, a.batch, a.block_table_stride, a.max_pages)?;
-    check_len("pieces", &a.pieces, super::product("max_pieces", &[a.max_pieces, PIECE_FIELDS])?)?;
+    check_pieces(&a.pieces, a.max_pieces)?;
     check_rows_out("out", &a.out, a.cap_rows)?;
     Ok(DcpPrefillFlattenParams {
         cache: a.cache.ptr(),
@@ -134,7 +134,7 @@ fn reorder_params(a: &Reorder) -> Result<DcpPrefillReorderParams> {
     let [dcp_size, _, interleave] = check_layout(a.dcp, 0)?;
     let rows = super::product("cap_rows", &[a.dcp.size, a.cap_rows])?;
     check_rows_out("gathered", &a.gathered, rows)?;
-    check_len("pieces", &a.pieces, super::product("max_pieces", &[a.max_pieces, PIECE_FIELDS])?)?;
+    check_pieces(&a.pieces, a.max_pieces)?;
     check_rows_out("out", &a.out, a.out_rows)?;
     Ok(DcpPrefillReorderParams {
         gathered: a.gathered.ptr(),
@@ -147,6 +147,11 @@ fn reorder_params(a: &Reorder) -> Result<DcpPrefillReorderParams> {
         interleave,
         reserved: 0,
     })
+}
+
+/// A piece table of `max_pieces` entries ([`piece_table`]): [max_pieces, PIECE_FIELDS] int32.
+fn check_pieces(pieces: &DeviceSlice<i32>, max_pieces: usize) -> Result<()> {
+    check_len("pieces", pieces, super::product("max_pieces", &[max_pieces, PIECE_FIELDS])?)
 }
 
 /// `rows` dense rows of 576 bf16, 16-byte aligned (the kernels move 16-byte vectors).

@@ -11,7 +11,7 @@ use crate::abi::{DcpTopkCompactParams, DcpTopkMergeParams, DcpTopkPackParams, Dc
 use crate::error::{Error, Result};
 use crate::planner::{check_topk, DcpLayout, TOPK_SIZES};
 use crate::runtime::registry;
-use crate::runtime::{Device, DeviceSlice, Stream};
+use crate::runtime::{Device, DeviceSlice, LaunchAttrs, Stream};
 
 /// Arguments of [`local_topk`].
 #[derive(Debug, Clone, Copy)]
@@ -175,8 +175,9 @@ pub fn local_topk_with(dev: &Device, stream: Stream, a: &LocalTopk, schedule: To
             if a.rows == 0 {
                 return Ok(());
             }
+            let attrs = LaunchAttrs { cluster: Some(ctas as u32), dependent: false };
             // SAFETY: local_topk_params checked every element the kernel reads and writes.
-            unsafe { dev.launch_cluster(id, (grid, 1, 1), ctas as u32, shared, stream, &params) }
+            unsafe { dev.launch_with(id, (grid, 1, 1), shared, stream, &params, attrs) }
         }
     }
 }

@@ -86,8 +86,13 @@ impl Device {
         Ok(n as usize)
     }
 
-    /// The launch behind [`Device::launch`] and [`Device::launch_dependent`].
-    unsafe fn launch_with<P: Copy>(
+    /// Launches `id` with launch attributes beyond the grid (thread-block clusters, a
+    /// programmatic dependent launch): what [`Device::launch`] and [`Device::launch_dependent`]
+    /// call.
+    ///
+    /// # Safety
+    /// As for [`Device::launch_dependent`] when `attrs.dependent`, else [`Device::launch`].
+    pub(crate) unsafe fn launch_with<P: Copy>(
         &self,
         id: KernelId<P>,
         grid: (u32, u32, u32),
@@ -224,31 +229,6 @@ impl Device {
         self.launch_with(id, grid, shared_bytes, stream, params, LaunchAttrs::default())
     }
 
-    /// Launches `id` with thread-block clusters of `cluster` consecutive CTAs along x
-    /// (compute capability 9.0+; `grid.0` a multiple of `cluster`, at most 8 without the
-    /// non-portable opt-in).
-    ///
-    /// # Safety
-    /// As for [`Device::launch`].
-    pub(crate) unsafe fn launch_cluster<P: Copy>(
-        &self,
-        id: KernelId<P>,
-        grid: (u32, u32, u32),
-        cluster: u32,
-        shared_bytes: u32,
-        stream: Stream,
-        params: &P,
-    ) -> Result<()> {
-        self.launch_with(
-            id,
-            grid,
-            shared_bytes,
-            stream,
-            params,
-            LaunchAttrs { cluster: Some(cluster), ..Default::default() },
-        )
-    }
-
     /// Launches `id` as a programmatic dependent of the stream's previous kernel (compute
     /// capability 9.0+; a plain launch elsewhere): it may start before that kernel ends, and
     /// must `griddep_wait()` before reading anything that kernel writes.
@@ -263,36 +243,18 @@ impl Device {
         stream: Stream,
         params: &P,
     ) -> Result<()> {
-        self.launch_with(id, grid, shared_bytes, stream, params, LaunchAttrs { dependent: true, ..Default::default() })
-    }
-
-    /// Launches `id` with thread-block clusters of `cluster` consecutive CTAs along x (1: no
-    /// cluster), as a programmatic dependent of the stream's previous kernel when `dependent`:
-    /// [`Device::launch`], [`Device::launch_cluster`] and [`Device::launch_dependent`] in one.
-    ///
-    /// # Safety
-    /// As for [`Device::launch_dependent`] when `dependent`, else [`Device::launch`].
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) unsafe fn launch_grouped<P: Copy>(
-        &self,
-        id: KernelId<P>,
-        grid: (u32, u32, u32),
-        cluster: u32,
-        dependent: bool,
-        shared_bytes: u32,
-        stream: Stream,
-        params: &P,
-    ) -> Result<()> {
-        let cluster = (cluster > 1).then_some(cluster);
-        self.launch_with(id, grid, shared_bytes, stream, params, LaunchAttrs { dependent, cluster })
+        self.launch_with(id, grid, shared_bytes, stream, params, LaunchAttrs { dependent: true, cluster: None })
     }
 }
 
-/// Launch attributes beyond the grid: a programmatic dependent launch, thread-block clusters.
+/// Launch attributes beyond the grid ([`Device::launch_with`]).
 #[derive(Debug, Clone, Copy, Default)]
-struct LaunchAttrs {
-    dependent: bool,
-    cluster: Option<u32>,
+pub(crate) struct LaunchAttrs {
+    /// A programmatic dependent of the stream's previous kernel ([`Device::launch_dependent`]).
+    pub dependent: bool,
+    /// Thread-block clusters of this many consecutive CTAs along x (compute capability 9.0+;
+    /// `grid.0` a multiple of it, at most 8 without the non-portable opt-in); `None`: no cluster.
+    pub cluster: Option<u32>,
 }
 
 /// A 2-D tiled TMA descriptor (`CUtensorMap`, 128 bytes) over a row-major bf16 matrix of

@@ -35,8 +35,8 @@ pub const COPY_BYTES: usize = 1 << 31;
 /// Bytes read between timed launches to evict the L2 cache (H200: 50 MiB).
 pub const L2_FLUSH_BYTES: usize = 256 << 20;
 
-/// Maps a cudarc error to the library's.
-pub(crate) fn drv<T>(call: &'static str, r: std::result::Result<T, DriverError>) -> Result<T> {
+/// Maps a cudarc error to the library's, naming the driver call.
+pub fn drv<T>(call: &'static str, r: std::result::Result<T, DriverError>) -> Result<T> {
     r.map_err(|source| Error::Driver { call, source })
 }
 
@@ -820,7 +820,8 @@ pub fn step_summary(measured: &[(&BenchRow, f64)]) -> String {
 /// A prepared row: its buffers live inside the closure, each call launches once.
 pub type Launch<'a> = Box<dyn FnMut() -> Result<()> + 'a>;
 
-fn up<T: DeviceRepr>(s: &Arc<CudaStream>, host: &[T]) -> Result<CudaSlice<T>> {
+/// `host` copied to a new device buffer on `s`.
+pub fn up<T: DeviceRepr>(s: &Arc<CudaStream>, host: &[T]) -> Result<CudaSlice<T>> {
     drv("cuMemcpyHtoDAsync", s.clone_htod(host))
 }
 
@@ -828,7 +829,8 @@ fn zeros<T: DeviceRepr + cudarc::driver::ValidAsZeroBits>(s: &Arc<CudaStream>, n
     drv("cuMemAlloc", s.alloc_zeros::<T>(n.max(1)))
 }
 
-fn sl<T>(s: &Arc<CudaStream>, b: &CudaSlice<T>) -> DeviceSlice<T> {
+/// The launchers' view of a buffer on `s`.
+pub fn sl<T>(s: &Arc<CudaStream>, b: &CudaSlice<T>) -> DeviceSlice<T> {
     DeviceSlice::of(b, s)
 }
 

@@ -3,7 +3,7 @@
 
 use super::problem::{add_time, place, Outputs, PathOutput, Problem};
 use super::problem::{STAGE_COMBINE, STAGE_DENSE, STAGE_FILL, STAGE_SPARSE, STAGE_TOPK};
-use cudarc::driver::{sys, CudaSlice, CudaStream, DevicePtr, DeviceRepr, DriverError, ValidAsZeroBits};
+use cudarc::driver::{sys, CudaSlice, CudaStream, DevicePtr, DeviceRepr, ValidAsZeroBits};
 use dcp_mla::formats::{D_LATENT, D_ROPE, D_V};
 use dcp_mla::ops::combine::{ag_rs_correct, ag_rs_finish, AgRsCorrect, AgRsFinish, CombineRows};
 use dcp_mla::ops::decode::{
@@ -16,17 +16,10 @@ use dcp_mla::ops::topk::{PackCandidates, PageTranslate};
 use dcp_mla::reference::attention::default_scale;
 use dcp_mla::reference::merge::reduce_scatter;
 use dcp_mla::runtime::{Device, DeviceSlice, Stream};
-use dcp_mla::{Error, KvFormat, LseBase, Result};
+use dcp_mla::{KvFormat, LseBase, Result};
+use dcp_mla_cli::bench::{drv, sl, up};
 use half::bf16;
 use std::sync::Arc;
-
-fn drv<T>(call: &'static str, r: std::result::Result<T, DriverError>) -> Result<T> {
-    r.map_err(|source| Error::Driver { call, source })
-}
-
-fn up<T: DeviceRepr>(s: &Arc<CudaStream>, host: &[T]) -> Result<CudaSlice<T>> {
-    drv("cuMemcpyHtoDAsync", s.clone_htod(host))
-}
 
 fn down<T: DeviceRepr + ValidAsZeroBits + Clone + Default>(s: &Arc<CudaStream>, d: &CudaSlice<T>) -> Result<Vec<T>> {
     drv("cuMemcpyDtoHAsync", s.clone_dtoh(d))
@@ -45,10 +38,6 @@ fn poisoned<T: DeviceRepr + ValidAsZeroBits>(s: &Arc<CudaStream>, n: usize, byte
         drv("cuMemsetD8Async", r)?;
     }
     Ok(buf)
-}
-
-fn sl<T>(s: &Arc<CudaStream>, b: &CudaSlice<T>) -> DeviceSlice<T> {
-    DeviceSlice::of(b, s)
 }
 
 /// Per-stage totals timed with CUDA events.

@@ -309,14 +309,22 @@ pub(crate) mod tests {
     use clap::{Args, FromArgMatches};
     use proptest::prelude::*;
 
+    /// `dcp-mla COMMAND ARGS` as the binary parses it (deprecated spellings modernised first):
+    /// the command's arguments, or clap's message when the command line does not parse.
+    pub(crate) fn parse_like_the_binary<A: Args + FromArgMatches>(
+        command: &'static str,
+        args: &[String],
+    ) -> Result<A, String> {
+        let argv = std::iter::once(command.to_string()).chain(args.iter().cloned());
+        let (argv, _) = crate::modernize_args(argv.collect());
+        let m = A::augment_args(clap::Command::new(command)).try_get_matches_from(argv).map_err(|e| e.to_string())?;
+        A::from_arg_matches(&m).map_err(|e| e.to_string())
+    }
+
     /// `dcp-mla plan ARGS` as the binary parses it: Ok(the plan or its error message), or Err
     /// (clap's message) when the command line does not parse.
     fn run(args: &[String]) -> Result<Result<serde_json::Value, String>, String> {
-        let argv = std::iter::once("plan".to_string()).chain(args.iter().cloned());
-        let (argv, _) = crate::modernize_args(argv.collect());
-        let m =
-            PlanArgs::augment_args(clap::Command::new("plan")).try_get_matches_from(argv).map_err(|e| e.to_string())?;
-        let a = PlanArgs::from_arg_matches(&m).map_err(|e| e.to_string())?;
+        let a: PlanArgs = parse_like_the_binary("plan", args)?;
         Ok(plan(&a))
     }
 

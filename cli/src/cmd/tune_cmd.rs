@@ -364,8 +364,7 @@ fn utc_date(t: std::time::SystemTime) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::tests::any_number;
-    use clap::{Args, FromArgMatches};
+    use crate::plan::tests::{any_number, parse_like_the_binary};
     use proptest::prelude::*;
     use std::time::{Duration, UNIX_EPOCH};
 
@@ -373,11 +372,8 @@ mod tests {
     /// without a GPU): Ok(the plan or its error message), or Err (clap's message) when the
     /// command line does not parse.
     fn dry(args: &[String]) -> Result<Result<Value, String>, String> {
-        let argv = ["tune".to_string(), "--dry-run".to_string()].into_iter().chain(args.iter().cloned());
-        let (argv, _) = crate::modernize_args(argv.collect());
-        let m =
-            TuneArgs::augment_args(clap::Command::new("tune")).try_get_matches_from(argv).map_err(|e| e.to_string())?;
-        let a = TuneArgs::from_arg_matches(&m).map_err(|e| e.to_string())?;
+        let args: Vec<String> = std::iter::once("--dry-run".to_string()).chain(args.iter().cloned()).collect();
+        let a: TuneArgs = parse_like_the_binary("tune", &args)?;
         Ok(dry_run(&a, a.sms))
     }
 
