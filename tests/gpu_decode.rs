@@ -167,6 +167,13 @@ impl DevOut {
         let at = SplitPlan::new(seqs, 1, 1, true, splits).unwrap().stamp_offset as usize;
         let stamp: Vec<i32> = bytes[at..at + 16].chunks(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect();
         assert_eq!(stamp, sched_stamp(tile as usize, seqs, splits), "{what}: the schedule's stamp");
+        // the combine's part table after the stamp
+        let at = at + 16;
+        let table: Vec<[i32; 4]> = bytes[at..at + 16 * splits]
+            .chunks(16)
+            .map(|c| std::array::from_fn(|k| i32::from_le_bytes(c[4 * k..4 * k + 4].try_into().unwrap())))
+            .collect();
+        assert_eq!(table, schedule::combine_part_table(&got, splits), "{what}: the combine's part table");
     }
 
     /// Fills out and lse with the poison again (a second launch into the same outputs).

@@ -6,10 +6,12 @@ namespace dcp {
 
 // How the combine's grid covers the split rows (the `grid` axis of kernels.toml):
 // ByPart: a CTA per (part, group of 8 rows), a warp a row. A split sequence holds the last unit of
-//   its first part fp (it runs past it), and each part's last unit belongs to one sequence: so a
-//   CTA finds the sequence holding its part's last unit and merges its rows only when that
-//   sequence starts in this part and is split (every split sequence once: the host mirror
-//   planner::schedule::combine_part_owner and its property test). For many sequences
+//   its first part fp (it runs past it), and each part's last unit belongs to one sequence: so
+//   part fp merges the split sequence starting in it, if any (every split sequence once: the
+//   host mirror planner::schedule::combine_part_owner and its property test). The schedule
+//   kernel writes that owner into a part table, so a CTA decides with one load (a search of the
+//   prefix here took ~7 µs a launch even with nothing to merge: 1,024 CTAs at b = 128 H = 64,
+//   four dependent loads each). For many sequences
 //   (few partials each): the first version, a CTA per row of every sequence, took 31 µs at
 //   b = 128, H = 64 under ncu, 8,192 CTAs mostly finding their row unsplit; this one 8.5 µs.
 // ByRow: a CTA per row of every sequence, its 8 warps splitting the row's partials (slots
@@ -20,6 +22,10 @@ enum class CombineGrid { ByPart, ByRow };
 
 namespace decode {
 constexpr int kCombineWarps = 8;  // kernels.toml block = 256
+
+// Byte offset of the schedule's part table in the workspace: after the (seqs + 1) int64 prefix,
+// rounded up to 16 bytes, and its 16-byte stamp (planner::split::SplitPlan::owner_offset).
+__device__ __forceinline__ int64_t part_table_offset(int seqs) { return (((int64_t)seqs + 1) * 8 + 15) / 16 * 16 + 16; }
 
 // A split row's merge: its partials are the parts fp..lp holding the sequence, slot 2q except
 // 2fp + 1 where the sequence starts after part fp's first unit (see decode::for_each_piece).
@@ -103,36 +109,29 @@ __device__ __forceinline__ void mla_decode_combine(const DcpMlaDecodeCombinePara
     // kernels.toml's block, which the launcher's ByPart row groups and ByRow's s_acc assume
     if (blockDim.x != 32 * kCombineWarps) __trap();
     griddep_wait();  // launched as a dependent of the decode kernel: its partials and rows
-    const int64_t* u = (const int64_t*)p.sched;
-    const int64_t total = u[p.seqs];
-    const int64_t w = (total + p.num_splits - 1) / p.num_splits;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int seq, r;
+    SplitRow sr;
     if constexpr (Grid == CombineGrid::ByPart) {
-        const int part = blockIdx.x;
-        const int64_t last = min(total, (int64_t)(part + 1) * w) - 1;  // the part's last unit
-        if (last < (int64_t)part * w) return;                          // an empty part (the whole CTA)
-        // the sequence s with u[s] <= last < u[s + 1] (u strictly increasing: a sequence has at
-        // least one unit): each round samples blockDim.x points of [lo, hi), keeps the last <= last
-        int lo = 0, hi = p.seqs;
-        while (hi - lo > 1) {
-            const int step = (hi - lo + (int)blockDim.x - 1) / (int)blockDim.x;
-            const int idx = lo + (int)threadIdx.x * step;
-            const int c = __syncthreads_count(idx < hi && u[idx] <= last);  // ≥ 1: u[lo] <= last
-            lo += (c - 1) * step;
-            hi = min(hi, lo + step);
-        }
-        if (u[lo] / w != part) return;  // merged by the CTAs of its first part
-        seq = lo;
+        // the part's entry of the schedule's part table: the split sequence that starts in this
+        // part, or −1 (one load decides; most CTAs of a launch leave here)
+        const int4 own = ((const int4*)((const unsigned char*)p.sched + part_table_offset(p.seqs)))[blockIdx.x];
+        if (own.x < 0) return;
+        seq = own.x;
         r = blockIdx.y * kCombineWarps + warp;
+        if (r >= p.rows_per_seq) return;
+        sr = SplitRow{(int64_t)blockIdx.x, own.y, own.z, p.rows_per_seq, r};
     } else {
+        const int64_t* u = (const int64_t*)p.sched;
+        const int64_t total = u[p.seqs];
+        const int64_t w = (total + p.num_splits - 1) / p.num_splits;
         seq = (int)(blockIdx.x / p.rows_per_seq);
         r = (int)(blockIdx.x % p.rows_per_seq);
         if (seq >= p.seqs) return;
+        const int64_t a = u[seq], fp = a / w, lp = (u[seq + 1] - 1) / w;
+        if (fp == lp) return;  // not split (uniform over the CTA)
+        sr = SplitRow{fp, lp - fp + 1, a > fp * w ? 1 : 0, p.rows_per_seq, r};
     }
-    const int64_t a = u[seq], fp = a / w, lp = (u[seq + 1] - 1) / w;
-    if (fp == lp || r >= p.rows_per_seq) return;  // not split (uniform over the CTA), or past the rows
-    const SplitRow sr{fp, lp - fp + 1, a > fp * w ? 1 : 0, p.rows_per_seq, r};
     float m, sum;
     bool nan;
     split_row_weights((const float*)p.ws_lse, sr, lane, m, sum, nan);

@@ -212,7 +212,8 @@ __device__ __forceinline__ void for_each_piece(const DcpMlaDecodeParams& p, int 
 
 }  // namespace decode
 
-// The schedule of a split launch: sched[s] = Σ_{s' < s} (kSeqFixedUnits + ceil(tokens(s') / sched_tile)), one
+// The schedule of a split launch: sched[s] = Σ_{s' < s} (kSeqFixedUnits + ceil(tokens(s') / sched_tile)), and
+// the combine's part table 16 bytes after the stamp (planner::split::SplitPlan::owner_offset); one
 // CTA; each thread sums a run of consecutive sequences, then a block scan.
 template <int Unused = 0>
 __device__ __forceinline__ void mla_decode_schedule(const DcpMlaDecodeParams& p) {
@@ -241,6 +242,8 @@ __device__ __forceinline__ void mla_decode_schedule(const DcpMlaDecodeParams& p)
         if (lane >= d) incl += v;
     }
     if (lane == 31) warp_total[warp] = incl;
+    for (int part = threadIdx.x; part < p.num_splits; part += blockDim.x)
+        ((int4*)(p.sched_stamp + 16))[part] = make_int4(-1, 0, 0, 0);
     __syncthreads();
     int64_t before = 0, total = 0;
     for (int i = 0; i < warps; ++i) {
@@ -248,9 +251,17 @@ __device__ __forceinline__ void mla_decode_schedule(const DcpMlaDecodeParams& p)
         total += warp_total[i];
     }
     int64_t acc = before + incl - own;
+    // the combine's part table (its grid by part): part fp holds {s, parts of s, whether s starts
+    // after fp's first unit} for the split sequence s that starts in fp, else seq −1; written
+    // whole before the barrier above, owners after it (a part has at most one: a sequence that
+    // runs past its first part is that part's last)
+    int4* const owner = (int4*)(p.sched_stamp + 16);
+    const int64_t w = (total + p.num_splits - 1) / p.num_splits;
     for (int s = s0; s < s1; ++s) {  // pass 2: units → exclusive prefix
         const int64_t units = u[s];
         u[s] = acc;
+        const int64_t fp = acc / w, lp = (acc + units - 1) / w;
+        if (fp != lp) owner[fp] = make_int4(s, (int)(lp - fp + 1), acc > fp * w ? 1 : 0, 0);
         acc += units;
     }
     if (threadIdx.x == 0) {

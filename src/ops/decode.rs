@@ -1017,10 +1017,11 @@ mod tests {
     fn workspace_holds_the_prefix_and_two_slots_per_part() {
         assert_eq!(decode_workspace_bytes(2, 3, 16, false, 1).unwrap(), 0);
         // dense: 2 sequences of 48 rows; prefix of 3 int64 rounded up to 32 bytes, its stamp 16,
-        // the partials from the next 128 bytes
+        // the part table 5·16, the partials from the next 128 bytes
         assert_eq!(decode_workspace_bytes(2, 3, 16, false, 5).unwrap(), 128 + 10 * 48 * 513 * 4);
-        // sparse: 6 sequences of 16 rows; prefix of 7 int64 = 56 -> 64 bytes, its stamp 16 -> 128
-        assert_eq!(decode_workspace_bytes(2, 3, 16, true, 5).unwrap(), 128 + 10 * 16 * 513 * 4);
+        // sparse: 6 sequences of 16 rows; prefix of 7 int64 = 56 -> 64 bytes, its stamp 16, the
+        // part table 80 -> 256
+        assert_eq!(decode_workspace_bytes(2, 3, 16, true, 5).unwrap(), 256 + 10 * 16 * 513 * 4);
     }
 
     /// A shipped variant's dynamic shared memory, as the registry holds it (evaluated from the

@@ -134,6 +134,23 @@ pub fn combine_part_owner(u: &[i64], parts: usize, part: usize) -> Option<usize>
     (u[s] / w == part as i64 && (u[s + 1] - 1) / w != part as i64).then_some(s)
 }
 
+/// The combine's part table as the schedule kernel writes it (`mla_decode_schedule`, at
+/// [`crate::planner::split::SplitPlan::owner_offset`]): entry `part` is `[s, parts of s, 1 if s
+/// starts after the part's first unit, 0]` for the split sequence `s` that starts in `part`
+/// ([`combine_part_owner`]), else `[-1, 0, 0, 0]`.
+pub fn combine_part_table(u: &[i64], parts: usize) -> Vec<[i32; 4]> {
+    let mut table = vec![[-1, 0, 0, 0]; parts];
+    let w = units_per_part(u, parts);
+    for (s, pair) in u.windows(2).enumerate() {
+        let (a, z) = (pair[0], pair[1]);
+        let (fp, lp) = (a / w, (z - 1) / w);
+        if fp != lp {
+            table[fp as usize] = [s as i32, (lp - fp + 1) as i32, i32::from(a > fp * w), 0];
+        }
+    }
+    table
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -179,6 +196,18 @@ mod tests {
         let split: Vec<usize> = (0..lens.len()).filter(|&s| !slots_of[s].is_empty()).collect();
         owners.sort();
         assert_eq!(owners, split, "{lens:?} over {parts} parts: split sequences and their merging parts");
+        // the schedule kernel's part table names the same owner for every part, with the
+        // sequence's slots
+        for (p, e) in combine_part_table(&u, parts).into_iter().enumerate() {
+            match combine_part_owner(&u, parts, p) {
+                None => assert_eq!(e, [-1, 0, 0, 0], "part {p} of {lens:?}"),
+                Some(s) => {
+                    let slots = seq_slots(&u, parts, s);
+                    let first = 2 * p + e[2] as usize;
+                    assert_eq!((e[0], e[1] as usize, slots[0]), (s as i32, slots.len(), first), "part {p} of {lens:?}");
+                }
+            }
+        }
     }
 
     #[test]

@@ -69,7 +69,10 @@ pub fn sched_stamp(tile: usize, seqs: usize, num_splits: usize) -> [i32; 4] {
 }
 
 /// The split-KV workspace of one decode launch: the int64 unit prefix of the sequences at
-/// offset 0, its 16-byte stamp ([`sched_stamp`]) at `stamp_offset` (16-byte aligned), then fp32
+/// offset 0, its 16-byte stamp ([`sched_stamp`]) at `stamp_offset` (16-byte aligned), the
+/// combine's part table (int32 [parts, 4]: the split sequence starting in each part, or −1, its
+/// part count and whether it starts after the part's first unit) at `owner_offset`
+/// (`stamp_offset` + 16), then fp32
 /// partial out [2·parts, rows per sequence, 512] at `out_offset` (128-byte aligned) and lse
 /// [2·parts, rows per sequence] at `lse_offset`; `bytes` in all, 0 for one part. A sequence is a
 /// request (dense: q·H rows) or one query row of a request (sparse: H rows). Every product is
@@ -81,6 +84,7 @@ pub struct SplitPlan {
     pub seqs: usize,
     pub rows_per_seq: usize,
     pub stamp_offset: u64,
+    pub owner_offset: u64,
     pub out_offset: u64,
     pub lse_offset: u64,
     pub bytes: u64,
@@ -103,21 +107,34 @@ impl SplitPlan {
                 seqs,
                 rows_per_seq,
                 stamp_offset: 0,
+                owner_offset: 0,
                 out_offset: 0,
                 lse_offset: 0,
                 bytes: 0,
             });
         }
-        // the prefix: (seqs + 1) int64 entries, rounded up to 16 bytes, then its 16-byte stamp;
-        // the partials start at the next 128 bytes (whole cache lines a row)
+        // the prefix: (seqs + 1) int64 entries, rounded up to 16 bytes, then its 16-byte stamp and
+        // the part table (16 bytes a part); the partials start at the next 128 bytes (whole cache
+        // lines a row)
         let stamp = checked("batch", "the unit prefix", &[(seqs as u64).saturating_add(1), 8], 15)? & !15;
-        let partials = checked("batch", "the unit prefix", &[stamp], 16 + 127)? & !127;
         let (parts, rows) = (num_splits as u64, rows_per_seq as u64);
+        let owner = checked("batch", "the unit prefix", &[stamp], 16)?;
+        let table_end = checked("num_splits", "the part table", &[parts, 16], owner)?;
+        let partials = checked("num_splits", "the part table", &[table_end], 127)? & !127;
         let out = checked("num_splits", "the partial out 2·parts·rows·2048", &[2, parts, rows, D_V as u64 * 4], 0)?;
         let lse = checked("num_splits", "the partial lse 2·parts·rows·4", &[2, parts, rows, 4], 0)?;
         let lse_offset = checked("num_splits", "the workspace", &[out], partials)?;
         let bytes = checked("num_splits", "the workspace", &[lse], lse_offset)?;
-        Ok(SplitPlan { num_splits, seqs, rows_per_seq, stamp_offset: stamp, out_offset: partials, lse_offset, bytes })
+        Ok(SplitPlan {
+            num_splits,
+            seqs,
+            rows_per_seq,
+            stamp_offset: stamp,
+            owner_offset: owner,
+            out_offset: partials,
+            lse_offset,
+            bytes,
+        })
     }
 
     /// [`SplitPlan::bytes`] as a host size, or an error when it exceeds the address range.
@@ -135,16 +152,17 @@ mod tests {
     #[test]
     fn offsets_follow_the_layout() {
         // dense b = 2, q = 3, H = 16: 2 sequences of 48 rows; prefix 3·8 → 32 bytes, stamp 16,
-        // partials from 128
+        // part table 5·16 (48..128), partials from 128
         let p = SplitPlan::new(2, 3, 16, false, 5).unwrap();
-        assert_eq!((p.seqs, p.rows_per_seq, p.stamp_offset, p.out_offset), (2, 48, 32, 128));
+        assert_eq!((p.seqs, p.rows_per_seq, p.stamp_offset, p.owner_offset, p.out_offset), (2, 48, 32, 48, 128));
         assert_eq!(p.lse_offset, 128 + 10 * 48 * 512 * 4);
         assert_eq!(p.bytes, 128 + 10 * 48 * 513 * 4);
-        // sparse: 6 sequences of 16 rows; prefix 7·8 → 64, stamp 16; b = 128: 1,040 + 16 → 1,152
+        // sparse: 6 sequences of 16 rows; prefix 7·8 → 64, stamp 16, table 80..160 → 256;
+        // b = 128 over 128 parts: prefix 1,032 → 1,040, stamp, table 1,056..3,104 → 3,200
         let s = SplitPlan::new(2, 3, 16, true, 5).unwrap();
-        assert_eq!((s.seqs, s.rows_per_seq, s.stamp_offset, s.out_offset), (6, 16, 64, 128));
-        assert_eq!(s.bytes, 128 + 10 * 16 * 513 * 4);
-        assert_eq!(SplitPlan::new(128, 1, 64, false, 128).unwrap().out_offset, 1152);
+        assert_eq!((s.seqs, s.rows_per_seq, s.stamp_offset, s.owner_offset, s.out_offset), (6, 16, 64, 80, 256));
+        assert_eq!(s.bytes, 256 + 10 * 16 * 513 * 4);
+        assert_eq!(SplitPlan::new(128, 1, 64, false, 128).unwrap().out_offset, 3200);
         assert_eq!(SplitPlan::new(2, 3, 16, false, 1).unwrap().bytes, 0);
     }
 
