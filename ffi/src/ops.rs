@@ -1416,6 +1416,9 @@ mod tests {
         DcpMlaTensor { data: addr as *mut c_void, numel, dtype, ..Default::default() }
     }
 
+    /// One change to a well-formed argument struct.
+    type Edit<A> = Box<dyn Fn(&mut A)>;
+
     fn with_stride(mut x: DcpMlaTensor, s: usize) -> DcpMlaTensor {
         x.num_strides = 1;
         x.strides[0] = s;
@@ -1493,7 +1496,7 @@ mod tests {
 
     #[test]
     fn model1_decode_errors_name_the_c_fields() {
-        let cases: Vec<(&str, Box<dyn Fn(&mut DcpMlaDecodeModel1Args)>)> = vec![
+        let cases: Vec<(&str, Edit<DcpMlaDecodeModel1Args>)> = vec![
             ("`_reserved`", Box::new(|a| a._reserved = 1)),
             ("`extra_indices`", Box::new(|a| a.extra_indices = t(0x7000_0000, 128, I32))),
             ("`extra_topk_len`", Box::new(|a| a.extra_topk_len = t(0x7000_0000, 2, I32))),
@@ -1518,7 +1521,7 @@ mod tests {
             let e = model1_error(&a).unwrap_or_else(|| panic!("{needle}: accepted"));
             assert!(e.contains(needle), "{needle}: {e}");
         }
-        let extra_cases: Vec<(&str, Box<dyn Fn(&mut DcpMlaDecodeModel1Args)>)> = vec![
+        let extra_cases: Vec<(&str, Edit<DcpMlaDecodeModel1Args>)> = vec![
             ("`extra_indices`", Box::new(|a| a.extra_indices = DcpMlaTensor::default())),
             ("`extra_indices`", Box::new(|a| a.extra_indices.dtype = F32)),
             ("`extra_indices`", Box::new(|a| a.extra_indices.numel -= 1)),
@@ -1573,7 +1576,7 @@ mod tests {
         assert_eq!((f.ckv_stride, f.kpe_stride, f.block_table_stride), (448, 64, 8), "the defaults");
         assert_eq!(f.pages.page_stride, 37_440);
         assert!(model1::fill_checks(&f).is_ok());
-        let cases: Vec<(&str, Box<dyn Fn(&mut DcpMlaKvFillModel1Args)>)> = vec![
+        let cases: Vec<(&str, Edit<DcpMlaKvFillModel1Args>)> = vec![
             ("`ckv`", Box::new(|a| a.ckv.data = std::ptr::null_mut())),
             ("`ckv`", Box::new(|a| a.ckv.numel -= 1)),
             ("`ckv`", Box::new(|a| a.ckv = with_stride(a.ckv, 440))),
