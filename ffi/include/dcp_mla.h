@@ -308,6 +308,125 @@ typedef struct DcpMlaDecodeSparseArgs {
   int32_t empty_lse_inf;
 } DcpMlaDecodeSparseArgs;
 
+// The arguments of dcp_mla_launch_decode_model1 (docs/contract.md §4, "MODEL1"): FlashMLA's
+// d_qk = 512 sparse decode over the page-wise FP8 MODEL1 cache, from one source or two (a cache,
+// its index lists and their lengths each); the fields it shares with DcpMlaDecodeSparseArgs mean
+// what they mean there.
+typedef struct DcpMlaDecodeModel1Args {
+  // sizeof(DcpMlaDecodeModel1Args) as the caller was compiled.
+  size_t struct_size;
+  // An open handle.
+  const struct DcpMlaDevice *device;
+  // The stream (null: the legacy default stream).
+  void *stream;
+  // bf16 [batch, num_q, heads, 512]; 3 strides as dense decode's q (multiples of 8, each row's
+  // 512 values contiguous), default contiguous.
+  struct DcpMlaTensor q;
+  // As for dense decode: [batch, num_q, heads, 512] (the whole 512-value row is V).
+  struct DcpMlaTensor out;
+  // As for dense decode.
+  struct DcpMlaTensor lse;
+  // As for dense decode (dcp_mla_decode_workspace_bytes with sparse = 1).
+  struct DcpMlaTensor workspace;
+  // The first source's MODEL1 cache (FlashMLA's k_cache), any dtype, 16-byte aligned:
+  // `num_pages` pages of `block_size` tokens B, each page the B tokens' value rows (448 e4m3,
+  // then 64 bf16) at 576·s, then their scale slots (7 ue8m0, 1 pad) at 576·B + 8·s, padded to
+  // a multiple of 576 bytes. 1 stride (elements of its dtype between page starts: a multiple
+  // of 576 bytes, at least the page's ceil(584·B / 576)·576), default packed pages of that
+  // size. It holds (num_pages − 1)·stride + ceil(584·B / 576)·576 bytes at least.
+  struct DcpMlaTensor cache;
+  // int32 [batch, num_q, topk]: addresses page·block_size + slot into `cache` (−1 or outside
+  // [0, num_pages·block_size): unused, never read); 2 strides as sparse decode's, default
+  // contiguous.
+  struct DcpMlaTensor indices;
+  // Optional int32 [batch, num_q] (absent: every entry counts): only the first
+  // topk_len[i][j] entries of indices[i][j] count (clamped to [0, topk]); 2 strides as dense
+  // decode's `lens` (FlashMLA's per-request topk_length [batch] is {1, 0}).
+  struct DcpMlaTensor topk_len;
+  // Optional second source's cache (FlashMLA's extra_k_cache), as `cache` with its own
+  // `extra_num_pages`, `extra_block_size` and page stride. Absent (null data): one source, and
+  // every other extra_* field must be absent or 0. Its entries follow the first list's in the
+  // same softmax.
+  struct DcpMlaTensor extra_cache;
+  // int32 [batch, num_q, extra_topk] into `extra_cache` (FlashMLA's
+  // extra_indices_in_kvcache), required with it; as `indices`.
+  struct DcpMlaTensor extra_indices;
+  // Optional int32 [batch, num_q] (FlashMLA's extra_topk_length), as `topk_len` for
+  // `extra_indices`.
+  struct DcpMlaTensor extra_topk_len;
+  // As for dense decode.
+  struct DcpMlaTensor sink;
+  // Requests.
+  size_t batch;
+  // Query rows per request.
+  size_t num_q;
+  // Query heads.
+  size_t heads;
+  // KV splits (the sparse count of dcp_mla_decode_num_splits).
+  size_t num_splits;
+  // Pages of `cache`.
+  size_t num_pages;
+  // Tokens per page B of `cache`.
+  size_t block_size;
+  // Entries per list of `indices`.
+  size_t topk;
+  // Pages of `extra_cache` (0 without it).
+  size_t extra_num_pages;
+  // Tokens per page of `extra_cache` (0 without it).
+  size_t extra_block_size;
+  // Entries per list of `extra_indices` (0 without it).
+  size_t extra_topk;
+  // The softmax scale σ; 0 (the default) is MODEL1's 512^-1/2 (FlashMLA's default, d_qk^-1/2),
+  // not dcp_mla_default_scale()'s 576^-1/2.
+  float scale;
+  // As for dense decode.
+  int32_t schedule;
+  // As for dense decode.
+  int32_t empty_lse_inf;
+  // Padding: must be 0.
+  uint32_t _reserved;
+} DcpMlaDecodeModel1Args;
+
+// The arguments of dcp_mla_launch_kv_fill_model1 (docs/contract.md §3, "MODEL1").
+typedef struct DcpMlaKvFillModel1Args {
+  // sizeof(DcpMlaKvFillModel1Args) as the caller was compiled.
+  size_t struct_size;
+  // An open handle.
+  const struct DcpMlaDevice *device;
+  // The stream (null: the legacy default stream).
+  void *stream;
+  // bf16 [num_tokens, 448 + …]: the 448 values quantised to e4m3 in the first 448 of a row; 1
+  // stride (elements between tokens, a multiple of 8), default 448.
+  struct DcpMlaTensor ckv;
+  // bf16 [num_tokens, 64 + …]: the 64 rope values, kept in bf16, in the first 64 of a row; 1
+  // stride, default 64.
+  struct DcpMlaTensor kpe;
+  // int32 [num_tokens]: each token's block-table row.
+  struct DcpMlaTensor req_idx;
+  // int32 [num_tokens]: each token's global position (negative: skipped).
+  struct DcpMlaTensor positions;
+  // int32 [batch, …], the first `max_pages` columns used; 1 stride (elements between
+  // requests), default `max_pages`.
+  struct DcpMlaTensor block_table;
+  // This rank's MODEL1 cache, as dcp_mla_launch_decode_model1's `cache` (1 stride: elements
+  // between page starts, a multiple of 576 bytes; default packed pages).
+  struct DcpMlaTensor cache;
+  // Rows of `block_table`.
+  size_t batch;
+  // Columns of `block_table` used.
+  size_t max_pages;
+  // Pages of `cache`.
+  size_t num_pages;
+  // Tokens per page B (a multiple of `interleave`).
+  size_t block_size;
+  // D, the DCP group size.
+  size_t dcp_size;
+  // I, the interleave.
+  size_t interleave;
+  // This rank r.
+  size_t rank;
+} DcpMlaKvFillModel1Args;
+
 // The arguments of dcp_mla_launch_ag_rs_correct (docs/contract.md §5.1), on rank `rank` of
 // D = `dcp_size` (H = D·local_heads).
 typedef struct DcpMlaAgRsCorrectArgs {
@@ -784,6 +903,27 @@ enum DcpMlaStatus dcp_mla_launch_decode_dense(const struct DcpMlaDecodeDenseArgs
 // # Safety
 // As for dcp_mla_launch_kv_fill.
 enum DcpMlaStatus dcp_mla_launch_decode_sparse(const struct DcpMlaDecodeSparseArgs *args);
+
+// MODEL1 sparse decode (docs/contract.md §4, "MODEL1"; FlashMLA's d_qk = 512 path): row (i, j)
+// attends to the valid entries of indices[i][j] in `cache`, then those of extra_indices[i][j]
+// in `extra_cache` when given, all in one softmax over the 512-value rows (the 448 dequantised
+// values and the 64 rope values; V is the whole row). lse is the natural log, −inf (or +inf with
+// empty_lse_inf) for a row that sees no token, whose out is 0; the sink and split-KV as for the
+// other decodes.
+//
+// # Safety
+// As for dcp_mla_launch_kv_fill.
+enum DcpMlaStatus dcp_mla_launch_decode_model1(const struct DcpMlaDecodeModel1Args *args);
+
+// Writes each new token into this rank's MODEL1 cache if this rank owns it (docs/contract.md
+// §2-3): its value row (448 e4m3 quantised in tiles of 64 with one power-of-two ue8m0 scale a
+// tile, then the 64 rope values in bf16) and its scale slot, bit-identical to the CPU
+// reference; nothing else of the cache, page padding included. A token whose position is
+// negative, whose request index is outside [0, batch) or whose page is out of range is skipped.
+//
+// # Safety
+// As for dcp_mla_launch_kv_fill.
+enum DcpMlaStatus dcp_mla_launch_kv_fill_model1(const struct DcpMlaKvFillModel1Args *args);
 
 // ag_rs combine, step 1: contrib[h, t, :] = (w_rank / S) · out[t, h, :] computed in f32,
 // head-major for a reduce-scatter.

@@ -204,6 +204,7 @@ fn c_field(arg: &str) -> String {
     match arg {
         "nq" => "num_q".into(),
         "page_stride" => "cache.strides".into(),
+        "extra_page_stride" => "extra_cache.strides".into(),
         "row_stride" => "scores.strides".into(),
         _ => match arg.strip_suffix("_strides").or_else(|| arg.strip_suffix("_stride")) {
             Some(tensor) => format!("{tensor}.strides"),
@@ -1079,6 +1080,9 @@ mod tests {
         assert_eq!(c_field("q_strides"), "q.strides");
         assert_eq!(c_field("block_table_stride"), "block_table.strides");
         assert_eq!(c_field("page_stride"), "cache.strides");
+        assert_eq!(c_field("extra_page_stride"), "extra_cache.strides");
+        assert_eq!(c_field("extra_indices_strides"), "extra_indices.strides");
+        assert_eq!(c_field("extra_topk_len_strides"), "extra_topk_len.strides");
         assert_eq!(c_field("row_stride"), "scores.strides");
         assert_eq!(c_field("num_q"), "num_q");
         assert_eq!(c_field("nq"), "num_q");

@@ -10,9 +10,11 @@
 //! fields whose zero is their default.
 
 use crate::{device, fail, guard, read_args, stream, ArgsStruct, DcpMlaDevice, DcpMlaStatus, DcpMlaTensor, R};
+use dcp_mla::formats::model1::{Model1Pages, MODEL1_D_NOPE, MODEL1_PAGE_ALIGN, MODEL1_TOKEN_BYTES};
 use dcp_mla::ops::combine::{self, A2aCombine, A2aPack, AgRsCorrect, AgRsFinish, MergeTwo};
 use dcp_mla::ops::decode::{self, DecodeCommon, DecodeOut, DenseDecode, SparseDecode};
 use dcp_mla::ops::fill::{kv_fill, KvFill};
+use dcp_mla::ops::model1::{self, Model1Decode, Model1Fill, Model1Source};
 use dcp_mla::ops::prefill::{self, Flatten, Reorder};
 use dcp_mla::ops::topk::{self, Compact, GlobalMerge, LocalTopk, PackCandidates, PageTranslate};
 use dcp_mla::planner::{check_topk, DcpLayout};
@@ -74,6 +76,8 @@ args_structs! {
     DcpMlaKvFillArgs = 424,
     DcpMlaDecodeDenseArgs = 568,
     DcpMlaDecodeSparseArgs = 544,
+    DcpMlaDecodeModel1Args = 736,
+    DcpMlaKvFillModel1Args = 416,
     DcpMlaAgRsCorrectArgs = 232,
     DcpMlaAgRsFinishArgs = 344,
     DcpMlaA2aPackArgs = 224,
@@ -467,6 +471,277 @@ pub unsafe extern "C" fn dcp_mla_launch_decode_sparse(args: *const DcpMlaDecodeS
             topk_len_strides,
             indices_strides,
         })
+    })
+}
+
+/// The arguments of dcp_mla_launch_decode_model1 (docs/contract.md §4, "MODEL1"): FlashMLA's
+/// d_qk = 512 sparse decode over the page-wise FP8 MODEL1 cache, from one source or two (a cache,
+/// its index lists and their lengths each); the fields it shares with DcpMlaDecodeSparseArgs mean
+/// what they mean there.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct DcpMlaDecodeModel1Args {
+    /// sizeof(DcpMlaDecodeModel1Args) as the caller was compiled.
+    pub struct_size: usize,
+    /// An open handle.
+    pub device: *const DcpMlaDevice,
+    /// The stream (null: the legacy default stream).
+    pub stream: *mut c_void,
+    /// bf16 [batch, num_q, heads, 512]; 3 strides as dense decode's q (multiples of 8, each row's
+    /// 512 values contiguous), default contiguous.
+    pub q: DcpMlaTensor,
+    /// As for dense decode: [batch, num_q, heads, 512] (the whole 512-value row is V).
+    pub out: DcpMlaTensor,
+    /// As for dense decode.
+    pub lse: DcpMlaTensor,
+    /// As for dense decode (dcp_mla_decode_workspace_bytes with sparse = 1).
+    pub workspace: DcpMlaTensor,
+    /// The first source's MODEL1 cache (FlashMLA's k_cache), any dtype, 16-byte aligned:
+    /// `num_pages` pages of `block_size` tokens B, each page the B tokens' value rows (448 e4m3,
+    /// then 64 bf16) at 576·s, then their scale slots (7 ue8m0, 1 pad) at 576·B + 8·s, padded to
+    /// a multiple of 576 bytes. 1 stride (elements of its dtype between page starts: a multiple
+    /// of 576 bytes, at least the page's ceil(584·B / 576)·576), default packed pages of that
+    /// size. It holds (num_pages − 1)·stride + ceil(584·B / 576)·576 bytes at least.
+    pub cache: DcpMlaTensor,
+    /// int32 [batch, num_q, topk]: addresses page·block_size + slot into `cache` (−1 or outside
+    /// [0, num_pages·block_size): unused, never read); 2 strides as sparse decode's, default
+    /// contiguous.
+    pub indices: DcpMlaTensor,
+    /// Optional int32 [batch, num_q] (absent: every entry counts): only the first
+    /// topk_len[i][j] entries of indices[i][j] count (clamped to [0, topk]); 2 strides as dense
+    /// decode's `lens` (FlashMLA's per-request topk_length [batch] is {1, 0}).
+    pub topk_len: DcpMlaTensor,
+    /// Optional second source's cache (FlashMLA's extra_k_cache), as `cache` with its own
+    /// `extra_num_pages`, `extra_block_size` and page stride. Absent (null data): one source, and
+    /// every other extra_* field must be absent or 0. Its entries follow the first list's in the
+    /// same softmax.
+    pub extra_cache: DcpMlaTensor,
+    /// int32 [batch, num_q, extra_topk] into `extra_cache` (FlashMLA's
+    /// extra_indices_in_kvcache), required with it; as `indices`.
+    pub extra_indices: DcpMlaTensor,
+    /// Optional int32 [batch, num_q] (FlashMLA's extra_topk_length), as `topk_len` for
+    /// `extra_indices`.
+    pub extra_topk_len: DcpMlaTensor,
+    /// As for dense decode.
+    pub sink: DcpMlaTensor,
+    /// Requests.
+    pub batch: usize,
+    /// Query rows per request.
+    pub num_q: usize,
+    /// Query heads.
+    pub heads: usize,
+    /// KV splits (the sparse count of dcp_mla_decode_num_splits).
+    pub num_splits: usize,
+    /// Pages of `cache`.
+    pub num_pages: usize,
+    /// Tokens per page B of `cache`.
+    pub block_size: usize,
+    /// Entries per list of `indices`.
+    pub topk: usize,
+    /// Pages of `extra_cache` (0 without it).
+    pub extra_num_pages: usize,
+    /// Tokens per page of `extra_cache` (0 without it).
+    pub extra_block_size: usize,
+    /// Entries per list of `extra_indices` (0 without it).
+    pub extra_topk: usize,
+    /// The softmax scale σ; 0 (the default) is MODEL1's 512^-1/2 (FlashMLA's default, d_qk^-1/2),
+    /// not dcp_mla_default_scale()'s 576^-1/2.
+    pub scale: f32,
+    /// As for dense decode.
+    pub schedule: i32,
+    /// As for dense decode.
+    pub empty_lse_inf: i32,
+    /// Padding: must be 0.
+    pub _reserved: u32,
+}
+
+/// A field with `N` strides named `name` (the `strided!` of a field whose name is not its own).
+fn strided_as<T, const N: usize>(t: DcpMlaTensor, name: &str) -> R<(T, Option<[usize; N]>)>
+where
+    DcpMlaTensor: crate::Arg<T>,
+{
+    let strides = t.strides::<N>(name)?;
+    Ok((crate::Arg::arg(t.unstrided(), name)?, strides))
+}
+
+/// A MODEL1 cache's pages: the page stride in bytes from `t.strides[0]` (elements of its dtype),
+/// by default packed pages of ceil(584·B / 576)·576 bytes. The launcher checks the stride (a
+/// multiple of 576, at least a page) and the block size; a default that overflows is left to its
+/// block-size check (stride 0).
+fn model1_pages(t: &DcpMlaTensor, name: &str, num_pages: usize, block_size: usize) -> R<Model1Pages> {
+    let page_stride = match t.strides::<1>(name)? {
+        None => block_size
+            .checked_mul(MODEL1_TOKEN_BYTES)
+            .and_then(|b| b.div_ceil(MODEL1_PAGE_ALIGN).checked_mul(MODEL1_PAGE_ALIGN))
+            .unwrap_or(0),
+        Some([s]) => {
+            let elem = crate::dtype_info(t.dtype).map_or(1, |(size, _)| size);
+            s.checked_mul(elem).ok_or_else(|| {
+                crate::bad_arg(
+                    &format!("{name}.strides"),
+                    format!("{s} elements of {elem} bytes between page starts overflow the address space"),
+                )
+            })?
+        }
+    };
+    Ok(Model1Pages { num_pages, block_size, page_stride })
+}
+
+/// One MODEL1 source of a DcpMlaDecodeModel1Args, its fields named with `prefix` ("" or "extra_").
+#[allow(clippy::too_many_arguments)]
+fn model1_source(
+    prefix: &str,
+    cache: DcpMlaTensor,
+    indices: DcpMlaTensor,
+    topk_len: DcpMlaTensor,
+    num_pages: usize,
+    block_size: usize,
+    topk: usize,
+) -> R<Model1Source> {
+    let name = |f: &str| format!("{prefix}{f}");
+    let pages = model1_pages(&cache, &name("cache"), num_pages, block_size)?;
+    let (indices, indices_strides) = strided_as(indices, &name("indices"))?;
+    let (topk_len, topk_len_strides) = strided_as(topk_len, &name("topk_len"))?;
+    Ok(Model1Source {
+        cache: crate::Arg::arg(cache.unstrided(), &name("cache"))?,
+        pages,
+        indices,
+        indices_strides,
+        topk,
+        topk_len,
+        topk_len_strides,
+    })
+}
+
+/// MODEL1 sparse decode (docs/contract.md §4, "MODEL1"; FlashMLA's d_qk = 512 path): row (i, j)
+/// attends to the valid entries of indices[i][j] in `cache`, then those of extra_indices[i][j]
+/// in `extra_cache` when given, all in one softmax over the 512-value rows (the 448 dequantised
+/// values and the 64 rope values; V is the whole row). lse is the natural log, −inf (or +inf with
+/// empty_lse_inf) for a row that sees no token, whose out is 0; the sink and split-KV as for the
+/// other decodes.
+///
+/// # Safety
+/// As for dcp_mla_launch_kv_fill.
+#[no_mangle]
+pub unsafe extern "C" fn dcp_mla_launch_decode_model1(args: *const DcpMlaDecodeModel1Args) -> DcpMlaStatus {
+    launch(args, model1::mla_decode_model1, model1_decode)
+}
+
+/// dcp_mla_launch_decode_model1's fields as the launcher's arguments (the checks that need no device).
+fn model1_decode(a: &DcpMlaDecodeModel1Args) -> R<Model1Decode> {
+    reserved("_reserved", a._reserved)?;
+    let mut common = common!(a);
+    if a.scale == 0.0 {
+        common.scale = model1::model1_default_scale();
+    }
+    let main = model1_source("", a.cache, a.indices, a.topk_len, a.num_pages, a.block_size, a.topk)?;
+    let extra = if a.extra_cache.data.is_null() {
+        // a second source's field without its cache would go unused: refused by name
+        let set = [
+            ("extra_cache.num_strides", a.extra_cache.num_strides != 0),
+            ("extra_indices", !a.extra_indices.data.is_null()),
+            ("extra_topk_len", !a.extra_topk_len.data.is_null()),
+            ("extra_num_pages", a.extra_num_pages != 0),
+            ("extra_block_size", a.extra_block_size != 0),
+            ("extra_topk", a.extra_topk != 0),
+        ];
+        if let Some((name, _)) = set.iter().find(|(_, s)| *s) {
+            return Err(crate::bad_arg(
+                name,
+                "is set but extra_cache is absent (null data): give the second source's cache, or leave \
+                 every extra_* field at 0",
+            ));
+        }
+        None
+    } else {
+        Some(model1_source(
+            "extra_",
+            a.extra_cache,
+            a.extra_indices,
+            a.extra_topk_len,
+            a.extra_num_pages,
+            a.extra_block_size,
+            a.extra_topk,
+        )?)
+    };
+    Ok(Model1Decode { common, main, extra })
+}
+
+/// The arguments of dcp_mla_launch_kv_fill_model1 (docs/contract.md §3, "MODEL1").
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct DcpMlaKvFillModel1Args {
+    /// sizeof(DcpMlaKvFillModel1Args) as the caller was compiled.
+    pub struct_size: usize,
+    /// An open handle.
+    pub device: *const DcpMlaDevice,
+    /// The stream (null: the legacy default stream).
+    pub stream: *mut c_void,
+    /// bf16 [num_tokens, 448 + …]: the 448 values quantised to e4m3 in the first 448 of a row; 1
+    /// stride (elements between tokens, a multiple of 8), default 448.
+    pub ckv: DcpMlaTensor,
+    /// bf16 [num_tokens, 64 + …]: the 64 rope values, kept in bf16, in the first 64 of a row; 1
+    /// stride, default 64.
+    pub kpe: DcpMlaTensor,
+    /// int32 [num_tokens]: each token's block-table row.
+    pub req_idx: DcpMlaTensor,
+    /// int32 [num_tokens]: each token's global position (negative: skipped).
+    pub positions: DcpMlaTensor,
+    /// int32 [batch, …], the first `max_pages` columns used; 1 stride (elements between
+    /// requests), default `max_pages`.
+    pub block_table: DcpMlaTensor,
+    /// This rank's MODEL1 cache, as dcp_mla_launch_decode_model1's `cache` (1 stride: elements
+    /// between page starts, a multiple of 576 bytes; default packed pages).
+    pub cache: DcpMlaTensor,
+    /// Rows of `block_table`.
+    pub batch: usize,
+    /// Columns of `block_table` used.
+    pub max_pages: usize,
+    /// Pages of `cache`.
+    pub num_pages: usize,
+    /// Tokens per page B (a multiple of `interleave`).
+    pub block_size: usize,
+    /// D, the DCP group size.
+    pub dcp_size: usize,
+    /// I, the interleave.
+    pub interleave: usize,
+    /// This rank r.
+    pub rank: usize,
+}
+
+/// Writes each new token into this rank's MODEL1 cache if this rank owns it (docs/contract.md
+/// §2-3): its value row (448 e4m3 quantised in tiles of 64 with one power-of-two ue8m0 scale a
+/// tile, then the 64 rope values in bf16) and its scale slot, bit-identical to the CPU
+/// reference; nothing else of the cache, page padding included. A token whose position is
+/// negative, whose request index is outside [0, batch) or whose page is out of range is skipped.
+///
+/// # Safety
+/// As for dcp_mla_launch_kv_fill.
+#[no_mangle]
+pub unsafe extern "C" fn dcp_mla_launch_kv_fill_model1(args: *const DcpMlaKvFillModel1Args) -> DcpMlaStatus {
+    launch(args, model1::kv_fill_model1, model1_fill)
+}
+
+/// dcp_mla_launch_kv_fill_model1's fields as the launcher's arguments.
+fn model1_fill(a: &DcpMlaKvFillModel1Args) -> R<Model1Fill> {
+    let (ckv, ckv_stride) = strided!(a.ckv, 1);
+    let (kpe, kpe_stride) = strided!(a.kpe, 1);
+    let (block_table, table_stride) = strided!(a.block_table, 1);
+    Ok(Model1Fill {
+        ckv,
+        ckv_stride: or(ckv_stride, MODEL1_D_NOPE),
+        kpe,
+        kpe_stride: or(kpe_stride, 64),
+        req_idx: arg!(a.req_idx),
+        positions: arg!(a.positions),
+        block_table,
+        block_table_stride: or(table_stride, a.max_pages),
+        batch: a.batch,
+        max_pages: a.max_pages,
+        pages: model1_pages(&a.cache, "cache", a.num_pages, a.block_size)?,
+        cache: cache(&a.cache)?,
+        dcp: layout(a.dcp_size, a.interleave),
+        rank: a.rank,
     })
 }
 
@@ -1122,6 +1397,8 @@ mod tests {
         check::<DcpMlaKvFillArgs>();
         check::<DcpMlaDecodeDenseArgs>();
         check::<DcpMlaDecodeSparseArgs>();
+        check::<DcpMlaDecodeModel1Args>();
+        check::<DcpMlaKvFillModel1Args>();
         check::<DcpMlaAgRsCorrectArgs>();
         check::<DcpMlaAgRsFinishArgs>();
         check::<DcpMlaA2aPackArgs>();
@@ -1133,5 +1410,196 @@ mod tests {
         check::<DcpMlaTopkCompactArgs>();
         check::<DcpMlaPrefillFlattenArgs>();
         check::<DcpMlaPrefillReorderArgs>();
+    }
+
+    fn t(addr: usize, numel: usize, dtype: i32) -> DcpMlaTensor {
+        DcpMlaTensor { data: addr as *mut c_void, numel, dtype, ..Default::default() }
+    }
+
+    /// One change to a well-formed argument struct.
+    type Edit<A> = Box<dyn Fn(&mut A)>;
+
+    fn with_stride(mut x: DcpMlaTensor, s: usize) -> DcpMlaTensor {
+        x.num_strides = 1;
+        x.strides[0] = s;
+        x
+    }
+
+    const BF16: i32 = crate::DCP_MLA_DTYPE_BF16;
+    const I32: i32 = crate::DCP_MLA_DTYPE_I32;
+    const F32: i32 = crate::DCP_MLA_DTYPE_F32;
+    const U8: i32 = crate::DCP_MLA_DTYPE_U8;
+
+    /// A MODEL1 decode of 2 requests, 1 query row, 64 heads over a cache of 8 pages of 64 tokens
+    /// (37,440 bytes a page) and, with `extra`, a second of 3 pages of 2 tokens (1,728 bytes a
+    /// page) in a padded page dimension of 2,304 bytes: fake buffers, never dereferenced.
+    fn model1_args(extra: bool) -> DcpMlaDecodeModel1Args {
+        let rows = 2 * 64;
+        let mut a = DcpMlaDecodeModel1Args {
+            q: t(0x1000_0000, rows * 512, BF16),
+            out: t(0x2000_0000, rows * 512, BF16),
+            lse: t(0x3000_0000, rows, F32),
+            cache: t(0x4000_0000, 8 * 37_440, U8),
+            indices: t(0x5000_0000, 2 * 128, I32),
+            topk_len: with_stride(t(0x5100_0000, 2, I32), 1),
+            batch: 2,
+            num_q: 1,
+            heads: 64,
+            num_splits: 1,
+            num_pages: 8,
+            block_size: 64,
+            topk: 128,
+            ..Default::default()
+        };
+        // FlashMLA's per-request topk_length [b]: strides {1, 0}
+        a.topk_len.num_strides = 2;
+        if extra {
+            a.extra_cache = with_stride(t(0x6000_0000, 2 * 2_304 + 1_728, U8), 2_304);
+            a.extra_indices = t(0x7000_0000, 2 * 64, I32);
+            a.extra_num_pages = 3;
+            a.extra_block_size = 2;
+            a.extra_topk = 64;
+        }
+        a
+    }
+
+    /// The message of a MODEL1 decode's first error: the conversion's, else the launcher's checks'.
+    fn model1_error(a: &DcpMlaDecodeModel1Args) -> Option<String> {
+        match model1_decode(a) {
+            Err(e) => Some(e.message),
+            Ok(d) => model1::decode_checks(&d).err().map(|e| crate::FfiError::from(e).message),
+        }
+    }
+
+    #[test]
+    fn model1_decode_converts_and_passes_the_launchers_checks() {
+        for extra in [false, true] {
+            let a = model1_args(extra);
+            assert_eq!(model1_error(&a), None, "extra {extra}");
+            let d = model1_decode(&a).unwrap();
+            assert_eq!(d.extra.is_some(), extra);
+            // scale 0 (the field's default) is MODEL1's 512^-1/2, not the 576 path's
+            assert_eq!(d.common.scale, model1::model1_default_scale());
+            assert_eq!(d.main.pages.page_stride, 37_440, "packed pages by default: ceil(584·64 / 576)·576");
+            assert_eq!(d.main.topk_len_strides, Some([1, 0]));
+            if extra {
+                assert_eq!(d.extra.unwrap().pages.page_stride, 2_304, "the stride in bytes");
+            }
+        }
+        let a = DcpMlaDecodeModel1Args { scale: 0.25, ..model1_args(false) };
+        assert_eq!(model1_decode(&a).unwrap().common.scale, 0.25);
+        // a stride in elements of a wider dtype is counted in bytes: 576 int32 elements = 2,304 bytes
+        let mut a = model1_args(true);
+        a.extra_cache = with_stride(t(0x6000_0000, (2 * 2_304 + 1_728) / 4, I32), 576);
+        assert_eq!(model1_decode(&a).unwrap().extra.unwrap().pages.page_stride, 2_304);
+    }
+
+    #[test]
+    fn model1_decode_errors_name_the_c_fields() {
+        let cases: Vec<(&str, Edit<DcpMlaDecodeModel1Args>)> = vec![
+            ("`_reserved`", Box::new(|a| a._reserved = 1)),
+            ("`extra_indices`", Box::new(|a| a.extra_indices = t(0x7000_0000, 128, I32))),
+            ("`extra_topk_len`", Box::new(|a| a.extra_topk_len = t(0x7000_0000, 2, I32))),
+            ("`extra_num_pages`", Box::new(|a| a.extra_num_pages = 3)),
+            ("`extra_block_size`", Box::new(|a| a.extra_block_size = 2)),
+            ("`extra_topk`", Box::new(|a| a.extra_topk = 64)),
+            ("`extra_cache.num_strides`", Box::new(|a| a.extra_cache.num_strides = 1)),
+            ("`cache.num_strides`", Box::new(|a| a.cache.num_strides = 2)),
+            ("`indices.num_strides`", Box::new(|a| a.indices.num_strides = 1)),
+            ("`scale`", Box::new(|a| a.scale = -1.0)),
+            ("`q`", Box::new(|a| a.q.numel -= 1)),
+            ("`cache.strides`", Box::new(|a| a.cache = with_stride(a.cache, 37_440 + 8))),
+            ("`cache.strides`", Box::new(|a| a.cache = with_stride(a.cache, 36_864))),
+            ("`cache`", Box::new(|a| a.cache.numel -= 1)),
+            ("`block_size`", Box::new(|a| a.block_size = 0)),
+            ("`block_size`", Box::new(|a| a.block_size = usize::MAX / 2)),
+            ("`topk_len`", Box::new(|a| a.topk_len = t(0x5100_0000, 1, I32))),
+        ];
+        for (needle, edit) in cases {
+            let mut a = model1_args(false);
+            edit(&mut a);
+            let e = model1_error(&a).unwrap_or_else(|| panic!("{needle}: accepted"));
+            assert!(e.contains(needle), "{needle}: {e}");
+        }
+        let extra_cases: Vec<(&str, Edit<DcpMlaDecodeModel1Args>)> = vec![
+            ("`extra_indices`", Box::new(|a| a.extra_indices = DcpMlaTensor::default())),
+            ("`extra_indices`", Box::new(|a| a.extra_indices.dtype = F32)),
+            ("`extra_indices`", Box::new(|a| a.extra_indices.numel -= 1)),
+            ("`extra_topk_len`", Box::new(|a| a.extra_topk_len = t(0x7100_0002, 2, I32))),
+            ("`extra_topk_len.num_strides`", Box::new(|a| a.extra_topk_len = with_stride(t(0x7100_0000, 2, I32), 1))),
+            (
+                "`extra_topk_len.strides`",
+                Box::new(|a| {
+                    a.extra_topk_len = t(0x7100_0000, 2, I32);
+                    a.extra_topk_len.num_strides = 2;
+                    a.extra_topk_len.strides[0] = 1 << 63;
+                }),
+            ),
+            ("`extra_cache.strides`", Box::new(|a| a.extra_cache.strides[0] = 2_000)),
+            ("`extra_cache.strides`", Box::new(|a| a.extra_cache.strides[0] = 1_152)),
+            ("`extra_cache`", Box::new(|a| a.extra_cache.numel -= 1)),
+            ("`extra_cache`", Box::new(|a| a.extra_cache.data = 0x6000_0008 as *mut c_void)),
+            ("`extra_block_size`", Box::new(|a| a.extra_block_size = 0)),
+            ("`extra_num_pages`", Box::new(|a| a.extra_num_pages = usize::MAX / 4)),
+            ("`extra_topk`", Box::new(|a| a.extra_topk = 0)),
+        ];
+        for (needle, edit) in extra_cases {
+            let mut a = model1_args(true);
+            edit(&mut a);
+            let e = model1_error(&a).unwrap_or_else(|| panic!("{needle}: accepted"));
+            assert!(e.contains(needle), "{needle}: {e}");
+        }
+    }
+
+    fn model1_fill_args() -> DcpMlaKvFillModel1Args {
+        DcpMlaKvFillModel1Args {
+            ckv: t(0x1000_0000, 4 * 448, BF16),
+            kpe: t(0x2000_0000, 4 * 64, BF16),
+            req_idx: t(0x3000_0000, 4, I32),
+            positions: t(0x3100_0000, 4, I32),
+            block_table: t(0x3200_0000, 8, I32),
+            cache: t(0x4000_0000, 8 * 37_440, U8),
+            batch: 1,
+            max_pages: 8,
+            num_pages: 8,
+            block_size: 64,
+            dcp_size: 2,
+            interleave: 1,
+            rank: 1,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn model1_fill_converts_and_its_errors_name_the_c_fields() {
+        let f = model1_fill(&model1_fill_args()).unwrap();
+        assert_eq!((f.ckv_stride, f.kpe_stride, f.block_table_stride), (448, 64, 8), "the defaults");
+        assert_eq!(f.pages.page_stride, 37_440);
+        assert!(model1::fill_checks(&f).is_ok());
+        let cases: Vec<(&str, Edit<DcpMlaKvFillModel1Args>)> = vec![
+            ("`ckv`", Box::new(|a| a.ckv.data = std::ptr::null_mut())),
+            ("`ckv`", Box::new(|a| a.ckv.numel -= 1)),
+            ("`ckv`", Box::new(|a| a.ckv = with_stride(a.ckv, 440))),
+            ("`kpe.num_strides`", Box::new(|a| a.kpe.num_strides = 2)),
+            ("`positions`", Box::new(|a| a.positions.dtype = F32)),
+            ("`req_idx`", Box::new(|a| a.req_idx.numel = 3)),
+            ("`cache.strides`", Box::new(|a| a.cache = with_stride(a.cache, 37_440 + 576 / 2))),
+            ("`cache`", Box::new(|a| a.cache.numel -= 1)),
+            ("`interleave`", Box::new(|a| a.interleave = 3)),
+            ("`rank`", Box::new(|a| a.rank = 2)),
+            ("`block_table`", Box::new(|a| a.block_table.numel = 7)),
+        ];
+        for (needle, edit) in cases {
+            let mut a = model1_fill_args();
+            edit(&mut a);
+            let e = match model1_fill(&a) {
+                Err(e) => e.message,
+                Ok(f) => model1::fill_checks(&f)
+                    .err()
+                    .map(|e| crate::FfiError::from(e).message)
+                    .unwrap_or_else(|| panic!("{needle}: accepted")),
+            };
+            assert!(e.contains(needle), "{needle}: {e}");
+        }
     }
 }

@@ -1,6 +1,8 @@
 //! The C ABI's host-only entry points (the planner queries, the checks, the capability query)
 //! take any integers a C caller can pass: each call returns a status, and never INTERNAL (a
-//! caught panic, which would also print a panic message on the host's stderr).
+//! caught panic, which would also print a panic message on the host's stderr). The MODEL1
+//! launchers' checks (the conversion of their argument structs, then the library's checks that
+//! run before a launch) take any sizes, strides and element counts the same way.
 
 use dcp_mla_ffi::*;
 use proptest::prelude::*;
@@ -62,5 +64,105 @@ proptest! {
                 "prefill_piece_table",
             )?;
         }
+    }
+}
+
+fn fake<T>(addr: u64, len: usize) -> dcp_mla::runtime::DeviceSlice<T> {
+    // SAFETY: the checks below read the pointer and the length only; nothing is launched.
+    unsafe { dcp_mla::runtime::DeviceSlice::from_raw(addr, len) }
+}
+
+fn tensor(addr: usize, numel: usize, dtype: i32, strides: &[usize]) -> DcpMlaTensor {
+    let mut t = DcpMlaTensor { data: addr as *mut std::ffi::c_void, numel, dtype, ..Default::default() };
+    t.num_strides = strides.len() as u32;
+    t.strides[..strides.len()].copy_from_slice(strides);
+    t
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    /// Any sizes, element counts and strides through the MODEL1 entry points (no device: the
+    /// conversion's checks) and through the library's own checks on the same values: a status or
+    /// an error, never a panic (an overflow in a size computation would be one).
+    #[test]
+    fn model1_checks_take_any_sizes(
+        sizes in proptest::collection::vec(any_usize(), 10),
+        numels in proptest::collection::vec(any_usize(), 6),
+        strides in proptest::collection::vec(any_usize(), 4),
+        extra in any::<bool>(),
+        strided in any::<bool>(),
+        scale in prop_oneof![Just(0.0f32), Just(-1.0f32), Just(f32::NAN), Just(0.05f32)],
+    ) {
+        let [batch, num_q, heads, num_splits, num_pages, block_size, topk, extra_pages, extra_block, extra_topk] =
+            sizes[..] else { unreachable!() };
+        let s = |i: usize| if strided { vec![strides[i]] } else { vec![] };
+        let a = DcpMlaDecodeModel1Args {
+            q: tensor(0x1000_0000, numels[0], DCP_MLA_DTYPE_BF16, &[]),
+            out: tensor(0x2000_0000, numels[1], DCP_MLA_DTYPE_F32, &[]),
+            lse: tensor(0x3000_0000, numels[2], DCP_MLA_DTYPE_F32, &[]),
+            cache: tensor(0x4000_0000, numels[3], DCP_MLA_DTYPE_U8, &s(0)),
+            indices: tensor(0x5000_0000, numels[4], DCP_MLA_DTYPE_I32, &[]),
+            extra_cache: if extra { tensor(0x6000_0000, numels[5], DCP_MLA_DTYPE_I32, &s(1)) } else { DcpMlaTensor::default() },
+            extra_indices: if extra { tensor(0x7000_0000, numels[4], DCP_MLA_DTYPE_I32, &[]) } else { DcpMlaTensor::default() },
+            batch, num_q, heads, num_splits, num_pages, block_size, topk,
+            extra_num_pages: if extra { extra_pages } else { 0 },
+            extra_block_size: if extra { extra_block } else { 0 },
+            extra_topk: if extra { extra_topk } else { 0 },
+            scale,
+            ..Default::default()
+        };
+        // SAFETY: fake buffers and no device: nothing is dereferenced or launched.
+        ok_or_typed(unsafe { dcp_mla_launch_decode_model1(&a) }, "launch_decode_model1")?;
+        let f = DcpMlaKvFillModel1Args {
+            ckv: tensor(0x1000_0000, numels[0], DCP_MLA_DTYPE_BF16, &s(2)),
+            kpe: tensor(0x2000_0000, numels[1], DCP_MLA_DTYPE_BF16, &s(3)),
+            req_idx: tensor(0x3000_0000, numels[2], DCP_MLA_DTYPE_I32, &[]),
+            positions: tensor(0x3100_0000, numels[2], DCP_MLA_DTYPE_I32, &[]),
+            block_table: tensor(0x3200_0000, numels[4], DCP_MLA_DTYPE_I32, &s(1)),
+            cache: tensor(0x4000_0000, numels[3], DCP_MLA_DTYPE_U8, &s(0)),
+            batch, max_pages: topk, num_pages, block_size, dcp_size: heads % 10, interleave: num_q, rank: num_splits,
+            ..Default::default()
+        };
+        // SAFETY: as above.
+        ok_or_typed(unsafe { dcp_mla_launch_kv_fill_model1(&f) }, "launch_kv_fill_model1")?;
+
+        // the library's checks on the same values (what runs once a device is given)
+        use dcp_mla::formats::model1::Model1Pages;
+        use dcp_mla::ops::model1::{decode_checks, fill_checks, Model1Decode, Model1Fill, Model1Source};
+        let source = |cache_len, pages: Model1Pages, k| Model1Source {
+            cache: fake(0x4000_0000, cache_len),
+            pages,
+            indices: fake(0x5000_0000, numels[4]),
+            indices_strides: strided.then_some([strides[0], strides[1]]),
+            topk: k,
+            topk_len: Some(fake(0x5100_0000, numels[2])),
+            topk_len_strides: strided.then_some([strides[2], strides[3]]),
+        };
+        let mut d = Model1Decode::new(
+            fake(0x1000_0000, numels[0]), batch, num_q, heads,
+            dcp_mla::ops::Rows::F32(fake(0x2000_0000, numels[1])), fake(0x3000_0000, numels[2]),
+            num_splits, fake(0x3100_0000, numels[5]),
+            source(numels[3], Model1Pages { num_pages, block_size, page_stride: strides[0] }, topk),
+        );
+        if extra {
+            d.extra = Some(source(numels[5], Model1Pages {
+                num_pages: extra_pages, block_size: extra_block, page_stride: strides[1]
+            }, extra_topk));
+        }
+        d.common.q_strides = strided.then_some([strides[0], strides[1], strides[2]]);
+        let _ = decode_checks(&d);
+        let fill = Model1Fill {
+            ckv: fake(0x1000_0000, numels[0]), ckv_stride: strides[2],
+            kpe: fake(0x2000_0000, numels[1]), kpe_stride: strides[3],
+            req_idx: fake(0x3000_0000, numels[2]), positions: fake(0x3100_0000, numels[2]),
+            block_table: fake(0x3200_0000, numels[4]), block_table_stride: strides[1],
+            batch, max_pages: topk,
+            cache: fake(0x4000_0000, numels[3]),
+            pages: Model1Pages { num_pages, block_size, page_stride: strides[0] },
+            dcp: dcp_mla::DcpLayout { size: heads % 10, interleave: num_q },
+            rank: num_splits,
+        };
+        let _ = fill_checks(&fill);
     }
 }

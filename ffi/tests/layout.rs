@@ -88,6 +88,11 @@ fn rust_structs() -> RustLayouts {
             schedule, lens_rule, empty_lse_inf }
         DcpMlaDecodeSparseArgs { struct_size, device, stream, q, out, lse, workspace, cache, indices, topk_len, sink,
             batch, num_q, heads, num_splits, num_pages, block_size, topk, scale, schedule, format, empty_lse_inf }
+        DcpMlaDecodeModel1Args { struct_size, device, stream, q, out, lse, workspace, cache, indices, topk_len,
+            extra_cache, extra_indices, extra_topk_len, sink, batch, num_q, heads, num_splits, num_pages, block_size,
+            topk, extra_num_pages, extra_block_size, extra_topk, scale, schedule, empty_lse_inf, _reserved }
+        DcpMlaKvFillModel1Args { struct_size, device, stream, ckv, kpe, req_idx, positions, block_table, cache,
+            batch, max_pages, num_pages, block_size, dcp_size, interleave, rank }
         DcpMlaAgRsCorrectArgs { struct_size, device, stream, out, lse_all, contrib, num_tokens, local_heads,
             dcp_size, rank, lse_base, _reserved }
         DcpMlaAgRsFinishArgs { struct_size, device, stream, summed, lse_all, out, lse, sink, num_tokens,

@@ -204,6 +204,123 @@ fn bad_dtype_and_format_codes_are_refused() {
     }
 }
 
+/// A MODEL1 decode of 2 requests, 64 heads over 8 pages of 64 tokens, with (or without) a
+/// second source of 3 pages of 2 tokens: fake buffers, refused before any use.
+fn model1_args(extra: bool) -> DcpMlaDecodeModel1Args {
+    let rows = 2 * 64;
+    let mut a = DcpMlaDecodeModel1Args {
+        q: t(0x1000_0000, rows * 512, BF16),
+        out: t(0x2000_0000, rows * 512, BF16),
+        lse: t(0x3000_0000, rows, F32),
+        cache: t(0x4000_0000, 8 * 37_440, U8),
+        indices: t(0x5000_0000, 2 * 128, I32),
+        batch: 2,
+        num_q: 1,
+        heads: 64,
+        num_splits: 1,
+        num_pages: 8,
+        block_size: 64,
+        topk: 128,
+        ..Default::default()
+    };
+    if extra {
+        a.extra_cache = t(0x6000_0000, 3 * 1_728, U8);
+        a.extra_indices = t(0x7000_0000, 2 * 64, I32);
+        a.extra_num_pages = 3;
+        a.extra_block_size = 2;
+        a.extra_topk = 64;
+    }
+    a
+}
+
+fn model1_fill_args() -> DcpMlaKvFillModel1Args {
+    DcpMlaKvFillModel1Args {
+        ckv: t(0x1000_0000, 4 * 448, BF16),
+        kpe: t(0x2000_0000, 4 * 64, BF16),
+        req_idx: t(0x3000_0000, 4, I32),
+        positions: t(0x3100_0000, 4, I32),
+        block_table: t(0x3200_0000, 8, I32),
+        cache: t(0x4000_0000, 8 * 37_440, U8),
+        batch: 1,
+        max_pages: 8,
+        num_pages: 8,
+        block_size: 64,
+        dcp_size: 1,
+        interleave: 1,
+        rank: 0,
+        ..Default::default()
+    }
+}
+
+#[test]
+fn model1_launchers_refuse_by_field_before_the_device() {
+    let decode = |edit: &dyn Fn(&mut DcpMlaDecodeModel1Args), extra: bool| {
+        let mut a = model1_args(extra);
+        edit(&mut a);
+        // SAFETY: fake buffers, refused before any use (no device).
+        unsafe { dcp_mla_launch_decode_model1(&a) }
+    };
+    // well formed, one source or two: as far as the null device
+    assert_status(decode(&|_| {}, false), DcpMlaStatus::NullPointer, "`device`");
+    assert_status(decode(&|_| {}, true), DcpMlaStatus::NullPointer, "`device`");
+    // the tensors' own checks, each naming its field
+    assert_status(decode(&|a| a.q.data = null_mut(), true), DcpMlaStatus::NullPointer, "`q`");
+    assert_status(decode(&|a| a.q.dtype = F32, true), DcpMlaStatus::BadDtype, "`q`");
+    assert_status(decode(&|a| a.out.dtype = I32, true), DcpMlaStatus::BadDtype, "`out`");
+    assert_status(decode(&|a| a.indices.dtype = F32, true), DcpMlaStatus::BadDtype, "`indices`");
+    assert_status(decode(&|a| a.extra_indices.data = null_mut(), true), DcpMlaStatus::NullPointer, "`extra_indices`");
+    assert_status(decode(&|a| a.extra_indices.dtype = BF16, true), DcpMlaStatus::BadDtype, "`extra_indices`");
+    let misaligned = |a: &mut DcpMlaDecodeModel1Args| a.extra_topk_len = t(0x7100_0002, 2, I32);
+    assert_status(decode(&misaligned, true), DcpMlaStatus::Misaligned, "`extra_topk_len`");
+    assert_status(decode(&|a| a.extra_cache.dtype = 99, true), DcpMlaStatus::BadDtype, "`extra_cache`");
+    assert_status(
+        decode(&|a| a.extra_cache.num_strides = 2, true),
+        DcpMlaStatus::InvalidArgument,
+        "`extra_cache.num_strides`",
+    );
+    assert_status(decode(&|a| a.topk_len = t(0x5100_0000, 2, I32), false), DcpMlaStatus::NullPointer, "`device`");
+    assert_status(decode(&|a| a.schedule = 9, false), DcpMlaStatus::InvalidArgument, "`schedule`");
+    assert_status(decode(&|a| a._reserved = 1, false), DcpMlaStatus::InvalidArgument, "`_reserved`");
+    // a second source's field without its cache is refused, not ignored
+    type Edit = Box<dyn Fn(&mut DcpMlaDecodeModel1Args)>;
+    let unused: Vec<(&str, Edit)> = vec![
+        ("`extra_indices`", Box::new(|a| a.extra_indices = t(0x7000_0000, 128, I32))),
+        ("`extra_topk_len`", Box::new(|a| a.extra_topk_len = t(0x7100_0000, 2, I32))),
+        ("`extra_num_pages`", Box::new(|a| a.extra_num_pages = 1)),
+        ("`extra_block_size`", Box::new(|a| a.extra_block_size = 64)),
+        ("`extra_topk`", Box::new(|a| a.extra_topk = 1)),
+    ];
+    for (field, edit) in unused {
+        assert_status(decode(&*edit, false), DcpMlaStatus::InvalidArgument, field);
+        assert!(last().contains("extra_cache is absent"), "{}", last());
+    }
+    // the struct itself
+    let a = DcpMlaDecodeModel1Args { struct_size: 64, ..model1_args(false) };
+    // SAFETY: refused after reading struct_size.
+    let s = unsafe { dcp_mla_launch_decode_model1(&a) };
+    assert_status(s, DcpMlaStatus::InvalidArgument, "`DcpMlaDecodeModel1Args.struct_size`");
+    // SAFETY: a null struct is refused.
+    assert_status(unsafe { dcp_mla_launch_decode_model1(null()) }, DcpMlaStatus::NullPointer, "`args`");
+
+    let fill = |edit: &dyn Fn(&mut DcpMlaKvFillModel1Args)| {
+        let mut a = model1_fill_args();
+        edit(&mut a);
+        // SAFETY: as above.
+        unsafe { dcp_mla_launch_kv_fill_model1(&a) }
+    };
+    assert_status(fill(&|_| {}), DcpMlaStatus::NullPointer, "`device`");
+    assert_status(fill(&|a| a.ckv.data = null_mut()), DcpMlaStatus::NullPointer, "`ckv`");
+    assert_status(fill(&|a| a.ckv.data = 0x1000_0001 as *mut c_void), DcpMlaStatus::Misaligned, "`ckv`");
+    assert_status(fill(&|a| a.kpe.dtype = F32), DcpMlaStatus::BadDtype, "`kpe`");
+    assert_status(fill(&|a| a.req_idx.dtype = BF16), DcpMlaStatus::BadDtype, "`req_idx`");
+    assert_status(fill(&|a| a.cache.num_strides = 3), DcpMlaStatus::InvalidArgument, "`cache.num_strides`");
+    assert_status(fill(&|a| a.block_table.num_strides = 2), DcpMlaStatus::InvalidArgument, "`block_table.num_strides`");
+    let a = DcpMlaKvFillModel1Args { struct_size: 8, ..model1_fill_args() };
+    // SAFETY: refused after reading struct_size.
+    let s = unsafe { dcp_mla_launch_kv_fill_model1(&a) };
+    assert_status(s, DcpMlaStatus::InvalidArgument, "`DcpMlaKvFillModel1Args.struct_size`");
+}
+
 #[test]
 fn topk_constraints_are_invalid_config_naming_d_and_k() {
     // D·K % 512 is live with K = 256: D = 1 is refused, naming both

@@ -24,15 +24,16 @@ from ._native import version as _native_version
 from .planner import (
     KV_FORMATS, Plan, PrefillPlan, a2a_slot_bytes, ag_rs_workspace_bytes, capacity, causal_local_lens,
     check_config, check_decode, check_topk, compute_capability_supported, decode_num_splits, decode_workspace_bytes,
-    default_scale, local_len, pages_for, plan, prefill_piece_table, prefill_plan, token_address,
-    topk_workspace_bytes, variants, version,
+    default_scale, local_len, model1_default_scale, model1_page_bytes, model1_pages, pages_for, plan,
+    prefill_piece_table, prefill_plan, token_address, topk_workspace_bytes, variants, version,
 )
 
 __version__ = _native_version()
 
 #: The operations (dcp_mla.ops): present when torch is installed.
 OPS = (
-    "kv_fill", "decode_dense", "decode_sparse", "decode_workspace", "ag_rs_correct", "ag_rs_finish",
+    "kv_fill", "decode_dense", "decode_sparse", "decode_workspace", "kv_fill_model1", "decode_model1",
+    "ag_rs_correct", "ag_rs_finish",
     "a2a_pack", "a2a_combine", "merge_two", "topk_local", "topk_pack", "topk_merge", "topk_compact",
     "prefill_flatten", "prefill_reorder", "local_lens",
 )
@@ -48,6 +49,7 @@ else:
     # Imported eagerly (not on first use) so torch.compile sees plain module attributes.
     from . import flash_mla, ops  # noqa: F401
     from .ops import (  # noqa: F401
-        a2a_combine, a2a_pack, ag_rs_correct, ag_rs_finish, decode_dense, decode_sparse, decode_workspace, kv_fill,
-        local_lens, merge_two, prefill_flatten, prefill_reorder, topk_compact, topk_local, topk_merge, topk_pack,
+        a2a_combine, a2a_pack, ag_rs_correct, ag_rs_finish, decode_dense, decode_model1, decode_sparse,
+        decode_workspace, kv_fill, kv_fill_model1, local_lens, merge_two, prefill_flatten, prefill_reorder,
+        topk_compact, topk_local, topk_merge, topk_pack,
     )

@@ -88,6 +88,14 @@ ARGS = {
         "DcpMlaDecodeSparseArgs", "q out lse workspace cache indices topk_len sink",
         "batch num_q heads num_splits num_pages block_size topk",
         [("scale", c_float), ("schedule", c_int32), ("format", c_int32), ("empty_lse_inf", c_int32)]),
+    "dcp_mla_launch_decode_model1": _args_struct(
+        "DcpMlaDecodeModel1Args",
+        "q out lse workspace cache indices topk_len extra_cache extra_indices extra_topk_len sink",
+        "batch num_q heads num_splits num_pages block_size topk extra_num_pages extra_block_size extra_topk",
+        [("scale", c_float), ("schedule", c_int32), ("empty_lse_inf", c_int32), _PAD]),
+    "dcp_mla_launch_kv_fill_model1": _args_struct(
+        "DcpMlaKvFillModel1Args", "ckv kpe req_idx positions block_table cache",
+        "batch max_pages num_pages block_size dcp_size interleave rank"),
     "dcp_mla_launch_ag_rs_correct": _args_struct(
         "DcpMlaAgRsCorrectArgs", "out lse_all contrib", "num_tokens local_heads dcp_size rank",
         [("lse_base", c_int32), _PAD]),

@@ -8,16 +8,22 @@ is made on the first call, out [b, s_q, h_q, 512] bf16 and softmax_lse [b, h_q, 
 natural log, +inf for a row that sees no token). Differences, all raised as errors rather than
 silently ignored:
 
-- head_dim_v must be 512 and q's head dim 576 (MLA as DeepSeek-V3/V3.2, Kimi, GLM-5 use it);
-  num_heads_k must be 1.
+- head_dim_v must be 512 and q's head dim 576 (MLA as DeepSeek-V3/V3.2, Kimi, GLM-5 use it) or
+  512 (FlashMLA's MODEL1: sparse only, below); num_heads_k must be 1.
 - Dense decode reads a bf16 cache only: is_fp8_kvcache with dense attention raises
   NotImplementedError (FP8-656 caches are read by sparse decode, as in FlashMLA's sparse path).
-- Sparse decode takes a bf16 cache too (FlashMLA requires FP8 there); is_fp8_kvcache must match
-  the cache's row size (656 bytes FP8, 576 bf16).
-- extra_k_cache, extra_indices_in_kvcache and extra_topk_length are not supported
-  (NotImplementedError). attn_sink ([h_q] f32) is: out scaled by e^lse / (e^lse + e^sink) per
-  head, softmax_lse unchanged, as FlashMLA documents it; dense attention takes it too (FlashMLA
-  requires it None there).
+- Sparse decode at head dim 576 takes a bf16 cache too (FlashMLA requires FP8 there);
+  is_fp8_kvcache must match the cache's row size (656 bytes FP8, 576 bf16).
+- Head dim 512 is FlashMLA's MODEL1 sparse path (dcp_mla.decode_model1): q [b, s_q, h_q, 512],
+  k_cache FlashMLA's page-wise FP8 layout [num_blocks, page_block_size, 1, 584] (448 e4m3 and
+  64 bf16 per token, then the page's ue8m0 scales, pages padded to a multiple of 576 bytes), with
+  is_fp8_kvcache=True and indices, as FlashMLA requires. extra_k_cache (the same layout, its own
+  page_block_size), extra_indices_in_kvcache [b, s_q, extra_topk] and extra_topk_length [b] add a
+  second list to the same softmax, as in FlashMLA; softmax_scale defaults to 512^-1/2. At head
+  dim 576 the extra_* arguments raise NotImplementedError (FlashMLA's MODEL1 path is where they
+  are). attn_sink ([h_q] f32): out scaled by e^lse / (e^lse + e^sink) per head, softmax_lse
+  unchanged, as FlashMLA documents it; dense attention takes it too (FlashMLA requires it None
+  there).
 - q, k_cache and indices may be strided views of larger buffers, as FlashMLA's own tests pass
   them (each row contiguous, k_cache's pages a whole number of rows apart); they are read in
   place.
@@ -75,11 +81,14 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
                            extra_topk_length: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """MLA decode with FlashMLA's interface (see the module docstring for the differences).
 
-    q: [b, s_q, h_q, 576] bf16. k_cache: [num_blocks, page_block_size, 1, 576] bf16, or
-    [num_blocks, page_block_size, 1, 656] FP8-656 bytes (uint8 or float8_e4m3fn) for sparse.
+    q: [b, s_q, h_q, 576] bf16 (or 512: MODEL1). k_cache: [num_blocks, page_block_size, 1, 576]
+    bf16, or [num_blocks, page_block_size, 1, 656] FP8-656 bytes (uint8 or float8_e4m3fn) for
+    sparse, or with q's 512 the MODEL1 cache [num_blocks, page_block_size, 1, 584] bytes.
     block_table: [b, max_blocks] int32 (dense). cache_seqlens: [b] int32 (dense).
     indices: [b, s_q, topk] int32 of page·page_block_size + offset, −1 unused (sparse).
     topk_length: [b] int32, only the first topk_length[i] indices of request i count.
+    extra_k_cache, extra_indices_in_kvcache [b, s_q, extra_topk], extra_topk_length [b] (MODEL1):
+    a second source attended in the same softmax. softmax_scale: default head_dim^-1/2 of q.
     Returns out [b, s_q, h_q, 512] bf16 and softmax_lse [b, h_q, s_q] f32 (natural log).
     """
     meta = tile_scheduler_metadata
@@ -89,13 +98,18 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
         raise TypeError("num_splits: must be None (or the old interface's tensor, which is unused)")
     if head_dim_v != 512:
         raise ValueError(f"head_dim_v: {head_dim_v}, dcp-mla's kernels are built for 512")
+    if k_cache.dim() != 4 or k_cache.shape[2] != 1:
+        raise ValueError(f"k_cache: shape {tuple(k_cache.shape)}, expected [num_blocks, page_block_size, 1, head_dim]")
+    if q.dim() == 4 and q.shape[-1] == 512:
+        # (block_table and cache_seqlens are unused with indices, as in FlashMLA's sparse path)
+        return _model1(q, k_cache, meta, softmax_scale, causal, is_fp8_kvcache, indices,
+                       attn_sink, extra_k_cache, extra_indices_in_kvcache, topk_length, extra_topk_length)
     for name, value in [("extra_k_cache", extra_k_cache),
                         ("extra_indices_in_kvcache", extra_indices_in_kvcache),
                         ("extra_topk_length", extra_topk_length)]:
         if value is not None:
-            raise NotImplementedError(f"{name}: not supported by dcp-mla")
-    if k_cache.dim() != 4 or k_cache.shape[2] != 1:
-        raise ValueError(f"k_cache: shape {tuple(k_cache.shape)}, expected [num_blocks, page_block_size, 1, head_dim]")
+            raise NotImplementedError(f"{name}: dcp-mla takes a second source on FlashMLA's MODEL1 path only "
+                                      f"(q's head dim 512), not with head dim {q.shape[-1]}")
     row_bytes = k_cache.shape[3] * k_cache.element_size()
     if is_fp8_kvcache != (row_bytes == 656):
         raise ValueError(f"k_cache: rows of {row_bytes} bytes with is_fp8_kvcache={is_fp8_kvcache} "
@@ -105,8 +119,8 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
     # FlashMLA's lse [b, h_q, s_q], written in place by the kernels through a [b, s_q, h_q] view
     lse = torch.empty((b, h_q, s_q), dtype=torch.float32, device=q.device)
     lse_view = lse.transpose(1, 2)
-    config = (b, s_q, h_q, k_cache.shape[1], bool(causal), bool(is_fp8_kvcache),
-              None if indices is None else indices.shape[-1])
+    config = (b, s_q, h_q, q.shape[-1], k_cache.shape[1], bool(causal), bool(is_fp8_kvcache),
+              None if indices is None else indices.shape[-1], None, None)
     reuse = meta.scheduled
     if not meta.have_initialized:
         # the library's split count for this launch (the card's tuned table where it has a row)
@@ -119,9 +133,8 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
             context=max(context, 1), causal=bool(causal) and not sparse)
         meta.config = config
         meta.have_initialized = True
-    elif meta.config != config:
-        raise ValueError(f"tile_scheduler_metadata: made for (b, s_q, h_q, page_block_size, causal, fp8, topk) = "
-                         f"{meta.config}, called with {config}: use one get_mla_metadata() per shape")
+    else:
+        _same_config(meta, config)
     if sparse:
         if causal:
             raise ValueError("causal: must be False with indices (sparse attention), as in FlashMLA")
@@ -151,3 +164,60 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
     meta.scheduled = True  # both paths launched (an error above leaves it as it was)
     return out, lse
 
+
+_CONFIG = "(b, s_q, h_q, head_dim, page_block_size, causal, fp8, topk, extra_page_block_size, extra_topk)"
+
+
+def _same_config(meta, config):
+    if meta.config != config:
+        raise ValueError(f"tile_scheduler_metadata: made for {_CONFIG} = {meta.config}, called with {config}: "
+                         "use one get_mla_metadata() per shape")
+
+
+def _model1(q, k_cache, meta, softmax_scale, causal, is_fp8_kvcache, indices, attn_sink,
+            extra_k_cache, extra_indices, topk_length, extra_topk_length):
+    """FlashMLA's MODEL1 path (q's head dim 512): sparse decode over the page-wise FP8 cache,
+    from k_cache and, when given, extra_k_cache in one softmax (dcp_mla.decode_model1)."""
+    if indices is None:
+        raise NotImplementedError("indices: q's head dim 512 (MODEL1) is sparse decode only in dcp-mla; "
+                                  "dense decode reads 576-value rows")
+    if causal:
+        raise ValueError("causal: must be False with indices (sparse attention), as in FlashMLA")
+    if not is_fp8_kvcache:
+        raise ValueError("is_fp8_kvcache: must be True with q's head dim 512 (MODEL1's cache is FP8), as in FlashMLA")
+    row_bytes = k_cache.shape[3] * k_cache.element_size()
+    if row_bytes != 584:
+        raise ValueError(f"k_cache: rows of {row_bytes} bytes with q's head dim 512: MODEL1's cache is "
+                         "[num_blocks, page_block_size, 1, 584] bytes")
+    if (extra_k_cache is None) != (extra_indices is None):
+        given, missing = (("extra_k_cache", "extra_indices_in_kvcache") if extra_indices is None
+                          else ("extra_indices_in_kvcache", "extra_k_cache"))
+        raise ValueError(f"{missing}: required with {given}")
+    if extra_topk_length is not None and extra_k_cache is None:
+        raise ValueError("extra_topk_length: only with extra_k_cache")
+    if extra_k_cache is not None and (extra_k_cache.dim() != 4 or extra_k_cache.shape[2] != 1):
+        raise ValueError(f"extra_k_cache: shape {tuple(extra_k_cache.shape)}, expected [num_blocks, "
+                         "page_block_size, 1, 584]")
+    b, s_q, h_q, _ = q.shape
+    lse = torch.empty((b, h_q, s_q), dtype=torch.float32, device=q.device)
+    config = (b, s_q, h_q, 512, k_cache.shape[1], False, True, indices.shape[-1],
+              None if extra_k_cache is None else extra_k_cache.shape[1],
+              None if extra_indices is None else extra_indices.shape[-1])
+    reuse = meta.scheduled
+    if not meta.have_initialized:
+        # the split count of the heuristic (the tuned decode table has no MODEL1 rows)
+        meta.num_splits, meta.workspace = ops.decode_workspace(q.shape, sparse=True, device=q.device)
+        meta.config = config
+        meta.have_initialized = True
+    else:
+        _same_config(meta, config)
+
+    def lengths(x):
+        return x if x is None or x.dtype == torch.int32 else x.to(torch.int32)
+
+    out, _ = ops.decode_model1(q, k_cache, indices, topk_len=lengths(topk_length), extra_cache=extra_k_cache,
+                               extra_indices=extra_indices, extra_topk_len=lengths(extra_topk_length),
+                               scale=softmax_scale, num_splits=meta.num_splits, workspace=meta.workspace,
+                               reuse_schedule=reuse, sink=attn_sink, lse=lse.transpose(1, 2), empty_lse_inf=True)
+    meta.scheduled = True
+    return out, lse

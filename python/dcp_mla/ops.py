@@ -110,6 +110,27 @@ def _cache_t(cache3):
     return (cache3.data_ptr(), _extent(cache3), _CODES[cache3.dtype], 1, cache3.stride(0), 0, 0, 0)
 
 
+def _model1_cache(cache, name="cache", device=None):
+    """A MODEL1 cache as FlashMLA lays it out, [num_blocks, B, 1, 584] bytes (uint8, int8 or
+    float8_e4m3fn; or [num_blocks, B, 584]): its 3-d view and page stride in bytes
+    (planner.model1_pages: a page's B·584 bytes contiguous, pages a multiple of 576 bytes apart)."""
+    _check(cache, name, _BYTES, device=device, contiguous=False)
+    _, _, stride = planner.model1_pages(cache.shape, cache.stride(), name)
+    return (cache.select(2, 0) if cache.dim() == 4 else cache), stride
+
+
+def _model1_t(cache3, stride):
+    """A MODEL1 cache [pages, B, 584] as a C tensor with its page stride in bytes. Its element
+    count is what the allocation holds from its first byte, up to the pages' extent with the last
+    page's padding (FlashMLA's [num_blocks, B, 1, 584] views end at the last page's B·584 bytes,
+    its allocation at the padded page's end): the library checks the bytes it may read against it."""
+    pages, bs = cache3.shape[0], cache3.shape[1]
+    want = (pages - 1) * stride + planner.model1_page_bytes(bs) if pages else 0
+    storage = cache3.untyped_storage()
+    held = storage.nbytes() - (cache3.data_ptr() - storage.data_ptr())
+    return (cache3.data_ptr(), max(min(want, held), _extent(cache3)), _CODES[cache3.dtype], 1, stride, 0, 0, 0)
+
+
 def _tv(x, n):
     """A view as a C tensor with its first n strides, or with none (the C ABI's default layout)
     when x is contiguous or absent. A dim of size 1 gets stride 0 (torch leaves any stride
@@ -340,6 +361,33 @@ def _decode_sparse(q: torch.Tensor, cache: torch.Tensor, fmt: int, indices: torc
     _launch("dcp_mla_launch_decode_sparse", _dev_stream(q), *_tv(q, 3), *_tv(out, 3), *_tv(lse, 3), *_t(workspace),
             *_cache_t(cache), *_tv(indices, 2), *_tv(topk_len, 2), *_t(sink), b, nq, h, num_splits, cache.shape[0],
             cache.shape[1], indices.shape[-1], scale, schedule, fmt, empty_lse_inf)
+
+
+@_op(("out", "lse", "workspace"))
+def _decode_model1(q: torch.Tensor, cache: torch.Tensor, cache_stride: int, indices: torch.Tensor,
+                   topk_len: Optional[torch.Tensor], extra_cache: Optional[torch.Tensor], extra_stride: int,
+                   extra_indices: Optional[torch.Tensor], extra_topk_len: Optional[torch.Tensor], out: torch.Tensor,
+                   lse: torch.Tensor, workspace: Optional[torch.Tensor], scale: float, num_splits: int,
+                   schedule: int, sink: Optional[torch.Tensor], empty_lse_inf: int) -> None:
+    b, nq, h, _ = q.shape
+    if extra_cache is None:
+        extra, extra_sizes = _ABSENT, (0, 0, 0)
+    else:
+        extra = _model1_t(extra_cache, extra_stride)
+        extra_sizes = (extra_cache.shape[0], extra_cache.shape[1], extra_indices.shape[-1])
+    _launch("dcp_mla_launch_decode_model1", _dev_stream(q), *_tv(q, 3), *_tv(out, 3), *_tv(lse, 3), *_t(workspace),
+            *_model1_t(cache, cache_stride), *_tv(indices, 2), *_tv(topk_len, 2), *extra, *_tv(extra_indices, 2),
+            *_tv(extra_topk_len, 2), *_t(sink), b, nq, h, num_splits, cache.shape[0], cache.shape[1],
+            indices.shape[-1], *extra_sizes, scale, schedule, empty_lse_inf, 0)
+
+
+@_op(("cache",))
+def _kv_fill_model1(ckv: torch.Tensor, kpe: torch.Tensor, req_idx: torch.Tensor, positions: torch.Tensor,
+                    block_table: torch.Tensor, cache: torch.Tensor, cache_stride: int, dcp_size: int, interleave: int,
+                    rank: int) -> None:
+    _launch("dcp_mla_launch_kv_fill_model1", _dev_stream(cache), *_t1(ckv), *_t1(kpe), *_t(req_idx), *_t(positions),
+            *_t1(block_table), *_model1_t(cache, cache_stride), block_table.shape[0], block_table.shape[1],
+            cache.shape[0], cache.shape[1], dcp_size, interleave, rank)
 
 
 @_op(("contrib",))
@@ -606,6 +654,85 @@ def decode_sparse(q, cache, indices, *, topk_len=None, kv_format=None, scale=Non
     _run("decode_sparse", q, cache3, fmt, indices, topk_len, out, lse, workspace,
          _default_scale() if scale is None else float(scale), num_splits, schedule, sink, int(bool(empty_lse_inf)))
     return out, lse
+
+
+def _lengths(x, name, b, nq, device):
+    """Optional per-row counts int32 [b, nq] (any strides), or [b] per request (read by every row
+    of the request: a [b, nq] view with strides (1, 0), no copy)."""
+    if x is None:
+        return None
+    if isinstance(x, torch.Tensor) and x.dim() == 1:
+        _check(x, name, (torch.int32,), ndim=1, shape=(b,), contiguous=False, device=device)
+        return x.unsqueeze(1).expand(b, nq)
+    return _check(x, name, (torch.int32,), ndim=2, shape=(b, nq), contiguous=False, device=device)
+
+
+def decode_model1(q, cache, indices, *, topk_len=None, extra_cache=None, extra_indices=None, extra_topk_len=None,
+                  scale=None, num_splits=None, workspace=None, out=None, lse=None, out_dtype=torch.bfloat16,
+                  reuse_schedule=False, sink=None, empty_lse_inf=False) -> Tuple[torch.Tensor, torch.Tensor]:
+    """MODEL1 sparse decode (docs/contract.md §4, "MODEL1"; FlashMLA's d_qk = 512 path): row
+    (i, j) attends to the cache rows page·B + slot listed in indices[i, j] (−1 or out of range:
+    unused), then to those of extra_indices[i, j] in extra_cache when given, all in one softmax
+    over 512-value rows (448 dequantised, 64 rope; V is the whole row).
+
+    q bf16 [b, nq, H, 512] (a view with strides that are multiples of 8 and a unit last stride);
+    cache a MODEL1 cache as FlashMLA lays it out, [num_blocks, B, 1, 584] (or [num_blocks, B,
+    584]) of uint8 / int8 / float8_e4m3fn bytes, pages a multiple of 576 bytes apart (FlashMLA's
+    padded pages; a view of a larger page dimension is read in place); indices int32 [b, nq,
+    topk] (any strides, unit last stride); topk_len optional int32 [b, nq] or [b] (FlashMLA's
+    per-request topk_length): only the first topk_len entries of a list count. extra_cache,
+    extra_indices [b, nq, extra_topk] and extra_topk_len: the second source, its own block size
+    and page stride. scale defaults to 512^-1/2 (FlashMLA's d_qk^-1/2; decode_sparse's 576
+    path has 576^-1/2). Returns out [b, nq, H, 512] and lse f32 [b, nq, H] as decode_sparse
+    (num_splits, workspace, reuse_schedule, sink, empty_lse_inf as there)."""
+    _ints(num_splits=num_splits)
+    dev = q.device
+    _check(q, "q", (torch.bfloat16,), ndim=4, shape=(None, None, None, 512), contiguous="rows")
+    b, nq, h, _ = q.shape
+    cache3, stride = _model1_cache(cache, "cache", dev)
+    _check(indices, "indices", (torch.int32,), ndim=3, shape=(b, nq, None), contiguous="rows", device=dev)
+    topk_len = _lengths(topk_len, "topk_len", b, nq, dev)
+    extra3, extra_stride = None, 0
+    if extra_cache is None:
+        for name, value in [("extra_indices", extra_indices), ("extra_topk_len", extra_topk_len)]:
+            if value is not None:
+                _fail(name, "given without extra_cache")
+    else:
+        if extra_indices is None:
+            _fail("extra_indices", "required with extra_cache")
+        extra3, extra_stride = _model1_cache(extra_cache, "extra_cache", dev)
+        _check(extra_indices, "extra_indices", (torch.int32,), ndim=3, shape=(b, nq, None), contiguous="rows",
+               device=dev)
+        extra_topk_len = _lengths(extra_topk_len, "extra_topk_len", b, nq, dev)
+    _sink(sink, h, dev)
+    out, lse = _decode_outputs(q, out, lse, out_dtype)
+    num_splits, workspace, schedule = _workspace(q, True, num_splits, workspace, reuse_schedule, None, None)
+    # scale 0: the C ABI's default for this path, 512^-1/2
+    _run("decode_model1", q, cache3, stride, indices, topk_len, extra3, extra_stride, extra_indices, extra_topk_len,
+         out, lse, workspace, 0.0 if scale is None else float(scale), num_splits, schedule, sink,
+         int(bool(empty_lse_inf)))
+    return out, lse
+
+
+def kv_fill_model1(ckv, kpe, req_idx, positions, block_table, cache, *, dcp_size, interleave, rank):
+    """Writes each new token into this rank's MODEL1 cache if the rank owns it (docs/contract.md
+    §2-3, "MODEL1"): the 448 values of ckv bf16 [T, ≥448] quantised to e4m3 in tiles of 64 with
+    one power-of-two scale a tile, and the 64 rope values of kpe bf16 [T, ≥64] kept in bf16
+    (unit stride in the last dim: a [T, 512] row split as row[:, :448], row[:, 448:] is read in
+    place), bit for bit as the CPU reference. req_idx and positions int32 [T], block_table int32
+    [batch, max_pages] (unit last stride), cache as decode_model1 takes it. A token with a
+    negative position, a request index outside the batch or a page out of range is skipped;
+    nothing else of the cache is written, page padding included. Returns `cache`."""
+    _ints(dcp_size=dcp_size, interleave=interleave, rank=rank)
+    cache3, stride = _model1_cache(cache)
+    dev = cache.device
+    t = _check(ckv, "ckv", (torch.bfloat16,), ndim=2, contiguous="rows", device=dev).shape[0]
+    _check(kpe, "kpe", (torch.bfloat16,), ndim=2, shape=(t, None), contiguous="rows", device=dev)
+    _check(req_idx, "req_idx", (torch.int32,), ndim=1, shape=(t,), device=dev)
+    _check(positions, "positions", (torch.int32,), ndim=1, shape=(t,), device=dev)
+    _check(block_table, "block_table", (torch.int32,), ndim=2, contiguous="rows", device=dev)
+    _run("kv_fill_model1", ckv, kpe, req_idx, positions, block_table, cache3, stride, dcp_size, interleave, rank)
+    return cache
 
 
 def ag_rs_correct(out, lse_all, *, dcp_size, rank, lse_base="e", contrib=None,

@@ -51,6 +51,55 @@ def default_scale() -> float:
     return _lib.lib().dcp_mla_default_scale()
 
 
+#: MODEL1's page-wise FP8 cache (docs/contract.md §3, "MODEL1"): bytes a token takes in its
+#: page (a 576-byte value row, 448 e4m3 and 64 bf16, and an 8-byte scale slot), and the multiple
+#: of bytes a page is padded to.
+MODEL1_TOKEN_BYTES, MODEL1_PAGE_ALIGN = 584, 576
+
+
+def model1_default_scale() -> float:
+    """The softmax scale of the MODEL1 decode (FlashMLA's d_qk^-1/2 at d_qk = 512): 512^-1/2."""
+    return 512 ** -0.5
+
+
+def model1_page_bytes(block_size: int) -> int:
+    """Bytes of one MODEL1 page of `block_size` tokens: 584·B rounded up to a multiple of 576
+    (FlashMLA allocates its MODEL1 cache as [num_blocks, model1_page_bytes(B)] bytes and views it
+    [num_blocks, B, 1, 584])."""
+    (b,) = _ints(block_size=block_size)
+    return -(-b * MODEL1_TOKEN_BYTES // MODEL1_PAGE_ALIGN) * MODEL1_PAGE_ALIGN
+
+
+def model1_pages(shape: Sequence[int], strides: Sequence[int], name: str = "cache"):
+    """(num_pages, block_size, page_stride in bytes) of a MODEL1 cache of 1-byte elements with
+    this shape and these strides (in bytes): FlashMLA's [num_blocks, B, 1, 584] or [num_blocks,
+    B, 584], each page's B·584 bytes contiguous, pages a multiple of 576 bytes (at least
+    model1_page_bytes(B)) apart. A one-page cache takes model1_page_bytes(B). ValueError naming
+    `name` otherwise."""
+    shape, strides = tuple(shape), tuple(strides)
+    if len(shape) == 4:
+        if shape[2] != 1:
+            raise ValueError(f"{name}: shape {shape}: a 4-d cache has one KV head (dim 2 of size 1)")
+        shape, strides = shape[:2] + shape[3:], strides[:2] + strides[3:]
+    elif len(shape) != 3:
+        raise ValueError(f"{name}: {len(shape)}-d {shape}, expected FlashMLA's MODEL1 [num_blocks, block_size, 1, 584] "
+                         f"(or [num_blocks, block_size, 584])")
+    pages, bs, row = shape
+    if row != MODEL1_TOKEN_BYTES:
+        raise ValueError(f"{name}: rows of {row} bytes: a MODEL1 cache has 584 bytes a token (448 e4m3, 64 bf16, "
+                         f"8 scale bytes)")
+    if bs == 0:
+        raise ValueError(f"{name}: block_size (dim 1) is 0")
+    if (row > 1 and strides[2] != 1) or (bs > 1 and strides[1] != row):
+        raise ValueError(f"{name}: strides {strides}: a page's {bs}·584 bytes must be contiguous")
+    need = model1_page_bytes(bs)
+    stride = strides[0] if pages > 1 else need
+    if stride % MODEL1_PAGE_ALIGN or stride < need:
+        raise ValueError(f"{name}: pages {stride} bytes apart: MODEL1 pages are a multiple of 576 bytes apart, at "
+                         f"least the {need} bytes of a page of {bs} tokens")
+    return pages, bs, stride
+
+
 def compute_capability_supported(major: int, minor: int) -> bool:
     major, minor = (_lib.integer(n, v, 0, _I32) for n, v in (("major", major), ("minor", minor)))
     return bool(_lib.query("dcp_mla_compute_capability_supported", major, minor, out_types=(c_int32,))[0])

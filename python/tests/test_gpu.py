@@ -1,7 +1,9 @@
 """The package on a GPU: every operation against torch references written from docs/semantics.md,
 a whole D = 4 decode step simulated on one GPU (dense BF16, and sparse FP8 with the distributed
 top-k), torch.compile(fullgraph=True) of a step, CUDA-graph capture and replay with changed
-lengths, the FlashMLA face against the native functions (python/bench/launch_overhead.py measures the Python overhead).
+lengths, the FlashMLA face against the native functions (python/bench/launch_overhead.py measures the Python overhead),
+and MODEL1 (FlashMLA's d_qk = 512 path: its fill, its two-source decode and the face's
+extra_k_cache / topk_length) against a float64 torch reference written from docs/contract.md.
 Each test takes the `dev` fixture (conftest.py): skipped without a GPU, failed when
 DCP_MLA_REQUIRE_GPU=1."""
 
@@ -788,3 +790,220 @@ def test_decode_dense_local_lengths_take_no_layout(dev):
     _, lse0 = dcp_mla.decode_dense(q, cache, table, lens, lens_rule="global", dcp_size=2, rank=0)
     _, lse1 = dcp_mla.decode_dense(q, cache, table, lens, lens_rule="global", dcp_size=2, rank=1)
     assert torch.isfinite(lse0).all() and (lse1 == -INF).all()
+
+
+# --- MODEL1: FlashMLA's d_qk = 512 sparse path over its page-wise FP8 cache ----------------------
+# The references are written here from docs/contract.md §3-§4 ("MODEL1"): the quantiser, the
+# page layout and attention over the dequantised 512-value rows, in float64.
+
+def model1_cache(pages, bs, dev, extra_bytes=0):
+    """FlashMLA's MODEL1 cache: a [pages, model1_page_bytes(B) + extra_bytes] byte buffer of 0xff
+    (NaN codes and NaN scales wherever no token is written), viewed [pages, B, 1, 584] as
+    FlashMLA's quantize_k_cache returns it. Returns (buffer, view)."""
+    buf = torch.full((pages, dcp_mla.model1_page_bytes(bs) + extra_bytes), 0xFF, dtype=torch.uint8, device=dev)
+    return buf, buf[:, :bs * 584].view(pages, bs, 1, 584)
+
+
+def model1_rows(n, dev):
+    """n rows [n, 512] bf16: 7 tiles of 64 values of mixed magnitude (0, below the scale floor,
+    0.1 to 10), then 64 rope values."""
+    mags = torch.tensor([0.0, 1e-5, 0.1, 1.0, 3.0, 10.0], device=dev)[torch.randint(0, 6, (n, 7), device=dev)]
+    nope = torch.randn(n, 7, 64, device=dev) * mags[..., None]
+    return torch.cat([nope.view(n, 448), torch.randn(n, 64, device=dev) * 2], dim=1).to(torch.bfloat16)
+
+
+def model1_quantize(rows):
+    """rows bf16 [n, 512] → (value rows uint8 [n, 576], scale slots uint8 [n, 8]): tile t of 64
+    values scaled by the smallest power of two ≥ max(amax / 448, 1e-4) (its fp32 exponent byte),
+    codes e4m3 round-to-nearest-even; the 64 rope values' bf16 bytes; the pad byte 0."""
+    n = rows.shape[0]
+    x = rows[:, :448].float().view(n, 7, 64)
+    bits = torch.clamp_min(x.abs().amax(-1) / 448.0, 1e-4).view(torch.int32)
+    bits = torch.where(bits & 0x7FFFFF != 0, (bits & 0x7F800000) + 0x800000, bits)
+    codes = (x / bits.view(torch.float32)[..., None]).to(torch.float8_e4m3fn).view(torch.uint8).view(n, 448)
+    slots = torch.zeros(n, 8, dtype=torch.uint8, device=rows.device)
+    slots[:, :7] = (bits >> 23).to(torch.uint8)
+    return torch.cat([codes, rows[:, 448:].contiguous().view(torch.uint8)], dim=1), slots
+
+
+def model1_place(buf, bs, slots, values, scales):
+    """Writes value rows and scale slots at addresses `slots` (page·B + s) of a MODEL1 buffer
+    [pages, page_bytes]: token s of a page at byte 576·s, its scales at 576·B + 8·s."""
+    page, s = slots.long() // bs, slots.long() % bs
+    buf[:, :bs * 576].unflatten(1, (bs, 576))[page, s] = values
+    buf[:, bs * 576:bs * 584].unflatten(1, (bs, 8))[page, s] = scales
+
+
+def model1_dequant(buf, bs):
+    """Every slot of a MODEL1 buffer as [pages·B, 512] float64: code · 2^(byte − 127) for the 448
+    (NaN where the code or the scale byte is NaN), the rope values widened."""
+    vals = buf[:, :bs * 576].unflatten(1, (bs, 576)).reshape(-1, 576)
+    sc = buf[:, bs * 576:bs * 584].unflatten(1, (bs, 8)).reshape(-1, 8)[:, :7].double()
+    scale = torch.where(sc == 255, torch.full_like(sc, float("nan")), torch.exp2(sc - 127))
+    nope = vals[:, :448].contiguous().view(torch.float8_e4m3fn).double().view(-1, 7, 64) * scale[..., None]
+    return torch.cat([nope.view(-1, 448), vals[:, 448:].contiguous().view(torch.bfloat16).double()], dim=1)
+
+
+def model1_source(pages, bs, dev, extra_bytes=0):
+    """A MODEL1 cache with about half its slots holding quantised random rows: (buffer, its
+    [pages, B, 1, 584] view, the dequantised rows [pages·B, 512], the written slots)."""
+    buf, view = model1_cache(pages, bs, dev, extra_bytes)
+    used = torch.randperm(pages * bs, device=dev)[:max(1, pages * bs // 2)]
+    model1_place(buf, bs, used, *model1_quantize(model1_rows(used.numel(), dev)))
+    return buf, view, model1_dequant(buf, bs), used
+
+
+def model1_lists(used, slots, b, s_q, k, dev, empty=()):
+    """Index lists [b, s_q, k] of written slots with −1, other negatives and addresses past the
+    cache mixed in; the rows (i, j) in `empty` all −1."""
+    idx = used[torch.randint(0, used.numel(), (b, s_q, k), device=dev)].int()
+    r = torch.randint(0, 16, (b, s_q, k), device=dev)
+    idx[r == 0], idx[r == 1], idx[r == 2] = -1, slots + 3, -9
+    for i, j in empty:
+        idx[i, j] = -1
+    return idx
+
+
+def attention512(q_row, keys, scale):
+    """q_row [H, 512], keys [n, 512] float64 (V is the whole row) → out [H, 512], lse [H], A."""
+    h = q_row.shape[0]
+    if keys.shape[0] == 0:
+        z = torch.zeros(h, 512, dtype=torch.float64, device=q_row.device)
+        return z, torch.full((h,), -INF, dtype=torch.float64, device=q_row.device), z
+    s = scale * (q_row.double() @ keys.T)
+    p = torch.softmax(s, dim=1)
+    return p @ keys, torch.logsumexp(s, dim=1), p @ keys.abs()
+
+
+def model1_reference(q, sources, scale=512 ** -0.5):
+    """Per row (i, j): the first topk_len[i] (clamped) entries of each source's list that address
+    its cache, the first source's then the second's, in one softmax. sources: [(rows, lists
+    [b, s_q, k], topk_len [b] or None)]. Returns {(i, j): (out, lse, A)}."""
+    b, s_q = q.shape[:2]
+    ref = {}
+    for i in range(b):
+        for j in range(s_q):
+            keys = []
+            for rows, lists, tl in sources:
+                k = lists.shape[-1]
+                n = k if tl is None else min(max(int(tl[i]), 0), k)
+                e = lists[i, j, :n].long()
+                keys.append(rows[e[(e >= 0) & (e < rows.shape[0])]])
+            ref[i, j] = attention512(q[i, j], torch.cat(keys), scale)
+    return ref
+
+
+def check_model1(out, lse, ref, what, sink=None):
+    for (i, j), (o, s, a) in ref.items():
+        want = o if sink is None else sink_reference(o, s, sink)
+        assert within_contract(out[i, j].double(), want, a), (what, i, j)
+        if torch.isinf(s).all():
+            assert torch.all(out[i, j] == 0) and torch.all(lse[i, j] == -INF), (what, "an empty row", i, j)
+        else:
+            assert (lse[i, j].double() - s).abs().max().item() <= 1e-5 + 2e-6 * s.abs().max().item(), (what, i, j)
+
+
+@pytest.mark.parametrize("d,i,b", [(1, 1, 64), (2, 1, 61), (4, 2, 2)])
+def test_kv_fill_model1_writes_the_contract_bytes(dev, d, i, b):
+    # every owned token's value row and scale slot, bit for bit; every other byte (other ranks'
+    # tokens, unused slots, the pages' padding and the wider page dimension) untouched
+    lens = [5, 130, 0, 64]
+    table, pages = paged_table(lens, d, b, dev)
+    rows = model1_rows(sum(lens), dev)
+    req = torch.cat([torch.full((n,), r, dtype=torch.int32) for r, n in enumerate(lens)]).to(dev)
+    pos = torch.cat([torch.arange(n, dtype=torch.int32) for n in lens]).to(dev)
+    values, scales = model1_quantize(rows)
+    g = pos.long()
+    lp = local_pos(g, d, i)
+    addr = table[req.long(), lp // b].long() * b + lp % b
+    for r in range(d):
+        buf, view = model1_cache(pages, b, dev, extra_bytes=576 * (d - 1))
+        assert dcp_mla.kv_fill_model1(rows[:, :448], rows[:, 448:], req, pos, table, view, dcp_size=d, interleave=i,
+                                      rank=r) is view
+        want, _ = model1_cache(pages, b, dev, extra_bytes=576 * (d - 1))
+        own = owner(g, d, i) == r
+        model1_place(want, b, addr[own], values[own], scales[own])
+        assert torch.equal(buf, want), (d, i, b, r)
+
+
+@pytest.mark.parametrize("splits,out_dtype", [(1, torch.bfloat16), (None, torch.float32), (3, torch.float32)])
+def test_decode_model1_matches_attention(dev, splits, out_dtype):
+    # two sources (block sizes 64 and 2, the second's pages a view of a wider page dimension),
+    # per-request lengths at their edges, an empty row; the default scale is 512^-1/2
+    b, s_q, h, k1, k2 = 6, 2, 32, 128, 48
+    _, c1, rows1, used1 = model1_source(12, 64, dev)
+    _, c2, rows2, used2 = model1_source(40, 2, dev, extra_bytes=1152)
+    idx1 = model1_lists(used1, 12 * 64, b, s_q, k1, dev, empty=[(2, 1)])
+    idx2 = model1_lists(used2, 80, b, s_q, k2, dev, empty=[(2, 1)])
+    tl1 = torch.tensor([k1, 0, 1, k1 + 5, -3, 70], dtype=torch.int32, device=dev)
+    tl2 = torch.tensor([k2, 0, 7, 0, k2 + 1, 2], dtype=torch.int32, device=dev)
+    q = torch.randn(b, s_q, h, 512, device=dev).to(torch.bfloat16)
+    out, lse = dcp_mla.decode_model1(q, c1, idx1, topk_len=tl1, extra_cache=c2, extra_indices=idx2,
+                                     extra_topk_len=tl2, num_splits=splits, out_dtype=out_dtype)
+    assert out.dtype == out_dtype and out.shape == (b, s_q, h, 512) and lse.shape == (b, s_q, h)
+    check_model1(out, lse, model1_reference(q, [(rows1, idx1, tl1), (rows2, idx2, tl2)]), "two sources")
+    assert torch.all(out[1] == 0) and torch.all(lse[1] == -INF), "request 1 reads no entry of either list"
+    # one source, [b, s_q] lengths, an explicit scale
+    tl = tl1.view(b, 1).expand(b, s_q).contiguous()
+    out, lse = dcp_mla.decode_model1(q, c1, idx1, topk_len=tl, scale=0.03, num_splits=splits, out_dtype=out_dtype)
+    check_model1(out, lse, model1_reference(q, [(rows1, idx1, tl1)], scale=0.03), "one source")
+    # sinks: out scaled per head, lse unchanged
+    sink = sinks_for(h, dev)
+    out, lse = dcp_mla.decode_model1(q, c1, idx1, extra_cache=c2, extra_indices=idx2, num_splits=splits,
+                                     out_dtype=torch.float32)
+    out_s, lse_s = dcp_mla.decode_model1(q, c1, idx1, extra_cache=c2, extra_indices=idx2, num_splits=splits,
+                                         out_dtype=torch.float32, sink=sink)
+    assert torch.equal(lse_s, lse)
+    assert close_with_nans(out_s, sinked(out, lse, sink), 2e-6 * out.abs().max().item())
+
+
+def test_flash_mla_face_model1_matches_native_and_attention(dev):
+    # inputs as FlashMLA's own MODEL1 tests build them: q and the index lists strided views of
+    # larger buffers, float8_e4m3fn caches [num_blocks, B, 1, 584] of padded pages (the second a
+    # view of a wider page dimension), per-request topk_length and extra_topk_length, NaN bytes in
+    # every slot no index reads, attention sinks of −inf, +inf and finite values
+    torch.manual_seed(3)
+    b, s_q, h = 4, 2, 64
+    _, c1, rows1, used1 = model1_source(40, 64, dev)
+    _, c2, rows2, used2 = model1_source(60, 2, dev, extra_bytes=576)
+    k1, k2 = c1.view(torch.float8_e4m3fn), c2.view(torch.float8_e4m3fn)
+    idx1 = model1_lists(used1, 40 * 64, b, s_q, 128, dev)
+    idx2 = model1_lists(used2, 120, b, s_q, 64, dev)
+    tl1 = torch.tensor([128, 0, 77, 500], dtype=torch.int32, device=dev)
+    tl2 = torch.tensor([64, 0, 1, 30], dtype=torch.int32, device=dev)
+    q = view_of_larger(torch.randn(b, s_q, h, 512, device=dev).to(torch.bfloat16))
+    sink = torch.randn(h, device=dev)
+    sink[0::4], sink[1::4] = -INF, INF
+    meta = get_mla_metadata()[0]
+
+    def face(meta, cache=k1, **kw):
+        args = dict(is_fp8_kvcache=True, indices=view_of_larger(idx1), attn_sink=sink, extra_k_cache=k2,
+                    extra_indices_in_kvcache=view_of_larger(idx2), topk_length=tl1, extra_topk_length=tl2)
+        args.update(kw)
+        return flash_mla_with_kvcache(q, cache, None, None, 512, meta, None, **args)
+
+    out, lse = face(meta)
+    assert out.shape == (b, s_q, h, 512) and out.dtype == torch.bfloat16 and lse.shape == (b, h, s_q)
+    nout, nlse = dcp_mla.decode_model1(q, k1, idx1, topk_len=tl1, extra_cache=k2, extra_indices=idx2,
+                                       extra_topk_len=tl2, sink=sink, num_splits=meta.num_splits)
+    assert torch.equal(out.view(torch.int16), nout.view(torch.int16))
+    nl = nlse.transpose(1, 2)
+    assert torch.equal(lse, torch.where(nl == -INF, INF, nl)), "FlashMLA's lse: [b, h, s_q], +inf for empty rows"
+    # against attention at FlashMLA's default scale, d_qk^-1/2 = 512^-1/2
+    ref = model1_reference(q, [(rows1, idx1, tl1), (rows2, idx2, tl2)])
+    for (i, j), (o, s, a) in ref.items():
+        assert within_contract(out[i, j].double(), sink_reference(o, s, sink), a), (i, j)
+    assert torch.all(out[1] == 0) and torch.all(lse[1] == INF), "request 1 reads nothing: out 0, lse +inf"
+    # the step's next layer reuses the schedule: the same bits
+    assert meta.scheduled
+    out2, lse2 = face(meta)
+    assert torch.equal(out2.view(torch.int16), out.view(torch.int16)) and torch.equal(lse2, lse)
+    # one source, uint8 cache bytes, an explicit scale, no sink
+    out1, lse1 = face(get_mla_metadata()[0], cache=c1, softmax_scale=0.05, attn_sink=None, extra_k_cache=None,
+                      extra_indices_in_kvcache=None, extra_topk_length=None)
+    for (i, j), (o, s, a) in model1_reference(q, [(rows1, idx1, tl1)], scale=0.05).items():
+        assert within_contract(out1[i, j].double(), o, a), ("one source", i, j)
+    with pytest.raises(ValueError, match="tile_scheduler_metadata"):
+        face(meta, extra_k_cache=None, extra_indices_in_kvcache=None, extra_topk_length=None)
+    with pytest.raises(ValueError, match="extra_k_cache"):
+        face(get_mla_metadata()[0], extra_k_cache=None)

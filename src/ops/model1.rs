@@ -6,11 +6,13 @@
 //! sm_90), split launches through the decode's own schedule and combine
 //! ([`crate::ops::decode`]); `kernels-src/fill.cuh` (`kv_fill_model1`).
 
-use super::decode::{launch, length_strides, validate_common, DecodeCommon, Kernel, MAX_DECODE_TOKENS};
+use super::decode::{launch, length_strides, validate_common, DecodeCommon, DecodeOut, Kernel, MAX_DECODE_TOKENS};
 use super::{check_block_table, check_layout, check_rows, compiled, launch_warp_rows, to_i32};
 use crate::abi::{DcpKvFillParams, DcpMlaDecodeParams};
 use crate::error::Result;
-use crate::formats::model1::{model1_page_bytes, Model1Pages, MODEL1_D_NOPE, MODEL1_D_QK, MODEL1_PAGE_ALIGN};
+use crate::formats::model1::{
+    model1_page_bytes, Model1Pages, MODEL1_D_NOPE, MODEL1_D_QK, MODEL1_PAGE_ALIGN, MODEL1_TOKEN_BYTES,
+};
 use crate::formats::D_ROPE;
 use crate::planner::DcpLayout;
 use crate::runtime::registry;
@@ -44,9 +46,12 @@ pub struct Model1Source {
 }
 
 /// A MODEL1 sparse decode: `common.q` is bf16 [batch, nq, heads, 512] (its strides in
-/// `common.q_strides`), `common.scale` σ ([`model1_default_scale`], 512^-½, is FlashMLA's
-/// default; [`DecodeCommon::new`] sets 576^-½, the 576 path's). Out [batch, nq, heads, 512] and
-/// lse as every decode's, sinks and splits included.
+/// `common.q_strides`), `common.scale` σ. Out [batch, nq, heads, 512] and lse as every decode's,
+/// sinks and splits included.
+///
+/// Build one with [`Model1Decode::new`], which sets MODEL1's default scale
+/// ([`model1_default_scale`], 512^-½, FlashMLA's `d_qk^-½`); a `common` from
+/// [`DecodeCommon::new`] carries the 576 path's 576^-½ instead.
 #[derive(Debug, Clone, Copy)]
 pub struct Model1Decode {
     pub common: DecodeCommon,
@@ -55,6 +60,31 @@ pub struct Model1Decode {
     /// The second (`extra_k_cache`, `extra_indices_in_kvcache`, `extra_topk_length`): its
     /// entries follow the first list's in the same softmax.
     pub extra: Option<Model1Source>,
+}
+
+impl Model1Decode {
+    /// A decode of `main` alone over contiguous q, out and lse with MODEL1's default scale
+    /// ([`model1_default_scale`]), no sink and −inf for an empty row's lse, computing its split
+    /// schedule (as [`DecodeCommon::new`] otherwise): the rest goes in by struct update,
+    /// `Model1Decode { extra: Some(e), ..Model1Decode::new(..) }`, or through `common`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        q: DeviceSlice<bf16>,
+        batch: usize,
+        nq: usize,
+        heads: usize,
+        out: DecodeOut,
+        lse: DeviceSlice<f32>,
+        num_splits: usize,
+        workspace: DeviceSlice<u8>,
+        main: Model1Source,
+    ) -> Self {
+        let common = DecodeCommon {
+            scale: model1_default_scale(),
+            ..DecodeCommon::new(q, batch, nq, heads, out, lse, num_splits, workspace)
+        };
+        Model1Decode { common, main, extra: None }
+    }
 }
 
 /// The argument names of a source's fields, as the C ABI spells them.
@@ -99,7 +129,11 @@ const EXTRA: Names = Names {
 fn check_model1_cache(cache: &DeviceSlice<u8>, pages: &Model1Pages, n: &Names) -> Result<i32> {
     let Model1Pages { num_pages, block_size, page_stride } = *pages;
     ensure_arg!(block_size >= 1, n.block_size, "must be at least 1");
-    let min = block_size.checked_mul(584).map(|_| model1_page_bytes(block_size));
+    // model1_page_bytes(B), checked: 584·B rounded up to a multiple of 576
+    let min = block_size
+        .checked_mul(MODEL1_TOKEN_BYTES)
+        .and_then(|b| b.div_ceil(MODEL1_PAGE_ALIGN).checked_mul(MODEL1_PAGE_ALIGN));
+    debug_assert!(min.is_none_or(|m| m == model1_page_bytes(block_size)));
     ensure_arg!(min.is_some(), n.block_size, "{block_size} tokens a page overflow the page size");
     let min = min.unwrap_or(0);
     ensure_arg!(
@@ -206,6 +240,13 @@ pub fn mla_decode_model1(dev: &Device, stream: Stream, a: &Model1Decode) -> Resu
     launch(dev, stream, &kernel, &a.common, &mut params, true)
 }
 
+/// Every check [`mla_decode_model1`] runs before it launches, without a device (the C ABI's
+/// tests name its fields through it; not an API).
+#[doc(hidden)]
+pub fn decode_checks(a: &Model1Decode) -> Result<()> {
+    decode_params(a).map(|_| ())
+}
+
 /// Arguments of [`kv_fill_model1`]: the new tokens, where they go, and this rank's MODEL1 cache.
 #[derive(Debug, Clone, Copy)]
 pub struct Model1Fill {
@@ -242,6 +283,13 @@ pub fn kv_fill_model1(dev: &Device, stream: Stream, a: &Model1Fill) -> Result<()
     let id = compiled(registry::kv_fill_model1(), || "kv_fill_model1".into())?;
     // SAFETY: fill_params checked every buffer against the extents the kernel addresses.
     unsafe { launch_warp_rows(dev, stream, id, params.num_tokens as usize, "positions", &params) }
+}
+
+/// Every check [`kv_fill_model1`] runs before it launches, without a device (as
+/// [`decode_checks`]; not an API).
+#[doc(hidden)]
+pub fn fill_checks(a: &Model1Fill) -> Result<()> {
+    fill_params(a).map(|_| ())
 }
 
 fn fill_params(a: &Model1Fill) -> Result<DcpKvFillParams> {
@@ -285,7 +333,6 @@ fn fill_params(a: &Model1Fill) -> Result<DcpKvFillParams> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ops::decode::DecodeOut;
     use crate::ops::test_util::{arg_of, fake};
 
     fn source(batch: usize, nq: usize, topk: usize, pages: Model1Pages) -> Model1Source {
@@ -303,9 +350,9 @@ mod tests {
     fn decode(extra: bool) -> Model1Decode {
         let (batch, nq, heads) = (2, 1, 64);
         let rows = batch * nq * heads;
-        let common = DecodeCommon {
-            scale: model1_default_scale(),
-            ..DecodeCommon::new(
+        Model1Decode {
+            extra: extra.then(|| source(batch, nq, 64, Model1Pages::new(3, 2))),
+            ..Model1Decode::new(
                 fake(rows * 512),
                 batch,
                 nq,
@@ -314,13 +361,18 @@ mod tests {
                 fake(rows),
                 1,
                 fake(0),
+                source(batch, nq, 128, Model1Pages::new(8, 64)),
             )
-        };
-        Model1Decode {
-            common,
-            main: source(batch, nq, 128, Model1Pages::new(8, 64)),
-            extra: extra.then(|| source(batch, nq, 64, Model1Pages::new(3, 2))),
         }
+    }
+
+    #[test]
+    fn the_default_scale_is_model1s() {
+        let a = decode(false);
+        assert_eq!(a.common.scale, model1_default_scale());
+        assert_eq!(a.common.scale, 512f32.powf(-0.5));
+        let p = decode_params(&a).unwrap();
+        assert_eq!(p.scale_log2, model1_default_scale() * std::f32::consts::LOG2_E);
     }
 
     #[test]

@@ -3,7 +3,7 @@
  * names the argument, a null out-pointer returns DCP_MLA_STATUS_NULL_POINTER naming it, and a
  * valid call right after each refusal still answers (and clears the last error). The launchers
  * refuse a null device by name. With `--device` (a GPU run) it opens device 0 (failing if it cannot)
- * and drives the launchers (top-k, fill, dense decode, two-way merge) with wrapped sizes
+ * and drives the launchers (top-k, fill, dense and MODEL1 decode, two-way merge) with wrapped sizes
  * (INVALID_ARGUMENT), null buffers (NULL_POINTER) and misaligned ones (MISALIGNED), each naming
  * the argument and refused before anything is launched, then a valid top-k whose result is
  * checked. (A launcher looks up its device before its sizes, so those checks need one.)
@@ -127,6 +127,33 @@ static enum DcpMlaStatus fill_wrapped(const DcpMlaDevice *dev) {
   return dcp_mla_launch_kv_fill(&a);
 }
 
+/* A MODEL1 decode of one request, 64 heads: a first cache of 4 pages of 64 tokens (37,440 bytes
+   a page) holding `cache_numel` bytes, a second of 3 pages of 2 tokens `extra_stride` bytes apart
+   (fake buffers: every call with them is refused before a launch). */
+static enum DcpMlaStatus model1(const DcpMlaDevice *dev, size_t cache_numel, size_t extra_stride) {
+  DcpMlaDecodeModel1Args a = {0};
+  a.struct_size = sizeof a;
+  a.device = dev;
+  a.q = fake(0x43000000, 64 * 512, DCP_MLA_DTYPE_BF16);
+  a.out = fake(0x44000000, 64 * 512, DCP_MLA_DTYPE_BF16);
+  a.lse = fake(0x45000000, 64, DCP_MLA_DTYPE_F32);
+  a.cache = fake(0x40000000, cache_numel, DCP_MLA_DTYPE_U8);
+  a.indices = fake(0x41000000, 128, DCP_MLA_DTYPE_I32);
+  a.extra_cache = with_strides(fake(0x46000000, 3 * 2304, DCP_MLA_DTYPE_U8), &extra_stride, 1);
+  a.extra_indices = fake(0x47000000, 64, DCP_MLA_DTYPE_I32);
+  a.batch = 1;
+  a.num_q = 1;
+  a.heads = 64;
+  a.num_splits = 1;
+  a.num_pages = 4;
+  a.block_size = 64;
+  a.topk = 128;
+  a.extra_num_pages = 3;
+  a.extra_block_size = 2;
+  a.extra_topk = 64;
+  return dcp_mla_launch_decode_model1(&a);
+}
+
 static void launcher_checks(const DcpMlaDevice *dev) {
   const size_t wrap = SIZE_MAX - 10;
   DcpMlaTensor lens2 = fake(0x10000000, 2, DCP_MLA_DTYPE_I32), out2 = fake(0x11000000, 2 * 256, DCP_MLA_DTYPE_I32);
@@ -166,6 +193,14 @@ static void launcher_checks(const DcpMlaDevice *dev) {
   expect("decode_dense, page stride below the block size",
          dense(dev, fake(0x43000000, 64 * 576, DCP_MLA_DTYPE_BF16), NULL, 64, 32), DCP_MLA_STATUS_INVALID_ARGUMENT,
          "cache.strides");
+
+  /* MODEL1 decode: a first cache a byte short of its pages, a second whose pages are not a
+     multiple of 576 bytes apart, a second whose pages overlap (a stride below a page) */
+  expect("decode_model1, cache short", model1(dev, 4 * 37440 - 1, 2304), DCP_MLA_STATUS_INVALID_ARGUMENT, "`cache`");
+  expect("decode_model1, extra stride not 576-aligned", model1(dev, 4 * 37440, 2000), DCP_MLA_STATUS_INVALID_ARGUMENT,
+         "extra_cache.strides");
+  expect("decode_model1, extra pages overlap", model1(dev, 4 * 37440, 576), DCP_MLA_STATUS_INVALID_ARGUMENT,
+         "extra_cache.strides");
 
   /* two-way merge: rows * 512 wraps; a null lse */
   DcpMlaMergeTwoArgs m = merge(dev, fake(0x53000000, 1, DCP_MLA_DTYPE_F32), SIZE_MAX / 256, DCP_MLA_LSE_BASE_2);
@@ -270,6 +305,8 @@ int main(int argc, char **argv) {
          topk_local(NULL, fake(0x12000000, 600, DCP_MLA_DTYPE_F32), 300, 300,
                             fake(0x10000000, 2, DCP_MLA_DTYPE_I32), 2, 256, fake(0x11000000, 512, DCP_MLA_DTYPE_I32)),
          DCP_MLA_STATUS_NULL_POINTER, "`device`");
+
+  expect("decode_model1, null device", model1(NULL, 4 * 37440, 2304), DCP_MLA_STATUS_NULL_POINTER, "`device`");
 
   /* the argument structs' compatibility rule, from C: a newer caller's larger struct whose extra
      bytes are zero is served (here as far as the null device), one with a field set there is
