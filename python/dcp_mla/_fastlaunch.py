@@ -44,7 +44,11 @@ def launch_key(q, k_cache, block_table, cache_seqlens, indices, topk_length, att
         dense = None
     return (q.shape, q.stride(), q.dtype, q.device,
             k_cache.shape, k_cache.stride(), k_cache.dtype, k_cache.device,
-            dense, tensor_key(indices), tensor_key(topk_length), tensor_key(attn_sink),
+            dense,
+            None if indices is None else (indices.shape, indices.stride(), indices.dtype, indices.device),
+            None if topk_length is None else (topk_length.shape, topk_length.stride(), topk_length.dtype,
+                                              topk_length.device),
+            None if attn_sink is None else (attn_sink.shape, attn_sink.stride(), attn_sink.dtype, attn_sink.device),
             head_dim_v, softmax_scale, causal, is_fp8_kvcache, stream)
 
 
@@ -57,15 +61,26 @@ FIELDS = {
 }
 
 
+def _layout(name):
+    """(struct class, its words as a c_uint64 array type, the word index of the `data` of q, out,
+    lse, cache, block_table or indices, lens or topk_len, sink)."""
+    cls, names = _lib.ARGS[name], FIELDS[name]
+    slots = tuple((getattr(cls, names[i]).offset + _lib.Tensor.data.offset) // 8 for i in (0, 1, 2, 4, 5, 6, 7))
+    return cls, ctypes.c_uint64 * (ctypes.sizeof(cls) // 8), slots
+
+
+_LAYOUTS = {name: _layout(name) for name in FIELDS}
+
+
 class Launch:
     """One cached launch: the operation's entry point, its argument struct as the checked path
     filled it (schedule set to SCHEDULE_REUSE: the checked call computed the schedule or reused
     one), the word index of each rewritten data pointer, and what the replay allocates."""
     __slots__ = ("key", "thread", "workspace", "name", "fn", "buf", "ref", "words", "slots", "out_shape",
-                 "lse_shape", "device")
+                 "lse_shape", "device", "index")
 
     def __init__(self, key, name, fn, filled, workspace, out_shape, lse_shape, device):
-        cls = _lib.ARGS[name]
+        cls, words, self.slots = _LAYOUTS[name]
         self.key = key
         self.thread = get_ident()
         self.workspace = workspace
@@ -74,14 +89,11 @@ class Launch:
         self.buf = cls.from_buffer_copy(filled)
         self.buf.schedule = _lib.SCHEDULE_REUSE
         self.ref = ctypes.byref(self.buf)
-        self.words = (ctypes.c_uint64 * (ctypes.sizeof(cls) // 8)).from_buffer(self.buf)
-        # q, out, lse, cache, block_table or indices, lens or topk_len, sink: their `data` words
-        names = FIELDS[name]
-        self.slots = tuple((getattr(cls, f).offset + _lib.Tensor.data.offset) // 8
-                           for f in (names[0], names[1], names[2], names[4], names[5], names[6], names[7]))
+        self.words = words.from_buffer(self.buf)
         self.out_shape = out_shape
         self.lse_shape = lse_shape
         self.device = device
+        self.index = getattr(device, "index", None)
 
     def write(self, q, out, lse, cache, second, third, sink):
         """Writes the call's data pointers (second, third: block_table and cache_seqlens, or

@@ -107,7 +107,7 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
         # this metadata replays its argument struct with this call's data pointers
         try:
             key = launch_key(q, k_cache, block_table, cache_seqlens, indices, topk_length, attn_sink, head_dim_v,
-                             softmax_scale, causal, is_fp8_kvcache, _raw_stream(cached.device.index))
+                             softmax_scale, causal, is_fp8_kvcache, _raw_stream(cached.index))
         except (AttributeError, TypeError):
             key = None  # an argument that is no tensor: the checked path names it
         if key == cached.key and cached.thread == get_ident() and cached.workspace is meta.workspace:
