@@ -36,6 +36,18 @@ silently ignored:
 - For s_q > 1 with causal=True, row j of request i sees the first cache_seqlens[i] − s_q + 1 + j
   tokens, as in FlashMLA; the decode kernels work the rows' lengths out from cache_seqlens
   (read in place), so a dense call launches the decode's own kernels only.
+
+Launch cache (host time): a call at head dim 576 that went through the checked path leaves its
+FlashMLASchedMeta the launch's argument struct (meta.launch, dcp_mla._fastlaunch.Launch), keyed
+on everything the launch reads but the data pointers: the shape, strides, dtype and device of q,
+k_cache, block_table and cache_seqlens (dense) or indices and topk_length (sparse) and
+attn_sink, which are None, head_dim_v, softmax_scale, causal, is_fp8_kvcache, the current
+stream, the thread and the metadata's workspace. A later call of the same key (a step's other
+layers) allocates out and lse, writes every data pointer of this call into the struct and calls
+the C ABI, which checks the launch against the allocations as always; any other call takes the
+checked path (same checks, same errors) and replaces the entry. Calls with int64 lengths (an
+int32 copy each call) and MODEL1 calls are never cached. One thread's entry is never replayed by
+another, so a metadata shared by threads stays correct (each call checked).
 """
 
 import dataclasses
@@ -58,7 +70,9 @@ class FlashMLASchedMeta:
     from its lengths; later calls (the step's other layers) reuse that schedule, one small kernel
     less each. Make one a step (get_mla_metadata() per forward, inside a captured graph too):
     results are exact whatever the lengths, but a schedule kept across steps keeps the SMs'
-    balance of the lengths it was made with. Use it only for calls of the same shapes."""
+    balance of the lengths it was made with. Use it only for calls of the same shapes. It also keeps
+the last checked launch (`launch`; see the module docstring): later calls of the same shapes,
+strides, scalars and stream replay it with their own pointers, skipping the Python checks."""
     have_initialized: bool = False
     # set once a call has launched with it, i.e. its workspace holds a computed schedule (a
     # first call that raised before its launch leaves the next call to compute it)
