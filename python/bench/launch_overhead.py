@@ -6,7 +6,11 @@ problem (the GPU keeps up, so the host is the limit): argument checks, allocatio
 passed, filling the operation's argument struct, the ctypes call and the C ABI's own validation.
 `flash_mla_with_kvcache face` is the decode_dense problem through dcp_mla.flash_mla (FlashMLA's
 interface: out and lse allocated every call, as FlashMLA's own does), to set beside FlashMLA's
-figure for the same call."""
+figure for the same call: after its first call a metadata object replays its launch (the face's
+launch cache), so this is the cached path; `..., checked path` alternates two caches of different
+page strides (every call's key differs: the checked path, then the launch remembered), `..., first
+call of a metadata` is a step's first layer (a new get_mla_metadata(): workspace, checked path
+and the schedule kernel)."""
 
 import json
 import sys
@@ -54,6 +58,14 @@ def main():
     # (one schedule for every call, as a step's layers share it; the first call makes it)
     cache4, seqlens = cache.unsqueeze(2), lens.view(b)
     meta, _ = flash_mla.get_mla_metadata()
+    # the same pages as a view of a wider page dimension: another page stride, another key
+    paged = torch.randn(b, 65, 576, device=dev).to(torch.bfloat16)[:, :64].unsqueeze(2)
+    caches_flip, meta_flip = [cache4, paged], flash_mla.get_mla_metadata()[0]
+
+    def face_checked():
+        caches_flip.reverse()
+        return flash_mla.flash_mla_with_kvcache(q, caches_flip[0], table, seqlens, 512, meta_flip)
+
     cases = {
         "torch add_ (baseline)": lambda: out.add_(1.0),
         "merge_two": lambda: dcp_mla.merge_two(oa, la, ob, lb, out=out, lse=lse),
@@ -69,6 +81,9 @@ def main():
                                                                              scale, 1, compute, None, 0, 0, 1, 1, 0),
         "topk_local": lambda: dcp_mla.topk_local(scores, slens, 512, out=idx),
         "flash_mla_with_kvcache face": lambda: flash_mla.flash_mla_with_kvcache(q, cache4, table, seqlens, 512, meta),
+        "flash_mla_with_kvcache face, checked path": face_checked,
+        "flash_mla_with_kvcache face, first call of a metadata": lambda: flash_mla.flash_mla_with_kvcache(
+            q, cache4, table, seqlens, 512, flash_mla.get_mla_metadata()[0]),
         # the pieces of a call
         "piece: 6 tensor descriptors": lambda: [ops._t(x) for x in (q, dout, dlse, ws, cache, table)],
         "piece: device and raw stream": lambda: ops._dev_stream(q),

@@ -36,6 +36,18 @@ silently ignored:
 - For s_q > 1 with causal=True, row j of request i sees the first cache_seqlens[i] − s_q + 1 + j
   tokens, as in FlashMLA; the decode kernels work the rows' lengths out from cache_seqlens
   (read in place), so a dense call launches the decode's own kernels only.
+
+Launch cache (host time): a call at head dim 576 that went through the checked path leaves its
+FlashMLASchedMeta the launch's argument struct (meta.launch, dcp_mla._fastlaunch.Launch), keyed
+on everything the launch reads but the data pointers: the shape, strides, dtype and device of q,
+k_cache, block_table and cache_seqlens (dense) or indices and topk_length (sparse) and
+attn_sink, which are None, head_dim_v, softmax_scale, causal, is_fp8_kvcache, the current
+stream, the thread and the metadata's workspace. A later call of the same key (a step's other
+layers) allocates out and lse, writes every data pointer of this call into the struct and calls
+the C ABI, which checks the launch against the allocations as always; any other call takes the
+checked path (same checks, same errors) and replaces the entry. Calls with int64 lengths (an
+int32 copy each call) and MODEL1 calls are never cached. One thread's entry is never replayed by
+another, so a metadata shared by threads stays correct (each call checked).
 """
 
 import dataclasses
@@ -44,6 +56,11 @@ from typing import Optional, Tuple
 import torch
 
 from . import ops
+from ._fastlaunch import Launch, get_ident, launch_key
+
+_is_compiling = torch.compiler.is_compiling
+_raw_stream = ops._raw_stream
+_BF16, _F32, _I32 = torch.bfloat16, torch.float32, torch.int32
 
 
 @dataclasses.dataclass
@@ -53,7 +70,9 @@ class FlashMLASchedMeta:
     from its lengths; later calls (the step's other layers) reuse that schedule, one small kernel
     less each. Make one a step (get_mla_metadata() per forward, inside a captured graph too):
     results are exact whatever the lengths, but a schedule kept across steps keeps the SMs'
-    balance of the lengths it was made with. Use it only for calls of the same shapes."""
+    balance of the lengths it was made with. Use it only for calls of the same shapes. It also keeps
+the last checked launch (`launch`; see the module docstring): later calls of the same shapes,
+strides, scalars and stream replay it with their own pointers, skipping the Python checks."""
     have_initialized: bool = False
     # set once a call has launched with it, i.e. its workspace holds a computed schedule (a
     # first call that raised before its launch leaves the next call to compute it)
@@ -61,6 +80,9 @@ class FlashMLASchedMeta:
     config: Optional[tuple] = None
     num_splits: Optional[int] = None
     workspace: Optional[torch.Tensor] = None
+    # the launch cache (dcp_mla._fastlaunch.Launch): the argument struct of the last call that
+    # went through the checked path at head dim 576, replayed by calls of the same key
+    launch: Optional[object] = dataclasses.field(default=None, repr=False, compare=False)
 
 
 def get_mla_metadata(*args, **kwargs) -> Tuple[FlashMLASchedMeta, None]:
@@ -92,6 +114,25 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
     Returns out [b, s_q, h_q, 512] bf16 and softmax_lse [b, h_q, s_q] f32 (natural log).
     """
     meta = tile_scheduler_metadata
+    cached = getattr(meta, "launch", None)
+    if (cached is not None and not _is_compiling() and (num_splits is None or isinstance(num_splits, torch.Tensor))
+            and extra_k_cache is None and extra_indices_in_kvcache is None and extra_topk_length is None):
+        # the launch cache: a call whose key matches the last checked call of this thread with
+        # this metadata replays its argument struct with this call's data pointers
+        try:
+            key = launch_key(q, k_cache, block_table, cache_seqlens, indices, topk_length, attn_sink, head_dim_v,
+                             softmax_scale, causal, is_fp8_kvcache, _raw_stream(cached.index))
+        except (AttributeError, TypeError):
+            key = None  # an argument that is no tensor: the checked path names it
+        if key == cached.key and cached.thread == get_ident() and cached.workspace is meta.workspace:
+            out = torch.empty(cached.out_shape, dtype=_BF16, device=cached.device)
+            lse = torch.empty(cached.lse_shape, dtype=_F32, device=cached.device)
+            if indices is None:
+                cached.write(q, out, lse, k_cache, block_table, cache_seqlens, attn_sink)
+            else:
+                cached.write(q, out, lse, k_cache, indices, topk_length, attn_sink)
+            cached.call()
+            return out, lse
     if not isinstance(meta, FlashMLASchedMeta):
         raise TypeError("tile_scheduler_metadata: pass the first value get_mla_metadata returns")
     if num_splits is not None and not isinstance(num_splits, torch.Tensor):
@@ -162,7 +203,23 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
                                   sink=attn_sink, lse=lse_view, empty_lse_inf=True,
                                   lens_rule="global_causal" if causal else "global")
     meta.scheduled = True  # both paths launched (an error above leaves it as it was)
+    # remember the launch, unless a length tensor was converted (its int32 copy is gone now)
+    if not _is_compiling() and (topk_length is None or topk_length.dtype == _I32) and (
+            sparse or cache_seqlens.dtype == _I32):
+        _remember(meta, sparse, q, k_cache, block_table, cache_seqlens, indices, topk_length, attn_sink, head_dim_v,
+                  softmax_scale, causal, is_fp8_kvcache, (b, s_q, h_q, 512), (b, h_q, s_q))
     return out, lse
+
+
+def _remember(meta, sparse, q, k_cache, block_table, cache_seqlens, indices, topk_length, attn_sink, head_dim_v,
+              softmax_scale, causal, is_fp8_kvcache, out_shape, lse_shape):
+    """Keeps the launch this thread just made with `meta` (ops._last_launch) as its launch cache,
+    keyed on the stream it went to."""
+    name = "dcp_mla_launch_decode_sparse" if sparse else "dcp_mla_launch_decode_dense"
+    fn, filled = ops._last_launch(name)
+    key = launch_key(q, k_cache, block_table, cache_seqlens, indices, topk_length, attn_sink, head_dim_v,
+                     softmax_scale, causal, is_fp8_kvcache, filled.stream or 0)
+    meta.launch = Launch(key, name, fn, filled, meta.workspace, out_shape, lse_shape, q.device)
 
 
 _CONFIG = "(b, s_q, h_q, head_dim, page_block_size, causal, fp8, topk, extra_page_block_size, extra_topk)"

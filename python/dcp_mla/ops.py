@@ -310,6 +310,13 @@ def _launch(name, dev_stream, *values):
         _lib.check(name, status)
 
 
+def _last_launch(name):
+    """(entry point, argument struct) of this thread's last eager launch of `name`: the struct
+    is filled in place by every launch, so copy it before the next (dcp_mla.flash_mla's launch
+    cache does)."""
+    return _ENTRIES[name].fn, _local.__dict__[name]
+
+
 # --- the custom ops: the raw launch of each operation, registered for torch.compile ------------
 # Each impl takes only tensors and scalars and writes only its `mutates` arguments.
 

@@ -663,6 +663,179 @@ def test_flash_mla_face_sparse_fp8_matches_native(dev):
     assert torch.equal(out, nout) and torch.equal(lse, nlse.transpose(1, 2))
 
 
+def checked_launches(monkeypatch):
+    """Counts the face's calls that take the checked path (into ops.decode_dense/decode_sparse);
+    a call its launch cache replays goes straight to the C ABI."""
+    from dcp_mla import flash_mla as face_module
+    calls = []
+    for name in ("decode_dense", "decode_sparse"):
+        def counted(*args, _real=getattr(face_module.ops, name), **kwargs):
+            calls.append(name)
+            return _real(*args, **kwargs)
+        monkeypatch.setattr(face_module.ops, name, counted)
+    return calls
+
+
+def test_flash_mla_face_launch_cache_dense(dev, monkeypatch):
+    lens, s_q, h = [700, 1, 65], 2, 32
+    table, caches, _ = filled_caches(lens, 1, 1, B, "bf16", dev)
+    args = dict(q=torch.randn(len(lens), s_q, h, 576, device=dev).to(torch.bfloat16),
+                k_cache=caches[0].view(caches[0].shape[0], B, 1, 576), block_table=table,
+                cache_seqlens=torch.tensor(lens, dtype=torch.int32, device=dev), attn_sink=torch.randn(h, device=dev))
+    checked = checked_launches(monkeypatch)
+
+    def face(meta, **change):
+        a = dict(args, **change)
+        return flash_mla_with_kvcache(a.pop("q"), a.pop("k_cache"), a.pop("block_table"), a.pop("cache_seqlens"),
+                                      512, meta, None, causal=True, **a)
+
+    def same(got, want):
+        return torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+    meta = get_mla_metadata()[0]
+    first = face(meta)
+    assert checked == ["decode_dense"] and meta.launch is not None
+    second = face(meta)
+    assert len(checked) == 1, "the same arguments again: replayed"
+    assert second[0].data_ptr() != first[0].data_ptr() and second[1].data_ptr() != first[1].data_ptr()
+    assert same(second, first) and same(face(get_mla_metadata()[0]), first), "bit for bit the checked call's"
+    n = len(checked)
+    # a data pointer that moves (another cache, a block_table copy, ...) is written into the replay:
+    # the original is overwritten first, so a launch that read it would differ
+    for name, scramble in [("q", 0.0), ("k_cache", 0.0), ("block_table", 0), ("cache_seqlens", 1),
+                           ("attn_sink", 0.0)]:
+        original = args[name]
+        copy = original.clone()
+        assert copy.stride() == original.stride() and copy.data_ptr() != original.data_ptr()
+        original.fill_(scramble)
+        assert same(face(meta, **{name: copy}), first), name
+        original.copy_(copy)
+    assert len(checked) == n, "pointers alone change: every call replayed"
+    # new values behind the same pointers are read, as by any launch
+    q2, saved = torch.randn_like(args["q"]), args["q"].clone()
+    want = face(get_mla_metadata()[0], q=q2)
+    n = len(checked)
+    args["q"].copy_(q2)
+    assert same(face(meta), want) and len(checked) == n
+    args["q"].copy_(saved)
+
+    def reference(**change):
+        """The changed call on a metadata of the original call's split count and schedule."""
+        m = get_mla_metadata()[0]
+        face(m)
+        return face(m, **change)
+    # a stride, a shape, a dtype, a scalar or the stream that changes takes the checked path
+    paged = paged_view(caches[0]).unsqueeze(2)
+    wider = torch.cat([table, torch.full((len(lens), 1), -1, dtype=torch.int32, device=dev)], dim=1)
+    for change in [dict(k_cache=paged), dict(block_table=wider), dict(cache_seqlens=args["cache_seqlens"].long()),
+                   dict(softmax_scale=0.05), dict(attn_sink=None)]:
+        n = len(checked)
+        got = face(meta, **change)
+        assert len(checked) == n + 1, change.keys()
+        assert same(got, reference(**change)), change.keys()
+    # (int64 lengths are converted each call: such a call is never remembered)
+    n = len(checked)
+    face(meta, cache_seqlens=args["cache_seqlens"].long())
+    face(meta, cache_seqlens=args["cache_seqlens"].long())
+    assert len(checked) == n + 2
+    n = len(checked)
+    face(meta, attn_sink=None)
+    assert len(checked) == n, "the last remembered call replays"
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        n = len(checked)
+        on_side = face(meta)
+        assert len(checked) == n + 1, "another stream: checked"
+        face(meta)
+        assert len(checked) == n + 1, "then replayed on it"
+    torch.cuda.current_stream().wait_stream(side)
+    assert same(on_side, first)
+    # another thread takes the checked path (each thread replays only its own launches)
+    import threading
+    n = len(checked)
+    face(meta)
+    face(meta)
+    assert len(checked) == n + 1, "the default stream again: checked, then replayed"
+    res = []
+    worker = threading.Thread(target=lambda: res.append(face(meta)))
+    worker.start()
+    worker.join()
+    torch.cuda.synchronize()
+    assert len(checked) == n + 2 and same(res[0], first)
+    face(meta)
+    assert len(checked) == n + 3, "the other thread's launch is not replayed here"
+    # the checks of the checked path still run: another shape raises as before
+    with pytest.raises(ValueError, match="tile_scheduler_metadata"):
+        face(meta, q=args["q"][:2], block_table=table[:2], cache_seqlens=args["cache_seqlens"][:2])
+    with pytest.raises(ValueError, match="topk_length"):
+        face(meta, topk_length=args["cache_seqlens"])
+
+
+def test_flash_mla_face_launch_cache_sparse(dev, monkeypatch):
+    lens, h, k = [2000, 300], 64, 512
+    table, caches, _ = filled_caches(lens, 1, 1, B, "fp8_656", dev)
+    q = torch.randn(len(lens), 1, h, 576, device=dev).to(torch.bfloat16)
+    indices = torch.full((len(lens), 1, k), -1, dtype=torch.int32, device=dev)
+    for req, n in enumerate(lens):
+        toks = torch.randperm(n)[:min(n, k)].to(dev)
+        indices[req, 0, :toks.numel()] = (table[req].long()[toks // B] * B + toks % B).int()
+    k_cache = caches[0].view(torch.float8_e4m3fn).view(caches[0].shape[0], B, 1, 656)
+    topk_length = torch.tensor([400, 300], dtype=torch.int32, device=dev)
+    checked = checked_launches(monkeypatch)
+
+    def face(meta, q=q, indices=indices, topk_length=topk_length, block_table=None, cache_seqlens=None):
+        return flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, 512, meta, None, is_fp8_kvcache=True,
+                                      indices=indices, topk_length=topk_length)
+
+    meta = get_mla_metadata()[0]
+    out, lse = face(meta)
+    out2, lse2 = face(meta)
+    assert checked == ["decode_sparse"]
+    assert torch.equal(out2, out) and torch.equal(lse2, lse)
+    for name, x, scramble in [("indices", indices, -1), ("topk_length", topk_length, 0)]:
+        copy = x.clone()
+        x.fill_(scramble)
+        got = face(meta, **{name: copy})
+        assert torch.equal(got[0], out) and torch.equal(got[1], lse), name
+        x.copy_(copy)
+    assert len(checked) == 1
+    # a block table or lengths given to sparse decode are not read: no part of the key
+    face(meta, block_table=table, cache_seqlens=topk_length)
+    assert len(checked) == 1
+    got = face(meta, indices=view_of_larger(indices))
+    assert len(checked) == 2 and torch.equal(got[0], out) and torch.equal(got[1], lse)
+
+
+def test_flash_mla_face_launch_cache_in_a_graph(dev, monkeypatch):
+    # a step's layers captured in one graph: the first call on the capture stream is checked, the
+    # others replay it; the graph reads new lengths and queries on each replay
+    lens, s_q, h = [700, 1, 65], 2, 32
+    table, caches, _ = filled_caches(lens, 1, 1, B, "bf16", dev)
+    q = torch.randn(len(lens), s_q, h, 576, device=dev).to(torch.bfloat16)
+    seqlens = torch.tensor(lens, dtype=torch.int32, device=dev)
+    k_caches = [caches[0].view(caches[0].shape[0], B, 1, 576), caches[0].clone().view(-1, B, 1, 576)]
+    checked = checked_launches(monkeypatch)
+    meta = get_mla_metadata()[0]
+    flash_mla_with_kvcache(q, k_caches[0], table, seqlens, 512, meta, None, causal=True)
+    torch.cuda.synchronize()
+    n = len(checked)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outs = [flash_mla_with_kvcache(q, k_caches[layer % 2], table, seqlens, 512, meta, None, causal=True)
+                for layer in range(4)]
+    assert len(checked) == n + 1
+    for new_lens in ([700, 1, 65], [3, 0, 64]):
+        seqlens.copy_(torch.tensor(new_lens, dtype=torch.int32))
+        q.copy_(torch.randn_like(q))
+        graph.replay()
+        torch.cuda.synchronize()
+        # eager on the same metadata: the same schedule, so the same bits
+        want = flash_mla_with_kvcache(q, k_caches[0], table, seqlens, 512, meta, None, causal=True)
+        for out, lse in outs:
+            assert torch.equal(out, want[0]) and torch.equal(lse, want[1]), new_lens
+
+
 # --- inputs built the way FlashMLA's own decode tests build theirs --------------------------------
 
 def view_of_larger(x):
