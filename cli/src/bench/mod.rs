@@ -12,10 +12,14 @@
 use cudarc::driver::{sys, CudaSlice, CudaStream, DeviceRepr, DriverError};
 use dcp_mla::catalogue::heuristic_path;
 use dcp_mla::error::{Error, Result};
+use dcp_mla::formats::model1::{
+    encode_model1_token, model1_page_bytes, Model1Pages, MODEL1_D_QK, MODEL1_D_V, MODEL1_TOKEN_BYTES,
+};
 use dcp_mla::formats::{KvFormat, D_LATENT, D_QK, D_ROPE, D_V};
 use dcp_mla::ops::combine::{self, a2a_aligned_slot_bytes, A2aCombine, A2aPack, AgRsCorrect, CombineRows, MergeTwo};
 use dcp_mla::ops::decode::{self, DecodeCommon, DecodeOut, DecodePath, DecodeSchedule, DenseDecode, SparseDecode};
 use dcp_mla::ops::fill::{kv_fill, KvFill};
+use dcp_mla::ops::model1::{mla_decode_model1, model1_default_scale, Model1Decode, Model1Source};
 use dcp_mla::ops::prefill::{self, piece_table, Flatten, Reorder};
 use dcp_mla::ops::topk::{self, Compact, GlobalMerge, LocalTopk, PackCandidates, PageTranslate};
 use dcp_mla::ops::RowsDtype;
@@ -249,7 +253,8 @@ pub enum Target {
     /// At least this fraction of the speed of the same run's copy of the row's own bytes
     /// ([`Timer::same_bytes_copy`]: its µs over the row's): a data-path row's fair ceiling.
     SameBytes(f64),
-    /// At least this many TFLOP/s (FlashMLA's figure on the H200).
+    /// At least this many TFLOP/s: FlashMLA's figure on the H200, or (MODEL1) a fraction of its
+    /// figure on the card docs/performance.md names.
     Tflops(f64),
     /// At most this many µs.
     MaxUs(f64),
@@ -330,6 +335,10 @@ pub enum Case {
     /// Sparse decode: each query row attends to `k` distinct random tokens of its request's
     /// [`SPARSE_CONTEXT`]-token cache, addressed through the block table (page·B + offset).
     Sparse { format: KvFormat, b: usize, q: usize, h: usize, k: usize },
+    /// MODEL1's sparse decode (FlashMLA's d_qk = 512 path over its page-wise FP8 cache, one
+    /// source): each query row attends to `k` distinct random tokens of its request's
+    /// [`SPARSE_CONTEXT`]-token cache, drawn as [`Case::Sparse`]'s are.
+    Model1 { b: usize, q: usize, h: usize, k: usize },
     /// A shape of the engine view ([`ENGINE_SHAPES`]); its rows are [`DECODE_ENGINE_FAMILY`]'s.
     Engine(EngineShape),
     /// Two-way merge of T·H rows, `input` in, bf16 out.
@@ -577,6 +586,7 @@ fn describe(c: &Case) -> String {
             format!("b={b} q=1 H={h} s_k=ramp..{sk} {}", if split { "split=auto" } else { "split=1" })
         }
         Case::Sparse { format, b, q, h, k } => format!("{format:?} b={b} q={q} H={h} K={k}"),
+        Case::Model1 { b, q, h, k } => format!("Model1 b={b} q={q} H={h} K={k}"),
         Case::Engine(e) => e.name.to_string(),
         Case::MergeTwo { t, h, input } => format!("{input:?} in T={t} H={h}"),
         Case::AgRsCorrect { d, t, h, contrib } => format!("{contrib:?} contrib D={d} T={t} H={h}"),
@@ -608,7 +618,13 @@ fn work(c: &Case) -> (f64, f64) {
 
 /// Bytes a kernel must move at least, and its FLOPs.
 fn kernel_work(c: &Case) -> (f64, f64) {
-    let attn_flops = |rows: usize, keys: usize| 2.0 * rows as f64 * keys as f64 * (D_QK + D_V) as f64;
+    let attn = |rows: usize, keys: usize, dims: usize| 2.0 * rows as f64 * keys as f64 * dims as f64;
+    let attn_flops = |rows: usize, keys: usize| attn(rows, keys, D_QK + D_V);
+    // a sparse decode: each query row's K tokens read once (`token_bytes` each, as stored), the
+    // bf16 q read and out written, 2·`dims` FLOPs a head and token (`dims` = d_qk + d_v)
+    let sparse = |b: usize, q: usize, h: usize, k: usize, token_bytes: usize, dims: usize| {
+        (b * q * k * token_bytes + b * q * h * dims * 2, attn(b * q * h, k, dims))
+    };
     let (bytes, flops) = match *c {
         Case::Fill { format, tokens } => (tokens * ((D_LATENT + D_ROPE) * 2 + format.token_bytes()), 0.0),
         Case::Dense { b, q, h, sk } => (b * sk * D_QK * 2 + b * q * h * (D_QK + D_V) * 2, attn_flops(b * q * h, sk)),
@@ -619,9 +635,9 @@ fn kernel_work(c: &Case) -> (f64, f64) {
             let tokens: usize = ramp_lens(b, sk).iter().sum();
             (tokens * D_QK * 2 + b * h * (D_QK + D_V) * 2, attn_flops(h, tokens))
         }
-        Case::Sparse { format, b, q, h, k } => {
-            (b * q * k * format.token_bytes() + b * q * h * (D_QK + D_V) * 2, attn_flops(b * q * h, k))
-        }
+        Case::Sparse { format, b, q, h, k } => sparse(b, q, h, k, format.token_bytes(), D_QK + D_V),
+        // MODEL1: 584 bytes a token (value row and scale slot, not the page's padding)
+        Case::Model1 { b, q, h, k } => sparse(b, q, h, k, MODEL1_TOKEN_BYTES, MODEL1_D_QK + MODEL1_D_V),
         // dense: each request's KV read once (its longest row's tokens), the FLOPs of every row's
         // own length; with equal lengths and no causal rows, `Dense`'s counts
         Case::Engine(e) if e.sparse => {
@@ -652,6 +668,14 @@ fn kernel_work(c: &Case) -> (f64, f64) {
     };
     (bytes as f64, flops)
 }
+
+/// FlashMLA's MODEL1 sparse decode on an H100 (b, q, H, K, µs): the `mla_decode` MODEL1 rows'
+/// shapes and the figures their targets come from (docs/performance.md, "Targets").
+pub const MODEL1_FLASHMLA_H100_US: [(usize, usize, usize, usize, f64); 3] =
+    [(128, 1, 64, 512, 41.9), (128, 2, 128, 512, 106.6), (64, 2, 64, 2048, 126.9)];
+
+/// The fraction of FlashMLA's speed a MODEL1 row must reach (issue 64's bar).
+pub const MODEL1_FLASHMLA_BAR: f64 = 0.90;
 
 /// Every row of docs/performance.md's tables, with its target; a shape docs/performance.md gives a baseline but no
 /// target for is held to the baseline itself.
@@ -693,6 +717,13 @@ pub fn rows() -> Vec<BenchRow> {
     }
     // not in docs/performance.md: the BF16 cache's sparse decode (the wgmma trio schedule, as FP8's)
     v.push(BenchRow::new("mla_decode", Case::Sparse { format: Bf16, b: 128, q: 2, h: 64, k: 2048 }, Target::None));
+    // MODEL1 (issue 64): FlashMLA's µs on an H100 (docs/performance.md), held to
+    // MODEL1_FLASHMLA_BAR of its TFLOP/s
+    for (b, q, h, k, flashmla_us) in MODEL1_FLASHMLA_H100_US {
+        let case = Case::Model1 { b, q, h, k };
+        let flashmla_tflops = kernel_work(&case).1 / flashmla_us / 1e6;
+        v.push(BenchRow::new("mla_decode", case, Target::Tflops(MODEL1_FLASHMLA_BAR * flashmla_tflops)));
+    }
     // how engines run decode: GRAPH_LAYERS layers in one CUDA graph, back to back, no L2
     // eviction (graph_layer_us); beside FlashMLA's rows of the same shapes, no target of their own
     for (q, h, sk) in [(1, 64, 8192), (1, 128, 8192), (2, 64, 8192), (6, 64, 8192), (1, 64, 32768)] {
@@ -927,7 +958,11 @@ pub fn sparse_indices(
 pub struct DecodeSpec {
     /// Index lists into the cache, else the dense block table (BF16).
     pub sparse: bool,
+    /// The 576 path's cache format (unused by MODEL1).
     pub format: KvFormat,
+    /// MODEL1's sparse decode (d_qk = 512) over its page-wise FP8 cache ([`Case::Model1`]);
+    /// `sparse` too.
+    pub model1: bool,
     pub b: usize,
     pub q: usize,
     pub h: usize,
@@ -950,6 +985,7 @@ impl DecodeSpec {
         DecodeSpec {
             sparse: false,
             format: KvFormat::Bf16,
+            model1: false,
             b,
             q,
             h,
@@ -966,6 +1002,7 @@ impl DecodeSpec {
         DecodeSpec {
             sparse: true,
             format,
+            model1: false,
             b,
             q,
             h,
@@ -992,6 +1029,9 @@ impl DecodeSpec {
                 DecodeSpec::dense(b, 1, h, sk, ramp_lens(b, sk).into_iter().map(|l| l as i32).collect(), order)
             }
             Case::Sparse { format, b, q, h, k } => DecodeSpec::sparse(format, b, q, h, SPARSE_CONTEXT, k, order),
+            Case::Model1 { b, q, h, k } => {
+                DecodeSpec { model1: true, ..DecodeSpec::sparse(KvFormat::Fp8_656, b, q, h, SPARSE_CONTEXT, k, order) }
+            }
             Case::Engine(e) if e.sparse => DecodeSpec::sparse(KvFormat::Fp8_656, e.b, e.q, e.h, e.sk, e.topk, order),
             Case::Engine(e) => {
                 // every row holds its request's length L; causal rows launch with the kernels'
@@ -1030,7 +1070,31 @@ impl DecodeSpec {
         let pages = self.context.div_ceil(DECODE_BLOCK);
         let lists =
             if self.sparse { self.b * self.q * self.topk * 4 } else { self.b * pages * 4 + self.row_lens.len() * 4 };
-        self.b * pages * DECODE_BLOCK * self.format.token_bytes() + rows * (D_QK * 2 + D_V * 2 + 4) + lists
+        let (d_qk, d_v) = self.dims();
+        self.b * pages * self.page_bytes() + rows * (d_qk * 2 + d_v * 2 + 4) + lists
+    }
+
+    /// A query row's and an output row's values: 576 and 512, MODEL1's 512 and 512.
+    fn dims(&self) -> (usize, usize) {
+        if self.model1 {
+            (MODEL1_D_QK, MODEL1_D_V)
+        } else {
+            (D_QK, D_V)
+        }
+    }
+
+    /// Bytes of one page of [`DECODE_BLOCK`] tokens (MODEL1's padded to its 576-byte multiple).
+    fn page_bytes(&self) -> usize {
+        if self.model1 {
+            model1_page_bytes(DECODE_BLOCK)
+        } else {
+            DECODE_BLOCK * self.format.token_bytes()
+        }
+    }
+
+    /// A MODEL1 cache's geometry: every request's pages, packed.
+    fn model1_pages(&self) -> Model1Pages {
+        Model1Pages::new(self.b * self.context.div_ceil(DECODE_BLOCK), DECODE_BLOCK)
     }
 }
 
@@ -1054,6 +1118,7 @@ pub struct DecodeInputs {
 pub enum DecodeArgs {
     Dense(DenseDecode),
     Sparse(SparseDecode),
+    Model1(Model1Decode),
 }
 
 impl DecodeArgs {
@@ -1061,14 +1126,17 @@ impl DecodeArgs {
         match self {
             DecodeArgs::Dense(a) => &mut a.common,
             DecodeArgs::Sparse(a) => &mut a.common,
+            DecodeArgs::Model1(a) => &mut a.common,
         }
     }
 
-    /// One launch on the kernel `path` picks ([`DecodePath::Auto`]: the launcher's own choice).
+    /// One launch on the kernel `path` picks ([`DecodePath::Auto`]: the launcher's own choice;
+    /// MODEL1 has one kernel and ignores `path`).
     pub fn launch(&self, dev: &Device, st: Stream, path: DecodePath) -> Result<()> {
         match self {
             DecodeArgs::Dense(a) => decode::mla_decode_dense_on(dev, st, a, path),
             DecodeArgs::Sparse(a) => decode::mla_decode_sparse_on(dev, st, a, path),
+            DecodeArgs::Model1(a) => mla_decode_model1(dev, st, a),
         }
     }
 }
@@ -1078,8 +1146,13 @@ impl DecodeInputs {
         let (b, q, h) = (spec.b, spec.q, spec.h);
         let rows = b * q * h;
         let pages = spec.context.div_ceil(DECODE_BLOCK);
-        let q_buf = up(s, &(0..rows * D_QK).map(|_| bf16::from_f32(rng.unit())).collect::<Vec<_>>())?;
-        let cache = random_cache(s, rng, spec.format, b * pages * DECODE_BLOCK)?;
+        let (d_qk, d_v) = spec.dims();
+        let q_buf = up(s, &(0..rows * d_qk).map(|_| bf16::from_f32(rng.unit())).collect::<Vec<_>>())?;
+        let cache = if spec.model1 {
+            random_model1_cache(s, rng, spec.model1_pages())?
+        } else {
+            random_cache(s, rng, spec.format, b * pages * DECODE_BLOCK)?
+        };
         let table = block_table(rng, b, pages, spec.order);
         let lists = if spec.sparse {
             sparse_indices(rng, &table, pages, DECODE_BLOCK, q, spec.context, spec.topk)
@@ -1089,7 +1162,7 @@ impl DecodeInputs {
         Ok(DecodeInputs {
             spec: spec.clone(),
             q: q_buf,
-            out: zeros::<bf16>(s, rows * D_V)?,
+            out: zeros::<bf16>(s, rows * d_v)?,
             lse: zeros::<f32>(s, rows)?,
             ws: zeros::<u8>(s, decode::decode_workspace_bytes(b, q, h, spec.sparse, max_splits.max(1))?)?,
             cache,
@@ -1105,7 +1178,20 @@ impl DecodeInputs {
         let out = DecodeOut::Bf16(sl(s, &self.out));
         let common = DecodeCommon::new(sl(s, &self.q), b, q, h, out, sl(s, &self.lse), num_splits, sl(s, &self.ws));
         let pages = self.spec.context.div_ceil(DECODE_BLOCK);
-        if self.spec.sparse {
+        if self.spec.model1 {
+            let main = Model1Source {
+                cache: sl(s, &self.cache),
+                pages: self.spec.model1_pages(),
+                indices: sl(s, &self.lists),
+                indices_strides: None,
+                topk: self.spec.topk,
+                topk_len: None,
+                topk_len_strides: None,
+            };
+            // MODEL1's default scale, 512^-1/2 (Model1Decode::new's)
+            let common = DecodeCommon { scale: model1_default_scale(), ..common };
+            DecodeArgs::Model1(Model1Decode { common, main, extra: None })
+        } else if self.spec.sparse {
             DecodeArgs::Sparse(SparseDecode {
                 common,
                 cache: sl(s, &self.cache),
@@ -1159,6 +1245,7 @@ pub fn prepare_layer<'a>(dev: &'a Device, s: &Arc<CudaStream>, row: &BenchRow, l
         | Case::DenseUnsplit { .. }
         | Case::DenseScheduled { .. }
         | Case::Sparse { .. }
+        | Case::Model1 { .. }
         | Case::Engine(_) => unreachable!("decode rows have a DecodeSpec"),
         Case::MergeTwo { t, h, input } => prepare_merge_two(p, t, h, input),
         Case::AgRsCorrect { d, t, h, contrib } => prepare_ag_rs_correct(p, d, t, h, contrib),
@@ -1184,7 +1271,10 @@ fn prepare_decode<'a>(p: Prep<'a, '_>, row: &BenchRow, spec: &DecodeSpec, layer:
     let split = !matches!(row.case, Case::DenseUnsplit { .. } | Case::DenseRamp { split: false, .. });
     // the launcher's own choice (the tuned table's where it has a row), or the heuristic's
     let shape = spec.shape();
-    let (path, splits) = if row.family == DECODE_ENGINE_HEURISTIC_FAMILY {
+    let (path, splits) = if spec.model1 {
+        // one kernel, and no tuned class: the planner's split count (decode_num_splits)
+        (DecodePath::Auto, spec.heuristic_splits(dev.num_sms()?))
+    } else if row.family == DECODE_ENGINE_HEURISTIC_FAMILY {
         let sm90 = dev.compute_capability() == (9, 0);
         let path = heuristic_path(shape.format, shape.sparse, shape.row_blocks(), sm90)
             .ok_or_else(|| Error::Unsupported(format!("{}: no decode kernel built", row.name())))?;
@@ -1515,15 +1605,34 @@ fn random_cache(s: &Arc<CudaStream>, rng: &mut Rng, format: KvFormat, tokens: us
             KvFormat::Fp8_656 => dcp_mla::formats::encode_fp8_row(&ckv, &kpe, row),
         }
     }
-    let pattern = up(s, &bytes)?;
-    let mut cache = zeros::<u8>(s, tokens * n)?;
+    repeat_pattern(s, &bytes, tokens * n)
+}
+
+/// A packed MODEL1 cache of `pages`' geometry: random token rows encoded as the fill does,
+/// [`PATTERN_TOKENS`] of them (whole pages) repeated across the cache as [`random_cache`] does.
+fn random_model1_cache(s: &Arc<CudaStream>, rng: &mut Rng, pages: Model1Pages) -> Result<CudaSlice<u8>> {
+    let pattern = Model1Pages::new(pages.num_pages.min(PATTERN_TOKENS / pages.block_size).max(1), pages.block_size);
+    let mut bytes = vec![0u8; pattern.cache_bytes()];
+    let mut row = [bf16::ZERO; MODEL1_D_QK];
+    for slot in 0..pattern.slots() {
+        row.iter_mut().for_each(|x| *x = bf16::from_f32(rng.unit()));
+        encode_model1_token(&row, &pattern, slot, &mut bytes);
+    }
+    repeat_pattern(s, &bytes, pages.cache_bytes())
+}
+
+/// `total` bytes on the device: `pattern` over and over (the last copy cut short), by device
+/// copies.
+fn repeat_pattern(s: &Arc<CudaStream>, pattern: &[u8], total: usize) -> Result<CudaSlice<u8>> {
+    let src = up(s, pattern)?;
+    let mut out = zeros::<u8>(s, total)?;
     let mut at = 0;
-    while at < tokens * n {
-        let len = bytes.len().min(tokens * n - at);
-        drv("cuMemcpyDtoDAsync", s.memcpy_dtod(&pattern.slice(..len), &mut cache.slice_mut(at..at + len)))?;
+    while at < total {
+        let len = pattern.len().min(total - at);
+        drv("cuMemcpyDtoDAsync", s.memcpy_dtod(&src.slice(..len), &mut out.slice_mut(at..at + len)))?;
         at += len;
     }
-    Ok(cache)
+    Ok(out)
 }
 
 /// All-gathered candidates [D, rows, K]: distinct global ids (rank r holds ids ≡ r mod D, as
@@ -1560,6 +1669,38 @@ mod tests {
         let m = Measurement { us: 225.3, bytes: sparse.work().0, flops: sparse.work().1 };
         let r = sparse.target.ratio(&m, 4000.0).unwrap();
         assert!((r - 1.0).abs() < 0.01, "{r}");
+    }
+
+    #[test]
+    fn model1_rows_are_flashmlas_shapes_with_its_counts_and_bar() {
+        let rows = rows();
+        // the comparison script pairs rows by family and these exact shape strings
+        let shapes = ["Model1 b=128 q=1 H=64 K=512", "Model1 b=128 q=2 H=128 K=512", "Model1 b=64 q=2 H=64 K=2048"];
+        for (shape, (b, q, h, k, flashmla_us)) in shapes.into_iter().zip(MODEL1_FLASHMLA_H100_US) {
+            let r = rows.iter().find(|r| r.family == "mla_decode" && r.shape == shape);
+            let r = r.unwrap_or_else(|| panic!("no mla_decode row `{shape}`"));
+            assert_eq!(r.case, Case::Model1 { b, q, h, k });
+            // b·q·K·584 + bf16 q and out of 512 values; 2·b·q·H·K·(512 + 512) FLOPs
+            let (bytes, flops) = r.work();
+            assert_eq!(bytes, (b * q * k * 584 + b * q * h * 512 * 2 * 2) as f64, "{shape}");
+            assert_eq!(flops, 2.0 * (b * q * h * k) as f64 * 1024.0, "{shape}");
+            // the bar: 0.90 of FlashMLA's speed, met exactly at its time / 0.9
+            let m = Measurement { us: flashmla_us / 0.9, bytes, flops };
+            let ratio = r.target.ratio(&m, 3000.0).unwrap();
+            assert!((ratio - 1.0).abs() < 1e-9, "{shape}: {ratio}");
+            // the FP8 sparse rows' inputs: 32,768 shuffled tokens a request, pages of 64, one source
+            let spec = DecodeSpec::of(r).unwrap().unwrap();
+            assert!(spec.model1 && spec.sparse, "{shape}");
+            assert_eq!((spec.context, spec.topk, spec.order), (SPARSE_CONTEXT, k, PageOrder::Shuffled));
+            let pages = spec.model1_pages();
+            assert_eq!((pages.num_pages, pages.block_size), (b * SPARSE_CONTEXT / DECODE_BLOCK, DECODE_BLOCK));
+            assert_eq!(pages.page_stride, 37440, "584·64 bytes rounded up to a multiple of 576");
+            assert_eq!(spec.dims(), (512, 512));
+        }
+        // FlashMLA's 41.9 µs at b128 q1 H64 K512 is 205 TFLOP/s: the target 0.9 of it
+        assert_eq!(rows.iter().find(|r| r.shape == shapes[0]).unwrap().target.describe(), "≥ 185 TFLOP/s");
+        // `dcp-mla bench --filter Model1` runs these three rows and no other
+        assert_eq!(rows.iter().filter(|r| r.name().contains("Model1")).count(), 3);
     }
 
     #[test]
