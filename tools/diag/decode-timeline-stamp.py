@@ -7,7 +7,8 @@ Slots a CTA records (the harness prints each slot's spread over the CTAs):
   stamps, µs from the CTA's entry: 3/12 the scorer's first/last tile landed, 4 its first P handed
   over, 6 its loop's end; 10/11 P·V warpgroup 1's first/last P, 5 its first P·V done, 7 its loop's
   end, 8 its epilogue's end; quad only: 1 the producer's Q issued, 2 its first fill arrived, 9 its
-  loop's end.
+  loop's end, and of its first piece: 20 the piece's entry (the kernel's set-up done), 16 its
+  lengths read, 17 tile 0's index landed, 18 / 19 fill 0's batch 0 / batch 2 landed.
   sums over the CTA's tiles, µs (pair and trio): 9 the scorer's waits for a tile; 13 / 14 P·V
   warpgroup 1's waits for P and for the tile; pair only: 2 its waits for the peer's peer_free.
 Each anchor must match exactly once (or, where marked optional, not at all): when the kernel's
@@ -74,5 +75,20 @@ a = "            uses += n;\n            __syncthreads();  // the scorer's sStat
 rep(a, "            if (kRole == 1 && t == 0) DCP_TL(7);\n" + a)
 a = "stats, OHalf{o}, kPair ? sQ : sKV, tid - 128, 256);\n"
 rep(a, a + "            if (kRole == 1 && t == 0) DCP_TL(8);\n")
+# quad's producer, its first piece's start (slots 16-20): piece entry (the kernel's set-up done),
+# after its lengths (piece_tiles), tile 0's index landed (its row's prefetch uses it), fill 0's
+# batch 0 and batch 2 landed (their first dequantising store uses them)
+rep("        constexpr int kRole = decltype(role_tag)::value;  // = wg\n",
+    "        constexpr int kRole = decltype(role_tag)::value;  // = wg\n"
+    "        if (kRole == 3 && t == 0 && uses == 0) DCP_TL(20);\n")
+rep("            decode::cp_async_wait<0>();\n            // Q first",
+    "            if (t == 0 && uses == 0) DCP_TL(16);\n            decode::cp_async_wait<0>();\n            // Q first")
+rep("            prefetch_row(row);\n            uint4 ra[kFp8Batch], rb[kFp8Batch];\n",
+    "            prefetch_row(row);\n            if (t == 0 && uses == 0) DCP_TL(17);\n"
+    "            uint4 ra[kFp8Batch], rb[kFp8Batch];\n")
+rep("                store_batch(ra, b, 0, s0);\n",
+    "                store_batch(ra, b, 0, s0);\n                if (t == 0 && u == 0) DCP_TL(18);\n")
+rep("                store_batch(ra, b, 2, s1);\n",
+    "                store_batch(ra, b, 2, s1);\n                if (t == 0 && u == 0) DCP_TL(19);\n")
 open(path, "w").write(s)
 print(f"stamped {path}")

@@ -248,16 +248,21 @@ int main(int argc, char** argv) {
     unsigned long long t0 = ~0ull, tend = 0;
     for (int c = 0; c < ctas; ++c) {
         t0 = std::min(t0, tl[c * NSLOT]);
-        for (int s = 0; s < 15; ++s) if (tl[c * NSLOT + s] && !is_sum(s)) tend = std::max(tend, tl[c * NSLOT + s]);
+        for (int s = 0; s < NSLOT; ++s)
+            if (s != 15 && tl[c * NSLOT + s] && !is_sum(s)) tend = std::max(tend, tl[c * NSLOT + s]);
     }
     printf("timeline: first entry to last stamp %.2f us\n", (tend - t0) / 1000.0);
     // per slot: distribution relative to the CTA's own entry, and of entry relative to t0
     // quad's producer stamps slots 1, 2 and 9; pair and trio use 2 and 9 for sums
-    const char* names[15] = {"entry", "prod Q issued", kPairLaunch ? "SUM pv1 peer_free" : "prod fill0 arrived",
+    // slot 15 is the CTA's SM; 16-20 quad's producer's first piece (decode-timeline-stamp.py)
+    const char* names[21] = {"entry", "prod Q issued", kPairLaunch ? "SUM pv1 peer_free" : "prod fill0 arrived",
                              "scorer full0", "scorer P0", "pv1 PV0 done", "scorer loop end", "pv1 loop end", "pv1 end",
                              Sm90Schedule::SCHED == Sm90Schedule::Quad ? "prod loop end" : "SUM scorer full",
-                             "pv1 first p_full", "pv1 last p_full", "scorer last full", "SUM pv1 p_full", "SUM pv1 full"};
-    for (int s = 0; s < 15; ++s) {
+                             "pv1 first p_full", "pv1 last p_full", "scorer last full", "SUM pv1 p_full", "SUM pv1 full",
+                             nullptr, "prod lengths read", "prod idx0 landed", "prod fill0 batch0", "prod fill0 batch2",
+                             "prod piece entry"};
+    for (int s = 0; s < 21; ++s) {
+        if (!names[s]) continue;
         std::vector<double> rel, abs_;
         for (int c = 0; c < ctas; ++c) {
             if (!tl[c * NSLOT + s]) continue;

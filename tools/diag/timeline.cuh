@@ -11,7 +11,7 @@
 #include <cstdlib>
 #include <vector>
 
-#define NSLOT 16
+#define NSLOT 24
 #ifndef TL_MAX_CTAS
 #define TL_MAX_CTAS 16384
 #endif
