@@ -113,3 +113,46 @@ class Launch:
         status = self.fn(self.ref)
         if status != 0:
             _lib.check(self.name, status)
+
+
+def ops_key(tensors, scalars, stream):
+    """The key of an ops.decode_dense / decode_sparse call: tensor_key of each of `tensors` (the
+    arguments as given, None included), the call's other arguments as given (`scalars`, a
+    tuple), and the raw stream it launches on."""
+    return tuple(map(tensor_key, tensors)), scalars, stream
+
+
+class OpLaunch:
+    """One cached ops-level launch (ops.decode_dense, decode_sparse): the argument struct as the
+    checked path filled it (its schedule code as that call's: reuse_schedule is in the key), and
+    the word index of all eight tensors' data (q, out, lse, workspace, cache, block_table or
+    indices, lens or topk_len, sink). A replay writes every one of them, so an absent tensor (its
+    key None) stays 0."""
+    __slots__ = ("key", "name", "fn", "buf", "ref", "words", "slots", "out_shape", "out_dtype", "lse_shape",
+                 "device", "index")
+
+    def __init__(self, key, name, fn, filled, out_shape, out_dtype, lse_shape, device, index):
+        cls, words, _ = _LAYOUTS[name]
+        self.slots = tuple((getattr(cls, f).offset + _lib.Tensor.data.offset) // 8 for f in FIELDS[name])
+        self.key = key
+        self.name = name
+        self.fn = fn
+        self.buf = cls.from_buffer_copy(filled)
+        self.ref = ctypes.byref(self.buf)
+        self.words = words.from_buffer(self.buf)
+        self.out_shape = out_shape
+        self.out_dtype = out_dtype
+        self.lse_shape = lse_shape
+        self.device = device
+        self.index = index
+
+    def write(self, tensors):
+        """Writes the data pointers of the eight tensors, in FIELDS order (None: 0)."""
+        w = self.words
+        for s, x in zip(self.slots, tensors):
+            w[s] = 0 if x is None else x.data_ptr()
+
+    def call(self):
+        status = self.fn(self.ref)
+        if status != 0:
+            _lib.check(self.name, status)

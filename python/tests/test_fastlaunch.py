@@ -173,3 +173,46 @@ def test_replay_raises_the_library_status():
     entry.call()
     with pytest.raises(_lib.DcpMlaValueError, match=DENSE):
         entry.call()
+
+
+# --- the ops-level cache (ops.decode_dense / decode_sparse: _fastlaunch.OpLaunch) -------------
+
+def test_ops_key_changes_with_every_tensor_attribute_scalar_and_stream_but_the_pointer():
+    tensors = (T((4, 1, 16, 576), ptr=0x10000), None, None, T((4096,), dtype="u8", ptr=0x80000),
+               T((8, 64, 576), ptr=0x20000), T((4, 2), dtype="i32", ptr=0x30000),
+               T((4, 1), dtype="i32", ptr=0x40000), None)
+    scalars = (None, 8, "bf16", False, False, "local", 1, 1, 0)
+    k0 = _fastlaunch.ops_key(tensors, scalars, 0)
+    moved = tuple(None if x is None else T(x.shape, x.stride(), x.dtype, x.device, x._ptr + 0x100) for x in tensors)
+    assert _fastlaunch.ops_key(moved, scalars, 0) == k0
+    for i, x in enumerate(tensors):
+        x = x if x is not None else T((16,), dtype="f32", ptr=0x70000)
+        for what, y in variants(f"tensor {i}", x):
+            if y is None and tensors[i] is None:
+                continue
+            changed = tensors[:i] + (y,) + tensors[i + 1:]
+            assert _fastlaunch.ops_key(changed, scalars, 0) != k0, what
+    for i in range(len(scalars)):
+        changed = scalars[:i] + ("other",) + scalars[i + 1:]
+        assert _fastlaunch.ops_key(tensors, changed, 0) != k0, f"scalar {i}"
+    assert _fastlaunch.ops_key(tensors, scalars, 0x5000) != k0
+
+
+@pytest.mark.parametrize("name", [DENSE, SPARSE])
+def test_op_replay_rewrites_every_data_pointer_and_nothing_else(name):
+    cls, filled = filled_struct(name)
+    entry = _fastlaunch.OpLaunch("k", name, None, filled, (1,), "bf16", (1,), "cuda:0", 0)
+    fields = _fastlaunch.FIELDS[name]
+    # the schedule code stays the checked call's (reuse_schedule is in the key)
+    assert entry.buf.schedule == _lib.SCHEDULE_COMPUTE
+    tensors = [T((1,), ptr=0x100000 * (i + 1)) for i in range(8)]
+    tensors[7] = None  # an absent sink is written 0
+    entry.write(tensors)
+    want = {f: (0 if x is None else x.data_ptr()) for f, x in zip(fields, tensors)}
+    for path, off, t in _lib.leaves(cls):
+        got = t.from_buffer(entry.buf, off).value or 0
+        field, _, leaf = path.partition(".")
+        if leaf == "data" and field in want:
+            assert got == want[field], path
+        else:
+            assert got == (t.from_buffer(filled, off).value or 0), path

@@ -1180,3 +1180,49 @@ def test_flash_mla_face_model1_matches_native_and_attention(dev):
         face(meta, extra_k_cache=None, extra_indices_in_kvcache=None, extra_topk_length=None)
     with pytest.raises(ValueError, match="extra_k_cache"):
         face(get_mla_metadata()[0], extra_k_cache=None)
+
+
+def test_decode_dense_launch_cache(dev):
+    """ops.decode_dense replays this thread's last checked launch for a call of the same key
+    (shapes, strides, dtypes, devices, which are None, the other arguments, the stream): bit for
+    bit a checked call's result, with each call's own pointers; a changed stride is checked again."""
+    from dcp_mla import ops
+    name = "dcp_mla_launch_decode_dense"
+    lens, nq, h = [700, 1, 65], 2, 32
+    table, caches, _ = filled_caches(lens, 1, 1, B, "bf16", dev)
+    cache = caches[0]
+    q = torch.randn(len(lens), nq, h, 576, device=dev).to(torch.bfloat16)
+    seqlens = torch.tensor(lens, dtype=torch.int32, device=dev)
+    splits, ws = dcp_mla.decode_workspace(q.shape, sparse=False, device=dev)
+    args = dict(q=q, cache=cache, block_table=table, lens=seqlens)
+
+    def decode(**change):
+        a = dict(args, **change)
+        return dcp_mla.decode_dense(a["q"], a["cache"], a["block_table"], a["lens"], num_splits=splits, workspace=ws,
+                                    lens_rule="global_causal")
+
+    def same(got, want):
+        return torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+    ops._op_launches.__dict__.clear()
+    first = decode()
+    entry = ops._op_launches.__dict__[name]
+    assert same(decode(), first) and ops._op_launches.__dict__[name] is entry, "the same key again: replayed"
+    # a pointer that moves is read from its new place (the original overwritten first)
+    for arg, scramble in [("q", 0.0), ("cache", 0.0), ("block_table", 0), ("lens", 1)]:
+        original = args[arg]
+        copy = original.clone()
+        original.fill_(scramble)
+        assert same(decode(**{arg: copy}), first), arg
+        original.copy_(copy)
+    assert ops._op_launches.__dict__[name] is entry, "pointers alone changed: every call replayed"
+    # a stride that changes takes the checked path (a new entry), with a checked call's result
+    paged = paged_view(cache)
+    got = decode(cache=paged)
+    assert ops._op_launches.__dict__[name] is not entry
+    ops._op_launches.__dict__.clear()
+    assert same(got, decode(cache=paged))
+    # a workspace allocated for one call is never remembered (a replay would have none)
+    ops._op_launches.__dict__.clear()
+    dcp_mla.decode_dense(q, cache, table, seqlens, num_splits=splits, lens_rule="global_causal")
+    assert splits == 1 or name not in ops._op_launches.__dict__
