@@ -544,13 +544,19 @@ def kv_fill(ckv, kpe, req_idx, positions, block_table, cache, *, dcp_size, inter
     cache3, fmt = _cache(cache)
     _want_format("cache", fmt, kv_format)
     dev = cache.device
+    _check_fill_tokens(ckv, kpe, req_idx, positions, block_table, dev)
+    _run("kv_fill", ckv, kpe, req_idx, positions, block_table, cache3, fmt, dcp_size, interleave, rank)
+    return cache
+
+
+def _check_fill_tokens(ckv, kpe, req_idx, positions, block_table, dev):
+    """A fill's new tokens (kv_fill, kv_fill_model1): ckv and kpe bf16 [T, ...] with unit last
+    strides, req_idx and positions int32 [T], block_table int32 [batch, max_pages], all on dev."""
     t = _check(ckv, "ckv", (torch.bfloat16,), ndim=2, contiguous="rows", device=dev).shape[0]
     _check(kpe, "kpe", (torch.bfloat16,), ndim=2, shape=(t, None), contiguous="rows", device=dev)
     _check(req_idx, "req_idx", (torch.int32,), ndim=1, shape=(t,), device=dev)
     _check(positions, "positions", (torch.int32,), ndim=1, shape=(t,), device=dev)
     _check(block_table, "block_table", (torch.int32,), ndim=2, contiguous="rows", device=dev)
-    _run("kv_fill", ckv, kpe, req_idx, positions, block_table, cache3, fmt, dcp_size, interleave, rank)
-    return cache
 
 
 def _decode_outputs(q, out, lse, out_dtype):
@@ -789,11 +795,7 @@ def kv_fill_model1(ckv, kpe, req_idx, positions, block_table, cache, *, dcp_size
     _ints(dcp_size=dcp_size, interleave=interleave, rank=rank)
     cache3, stride = _model1_cache(cache)
     dev = cache.device
-    t = _check(ckv, "ckv", (torch.bfloat16,), ndim=2, contiguous="rows", device=dev).shape[0]
-    _check(kpe, "kpe", (torch.bfloat16,), ndim=2, shape=(t, None), contiguous="rows", device=dev)
-    _check(req_idx, "req_idx", (torch.int32,), ndim=1, shape=(t,), device=dev)
-    _check(positions, "positions", (torch.int32,), ndim=1, shape=(t,), device=dev)
-    _check(block_table, "block_table", (torch.int32,), ndim=2, contiguous="rows", device=dev)
+    _check_fill_tokens(ckv, kpe, req_idx, positions, block_table, dev)
     _run("kv_fill_model1", ckv, kpe, req_idx, positions, block_table, cache3, stride, dcp_size, interleave, rank)
     return cache
 
