@@ -669,8 +669,9 @@ def checked_launches(monkeypatch):
     from dcp_mla import flash_mla as face_module
     calls = []
     for name in ("decode_dense", "decode_sparse"):
-        def counted(*args, _real=getattr(face_module.ops, name), **kwargs):
-            calls.append(name)
+        # the name bound now (a closure would see the loop's last name)
+        def counted(*args, _real=getattr(face_module.ops, name), _name=name, **kwargs):
+            calls.append(_name)
             return _real(*args, **kwargs)
         monkeypatch.setattr(face_module.ops, name, counted)
     return calls
