@@ -53,8 +53,8 @@ namespace dcp {
 // threads themselves (st.async) and release arrivals measured far slower (NOTES.md at 628d1db). The rope
 // block, the flags and Q stay each CTA's own. A cluster barrier after the mbarriers' set-up and
 // one before exit (the peer's last arrivals land in this CTA's shared memory).
-// Quad (Sm90Schedule::Quad; sparse FP8): warpgroup 3, the producer, loads Q and fills every tile
-// (flags, rope block by cp.async, the latent dequantised from registers); the P·V warpgroups only
+// Quad (Sm90Schedule::Quad; sparse FP8): warpgroup 3, the producer, fills every tile (flags, rope
+// block by cp.async, the latent dequantised from registers; the scorer copies Q); the P·V warpgroups only
 // wait for P and the tile, rescale, multiply and arrive on empty(b), as for BF16, so no
 // dequantisation sits between two P·V. full(b) takes the producer's 128 cp.async arrivals and 128
 // arrivals. Registers: 512 threads start at 128; scorer 64, P·V 176 each, producer 96 (the splits
@@ -190,12 +190,27 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
             float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
             // Q's last kQRegBlocks blocks as A fragments, [block][k-step][4], loaded once Q has landed
             [[maybe_unused]] uint32_t qr[kQRegBlocks > 0 ? kQRegBlocks : 1][4][4];
+            // quad: the scorer copies Q itself while it waits for the first tile, so that the
+            // producer's first index and row loads do not queue behind Q's 4,608 copies (the
+            // timeline had tile 0's index land 2 µs after Q's issue, its rows 3.9 µs after that)
+            if constexpr (kQuad) {
+                if (n > 0) load_q<kSparse>(p, sQ, seq, row_base, row_limit, t, 128);
+                decode::cp_async_commit();
+            }
             for (int i = 0; i < n; ++i) {
                 const uint32_t u = uses + i;
                 const int b = u & 1;
                 float s[kSRegs];
                 if constexpr (kPair) mbar_wait_sleep_cluster(full(b), (u >> 1) & 1);  // the peer's half too
                 else mbar_wait_sleep(full(b), (u >> 1) & 1);
+                if constexpr (kQuad) {
+                    // Q's copies, this thread's and then (the named barrier) the warpgroup's
+                    if (i == 0) {
+                        decode::cp_async_wait<0>();
+                        fence_proxy_async();
+                        named_barrier_sync(1, 128);
+                    }
+                }
                 fence_proxy_async();
                 if constexpr (kQRegBlocks > 0) {
                     // the first tile's fill covered Q's copies: its blocks into registers, once a piece
@@ -321,7 +336,7 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
             decode::write_rows_staged_barriers();  // the scorer holds no columns of O
             return;
         } else if constexpr (kRole == 3) {
-            // ---- quad's producer: Q, and per tile the flags, the rope block and the latent ----
+            // ---- quad's producer: per tile the flags, the rope block and the latent ----
             // Two threads a token: thread t fills token t / 2's latent half t & 1 (256 values in
             // four 64-byte batches, scale groups 2·half and 2·half + 1) and half of its rope block.
             // A fill's first two batches and its scales are loaded before the wait for its buffer
@@ -367,9 +382,6 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
             // mbarrier chain from another thread's wait). A piece without tiles loads no Q: no
             // fill's arrival would cover its copies, which could then land over the next piece's.
             decode::cp_async_wait<0>();
-            // Q first: it waits for nothing (the previous piece is done with it), and the first
-            // fill's cp.async arrival covers its copies
-            if (n > 0) load_q<kSparse>(p, sQ, seq, row_base, row_limit, t, 128);
             int pg1 = n > 1 ? page_of(tile_begin + 1) : -1;  // the next fill's index
             int pg2 = n > 2 ? page_of(tile_begin + 2) : -1;  // the one after
             int64_t row = row_of(tile_begin, page_of(tile_begin));
@@ -401,7 +413,7 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                 store_batch(ra, b, 2, s1);
                 store_batch(rb, b, 3, s1);
                 fence_proxy_async();            // these generic writes, before wgmma reads them
-                mbar_arrive_cp_async(full(b));  // the rope's copies (the first fill's: and Q's)
+                mbar_arrive_cp_async(full(b));  // the rope's copies (Q is the scorer's own)
                 decode::cp_async_commit();
                 mbar_arrive(full(b));
                 if (f + 1 < n) {
