@@ -39,10 +39,12 @@ constexpr int kChunks = kDimQk / 8;   // 72 16-byte chunks per row
 // Beside Q and the tiles (P itself goes to the tile's rope block): a slot of the rows' rescale
 // factors per buffer, their final (l, m), and the mbarriers: full and empty per buffer and P's
 // hand-over per buffer (6); trio_split: a second P hand-over per buffer (P goes over in two halves
-// of tokens); pair: four more (the peer's P·V warpgroups done with a buffer, per half and buffer).
+// of tokens); pair: four more (the peer's P·V warpgroups done with a buffer, per half and buffer);
+// quad: one for Q (the scorer's own copies).
 template <Sm90Schedule Sched>
 constexpr int sync_extra_bytes() {
-    constexpr int bars = 6 + (Sched == Sm90Schedule::TrioSplit ? 2 : 0) + (Sched == Sm90Schedule::Pair ? 4 : 0);
+    constexpr int bars = 6 + (Sched == Sm90Schedule::TrioSplit ? 2 : 0) + (Sched == Sm90Schedule::Pair ? 4 : 0) +
+                         (Sched == Sm90Schedule::Quad ? 1 : 0);
     return 2 * kRows * 4 + kRows * 8 + bars * 8;
 }
 

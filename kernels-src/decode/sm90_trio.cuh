@@ -112,6 +112,7 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
     [[maybe_unused]] auto peer_free = [&](int h, int b) { return bars + 48 + 16 * h + 8 * b; };
     // P of buffer b (trio_split: its half h, tokens 32h..32h + 31; half 1's after the rest)
     auto p_full = [&](int b, int h = 0) { return h == 0 ? bars + 32 + 8 * b : bars + 48 + 8 * b; };
+    [[maybe_unused]] const uint32_t q_full = bars + 48;  // quad: the scorer's copies of Q, a piece
     const uint32_t q_addr = decode::smem_addr(sQ), kv_addr = decode::smem_addr(sKV);
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -124,6 +125,7 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
             // __syncwarp before lane 0's arrival (NOTES.md at 628d1db, fifth session)
             mbar_init(p_full(b, 0), 128);
             if constexpr (kSplitP) mbar_init(p_full(b, 1), 128);
+            if constexpr (kQuad) if (b == 0) mbar_init(q_full, 128);
             if constexpr (kPair) {
                 mbar_init(peer_free(0, b), 128);
                 mbar_init(peer_free(1, b), 128);
@@ -138,6 +140,7 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
     const int seqs = decode::num_seqs(p, kSparse);
     const int block_seq = cta_rows<kSparse>(p, decode::rows_per_seq(p, kSparse)).seq;
     uint32_t uses = 0;           // tiles consumed before this piece: buffer uses & 1, phase uses >> 1
+    [[maybe_unused]] uint32_t q_loads = 0;  // quad's scorer: pieces whose Q it copied (q_full's phase)
 
     auto piece = [&](const decode::Piece pc, auto role_tag) {
         constexpr int kRole = decltype(role_tag)::value;  // = wg
@@ -194,8 +197,12 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
             // producer's first index and row loads do not queue behind Q's 4,608 copies (the
             // timeline had tile 0's index land 2 µs after Q's issue, its rows 3.9 µs after that)
             if constexpr (kQuad) {
-                if (n > 0) load_q<kSparse>(p, sQ, seq, row_base, row_limit, t, 128);
-                decode::cp_async_commit();
+                if (n > 0) {
+                    // (its own copies of the previous piece have landed: seen by this thread too, for racecheck)
+                    decode::cp_async_wait<0>();
+                    load_q<kSparse>(p, sQ, seq, row_base, row_limit, t, 128);
+                    mbar_arrive_cp_async(q_full);  // one arrival a thread, once its copies land
+                }
             }
             for (int i = 0; i < n; ++i) {
                 const uint32_t u = uses + i;
@@ -204,12 +211,7 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                 if constexpr (kPair) mbar_wait_sleep_cluster(full(b), (u >> 1) & 1);  // the peer's half too
                 else mbar_wait_sleep(full(b), (u >> 1) & 1);
                 if constexpr (kQuad) {
-                    // Q's copies, this thread's and then (the named barrier) the warpgroup's
-                    if (i == 0) {
-                        decode::cp_async_wait<0>();
-                        fence_proxy_async();
-                        named_barrier_sync(1, 128);
-                    }
+                    if (i == 0) mbar_wait_sleep(q_full, q_loads++ & 1);  // the warpgroup's copies of Q
                 }
                 fence_proxy_async();
                 if constexpr (kQRegBlocks > 0) {

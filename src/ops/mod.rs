@@ -178,6 +178,9 @@ fn items_apart<const N: usize>(
     counts: [usize; N],
     width: usize,
 ) -> Result<()> {
+    if counts.contains(&0) {
+        return Ok(()); // no items: none can share an element (and the other counts may be anything)
+    }
     let mut dims: [(usize, usize); N] = std::array::from_fn(|i| (counts[i], strides[i]));
     dims.sort_unstable_by_key(|&(_, s)| s);
     let mut inner = width;
@@ -187,7 +190,9 @@ fn items_apart<const N: usize>(
             strides_arg,
             "{strides:?} make items of `{arg}` overlap (a stride of {s} within {inner})"
         );
-        inner += (n - 1) * s;
+        let span = (n - 1).checked_mul(s).and_then(|x| x.checked_add(inner));
+        ensure_arg!(span.is_some(), strides_arg, "{strides:?} with counts {counts:?} span more than the address space");
+        inner = span.unwrap_or(usize::MAX);
     }
     Ok(())
 }

@@ -68,6 +68,12 @@ impl Device {
         Ok(Device { ctx, functions, shared_opt_in, compute_capability })
     }
 
+    /// Makes the device's context current on the calling thread: a thread the engine started
+    /// may have none, and every launch and `cuTensorMapEncodeTiled` need one.
+    pub(crate) fn bind(&self) -> Result<()> {
+        self.ctx.bind_to_thread().map_err(|source| Error::Driver { call: "cuCtxSetCurrent", source })
+    }
+
     /// The cudarc context, for allocations and streams in Rust callers and tests.
     pub fn context(&self) -> &Arc<CudaContext> {
         &self.ctx
@@ -106,7 +112,7 @@ impl Device {
         let f = *self.functions[id.index()]
             .as_ref()
             .map_err(|e| Error::Unsupported(format!("kernel {} cannot run on this device: {e}", info.symbol)))?;
-        self.ctx.bind_to_thread().map_err(|source| Error::Driver { call: "cuCtxSetCurrent", source })?;
+        self.bind()?;
         // Static plus dynamic shared memory above 48 KiB must be opted into per function (once
         // per size: a larger opt-in covers every smaller launch). Any dynamic size is opted
         // into, since a kernel's static shared memory counts towards the 48 KiB as well.
