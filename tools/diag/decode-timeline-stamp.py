@@ -6,7 +6,7 @@ twentieth sessions). Usage: decode-timeline-stamp.py KERNELS_SRC DST
 Slots a CTA records (the harness prints each slot's spread over the CTAs):
   stamps, µs from the CTA's entry: 3/12 the scorer's first/last tile landed, 4 its first P handed
   over, 6 its loop's end; 10/11 P·V warpgroup 1's first/last P, 5 its first P·V done, 7 its loop's
-  end, 8 its epilogue's end; quad only: 1 the producer's Q issued, 2 its first fill arrived, 9 its
+  end, 8 its epilogue's end; quad only: 1 the scorer's copies of Q issued, 2 its first fill arrived, 9 its
   loop's end, and of its first piece: 20 the piece's entry (the kernel's set-up done), 16 its
   lengths read, 17 tile 0's index landed, 18 / 19 fill 0's batch 0 / batch 2 landed.
   sums over the CTA's tiles, µs (pair and trio): 9 the scorer's waits for a tile; 13 / 14 P·V
@@ -46,9 +46,10 @@ loop_end = "                if (t == 0 && i == 0) DCP_TL(4);\n            }\n   
 # (the end of the scorer's tile: trio's single hand-over and trio_split's two share this brace)
 end = "                    mbar_arrive(p_full(b));\n                }\n            }\n"
 rep(end, end[: -len("            }\n")] + loop_end)
-# quad's producer: Q issued, first fill arrived, loop end
-rep("            if (n > 0) load_q<kSparse>(p, sQ, seq, row_base, row_limit, t, 128);\n",
-    "            if (n > 0) load_q<kSparse>(p, sQ, seq, row_base, row_limit, t, 128);\n            if (t == 0) DCP_TL(1);\n")
+# quad: the scorer's copies of Q issued; the producer's first fill arrived, its loop's end
+rep("                    mbar_arrive_cp_async(q_full);  // one arrival a thread, once its copies land\n",
+    "                    mbar_arrive_cp_async(q_full);  // one arrival a thread, once its copies land\n"
+    "                    if (t == 0) DCP_TL(1);\n")
 rep("                mbar_arrive(full(b));\n                if (f + 1 < n) {",
     "                mbar_arrive(full(b));\n                if (t == 0 && f == 0) DCP_TL(2);\n                if (f + 1 < n) {")
 rep("            uses += n;\n            __syncthreads();                // the scorer's sStats\n",
@@ -81,8 +82,8 @@ rep(a, a + "            if (kRole == 1 && t == 0) DCP_TL(8);\n")
 rep("        constexpr int kRole = decltype(role_tag)::value;  // = wg\n",
     "        constexpr int kRole = decltype(role_tag)::value;  // = wg\n"
     "        if (kRole == 3 && t == 0 && uses == 0) DCP_TL(20);\n")
-rep("            decode::cp_async_wait<0>();\n            // Q first",
-    "            if (t == 0 && uses == 0) DCP_TL(16);\n            decode::cp_async_wait<0>();\n            // Q first")
+rep("            decode::cp_async_wait<0>();\n            int pg1 =",
+    "            if (t == 0 && uses == 0) DCP_TL(16);\n            decode::cp_async_wait<0>();\n            int pg1 =")
 rep("            prefetch_row(row);\n            uint4 ra[kFp8Batch], rb[kFp8Batch];\n",
     "            prefetch_row(row);\n            if (t == 0 && uses == 0) DCP_TL(17);\n"
     "            uint4 ra[kFp8Batch], rb[kFp8Batch];\n")

@@ -255,7 +255,7 @@ int main(int argc, char** argv) {
     // per slot: distribution relative to the CTA's own entry, and of entry relative to t0
     // quad's producer stamps slots 1, 2 and 9; pair and trio use 2 and 9 for sums
     // slot 15 is the CTA's SM; 16-20 quad's producer's first piece (decode-timeline-stamp.py)
-    const char* names[21] = {"entry", "prod Q issued", kPairLaunch ? "SUM pv1 peer_free" : "prod fill0 arrived",
+    const char* names[21] = {"entry", "scorer Q issued", kPairLaunch ? "SUM pv1 peer_free" : "prod fill0 arrived",
                              "scorer full0", "scorer P0", "pv1 PV0 done", "scorer loop end", "pv1 loop end", "pv1 end",
                              Sm90Schedule::SCHED == Sm90Schedule::Quad ? "prod loop end" : "SUM scorer full",
                              "pv1 first p_full", "pv1 last p_full", "scorer last full", "SUM pv1 p_full", "SUM pv1 full",
