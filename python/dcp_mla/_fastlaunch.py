@@ -129,9 +129,9 @@ class OpLaunch:
     indices, lens or topk_len, sink). A replay writes every one of them, so an absent tensor (its
     key None) stays 0."""
     __slots__ = ("key", "name", "fn", "buf", "ref", "words", "slots", "out_shape", "out_dtype", "lse_shape",
-                 "device", "index")
+                 "device", "index", "ws_need")
 
-    def __init__(self, key, name, fn, filled, out_shape, out_dtype, lse_shape, device, index):
+    def __init__(self, key, name, fn, filled, out_shape, out_dtype, lse_shape, device, index, ws_need=0):
         cls, words, _ = _LAYOUTS[name]
         self.slots = tuple((getattr(cls, f).offset + _lib.Tensor.data.offset) // 8 for f in FIELDS[name])
         self.key = key
@@ -145,6 +145,7 @@ class OpLaunch:
         self.lse_shape = lse_shape
         self.device = device
         self.index = index
+        self.ws_need = ws_need  # bytes of the library's own workspace a replay takes (0: the caller's or none)
 
     def write(self, tensors):
         """Writes the data pointers of the eight tensors, in FIELDS order (None: 0)."""

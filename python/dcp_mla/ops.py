@@ -331,12 +331,16 @@ def _replay(name, tensors, scalars):
         return None  # an argument that is no tensor: the checked path names it
     if key != cached.key:
         return None
-    out, lse = tensors[1], tensors[2]
+    out, lse, ws = tensors[1], tensors[2], tensors[3]
+    if ws is None and cached.ws_need:
+        ws = _owned_workspace(cached.device, cached.ws_need)
+        if ws is None:
+            return None  # captured or compiled: the checked path allocates the call's own
     if out is None:
         out = torch.empty(cached.out_shape, dtype=cached.out_dtype, device=cached.device)
     if lse is None:
         lse = torch.empty(cached.lse_shape, dtype=torch.float32, device=cached.device)
-    cached.write((tensors[0], out, lse) + tensors[3:])
+    cached.write((tensors[0], out, lse, ws) + tensors[4:])
     cached.call()
     # the thread's struct of `name` holds its last launch's arguments, replayed ones too
     # (_last_launch: the face's launch cache copies it after a call)
@@ -344,17 +348,19 @@ def _replay(name, tensors, scalars):
     return out, lse
 
 
-def _remember(name, tensors, scalars, q, out_dtype, allocated_workspace):
+def _remember(name, tensors, scalars, q, out_dtype, workspace):
     """Keeps the launch this thread just made through the checked path as `name`'s cache entry,
     unless it ran under torch.compile or on a workspace allocated for this call alone (a replay
-    would have none)."""
-    if allocated_workspace or torch.compiler.is_compiling():
+    would have none). `workspace`: the launch's; where the caller passed none, a replay takes the
+    library's own for its stream again."""
+    owned = tensors[3] is None and workspace is not None
+    if torch.compiler.is_compiling() or (owned and not any(workspace is w for w in _owned_workspaces.values())):
         return
     fn, filled = _last_launch(name)
     b, nq, h = q.shape[0], q.shape[1], q.shape[2]
     key = ops_key(tensors, scalars, filled.stream or 0)
     _op_launches.__dict__[name] = OpLaunch(key, name, fn, filled, (b, nq, h, 512), out_dtype, (b, nq, h), q.device,
-                                           _index(q.device))
+                                           _index(q.device), workspace.numel() if owned else 0)
 
 
 def _last_launch(name):
@@ -596,15 +602,43 @@ _KV_CODES = planner.KV_FORMATS
 _KV_NAMES = {code: name for name, code in _KV_CODES.items()}
 
 
+# The workspaces the library owns, one per (device, stream), for decodes that pass none: a
+# stream runs its launches one after another, so every such call on it can share one buffer
+# (grown when a call needs more; a smaller one freed is reused by torch's allocator only after
+# the work queued on its stream). None is kept while a stream is captured into a CUDA graph or
+# under torch.compile: those calls allocate their own.
+_owned_workspaces = {}
+
+
+def _owned_workspace(device, need):
+    """The library's workspace of at least `need` bytes for `device`'s current stream, or None
+    where a call must allocate its own (graph capture, torch.compile)."""
+    if torch.compiler.is_compiling() or torch.cuda.is_current_stream_capturing():
+        return None
+    index = _index(device)
+    key = (index, _raw_stream(index))
+    ws = _owned_workspaces.get(key)
+    if ws is None or ws.numel() < need:
+        ws = torch.empty((need,), dtype=torch.uint8, device=device)
+        _owned_workspaces[key] = ws
+    return ws
+
+
 def _workspace(q, sparse, num_splits, workspace, reuse_schedule, kv_format, context, causal=False):
-    """The caller's workspace, checked against what num_splits needs, or a new one (which holds
-    no schedule to reuse); and the launch's schedule code."""
+    """The caller's workspace, checked against what num_splits needs, or the library's own for
+    the current stream (which holds no schedule the caller may reuse); and the launch's schedule
+    code."""
     num_splits, need = _split_plan(q.shape, sparse, num_splits, q.device, kv_format, context, causal)
     code = _lib.SCHEDULE_REUSE if reuse_schedule else _lib.SCHEDULE_COMPUTE
     if workspace is None:
         if reuse_schedule and need:
             _fail("workspace", "reuse_schedule=True needs the workspace an earlier call scheduled")
-        return (*decode_workspace(q.shape, sparse=sparse, num_splits=num_splits, device=q.device), code)
+        if not need:
+            return num_splits, None, code
+        ws = _owned_workspace(q.device, need)
+        if ws is None:
+            ws = torch.empty((need,), dtype=torch.uint8, device=q.device)
+        return num_splits, ws, code
     _check(workspace, "workspace", tuple(_CODES), device=q.device)
     if workspace.numel() * workspace.element_size() < need:
         _fail("workspace", f"{workspace.numel() * workspace.element_size()} bytes, {num_splits} splits need {need}")
@@ -648,7 +682,8 @@ def decode_dense(q, cache, block_table, lens, *, scale=None, num_splits=None, wo
     Returns out [b, nq, H, 512] (bf16, or f32 with out_dtype) and lse f32 [b, nq, H], natural
     log, −inf for a row that sees no token.
     num_splits defaults to the planner's for this device (decode_workspace gives both for graphs);
-    scale to 576^-1/2. reuse_schedule=True reuses
+    without a workspace the call uses the library's own for the current stream (every such call
+    on that stream shares it; one captured into a CUDA graph allocates its own); scale to 576^-1/2. reuse_schedule=True reuses
     the split schedule an earlier call of the same shapes left in `workspace` (the step's first
     layer computes it, the others reuse it: one small kernel less a layer); the result is exact
     whatever the lengths are now, only the balance is the older lengths'. A workspace no call of
@@ -694,7 +729,7 @@ def decode_dense(q, cache, block_table, lens, *, scale=None, num_splits=None, wo
     _run("decode_dense", q, cache3, block_table, lens, out, lse, workspace,
          _default_scale() if scale is None else float(scale), num_splits, schedule, sink, int(bool(empty_lse_inf)),
          rule, dcp_size, interleave, rank)
-    _remember("dcp_mla_launch_decode_dense", given, scalars, q, out_dtype, given[3] is None and workspace is not None)
+    _remember("dcp_mla_launch_decode_dense", given, scalars, q, out_dtype, workspace)
     return out, lse
 
 

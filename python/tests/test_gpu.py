@@ -1223,7 +1223,39 @@ def test_decode_dense_launch_cache(dev):
     assert ops._op_launches.__dict__[name] is not entry
     ops._op_launches.__dict__.clear()
     assert same(got, decode(cache=paged))
-    # a workspace allocated for one call is never remembered (a replay would have none)
+    # without a workspace: the library's own for the stream, remembered and taken again by a replay
     ops._op_launches.__dict__.clear()
-    dcp_mla.decode_dense(q, cache, table, seqlens, num_splits=splits, lens_rule="global_causal")
-    assert splits == 1 or name not in ops._op_launches.__dict__
+    ops._owned_workspaces.clear()
+    own = dcp_mla.decode_dense(q, cache, table, seqlens, num_splits=splits, lens_rule="global_causal")
+    assert same(own, first)
+    if splits > 1:
+        owned = list(ops._owned_workspaces.values())
+        assert len(owned) == 1 and ops._op_launches.__dict__[name].ws_need == owned[0].numel()
+        entry = ops._op_launches.__dict__[name]
+        owned[0].fill_(0xff)  # a stale schedule there must not matter: every call computes its own
+        assert same(dcp_mla.decode_dense(q, cache, table, seqlens, num_splits=splits, lens_rule="global_causal"),
+                    first)
+        assert ops._op_launches.__dict__[name] is entry and list(ops._owned_workspaces.values())[0] is owned[0]
+        # another stream: a workspace of its own
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            on_side = dcp_mla.decode_dense(q, cache, table, seqlens, num_splits=splits, lens_rule="global_causal")
+        torch.cuda.current_stream().wait_stream(side)
+        assert same(on_side, first) and len(ops._owned_workspaces) == 2
+    # a workspace allocated for one call (a capture's) is never remembered: a replay would have none
+    ops._op_launches.__dict__.clear()
+    graph = torch.cuda.CUDAGraph()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        dcp_mla.decode_dense(q, cache, table, seqlens, num_splits=splits, lens_rule="global_causal")  # warm-up
+    torch.cuda.current_stream().wait_stream(side)
+    ops._op_launches.__dict__.clear()
+    n_owned = len(ops._owned_workspaces)
+    with torch.cuda.graph(graph):
+        captured = dcp_mla.decode_dense(q, cache, table, seqlens, num_splits=splits, lens_rule="global_causal")
+    assert name not in ops._op_launches.__dict__ and len(ops._owned_workspaces) == n_owned
+    graph.replay()
+    torch.cuda.synchronize()
+    assert same(captured, first)
