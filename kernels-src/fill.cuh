@@ -28,6 +28,38 @@ __device__ __forceinline__ FillToken fill_token(const DcpKvFillParams& p) {
 
 struct alignas(16) Bf16x8 { __nv_bfloat162 v[4]; };
 
+// The largest |x| of a lane's 16 bf16 values, two 16-byte vectors (fmaxf drops a NaN operand, as
+// the reference's f32::max). Both formats' fills reduce it across a group's lanes.
+__device__ __forceinline__ float lane_amax16(const uint4& c0, const uint4& c1) {
+    const __nv_bfloat16* h0 = (const __nv_bfloat16*)&c0;
+    const __nv_bfloat16* h1 = (const __nv_bfloat16*)&c1;
+    float amax = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+        amax = fmaxf(amax, fmaxf(fabsf(__bfloat162float(h0[i])), fabsf(__bfloat162float(h1[i]))));
+    return amax;
+}
+
+// A lane's 16 bf16 values quantised to e4m3 under its group's `scale`, as one 16-byte vector.
+// The scale is a power of two (or +inf), so 1/scale is exact and x · (1/scale) is the correctly
+// rounded x / scale: the same bits as the division, without its slow path.
+__device__ __forceinline__ uint4 quantise16(const uint4& c0, const uint4& c1, float scale) {
+    const __nv_bfloat16* h0 = (const __nv_bfloat16*)&c0;
+    const __nv_bfloat16* h1 = (const __nv_bfloat16*)&c1;
+    const float inv_scale = __frcp_rn(scale);
+    uint32_t packed[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const __nv_bfloat16* h = i < 2 ? h0 : h1;
+        uint32_t w = 0;
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            w |= (uint32_t)fp8_e4m3_encode(__fmul_rn(__bfloat162float(h[4 * (i & 1) + j]), inv_scale)) << (8 * j);
+        packed[i] = w;
+    }
+    return make_uint4(packed[0], packed[1], packed[2], packed[3]);
+}
+
 template <KvFormat Format>
 __device__ __forceinline__ void kv_fill(const DcpKvFillParams& p) {
     const int lane = threadIdx.x & 31;
@@ -60,30 +92,12 @@ __device__ __forceinline__ void kv_fill(const DcpKvFillParams& p) {
         if (lane < 8) ((uint4*)(row + kFp8RopeOffset))[lane] = r;
         // The 16 values are widened from c0/c1 where used rather than kept as 16 floats, which
         // keeps the kernel at 8 blocks of 256 per SM (one wave for 8192 tokens on an H200).
-        const __nv_bfloat16* h0 = (const __nv_bfloat16*)&c0;
-        const __nv_bfloat16* h1 = (const __nv_bfloat16*)&c1;
-        float amax = 0.0f;
-#pragma unroll
-        for (int i = 0; i < 8; ++i)
-            amax = fmaxf(amax, fmaxf(fabsf(__bfloat162float(h0[i])), fabsf(__bfloat162float(h1[i]))));
+        float amax = lane_amax16(c0, c1);
         // group g = channels [128g, 128g + 128) = lanes [8g, 8g + 8)
 #pragma unroll
         for (int m = 1; m < 8; m <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
         const float scale = fp8_group_scale(amax);
-        // The scale is a power of two (or +inf), so 1/scale is exact and x · (1/scale) is the
-        // correctly rounded x / scale: the same bits as the division, without its slow path.
-        const float inv_scale = __frcp_rn(scale);
-        uint32_t packed[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const __nv_bfloat16* h = i < 2 ? h0 : h1;
-            uint32_t w = 0;
-#pragma unroll
-            for (int j = 0; j < 4; ++j)
-                w |= (uint32_t)fp8_e4m3_encode(__fmul_rn(__bfloat162float(h[4 * (i & 1) + j]), inv_scale)) << (8 * j);
-            packed[i] = w;
-        }
-        ((uint4*)row)[lane] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+        ((uint4*)row)[lane] = quantise16(c0, c1, scale);
         if ((lane & 7) == 0) ((float*)(row + kFp8ScaleOffset))[lane >> 3] = scale;
     }
 }
@@ -116,12 +130,7 @@ __device__ __forceinline__ void kv_fill_model1(const DcpKvFillParams& p) {
     const int s = (int)(local % p.block_size);
     uint8_t* row = (uint8_t*)p.cache + base + (int64_t)s * kRowBytes;
 
-    const __nv_bfloat16* h0 = (const __nv_bfloat16*)&c0;
-    const __nv_bfloat16* h1 = (const __nv_bfloat16*)&c1;
-    float amax = 0.0f;  // fmaxf drops a NaN operand, as the reference's f32::max
-#pragma unroll
-    for (int i = 0; i < 8; ++i)
-        amax = fmaxf(amax, fmaxf(fabsf(__bfloat162float(h0[i])), fabsf(__bfloat162float(h1[i]))));
+    float amax = lane_amax16(c0, c1);
     amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
     amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
     const float scale = fp8_group_scale(amax);  // (the rope lanes' is unused)
@@ -130,19 +139,7 @@ __device__ __forceinline__ void kv_fill_model1(const DcpKvFillParams& p) {
         dst[0] = c0;
         dst[1] = c1;
     } else {
-        // a power of two (or +inf): x · (1/scale) is the correctly rounded x / scale, as kv_fill's
-        const float inv_scale = __frcp_rn(scale);
-        uint32_t packed[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const __nv_bfloat16* h = i < 2 ? h0 : h1;
-            uint32_t w = 0;
-#pragma unroll
-            for (int j = 0; j < 4; ++j)
-                w |= (uint32_t)fp8_e4m3_encode(__fmul_rn(__bfloat162float(h[4 * (i & 1) + j]), inv_scale)) << (8 * j);
-            packed[i] = w;
-        }
-        *(uint4*)(row + 16 * lane) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+        *(uint4*)(row + 16 * lane) = quantise16(c0, c1, scale);
     }
     // the scale's ue8m0 byte is its fp32 exponent field; tile t's is lane 4t's
     const uint32_t byte = __float_as_uint(scale) >> 23;

@@ -875,12 +875,8 @@ pub unsafe extern "C" fn dcp_mla_memcpy_htod(
     src: *const c_void,
     bytes: usize,
 ) -> DcpMlaStatus {
-    guard(|| {
-        if !memory_call(device, bytes, &[("dst", dst), ("src", src)])? {
-            return Ok(());
-        }
-        let host = std::slice::from_raw_parts(src as *const u8, bytes);
-        cudarc::driver::result::memcpy_htod_sync(dst as u64, host).map_err(driver("cuMemcpyHtoD"))
+    copy_call(device, dst, src, bytes, "cuMemcpyHtoD", || {
+        cudarc::driver::result::memcpy_htod_sync(dst as u64, std::slice::from_raw_parts(src as *const u8, bytes))
     })
 }
 
@@ -896,12 +892,8 @@ pub unsafe extern "C" fn dcp_mla_memcpy_dtoh(
     src: *const c_void,
     bytes: usize,
 ) -> DcpMlaStatus {
-    guard(|| {
-        if !memory_call(device, bytes, &[("dst", dst), ("src", src)])? {
-            return Ok(());
-        }
-        let host = std::slice::from_raw_parts_mut(dst as *mut u8, bytes);
-        cudarc::driver::result::memcpy_dtoh_sync(host, src as u64).map_err(driver("cuMemcpyDtoH"))
+    copy_call(device, dst, src, bytes, "cuMemcpyDtoH", || {
+        cudarc::driver::result::memcpy_dtoh_sync(std::slice::from_raw_parts_mut(dst as *mut u8, bytes), src as u64)
     })
 }
 
@@ -951,6 +943,27 @@ unsafe fn memory_call(device: *const DcpMlaDevice, bytes: usize, ptrs: &[(&str, 
         nonnull(arg, p)?;
     }
     Ok(true)
+}
+
+/// The body of both synchronous copies: [`memory_call`]'s checks of `dst` and `src`, nothing for 0
+/// bytes, then `copy`, whose driver error names `call`.
+///
+/// # Safety
+/// As for the copies: `copy` may read `bytes` at `src` and write `bytes` at `dst`.
+unsafe fn copy_call(
+    device: *const DcpMlaDevice,
+    dst: *mut c_void,
+    src: *const c_void,
+    bytes: usize,
+    call: &'static str,
+    copy: impl FnOnce() -> Result<(), cudarc::driver::DriverError>,
+) -> DcpMlaStatus {
+    guard(|| {
+        if !memory_call(device, bytes, &[("dst", dst), ("src", src)])? {
+            return Ok(());
+        }
+        copy().map_err(driver(call))
+    })
 }
 
 fn nonnull<T>(arg: &str, p: *const T) -> R<()> {

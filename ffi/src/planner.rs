@@ -281,6 +281,23 @@ pub unsafe extern "C" fn dcp_mla_topk_workspace_bytes(
     guard(|| put("out", out, workspace::topk_bytes(dcp_size, rows, k)?))
 }
 
+/// The plan both prefill entry points make from the same C arguments (the piece table's is the
+/// plan's, so the two always agree).
+///
+/// # Safety
+/// `prefix_lens` must hold `num_requests` entries.
+unsafe fn prefill_chunks(
+    prefix_lens: *const u64,
+    num_requests: usize,
+    dcp_size: usize,
+    interleave: usize,
+    block_size: usize,
+    budget_bytes: u64,
+) -> R<planner::ChunkPlan> {
+    let lens = host("prefix_lens", prefix_lens, num_requests)?;
+    Ok(planner::plan_prefill_chunks(lens, layout(dcp_size, interleave, 0)?, block_size, budget_bytes)?)
+}
+
 /// Plans the prefix gather of a prefill batch (docs/contract.md §7) under a workspace budget: the chunk
 /// length (a multiple of B·D), the rows of each rank's flatten buffer, the number of chunks and
 /// the most pieces any chunk has (the rows of the piece tables to allocate).
@@ -301,8 +318,7 @@ pub unsafe extern "C" fn dcp_mla_prefill_plan(
     max_pieces: *mut usize,
 ) -> DcpMlaStatus {
     guard(|| {
-        let lens = host("prefix_lens", prefix_lens, num_requests)?;
-        let plan = planner::plan_prefill_chunks(lens, layout(dcp_size, interleave, 0)?, block_size, budget_bytes)?;
+        let plan = prefill_chunks(prefix_lens, num_requests, dcp_size, interleave, block_size, budget_bytes)?;
         put("chunk_tokens", chunk_tokens, plan.chunk_tokens)?;
         put("cap_rows", cap_rows, plan.cap_rows)?;
         put("num_chunks", num_chunks, plan.chunks.len())?;
@@ -329,8 +345,7 @@ pub unsafe extern "C" fn dcp_mla_prefill_piece_table(
     max_pieces: usize,
 ) -> DcpMlaStatus {
     guard(|| {
-        let lens = host("prefix_lens", prefix_lens, num_requests)?;
-        let plan = planner::plan_prefill_chunks(lens, layout(dcp_size, interleave, 0)?, block_size, budget_bytes)?;
+        let plan = prefill_chunks(prefix_lens, num_requests, dcp_size, interleave, block_size, budget_bytes)?;
         let Some(c) = plan.chunks.get(chunk) else {
             return Err(bad_arg("chunk", format!("{chunk} is not below the plan's {} chunks", plan.chunks.len())));
         };

@@ -707,7 +707,7 @@ pub(super) fn launch(
         let grid = (rb, 1, c.num_splits as u32);
         match c.schedule {
             DecodeSchedule::Compute => {
-                dev.launch(schedule, (1, 1, 1), 0, stream, params)?;
+                dev.launch(schedule, (1, 1, 1), stream, params)?;
                 kernel.launch(dev, grid, true, stream, params)?;
             }
             // the prefix is already in the workspace (its stamp is checked on the device)
@@ -741,7 +741,7 @@ pub(super) fn launch(
             // a CTA per row of every sequence
             axes::Grid::Row => (rows as u32, 1, 1),
         };
-        dev.launch_dependent(combine, grid, 0, stream, &merge)?;
+        dev.launch_with(combine, grid, 0, stream, &merge, LaunchAttrs { dependent: true, cluster: None })?;
     }
     Ok(())
 }

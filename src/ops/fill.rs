@@ -1,9 +1,9 @@
 //! KV-cache fill launcher (docs/contract.md §2-3). Reference: [`crate::reference::fill`].
 
-use super::{check_block_table, check_cache_bytes, check_layout, check_rows, compiled, launch_warp_rows, to_i32};
+use super::{check_cache_bytes, compiled, launch_warp_rows};
 use crate::abi::DcpKvFillParams;
 use crate::error::Result;
-use crate::formats::{KvFormat, D_LATENT, D_ROPE};
+use crate::formats::{KvFormat, D_LATENT};
 use crate::planner::DcpLayout;
 use crate::runtime::registry;
 use crate::runtime::{Device, DeviceSlice, Stream};
@@ -52,43 +52,65 @@ pub fn kv_fill(dev: &Device, stream: Stream, a: &KvFill) -> Result<()> {
 }
 
 fn validate(a: &KvFill) -> Result<DcpKvFillParams> {
-    let t = a.positions.len();
-    ensure_arg!(a.req_idx.len() == t, "req_idx", "has {} entries but positions has {t}", a.req_idx.len());
-    check_rows("ckv", &a.ckv, t, a.ckv_stride, D_LATENT)?;
-    check_rows("kpe", &a.kpe, t, a.kpe_stride, D_ROPE)?;
-    let [dcp_size, dcp_rank, interleave] = check_layout(a.dcp, a.rank)?;
-    ensure_arg!(a.block_size >= 1, "block_size", "must be at least 1");
-    ensure_arg!(
-        a.block_size % a.dcp.interleave == 0,
-        "interleave",
-        "{} does not divide the block size {}",
-        a.dcp.interleave,
-        a.block_size
-    );
-    check_block_table(&a.block_table, a.batch, a.block_table_stride, a.max_pages)?;
-    let page_rows = check_cache_bytes(&a.cache, a.num_pages, a.block_size, a.page_stride, a.format)?;
-    Ok(DcpKvFillParams {
-        ckv: a.ckv.ptr(),
-        kpe: a.kpe.ptr(),
-        req_idx: a.req_idx.ptr(),
-        positions: a.positions.ptr(),
-        block_table: a.block_table.ptr(),
-        cache: a.cache.ptr(),
-        ckv_stride: a.ckv_stride as i64,
-        kpe_stride: a.kpe_stride as i64,
-        block_table_stride: a.block_table_stride as i64,
-        num_tokens: to_i32("positions", t)?,
-        batch: to_i32("batch", a.batch)?,
-        max_pages: to_i32("max_pages", a.max_pages)?,
-        num_pages: to_i32("num_pages", a.num_pages)?,
-        block_size: to_i32("block_size", a.block_size)?,
-        dcp_size,
-        dcp_rank,
-        interleave,
-        page_rows,
-        reserved: 0,
-    })
+    fill_params!(
+        a,
+        D_LATENT,
+        a.num_pages,
+        a.block_size,
+        check_cache_bytes(&a.cache, a.num_pages, a.block_size, a.page_stride, a.format)
+    )
 }
+
+/// The checks and kernel parameters both fills share ([`kv_fill`] and
+/// [`crate::ops::model1::kv_fill_model1`]), over an argument struct with [`KvFill`]'s token,
+/// block-table and layout fields: `positions` and `req_idx` of one length, `ckv` rows of `$nope`
+/// values and `kpe` rows of 64, the DCP layout, a block size (`$block_size`, of `$num_pages`
+/// pages) that is at least 1 and a multiple of the interleave, the block table, then `$cache`, the
+/// format's own cache checks (an expression, evaluated last), which give the kernels' page_rows.
+/// A macro because the two argument structs share these fields but not a type.
+macro_rules! fill_params {
+    ($a:expr, $nope:expr, $num_pages:expr, $block_size:expr, $cache:expr) => {{
+        use $crate::ops::{check_block_table, check_layout, check_rows, to_i32};
+        let f = $a;
+        let t = f.positions.len();
+        ensure_arg!(f.req_idx.len() == t, "req_idx", "has {} entries but positions has {t}", f.req_idx.len());
+        check_rows("ckv", &f.ckv, t, f.ckv_stride, $nope)?;
+        check_rows("kpe", &f.kpe, t, f.kpe_stride, $crate::formats::D_ROPE)?;
+        let [dcp_size, dcp_rank, interleave] = check_layout(f.dcp, f.rank)?;
+        let (num_pages, block_size): (usize, usize) = ($num_pages, $block_size);
+        ensure_arg!(block_size >= 1, "block_size", "must be at least 1");
+        ensure_arg!(
+            block_size % f.dcp.interleave == 0,
+            "interleave",
+            "{} does not divide the block size {block_size}",
+            f.dcp.interleave
+        );
+        check_block_table(&f.block_table, f.batch, f.block_table_stride, f.max_pages)?;
+        let page_rows: i32 = $cache?;
+        Ok($crate::abi::DcpKvFillParams {
+            ckv: f.ckv.ptr(),
+            kpe: f.kpe.ptr(),
+            req_idx: f.req_idx.ptr(),
+            positions: f.positions.ptr(),
+            block_table: f.block_table.ptr(),
+            cache: f.cache.ptr(),
+            ckv_stride: f.ckv_stride as i64,
+            kpe_stride: f.kpe_stride as i64,
+            block_table_stride: f.block_table_stride as i64,
+            num_tokens: to_i32("positions", t)?,
+            batch: to_i32("batch", f.batch)?,
+            max_pages: to_i32("max_pages", f.max_pages)?,
+            num_pages: to_i32("num_pages", num_pages)?,
+            block_size: to_i32("block_size", block_size)?,
+            dcp_size,
+            dcp_rank,
+            interleave,
+            page_rows,
+            reserved: 0,
+        })
+    }};
+}
+pub(crate) use fill_params;
 
 #[cfg(test)]
 mod tests {

@@ -390,7 +390,7 @@ pub(crate) unsafe fn launch_rows<P: Copy>(
     let grid = rows.div_ceil(rows_per_block);
     ensure_arg!(grid <= i32::MAX as usize, arg, "{rows} rows exceed one launch's grid");
     // SAFETY: the caller's contract.
-    unsafe { dev.launch(id, (grid as u32, 1, 1), 0, stream, params) }
+    unsafe { dev.launch(id, (grid as u32, 1, 1), stream, params) }
 }
 
 /// [`launch_rows`] with one warp a row.

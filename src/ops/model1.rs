@@ -7,13 +7,12 @@
 //! ([`crate::ops::decode`]); `kernels-src/fill.cuh` (`kv_fill_model1`).
 
 use super::decode::{launch, length_strides, validate_common, DecodeCommon, DecodeOut, Kernel, MAX_DECODE_TOKENS};
-use super::{check_block_table, check_layout, check_rows, compiled, launch_warp_rows, to_i32};
+use super::{compiled, launch_warp_rows, to_i32};
 use crate::abi::{DcpKvFillParams, DcpMlaDecodeParams};
 use crate::error::Result;
 use crate::formats::model1::{
     model1_page_bytes, Model1Pages, MODEL1_D_NOPE, MODEL1_D_QK, MODEL1_PAGE_ALIGN, MODEL1_TOKEN_BYTES,
 };
-use crate::formats::D_ROPE;
 use crate::planner::DcpLayout;
 use crate::runtime::registry;
 use crate::runtime::{Device, DeviceSlice, Stream};
@@ -293,41 +292,13 @@ pub fn fill_checks(a: &Model1Fill) -> Result<()> {
 }
 
 fn fill_params(a: &Model1Fill) -> Result<DcpKvFillParams> {
-    let t = a.positions.len();
-    ensure_arg!(a.req_idx.len() == t, "req_idx", "has {} entries but positions has {t}", a.req_idx.len());
-    check_rows("ckv", &a.ckv, t, a.ckv_stride, MODEL1_D_NOPE)?;
-    check_rows("kpe", &a.kpe, t, a.kpe_stride, D_ROPE)?;
-    let [dcp_size, dcp_rank, interleave] = check_layout(a.dcp, a.rank)?;
-    let page_rows = check_model1_cache(&a.cache, &a.pages, &MAIN)?;
-    ensure_arg!(
-        a.pages.block_size % a.dcp.interleave == 0,
-        "interleave",
-        "{} does not divide the block size {}",
-        a.dcp.interleave,
-        a.pages.block_size
-    );
-    check_block_table(&a.block_table, a.batch, a.block_table_stride, a.max_pages)?;
-    Ok(DcpKvFillParams {
-        ckv: a.ckv.ptr(),
-        kpe: a.kpe.ptr(),
-        req_idx: a.req_idx.ptr(),
-        positions: a.positions.ptr(),
-        block_table: a.block_table.ptr(),
-        cache: a.cache.ptr(),
-        ckv_stride: a.ckv_stride as i64,
-        kpe_stride: a.kpe_stride as i64,
-        block_table_stride: a.block_table_stride as i64,
-        num_tokens: to_i32("positions", t)?,
-        batch: to_i32("batch", a.batch)?,
-        max_pages: to_i32("max_pages", a.max_pages)?,
-        num_pages: to_i32("num_pages", a.pages.num_pages)?,
-        block_size: to_i32("block_size", a.pages.block_size)?,
-        dcp_size,
-        dcp_rank,
-        interleave,
-        page_rows,
-        reserved: 0,
-    })
+    super::fill::fill_params!(
+        a,
+        MODEL1_D_NOPE,
+        a.pages.num_pages,
+        a.pages.block_size,
+        check_model1_cache(&a.cache, &a.pages, &MAIN)
+    )
 }
 
 #[cfg(test)]

@@ -232,7 +232,7 @@ pub fn pack_candidates(dev: &Device, stream: Stream, a: &PackCandidates) -> Resu
     // A grid-stride loop: a few waves of blocks cover any size.
     let grid = n.div_ceil(id.info().block as usize).min(1 << 16) as u32;
     // SAFETY: pack_params checked every element the kernel reads and writes.
-    unsafe { dev.launch(id, (grid, 1, 1), 0, stream, &params) }
+    unsafe { dev.launch(id, (grid, 1, 1), stream, &params) }
 }
 
 fn pack_params(a: &PackCandidates) -> Result<DcpTopkPackParams> {

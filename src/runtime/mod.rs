@@ -93,11 +93,11 @@ impl Device {
     }
 
     /// Launches `id` with launch attributes beyond the grid (thread-block clusters, a
-    /// programmatic dependent launch): what [`Device::launch`] and [`Device::launch_dependent`]
-    /// call.
+    /// programmatic dependent launch, [`LaunchAttrs`]); [`Device::launch`] is this without them.
     ///
     /// # Safety
-    /// As for [`Device::launch_dependent`] when `attrs.dependent`, else [`Device::launch`].
+    /// As for [`Device::launch`]; a dependent launch's kernel must also `griddep_wait()` before
+    /// reading anything the stream's previous kernel writes.
     pub(crate) unsafe fn launch_with<P: Copy>(
         &self,
         id: KernelId<P>,
@@ -189,7 +189,7 @@ impl Device {
         let grid = 8 * self.num_sms()? as u32;
         // SAFETY: the kernel reads the `bytes` bytes of `buf` (a slice of that length) and writes
         // at most the one u32 of `sink`.
-        unsafe { self.launch(id, (grid, 1, 1), 0, stream, &params) }
+        unsafe { self.launch(id, (grid, 1, 1), stream, &params) }
     }
 
     /// Copies `src` into `dst` (`src.len()` bytes, a multiple of 16, both 16-byte aligned, not
@@ -216,10 +216,11 @@ impl Device {
         let grid = 4 * self.num_sms()? as u32;
         // SAFETY: the kernel reads the n bytes of `src` and writes the n bytes of `dst`, both
         // slices of at least that length, checked not to overlap.
-        unsafe { self.launch(id, (grid, 1, 1), 0, stream, &params) }
+        unsafe { self.launch(id, (grid, 1, 1), stream, &params) }
     }
 
-    /// Launches `id` with `params` passed by value as its single argument.
+    /// Launches `id` with `params` passed by value as its single argument, without dynamic shared
+    /// memory or launch attributes ([`Device::launch_with`] takes both).
     ///
     /// # Safety
     /// Every device pointer in `params` (the struct `id`'s kernel takes: the type says so) must
@@ -228,35 +229,19 @@ impl Device {
         &self,
         id: KernelId<P>,
         grid: (u32, u32, u32),
-        shared_bytes: u32,
         stream: Stream,
         params: &P,
     ) -> Result<()> {
-        self.launch_with(id, grid, shared_bytes, stream, params, LaunchAttrs::default())
-    }
-
-    /// Launches `id` as a programmatic dependent of the stream's previous kernel (compute
-    /// capability 9.0+; a plain launch elsewhere): it may start before that kernel ends, and
-    /// must `griddep_wait()` before reading anything that kernel writes.
-    ///
-    /// # Safety
-    /// As for [`Device::launch`], and the kernel must wait as above.
-    pub(crate) unsafe fn launch_dependent<P: Copy>(
-        &self,
-        id: KernelId<P>,
-        grid: (u32, u32, u32),
-        shared_bytes: u32,
-        stream: Stream,
-        params: &P,
-    ) -> Result<()> {
-        self.launch_with(id, grid, shared_bytes, stream, params, LaunchAttrs { dependent: true, cluster: None })
+        self.launch_with(id, grid, 0, stream, params, LaunchAttrs::default())
     }
 }
 
 /// Launch attributes beyond the grid ([`Device::launch_with`]).
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct LaunchAttrs {
-    /// A programmatic dependent of the stream's previous kernel ([`Device::launch_dependent`]).
+    /// A programmatic dependent of the stream's previous kernel (compute capability 9.0+; a plain
+    /// launch elsewhere): it may start before that kernel ends, and must `griddep_wait()` before
+    /// reading anything that kernel writes.
     pub dependent: bool,
     /// Thread-block clusters of this many consecutive CTAs along x (compute capability 9.0+;
     /// `grid.0` a multiple of it, at most 8 without the non-portable opt-in); `None`: no cluster.
