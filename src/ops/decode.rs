@@ -343,7 +343,7 @@ pub fn mla_decode_dense_on(dev: &Device, stream: Stream, a: &DenseDecode, path: 
     let kernel = decode_kernel(dev, KvFormat::Bf16, false, choice.path)?;
     let page_rows = params.page_rows as usize;
     if kernel.takes_tensor_map && tma_enabled() && dense_tma_fits(a.num_pages, a.block_size, page_rows) {
-        dev.bind()?;  // the encoding needs a current context (launch binds too, later)
+        dev.bind()?; // the encoding needs a current context (launch binds too, later)
         params.kv_tmap = dense_tensor_map(a, page_rows, kernel.tile)?;
         params.kv_tma = 1;
     }
