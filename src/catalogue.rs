@@ -67,17 +67,54 @@ pub fn sm90_variants(format: KvFormat, sparse: bool) -> Vec<Sm90Variant> {
     v.into_iter().map(|(x, _)| x).collect()
 }
 
-/// Every shipped wgmma variant of any kind, each once (what `DCP_MLA_DECODE_PATH` may name).
+/// Every shipped wgmma variant of any kind, MODEL1's included, each once (what
+/// `DCP_MLA_DECODE_PATH` may name).
 pub fn all_sm90_variants() -> Vec<Sm90Variant> {
     let mut all: Vec<Sm90Variant> = Vec::new();
-    for (format, sparse) in KINDS {
-        for v in sm90_variants(format, sparse) {
-            if !all.contains(&v) {
-                all.push(v);
-            }
+    let kinds = KINDS.iter().flat_map(|&(format, sparse)| sm90_variants(format, sparse));
+    for v in kinds.chain(model1_sm90_variants()) {
+        if !all.contains(&v) {
+            all.push(v);
         }
     }
     all
+}
+
+/// MODEL1's wgmma variants (kernels.toml's `mla_decode_model1_sm90`: the quad schedule at
+/// d_qk = 512, `kernels-src/decode/sm90_trio.cuh` over `DecodeKv::Model1`), in kernels.toml's order.
+pub fn model1_sm90_variants() -> Vec<Sm90Variant> {
+    registry::MLA_DECODE_MODEL1_SM90_VARIANTS
+        .iter()
+        .map(|&((_, tile, stages, schedule), _)| (tile, stages, schedule))
+        .collect()
+}
+
+/// Whether kernels.toml builds MODEL1's mma.sync kernel (`mla_decode_model1`, sm_80 and sm_90).
+pub fn model1_mma_built() -> bool {
+    !registry::MLA_DECODE_MODEL1_VARIANTS.is_empty()
+}
+
+/// Every MODEL1 decode kernel this build ships, named by [`variant_name`]: the mma.sync kernel
+/// (`mma`), then the wgmma variants ([`model1_sm90_variants`]).
+pub fn model1_variants() -> Vec<(String, DecodePath)> {
+    let mma = model1_mma_built().then_some(DecodePath::Mma);
+    let wgmma =
+        model1_sm90_variants().into_iter().map(|(tile, stages, schedule)| DecodePath::Wgmma { tile, stages, schedule });
+    mma.into_iter().chain(wgmma).map(|path| (variant_name(path), path)).collect()
+}
+
+/// The MODEL1 launcher's heuristic: its first wgmma variant on a device that runs wgmma (`sm90`:
+/// compute capability 9.0), whatever the heads (each CTA holds a row block of 64 of a query row's
+/// heads, as quad's), else the mma.sync kernel; `None` when nothing is built.
+pub fn model1_heuristic_path(sm90: bool) -> Option<DecodePath> {
+    let wgmma =
+        model1_sm90_variants().first().map(|&(tile, stages, schedule)| DecodePath::Wgmma { tile, stages, schedule });
+    wgmma.filter(|_| sm90).or(model1_mma_built().then_some(DecodePath::Mma))
+}
+
+/// Whether `path` names a MODEL1 kernel this build ships (`Auto` names none).
+pub fn model1_ships(path: DecodePath) -> bool {
+    model1_variants().iter().any(|&(_, p)| p == path)
 }
 
 /// The three kinds of decode launch: dense BF16, sparse BF16, sparse FP8-656.
@@ -293,6 +330,22 @@ mod tests {
                 assert_eq!(parse_env_path(Some(&name)), Ok(Some(path)), "{name}");
                 assert!(ships(path, format, sparse), "{name}");
             }
+        }
+    }
+
+    #[test]
+    fn model1_ships_mma_and_quad_and_runs_quad_on_sm90() {
+        let names: Vec<String> = model1_variants().into_iter().map(|(n, _)| n).collect();
+        assert_eq!(names, ["mma", "wgmma-quad-64x2"]);
+        let quad = DecodePath::Wgmma { tile: 64, stages: 2, schedule: Sm90Schedule::Quad };
+        assert_eq!(model1_heuristic_path(true), Some(quad));
+        assert_eq!(model1_heuristic_path(false), Some(DecodePath::Mma));
+        assert!(model1_ships(quad) && model1_ships(DecodePath::Mma));
+        assert!(!model1_ships(DecodePath::Wgmma { tile: 64, stages: 2, schedule: Sm90Schedule::Pair }));
+        assert!(!model1_ships(DecodePath::Auto));
+        // DCP_MLA_DECODE_PATH names MODEL1's variants as every other kind's
+        for (name, path) in model1_variants() {
+            assert_eq!(parse_env_path(Some(&name)), Ok(Some(path)), "{name}");
         }
     }
 

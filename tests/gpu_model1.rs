@@ -1,12 +1,15 @@
 //! MODEL1 on the GPU (docs/contract.md §3-§4, "MODEL1"): the fill bit for bit against
 //! reference::model1's, the sparse decode over one and two sources against the fp64 oracle
 //! (docs/contract.md §9) at topk_length 0, 1, K and beyond, split and unsplit, two sources bit for
-//! bit equal to one cache holding both, and the DCP identity at D = 2, 4, 8. Cache slots no index
-//! reads hold 0xff bytes (NaN codes and NaN scales); outputs are poisoned before each launch.
+//! bit equal to one cache holding both, and the DCP identity at D = 2, 4, 8; each on every MODEL1
+//! kernel the device runs (mma.sync everywhere, wgmma quad on compute capability 9.0). Cache
+//! slots no index reads hold 0xff bytes (NaN codes and NaN scales); outputs are poisoned before
+//! each launch.
 
 mod common;
 
 use common::*;
+use dcp_mla::catalogue::{model1_variants, DecodePath};
 use dcp_mla::formats::model1::{
     encode_model1_token, Model1Pages, MODEL1_D_NOPE, MODEL1_D_QK, MODEL1_D_V, MODEL1_TILES,
 };
@@ -143,9 +146,29 @@ impl DevSrc {
     }
 }
 
-/// Runs the MODEL1 decode; returns (out as f32, lse).
+/// Every MODEL1 kernel this device runs, with its name: mma.sync, and the wgmma variants on
+/// compute capability 9.0. DCP_MLA_TEST_SCHEDULES (as gpu_decode's: `quad`, and here also `mma`)
+/// keeps only those, for a sanitizer run; the kernels kept are printed, and none kept fails.
+fn paths() -> Vec<(String, DecodePath)> {
+    let sm90 = gpu().compute_capability() == (9, 0);
+    let mut v: Vec<(String, DecodePath)> =
+        model1_variants().into_iter().filter(|(_, p)| sm90 || !matches!(p, DecodePath::Wgmma { .. })).collect();
+    if let Ok(only) = std::env::var("DCP_MLA_TEST_SCHEDULES") {
+        let keep: Vec<&str> = only.split(',').map(str::trim).collect();
+        v.retain(|(_, p)| match p {
+            DecodePath::Wgmma { schedule, .. } => keep.contains(&schedule.name()),
+            _ => keep.contains(&"mma"),
+        });
+        eprintln!("DCP_MLA_TEST_SCHEDULES={only}: MODEL1 kernels {v:?}");
+        assert!(!v.is_empty(), "DCP_MLA_TEST_SCHEDULES={only} leaves no MODEL1 kernel");
+    }
+    v
+}
+
+/// Runs the MODEL1 decode on `path`'s kernel; returns (out as f32, lse).
 #[allow(clippy::too_many_arguments)]
 fn launch(
+    path: DecodePath,
     q: &[bf16],
     shape: QueryShape,
     main: &Src,
@@ -180,7 +203,7 @@ fn launch(
         )
     };
     let a = Model1Decode { common, main: m.arg(), extra: e.as_ref().map(|e| e.arg()) };
-    mla_decode_model1(gpu(), raw(&st), &a).expect("MODEL1 launch");
+    mla_decode_model1_on(gpu(), raw(&st), &a, path).expect("MODEL1 launch");
     st.synchronize().expect("kernel run");
     let out =
         if f32_out { download(&st, &out_f32) } else { download(&st, &out_bf16).iter().map(|x| x.to_f32()).collect() };
@@ -238,6 +261,9 @@ fn model1_decode_matches_reference() {
         (12, 1, 32, 96, 40, true, (16, 64), &[2, 5]),
         // more query rows than SMs, unsplit: several waves of CTAs
         (150, 1, 16, 128, 64, true, (64, 64), &[7]),
+        // the bench's shapes, smaller: wgmma's 64-token tiles across both lists, two row blocks
+        (8, 2, 128, 512, 0, true, (64, 64), &[]),
+        (4, 2, 64, 2048, 200, true, (64, 64), &[5]),
     ];
     for (n, &(b, nq, heads, k1, k2, with_len, (bs1, bs2), empty)) in cases.iter().enumerate() {
         let shape = QueryShape { batch: b, rows: nq, heads };
@@ -264,14 +290,16 @@ fn model1_decode_matches_reference() {
             model1_default_scale(),
         );
         let auto = decode_num_splits(b, nq, heads, true, sms);
-        for (splits, f32_out) in [(1, n % 2 == 0), (auto, n % 2 == 1), (3, true)] {
-            let what = format!("case {n} b={b} q={nq} H={heads} K={k1}+{k2} splits={splits}");
-            let (out, lse) = launch(&q, shape, &main, extra.as_ref(), splits, f32_out, None);
-            check(&what, &out, &lse, &want);
-            if let Some((one, src)) = extra.as_ref().and_then(|e| concatenated(&main, e, b, nq)) {
-                let single = Src { cache: &one, ..src };
-                let got = launch(&q, shape, &single, None, splits, f32_out, None);
-                assert!(same_bits(&(out, lse), &got), "{what}: two sources differ from one cache holding both");
+        for (name, path) in paths() {
+            for (splits, f32_out) in [(1, n % 2 == 0), (auto, n % 2 == 1), (3, true)] {
+                let what = format!("{name}: case {n} b={b} q={nq} H={heads} K={k1}+{k2} splits={splits}");
+                let (out, lse) = launch(path, &q, shape, &main, extra.as_ref(), splits, f32_out, None);
+                check(&what, &out, &lse, &want);
+                if let Some((one, src)) = extra.as_ref().and_then(|e| concatenated(&main, e, b, nq)) {
+                    let single = Src { cache: &one, ..src };
+                    let got = launch(path, &q, shape, &single, None, splits, f32_out, None);
+                    assert!(same_bits(&(out, lse), &got), "{what}: two sources differ from one cache holding both");
+                }
             }
         }
     }
@@ -550,19 +578,21 @@ fn model1_dcp_identity() {
             let (idx, counts) = compact(&cut(ids, lens, q, k), k, dcp, r, Some(rc.translate(q)));
             (idx, counts.chunks(q).map(|c| c.iter().copied().max().unwrap_or(0)).collect())
         };
-        let (mut outs, mut lses) = (Vec::new(), Vec::new());
-        for r in 0..d {
-            let (ia, la) = rank_src(&ids_a, &len_a, k_a, &shards_a[r], r);
-            let (ib, lb) = rank_src(&ids_b, &len_b, k_b, &shards_b[r], r);
-            let main = Src { cache: &shards_a[r].cache, idx: ia, k: k_a, topk_len: Some(la) };
-            let extra = Src { cache: &shards_b[r].cache, idx: ib, k: k_b, topk_len: Some(lb) };
-            let splits = if r % 2 == 0 { 1 } else { 3 };
-            let (o, l) = launch(&query, shape, &main, Some(&extra), splits, true, None);
-            outs.extend(o);
-            lses.extend(l);
+        for (name, path) in paths() {
+            let (mut outs, mut lses) = (Vec::new(), Vec::new());
+            for r in 0..d {
+                let (ia, la) = rank_src(&ids_a, &len_a, k_a, &shards_a[r], r);
+                let (ib, lb) = rank_src(&ids_b, &len_b, k_b, &shards_b[r], r);
+                let main = Src { cache: &shards_a[r].cache, idx: ia, k: k_a, topk_len: Some(la) };
+                let extra = Src { cache: &shards_b[r].cache, idx: ib, k: k_b, topk_len: Some(lb) };
+                let splits = if r % 2 == 0 { 1 } else { 3 };
+                let (o, l) = launch(path, &query, shape, &main, Some(&extra), splits, true, None);
+                outs.extend(o);
+                lses.extend(l);
+            }
+            let (o, l) = merge_with_sink(&outs, &lses, d, b * q * h, LseBase::E, sink.as_deref());
+            check(&format!("{name}: D={d} I={interleave} sink={sink_on}"), &o, &l, &want);
         }
-        let (o, l) = merge_with_sink(&outs, &lses, d, b * q * h, LseBase::E, sink.as_deref());
-        check(&format!("D={d} I={interleave} sink={sink_on}"), &o, &l, &want);
     }
 }
 
@@ -584,8 +614,10 @@ fn model1_sinks_match_reference() {
         .collect();
     let mut want = decode_model1_oracle(&q, shape, &main.host(), None, model1_default_scale());
     apply_sink_oracle(&mut want, &sink);
-    for splits in [1, 3] {
-        let (out, lse) = launch(&q, shape, &main, None, splits, true, Some(&sink));
-        check(&format!("sinks splits={splits}"), &out, &lse, &want);
+    for (name, path) in paths() {
+        for splits in [1, 3] {
+            let (out, lse) = launch(path, &q, shape, &main, None, splits, true, Some(&sink));
+            check(&format!("{name}: sinks splits={splits}"), &out, &lse, &want);
+        }
     }
 }

@@ -7,7 +7,9 @@
 
 namespace dcp {
 
-enum class DecodeKv { DenseBf16, SparseBf16, SparseFp8 };
+// Model1: MODEL1's sparse page-wise FP8 cache (decode/model1_format.cuh), d_qk = d_v = 512; only the
+// quad schedule runs it (kernels.toml's mla_decode_model1_sm90; the mma.sync path has its own family).
+enum class DecodeKv { DenseBf16, SparseBf16, SparseFp8, Model1 };
 
 namespace decode {
 using namespace ptx_sm80;  // the PTX wrappers (arch/sm80_ptx.cuh) as decode::...

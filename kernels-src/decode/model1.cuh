@@ -1,14 +1,14 @@
 // MODEL1 sparse decode (docs/contract.md §4, "MODEL1"; FlashMLA's d_qk = 512 path) on tensor
 // cores with mma.sync m16n8k16 bf16 (sm_80+), in the shape of decode/sm80.cuh: one CTA = 64 heads
-// of one query row × one split-KV part, 256 threads, KV tiles of 32 tokens.
+// of one query row × one split-KV part, 256 threads, KV tiles of 32 tokens. Compute capability
+// 9.0 runs decode/sm90_trio.cuh's quad schedule over the same cache instead (this kernel stays
+// its fallback, DCP_MLA_DECODE_PATH=mma).
 //
-// The cache is the page-wise FP8 layout of src/formats/model1.rs: a token's value row (448 e4m3,
-// then 64 bf16 rope values, 576 bytes) at page·stride + 576·s, its 8 scale bytes (7 ue8m0 tile
-// scales and a pad byte) at page·stride + 576·B + 8·s. A query row reads two sources in one
-// softmax: the entries of its first index list (p.cache, p.indices, p.topk_len), then those of
-// its second (p.extra_*), when there is one; a sequence's token positions 0..n1 − 1 are the
-// first list's valid entries and n1..n1 + n2 − 1 the second's, so a tile may straddle both and
-// the split schedule (which counts n1 + n2: split_schedule.cuh's extra_seq_tokens) cuts the
+// The cache is decode/model1_format.cuh's (src/formats/model1.rs). A query row reads two sources
+// in one softmax: the entries of its first index list (p.cache, p.indices, p.topk_len), then
+// those of its second (p.extra_*), when there is one; a sequence's token positions 0..n1 − 1 are
+// the first list's valid entries and n1..n1 + n2 − 1 the second's, so a tile may straddle both
+// and the split schedule (which counts n1 + n2: split_schedule.cuh's extra_seq_tokens) cuts the
 // concatenation like any other list.
 //
 // Per tile: load   cp.async of each token's 576-byte row and its 8 scale bytes into a raw stage
@@ -23,15 +23,13 @@
 #pragma once
 #include "arch/sm80_ptx.cuh"
 #include "decode/base.cuh"
+#include "decode/model1_format.cuh"
 #include "decode/split_schedule.cuh"
 
 namespace dcp {
 namespace decode_model1 {
 using namespace decode;
 
-constexpr int kDim = 512;                   // d_qk = d_v
-constexpr int kNope = 448;                  // e4m3 values a token
-constexpr int kRowBytes = 576;              // a token's value row; also the unit of a page's stride
 constexpr int kPitch1 = kDim + 8;           // bf16 per smem row: +16 bytes keeps ldmatrix conflict-free
 constexpr int kChunks1 = kDim / 8;          // 16-byte chunks of a bf16 row (64)
 constexpr int kRowChunks = kRowBytes / 16;  // 16-byte chunks of a raw row (36)
@@ -50,30 +48,6 @@ constexpr int shared_bytes() {
 __device__ __forceinline__ void cp_async8(void* dst, const void* src, bool valid) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
                  "r"(valid ? 8 : 0));
-}
-
-// ue8m0 → f32, exact: 2^(b − 127) (byte 0 is 2^-127, an fp32 subnormal); 0xff is NaN
-// (formats::model1::ue8m0_decode).
-__device__ __forceinline__ float ue8m0(uint32_t b) {
-    return b == 0xffu ? __int_as_float(0x7fffffff) : b == 0 ? __int_as_float(0x00400000) : __int_as_float(b << 23);
-}
-
-// Sequence `seq`'s second index list (query row seq mod nq of request seq div nq).
-__device__ __forceinline__ const int32_t* extra_index_list(const DcpMlaDecodeParams& p, int seq) {
-    const int b = seq / p.nq;
-    return (const int32_t*)p.extra_indices + b * p.extra_indices_stride_b + (seq - b * p.nq) * p.extra_indices_stride_s;
-}
-
-// Where entry v (already checked to lie in [0, pages·B)) of a source lives: its value row's and
-// its scale slot's byte offsets in the source's cache. The page is v / B by the launcher's magic
-// number (no divide).
-__device__ __forceinline__ void token_offsets(int v, int block_size, int page_units, uint32_t magic, int shift,
-                                              int64_t& row, int64_t& scales) {
-    const int page = (int)(((uint64_t)(uint32_t)v * magic) >> shift);
-    const int s = v - page * block_size;
-    const int64_t base = (int64_t)page * page_units * kRowBytes;
-    row = base + (int64_t)s * kRowBytes;
-    scales = base + (int64_t)block_size * kRowBytes + 8 * s;
 }
 
 }  // namespace decode_model1

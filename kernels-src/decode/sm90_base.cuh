@@ -3,7 +3,8 @@
 // and a token's loads, the online softmax's halves, the O rescale and the P·V halves.
 // The kernels (decode/sm90_trio.cuh; sm_90a wgmma) keep decode/sm80.cuh's contract, CTA shape and
 // split-KV pieces, so the launcher only swaps the kernel, shared size and tile. Layout: Q (64 ×
-// 576) and each KV tile (Tile tokens × 576) sit in shared memory as 9 column blocks of 64 dims; in
+// 576) and each KV tile (Tile tokens × 576) sit in shared memory as 9 column blocks of 64 dims
+// (MODEL1: 512 values, 8 blocks, and P's own buffers after the tiles: own_p_bytes); in
 // a block a token's 64 dims are one 128-byte row whose 16-byte chunks are XOR-swizzled by (row
 // mod 8), the 128B-swizzle atom of wgmma. The same tile is K-major for S = Q·Kᵀ and MN-major
 // (transposed B) for O += P·V, so V is never copied again.
@@ -11,6 +12,7 @@
 #include "arch/sm80_ptx.cuh"
 #include "arch/sm90_ptx.cuh"
 #include "decode/base.cuh"
+#include "decode/model1_format.cuh"
 #include "decode/split_schedule.cuh"
 
 namespace dcp {
@@ -48,10 +50,23 @@ constexpr int sync_extra_bytes() {
     return 2 * kRows * 4 + kRows * 8 + bars * 8;
 }
 
+// A query row's and a tile token's values: 576 (latent and rope), MODEL1's 512 (nope and rope).
+template <DecodeKv Kv>
+constexpr int dim_qk() {
+    return Kv == DecodeKv::Model1 ? decode_model1::kDim : kDimQk;
+}
+
+// P's own buffers, [64 rows × 64 tokens] bf16 a ring buffer (one column block of Q's layout):
+// MODEL1's V is the whole token, rope included, so P cannot sit in the tile's rope block.
+template <DecodeKv Kv, int Stages>
+constexpr int own_p_bytes() {
+    return Kv == DecodeKv::Model1 ? Stages * kRows * 64 * 2 : 0;
+}
+
 template <DecodeKv Kv, int Tile, int Stages, Sm90Schedule Sched>
 constexpr int shared_bytes() {
-    return 1024 + kRows * kDimQk * 2 + Stages * Tile * kDimQk * 2 + Stages * Tile * 4 +
-           sync_extra_bytes<Sched>();
+    return 1024 + kRows * dim_qk<Kv>() * 2 + Stages * Tile * dim_qk<Kv>() * 2 + own_p_bytes<Kv, Stages>() +
+           Stages * Tile * 4 + sync_extra_bytes<Sched>();
 }
 
 // Byte offset of 16-byte chunk c (0..71) of row r in a [rows × 576] bf16 buffer of 9 blocks.
@@ -111,9 +126,9 @@ __device__ __forceinline__ void issue_pv_half(float (&o)[128], uint32_t tile_add
 // issue_pv_half as two m64n128k16 a k-step (columns 0..127, then 128..255 of the half: o[0..63]
 // and o[64..127]). The quad schedule's 512 threads compile under a 128-register cap, and ptxas
 // checks each instruction against that cap: m64n256's 128 accumulators need 154.
+// p_addr: P's [64 × 64] block (quad: the tile's rope block; MODEL1: its own buffer).
 template <int Tile>
-__device__ __forceinline__ void issue_pv_half_n128(float (&o)[128], uint32_t tile_addr, int half) {
-    const uint32_t p_addr = tile_addr + (kBlocks - 1) * (Tile * 128);
+__device__ __forceinline__ void issue_pv_half_n128(float (&o)[128], uint32_t tile_addr, int half, uint32_t p_addr) {
     float (&lo)[64] = *reinterpret_cast<float (*)[64]>(&o[0]);
     float (&hi)[64] = *reinterpret_cast<float (*)[64]>(&o[64]);
     fence_regs(o);
@@ -246,12 +261,13 @@ __device__ __forceinline__ float row_total(float v) {
 
 // Q's 64 rows (rows row_base.. of sequence `seq`, row_limit of them; the rest zero-filled) into
 // sQ, swizzled, by `threads` threads of which this is number `t`.
-template <bool Sparse>
+// Chunks: 16-byte chunks a row (72; MODEL1's 64).
+template <bool Sparse, int Chunks = kChunks>
 __device__ __forceinline__ void load_q(const DcpMlaDecodeParams& p, unsigned char* sQ, int seq, int row_base,
                                        int row_limit, int t, int threads) {
     const __nv_bfloat16* q = (const __nv_bfloat16*)p.q + decode::q_seq_offset<Sparse>(p, seq);
-    for (int c = t; c < kRows * kChunks; c += threads) {
-        const int r = c / kChunks, part = c % kChunks;
+    for (int c = t; c < kRows * Chunks; c += threads) {
+        const int r = c / Chunks, part = c % Chunks;
         const bool ok = r < row_limit;
         const __nv_bfloat16* src = ok ? q + decode::q_row_offset<Sparse>(p, row_base + r) + part * 8 : (const __nv_bfloat16*)p.q;
         decode::cp_async16(sQ + swizzled(kRows, r, part), src, ok);

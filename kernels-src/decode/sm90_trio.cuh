@@ -2,8 +2,10 @@
 // sparse FP8-656, tiles of 64 tokens in two bf16 buffers): three warpgroups, so that scoring the
 // next tile runs beside P·V of this one. Its own kernel family (384 threads). The quad schedule
 // (Sm90Schedule::Quad, sparse FP8's default; 512 threads, a family of its own too) is trio plus
-// a producer warpgroup, described below the pair.
+// a producer warpgroup, described below the pair; it also runs MODEL1 (DecodeKv::Model1, the family
+// mla_decode_model1_sm90), described after it.
 #pragma once
+#include <type_traits>
 #include "decode/sm90_base.cuh"
 
 namespace dcp {
@@ -60,6 +62,14 @@ namespace dcp {
 // arrivals. Registers: 512 threads start at 128; scorer 64, P·V 176 each, producer 96 (the splits
 // that spill are in NOTES.md at 628d1db), and since ptxas checks each instruction against the launch's 128,
 // P·V is issued as two m64n128k16 a k-step (m64n256 asks for 154).
+// MODEL1 (quad over DecodeKv::Model1; decode/model1_format.cuh's cache): Q and a tile are 512
+// values a row (8 column blocks: 7 of nope, the rope block last), and V is the whole token, rope
+// included, so P(i) goes to a buffer of its own (2 × 8 KB after the tiles, reused under the same
+// full/empty chain as the tile's; the epilogue stages rows over tiles and P's buffers). The
+// producer fills a tile from one or two sources (the first list's positions, then the second's):
+// half 0 of a token's threads its nope blocks 0..3, half 1 blocks 4..6, each block one 64-byte
+// batch and its ue8m0 scale byte. Registers 72 / 168 / 168 / 104 (at quad's 64 the scorer, which
+// copies Q, spilled 4 bytes; at quad's 96 the producer 8: its token's two addresses, the second list).
 template <int R>
 struct RoleTag {
     static constexpr int value = R;
@@ -75,6 +85,10 @@ template <DecodeKv Kv, int Tile, int Stages, Sm90Schedule Sched>
 __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p) {
     [[maybe_unused]] constexpr bool kSparse = Kv != DecodeKv::DenseBf16;  // (unused off sm_90a)
     [[maybe_unused]] constexpr bool kFp8 = Kv == DecodeKv::SparseFp8;
+    // MODEL1 (quad only): 512 values a query row and a token, P in buffers of its own (V is the
+    // whole token), the producer's fill from the page-wise cache of one or two sources
+    [[maybe_unused]] constexpr bool kModel1 = Kv == DecodeKv::Model1;
+    constexpr int kDqk = decode_sm90::dim_qk<Kv>();  // 576, MODEL1's 512
     // pair: two CTAs share each FP8 tile's dequantisation (only FP8 dequantises)
     [[maybe_unused]] constexpr bool kPair = Sched == Sm90Schedule::Pair;
     // quad: a fourth warpgroup (the producer) fills every FP8 tile; the P·V warpgroups only multiply
@@ -86,24 +100,29 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
     // BF16 scorers (104 registers) hold Q's last kQRegBlocks column blocks (the rope block) in
     // registers as wgmma A fragments (RS: only K is read from shared memory for them); FP8's (72)
     // none. Measured on the H200: one block −0.7% on compute-bound rows, two no better (NOTES.md at 628d1db).
-    constexpr int kQRegBlocks = kFp8 ? 0 : 1;
-    static_assert((Sched == Sm90Schedule::Trio || (kSplitP && !kFp8) || ((kPair || kQuad) && kFp8)) && Tile == 64 &&
-                      Stages == 2,
-                  "trio schedule: P fills a 64-token rope block; two buffers; trio_split: BF16 only; pair and quad: FP8 only");
+    constexpr int kQRegBlocks = kFp8 || kModel1 ? 0 : 1;
+    static_assert((Sched == Sm90Schedule::Trio || (kSplitP && !kFp8) || (kPair && kFp8) || (kQuad && (kFp8 || kModel1))) &&
+                      (!kModel1 || kQuad) && Tile == 64 && Stages == 2,
+                  "trio schedule: P fills a 64-token rope block; two buffers; trio_split: BF16 only; pair: FP8 only; "
+                  "quad: FP8 or MODEL1");
     static_assert(decode_sm90::shared_bytes<Kv, Tile, Stages, Sched>() + decode::kWriteRowsStaticBytes <= 227 * 1024,
                   "fits one H100/H200 CTA (dynamic + write_rows' static flags)");
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
     using namespace decode_sm90;
     constexpr int kSRegs = Tile / 2;
-    constexpr int kTileBytes = Tile * kDimQk * 2;
-    constexpr int kQBytes = kRows * kDimQk * 2;
+    constexpr int kTileBytes = Tile * kDqk * 2;
+    constexpr int kQBytes = kRows * kDqk * 2;
+    constexpr int kQkBlocks = kDqk / 64;   // column blocks of Q and of a tile
+    constexpr int kPBytes = kRows * 64 * 2;  // MODEL1: one of P's own buffers
     constexpr int kLdPerTok = 128 / Tile;  // warpgroup 1's threads per token of a tile
     constexpr int kFp8Batch = 4;           // FP8: 16-byte raw loads in flight a thread
     [[maybe_unused]] constexpr uint32_t kPeerBytes = Tile / 2 * kDimLatent * 2;  // pair: the peer's dequantised half of a tile
     unsigned char* smem = aligned_smem<Kv, Tile, Stages, Sched>();
     unsigned char* sQ = smem;
-    unsigned char* sKV = smem + kQBytes;                  // 2 × [Tile × 576] bf16
-    int* sValid = (int*)(sKV + Stages * kTileBytes);      // [2][Tile]
+    unsigned char* sKV = smem + kQBytes;                  // 2 × [Tile × kDqk] bf16
+    // MODEL1: P's two buffers (the others' P is in the tile's rope block), right after the tiles
+    [[maybe_unused]] unsigned char* sP = sKV + Stages * kTileBytes;
+    int* sValid = (int*)(sP + own_p_bytes<Kv, Stages>());  // [2][Tile]
     float* sAlpha = (float*)(sValid + Stages * Tile);     // [2][64] rescale factors of P(i)
     float2* sStats = (float2*)(sAlpha + 2 * kRows);       // [64] the rows' row_stats (den, lse)
     const uint32_t bars = decode::smem_addr(sStats + kRows);  // full[2], empty[2], p_full[2] (pair: peer_free[2][2]; trio_split: p_full[2] of half 1)
@@ -114,6 +133,7 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
     auto p_full = [&](int b, int h = 0) { return h == 0 ? bars + 32 + 8 * b : bars + 48 + 8 * b; };
     [[maybe_unused]] const uint32_t q_full = bars + 48;  // quad: the scorer's copies of Q, a piece
     const uint32_t q_addr = decode::smem_addr(sQ), kv_addr = decode::smem_addr(sKV);
+    [[maybe_unused]] const uint32_t p_addr0 = decode::smem_addr(sP);
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wg = warp >> 2, t = tid & 127, t4 = lane & 3;
@@ -155,7 +175,7 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
         const int seq = pc.seq;
         int row_len[2];
         const decode::PieceTiles pt =
-            decode::piece_tiles<kSparse, Tile>(p, pc, seq_rows, row_base, row_limit, r0, row_len, tid);
+            decode::piece_tiles<kSparse, Tile, kModel1>(p, pc, seq_rows, row_base, row_limit, r0, row_len, tid);
         if (pt.skip) return;
         const int n_tokens = pt.tokens, tile_begin = pt.begin, tile_end = pt.end;
         const int n = tile_end - tile_begin;
@@ -200,7 +220,7 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                 if (n > 0) {
                     // (its own copies of the previous piece have landed: seen by this thread too, for racecheck)
                     decode::cp_async_wait<0>();
-                    load_q<kSparse>(p, sQ, seq, row_base, row_limit, t, 128);
+                    load_q<kSparse, kDqk / 8>(p, sQ, seq, row_base, row_limit, t, 128);
                     mbar_arrive_cp_async(q_full);  // one arrival a thread, once its copies land
                 }
             }
@@ -226,7 +246,7 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                             for (int kk = 0; kk < 4; ++kk)
 #pragma unroll
                                 for (int f = 0; f < 4; ++f) {
-                                    const int row = 16 * w + g + 8 * (f & 1), chunk = 8 * (kBlocks - kQRegBlocks + j) + 2 * kk + (f >> 1);
+                                    const int row = 16 * w + g + 8 * (f & 1), chunk = 8 * (kQkBlocks - kQRegBlocks + j) + 2 * kk + (f >> 1);
                                     qr[j][kk][f] = *(const uint32_t*)(sQ + swizzled(kRows, row, chunk) + 4 * tq);
                                 }
                     }
@@ -242,13 +262,13 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                     const uint32_t qlo = desc_lo(qa, 16), klo = desc_lo(kv_addr + b * kTileBytes, 16);
                     wgmma_fence();
 #pragma unroll
-                    for (int ks = 0; ks < kDimQk / 16; ++ks) {
+                    for (int ks = 0; ks < kDqk / 16; ++ks) {
                         const uint32_t koff = (ks & 3) * 32;
                         const uint64_t da = desc_words(qlo + (((ks >> 2) * (kRows * 128) + koff) >> 4), 1024);
                         const uint64_t db = desc_words(klo + (((ks >> 2) * (Tile * 128) + koff) >> 4), 1024);
                         if (ks == 0) wgmma_ss_n64_first(s, da, db);
-                        else if (kQRegBlocks > 0 && (ks >> 2) >= kBlocks - kQRegBlocks)
-                            wgmma_rs_n64(s, qr[(ks >> 2) - (kBlocks - kQRegBlocks)][ks & 3], db);
+                        else if (kQRegBlocks > 0 && (ks >> 2) >= kQkBlocks - kQRegBlocks)
+                            wgmma_rs_n64(s, qr[(ks >> 2) - (kQkBlocks - kQRegBlocks)][ks & 3], db);
                         else wgmma_ss_n64(s, da, db, 1);
                     }
                     wgmma_commit();
@@ -256,13 +276,14 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                 }
                 // BF16: the tile's flags read while S runs, and a tree max (−1.7 to −2.3% on the
                 // compute-bound dense rows; FP8's scorers measured 1-4% slower with both: NOTES.md at 628d1db)
-                constexpr bool kEarlyFlags = !kFp8;
+                constexpr bool kEarlyFlags = !kFp8 && !kModel1;
                 bool clean = false;
                 if constexpr (kEarlyFlags) clean = tile_clean<kSRegs, Tile>(sValid + b * Tile, tile_begin + i, row_len, t4);
                 wgmma_wait0();
                 fence_regs(s);
                 if constexpr (!kEarlyFlags) clean = tile_clean<kSRegs, Tile>(sValid + b * Tile, tile_begin + i, row_len, t4);
-                unsigned char* p_dst = sKV + b * kTileBytes + (kBlocks - 1) * (Tile * 128);
+                unsigned char* p_dst =
+                    kModel1 ? sP + b * kPBytes : sKV + b * kTileBytes + (kQkBlocks - 1) * (Tile * 128);
                 // The thread's place in P, from a fresh read of its index: else the compiler hoists
                 // all 32 store addresses out of the tile loop.
                 const int tv = decode::thread_index(), gv = (tv & 31) >> 2;
@@ -341,43 +362,113 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
             // ---- quad's producer: per tile the flags, the rope block and the latent ----
             // Two threads a token: thread t fills token t / 2's latent half t & 1 (256 values in
             // four 64-byte batches, scale groups 2·half and 2·half + 1) and half of its rope block.
+            // MODEL1 (decode/model1_format.cuh): half 0 fills nope blocks 0..3, half 1 blocks 4..6
+            // (a block is a 64-byte batch with its ue8m0 scale byte); the token's entry is its first
+            // list's (positions 0..n1 − 1) or its second's, in that list's cache.
             // A fill's first two batches and its scales are loaded before the wait for its buffer
-            // (their latency hides behind that wait), the other two after, from L2: each row is
+            // (their latency hides behind that wait), the rest after, from L2: each row is
             // prefetched a fill before its raw loads, and its index loaded a fill before that.
             const int tok = t >> 1, half = t & 1;
             const unsigned char* cache = (const unsigned char*)p.cache;
-            auto page_of = [&](int tile) { return token_page_of(tile, tok); };
-            // the cache row of tile's token, or -1 (past the list, or out of the cache: reads zeros)
-            auto row_of = [&](int tile, int page) { return token_row_of(tile, tok, page); };
-            auto src_of = [&](int64_t row) { return cache + (row >= 0 ? row : 0) * kFp8RowBytes; };
-            auto load_batch = [&](uint4 (&raw)[kFp8Batch], int64_t row, int h) {
-                const unsigned char* src = src_of(row) + half * 256 + 64 * h;
+            // MODEL1: the first list's valid entries and both lists
+            [[maybe_unused]] const int n1 = kModel1 ? decode::seq_tokens(p, true, seq) : 0;
+            [[maybe_unused]] const int32_t* const list2 =
+                kModel1 && p.extra_indices ? decode_model1::extra_index_list(p, seq) : idx_list;
+            // where a token is: its cache row (-1: past the list, or out of the cache: reads zeros);
+            // MODEL1, its value row and its scale slot (row null: unread)
+            struct Where1 {
+                const unsigned char* row;
+                const unsigned char* scales;
+            };
+            using Where = std::conditional_t<kModel1, Where1, int64_t>;
+            // the token's scales: two fp32 groups; MODEL1, the half's four ue8m0 bytes
+            using Scales = std::conditional_t<kModel1, uint32_t, float2>;
+            // the entry of tile's token: its page (its list's value), or -1 past the list(s)
+            auto page_of = [&](int tile) -> int {
+                if constexpr (kModel1) {
+                    const int pos = tile * Tile + tok;
+                    if (pos >= n_tokens) return -1;
+                    return pos < n1 ? idx_list[pos] : list2[pos - n1];
+                } else {
+                    return token_page_of(tile, tok);
+                }
+            };
+            auto row_of = [&](int tile, int page) -> Where {
+                if constexpr (kModel1) {
+                    const int pos = tile * Tile + tok;
+                    const bool first = pos < n1;
+                    const int bs1 = first ? p.block_size : p.extra_block_size;
+                    const int pages = first ? p.num_pages : p.extra_num_pages;
+                    if (pos >= n_tokens || page < 0 || (int64_t)page >= (int64_t)pages * bs1) return Where{nullptr, nullptr};
+                    int64_t row, scales;
+                    if (first) decode_model1::token_offsets(page, bs1, p.page_rows, p.page_div_magic, p.page_div_shift, row, scales);
+                    else
+                        decode_model1::token_offsets(page, bs1, p.extra_page_rows, p.extra_page_div_magic,
+                                                     p.extra_page_div_shift, row, scales);
+                    const unsigned char* c = (const unsigned char*)(first ? p.cache : p.extra_cache);
+                    return Where{c + row, c + scales};
+                } else {
+                    return token_row_of(tile, tok, page);
+                }
+            };
+            auto valid = [](Where w) -> bool {
+                if constexpr (kModel1) return w.row != nullptr;
+                else return w >= 0;
+            };
+            // the token's value row (an unread one's: the cache's first, never read)
+            auto src_of = [&](Where w) -> const unsigned char* {
+                if constexpr (kModel1) return w.row ? w.row : cache;
+                else return cache + (w >= 0 ? w : 0) * kFp8RowBytes;
+            };
+            // batch h of the half (656: latent bytes 256·half + 64h; MODEL1: nope block 4·half + h)
+            auto load_batch = [&](uint4 (&raw)[kFp8Batch], Where w, int h) {
+                const unsigned char* src = src_of(w) + half * 256 + 64 * h;
 #pragma unroll
                 for (int j = 0; j < kFp8Batch; ++j)
-                    raw[j] = row >= 0 ? __ldg((const uint4*)(src + 16 * j)) : make_uint4(0, 0, 0, 0);
+                    raw[j] = valid(w) ? __ldg((const uint4*)(src + 16 * j)) : make_uint4(0, 0, 0, 0);
             };
-            auto load_scale = [&](int64_t row, int g) -> float {
-                return row >= 0 ? __ldg((const float*)(src_of(row) + kFp8ScaleOffset + 4 * (2 * half + g))) : 0.0f;
+            // 656: scale group g of the half
+            auto load_scale = [&](Where row, int g) -> float {
+                if constexpr (kModel1) return 0.0f;
+                else return row >= 0 ? __ldg((const float*)(src_of(row) + kFp8ScaleOffset + 4 * (2 * half + g))) : 0.0f;
             };
-            // a row's 656 bytes touch at most 7 lines of 128 bytes: 4 from one thread, 3 from the other
-            auto prefetch_row = [&](int64_t row) {
-                if (row < 0) return;
-                const unsigned char* a = src_of(row);
+            auto load_scales = [&](Where w) -> Scales {
+                if constexpr (kModel1) {
+                    return valid(w) ? __ldg((const uint32_t*)(w.scales + 4 * half)) : 0u;
+                } else {
+                    const float s0 = load_scale(w, 0), s1 = load_scale(w, 1);
+                    return make_float2(s0, s1);
+                }
+            };
+            // 656: a row's 656 bytes touch at most 7 lines of 128 bytes, 4 from one thread, 3 from
+            // the other; MODEL1: a value row's 576 at most 6, 3 each, and its scale slot one more
+            auto prefetch_row = [&](Where w) {
+                if (!valid(w)) return;
+                const unsigned char* a = src_of(w);
+                constexpr int kRowEnd = kModel1 ? decode_model1::kRowBytes : kFp8RowBytes;
 #pragma unroll
-                for (int k = 0; k < 4; ++k) {
-                    const int off = half == 0 ? 128 * k : min(512 + 128 * k, kFp8RowBytes - 1);
+                for (int k = 0; k < (kModel1 ? 3 : 4); ++k) {
+                    const int off = half == 0 ? 128 * k : min((kModel1 ? 384 : 512) + 128 * k, kRowEnd - 1);
                     asm volatile("prefetch.global.L2 [%0];" ::"l"(a + off));
                 }
+                if constexpr (kModel1)
+                    if (half == 1) asm volatile("prefetch.global.L2 [%0];" ::"l"(w.scales));
             };
-            auto store_batch = [&](const uint4 (&raw)[kFp8Batch], int b, int h, float sc) {
+            // batch h dequantised into buffer b: scale group h / 2; MODEL1: byte h, 2^(byte − 127)
+            auto store_batch = [&](const uint4 (&raw)[kFp8Batch], int b, int h, const Scales& sc) {
                 unsigned char* dst = sKV + b * kTileBytes;
                 const int c0 = half * 32 + 8 * h;
+                float s;
+                if constexpr (kModel1) s = decode_model1::ue8m0((sc >> (8 * h)) & 0xffu);
+                else s = h < 2 ? sc.x : sc.y;
 #pragma unroll
                 for (int j = 0; j < kFp8Batch; ++j) {
-                    *(uint4*)(dst + swizzled(Tile, tok, c0 + 2 * j)) = decode::dequant8(make_uint2(raw[j].x, raw[j].y), sc);
-                    *(uint4*)(dst + swizzled(Tile, tok, c0 + 2 * j + 1)) = decode::dequant8(make_uint2(raw[j].z, raw[j].w), sc);
+                    *(uint4*)(dst + swizzled(Tile, tok, c0 + 2 * j)) = decode::dequant8(make_uint2(raw[j].x, raw[j].y), s);
+                    *(uint4*)(dst + swizzled(Tile, tok, c0 + 2 * j + 1)) = decode::dequant8(make_uint2(raw[j].z, raw[j].w), s);
                 }
             };
+            // the fourth batch: MODEL1's half 1 has three nope blocks
+            const bool batch3 = !kModel1 || half == 0;
             // Every copy of the previous piece has landed (its readers finished before this
             // piece's barrier): waited for here too, so that this thread itself has seen them
             // complete before it copies into the same bytes (racecheck cannot follow the
@@ -386,12 +477,12 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
             decode::cp_async_wait<0>();
             int pg1 = n > 1 ? page_of(tile_begin + 1) : -1;  // the next fill's index
             int pg2 = n > 2 ? page_of(tile_begin + 2) : -1;  // the one after
-            int64_t row = row_of(tile_begin, page_of(tile_begin));
+            Where row = row_of(tile_begin, page_of(tile_begin));
             prefetch_row(row);
             uint4 ra[kFp8Batch], rb[kFp8Batch];
             load_batch(ra, row, 0);
             load_batch(rb, row, 1);
-            float s0 = load_scale(row, 0), s1 = load_scale(row, 1);
+            Scales sc = load_scales(row);
             prefetch_row(row_of(tile_begin + 1, pg1));
             for (int f = 0; f < n; ++f) {
                 const uint32_t u = uses + f;
@@ -400,20 +491,22 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                 // fill f − 2's copies into this buffer have landed (full, then its P·V, came
                 // before empty): seen by this thread too, for racecheck (one group a fill)
                 decode::cp_async_wait<1>();
-                if (half == 0) sValid[b * Tile + tok] = row >= 0;
+                if (half == 0) sValid[b * Tile + tok] = valid(row);
                 {
-                    const unsigned char* src = src_of(row) + kFp8RopeOffset + 64 * half;
+                    // the rope block: the tile's last column block (MODEL1: 448 bytes into the row)
+                    constexpr int kRopeAt = kModel1 ? decode_model1::kNope : kFp8RopeOffset;
+                    const unsigned char* src = src_of(row) + kRopeAt + 64 * half;
 #pragma unroll
                     for (int j = 0; j < 4; ++j)
-                        decode::cp_async16(sKV + b * kTileBytes + swizzled(Tile, tok, 64 + 4 * half + j), src + 16 * j,
-                                           row >= 0);
+                        decode::cp_async16(sKV + b * kTileBytes + swizzled(Tile, tok, 8 * (kQkBlocks - 1) + 4 * half + j),
+                                           src + 16 * j, valid(row));
                 }
-                store_batch(ra, b, 0, s0);
+                store_batch(ra, b, 0, sc);
                 load_batch(ra, row, 2);
-                store_batch(rb, b, 1, s0);
-                load_batch(rb, row, 3);
-                store_batch(ra, b, 2, s1);
-                store_batch(rb, b, 3, s1);
+                store_batch(rb, b, 1, sc);
+                if (batch3) load_batch(rb, row, 3);
+                store_batch(ra, b, 2, sc);
+                if (batch3) store_batch(rb, b, 3, sc);
                 fence_proxy_async();            // these generic writes, before wgmma reads them
                 mbar_arrive_cp_async(full(b));  // the rope's copies (Q is the scorer's own)
                 decode::cp_async_commit();
@@ -422,8 +515,7 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                     row = row_of(tile_begin + f + 1, pg1);
                     load_batch(ra, row, 0);
                     load_batch(rb, row, 1);
-                    s0 = load_scale(row, 0);
-                    s1 = load_scale(row, 1);
+                    sc = load_scales(row);
                     prefetch_row(row_of(tile_begin + f + 2, pg2));
                     pg1 = pg2;
                     pg2 = f + 3 < n ? page_of(tile_begin + f + 3) : -1;
@@ -679,7 +771,10 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                     fence_proxy_async();
                     issue_pv_half<Tile, Tile / 32, Tile / 16>(o, kv_addr + b * kTileBytes, kHalf);
                 } else if constexpr (kQuad) {
-                    issue_pv_half_n128<Tile>(o, kv_addr + b * kTileBytes, kHalf);
+                    // P: the tile's rope block, or MODEL1's own buffer b
+                    const uint32_t tile_addr = kv_addr + b * kTileBytes;
+                    issue_pv_half_n128<Tile>(o, tile_addr, kHalf,
+                                             kModel1 ? p_addr0 + b * kPBytes : tile_addr + (kQkBlocks - 1) * (Tile * 128));
                 } else {
                     issue_pv_half<Tile>(o, kv_addr + b * kTileBytes, kHalf);
                 }
@@ -713,7 +808,8 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
             // memory that every reader is done with (the barrier above): the tile buffers, or pair's
             // Q (the peer's bulk copies may still read or fill its buffers: bf16 rows fit there,
             // fp32 ones go out directly).
-            decode::write_rows_staged<kPair ? kQBytes : Stages * kTileBytes, kSparse>(
+            // (MODEL1: P's buffers follow the tiles, so fp32 rows fit the stage too)
+            decode::write_rows_staged<kPair ? kQBytes : Stages * kTileBytes + own_p_bytes<Kv, Stages>(), kSparse>(
                 p, pc.slot, seq, seq_rows, row_base, row_limit, r0, kHalf * 256 + 2 * t4, kHalf == 0 && t4 == 0,
                 stats, OHalf{o}, kPair ? sQ : sKV, tid - 128, 256);
         }
@@ -729,7 +825,7 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
     // BF16's), the producer two raw batches of the next fill; 0 spills at 64 / 176 / 176 / 96.
     constexpr int kThreads = kQuad ? 512 : 384;
     constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
-    constexpr int kScorerRegs = kQuad ? 64 : kFp8 ? 72 : 104, kPvRegs = kQuad ? 176 : kFp8 ? 216 : 200;
+    constexpr int kScorerRegs = kModel1 ? 72 : kQuad ? 64 : kFp8 ? 72 : 104, kPvRegs = kModel1 ? 168 : kQuad ? 176 : kFp8 ? 216 : 200;
     constexpr int kProducerRegs = kQuad ? 4 * kLaunchRegs - kScorerRegs - 2 * kPvRegs : 0;
     static_assert(kScorerRegs + 2 * kPvRegs + kProducerRegs <= (kQuad ? 4 : 3) * kLaunchRegs,
                   "setmaxnreg must stay inside the CTA's pool");
@@ -756,6 +852,15 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
 #elif defined(__CUDA_ARCH__)
     __trap();  // sm_90a only: the launcher never picks this family elsewhere
 #endif
+}
+
+// MODEL1's wgmma decode (kernels.toml's mla_decode_model1_sm90; docs/contract.md §4 "MODEL1"): the
+// quad schedule over DecodeKv::Model1. Dqk, Tile, Stages, Sched: the family's axes, which the
+// launcher (src/ops/model1.rs) reads.
+template <int Dqk, int Tile, int Stages, Sm90Schedule Sched>
+__device__ __forceinline__ void mla_decode_model1_sm90(const DcpMlaDecodeParams& p) {
+    static_assert(Dqk == decode_model1::kDim && Sched == Sm90Schedule::Quad, "MODEL1 runs quad at d_qk 512");
+    mla_decode_sm90_trio<DecodeKv::Model1, Tile, Stages, Sched>(p);
 }
 
 }  // namespace dcp

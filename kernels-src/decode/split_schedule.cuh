@@ -83,11 +83,12 @@ __device__ __forceinline__ int extra_seq_tokens(const DcpMlaDecodeParams& p, int
 // What a CTA's rows row_base.. (row_limit of them) of sequence `seq` attend to: returns the
 // tokens of the longest of them (sparse: the sequence's index count) and sets row_len[k] for the
 // thread's rows r0 and r0 + 8 (0 for a row past row_limit). Shared by both decode kernels.
-template <bool Sparse>
+// Extra: MODEL1, whose sequences also read their second source's entries (extra_seq_tokens).
+template <bool Sparse, bool Extra = false>
 __device__ __forceinline__ int piece_rows(const DcpMlaDecodeParams& p, int seq, int row_base, int row_limit, int r0,
                                           int (&row_len)[2]) {
     if constexpr (Sparse) {
-        const int n = seq_tokens(p, true, seq);
+        const int n = seq_tokens(p, true, seq) + (Extra ? extra_seq_tokens(p, seq) : 0);
 #pragma unroll
         for (int k = 0; k < 2; ++k) row_len[k] = r0 + 8 * k < row_limit ? n : 0;
         return n;
@@ -131,10 +132,10 @@ struct PieceTiles {
     int tokens, begin, end;
     bool skip;
 };
-template <bool Sparse, int Tile>
+template <bool Sparse, int Tile, bool Extra = false>
 __device__ __forceinline__ PieceTiles piece_tiles(const DcpMlaDecodeParams& p, const Piece& pc, int seq_rows,
                                                   int row_base, int row_limit, int r0, int (&row_len)[2], int tid) {
-    const int n_tokens = piece_rows<Sparse>(p, pc.seq, row_base, row_limit, r0, row_len);
+    const int n_tokens = piece_rows<Sparse, Extra>(p, pc.seq, row_base, row_limit, r0, row_len);
     const int n_tiles = (n_tokens + Tile - 1) / Tile;
     const int tile_end = min(n_tiles, pc.tile_end);
     const int tile_begin = min(tile_end, pc.tile_begin);

@@ -2,13 +2,16 @@
 //! the sparse decode over the page-wise FP8 cache of [`crate::formats::model1`], one or two
 //! sources in one softmax, and the cache's fill. References: [`crate::reference::model1`].
 //!
-//! Kernels: `kernels-src/decode/model1.cuh` (family `mla_decode_model1`, mma.sync: sm_80 and
-//! sm_90), split launches through the decode's own schedule and combine
-//! ([`crate::ops::decode`]); `kernels-src/fill.cuh` (`kv_fill_model1`).
+//! Kernels: on compute capability 9.0 `kernels-src/decode/sm90_trio.cuh`'s quad schedule over
+//! MODEL1's cache (family `mla_decode_model1_sm90`, wgmma, `wgmma-quad-64x2`), elsewhere (or with
+//! `DCP_MLA_DECODE_PATH=mma`, or [`mla_decode_model1_on`] naming it) `kernels-src/decode/model1.cuh`
+//! (family `mla_decode_model1`, mma.sync: sm_80 and sm_90); split launches through the decode's
+//! own schedule and combine ([`crate::ops::decode`]); `kernels-src/fill.cuh` (`kv_fill_model1`).
 
 use super::decode::{launch, length_strides, validate_common, DecodeCommon, DecodeOut, Kernel, MAX_DECODE_TOKENS};
 use super::{compiled, launch_warp_rows, to_i32};
 use crate::abi::{DcpKvFillParams, DcpMlaDecodeParams};
+use crate::catalogue::{env_path, model1_heuristic_path, model1_ships, variant_name, DecodePath};
 use crate::error::Result;
 use crate::formats::model1::{
     model1_page_bytes, Model1Pages, MODEL1_D_NOPE, MODEL1_D_QK, MODEL1_PAGE_ALIGN, MODEL1_TOKEN_BYTES,
@@ -218,13 +221,38 @@ fn decode_params(a: &Model1Decode) -> Result<DcpMlaDecodeParams> {
     Ok(params)
 }
 
-/// The MODEL1 kernel: the registry's one variant (d_qk 512) and its KV tile.
-fn model1_kernel() -> Result<Kernel> {
-    let &((d_qk, tile), _) = registry::MLA_DECODE_MODEL1_VARIANTS
-        .iter()
-        .find(|((d, _), _)| *d as usize == MODEL1_D_QK)
-        .ok_or_else(|| crate::Error::Unsupported("mla_decode_model1".into()))?;
-    let id = compiled(registry::mla_decode_model1(d_qk, tile), || "mla_decode_model1".into())?;
+/// The MODEL1 kernel a launch on a device of compute capability 9.0 (`sm90`) or not runs for
+/// `path`: a named path as it is; `Auto` as `DCP_MLA_DECODE_PATH` names it (a variant of another
+/// kind, which MODEL1 does not ship, falls back to the heuristic), else the heuristic
+/// ([`model1_heuristic_path`]: wgmma quad on 9.0, mma.sync elsewhere).
+pub fn model1_path(sm90: bool, path: DecodePath) -> Result<DecodePath> {
+    let path = match path {
+        DecodePath::Auto => match env_path()? {
+            Some(p) if model1_ships(p) => p,
+            _ => model1_heuristic_path(sm90).ok_or_else(|| crate::Error::Unsupported("mla_decode_model1".into()))?,
+        },
+        p => p,
+    };
+    Ok(path)
+}
+
+/// The kernel of `path` (never `Auto`: [`model1_path`] resolves it) on a device of compute
+/// capability 9.0 (`sm90`) or not, and its KV tile (what the split schedule counts);
+/// `Error::Unsupported` where it cannot run (wgmma off 9.0, or a variant MODEL1 does not ship).
+fn model1_kernel(sm90: bool, path: DecodePath) -> Result<Kernel> {
+    let d = MODEL1_D_QK as u32;
+    let found = match path {
+        DecodePath::Mma => registry::MLA_DECODE_MODEL1_VARIANTS
+            .iter()
+            .find(|((d_qk, _), _)| *d_qk == d)
+            .and_then(|&((d_qk, tile), _)| Some((registry::mla_decode_model1(d_qk, tile)?, tile))),
+        DecodePath::Wgmma { tile, stages, schedule } if sm90 => {
+            registry::mla_decode_model1_sm90(d, tile, stages, schedule).map(|id| (id, tile))
+        }
+        DecodePath::Wgmma { .. } | DecodePath::Auto => None,
+    };
+    let (id, tile) =
+        found.ok_or_else(|| crate::Error::Unsupported(format!("mla_decode_model1 on {}", variant_name(path))))?;
     Ok(Kernel { id, shared_bytes: id.info().dynamic_shared_bytes as usize, tile, takes_tensor_map: false, cluster: 1 })
 }
 
@@ -234,8 +262,17 @@ fn model1_kernel() -> Result<Kernel> {
 /// `common.num_splits > 1` splits the lists' tokens over parts as the 576 path's sparse decode
 /// does ([`crate::ops::decode::decode_workspace_bytes`] with `sparse`).
 pub fn mla_decode_model1(dev: &Device, stream: Stream, a: &Model1Decode) -> Result<()> {
+    mla_decode_model1_on(dev, stream, a, DecodePath::Auto)
+}
+
+/// [`mla_decode_model1`] on the kernel `path` names: [`DecodePath::Mma`] (the mma.sync kernel,
+/// any supported device), `Wgmma` naming one of [`crate::catalogue::model1_sm90_variants`]
+/// (compute capability 9.0 only; else `Error::Unsupported`), or `Auto` (the launcher's choice,
+/// [`model1_path`]). The outputs meet the same tolerance on every kernel (docs/contract.md §9).
+pub fn mla_decode_model1_on(dev: &Device, stream: Stream, a: &Model1Decode, path: DecodePath) -> Result<()> {
     let mut params = decode_params(a)?;
-    let kernel = model1_kernel()?;
+    let sm90 = dev.compute_capability() == (9, 0);
+    let kernel = model1_kernel(sm90, model1_path(sm90, path)?)?;
     launch(dev, stream, &kernel, &a.common, &mut params, true)
 }
 
@@ -335,6 +372,26 @@ mod tests {
                 source(batch, nq, 128, Model1Pages::new(8, 64)),
             )
         }
+    }
+
+    #[test]
+    fn the_kernel_follows_the_path_and_the_device() {
+        let quad = DecodePath::Wgmma { tile: 64, stages: 2, schedule: crate::catalogue::Sm90Schedule::Quad };
+        // (DCP_MLA_DECODE_PATH is unset in the test suite: Auto is the heuristic)
+        if std::env::var_os("DCP_MLA_DECODE_PATH").is_none() {
+            assert_eq!(model1_path(true, DecodePath::Auto).unwrap(), quad);
+            assert_eq!(model1_path(false, DecodePath::Auto).unwrap(), DecodePath::Mma);
+        }
+        assert_eq!(model1_path(false, quad).unwrap(), quad, "a named path is kept (the kernel refuses it)");
+        let k = model1_kernel(true, quad).unwrap();
+        assert_eq!((k.tile, k.id.info().block), (64, 512));
+        assert!(k.shared_bytes <= 227 * 1024, "{}", k.shared_bytes);
+        let k = model1_kernel(true, DecodePath::Mma).unwrap();
+        assert_eq!((k.tile, k.id.info().block), (32, 256));
+        assert!(model1_kernel(false, DecodePath::Mma).is_ok());
+        assert!(matches!(model1_kernel(false, quad), Err(crate::Error::Unsupported(_))), "wgmma off sm_90");
+        let pair = DecodePath::Wgmma { tile: 64, stages: 2, schedule: crate::catalogue::Sm90Schedule::Pair };
+        assert!(matches!(model1_kernel(true, pair), Err(crate::Error::Unsupported(_))), "not a MODEL1 variant");
     }
 
     #[test]

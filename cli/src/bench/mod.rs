@@ -19,7 +19,7 @@ use dcp_mla::formats::{KvFormat, D_LATENT, D_QK, D_ROPE, D_V};
 use dcp_mla::ops::combine::{self, a2a_aligned_slot_bytes, A2aCombine, A2aPack, AgRsCorrect, CombineRows, MergeTwo};
 use dcp_mla::ops::decode::{self, DecodeCommon, DecodeOut, DecodePath, DecodeSchedule, DenseDecode, SparseDecode};
 use dcp_mla::ops::fill::{kv_fill, KvFill};
-use dcp_mla::ops::model1::{mla_decode_model1, model1_default_scale, Model1Decode, Model1Source};
+use dcp_mla::ops::model1::{mla_decode_model1_on, model1_default_scale, Model1Decode, Model1Source};
 use dcp_mla::ops::prefill::{self, piece_table, Flatten, Reorder};
 use dcp_mla::ops::topk::{self, Compact, GlobalMerge, LocalTopk, PackCandidates, PageTranslate};
 use dcp_mla::ops::RowsDtype;
@@ -1130,13 +1130,13 @@ impl DecodeArgs {
         }
     }
 
-    /// One launch on the kernel `path` picks ([`DecodePath::Auto`]: the launcher's own choice;
-    /// MODEL1 has one kernel and ignores `path`).
+    /// One launch on the kernel `path` picks ([`DecodePath::Auto`]: the launcher's own choice,
+    /// for MODEL1 wgmma quad on compute capability 9.0 unless `DCP_MLA_DECODE_PATH=mma`).
     pub fn launch(&self, dev: &Device, st: Stream, path: DecodePath) -> Result<()> {
         match self {
             DecodeArgs::Dense(a) => decode::mla_decode_dense_on(dev, st, a, path),
             DecodeArgs::Sparse(a) => decode::mla_decode_sparse_on(dev, st, a, path),
-            DecodeArgs::Model1(a) => mla_decode_model1(dev, st, a),
+            DecodeArgs::Model1(a) => mla_decode_model1_on(dev, st, a, path),
         }
     }
 }
@@ -1272,7 +1272,8 @@ fn prepare_decode<'a>(p: Prep<'a, '_>, row: &BenchRow, spec: &DecodeSpec, layer:
     // the launcher's own choice (the tuned table's where it has a row), or the heuristic's
     let shape = spec.shape();
     let (path, splits) = if spec.model1 {
-        // one kernel, and no tuned class: the planner's split count (decode_num_splits)
+        // no tuned class: the launcher's kernel (DCP_MLA_DECODE_PATH=mma for the mma.sync one) and
+        // the planner's split count (decode_num_splits)
         (DecodePath::Auto, spec.heuristic_splits(dev.num_sms()?))
     } else if row.family == DECODE_ENGINE_HEURISTIC_FAMILY {
         let sm90 = dev.compute_capability() == (9, 0);

@@ -2,7 +2,7 @@
 //! measuring loop that fills a tuned table ([`dcp_mla::planner::tune`]).
 //!
 //! The grid: every shape class of the engine view ([`ENGINE_SHAPES`]), of the flushed decode
-//! rows of `dcp-mla bench` (but MODEL1's: one kernel, no tuned class) and of the attention inside its DCP step rows ([`step_parts`]: the
+//! rows of `dcp-mla bench` (but MODEL1's: no tuned class) and of the attention inside its DCP step rows ([`step_parts`]: the
 //! small-context, many-head shapes DCP makes), each once; for each class, every decode variant
 //! this build ships for its kind ([`decode_variants`], the pair schedule only where a query row
 //! has two row blocks) × candidate split counts ([`split_candidates`]). The split schedule kernel
@@ -145,7 +145,7 @@ pub fn tune_plan(num_sms: usize, filter: Option<&str>) -> Result<TunePlan> {
     for row in grid_rows() {
         let Some(mut spec) = DecodeSpec::of(&row)? else { continue };
         if spec.model1 {
-            // MODEL1 has one kernel and no tuned class: its rows launch the planner's split count
+            // MODEL1 has no tuned class: its rows launch the launcher's kernel at the planner's split count
             continue;
         }
         if spec.ragged {
@@ -417,7 +417,7 @@ mod tests {
         let mut sources = rows()
             .into_iter()
             .filter(|r| ["mla_decode", DECODE_GRAPH_FAMILY, DECODE_ENGINE_FAMILY].contains(&r.family))
-            // MODEL1's rows are not tuned (one kernel)
+            // MODEL1's rows are not tuned (no tuned class)
             .filter(|r| !matches!(r.case, Case::Model1 { .. }))
             .collect::<Vec<_>>();
         sources
