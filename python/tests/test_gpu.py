@@ -647,8 +647,11 @@ def test_flash_mla_face_dense_matches_native(dev):
     assert torch.equal(out_s.view(torch.int16), nout_s.view(torch.int16)) and torch.equal(lse_s, lse)
 
 
-def test_flash_mla_face_sparse_fp8_matches_native(dev):
-    lens, h, k = [2000, 300], 64, 2048
+def sparse_face_problem(dev, k, topk_length):
+    """Two requests (2,000 and 300 tokens) of an FP8-656 cache, H 64, q 1, each query row's top-k
+    (k entries, -1 past the request's tokens) as cache rows: q, the cache, FlashMLA's view of it
+    [pages, B, 1, 656], the indices, topk_length and the requests' block table."""
+    lens, h = [2000, 300], 64
     table, caches, _ = filled_caches(lens, 1, 1, B, "fp8_656", dev)
     q = torch.randn(len(lens), 1, h, 576, device=dev).to(torch.bfloat16)
     indices = torch.full((len(lens), 1, k), -1, dtype=torch.int32, device=dev)
@@ -656,10 +659,14 @@ def test_flash_mla_face_sparse_fp8_matches_native(dev):
         toks = torch.randperm(n)[:min(n, k)].to(dev)
         indices[req, 0, :toks.numel()] = (table[req].long()[toks // B] * B + toks % B).int()
     k_cache = caches[0].view(torch.float8_e4m3fn).view(caches[0].shape[0], B, 1, 656)
-    topk_length = torch.tensor([1500, 300], dtype=torch.int32, device=dev)
+    return q, caches[0], k_cache, indices, torch.tensor(topk_length, dtype=torch.int32, device=dev), table
+
+
+def test_flash_mla_face_sparse_fp8_matches_native(dev):
+    q, cache, k_cache, indices, topk_length, _ = sparse_face_problem(dev, 2048, [1500, 300])
     out, lse = flash_mla_with_kvcache(q, k_cache, None, None, 512, get_mla_metadata()[0], None,
                                       is_fp8_kvcache=True, indices=indices, topk_length=topk_length)
-    nout, nlse = dcp_mla.decode_sparse(q, caches[0], indices, topk_len=topk_length.view(-1, 1), kv_format="fp8_656")
+    nout, nlse = dcp_mla.decode_sparse(q, cache, indices, topk_len=topk_length.view(-1, 1), kv_format="fp8_656")
     assert torch.equal(out, nout) and torch.equal(lse, nlse.transpose(1, 2))
 
 
@@ -774,15 +781,7 @@ def test_flash_mla_face_launch_cache_dense(dev, monkeypatch):
 
 
 def test_flash_mla_face_launch_cache_sparse(dev, monkeypatch):
-    lens, h, k = [2000, 300], 64, 512
-    table, caches, _ = filled_caches(lens, 1, 1, B, "fp8_656", dev)
-    q = torch.randn(len(lens), 1, h, 576, device=dev).to(torch.bfloat16)
-    indices = torch.full((len(lens), 1, k), -1, dtype=torch.int32, device=dev)
-    for req, n in enumerate(lens):
-        toks = torch.randperm(n)[:min(n, k)].to(dev)
-        indices[req, 0, :toks.numel()] = (table[req].long()[toks // B] * B + toks % B).int()
-    k_cache = caches[0].view(torch.float8_e4m3fn).view(caches[0].shape[0], B, 1, 656)
-    topk_length = torch.tensor([400, 300], dtype=torch.int32, device=dev)
+    q, _, k_cache, indices, topk_length, table = sparse_face_problem(dev, 512, [400, 300])
     checked = checked_launches(monkeypatch)
 
     def face(meta, q=q, indices=indices, topk_length=topk_length, block_table=None, cache_seqlens=None):
