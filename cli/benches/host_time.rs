@@ -96,7 +96,7 @@ fn main() {
     );
     put("piece: argument checks and parameters", best_us(&s, || host_pieces::checks(&one).expect("checks")));
     put("piece: kernel choice (table and registry)", best_us(&s, || host_pieces::choice(&dev, &one).expect("choice")));
-    put("piece: tensor map encode", best_us(&s, || host_pieces::tensor_map(&one).expect("map")));
+    put("piece: tensor map encode", best_us(&s, || host_pieces::tensor_map(&dev, &one).expect("map")));
     put("piece: cuCtxSetCurrent (bind_to_thread)", best_us(&s, || dev.context().bind_to_thread().expect("bind")));
     println!("{}", serde_json::Value::Object(r));
 }

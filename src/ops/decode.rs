@@ -343,8 +343,7 @@ pub fn mla_decode_dense_on(dev: &Device, stream: Stream, a: &DenseDecode, path: 
     let kernel = decode_kernel(dev, KvFormat::Bf16, false, choice.path)?;
     let page_rows = params.page_rows as usize;
     if kernel.takes_tensor_map && tma_enabled() && dense_tma_fits(a.num_pages, a.block_size, page_rows) {
-        dev.bind()?; // the encoding needs a current context (launch binds too, later)
-        params.kv_tmap = dense_tensor_map(a, page_rows, kernel.tile)?;
+        params.kv_tmap = dense_tensor_map(dev, a, page_rows, kernel.tile)?;
         params.kv_tma = 1;
     }
     launch(dev, stream, &kernel, &a.common, &mut params, false)
@@ -382,10 +381,10 @@ pub fn sparse_shape(a: &SparseDecode) -> DecodeShape {
 /// The dense cache's TMA descriptor: [num_pages·page_rows rows, 576] bf16; a box is one 128-byte
 /// column block of a tile's tokens, or of one page's B tokens when B is smaller (a tile then spans
 /// whole pages); the kernel works out the same box size.
-fn dense_tensor_map(a: &DenseDecode, page_rows: usize, tile: u32) -> Result<[u64; 16]> {
+fn dense_tensor_map(dev: &Device, a: &DenseDecode, page_rows: usize, tile: u32) -> Result<[u64; 16]> {
     let box_rows = a.block_size.min(tile as usize) as u32;
     let rows = (a.num_pages * page_rows) as u64;
-    tensor_map_bf16_2d(a.cache.ptr(), rows, D_QK as u64, (D_QK * 2) as u64, 64, box_rows)
+    tensor_map_bf16_2d(dev, a.cache.ptr(), rows, D_QK as u64, (D_QK * 2) as u64, 64, box_rows)
 }
 
 /// The pieces of a dense launch's host path, for `benches/host_time.rs` to time apart (not an API).
@@ -404,9 +403,9 @@ pub mod host_pieces {
         decode_kernel(dev, KvFormat::Bf16, false, choice.path).map(|_| ())
     }
 
-    /// The dense cache's TMA descriptor (`cuTensorMapEncodeTiled`), as every TMA launch encodes it.
-    pub fn tensor_map(a: &DenseDecode) -> Result<()> {
-        dense_tensor_map(a, a.page_stride.unwrap_or(a.block_size), 64).map(|_| ())
+    /// The dense cache's TMA descriptor (`cuTensorMapEncodeTiled`, the context bound first), as every TMA launch encodes it.
+    pub fn tensor_map(dev: &Device, a: &DenseDecode) -> Result<()> {
+        dense_tensor_map(dev, a, a.page_stride.unwrap_or(a.block_size), 64).map(|_| ())
     }
 }
 

@@ -252,8 +252,10 @@ pub(crate) struct LaunchAttrs {
 /// `rows` × `cols` at device address `base`, rows `row_bytes` apart, read in boxes of
 /// `box_cols` × `box_rows` with 128-byte swizzling; reads outside the matrix fill zeros. A
 /// pure host-side encoding (no device work, so CUDA-graph capture is unaffected); it goes into a
-/// kernel's `__grid_constant__` params.
+/// kernel's `__grid_constant__` params. The driver encodes it in `dev`'s context, which it makes
+/// current on the calling thread first (an engine's thread may have none).
 pub(crate) fn tensor_map_bf16_2d(
+    dev: &Device,
     base: u64,
     rows: u64,
     cols: u64,
@@ -261,6 +263,7 @@ pub(crate) fn tensor_map_bf16_2d(
     box_cols: u32,
     box_rows: u32,
 ) -> Result<[u64; 16]> {
+    dev.bind()?;
     let mut map = sys::CUtensorMap { opaque: [0; 16] };
     let dims = [cols, rows];
     let strides = [row_bytes];
