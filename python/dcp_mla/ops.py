@@ -325,15 +325,16 @@ def _replay(name, tensors, scalars):
     cached = _op_launches.__dict__.get(name)
     if cached is None or torch.compiler.is_compiling():
         return None
+    stream = _raw_stream(cached.index)
     try:
-        key = ops_key(tensors, scalars, _raw_stream(cached.index))
+        key = ops_key(tensors, scalars, stream)
     except (AttributeError, TypeError):
         return None  # an argument that is no tensor: the checked path names it
     if key != cached.key:
         return None
     out, lse, ws = tensors[1], tensors[2], tensors[3]
     if ws is None and cached.ws_need:
-        ws = _owned_workspace(cached.device, cached.ws_need)
+        ws = _owned_workspace(cached.device, cached.ws_need, cached.index, stream)
         if ws is None:
             return None  # captured or compiled: the checked path allocates the call's own
     if out is None:
@@ -610,13 +611,16 @@ _KV_NAMES = {code: name for name, code in _KV_CODES.items()}
 _owned_workspaces = {}
 
 
-def _owned_workspace(device, need):
-    """The library's workspace of at least `need` bytes for `device`'s current stream, or None
+def _owned_workspace(device, need, index=None, stream=None):
+    """The library's workspace of at least `need` bytes for `device`'s current stream (`index`
+    and `stream`: the device's index and that raw stream where the caller has them), or None
     where a call must allocate its own (graph capture, torch.compile)."""
     if torch.compiler.is_compiling() or torch.cuda.is_current_stream_capturing():
         return None
-    index = _index(device)
-    key = (index, _raw_stream(index))
+    if index is None:
+        index = _index(device)
+        stream = _raw_stream(index)
+    key = (index, stream)
     ws = _owned_workspaces.get(key)
     if ws is None or ws.numel() < need:
         ws = torch.empty((need,), dtype=torch.uint8, device=device)

@@ -1227,21 +1227,21 @@ def test_decode_dense_launch_cache(dev):
     ops._owned_workspaces.clear()
     own = dcp_mla.decode_dense(q, cache, table, seqlens, num_splits=splits, lens_rule="global_causal")
     assert same(own, first)
-    if splits > 1:
-        owned = list(ops._owned_workspaces.values())
-        assert len(owned) == 1 and ops._op_launches.__dict__[name].ws_need == owned[0].numel()
-        entry = ops._op_launches.__dict__[name]
-        owned[0].fill_(0xff)  # a stale schedule there must not matter: every call computes its own
-        assert same(dcp_mla.decode_dense(q, cache, table, seqlens, num_splits=splits, lens_rule="global_causal"),
-                    first)
-        assert ops._op_launches.__dict__[name] is entry and list(ops._owned_workspaces.values())[0] is owned[0]
-        # another stream: a workspace of its own
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            on_side = dcp_mla.decode_dense(q, cache, table, seqlens, num_splits=splits, lens_rule="global_causal")
-        torch.cuda.current_stream().wait_stream(side)
-        assert same(on_side, first) and len(ops._owned_workspaces) == 2
+    assert splits > 1, "the planner splits this problem (3 sequences of one row block: a wave of parts)"
+    owned = list(ops._owned_workspaces.values())
+    assert len(owned) == 1 and ops._op_launches.__dict__[name].ws_need == owned[0].numel()
+    entry = ops._op_launches.__dict__[name]
+    owned[0].fill_(0xff)  # a stale schedule there must not matter: every call computes its own
+    assert same(dcp_mla.decode_dense(q, cache, table, seqlens, num_splits=splits, lens_rule="global_causal"),
+                first)
+    assert ops._op_launches.__dict__[name] is entry and list(ops._owned_workspaces.values())[0] is owned[0]
+    # another stream: a workspace of its own
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        on_side = dcp_mla.decode_dense(q, cache, table, seqlens, num_splits=splits, lens_rule="global_causal")
+    torch.cuda.current_stream().wait_stream(side)
+    assert same(on_side, first) and len(ops._owned_workspaces) == 2
     # a workspace allocated for one call (a capture's) is never remembered: a replay would have none
     ops._op_launches.__dict__.clear()
     graph = torch.cuda.CUDAGraph()
