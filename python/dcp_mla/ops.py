@@ -106,6 +106,8 @@ def _cache(cache, name="cache", device=None):
 def _cache_t(cache3):
     """A cache [pages, B, row] as a C tensor: its stride (elements between page starts) given
     only when its pages are not packed."""
+    if cache3.is_contiguous():
+        return (cache3.data_ptr(), cache3.numel(), _CODES[cache3.dtype], 0, 0, 0, 0, 0)
     if cache3.shape[0] <= 1 or cache3.stride(0) == cache3.shape[1] * cache3.shape[2]:
         return _t(cache3)
     return (cache3.data_ptr(), _extent(cache3), _CODES[cache3.dtype], 1, cache3.stride(0), 0, 0, 0)
@@ -136,15 +138,17 @@ def _tv(x, n):
     """A view as a C tensor with its first n strides, or with none (the C ABI's default layout)
     when x is contiguous or absent. A dim of size 1 gets stride 0 (torch leaves any stride
     there; the library checks alignment)."""
-    if x is None or x.is_contiguous():
-        return _t(x)
+    if x is None:
+        return _ABSENT
+    if x.is_contiguous():
+        return (x.data_ptr(), x.numel(), _CODES[x.dtype], 0, 0, 0, 0, 0)
     st = [s if z > 1 else 0 for z, s in zip(x.shape[:n], x.stride()[:n])] + [0] * (4 - n)
     return (x.data_ptr(), _extent(x), _CODES[x.dtype], n, *st)
 
 
 def _t1(x):
     """A 2-d tensor with its row stride (elements between rows) given."""
-    return (x.data_ptr(), _extent(x), _CODES[x.dtype], 1, x.stride(0), 0, 0, 0)
+    return (x.data_ptr(), x.numel() if x.is_contiguous() else _extent(x), _CODES[x.dtype], 1, x.stride(0), 0, 0, 0)
 
 
 def _want_format(name, got, kv_format):
@@ -258,9 +262,12 @@ def _dev_stream(x):
 def _extent(x):
     """The elements a tensor's shape and strides span from its first (its numel when
     contiguous): the library bounds every access it makes by it."""
-    if x.numel() == 0:
-        return 0
-    return 1 + sum((size - 1) * stride for size, stride in zip(x.shape, x.stride()) if size > 0)
+    n = 1
+    for size, stride in zip(x.shape, x.stride()):
+        if size == 0:
+            return 0
+        n += (size - 1) * stride
+    return n
 
 
 def _t(x):
@@ -375,14 +382,24 @@ def _last_launch(name):
 # Each impl takes only tensors and scalars and writes only its `mutates` arguments.
 
 _IMPLS = {}
+_infer_schema = getattr(torch.library, "infer_schema", None)  # torch >= 2.5
+if _infer_schema is None:
+    from torch._library.infer_schema import infer_schema as _infer_schema
+_LIB = torch.library.Library("dcp_mla", "DEF")
 
 
 def _op(mutates):
+    """Registers an impl as `torch.ops.dcp_mla.<name>`: its schema from the annotations, `mutates`
+    marked as written, one kernel for every backend and a fake that returns nothing.
+    torch.library.custom_op would wrap the call in Python autograd and ADInplaceOrView layers
+    (~24 µs of host time a call through torch.ops on an H100's host); defined through the
+    Library, the dispatcher calls the impl directly and leaves autograd to its C++ fallback."""
     def register(fn):
         name = fn.__name__.lstrip("_")
-        op = torch.library.custom_op(f"dcp_mla::{name}", fn, mutates_args=mutates)
-        op.register_fake(lambda *args, **kwargs: None)
-        _IMPLS[name] = (fn, op)
+        _LIB.define(name + _infer_schema(fn, mutates_args=mutates))
+        _LIB.impl(name, fn, "CompositeExplicitAutograd")
+        torch.library.register_fake(f"dcp_mla::{name}", lambda *args, **kwargs: None, lib=_LIB)
+        _IMPLS[name] = (fn, getattr(torch.ops.dcp_mla, name).default)
         return fn
     return register
 
