@@ -11,6 +11,7 @@
 
 use crate::{device, fail, guard, read_args, stream, ArgsStruct, DcpMlaDevice, DcpMlaStatus, DcpMlaTensor, R};
 use dcp_mla::formats::model1::{Model1Pages, MODEL1_D_NOPE, MODEL1_PAGE_ALIGN, MODEL1_TOKEN_BYTES};
+use dcp_mla::formats::{D_LATENT, D_ROPE};
 use dcp_mla::ops::combine::{self, A2aCombine, A2aPack, AgRsCorrect, AgRsFinish, MergeTwo};
 use dcp_mla::ops::decode::{self, DecodeCommon, DecodeOut, DenseDecode, SparseDecode};
 use dcp_mla::ops::fill::{kv_fill, KvFill};
@@ -103,9 +104,23 @@ fn reserved(name: &str, v: u32) -> R<()> {
     Ok(())
 }
 
-/// A one-stride field's stride, `default` for its contiguous layout.
-fn or(stride: Option<[usize; 1]>, default: usize) -> usize {
-    stride.map_or(default, |[s]| s)
+/// A field with `N` strides named `name` (the `strided!` of a field whose name is not its own).
+fn strided_as<T, const N: usize>(t: DcpMlaTensor, name: &str) -> R<(T, Option<[usize; N]>)>
+where
+    DcpMlaTensor: crate::Arg<T>,
+{
+    let strides = t.strides::<N>(name)?;
+    Ok((crate::Arg::arg(t.unstrided(), name)?, strides))
+}
+
+/// A field with one stride, the elements between its rows, named `name`: its view and that
+/// stride, `default` (its contiguous layout's) when the caller gives none.
+fn with_row_stride<T>(t: DcpMlaTensor, name: &str, default: usize) -> R<(T, usize)>
+where
+    DcpMlaTensor: crate::Arg<T>,
+{
+    let (view, stride) = strided_as::<T, 1>(t, name)?;
+    Ok((view, stride.map_or(default, |[s]| s)))
 }
 
 /// A cache's byte view (its stride is read by `page_stride`).
@@ -187,18 +202,18 @@ pub unsafe extern "C" fn dcp_mla_launch_kv_fill(args: *const DcpMlaKvFillArgs) -
     launch(args, kv_fill, |a| {
         let format: KvFormat = arg!(a.format);
         reserved("_reserved", a._reserved)?;
-        let (ckv, ckv_stride) = strided!(a.ckv, 1);
-        let (kpe, kpe_stride) = strided!(a.kpe, 1);
-        let (block_table, table_stride) = strided!(a.block_table, 1);
+        let (ckv, ckv_stride) = with_row_stride(a.ckv, "ckv", D_LATENT)?;
+        let (kpe, kpe_stride) = with_row_stride(a.kpe, "kpe", D_ROPE)?;
+        let (block_table, block_table_stride) = with_row_stride(a.block_table, "block_table", a.max_pages)?;
         Ok(KvFill {
             ckv,
-            ckv_stride: or(ckv_stride, 512),
+            ckv_stride,
             kpe,
-            kpe_stride: or(kpe_stride, 64),
+            kpe_stride,
             req_idx: arg!(a.req_idx),
             positions: arg!(a.positions),
             block_table,
-            block_table_stride: or(table_stride, a.max_pages),
+            block_table_stride,
             batch: a.batch,
             max_pages: a.max_pages,
             page_stride: page_stride(&a.cache, format)?,
@@ -372,7 +387,7 @@ pub unsafe extern "C" fn dcp_mla_launch_decode_dense(args: *const DcpMlaDecodeDe
     launch(args, decode::mla_decode_dense, |a| {
         let lens_rule = crate::lens_rule("lens_rule", a.lens_rule, a.dcp_size, a.interleave, a.rank)?;
         let common = common!(a);
-        let (block_table, table_stride) = strided!(a.block_table, 1);
+        let (block_table, block_table_stride) = with_row_stride(a.block_table, "block_table", a.max_pages)?;
         let (lens, lens_strides) = strided!(a.lens, 2);
         Ok(DenseDecode {
             common,
@@ -381,7 +396,7 @@ pub unsafe extern "C" fn dcp_mla_launch_decode_dense(args: *const DcpMlaDecodeDe
             num_pages: a.num_pages,
             block_size: a.block_size,
             block_table,
-            block_table_stride: or(table_stride, a.max_pages),
+            block_table_stride,
             max_pages: a.max_pages,
             lens,
             lens_strides,
@@ -555,15 +570,6 @@ pub struct DcpMlaDecodeModel1Args {
     pub _reserved: u32,
 }
 
-/// A field with `N` strides named `name` (the `strided!` of a field whose name is not its own).
-fn strided_as<T, const N: usize>(t: DcpMlaTensor, name: &str) -> R<(T, Option<[usize; N]>)>
-where
-    DcpMlaTensor: crate::Arg<T>,
-{
-    let strides = t.strides::<N>(name)?;
-    Ok((crate::Arg::arg(t.unstrided(), name)?, strides))
-}
-
 /// A MODEL1 cache's pages: the page stride in bytes from `t.strides[0]` (elements of its dtype),
 /// by default packed pages of ceil(584·B / 576)·576 bytes. The launcher checks the stride (a
 /// multiple of 576, at least a page) and the block size; a default that overflows is left to its
@@ -724,18 +730,18 @@ pub unsafe extern "C" fn dcp_mla_launch_kv_fill_model1(args: *const DcpMlaKvFill
 
 /// dcp_mla_launch_kv_fill_model1's fields as the launcher's arguments.
 fn model1_fill(a: &DcpMlaKvFillModel1Args) -> R<Model1Fill> {
-    let (ckv, ckv_stride) = strided!(a.ckv, 1);
-    let (kpe, kpe_stride) = strided!(a.kpe, 1);
-    let (block_table, table_stride) = strided!(a.block_table, 1);
+    let (ckv, ckv_stride) = with_row_stride(a.ckv, "ckv", MODEL1_D_NOPE)?;
+    let (kpe, kpe_stride) = with_row_stride(a.kpe, "kpe", D_ROPE)?;
+    let (block_table, block_table_stride) = with_row_stride(a.block_table, "block_table", a.max_pages)?;
     Ok(Model1Fill {
         ckv,
-        ckv_stride: or(ckv_stride, MODEL1_D_NOPE),
+        ckv_stride,
         kpe,
-        kpe_stride: or(kpe_stride, 64),
+        kpe_stride,
         req_idx: arg!(a.req_idx),
         positions: arg!(a.positions),
         block_table,
-        block_table_stride: or(table_stride, a.max_pages),
+        block_table_stride,
         batch: a.batch,
         max_pages: a.max_pages,
         pages: model1_pages(&a.cache, "cache", a.num_pages, a.block_size)?,
@@ -1059,16 +1065,9 @@ pub struct DcpMlaTopkLocalArgs {
 #[no_mangle]
 pub unsafe extern "C" fn dcp_mla_launch_topk_local(args: *const DcpMlaTopkLocalArgs) -> DcpMlaStatus {
     launch(args, topk::local_topk, |a| {
-        let (scores, row_stride) = strided!(a.scores, 1);
-        let t = LocalTopk {
-            scores,
-            row_stride: or(row_stride, a.cols),
-            cols: a.cols,
-            lens: arg!(a.lens),
-            rows: a.rows,
-            k: a.k,
-            out: arg!(a.out),
-        };
+        let (scores, row_stride) = with_row_stride(a.scores, "scores", a.cols)?;
+        let t =
+            LocalTopk { scores, row_stride, cols: a.cols, lens: arg!(a.lens), rows: a.rows, k: a.k, out: arg!(a.out) };
         if !topk::local_topk_compiled(a.k) {
             return Err(fail(
                 DcpMlaStatus::Unsupported,
@@ -1120,11 +1119,11 @@ pub struct DcpMlaTopkPackArgs {
 #[no_mangle]
 pub unsafe extern "C" fn dcp_mla_launch_topk_pack(args: *const DcpMlaTopkPackArgs) -> DcpMlaStatus {
     launch(args, topk::pack_candidates, |a| {
-        let (scores, row_stride) = strided!(a.scores, 1);
+        let (scores, row_stride) = with_row_stride(a.scores, "scores", a.cols)?;
         Ok(PackCandidates {
             local_idx: arg!(a.local_idx),
             scores,
-            row_stride: or(row_stride, a.cols),
+            row_stride,
             cols: a.cols,
             rows: a.rows,
             k: a.k,
@@ -1314,7 +1313,7 @@ pub unsafe extern "C" fn dcp_mla_launch_prefill_flatten(args: *const DcpMlaPrefi
     launch(args, prefill::flatten, |a| {
         let format: KvFormat = arg!(a.format);
         reserved("_reserved", a._reserved)?;
-        let (block_table, table_stride) = strided!(a.block_table, 1);
+        let (block_table, block_table_stride) = with_row_stride(a.block_table, "block_table", a.max_pages)?;
         Ok(Flatten {
             page_stride: page_stride(&a.cache, format)?,
             cache: cache(&a.cache)?,
@@ -1322,7 +1321,7 @@ pub unsafe extern "C" fn dcp_mla_launch_prefill_flatten(args: *const DcpMlaPrefi
             num_pages: a.num_pages,
             block_size: a.block_size,
             block_table,
-            block_table_stride: or(table_stride, a.max_pages),
+            block_table_stride,
             batch: a.batch,
             max_pages: a.max_pages,
             pieces: arg!(a.pieces),
