@@ -306,74 +306,40 @@ pub struct DcpMlaDecodeDenseArgs {
     pub empty_lse_inf: i32,
 }
 
-/// The fields dense and sparse decode share.
-struct Common {
-    q: DcpMlaTensor,
-    out: DcpMlaTensor,
-    lse: DcpMlaTensor,
-    workspace: DcpMlaTensor,
-    sink: DcpMlaTensor,
-    batch: usize,
-    num_q: usize,
-    heads: usize,
-    num_splits: usize,
-    scale: f32,
-    schedule: i32,
-    empty_lse_inf: i32,
-}
-
-impl Common {
-    fn convert(self) -> R<DecodeCommon> {
-        let a = self;
-        let schedule = arg!(a.schedule);
-        let (q, q_strides) = strided!(a.q, 3);
-        let (out, out_strides): (DecodeOut, _) = strided!(a.out, 3);
-        let (lse, lse_strides) = strided!(a.lse, 3);
+/// The [`DecodeCommon`] of a decode's argument struct, with the checks that need no device: dense,
+/// sparse and MODEL1 decode share these fields by name but not a type (their C structs are
+/// flat), hence a macro.
+macro_rules! decode_common {
+    ($a:ident) => {{
+        let schedule = arg!($a.schedule);
+        let (q, q_strides) = strided!($a.q, 3);
+        let (out, out_strides): (DecodeOut, _) = strided!($a.out, 3);
+        let (lse, lse_strides) = strided!($a.lse, 3);
         // The workspace is only touched with more than one split: an absent one is 0 bytes.
-        let workspace = if a.workspace.data.is_null() && a.num_splits <= 1 {
+        let workspace = if $a.workspace.data.is_null() && $a.num_splits <= 1 {
             // SAFETY: an empty view is never dereferenced.
             unsafe { DeviceSlice::from_raw(0, 0) }
         } else {
-            arg!(a.workspace)
+            arg!($a.workspace)
         };
-        Ok(DecodeCommon {
+        DecodeCommon {
             q,
             q_strides,
-            batch: a.batch,
-            nq: a.num_q,
-            heads: a.heads,
-            scale: a.scale,
+            batch: $a.batch,
+            nq: $a.num_q,
+            heads: $a.heads,
+            scale: $a.scale,
             out,
             lse,
-            num_splits: a.num_splits,
+            num_splits: $a.num_splits,
             workspace,
             schedule,
-            sink: arg!(a.sink),
+            sink: arg!($a.sink),
             out_strides,
             lse_strides,
-            empty_lse_inf: a.empty_lse_inf != 0,
-        })
-    }
-}
-
-macro_rules! common {
-    ($a:ident) => {
-        Common {
-            q: $a.q,
-            out: $a.out,
-            lse: $a.lse,
-            workspace: $a.workspace,
-            sink: $a.sink,
-            batch: $a.batch,
-            num_q: $a.num_q,
-            heads: $a.heads,
-            num_splits: $a.num_splits,
-            scale: $a.scale,
-            schedule: $a.schedule,
-            empty_lse_inf: $a.empty_lse_inf,
+            empty_lse_inf: $a.empty_lse_inf != 0,
         }
-        .convert()?
-    };
+    }};
 }
 
 /// Dense MLA decode over the BF16 paged cache (docs/contract.md §4): row (i, j) attends to the
@@ -386,7 +352,7 @@ macro_rules! common {
 pub unsafe extern "C" fn dcp_mla_launch_decode_dense(args: *const DcpMlaDecodeDenseArgs) -> DcpMlaStatus {
     launch(args, decode::mla_decode_dense, |a| {
         let lens_rule = crate::lens_rule("lens_rule", a.lens_rule, a.dcp_size, a.interleave, a.rank)?;
-        let common = common!(a);
+        let common = decode_common!(a);
         let (block_table, block_table_stride) = with_row_stride(a.block_table, "block_table", a.max_pages)?;
         let (lens, lens_strides) = strided!(a.lens, 2);
         Ok(DenseDecode {
@@ -469,7 +435,7 @@ pub struct DcpMlaDecodeSparseArgs {
 #[no_mangle]
 pub unsafe extern "C" fn dcp_mla_launch_decode_sparse(args: *const DcpMlaDecodeSparseArgs) -> DcpMlaStatus {
     launch(args, decode::mla_decode_sparse, |a| {
-        let common = common!(a);
+        let common = decode_common!(a);
         let format: KvFormat = arg!(a.format);
         let (indices, indices_strides) = strided!(a.indices, 2);
         let (topk_len, topk_len_strides) = strided!(a.topk_len, 2);
@@ -636,7 +602,7 @@ pub unsafe extern "C" fn dcp_mla_launch_decode_model1(args: *const DcpMlaDecodeM
 /// dcp_mla_launch_decode_model1's fields as the launcher's arguments (the checks that need no device).
 fn model1_decode(a: &DcpMlaDecodeModel1Args) -> R<Model1Decode> {
     reserved("_reserved", a._reserved)?;
-    let mut common = common!(a);
+    let mut common = decode_common!(a);
     if a.scale == 0.0 {
         common.scale = model1::model1_default_scale();
     }
