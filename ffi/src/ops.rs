@@ -11,6 +11,7 @@
 
 use crate::{device, fail, guard, read_args, stream, ArgsStruct, DcpMlaDevice, DcpMlaStatus, DcpMlaTensor, R};
 use dcp_mla::formats::model1::{Model1Pages, MODEL1_D_NOPE, MODEL1_PAGE_ALIGN, MODEL1_TOKEN_BYTES};
+use dcp_mla::formats::{D_LATENT, D_ROPE};
 use dcp_mla::ops::combine::{self, A2aCombine, A2aPack, AgRsCorrect, AgRsFinish, MergeTwo};
 use dcp_mla::ops::decode::{self, DecodeCommon, DecodeOut, DenseDecode, SparseDecode};
 use dcp_mla::ops::fill::{kv_fill, KvFill};
@@ -103,9 +104,23 @@ fn reserved(name: &str, v: u32) -> R<()> {
     Ok(())
 }
 
-/// A one-stride field's stride, `default` for its contiguous layout.
-fn or(stride: Option<[usize; 1]>, default: usize) -> usize {
-    stride.map_or(default, |[s]| s)
+/// A field with `N` strides named `name` (the `strided!` of a field whose name is not its own).
+fn strided_as<T, const N: usize>(t: DcpMlaTensor, name: &str) -> R<(T, Option<[usize; N]>)>
+where
+    DcpMlaTensor: crate::Arg<T>,
+{
+    let strides = t.strides::<N>(name)?;
+    Ok((crate::Arg::arg(t.unstrided(), name)?, strides))
+}
+
+/// A field with one stride, the elements between its rows, named `name`: its view and that
+/// stride, `default` (its contiguous layout's) when the caller gives none.
+fn with_row_stride<T>(t: DcpMlaTensor, name: &str, default: usize) -> R<(T, usize)>
+where
+    DcpMlaTensor: crate::Arg<T>,
+{
+    let (view, stride) = strided_as::<T, 1>(t, name)?;
+    Ok((view, stride.map_or(default, |[s]| s)))
 }
 
 /// A cache's byte view (its stride is read by `page_stride`).
@@ -187,18 +202,18 @@ pub unsafe extern "C" fn dcp_mla_launch_kv_fill(args: *const DcpMlaKvFillArgs) -
     launch(args, kv_fill, |a| {
         let format: KvFormat = arg!(a.format);
         reserved("_reserved", a._reserved)?;
-        let (ckv, ckv_stride) = strided!(a.ckv, 1);
-        let (kpe, kpe_stride) = strided!(a.kpe, 1);
-        let (block_table, table_stride) = strided!(a.block_table, 1);
+        let (ckv, ckv_stride) = with_row_stride(a.ckv, "ckv", D_LATENT)?;
+        let (kpe, kpe_stride) = with_row_stride(a.kpe, "kpe", D_ROPE)?;
+        let (block_table, block_table_stride) = with_row_stride(a.block_table, "block_table", a.max_pages)?;
         Ok(KvFill {
             ckv,
-            ckv_stride: or(ckv_stride, 512),
+            ckv_stride,
             kpe,
-            kpe_stride: or(kpe_stride, 64),
+            kpe_stride,
             req_idx: arg!(a.req_idx),
             positions: arg!(a.positions),
             block_table,
-            block_table_stride: or(table_stride, a.max_pages),
+            block_table_stride,
             batch: a.batch,
             max_pages: a.max_pages,
             page_stride: page_stride(&a.cache, format)?,
@@ -291,74 +306,40 @@ pub struct DcpMlaDecodeDenseArgs {
     pub empty_lse_inf: i32,
 }
 
-/// The fields dense and sparse decode share.
-struct Common {
-    q: DcpMlaTensor,
-    out: DcpMlaTensor,
-    lse: DcpMlaTensor,
-    workspace: DcpMlaTensor,
-    sink: DcpMlaTensor,
-    batch: usize,
-    num_q: usize,
-    heads: usize,
-    num_splits: usize,
-    scale: f32,
-    schedule: i32,
-    empty_lse_inf: i32,
-}
-
-impl Common {
-    fn convert(self) -> R<DecodeCommon> {
-        let a = self;
-        let schedule = arg!(a.schedule);
-        let (q, q_strides) = strided!(a.q, 3);
-        let (out, out_strides): (DecodeOut, _) = strided!(a.out, 3);
-        let (lse, lse_strides) = strided!(a.lse, 3);
+/// The [`DecodeCommon`] of a decode's argument struct, with the checks that need no device: dense,
+/// sparse and MODEL1 decode share these fields by name but not a type (their C structs are
+/// flat), hence a macro.
+macro_rules! decode_common {
+    ($a:ident) => {{
+        let schedule = arg!($a.schedule);
+        let (q, q_strides) = strided!($a.q, 3);
+        let (out, out_strides): (DecodeOut, _) = strided!($a.out, 3);
+        let (lse, lse_strides) = strided!($a.lse, 3);
         // The workspace is only touched with more than one split: an absent one is 0 bytes.
-        let workspace = if a.workspace.data.is_null() && a.num_splits <= 1 {
+        let workspace = if $a.workspace.data.is_null() && $a.num_splits <= 1 {
             // SAFETY: an empty view is never dereferenced.
             unsafe { DeviceSlice::from_raw(0, 0) }
         } else {
-            arg!(a.workspace)
+            arg!($a.workspace)
         };
-        Ok(DecodeCommon {
+        DecodeCommon {
             q,
             q_strides,
-            batch: a.batch,
-            nq: a.num_q,
-            heads: a.heads,
-            scale: a.scale,
+            batch: $a.batch,
+            nq: $a.num_q,
+            heads: $a.heads,
+            scale: $a.scale,
             out,
             lse,
-            num_splits: a.num_splits,
+            num_splits: $a.num_splits,
             workspace,
             schedule,
-            sink: arg!(a.sink),
+            sink: arg!($a.sink),
             out_strides,
             lse_strides,
-            empty_lse_inf: a.empty_lse_inf != 0,
-        })
-    }
-}
-
-macro_rules! common {
-    ($a:ident) => {
-        Common {
-            q: $a.q,
-            out: $a.out,
-            lse: $a.lse,
-            workspace: $a.workspace,
-            sink: $a.sink,
-            batch: $a.batch,
-            num_q: $a.num_q,
-            heads: $a.heads,
-            num_splits: $a.num_splits,
-            scale: $a.scale,
-            schedule: $a.schedule,
-            empty_lse_inf: $a.empty_lse_inf,
+            empty_lse_inf: $a.empty_lse_inf != 0,
         }
-        .convert()?
-    };
+    }};
 }
 
 /// Dense MLA decode over the BF16 paged cache (docs/contract.md §4): row (i, j) attends to the
@@ -371,8 +352,8 @@ macro_rules! common {
 pub unsafe extern "C" fn dcp_mla_launch_decode_dense(args: *const DcpMlaDecodeDenseArgs) -> DcpMlaStatus {
     launch(args, decode::mla_decode_dense, |a| {
         let lens_rule = crate::lens_rule("lens_rule", a.lens_rule, a.dcp_size, a.interleave, a.rank)?;
-        let common = common!(a);
-        let (block_table, table_stride) = strided!(a.block_table, 1);
+        let common = decode_common!(a);
+        let (block_table, block_table_stride) = with_row_stride(a.block_table, "block_table", a.max_pages)?;
         let (lens, lens_strides) = strided!(a.lens, 2);
         Ok(DenseDecode {
             common,
@@ -381,7 +362,7 @@ pub unsafe extern "C" fn dcp_mla_launch_decode_dense(args: *const DcpMlaDecodeDe
             num_pages: a.num_pages,
             block_size: a.block_size,
             block_table,
-            block_table_stride: or(table_stride, a.max_pages),
+            block_table_stride,
             max_pages: a.max_pages,
             lens,
             lens_strides,
@@ -454,7 +435,7 @@ pub struct DcpMlaDecodeSparseArgs {
 #[no_mangle]
 pub unsafe extern "C" fn dcp_mla_launch_decode_sparse(args: *const DcpMlaDecodeSparseArgs) -> DcpMlaStatus {
     launch(args, decode::mla_decode_sparse, |a| {
-        let common = common!(a);
+        let common = decode_common!(a);
         let format: KvFormat = arg!(a.format);
         let (indices, indices_strides) = strided!(a.indices, 2);
         let (topk_len, topk_len_strides) = strided!(a.topk_len, 2);
@@ -555,15 +536,6 @@ pub struct DcpMlaDecodeModel1Args {
     pub _reserved: u32,
 }
 
-/// A field with `N` strides named `name` (the `strided!` of a field whose name is not its own).
-fn strided_as<T, const N: usize>(t: DcpMlaTensor, name: &str) -> R<(T, Option<[usize; N]>)>
-where
-    DcpMlaTensor: crate::Arg<T>,
-{
-    let strides = t.strides::<N>(name)?;
-    Ok((crate::Arg::arg(t.unstrided(), name)?, strides))
-}
-
 /// A MODEL1 cache's pages: the page stride in bytes from `t.strides[0]` (elements of its dtype),
 /// by default packed pages of ceil(584·B / 576)·576 bytes. The launcher checks the stride (a
 /// multiple of 576, at least a page) and the block size; a default that overflows is left to its
@@ -630,7 +602,7 @@ pub unsafe extern "C" fn dcp_mla_launch_decode_model1(args: *const DcpMlaDecodeM
 /// dcp_mla_launch_decode_model1's fields as the launcher's arguments (the checks that need no device).
 fn model1_decode(a: &DcpMlaDecodeModel1Args) -> R<Model1Decode> {
     reserved("_reserved", a._reserved)?;
-    let mut common = common!(a);
+    let mut common = decode_common!(a);
     if a.scale == 0.0 {
         common.scale = model1::model1_default_scale();
     }
@@ -724,18 +696,18 @@ pub unsafe extern "C" fn dcp_mla_launch_kv_fill_model1(args: *const DcpMlaKvFill
 
 /// dcp_mla_launch_kv_fill_model1's fields as the launcher's arguments.
 fn model1_fill(a: &DcpMlaKvFillModel1Args) -> R<Model1Fill> {
-    let (ckv, ckv_stride) = strided!(a.ckv, 1);
-    let (kpe, kpe_stride) = strided!(a.kpe, 1);
-    let (block_table, table_stride) = strided!(a.block_table, 1);
+    let (ckv, ckv_stride) = with_row_stride(a.ckv, "ckv", MODEL1_D_NOPE)?;
+    let (kpe, kpe_stride) = with_row_stride(a.kpe, "kpe", D_ROPE)?;
+    let (block_table, block_table_stride) = with_row_stride(a.block_table, "block_table", a.max_pages)?;
     Ok(Model1Fill {
         ckv,
-        ckv_stride: or(ckv_stride, MODEL1_D_NOPE),
+        ckv_stride,
         kpe,
-        kpe_stride: or(kpe_stride, 64),
+        kpe_stride,
         req_idx: arg!(a.req_idx),
         positions: arg!(a.positions),
         block_table,
-        block_table_stride: or(table_stride, a.max_pages),
+        block_table_stride,
         batch: a.batch,
         max_pages: a.max_pages,
         pages: model1_pages(&a.cache, "cache", a.num_pages, a.block_size)?,
@@ -1059,16 +1031,9 @@ pub struct DcpMlaTopkLocalArgs {
 #[no_mangle]
 pub unsafe extern "C" fn dcp_mla_launch_topk_local(args: *const DcpMlaTopkLocalArgs) -> DcpMlaStatus {
     launch(args, topk::local_topk, |a| {
-        let (scores, row_stride) = strided!(a.scores, 1);
-        let t = LocalTopk {
-            scores,
-            row_stride: or(row_stride, a.cols),
-            cols: a.cols,
-            lens: arg!(a.lens),
-            rows: a.rows,
-            k: a.k,
-            out: arg!(a.out),
-        };
+        let (scores, row_stride) = with_row_stride(a.scores, "scores", a.cols)?;
+        let t =
+            LocalTopk { scores, row_stride, cols: a.cols, lens: arg!(a.lens), rows: a.rows, k: a.k, out: arg!(a.out) };
         if !topk::local_topk_compiled(a.k) {
             return Err(fail(
                 DcpMlaStatus::Unsupported,
@@ -1120,11 +1085,11 @@ pub struct DcpMlaTopkPackArgs {
 #[no_mangle]
 pub unsafe extern "C" fn dcp_mla_launch_topk_pack(args: *const DcpMlaTopkPackArgs) -> DcpMlaStatus {
     launch(args, topk::pack_candidates, |a| {
-        let (scores, row_stride) = strided!(a.scores, 1);
+        let (scores, row_stride) = with_row_stride(a.scores, "scores", a.cols)?;
         Ok(PackCandidates {
             local_idx: arg!(a.local_idx),
             scores,
-            row_stride: or(row_stride, a.cols),
+            row_stride,
             cols: a.cols,
             rows: a.rows,
             k: a.k,
@@ -1314,7 +1279,7 @@ pub unsafe extern "C" fn dcp_mla_launch_prefill_flatten(args: *const DcpMlaPrefi
     launch(args, prefill::flatten, |a| {
         let format: KvFormat = arg!(a.format);
         reserved("_reserved", a._reserved)?;
-        let (block_table, table_stride) = strided!(a.block_table, 1);
+        let (block_table, block_table_stride) = with_row_stride(a.block_table, "block_table", a.max_pages)?;
         Ok(Flatten {
             page_stride: page_stride(&a.cache, format)?,
             cache: cache(&a.cache)?,
@@ -1322,7 +1287,7 @@ pub unsafe extern "C" fn dcp_mla_launch_prefill_flatten(args: *const DcpMlaPrefi
             num_pages: a.num_pages,
             block_size: a.block_size,
             block_table,
-            block_table_stride: or(table_stride, a.max_pages),
+            block_table_stride,
             batch: a.batch,
             max_pages: a.max_pages,
             pieces: arg!(a.pieces),

@@ -40,6 +40,9 @@ fn poisoned<T: DeviceRepr + ValidAsZeroBits>(s: &Arc<CudaStream>, n: usize, byte
     Ok(buf)
 }
 
+/// One rank's decode output: out [T, H, 512] and lse [T, H], fp32.
+type RankOutput = (CudaSlice<f32>, CudaSlice<f32>);
+
 /// Per-stage totals timed with CUDA events.
 struct Clock {
     s: Arc<CudaStream>,
@@ -133,18 +136,25 @@ pub fn run_gpu(dev: &Device, p: &Problem) -> Result<Outputs> {
         sparse_splits,
     )?);
     let ws = poisoned::<u8>(&s, ws_bytes, 0xff)?;
-    let common = |out: &CudaSlice<f32>, lse: &CudaSlice<f32>, splits: usize| DecodeCommon {
-        scale: sigma,
-        ..DecodeCommon::new(sl(&s, &d_query), b, q, h, DecodeOut::F32(sl(&s, out)), sl(&s, lse), splits, sl(&s, &ws))
+    // one rank's decode, timed: `launch` runs it given its common arguments, writing a fresh
+    // poisoned out and lse, which the combine of its path then takes
+    let decode_rank = |clock: &mut Clock, stage, splits, launch: &dyn Fn(DecodeCommon) -> Result<()>| {
+        let out = poisoned::<f32>(&s, t * h * D_V, 0xff)?;
+        let lse = poisoned::<f32>(&s, t * h, 0xff)?;
+        let (out_view, lse_view) = (DecodeOut::F32(sl(&s, &out)), sl(&s, &lse));
+        let common = DecodeCommon {
+            scale: sigma,
+            ..DecodeCommon::new(sl(&s, &d_query), b, q, h, out_view, lse_view, splits, sl(&s, &ws))
+        };
+        clock.time_decode(stage, || launch(common))?;
+        Ok::<RankOutput, dcp_mla::Error>((out, lse))
     };
 
     let mut parts = Vec::new();
     for (r, cache) in dense_caches.iter().enumerate() {
         let lens = up(&s, &p.local_lens(r))?;
-        let out = poisoned::<f32>(&s, t * h * D_V, 0xff)?;
-        let lse = poisoned::<f32>(&s, t * h, 0xff)?;
-        let args = DenseDecode {
-            common: common(&out, &lse, dense_splits),
+        let dense = |common| DenseDecode {
+            common,
             cache: sl(&s, cache),
             num_pages: p.num_pages,
             block_size: p.block_size,
@@ -156,8 +166,7 @@ pub fn run_gpu(dev: &Device, p: &Problem) -> Result<Outputs> {
             lens_rule: LensRule::Local,
             page_stride: None,
         };
-        clock.time_decode(STAGE_DENSE, || mla_decode_dense(dev, st, &args))?;
-        parts.push((out, lse));
+        parts.push(decode_rank(&mut clock, STAGE_DENSE, dense_splits, &|c| mla_decode_dense(dev, st, &dense(c)))?);
     }
     let dense = combine_gpu(dev, &s, &mut clock, p, &parts)?;
 
@@ -232,10 +241,8 @@ pub fn run_gpu(dev: &Device, p: &Problem) -> Result<Outputs> {
             global_merge(dev, st, &merge_args)?;
             compact(dev, st, &compact_args)
         })?;
-        let out = poisoned::<f32>(&s, t * h * D_V, 0xff)?;
-        let lse = poisoned::<f32>(&s, t * h, 0xff)?;
-        let args = SparseDecode {
-            common: common(&out, &lse, sparse_splits),
+        let sparse = |common| SparseDecode {
+            common,
             cache: sl(&s, cache),
             format: p.format,
             num_pages: p.num_pages,
@@ -247,8 +254,7 @@ pub fn run_gpu(dev: &Device, p: &Problem) -> Result<Outputs> {
             page_stride: None,
             indices_strides: None,
         };
-        clock.time_decode(STAGE_SPARSE, || mla_decode_sparse(dev, st, &args))?;
-        parts.push((out, lse));
+        parts.push(decode_rank(&mut clock, STAGE_SPARSE, sparse_splits, &|c| mla_decode_sparse(dev, st, &sparse(c)))?);
     }
     let sparse = combine_gpu(dev, &s, &mut clock, p, &parts)?;
     let merged_ids = down(&s, &merged)?;
@@ -264,7 +270,7 @@ fn combine_gpu(
     s: &Arc<CudaStream>,
     clock: &mut Clock,
     p: &Problem,
-    parts: &[(CudaSlice<f32>, CudaSlice<f32>)],
+    parts: &[RankOutput],
 ) -> Result<PathOutput> {
     let st = Stream::from_cudarc(s);
     let (d, t, h, h_l) = (p.dcp.size, p.rows(), p.heads, p.local_heads);
