@@ -106,9 +106,7 @@ def _cache(cache, name="cache", device=None):
 def _cache_t(cache3):
     """A cache [pages, B, row] as a C tensor: its stride (elements between page starts) given
     only when its pages are not packed."""
-    if cache3.is_contiguous():
-        return (cache3.data_ptr(), cache3.numel(), _CODES[cache3.dtype], 0, 0, 0, 0, 0)
-    if cache3.shape[0] <= 1 or cache3.stride(0) == cache3.shape[1] * cache3.shape[2]:
+    if cache3.is_contiguous() or cache3.shape[0] <= 1 or cache3.stride(0) == cache3.shape[1] * cache3.shape[2]:
         return _t(cache3)
     return (cache3.data_ptr(), _extent(cache3), _CODES[cache3.dtype], 1, cache3.stride(0), 0, 0, 0)
 
@@ -138,10 +136,8 @@ def _tv(x, n):
     """A view as a C tensor with its first n strides, or with none (the C ABI's default layout)
     when x is contiguous or absent. A dim of size 1 gets stride 0 (torch leaves any stride
     there; the library checks alignment)."""
-    if x is None:
-        return _ABSENT
-    if x.is_contiguous():
-        return (x.data_ptr(), x.numel(), _CODES[x.dtype], 0, 0, 0, 0, 0)
+    if x is None or x.is_contiguous():
+        return _t(x)
     st = [s if z > 1 else 0 for z, s in zip(x.shape[:n], x.stride()[:n])] + [0] * (4 - n)
     return (x.data_ptr(), _extent(x), _CODES[x.dtype], n, *st)
 
