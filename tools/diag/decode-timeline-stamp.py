@@ -87,9 +87,9 @@ rep("            decode::cp_async_wait<0>();\n            int pg1 =",
 rep("            prefetch_row(row);\n            uint4 ra[kFp8Batch], rb[kFp8Batch];\n",
     "            prefetch_row(row);\n            if (t == 0 && uses == 0) DCP_TL(17);\n"
     "            uint4 ra[kFp8Batch], rb[kFp8Batch];\n")
-rep("                store_batch(ra, b, 0, s0);\n",
-    "                store_batch(ra, b, 0, s0);\n                if (t == 0 && u == 0) DCP_TL(18);\n")
-rep("                store_batch(ra, b, 2, s1);\n",
-    "                store_batch(ra, b, 2, s1);\n                if (t == 0 && u == 0) DCP_TL(19);\n")
+rep("                store_batch(ra, b, 0, sc);\n",
+    "                store_batch(ra, b, 0, sc);\n                if (t == 0 && u == 0) DCP_TL(18);\n")
+rep("                store_batch(ra, b, 2, sc);\n",
+    "                store_batch(ra, b, 2, sc);\n                if (t == 0 && u == 0) DCP_TL(19);\n")
 open(path, "w").write(s)
 print(f"stamped {path}")
