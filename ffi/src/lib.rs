@@ -773,8 +773,10 @@ pub unsafe extern "C" fn dcp_mla_device_info(
 /// Split-KV parts to pass to a decode launch that leaves the kernel to the library: the tuned
 /// decode table's count where its row for the launch's class is what the launch runs (the table
 /// embedded for this card, or DCP_MLA_TUNE_TABLE's; not when DCP_MLA_DECODE_PATH names a
-/// kernel), else dcp_mla_decode_num_splits's for this device's SMs. `sparse` 0: dense over the
-/// bf16 cache (`kv_format` DCP_MLA_KV_BF16), `context` the most tokens a request may hold
+/// kernel), else dcp_mla_decode_num_splits's for this device's SMs; never more parts than
+/// the batch has 64-token tiles at `context` tokens a sequence (1 when a sequence fits one
+/// tile). `sparse` 0: dense over the bf16 cache (`kv_format` DCP_MLA_KV_BF16), `context`
+/// the most tokens a request may hold
 /// (max_pages · block_size), `causal` 1 with DCP_MLA_LENS_GLOBAL_CAUSAL; `sparse` 1: index
 /// lists over `kv_format`, `context` the top-k, `causal` 0.
 ///

@@ -669,8 +669,9 @@ def decode_workspace(q_shape, *, sparse, num_splits=None, device=None, kv_format
     (dense: the most tokens a request may hold, block_table.shape[1] · B; sparse: the top-k),
     `kv_format` ('bf16' or 'fp8_656') and `causal` (dense lens_rule='global_causal'), num_splits
     is what the library runs best for the launch (the card's tuned decode table where it has a
-    row, as a launch that leaves the kernel to the library runs its kernel); without, the
-    shape-only heuristic's."""
+    row, as a launch that leaves the kernel to the library runs its kernel; never more parts
+    than the batch has 64-token tiles at `context`, one when a request fits one tile); without,
+    the shape-only heuristic's."""
     _ints(num_splits=num_splits)
     device = torch.device(device if device is not None else "cuda")
     num_splits, need = _split_plan(q_shape, sparse, num_splits, device, kv_format, context, causal)

@@ -18,6 +18,7 @@ use crate::catalogue::{default_wgmma, env_path, heuristic_path, ships, variant_a
 use crate::error::{Error, Result};
 use crate::formats::KvFormat;
 use crate::planner::split::{decode_num_splits, row_blocks_per_seq};
+use crate::planner::schedule::seq_shape;
 use crate::planner::tune::{tuned_decode, DecodeClass, TunedChoice};
 use crate::runtime::Device;
 
@@ -52,6 +53,23 @@ impl DecodeShape {
     pub fn heuristic_splits(&self, num_sms: usize) -> usize {
         decode_num_splits(self.batch, self.nq, self.heads, self.sparse, num_sms)
     }
+
+    /// The most parts worth planning for at most `context` tokens a sequence (a shape-only
+    /// count, as a captured graph needs): one when a sequence fits one 64-token tile (a split
+    /// would only add the schedule and the combine: H100, b 8 H 16 at 64 tokens, 21.7 µs of GPU
+    /// time a call at the heuristic's 128 parts against 9.9 unsplit), else one part a tile of
+    /// the batch. `context` 0 (unknown) caps nothing.
+    pub fn max_useful_splits(&self) -> usize {
+        if self.context == 0 {
+            return usize::MAX;
+        }
+        let tiles = self.context.div_ceil(64);
+        if tiles <= 1 {
+            1
+        } else {
+            seq_shape(self.batch, self.nq, self.heads, self.sparse).0.saturating_mul(tiles)
+        }
+    }
 }
 
 /// Which rule of the precedence made a choice.
@@ -76,9 +94,11 @@ pub struct DecodeChoice {
 }
 
 impl DecodeChoice {
-    /// The split count a caller should pass for `shape` on `num_sms` SMs.
+    /// The split count a caller should pass for `shape` on `num_sms` SMs: the tuned row's, else
+    /// the heuristic's, capped by [`DecodeShape::max_useful_splits`].
     pub fn num_splits(&self, shape: &DecodeShape, num_sms: usize) -> usize {
-        self.tuned_splits.unwrap_or_else(|| shape.heuristic_splits(num_sms))
+        let p = self.tuned_splits.unwrap_or_else(|| shape.heuristic_splits(num_sms));
+        p.min(shape.max_useful_splits()).max(1)
     }
 }
 
@@ -144,6 +164,27 @@ mod tests {
 
     fn shape(sparse: bool, format: KvFormat, batch: usize, nq: usize, heads: usize, context: usize) -> DecodeShape {
         DecodeShape { sparse, format, batch, nq, heads, context, causal: false }
+    }
+
+    #[test]
+    fn a_context_of_one_tile_is_never_split() {
+        let c = choose(&shape(false, KvFormat::Bf16, 8, 1, 16, 64), DecodePath::Auto, None, true, no_table).unwrap();
+        assert_eq!(c.num_splits(&shape(false, KvFormat::Bf16, 8, 1, 16, 64), 132), 1);
+        assert_eq!(c.num_splits(&shape(false, KvFormat::Bf16, 8, 1, 16, 1), 132), 1);
+        // two tiles a request: at most one part a tile of the batch (8 · 2), not the wave's 128
+        assert!(decode_num_splits(8, 1, 16, false, 132) > 16);
+        assert_eq!(c.num_splits(&shape(false, KvFormat::Bf16, 8, 1, 16, 128), 132), 16);
+        // a tuned row is capped alike; long contexts keep what the heuristic or the row says
+        let t = choose(&shape(false, KvFormat::Bf16, 8, 1, 16, 64), DecodePath::Auto, None, true, table(w(Sm90Schedule::Trio), 64))
+            .unwrap();
+        assert_eq!(t.num_splits(&shape(false, KvFormat::Bf16, 8, 1, 16, 64), 132), 1);
+        let long = shape(false, KvFormat::Bf16, 8, 1, 16, 32768);
+        assert_eq!(c.num_splits(&long, 132), decode_num_splits(8, 1, 16, false, 132));
+        // sparse: a sequence is a query row, the context its top-k
+        let sp = shape(true, KvFormat::Fp8_656, 2, 1, 64, 64);
+        assert_eq!(c.num_splits(&sp, 132), 1);
+        assert_eq!(shape(true, KvFormat::Fp8_656, 2, 2, 64, 512).max_useful_splits(), 32);
+        assert_eq!(shape(false, KvFormat::Bf16, 8, 1, 16, 0).max_useful_splits(), usize::MAX);
     }
 
     fn w(schedule: Sm90Schedule) -> DecodePath {
