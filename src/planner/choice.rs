@@ -17,8 +17,8 @@
 use crate::catalogue::{default_wgmma, env_path, heuristic_path, ships, variant_applies, DecodePath};
 use crate::error::{Error, Result};
 use crate::formats::KvFormat;
-use crate::planner::split::{decode_num_splits, row_blocks_per_seq};
 use crate::planner::schedule::seq_shape;
+use crate::planner::split::{decode_num_splits, row_blocks_per_seq};
 use crate::planner::tune::{tuned_decode, DecodeClass, TunedChoice};
 use crate::runtime::Device;
 
@@ -175,8 +175,14 @@ mod tests {
         assert!(decode_num_splits(8, 1, 16, false, 132) > 16);
         assert_eq!(c.num_splits(&shape(false, KvFormat::Bf16, 8, 1, 16, 128), 132), 16);
         // a tuned row is capped alike; long contexts keep what the heuristic or the row says
-        let t = choose(&shape(false, KvFormat::Bf16, 8, 1, 16, 64), DecodePath::Auto, None, true, table(w(Sm90Schedule::Trio), 64))
-            .unwrap();
+        let t = choose(
+            &shape(false, KvFormat::Bf16, 8, 1, 16, 64),
+            DecodePath::Auto,
+            None,
+            true,
+            table(w(Sm90Schedule::Trio), 64),
+        )
+        .unwrap();
         assert_eq!(t.num_splits(&shape(false, KvFormat::Bf16, 8, 1, 16, 64), 132), 1);
         let long = shape(false, KvFormat::Bf16, 8, 1, 16, 32768);
         assert_eq!(c.num_splits(&long, 132), decode_num_splits(8, 1, 16, false, 132));
