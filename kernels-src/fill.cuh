@@ -90,9 +90,8 @@ __device__ __forceinline__ void kv_fill(const DcpKvFillParams& p) {
         uint8_t* row = (uint8_t*)p.cache + slot * kFp8RowBytes;
         // k_pe first: its registers are free before the quantisation needs its own.
         if (lane < 8) ((uint4*)(row + kFp8RopeOffset))[lane] = r;
-        // The 16 values are widened from c0/c1 where used rather than kept as 16 floats. (ptxas
-        // gives this format 38 registers today, 6 blocks of 256 an SM, so 8,192 tokens take two
-        // waves; kernels.toml's min_blocks = 8 fits it in 32 without a spill: an A/B candidate.)
+        // The 16 values are widened from c0/c1 where used rather than kept as 16 floats (ptxas
+        // still gives this format 38 registers: 6 blocks of 256 an SM, two waves for 8,192 tokens).
         float amax = lane_amax16(c0, c1);
         // group g = channels [128g, 128g + 128) = lanes [8g, 8g + 8)
 #pragma unroll

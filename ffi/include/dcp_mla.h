@@ -819,9 +819,9 @@ enum DcpMlaStatus dcp_mla_device_info(const struct DcpMlaDevice *device,
 // kernel), else dcp_mla_decode_num_splits's for this device's SMs; never more parts than
 // the batch has 64-token tiles at `context` tokens a sequence (1 when a sequence fits one
 // tile). `sparse` 0: dense over the bf16 cache (`kv_format` DCP_MLA_KV_BF16), `context`
-// the most tokens a request may hold
-// (max_pages · block_size), `causal` 1 with DCP_MLA_LENS_GLOBAL_CAUSAL; `sparse` 1: index
-// lists over `kv_format`, `context` the top-k, `causal` 0.
+// the most tokens a request may hold (max_pages · block_size), `causal` 1 with
+// DCP_MLA_LENS_GLOBAL_CAUSAL; `sparse` 1: index lists over `kv_format`, `context` the
+// top-k, `causal` 0.
 //
 // # Safety
 // `device` must be an open handle; `out` must be valid for a write.

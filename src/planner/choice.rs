@@ -55,15 +55,15 @@ impl DecodeShape {
     }
 
     /// The most parts worth planning for at most `context` tokens a sequence (a shape-only
-    /// count, as a captured graph needs): one when a sequence fits one 64-token tile (a split
-    /// would only add the schedule and the combine: H100, b 8 H 16 at 64 tokens, 21.7 µs of GPU
-    /// time a call at the heuristic's 128 parts against 9.9 unsplit), else one part a tile of
-    /// the batch. `context` 0 (unknown) caps nothing.
+    /// count, as a captured graph needs): one when a sequence fits one tile of
+    /// [`SPLIT_CAP_TILE`] tokens (a split would only add the schedule and the combine: H100,
+    /// b 8 H 16 at 64 tokens, 21.7 µs of GPU time a call at the heuristic's 128 parts against
+    /// 9.9 unsplit), else one part a tile of the batch. `context` 0 (unknown) caps nothing.
     pub fn max_useful_splits(&self) -> usize {
         if self.context == 0 {
             return usize::MAX;
         }
-        let tiles = self.context.div_ceil(64);
+        let tiles = self.context.div_ceil(SPLIT_CAP_TILE);
         if tiles <= 1 {
             1
         } else {
@@ -71,6 +71,11 @@ impl DecodeShape {
         }
     }
 }
+
+/// The KV tile, in tokens, that [`DecodeShape::max_useful_splits`] counts a context in: the
+/// largest any decode kernel runs (the wgmma schedules'), so the cap never leaves a kernel with
+/// smaller tiles fewer parts than it has tiles.
+pub const SPLIT_CAP_TILE: usize = 64;
 
 /// Which rule of the precedence made a choice.
 #[derive(Debug, Clone, Copy, PartialEq)]
