@@ -24,6 +24,7 @@
 #include "arch/sm80_ptx.cuh"
 #include "decode/base.cuh"
 #include "decode/model1_format.cuh"
+#include "decode/sm80_tile.cuh"
 #include "decode/split_schedule.cuh"
 
 namespace dcp {
@@ -82,6 +83,7 @@ __device__ __forceinline__ void mla_decode_model1(const DcpMlaDecodeParams& p) {
         const int tid = thread_index(), lane = tid & 31, warp = tid >> 5;
         const int rg = warp & 3, half = warp >> 2;
         const int g = lane >> 2, t4 = lane & 3;
+        const Sm80Warp w{lane, rg, half, g, t4};
         const int seq_rows = p.heads;
         const int row_base = (p.num_splits <= 1 ? (int)blockIdx.x % hblocks : (int)blockIdx.x) * kRows;
         const int row_limit = min(kRows, seq_rows - row_base);
@@ -173,113 +175,17 @@ __device__ __forceinline__ void mla_decode_model1(const DcpMlaDecodeParams& p) {
             }
             __syncthreads();
 
-            // ---- score: S[16 rows, 16 tokens] = Q·Kᵀ over 512 values ----
-            float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
-            {
-                const __nv_bfloat16* qa = sQ + (rg * 16 + (lane & 7) + 8 * ((lane >> 3) & 1)) * kPitch1 + 8 * (lane >> 4);
-                const __nv_bfloat16* kb = sK + (half * 16 + (lane & 7) + 8 * (lane >> 4)) * kPitch1 + 8 * ((lane >> 3) & 1);
-#pragma unroll 4
-                for (int k0 = 0; k0 < kDim; k0 += 16) {
-                    uint32_t a[4], b[4];
-                    ldmatrix_x4(a, qa + k0);
-                    ldmatrix_x4(b, kb + k0);
-                    mma_bf16(s[0], a, b[0], b[1]);
-                    mma_bf16(s[1], a, b[2], b[3]);
-                }
-            }
-
-            // ---- softmax: mask before the max, exchange row maxima with the partner warp ----
-            const int* valid = sValid + stage * kTile;
-            float tmax[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-            for (int n = 0; n < 2; ++n)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const int col = half * 16 + n * 8 + 2 * t4 + (e & 1);
-                    const int pos = tile * kTile + col;
-                    const bool ok = valid[col] && pos < row_len[e >> 1];
-                    s[n][e] = ok ? s[n][e] * scale_log2 : -INFINITY;  // select: a NaN score never survives
-                    tmax[e >> 1] = fmaxf(tmax[e >> 1], s[n][e]);
-                }
-#pragma unroll
-            for (int k = 0; k < 2; ++k) {
-                tmax[k] = fmaxf(tmax[k], __shfl_xor_sync(0xffffffffu, tmax[k], 1));
-                tmax[k] = fmaxf(tmax[k], __shfl_xor_sync(0xffffffffu, tmax[k], 2));
-                if (t4 == 0) sMax[half * kRows + rg * 16 + g + 8 * k] = tmax[k];
-            }
+            // score, softmax (P to sP, O and l rescaled), O += P·V: decode/sm80_tile.cuh
+            float s[2][4];
+            tile_scores<kPitch1, kDim>(s, sQ, sK, w);
+            tile_softmax(s, o, m_run, l_run, sValid + stage * kTile, tile, row_len, scale_log2, sMax, sP, w);
             __syncthreads();
-            float alpha[2];
-#pragma unroll
-            for (int k = 0; k < 2; ++k) {
-                const int r = rg * 16 + g + 8 * k;
-                const float m_new = fmaxf(m_run[k], fmaxf(sMax[r], sMax[kRows + r]));
-                const float m_use = m_new == -INFINITY ? 0.0f : m_new;  // all masked so far: p = 0, no NaN
-                alpha[k] = exp2f(m_run[k] - m_use);
-                m_run[k] = m_new;
-                float sum = 0.0f;
-#pragma unroll
-                for (int n = 0; n < 2; ++n)
-#pragma unroll
-                    for (int e = 0; e < 2; ++e) {
-                        s[n][2 * k + e] = exp2f(s[n][2 * k + e] - m_use);
-                        sum += s[n][2 * k + e];
-                    }
-                l_run[k] = l_run[k] * alpha[k] + sum;
-            }
-#pragma unroll
-            for (int n = 0; n < 2; ++n) {
-                const int col = half * 16 + n * 8 + 2 * t4;
-#pragma unroll
-                for (int k = 0; k < 2; ++k) {
-                    const int off = (rg * 16 + g + 8 * k) * kPPitch + col;
-                    *(uint32_t*)(sP + off) = pack_bf16(s[n][2 * k], s[n][2 * k + 1]);
-                }
-            }
-#pragma unroll
-            for (int n = 0; n < 32; ++n) {
-                o[n][0] *= alpha[0];
-                o[n][1] *= alpha[0];
-                o[n][2] *= alpha[1];
-                o[n][3] *= alpha[1];
-            }
-            __syncthreads();
-
-            // ---- accumulate: O[16 rows, 256 cols] += P[16, 32]·V[32, 256], V the whole row ----
-#pragma unroll
-            for (int k0 = 0; k0 < kTile; k0 += 16) {
-                uint32_t a[4];
-                const int p_off = (rg * 16 + (lane & 7) + 8 * ((lane >> 3) & 1)) * kPPitch + k0 + 8 * (lane >> 4);
-                ldmatrix_x4(a, sP + p_off);
-                const __nv_bfloat16* vb =
-                    sK + (k0 + (lane & 7) + 8 * ((lane >> 3) & 1)) * kPitch1 + half * 256 + 8 * (lane >> 4);
-#pragma unroll
-                for (int n = 0; n < 16; ++n) {
-                    uint32_t b[4];
-                    ldmatrix_x4_trans(b, vb + 16 * n);
-                    mma_bf16(o[2 * n], a, b[0], b[1]);
-                    mma_bf16(o[2 * n + 1], a, b[2], b[3]);
-                }
-            }
+            tile_accumulate<kPitch1>(o, sP, sK, w);
             __syncthreads();
         }
         cp_async_wait<0>();
 
-        // ---- write: O / l and lse = (m + log2 l)·ln 2 (row_stats: with the sink's term) ----
-#pragma unroll
-        for (int k = 0; k < 2; ++k) {
-            l_run[k] += __shfl_xor_sync(0xffffffffu, l_run[k], 1);
-            l_run[k] += __shfl_xor_sync(0xffffffffu, l_run[k], 2);
-            if (t4 == 0) sSum[half * kRows + rg * 16 + g + 8 * k] = l_run[k];
-        }
-        __syncthreads();
-        float2 stats[2];
-#pragma unroll
-        for (int k = 0; k < 2; ++k) {
-            const int r = rg * 16 + g + 8 * k;
-            stats[k] = row_stats(p, pc.slot >= 0, row_base + r, sSum[r] + sSum[kRows + r], m_run[k]);
-        }
-        write_rows<true>(p, pc.slot, seq, seq_rows, row_base, row_limit, rg * 16 + g, half * 256 + 2 * t4,
-                         half == 0 && t4 == 0, stats, [&](int n, int e) { return o[n][e]; });
+        finish_rows<true>(p, pc, seq, seq_rows, row_base, row_limit, o, m_run, l_run, sSum, w);
     });
 }
 
