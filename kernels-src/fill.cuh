@@ -90,8 +90,9 @@ __device__ __forceinline__ void kv_fill(const DcpKvFillParams& p) {
         uint8_t* row = (uint8_t*)p.cache + slot * kFp8RowBytes;
         // k_pe first: its registers are free before the quantisation needs its own.
         if (lane < 8) ((uint4*)(row + kFp8RopeOffset))[lane] = r;
-        // The 16 values are widened from c0/c1 where used rather than kept as 16 floats (ptxas
-        // still gives this format 38 registers: 6 blocks of 256 an SM, two waves for 8,192 tokens).
+        // The 16 values are widened from c0/c1 where used rather than kept as 16 floats; even so
+        // this format needs kernels.toml's min_blocks = 8 to fit 32 registers (8 blocks of 256 an
+        // SM, one wave for 8,192 tokens; uncapped it took 38 and two waves, 8% slower there).
         float amax = lane_amax16(c0, c1);
         // group g = channels [128g, 128g + 128) = lanes [8g, 8g + 8)
 #pragma unroll
