@@ -130,6 +130,21 @@ __device__ __forceinline__ int64_t q_row_offset(const DcpMlaDecodeParams& p, int
     return view_row_offset(Sparse, p.nq, p.heads, row_in_seq, p.q_stride_s, p.q_stride_h);
 }
 
+// Q's 64 rows (rows row_base.. of sequence `seq`, row_limit of them; the rest zero-filled) by
+// cp.async, thread t of `threads`: 16-byte chunk `part` (of Chunks a row) of row r goes to
+// dst(r, part). The caller commits.
+template <bool Sparse, int Chunks, typename Dst>
+__device__ __forceinline__ void load_q_rows(const DcpMlaDecodeParams& p, int seq, int row_base, int row_limit, int t,
+                                            int threads, Dst&& dst) {
+    const __nv_bfloat16* q = (const __nv_bfloat16*)p.q + q_seq_offset<Sparse>(p, seq);
+    for (int c = t; c < kRows * Chunks; c += threads) {
+        const int r = c / Chunks, part = c % Chunks;
+        const bool ok = r < row_limit;
+        const __nv_bfloat16* src = ok ? q + q_row_offset<Sparse>(p, row_base + r) + part * 8 : (const __nv_bfloat16*)p.q;
+        cp_async16(dst(r, part), src, ok);
+    }
+}
+
 // Where row `row_in_seq` of sequence `seq` is in out and in lse (elements).
 template <bool Sparse>
 __device__ __forceinline__ int64_t out_row_offset(const DcpMlaDecodeParams& p, int seq, int row_in_seq) {

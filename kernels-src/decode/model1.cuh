@@ -32,7 +32,6 @@ namespace decode_model1 {
 using namespace decode;
 
 constexpr int kPitch1 = kDim + 8;           // bf16 per smem row: +16 bytes keeps ldmatrix conflict-free
-constexpr int kChunks1 = kDim / 8;          // 16-byte chunks of a bf16 row (64)
 constexpr int kRowChunks = kRowBytes / 16;  // 16-byte chunks of a raw row (36)
 constexpr int kRawPitch = kRowBytes + 16;   // a token's raw stage: its row, then its 8 scale bytes
 constexpr int kQBytes1 = kRows * kPitch1 * 2;
@@ -100,13 +99,7 @@ __device__ __forceinline__ void mla_decode_model1(const DcpMlaDecodeParams& p) {
         if (skip_empty_share(p, pc, tile_begin, tile_end, seq_rows, row_base, row_limit, tid)) return;
 
         // ---- load: Q once; then a tile's tokens, 8 threads per token ----
-        const __nv_bfloat16* q_seq = (const __nv_bfloat16*)p.q + q_seq_offset<true>(p, seq);
-        for (int c = tid; c < kRows * kChunks1; c += kThreads) {
-            const int r = c / kChunks1, part = c % kChunks1;
-            const bool ok = r < row_limit;
-            const __nv_bfloat16* src = ok ? q_seq + q_row_offset<true>(p, row_base + r) + part * 8 : (const __nv_bfloat16*)p.q;
-            cp_async16(sQ + r * kPitch1 + part * 8, src, ok);
-        }
+        load_q<true, kPitch1, kDim>(sQ, p, seq, row_base, row_limit, tid);
         const int ld_tok = tid >> 3, ld_part = tid & 7;
         const int32_t* const list1 = index_list(p, seq);
         const int32_t* const list2 = p.extra_indices ? extra_index_list(p, seq) : list1;
@@ -138,52 +131,30 @@ __device__ __forceinline__ void mla_decode_model1(const DcpMlaDecodeParams& p) {
             }
             if (ld_part == kRowChunks % 8) cp_async8(dst + kRowBytes, src + scales, ok);
         };
-        if (tile_begin < tile_end) issue_tile(tile_begin, 0);
-        cp_async_commit();
-
-        const float scale_log2 = p.scale_log2;
-        float o[32][4];
+        auto stage_tile = [&](int stage) -> const __nv_bfloat16* {
+            // dequantise the raw stage into the bf16 tile: chunk c = ld_part + 8k of 8 values,
+            // k < 7 the nope tile k (its scale byte 576 + k), k = 7 the rope values
+            const unsigned char* raw = sRaw + stage * kRawTileBytes1 + ld_tok * kRawPitch;
+            __nv_bfloat16* dst = sK + ld_tok * kPitch1;
+            const uint2 sb = *(const uint2*)(raw + kRowBytes);
 #pragma unroll
-        for (int n = 0; n < 32; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-        float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
-
-        for (int tile = tile_begin; tile < tile_end; ++tile) {
-            const int stage = (tile - tile_begin) & 1;
-            const bool has_next = tile + 1 < tile_end;
-            if (has_next) issue_tile(tile + 1, stage ^ 1);
-            cp_async_commit();
-            if (has_next) cp_async_wait<1>(); else cp_async_wait<0>();
-            __syncthreads();
-            {
-                // dequantise the raw stage into the bf16 tile: chunk c = ld_part + 8k of 8 values,
-                // k < 7 the nope tile k (its scale byte 576 + k), k = 7 the rope values
-                const unsigned char* raw = sRaw + stage * kRawTileBytes1 + ld_tok * kRawPitch;
-                __nv_bfloat16* dst = sK + ld_tok * kPitch1;
-                const uint2 sb = *(const uint2*)(raw + kRowBytes);
-#pragma unroll
-                for (int k = 0; k < 8; ++k) {
-                    const int c = ld_part + 8 * k;
-                    uint4 v;
-                    if (k < 7) {
-                        const uint32_t b = ((k < 4 ? sb.x : sb.y) >> (8 * (k & 3))) & 0xffu;
-                        v = dequant8(*(const uint2*)(raw + 8 * c), ue8m0(b));
-                    } else {
-                        v = *(const uint4*)(raw + kNope + 16 * ld_part);
-                    }
-                    *(uint4*)(dst + 8 * c) = v;
+            for (int k = 0; k < 8; ++k) {
+                const int c = ld_part + 8 * k;
+                uint4 v;
+                if (k < 7) {
+                    const uint32_t b = ((k < 4 ? sb.x : sb.y) >> (8 * (k & 3))) & 0xffu;
+                    v = dequant8(*(const uint2*)(raw + 8 * c), ue8m0(b));
+                } else {
+                    v = *(const uint4*)(raw + kNope + 16 * ld_part);
                 }
+                *(uint4*)(dst + 8 * c) = v;
             }
             __syncthreads();
-
-            // score, softmax (P to sP, O and l rescaled), O += P·V: decode/sm80_tile.cuh
-            float s[2][4];
-            tile_scores<kPitch1, kDim>(s, sQ, sK, w);
-            tile_softmax(s, o, m_run, l_run, sValid + stage * kTile, tile, row_len, scale_log2, sMax, sP, w);
-            __syncthreads();
-            tile_accumulate<kPitch1>(o, sP, sK, w);
-            __syncthreads();
-        }
-        cp_async_wait<0>();
+            return sK;
+        };
+        float o[32][4], m_run[2], l_run[2];
+        tile_loop<kPitch1, kDim>(tile_begin, tile_end, issue_tile, stage_tile, sQ, sValid, row_len, p.scale_log2, sMax, sP,
+                               o, m_run, l_run, w);
 
         finish_rows<true>(p, pc, seq, seq_rows, row_base, row_limit, o, m_run, l_run, sSum, w);
     });

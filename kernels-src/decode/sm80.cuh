@@ -93,13 +93,7 @@ __device__ __forceinline__ void mla_decode(const DcpMlaDecodeParams& p) {
         const int n_tokens = pt.tokens, tile_begin = pt.begin, tile_end = pt.end;
 
         // ---- load: Q once; then a tile's tokens, 8 threads per token ----
-        const __nv_bfloat16* q_seq = (const __nv_bfloat16*)p.q + q_seq_offset<kSparse>(p, seq);
-        for (int c = tid; c < kRows * kChunks; c += kThreads) {
-            const int r = c / kChunks, part = c % kChunks;
-            const bool ok = r < row_limit;
-            const __nv_bfloat16* src = ok ? q_seq + q_row_offset<kSparse>(p, row_base + r) + part * 8 : (const __nv_bfloat16*)p.q;
-            cp_async16(sQ + r * kPitch + part * 8, src, ok);
-        }
+        load_q<kSparse, kPitch, kDimQk>(sQ, p, seq, row_base, row_limit, tid);
         const int ld_tok = tid >> 3, ld_part = tid & 7;
         [[maybe_unused]] const int32_t* const idx_list = kSparse ? index_list(p, seq) : nullptr;  // once a piece
         auto issue_tile = [&](int tile, int stage) {
@@ -130,23 +124,7 @@ __device__ __forceinline__ void mla_decode(const DcpMlaDecodeParams& p) {
                 }
             }
         };
-        if (tile_begin < tile_end) issue_tile(tile_begin, 0);
-        cp_async_commit();
-
-        const float scale_log2 = p.scale_log2;
-        float o[32][4];
-#pragma unroll
-        for (int n = 0; n < 32; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-        float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
-
-        for (int tile = tile_begin; tile < tile_end; ++tile) {
-            const int stage = (tile - tile_begin) & 1;
-            const bool has_next = tile + 1 < tile_end;
-            if (has_next) issue_tile(tile + 1, stage ^ 1);
-            cp_async_commit();
-            if (has_next) cp_async_wait<1>(); else cp_async_wait<0>();
-            __syncthreads();
-            const __nv_bfloat16* kv = sK + (kFp8 ? 0 : stage * (kTile * kPitch));
+        auto stage_tile = [&](int stage) -> const __nv_bfloat16* {
             if constexpr (kFp8) {
                 // dequantise the raw stage into the one bf16 tile: 72 chunks of 8 values per token
                 const unsigned char* raw = sRaw + stage * kRawTileBytes + ld_tok * kFp8RowBytes;
@@ -164,17 +142,14 @@ __device__ __forceinline__ void mla_decode(const DcpMlaDecodeParams& p) {
                     *(uint4*)(dst + 8 * c) = v;
                 }
                 __syncthreads();
+                return sK;
+            } else {
+                return sK + stage * (kTile * kPitch);
             }
-
-            // score, softmax (P to sP, O and l rescaled), O += P·V: decode/sm80_tile.cuh
-            float s[2][4];
-            tile_scores<kPitch, kDimQk>(s, sQ, kv, w);
-            tile_softmax(s, o, m_run, l_run, sValid + stage * kTile, tile, row_len, scale_log2, sMax, sP, w);
-            __syncthreads();
-            tile_accumulate<kPitch>(o, sP, kv, w);
-            __syncthreads();
-        }
-        cp_async_wait<0>();
+        };
+        float o[32][4], m_run[2], l_run[2];
+        tile_loop<kPitch, kDimQk>(tile_begin, tile_end, issue_tile, stage_tile, sQ, sValid, row_len, p.scale_log2, sMax, sP,
+                               o, m_run, l_run, w);
 
         finish_rows<kSparse>(p, pc, seq, seq_rows, row_base, row_limit, o, m_run, l_run, sSum, w);
     });

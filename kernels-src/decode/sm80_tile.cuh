@@ -16,6 +16,14 @@ struct Sm80Warp {
     int lane, rg, half, g, t4;  // lane; row group, token half (S) / V half (O); mma row, column pair
 };
 
+// Q's rows into sQ, Dqk values a row at Pitch bf16 apart (decode::load_q_rows; the caller commits).
+template <bool Sparse, int Pitch, int Dqk>
+__device__ __forceinline__ void load_q(__nv_bfloat16* sQ, const DcpMlaDecodeParams& p, int seq, int row_base,
+                                       int row_limit, int tid) {
+    load_q_rows<Sparse, Dqk / 8>(p, seq, row_base, row_limit, tid, kThreads,
+                                 [&](int r, int part) { return sQ + r * Pitch + part * 8; });
+}
+
 // S[16 rows, 16 tokens] = Q·Kᵀ over the first Dqk values of rows that are Pitch bf16 apart.
 template <int Pitch, int Dqk>
 __device__ __forceinline__ void tile_scores(float (&s)[2][4], const __nv_bfloat16* sQ, const __nv_bfloat16* kv,
@@ -123,6 +131,39 @@ __device__ __forceinline__ void tile_accumulate(float (&o)[32][4], const __nv_bf
             mma_bf16(o[2 * n + 1], a, b[2], b[3]);
         }
     }
+}
+
+// The double-buffered loop over tiles [tile_begin, tile_end) that both kernels run, O, m and l
+// set up here: issue_tile(tile, stage) starts a tile's copies into a stage (one commit group each),
+// stage_tile(stage) makes the landed stage a bf16 tile [kTile, Pitch] and returns it (FP8:
+// dequantises it, its own barrier after).
+template <int Pitch, int Dqk, typename Issue, typename StageTile>
+__device__ __forceinline__ void tile_loop(int tile_begin, int tile_end, Issue&& issue_tile, StageTile&& stage_tile,
+                                          const __nv_bfloat16* sQ, const int* sValid, const int (&row_len)[2],
+                                          float scale_log2, float* sMax, __nv_bfloat16* sP, float (&o)[32][4],
+                                          float (&m_run)[2], float (&l_run)[2], const Sm80Warp& w) {
+    if (tile_begin < tile_end) issue_tile(tile_begin, 0);
+    cp_async_commit();
+#pragma unroll
+    for (int n = 0; n < 32; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    m_run[0] = m_run[1] = -INFINITY;
+    l_run[0] = l_run[1] = 0.0f;
+    for (int tile = tile_begin; tile < tile_end; ++tile) {
+        const int stage = (tile - tile_begin) & 1;
+        const bool has_next = tile + 1 < tile_end;
+        if (has_next) issue_tile(tile + 1, stage ^ 1);
+        cp_async_commit();
+        if (has_next) cp_async_wait<1>(); else cp_async_wait<0>();
+        __syncthreads();
+        const __nv_bfloat16* kv = stage_tile(stage);
+        float s[2][4];
+        tile_scores<Pitch, Dqk>(s, sQ, kv, w);
+        tile_softmax(s, o, m_run, l_run, sValid + stage * kTile, tile, row_len, scale_log2, sMax, sP, w);
+        __syncthreads();
+        tile_accumulate<Pitch>(o, sP, kv, w);
+        __syncthreads();
+    }
+    cp_async_wait<0>();
 }
 
 // The piece's end: sums each row's l over its quad and the partner warp (through sSum), then O / l

@@ -265,13 +265,8 @@ __device__ __forceinline__ float row_total(float v) {
 template <bool Sparse, int Chunks = kChunks>
 __device__ __forceinline__ void load_q(const DcpMlaDecodeParams& p, unsigned char* sQ, int seq, int row_base,
                                        int row_limit, int t, int threads) {
-    const __nv_bfloat16* q = (const __nv_bfloat16*)p.q + decode::q_seq_offset<Sparse>(p, seq);
-    for (int c = t; c < kRows * Chunks; c += threads) {
-        const int r = c / Chunks, part = c % Chunks;
-        const bool ok = r < row_limit;
-        const __nv_bfloat16* src = ok ? q + decode::q_row_offset<Sparse>(p, row_base + r) + part * 8 : (const __nv_bfloat16*)p.q;
-        decode::cp_async16(sQ + swizzled(kRows, r, part), src, ok);
-    }
+    decode::load_q_rows<Sparse, Chunks>(p, seq, row_base, row_limit, t, threads,
+                                        [&](int r, int part) { return sQ + swizzled(kRows, r, part); });
 }
 
 // Part `part` (of Parts) of cache row `row` (-1: zero-filled) as token `tok` of a swizzled
