@@ -4,6 +4,15 @@
 #pragma once
 #include <stdint.h>
 
+// Defines `type name()` returning the special register `reg` (PTX's name: "tid.x"), read by a
+// volatile instruction, so the compiler neither hoists the read out of a loop nor merges two.
+#define DCP_SPECIAL_REGISTER(name, type, reg)                \
+    __device__ __forceinline__ type name() {                 \
+        type v;                                              \
+        asm volatile("mov.u32 %0, %%" reg ";\n" : "=r"(v)); \
+        return v;                                            \
+    }
+
 namespace dcp {
 namespace ptx_sm80 {
 

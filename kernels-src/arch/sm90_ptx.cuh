@@ -6,6 +6,8 @@
 #pragma once
 #include <stdint.h>
 
+#include "arch/sm80_ptx.cuh"  // DCP_SPECIAL_REGISTER
+
 // The try-wait loop of every mbarrier wait below (one PTX text for all of them): `sem` the
 // acquire's scope ("" for the default CTA scope, ".acquire.cluster"), `hint` the suspend-time
 // operand ("" or ", %2"). Operands: %0 the mbarrier, %1 the parity, %2 the hint's nanoseconds.
@@ -13,6 +15,19 @@
     "{\n.reg .pred done;\nWAIT:\n"                                            \
     "mbarrier.try_wait.parity" sem ".shared::cta.b64 done, [%0], %1" hint ";\n" \
     "@!done bra WAIT;\n}\n"
+
+// Defines the two waits of one scope: `wait` (until the phase of parity `parity` has completed)
+// and `wait_sleep`, for a waiter that may wait long (a role waiting for another's whole tile):
+// each try suspends the thread for up to ~0.5 ms (it wakes when the phase completes), so a
+// waiting warp retries rarely instead of taking issue slots from the warps it shares a
+// scheduler with. `sem` as DCP_MBAR_WAIT_LOOP's.
+#define DCP_MBAR_WAITS(wait, wait_sleep, sem)                                                              \
+    __device__ __forceinline__ void wait(uint32_t bar, uint32_t parity) {                                  \
+        asm volatile(DCP_MBAR_WAIT_LOOP(sem, "") ::"r"(bar), "r"(parity) : "memory");                      \
+    }                                                                                                      \
+    __device__ __forceinline__ void wait_sleep(uint32_t bar, uint32_t parity) {                            \
+        asm volatile(DCP_MBAR_WAIT_LOOP(sem, ", %2") ::"r"(bar), "r"(parity), "r"(500000) : "memory");     \
+    }
 
 namespace dcp {
 namespace ptx_sm90 {
@@ -103,16 +118,8 @@ __device__ __forceinline__ void mbar_arrive(uint32_t bar) {
 __device__ __forceinline__ void mbar_arrive_cp_async(uint32_t bar) {
     asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
-// Until the phase of parity `parity` has completed.
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-    asm volatile(DCP_MBAR_WAIT_LOOP("", "") ::"r"(bar), "r"(parity) : "memory");
-}
-// mbar_wait for a waiter that may wait long (a role waiting for another's whole tile): each try
-// suspends the thread for up to ~0.5 ms (it wakes when the phase completes), so a waiting warp
-// retries rarely instead of taking issue slots from the warps it shares a scheduler with.
-__device__ __forceinline__ void mbar_wait_sleep(uint32_t bar, uint32_t parity) {
-    asm volatile(DCP_MBAR_WAIT_LOOP("", ", %2") ::"r"(bar), "r"(parity), "r"(500000) : "memory");
-}
+// mbar_wait, mbar_wait_sleep: CTA scope.
+DCP_MBAR_WAITS(mbar_wait, mbar_wait_sleep, "")
 // A K-major 128B-swizzle descriptor as its two words (make_desc's fields): the low word holds the
 // start address >> 4 in its low 14 bits, which no shared-memory address reaches past, so a
 // descriptor `bytes` further on is the low word + bytes / 16 (one add, no carry) with the same
@@ -186,21 +193,9 @@ __device__ __forceinline__ void wgmma_wait1() { asm volatile("wgmma.wait_group.s
 // memory written before one CTA's arrive is visible to every CTA after its wait), and reads of
 // another CTA's shared memory through its address in the cluster window.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-__device__ __forceinline__ uint32_t cluster_rank() {
-    uint32_t r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-    return r;
-}
-__device__ __forceinline__ uint32_t cluster_size() {
-    uint32_t n;
-    asm volatile("mov.u32 %0, %%cluster_nctarank;\n" : "=r"(n));
-    return n;
-}
-__device__ __forceinline__ uint32_t dynamic_smem_bytes() {
-    uint32_t n;
-    asm volatile("mov.u32 %0, %%dynamic_smem_size;\n" : "=r"(n));
-    return n;
-}
+DCP_SPECIAL_REGISTER(cluster_rank, uint32_t, "cluster_ctarank")
+DCP_SPECIAL_REGISTER(cluster_size, uint32_t, "cluster_nctarank")
+DCP_SPECIAL_REGISTER(dynamic_smem_bytes, uint32_t, "dynamic_smem_size")
 __device__ __forceinline__ void cluster_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void cluster_sync() {
@@ -267,12 +262,7 @@ __device__ __forceinline__ void mbar_arrive_remote_relaxed(uint32_t cluster_bar)
 }
 // mbar_wait / mbar_wait_sleep acquiring at cluster scope: for a phase that threads of another CTA
 // of the cluster complete (their writes are then visible here).
-__device__ __forceinline__ void mbar_wait_cluster(uint32_t bar, uint32_t parity) {
-    asm volatile(DCP_MBAR_WAIT_LOOP(".acquire.cluster", "") ::"r"(bar), "r"(parity) : "memory");
-}
-__device__ __forceinline__ void mbar_wait_sleep_cluster(uint32_t bar, uint32_t parity) {
-    asm volatile(DCP_MBAR_WAIT_LOOP(".acquire.cluster", ", %2") ::"r"(bar), "r"(parity), "r"(500000) : "memory");
-}
+DCP_MBAR_WAITS(mbar_wait_cluster, mbar_wait_sleep_cluster, ".acquire.cluster")
 #endif
 }  // namespace ptx_sm90
 }  // namespace dcp

@@ -31,18 +31,17 @@ constexpr int kPBytes = kRows * kPPitch * 2;  // P in bf16
 constexpr int kMiscBytes = 2 * kRows * 4 /* max */ + 2 * kRows * 4 /* sum */ + 2 * kTile * 4 /* valid */;
 
 // threadIdx.x, read by an instruction the compiler cannot move out of a loop.
-__device__ __forceinline__ int thread_index() {
-    int t;
-    asm volatile("mov.u32 %0, %%tid.x;" : "=r"(t));
-    return t;
-}
-
+DCP_SPECIAL_REGISTER(thread_index, int, "tid.x")
 // blockIdx.x as a fresh read, for the same reason: a row block worked out from it at a piece's
 // start is not hoisted out of the piece loop (and across setmaxnreg) by the compiler.
-__device__ __forceinline__ int block_index_x() {
-    int b;
-    asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(b));
-    return b;
+DCP_SPECIAL_REGISTER(block_index_x, int, "ctaid.x")
+
+// Traps unless the launch gave at least `need` bytes of dynamic shared memory: less is a
+// host/kernel mismatch, a bug, and the launch fails loudly instead of leaving outputs unwritten.
+__device__ __forceinline__ void require_dynamic_smem(uint32_t need) {
+    uint32_t dyn;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
+    if (dyn < need) __trap();
 }
 
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {

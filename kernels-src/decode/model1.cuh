@@ -59,11 +59,7 @@ __device__ __forceinline__ void mla_decode_model1(const DcpMlaDecodeParams& p) {
     static_assert(Dqk == kDim, "kernels.toml's d_qk axis names the 512 values this kernel is written for");
     static_assert(Tile == kTile, "kernels.toml's tile axis names decode::kTile");
 
-    {
-        uint32_t dyn;
-        asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
-        if (dyn < (uint32_t)shared_bytes<Dqk, Tile>()) __trap();  // a host/kernel mismatch: fail loudly
-    }
+    require_dynamic_smem(shared_bytes<Dqk, Tile>());
     extern __shared__ __align__(16) unsigned char smem[];
     __nv_bfloat16* sQ = (__nv_bfloat16*)smem;
     __nv_bfloat16* sK = (__nv_bfloat16*)(smem + kQBytes1);

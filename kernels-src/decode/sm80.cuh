@@ -45,12 +45,7 @@ __device__ __forceinline__ void mla_decode(const DcpMlaDecodeParams& p) {
     constexpr bool kSparse = Kv != DecodeKv::DenseBf16;
     constexpr bool kFp8 = Kv == DecodeKv::SparseFp8;
 
-    {
-        uint32_t dyn;
-        asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
-        // less than the kernel needs is a host/kernel mismatch, a bug: fail the launch loudly
-        if (dyn < (uint32_t)shared_bytes<Kv>()) __trap();
-    }
+    require_dynamic_smem(shared_bytes<Kv>());
     extern __shared__ __align__(16) unsigned char smem[];
     __nv_bfloat16* sQ = (__nv_bfloat16*)smem;
     __nv_bfloat16* sK = (__nv_bfloat16*)(smem + kQBytes);  // 2 stages (bf16) or 1 (fp8)

@@ -80,9 +80,7 @@ __device__ __forceinline__ uint32_t swizzled(int rows, int r, int c) {
 // fails loudly instead of leaving the outputs unwritten.
 template <DecodeKv Kv, int Tile, int Stages, Sm90Schedule Sched>
 __device__ __forceinline__ unsigned char* aligned_smem() {
-    uint32_t dyn;
-    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(dyn));
-    if (dyn < (uint32_t)shared_bytes<Kv, Tile, Stages, Sched>()) __trap();
+    decode::require_dynamic_smem(shared_bytes<Kv, Tile, Stages, Sched>());
     extern __shared__ __align__(16) unsigned char smem_raw[];
     const uint32_t raw_addr = decode::smem_addr(smem_raw);
     return smem_raw + (((raw_addr + 1023) & ~1023u) - raw_addr);
