@@ -4,7 +4,9 @@
 //! CPU reference over the unsharded cache. `cargo run --release --example dcp_step`.
 
 use dcp_mla::formats::{D_LATENT, D_QK, D_ROPE, D_V};
-use dcp_mla::ops::combine::{a2a_aligned_slot_bytes, a2a_combine, a2a_pack, A2aCombine, A2aPack, CombineRows};
+use dcp_mla::ops::combine::{
+    a2a_aligned_slot_bytes, a2a_combine, a2a_pack, A2aCombine, A2aPack, CombineGroup, CombineRows,
+};
 use dcp_mla::ops::decode::{decode_num_splits, decode_workspace_bytes, default_scale, mla_decode_dense};
 use dcp_mla::ops::decode::{DecodeCommon, DecodeOut, DenseDecode, LensRule};
 use dcp_mla::ops::fill::{kv_fill, KvFill};
@@ -115,9 +117,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             lse: lse_v,
             send: DeviceSlice::of(&send, &s),
             slot_bytes: slot,
-            num_tokens: t,
-            local_heads: H_L,
-            dcp_size: D,
+            group: CombineGroup { num_tokens: t, local_heads: H_L, dcp_size: D },
         };
         a2a_pack(&dev, st, &pack)?;
         sends.push(send); // the rest is freed in stream order, after the kernels that use it
@@ -138,9 +138,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             lse_base: LseBase::E,
             out: CombineRows::Bf16(DeviceSlice::of(&out, &s)),
             lse: DeviceSlice::of(&lse, &s),
-            num_tokens: t,
-            local_heads: H_L,
-            dcp_size: D,
+            group: CombineGroup { num_tokens: t, local_heads: H_L, dcp_size: D },
             sink: None,
         };
         a2a_combine(&dev, st, &combine)?;

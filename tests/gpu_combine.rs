@@ -338,9 +338,7 @@ fn run_ag_rs(c: &AgRsCase, rng: &mut Rng) {
             lse_all: view(&s, &d_lse),
             lse_base: c.base,
             contrib: d_contrib.view(&s),
-            num_tokens: t,
-            local_heads: h_l,
-            dcp_size: d,
+            group: CombineGroup { num_tokens: t, local_heads: h_l, dcp_size: d },
             rank: r,
         };
         ag_rs_correct(dev, raw(&s), &args).expect("ag_rs_correct");
@@ -374,9 +372,7 @@ fn run_ag_rs(c: &AgRsCase, rng: &mut Rng) {
             lse_base: c.base,
             out: d_out.view(&s),
             lse: view(&s, &d_lse_out),
-            num_tokens: t,
-            local_heads: h_l,
-            dcp_size: d,
+            group: CombineGroup { num_tokens: t, local_heads: h_l, dcp_size: d },
             rank,
             sink: None,
         };
@@ -469,9 +465,7 @@ fn run_a2a(c: &A2aCase, rng: &mut Rng) {
             lse: view(&s, &d_lse),
             send: view(&s, &d_send),
             slot_bytes: slot,
-            num_tokens: t,
-            local_heads: h_l,
-            dcp_size: d,
+            group: CombineGroup { num_tokens: t, local_heads: h_l, dcp_size: d },
         };
         a2a_pack(dev, raw(&s), &args).expect("a2a_pack");
         let got = download(&s, &d_send);
@@ -498,9 +492,7 @@ fn run_a2a(c: &A2aCase, rng: &mut Rng) {
             lse_base: c.base,
             out: d_out.view(&s),
             lse: view(&s, &d_lse_out),
-            num_tokens: t,
-            local_heads: h_l,
-            dcp_size: d,
+            group: CombineGroup { num_tokens: t, local_heads: h_l, dcp_size: d },
             sink: None,
         };
         a2a_combine(dev, raw(&s), &args).expect("a2a_combine");
@@ -688,9 +680,7 @@ fn sinks_apply_once_to_the_merged_rows() {
             lse_base: LseBase::Two,
             out: CombineRows::F32(view(&s, &d_out)),
             lse: view(&s, &d_lse),
-            num_tokens: t,
-            local_heads: h_l,
-            dcp_size: d,
+            group: CombineGroup { num_tokens: t, local_heads: h_l, dcp_size: d },
             rank: 1,
             sink: with_sink.then(|| view(&s, &d_sink)),
         };
@@ -718,9 +708,7 @@ fn sinks_apply_once_to_the_merged_rows() {
             lse_base: LseBase::E,
             out: CombineRows::F32(view(&s, &d_out)),
             lse: view(&s, &d_lse),
-            num_tokens: t,
-            local_heads: h_l,
-            dcp_size: d,
+            group: CombineGroup { num_tokens: t, local_heads: h_l, dcp_size: d },
             sink: with_sink.then(|| view(&s, &d_sink)),
         };
         a2a_combine(dev, raw(&s), &args).expect("a2a_combine");
@@ -813,9 +801,7 @@ fn graph_replay_reads_new_lse() {
         lse_all: view(&s, &d_ag_lse),
         lse_base: LseBase::Two,
         contrib: CombineRows::F32(view(&s, &d_contrib)),
-        num_tokens: t,
-        local_heads: h_l,
-        dcp_size: d,
+        group: CombineGroup { num_tokens: t, local_heads: h_l, dcp_size: d },
         rank,
     };
     let combine = A2aCombine {
@@ -824,9 +810,7 @@ fn graph_replay_reads_new_lse() {
         lse_base: LseBase::E,
         out: CombineRows::Bf16(view(&s, &d_a2a_out)),
         lse: view(&s, &d_a2a_lse),
-        num_tokens: t,
-        local_heads: h_l,
-        dcp_size: d,
+        group: CombineGroup { num_tokens: t, local_heads: h_l, dcp_size: d },
         sink: None,
     };
     let merge = MergeTwo {

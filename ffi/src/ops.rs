@@ -12,7 +12,7 @@
 use crate::{device, fail, guard, read_args, stream, ArgsStruct, DcpMlaDevice, DcpMlaStatus, DcpMlaTensor, R};
 use dcp_mla::formats::model1::{Model1Pages, MODEL1_D_NOPE, MODEL1_PAGE_ALIGN, MODEL1_TOKEN_BYTES};
 use dcp_mla::formats::{D_LATENT, D_ROPE};
-use dcp_mla::ops::combine::{self, A2aCombine, A2aPack, AgRsCorrect, AgRsFinish, MergeTwo};
+use dcp_mla::ops::combine::{self, A2aCombine, A2aPack, AgRsCorrect, AgRsFinish, CombineGroup, MergeTwo};
 use dcp_mla::ops::decode::{self, DecodeCommon, DecodeOut, DenseDecode, SparseDecode};
 use dcp_mla::ops::fill::{kv_fill, KvFill};
 use dcp_mla::ops::model1::{self, Model1Decode, Model1Fill, Model1Source};
@@ -22,6 +22,13 @@ use dcp_mla::planner::{check_topk, DcpLayout};
 use dcp_mla::runtime::{Device, DeviceSlice, Stream};
 use dcp_mla::KvFormat;
 use std::ffi::c_void;
+
+/// The combine group of a C argument struct's `num_tokens`, `local_heads` and `dcp_size`.
+macro_rules! combine_group {
+    ($a:expr) => {
+        CombineGroup { num_tokens: $a.num_tokens, local_heads: $a.local_heads, dcp_size: $a.dcp_size }
+    };
+}
 
 /// The body of every entry point below: the struct is read (`read_args`), `convert` turns its
 /// fields into the launcher's arguments and runs the checks that need no device, then the device
@@ -762,9 +769,7 @@ pub unsafe extern "C" fn dcp_mla_launch_ag_rs_correct(args: *const DcpMlaAgRsCor
             lse_all: arg!(a.lse_all),
             lse_base: arg!(a.lse_base),
             contrib: arg!(a.contrib),
-            num_tokens: a.num_tokens,
-            local_heads: a.local_heads,
-            dcp_size: a.dcp_size,
+            group: combine_group!(a),
             rank: a.rank,
         })
     })
@@ -821,9 +826,7 @@ pub unsafe extern "C" fn dcp_mla_launch_ag_rs_finish(args: *const DcpMlaAgRsFini
             lse_base: arg!(a.lse_base),
             out: arg!(a.out),
             lse: arg!(a.lse),
-            num_tokens: a.num_tokens,
-            local_heads: a.local_heads,
-            dcp_size: a.dcp_size,
+            group: combine_group!(a),
             rank: a.rank,
             sink: arg!(a.sink),
         })
@@ -869,9 +872,7 @@ pub unsafe extern "C" fn dcp_mla_launch_a2a_pack(args: *const DcpMlaA2aPackArgs)
             lse: arg!(a.lse),
             send: arg!(a.send),
             slot_bytes: a.slot_bytes,
-            num_tokens: a.num_tokens,
-            local_heads: a.local_heads,
-            dcp_size: a.dcp_size,
+            group: combine_group!(a),
         })
     })
 }
@@ -924,9 +925,7 @@ pub unsafe extern "C" fn dcp_mla_launch_a2a_combine(args: *const DcpMlaA2aCombin
             lse_base: arg!(a.lse_base),
             out: arg!(a.out),
             lse: arg!(a.lse),
-            num_tokens: a.num_tokens,
-            local_heads: a.local_heads,
-            dcp_size: a.dcp_size,
+            group: combine_group!(a),
             sink: arg!(a.sink),
         };
         if !combine::a2a_combine_compiled(a.dcp_size, &c.out) {

@@ -97,6 +97,11 @@ impl StepConfig {
         self.batch * self.nq
     }
 
+    /// The combines' T, H_l and D.
+    pub fn combine_group(&self) -> combine::CombineGroup {
+        combine::CombineGroup { num_tokens: self.rows(), local_heads: self.local_heads, dcp_size: self.dcp.size }
+    }
+
     /// H = D·H_l.
     pub fn heads(&self) -> usize {
         self.dcp.size * self.local_heads
@@ -709,7 +714,7 @@ impl<'a> DecodeStep<'a> {
     /// [`Stage::AgCorrect`]: this rank's LSE-weighted contribution, head-major.
     fn ag_correct(&self) -> Result<()> {
         let (c, v, dev, st) = (&self.cfg, &self.v, self.dev, self.raw());
-        let (d, t, h_l, rank) = (c.dcp.size, c.rows(), c.local_heads, self.group.rank());
+        let rank = self.group.rank();
         combine::ag_rs_correct(
             dev,
             st,
@@ -718,9 +723,7 @@ impl<'a> DecodeStep<'a> {
                 lse_all: v.lse_all,
                 lse_base: LseBase::E,
                 contrib: CombineRows::F32(v.contrib),
-                num_tokens: t,
-                local_heads: h_l,
-                dcp_size: d,
+                group: c.combine_group(),
                 rank,
             },
         )
@@ -729,7 +732,7 @@ impl<'a> DecodeStep<'a> {
     /// [`Stage::AgFinish`]: the reduce-scattered heads cast to the step's output.
     fn ag_finish(&self) -> Result<()> {
         let (c, v, dev, st) = (&self.cfg, &self.v, self.dev, self.raw());
-        let (d, t, h_l, rank) = (c.dcp.size, c.rows(), c.local_heads, self.group.rank());
+        let rank = self.group.rank();
         combine::ag_rs_finish(
             dev,
             st,
@@ -739,9 +742,7 @@ impl<'a> DecodeStep<'a> {
                 lse_base: LseBase::E,
                 out: CombineRows::Bf16(v.out),
                 lse: v.lse,
-                num_tokens: t,
-                local_heads: h_l,
-                dcp_size: d,
+                group: c.combine_group(),
                 rank,
                 sink: v.sink,
             },
@@ -751,7 +752,6 @@ impl<'a> DecodeStep<'a> {
     /// [`Stage::A2aPack`]: the partial results packed a slot a destination rank.
     fn a2a_pack(&self) -> Result<()> {
         let (c, v, dev, st) = (&self.cfg, &self.v, self.dev, self.raw());
-        let (d, t, h_l) = (c.dcp.size, c.rows(), c.local_heads);
         combine::a2a_pack(
             dev,
             st,
@@ -760,9 +760,7 @@ impl<'a> DecodeStep<'a> {
                 lse: v.attn_lse,
                 send: v.a2a_send,
                 slot_bytes: self.slot_bytes,
-                num_tokens: t,
-                local_heads: h_l,
-                dcp_size: d,
+                group: c.combine_group(),
             },
         )
     }
@@ -770,7 +768,6 @@ impl<'a> DecodeStep<'a> {
     /// [`Stage::A2aCombine`]: the received slots merged into this rank's heads.
     fn a2a_combine(&self) -> Result<()> {
         let (c, v, dev, st) = (&self.cfg, &self.v, self.dev, self.raw());
-        let (d, t, h_l) = (c.dcp.size, c.rows(), c.local_heads);
         combine::a2a_combine(
             dev,
             st,
@@ -780,9 +777,7 @@ impl<'a> DecodeStep<'a> {
                 lse_base: LseBase::E,
                 out: CombineRows::Bf16(v.out),
                 lse: v.lse,
-                num_tokens: t,
-                local_heads: h_l,
-                dcp_size: d,
+                group: c.combine_group(),
                 sink: v.sink,
             },
         )

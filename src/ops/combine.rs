@@ -44,7 +44,33 @@ pub fn a2a_aligned_slot_bytes(num_tokens: usize, local_heads: usize) -> Result<u
     crate::planner::workspace::a2a_slot_bytes_aligned(num_tokens, local_heads)
 }
 
-/// Arguments of [`ag_rs_correct`] on rank `rank` of a group of `dcp_size`, H = dcp_size·local_heads.
+/// The tokens, heads and ranks of a combine: T = `num_tokens` query rows of H = D·H_l heads, each
+/// of the D = `dcp_size` ranks holding H_l = `local_heads` of them after the combine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CombineGroup {
+    pub num_tokens: usize,
+    pub local_heads: usize,
+    pub dcp_size: usize,
+}
+
+impl CombineGroup {
+    /// Checks D (at most `max_ranks`), `rank` and H_l; returns H = D·H_l.
+    fn heads(&self, rank: usize, max_ranks: usize) -> Result<usize> {
+        let CombineGroup { local_heads, dcp_size, .. } = *self;
+        ensure_arg!(dcp_size <= max_ranks, "dcp_size", "{dcp_size} exceeds the {max_ranks} ranks this kernel takes");
+        check_layout(DcpLayout { size: dcp_size, interleave: 1 }, rank)?;
+        let heads = dcp_size.checked_mul(local_heads);
+        ensure_arg!(heads.is_some(), "local_heads", "{local_heads} heads times D = {dcp_size} overflows");
+        Ok(heads.unwrap_or_default())
+    }
+
+    /// T and H_l as the kernels take them, each error naming its field.
+    fn params(&self) -> Result<(i32, i32)> {
+        Ok((to_i32("num_tokens", self.num_tokens)?, to_i32("local_heads", self.local_heads)?))
+    }
+}
+
+/// Arguments of [`ag_rs_correct`] on rank `rank` of the group, H = D·H_l.
 #[derive(Debug, Clone, Copy)]
 pub struct AgRsCorrect {
     /// This rank's partial attention output [T, H, 512], bf16 or fp32, contiguous.
@@ -56,9 +82,7 @@ pub struct AgRsCorrect {
     /// docs/contract.md §5.1 prefers: only the final cast rounds) or bf16 (rounded to nearest even,
     /// as engines reduce-scatter today).
     pub contrib: CombineRows,
-    pub num_tokens: usize,
-    pub local_heads: usize,
-    pub dcp_size: usize,
+    pub group: CombineGroup,
     pub rank: usize,
 }
 
@@ -75,9 +99,7 @@ pub struct AgRsFinish {
     pub out: CombineRows,
     /// fp32 [T, H_l]: the merged lse, natural log; written.
     pub lse: DeviceSlice<f32>,
-    pub num_tokens: usize,
-    pub local_heads: usize,
-    pub dcp_size: usize,
+    pub group: CombineGroup,
     pub rank: usize,
     /// fp32 \[H_l\]: the attention sinks of this rank's heads (sink\[j\] for head rank·H_l + j), applied
     /// once to the merged fp32 rows before the cast (docs/contract.md §5); `None`: no sink.
@@ -96,9 +118,7 @@ pub struct A2aPack {
     pub send: DeviceSlice<u8>,
     /// At least [`crate::reference::merge::a2a_slot_bytes`], a multiple of 16 (see [`a2a_aligned_slot_bytes`]).
     pub slot_bytes: usize,
-    pub num_tokens: usize,
-    pub local_heads: usize,
-    pub dcp_size: usize,
+    pub group: CombineGroup,
 }
 
 /// Arguments of [`a2a_combine`] on one destination rank.
@@ -114,9 +134,7 @@ pub struct A2aCombine {
     pub out: CombineRows,
     /// fp32 [T, H_l]: the merged lse, natural log; written.
     pub lse: DeviceSlice<f32>,
-    pub num_tokens: usize,
-    pub local_heads: usize,
-    pub dcp_size: usize,
+    pub group: CombineGroup,
     /// fp32 \[H_l\]: the attention sinks of this rank's heads (sink\[j\] for head rank·H_l + j), applied
     /// once to the merged fp32 rows before the cast (docs/contract.md §5); `None`: no sink.
     pub sink: Option<DeviceSlice<f32>>,
@@ -161,9 +179,10 @@ pub fn ag_rs_correct(dev: &Device, stream: Stream, a: &AgRsCorrect) -> Result<()
 }
 
 fn validate_ag_rs_correct(a: &AgRsCorrect) -> Result<(DcpAgRsCorrectParams, usize)> {
-    let heads = check_group(a.dcp_size, a.rank, a.local_heads, AG_RS_MAX_RANKS)?;
-    let rows = row_count("num_tokens", &[a.num_tokens, heads])?;
-    let lse_all = product("num_tokens", &[a.dcp_size, rows])?;
+    let g = a.group;
+    let heads = g.heads(a.rank, AG_RS_MAX_RANKS)?;
+    let rows = row_count("num_tokens", &[g.num_tokens, heads])?;
+    let lse_all = product("num_tokens", &[g.dcp_size, rows])?;
     check_rows_buf("out", &a.out, rows)?;
     check_buf("lse_all", &a.lse_all, lse_all, 4)?;
     check_rows_buf("contrib", &a.contrib, rows)?;
@@ -174,9 +193,9 @@ fn validate_ag_rs_correct(a: &AgRsCorrect) -> Result<(DcpAgRsCorrectParams, usiz
         out: a.out.ptr(),
         lse_all: a.lse_all.ptr(),
         contrib: a.contrib.ptr(),
-        num_tokens: to_i32("num_tokens", a.num_tokens)?,
+        num_tokens: g.params()?.0,
         num_heads: to_i32("local_heads", heads)?,
-        dcp_size: a.dcp_size as i32,
+        dcp_size: g.dcp_size as i32,
         dcp_rank: a.rank as i32,
         lse_base2: base2(a.lse_base),
         reserved: 0,
@@ -196,22 +215,24 @@ pub fn ag_rs_finish(dev: &Device, stream: Stream, a: &AgRsFinish) -> Result<()> 
 }
 
 fn validate_ag_rs_finish(a: &AgRsFinish) -> Result<(DcpAgRsFinishParams, usize)> {
-    let heads = check_group(a.dcp_size, a.rank, a.local_heads, AG_RS_MAX_RANKS)?;
-    let rows = row_count("num_tokens", &[a.num_tokens, a.local_heads])?;
-    let lse_all = product("num_tokens", &[a.dcp_size, a.num_tokens, heads])?;
+    let g = a.group;
+    let heads = g.heads(a.rank, AG_RS_MAX_RANKS)?;
+    let rows = row_count("num_tokens", &[g.num_tokens, g.local_heads])?;
+    let lse_all = product("num_tokens", &[g.dcp_size, g.num_tokens, heads])?;
     check_rows_buf("summed", &a.summed, rows)?;
     check_buf("lse_all", &a.lse_all, lse_all, 4)?;
     let inputs = [("summed", a.summed.extent(rows)), ("lse_all", f32_extent(&a.lse_all, lse_all))];
-    let sink = check_merged(&a.out, &a.lse, rows, &inputs, a.sink.as_ref(), a.local_heads)?;
+    let sink = check_merged(&a.out, &a.lse, rows, &inputs, a.sink.as_ref(), g.local_heads)?;
+    let (num_tokens, local_heads) = g.params()?;
     let params = DcpAgRsFinishParams {
         summed: a.summed.ptr(),
         lse_all: a.lse_all.ptr(),
         out: a.out.ptr(),
         lse_out: a.lse.ptr(),
         sink,
-        num_tokens: to_i32("num_tokens", a.num_tokens)?,
-        local_heads: to_i32("local_heads", a.local_heads)?,
-        dcp_size: a.dcp_size as i32,
+        num_tokens,
+        local_heads,
+        dcp_size: g.dcp_size as i32,
         dcp_rank: a.rank as i32,
         lse_base2: base2(a.lse_base),
         reserved: 0,
@@ -229,21 +250,23 @@ pub fn a2a_pack(dev: &Device, stream: Stream, a: &A2aPack) -> Result<()> {
 }
 
 fn validate_a2a_pack(a: &A2aPack) -> Result<(DcpA2aPackParams, usize)> {
-    let heads = check_group(a.dcp_size, 0, a.local_heads, usize::MAX)?;
-    let rows = row_count("num_tokens", &[a.num_tokens, heads])?;
+    let g = a.group;
+    let heads = g.heads(0, usize::MAX)?;
+    let rows = row_count("num_tokens", &[g.num_tokens, heads])?;
     check_rows_buf("out", &a.out, rows)?;
     check_buf("lse", &a.lse, rows, 4)?;
-    let send = check_slots("send", &a.send, a.slot_bytes, a.dcp_size, a.num_tokens, a.local_heads)?;
+    let send = check_slots("send", &a.send, a.slot_bytes, g)?;
     disjoint("send", send, "out", a.out.extent(rows))?;
     disjoint("send", send, "lse", f32_extent(&a.lse, rows))?;
+    let (num_tokens, local_heads) = g.params()?;
     let params = DcpA2aPackParams {
         out: a.out.ptr(),
         lse: a.lse.ptr(),
         send: a.send.ptr(),
         slot_bytes: a.slot_bytes as i64,
-        num_tokens: to_i32("num_tokens", a.num_tokens)?,
-        local_heads: to_i32("local_heads", a.local_heads)?,
-        dcp_size: to_i32("dcp_size", a.dcp_size)?,
+        num_tokens,
+        local_heads,
+        dcp_size: to_i32("dcp_size", g.dcp_size)?,
         reserved: 0,
     };
     Ok((params, rows))
@@ -260,30 +283,32 @@ pub fn a2a_combine_compiled(dcp_size: usize, out: &CombineRows) -> bool {
 /// skipped. Matches [`crate::reference::merge::a2a_combine`]. D must be one of [`A2A_RANKS`].
 pub fn a2a_combine(dev: &Device, stream: Stream, a: &A2aCombine) -> Result<()> {
     let (params, rows) = validate_a2a_combine(a)?;
-    let id = lookup(registry::combine_a2a(a.dcp_size as u32, a.out.axis()), "combine_a2a")?;
+    let id = lookup(registry::combine_a2a(a.group.dcp_size as u32, a.out.axis()), "combine_a2a")?;
     // SAFETY: validate_a2a_combine checked every buffer against the extents the kernel addresses.
     unsafe { launch_warp_rows(dev, stream, id, rows, "num_tokens", &params) }
 }
 
 fn validate_a2a_combine(a: &A2aCombine) -> Result<(DcpA2aCombineParams, usize)> {
-    check_group(a.dcp_size, 0, a.local_heads, usize::MAX)?;
+    let g = a.group;
+    g.heads(0, usize::MAX)?;
     ensure_arg!(
-        A2A_RANKS.contains(&a.dcp_size),
+        A2A_RANKS.contains(&g.dcp_size),
         "dcp_size",
         "the a2a combine is compiled for D in {A2A_RANKS:?}, not D = {}",
-        a.dcp_size
+        g.dcp_size
     );
-    let rows = row_count("num_tokens", &[a.num_tokens, a.local_heads])?;
-    let recv = check_slots("recv", &a.recv, a.slot_bytes, a.dcp_size, a.num_tokens, a.local_heads)?;
-    let sink = check_merged(&a.out, &a.lse, rows, &[("recv", recv)], a.sink.as_ref(), a.local_heads)?;
+    let rows = row_count("num_tokens", &[g.num_tokens, g.local_heads])?;
+    let recv = check_slots("recv", &a.recv, a.slot_bytes, g)?;
+    let sink = check_merged(&a.out, &a.lse, rows, &[("recv", recv)], a.sink.as_ref(), g.local_heads)?;
+    let (num_tokens, local_heads) = g.params()?;
     let params = DcpA2aCombineParams {
         recv: a.recv.ptr(),
         out: a.out.ptr(),
         lse_out: a.lse.ptr(),
         sink,
         slot_bytes: a.slot_bytes as i64,
-        num_tokens: to_i32("num_tokens", a.num_tokens)?,
-        local_heads: to_i32("local_heads", a.local_heads)?,
+        num_tokens,
+        local_heads,
         lse_base2: base2(a.lse_base),
         reserved: 0,
     };
@@ -353,15 +378,6 @@ fn validate_merge_two(a: &MergeTwo) -> Result<(DcpMergeTwoParams, usize)> {
     Ok((params, rows))
 }
 
-/// Checks D, the rank and H_l; returns H = D·H_l.
-fn check_group(dcp_size: usize, rank: usize, local_heads: usize, max_ranks: usize) -> Result<usize> {
-    ensure_arg!(dcp_size <= max_ranks, "dcp_size", "{dcp_size} exceeds the {max_ranks} ranks this kernel takes");
-    check_layout(DcpLayout { size: dcp_size, interleave: 1 }, rank)?;
-    let heads = dcp_size.checked_mul(local_heads);
-    ensure_arg!(heads.is_some(), "local_heads", "{local_heads} heads times D = {dcp_size} overflows");
-    Ok(heads.unwrap_or_default())
-}
-
 /// The merged result of a combine over `rows` rows, `out` [rows, 512] and its fp32 natural-log
 /// `lse` \[rows\]: both checked, kept apart from each other and from every one of `inputs` (named
 /// extents the launch reads), and the sinks of `heads` heads kept apart from both
@@ -392,14 +408,8 @@ fn check_rows_buf(arg: &'static str, buf: &CombineRows, rows: usize) -> Result<(
 }
 
 /// A [D, slot_bytes] a2a buffer; returns its extent.
-fn check_slots(
-    arg: &'static str,
-    buf: &DeviceSlice<u8>,
-    slot_bytes: usize,
-    d: usize,
-    t: usize,
-    h_l: usize,
-) -> Result<Extent> {
+fn check_slots(arg: &'static str, buf: &DeviceSlice<u8>, slot_bytes: usize, g: CombineGroup) -> Result<Extent> {
+    let CombineGroup { num_tokens: t, local_heads: h_l, dcp_size: d } = g;
     let tight = t.checked_mul(h_l).and_then(|n| n.checked_mul(D_V * 2 + 4));
     ensure_arg!(
         tight.is_some_and(|n| slot_bytes >= n),
@@ -511,16 +521,17 @@ mod tests {
             lse_all: slice(0x2000_0000, d * rows),
             lse_base: LseBase::E,
             contrib: CombineRows::F32(slice(0x3000_0000, rows * D_V)),
-            num_tokens: t,
-            local_heads: h_l,
-            dcp_size: d,
+            group: CombineGroup { num_tokens: t, local_heads: h_l, dcp_size: d },
             rank: 1,
         };
         let check = |a: AgRsCorrect| validate_ag_rs_correct(&a).map(|_| ());
         let (params, n) = validate_ag_rs_correct(&good).unwrap();
         assert_eq!((n, params.num_heads, params.dcp_rank), (rows, (d * h_l) as i32, 1));
         assert_eq!(err_arg(check(AgRsCorrect { rank: 2, ..good })), "rank");
-        assert_eq!(err_arg(check(AgRsCorrect { dcp_size: 9, rank: 0, ..good })), "dcp_size");
+        assert_eq!(
+            err_arg(check(AgRsCorrect { group: CombineGroup { dcp_size: 9, ..good.group }, rank: 0, ..good })),
+            "dcp_size"
+        );
         assert_eq!(err_arg(check(AgRsCorrect { lse_all: slice(0x2000_0000, d * rows - 1), ..good })), "lse_all");
         assert_eq!(
             err_arg(check(AgRsCorrect { out: CombineRows::F32(slice(0x1000_0008, rows * D_V)), ..good })),
@@ -554,9 +565,7 @@ mod tests {
             lse_base: LseBase::Two,
             out: CombineRows::Bf16(slice(0x3000_0000, t * h_l * D_V)),
             lse: slice(0x4000_0000, t * h_l),
-            num_tokens: t,
-            local_heads: h_l,
-            dcp_size: d,
+            group: CombineGroup { num_tokens: t, local_heads: h_l, dcp_size: d },
             rank: 0,
             sink: None,
         };
@@ -583,9 +592,7 @@ mod tests {
             lse: slice(0x2000_0000, t * d * h_l),
             send: slice(0x3000_0000, d * slot),
             slot_bytes: slot,
-            num_tokens: t,
-            local_heads: h_l,
-            dcp_size: d,
+            group: CombineGroup { num_tokens: t, local_heads: h_l, dcp_size: d },
         };
         assert!(validate_a2a_pack(&pack).is_ok());
         assert_eq!(err_arg(validate_a2a_pack(&A2aPack { slot_bytes: slot + 8, ..pack }).map(|_| ())), "slot_bytes");
@@ -599,19 +606,34 @@ mod tests {
             lse_base: LseBase::E,
             out: CombineRows::Bf16(slice(0x1000_0000, t * h_l * D_V)),
             lse: slice(0x2000_0000, t * h_l),
-            num_tokens: t,
-            local_heads: h_l,
-            dcp_size: d,
+            group: CombineGroup { num_tokens: t, local_heads: h_l, dcp_size: d },
             sink: None,
         };
         assert!(validate_a2a_combine(&comb).is_ok());
-        assert_eq!(err_arg(validate_a2a_combine(&A2aCombine { dcp_size: 3, ..comb }).map(|_| ())), "dcp_size");
+        assert_eq!(
+            err_arg(
+                validate_a2a_combine(&A2aCombine { group: CombineGroup { dcp_size: 3, ..comb.group }, ..comb })
+                    .map(|_| ())
+            ),
+            "dcp_size"
+        );
         // D = 1 is compiled (the DCP identity at D = 1); its one slot is a smaller recv
-        assert!(validate_a2a_combine(&A2aCombine { dcp_size: 1, recv: slice(0x3000_0000, slot), ..comb }).is_ok());
-        let huge = A2aCombine { num_tokens: usize::MAX / 64, ..comb };
+        assert!(validate_a2a_combine(&A2aCombine {
+            group: CombineGroup { dcp_size: 1, ..comb.group },
+            recv: slice(0x3000_0000, slot),
+            ..comb
+        })
+        .is_ok());
+        let huge = A2aCombine { group: CombineGroup { num_tokens: usize::MAX / 64, ..comb.group }, ..comb };
         assert_eq!(err_arg(validate_a2a_combine(&huge).map(|_| ())), "num_tokens");
         assert_eq!(
-            err_arg(validate_a2a_pack(&A2aPack { num_tokens: usize::MAX / 64, ..pack }).map(|_| ())),
+            err_arg(
+                validate_a2a_pack(&A2aPack {
+                    group: CombineGroup { num_tokens: usize::MAX / 64, ..pack.group },
+                    ..pack
+                })
+                .map(|_| ())
+            ),
             "num_tokens"
         );
         assert_eq!(
@@ -673,13 +695,14 @@ mod tests {
 
     #[test]
     fn slots_must_be_aligned_and_large_enough() {
+        let grp = |dcp_size, num_tokens, local_heads| CombineGroup { num_tokens, local_heads, dcp_size };
         let buf = slice::<u8>(0x1000_0000, 1 << 20);
-        assert!(check_slots("send", &buf, a2a_slot_bytes(4, 8), 2, 4, 8).is_ok());
-        let e = check_slots("send", &buf, a2a_slot_bytes(1, 2), 2, 1, 2).unwrap_err();
+        assert!(check_slots("send", &buf, a2a_slot_bytes(4, 8), grp(2, 4, 8)).is_ok());
+        let e = check_slots("send", &buf, a2a_slot_bytes(1, 2), grp(2, 1, 2)).unwrap_err();
         assert!(matches!(e, Error::InvalidArgument { arg: "slot_bytes", .. }), "{e}");
-        let e = check_slots("send", &buf, a2a_slot_bytes(4, 8) - 16, 2, 4, 8).unwrap_err();
+        let e = check_slots("send", &buf, a2a_slot_bytes(4, 8) - 16, grp(2, 4, 8)).unwrap_err();
         assert!(matches!(e, Error::InvalidArgument { arg: "slot_bytes", .. }), "{e}");
-        let e = check_slots("recv", &slice::<u8>(0x1000_0000, 100), a2a_slot_bytes(4, 8), 2, 4, 8).unwrap_err();
+        let e = check_slots("recv", &slice::<u8>(0x1000_0000, 100), a2a_slot_bytes(4, 8), grp(2, 4, 8)).unwrap_err();
         assert!(matches!(e, Error::InvalidArgument { arg: "recv", .. }), "{e}");
     }
 

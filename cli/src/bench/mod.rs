@@ -16,7 +16,9 @@ use dcp_mla::formats::model1::{
     encode_model1_token, model1_page_bytes, Model1Pages, MODEL1_D_QK, MODEL1_D_V, MODEL1_TOKEN_BYTES,
 };
 use dcp_mla::formats::{KvFormat, D_LATENT, D_QK, D_ROPE, D_V};
-use dcp_mla::ops::combine::{self, a2a_aligned_slot_bytes, A2aCombine, A2aPack, AgRsCorrect, CombineRows, MergeTwo};
+use dcp_mla::ops::combine::{
+    self, a2a_aligned_slot_bytes, A2aCombine, A2aPack, AgRsCorrect, CombineGroup, CombineRows, MergeTwo,
+};
 use dcp_mla::ops::decode::{self, DecodeCommon, DecodeOut, DecodePath, DecodeSchedule, DenseDecode, SparseDecode};
 use dcp_mla::ops::fill::{kv_fill, KvFill};
 use dcp_mla::ops::model1::{mla_decode_model1_on, model1_default_scale, Model1Decode, Model1Source};
@@ -1406,9 +1408,7 @@ fn prepare_ag_rs_correct<'a>(
         lse_all: sl(s, &lse_all),
         lse_base: LseBase::E,
         contrib: contrib.rows(s),
-        num_tokens: t,
-        local_heads: h / d,
-        dcp_size: d,
+        group: CombineGroup { num_tokens: t, local_heads: h / d, dcp_size: d },
         rank: 0,
     };
     p.launch((out, lse_all, contrib), args, combine::ag_rs_correct)
@@ -1437,9 +1437,7 @@ fn prepare_a2a_combine<'a>(p: Prep<'a, '_>, d: usize, t: usize, h: usize) -> Res
         lse_base: LseBase::E,
         out: CombineRows::Bf16(sl(s, &out)),
         lse: sl(s, &lse),
-        num_tokens: t,
-        local_heads: h_l,
-        dcp_size: d,
+        group: CombineGroup { num_tokens: t, local_heads: h_l, dcp_size: d },
         sink: None,
     };
     p.launch((recv, out, lse), args, combine::a2a_combine)
@@ -1559,9 +1557,7 @@ fn prepare_a2a_pack<'a>(mut p: Prep<'a, '_>, d: usize, t: usize, h: usize) -> Re
         lse: sl(s, &lse),
         send: sl(s, &send),
         slot_bytes: slot,
-        num_tokens: t,
-        local_heads: h_l,
-        dcp_size: d,
+        group: CombineGroup { num_tokens: t, local_heads: h_l, dcp_size: d },
     };
     p.launch((out, lse, send), args, combine::a2a_pack)
 }

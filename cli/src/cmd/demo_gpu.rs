@@ -5,7 +5,7 @@ use super::problem::{add_time, place, Outputs, PathOutput, Problem};
 use super::problem::{STAGE_COMBINE, STAGE_DENSE, STAGE_FILL, STAGE_SPARSE, STAGE_TOPK};
 use cudarc::driver::{sys, CudaSlice, CudaStream, DevicePtr, DeviceRepr, ValidAsZeroBits};
 use dcp_mla::formats::{D_LATENT, D_ROPE, D_V};
-use dcp_mla::ops::combine::{ag_rs_correct, ag_rs_finish, AgRsCorrect, AgRsFinish, CombineRows};
+use dcp_mla::ops::combine::{ag_rs_correct, ag_rs_finish, AgRsCorrect, AgRsFinish, CombineGroup, CombineRows};
 use dcp_mla::ops::decode::{
     decode_num_splits, decode_workspace_bytes, mla_decode_dense, mla_decode_sparse, DecodeCommon, DecodeOut,
     DenseDecode, LensRule, SparseDecode,
@@ -287,9 +287,7 @@ fn combine_gpu(
             lse_all: sl(s, &lse_all),
             lse_base: LseBase::E,
             contrib: CombineRows::F32(sl(s, &contrib)),
-            num_tokens: t,
-            local_heads: h_l,
-            dcp_size: d,
+            group: CombineGroup { num_tokens: t, local_heads: h_l, dcp_size: d },
             rank: r,
         };
         clock.time(STAGE_COMBINE, || ag_rs_correct(dev, st, &args))?;
@@ -306,9 +304,7 @@ fn combine_gpu(
             lse_base: LseBase::E,
             out: CombineRows::Bf16(sl(s, &out)),
             lse: sl(s, &lse),
-            num_tokens: t,
-            local_heads: h_l,
-            dcp_size: d,
+            group: CombineGroup { num_tokens: t, local_heads: h_l, dcp_size: d },
             rank: r,
             sink: None,
         };
