@@ -140,9 +140,11 @@ proptest! {
             topk_len_strides: strided.then_some([strides[2], strides[3]]),
         };
         let mut d = Model1Decode::new(
-            fake(0x1000_0000, numels[0]), batch, num_q, heads,
-            dcp_mla::ops::Rows::F32(fake(0x2000_0000, numels[1])), fake(0x3000_0000, numels[2]),
-            num_splits, fake(0x3100_0000, numels[5]),
+            dcp_mla::ops::decode::DecodeCommon::new(
+                fake(0x1000_0000, numels[0]), batch, num_q, heads,
+                dcp_mla::ops::Rows::F32(fake(0x2000_0000, numels[1])), fake(0x3000_0000, numels[2]),
+                num_splits, fake(0x3100_0000, numels[5]),
+            ),
             source(numels[3], Model1Pages { num_pages, block_size, page_stride: strides[0] }, topk),
         );
         if extra {

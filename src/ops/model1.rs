@@ -9,7 +9,7 @@
 //! name either kernel); split launches through the decode's
 //! own schedule and combine ([`crate::ops::decode`]); `kernels-src/fill.cuh` (`kv_fill_model1`).
 
-use super::decode::{launch, length_strides, validate_common, DecodeCommon, DecodeOut, Kernel, MAX_DECODE_TOKENS};
+use super::decode::{launch, length_strides, validate_common, DecodeCommon, Kernel, MAX_DECODE_TOKENS};
 use super::{compiled, launch_warp_rows, to_i32};
 use crate::abi::{DcpKvFillParams, DcpMlaDecodeParams};
 use crate::catalogue::{env_path, model1_heuristic_path, model1_ships, variant_name, DecodePath};
@@ -66,27 +66,12 @@ pub struct Model1Decode {
 }
 
 impl Model1Decode {
-    /// A decode of `main` alone over contiguous q, out and lse with MODEL1's default scale
-    /// ([`model1_default_scale`]), no sink and −inf for an empty row's lse, computing its split
-    /// schedule (as [`DecodeCommon::new`] otherwise): the rest goes in by struct update,
-    /// `Model1Decode { extra: Some(e), ..Model1Decode::new(..) }`, or through `common`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        q: DeviceSlice<bf16>,
-        batch: usize,
-        nq: usize,
-        heads: usize,
-        out: DecodeOut,
-        lse: DeviceSlice<f32>,
-        num_splits: usize,
-        workspace: DeviceSlice<u8>,
-        main: Model1Source,
-    ) -> Self {
-        let common = DecodeCommon {
-            scale: model1_default_scale(),
-            ..DecodeCommon::new(q, batch, nq, heads, out, lse, num_splits, workspace)
-        };
-        Model1Decode { common, main, extra: None }
+    /// A decode of `main` alone: `common` as [`DecodeCommon::new`] builds it, its scale replaced
+    /// by MODEL1's default ([`model1_default_scale`]); the rest goes in by struct update,
+    /// `Model1Decode { extra: Some(e), ..Model1Decode::new(..) }`, or through `common` (a scale
+    /// of the caller's own included).
+    pub fn new(common: DecodeCommon, main: Model1Source) -> Self {
+        Model1Decode { common: DecodeCommon { scale: model1_default_scale(), ..common }, main, extra: None }
     }
 }
 
@@ -342,6 +327,7 @@ fn fill_params(a: &Model1Fill) -> Result<DcpKvFillParams> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ops::decode::DecodeOut;
     use crate::ops::test_util::{arg_of, fake};
 
     fn source(batch: usize, nq: usize, topk: usize, pages: Model1Pages) -> Model1Source {
@@ -362,14 +348,16 @@ mod tests {
         Model1Decode {
             extra: extra.then(|| source(batch, nq, 64, Model1Pages::new(3, 2))),
             ..Model1Decode::new(
-                fake(rows * 512),
-                batch,
-                nq,
-                heads,
-                DecodeOut::Bf16(fake(rows * 512)),
-                fake(rows),
-                1,
-                fake(0),
+                DecodeCommon::new(
+                    fake(rows * 512),
+                    batch,
+                    nq,
+                    heads,
+                    DecodeOut::Bf16(fake(rows * 512)),
+                    fake(rows),
+                    1,
+                    fake(0),
+                ),
                 source(batch, nq, 128, Model1Pages::new(8, 64)),
             )
         }

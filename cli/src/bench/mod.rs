@@ -21,7 +21,7 @@ use dcp_mla::ops::combine::{
 };
 use dcp_mla::ops::decode::{self, DecodeCommon, DecodeOut, DecodePath, DecodeSchedule, DenseDecode, SparseDecode};
 use dcp_mla::ops::fill::{kv_fill, KvFill};
-use dcp_mla::ops::model1::{mla_decode_model1_on, model1_default_scale, Model1Decode, Model1Source};
+use dcp_mla::ops::model1::{mla_decode_model1_on, Model1Decode, Model1Source};
 use dcp_mla::ops::prefill::{self, piece_table, Flatten, Reorder};
 use dcp_mla::ops::topk::{self, Compact, GlobalMerge, LocalTopk, PackCandidates, PageTranslate};
 use dcp_mla::ops::RowsDtype;
@@ -1190,9 +1190,7 @@ impl DecodeInputs {
                 topk_len: None,
                 topk_len_strides: None,
             };
-            // MODEL1's default scale, 512^-1/2 (Model1Decode::new's)
-            let common = DecodeCommon { scale: model1_default_scale(), ..common };
-            DecodeArgs::Model1(Model1Decode { common, main, extra: None })
+            DecodeArgs::Model1(Model1Decode::new(common, main))
         } else if self.spec.sparse {
             DecodeArgs::Sparse(SparseDecode {
                 common,
