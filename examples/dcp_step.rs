@@ -10,6 +10,7 @@ use dcp_mla::ops::combine::{
 use dcp_mla::ops::decode::{decode_num_splits, decode_workspace_bytes, default_scale, mla_decode_dense};
 use dcp_mla::ops::decode::{DecodeCommon, DecodeOut, DenseDecode, LensRule};
 use dcp_mla::ops::fill::{kv_fill, KvFill};
+use dcp_mla::ops::BlockTable;
 use dcp_mla::reference::attention::{decode_oracle, QueryShape, Selection};
 use dcp_mla::reference::fill::{fill, FillInput, PagedCache};
 use dcp_mla::reference::tolerance::{check_attention, AttentionOracle};
@@ -68,10 +69,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             kpe_stride: D_ROPE,
             req_idx: DeviceSlice::of(&d_req, &s),
             positions: DeviceSlice::of(&d_pos, &s),
-            block_table: table_v,
-            block_table_stride: max_pages,
+            block_table: BlockTable::packed(table_v, max_pages),
             batch: t,
-            max_pages,
             cache: cache_v,
             num_pages,
             block_size: B,
@@ -100,9 +99,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             cache: cache_v,
             num_pages,
             block_size: B,
-            block_table: table_v,
-            block_table_stride: max_pages,
-            max_pages,
+            block_table: BlockTable::packed(table_v, max_pages),
             lens: DeviceSlice::of(&d_lens, &s),
             lens_strides: None,
             lens_rule: LensRule::Local,

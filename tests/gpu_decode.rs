@@ -9,6 +9,7 @@ use common::*;
 use cudarc::driver::sys;
 use dcp_mla::formats::{encode_fp8_row, KvFormat, D_LATENT, D_QK, D_V};
 use dcp_mla::ops::decode::*;
+use dcp_mla::ops::BlockTable;
 use dcp_mla::planner::schedule;
 use dcp_mla::planner::split::sched_stamp;
 use dcp_mla::reference::attention::{apply_sink_oracle, decode_oracle, QueryShape, Selection};
@@ -286,9 +287,7 @@ impl DenseDev {
             cache: view(&s, &self.cache),
             num_pages: hc.num_pages,
             block_size: hc.block_size,
-            block_table: view(&s, &self.table),
-            block_table_stride: hc.stride,
-            max_pages: hc.max_pages,
+            block_table: BlockTable { table: view(&s, &self.table), stride: hc.stride, max_pages: hc.max_pages },
             lens: view(&s, &self.lens),
             lens_strides: None,
             lens_rule: LensRule::Local,
@@ -1233,9 +1232,7 @@ fn graph_replay_case(path: DecodePath) {
         cache: DeviceSlice::of(&d_cache, &s),
         num_pages: hc.num_pages,
         block_size: hc.block_size,
-        block_table: DeviceSlice::of(&d_table, &s),
-        block_table_stride: hc.stride,
-        max_pages: hc.max_pages,
+        block_table: BlockTable { table: DeviceSlice::of(&d_table, &s), stride: hc.stride, max_pages: hc.max_pages },
         lens: DeviceSlice::of(&d_lens, &s),
         lens_strides: None,
         lens_rule: LensRule::Local,
@@ -1417,9 +1414,7 @@ fn invalid_arguments_are_named() {
         cache: view(&s, &d_cache),
         num_pages: hc.num_pages,
         block_size: hc.block_size,
-        block_table: view(&s, &d_table),
-        block_table_stride: hc.stride,
-        max_pages: hc.max_pages,
+        block_table: BlockTable { table: view(&s, &d_table), stride: hc.stride, max_pages: hc.max_pages },
         lens: view(&s, &d_lens),
         lens_strides: None,
         lens_rule: LensRule::Local,
@@ -1443,7 +1438,7 @@ fn invalid_arguments_are_named() {
     a.common.q = unsafe { DeviceSlice::from_raw(view(&s, &d_q).ptr() + 2, q.len() - 8) };
     assert_eq!(arg_of(&a), "q");
     let mut a = ok;
-    a.max_pages = hc.stride + 1;
+    a.block_table.max_pages = hc.stride + 1;
     assert_eq!(arg_of(&a), "max_pages");
     let mut a = ok;
     a.num_pages = hc.num_pages + 1;

@@ -5,6 +5,7 @@ mod common;
 use common::*;
 use dcp_mla::formats::{KvFormat, D_LATENT, D_ROPE};
 use dcp_mla::ops::fill::{kv_fill, KvFill};
+use dcp_mla::ops::BlockTable;
 use dcp_mla::reference::fill::{fill, FillInput, PagedCache};
 use dcp_mla::DcpLayout;
 use half::bf16;
@@ -95,10 +96,8 @@ fn run(case: &Case, rng: &mut Rng) {
             kpe_stride,
             req_idx: view(&s, &d_req),
             positions: view(&s, &d_pos),
-            block_table: view(&s, &d_table),
-            block_table_stride: stride,
+            block_table: BlockTable { table: view(&s, &d_table), stride, max_pages },
             batch,
-            max_pages,
             cache: view(&s, &d_cache),
             num_pages,
             block_size: b,
@@ -185,10 +184,8 @@ fn fill_rejects_bad_arguments_without_launching() {
         kpe_stride: 64,
         req_idx: view(&s, &d_i),
         positions: view(&s, &d_i),
-        block_table: view(&s, &d_i),
-        block_table_stride: 1,
+        block_table: BlockTable::packed(view(&s, &d_i), 1),
         batch: 1,
-        max_pages: 1,
         cache: view(&s, &d_cache),
         num_pages: 1,
         block_size: 64,
@@ -203,7 +200,7 @@ fn fill_rejects_bad_arguments_without_launching() {
         ("interleave", KvFill { dcp: DcpLayout { size: 2, interleave: 3 }, ..good }),
         ("cache", KvFill { num_pages: 2, ..good }),
         ("ckv", KvFill { ckv_stride: 500, ..good }),
-        ("max_pages", KvFill { max_pages: 2, ..good }),
+        ("max_pages", KvFill { block_table: BlockTable { max_pages: 2, ..good.block_table }, ..good }),
         ("cache", KvFill { format: KvFormat::Fp8_656, num_pages: 200, ..good }),
     ];
     for (arg, a) in cases {

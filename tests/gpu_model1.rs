@@ -16,6 +16,7 @@ use dcp_mla::formats::model1::{
 use dcp_mla::formats::D_ROPE;
 use dcp_mla::ops::decode::{decode_num_splits, decode_workspace_bytes, DecodeCommon, DecodeOut};
 use dcp_mla::ops::model1::*;
+use dcp_mla::ops::BlockTable;
 use dcp_mla::reference::attention::{apply_sink_oracle, QueryShape};
 use dcp_mla::reference::fill::FillInput;
 use dcp_mla::reference::merge::merge_with_sink;
@@ -457,10 +458,8 @@ fn gpu_fill(
         kpe_stride: D_ROPE,
         req_idx: view(&st, &req_d),
         positions: view(&st, &pos_d),
-        block_table: view(&st, &table_d),
-        block_table_stride: max_pages,
+        block_table: BlockTable::packed(view(&st, &table_d), max_pages),
         batch,
-        max_pages,
         cache: view(&st, &cache),
         pages,
         dcp,

@@ -15,6 +15,7 @@ use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::CudaSlice;
 use dcp_mla::formats::{encode_bf16_row, encode_fp8_row, KvFormat, D_LATENT, D_QK, D_ROPE};
 use dcp_mla::ops::prefill::*;
+use dcp_mla::ops::BlockTable;
 use dcp_mla::planner::{plan_prefill_chunks, prefill_chunk_bytes, ChunkPlan};
 use dcp_mla::reference::fill::PagedCache;
 use dcp_mla::reference::prefill as reference;
@@ -132,10 +133,8 @@ fn launches(s: &std::sync::Arc<cudarc::driver::CudaStream>, b: &Batch, g: &Devic
             num_pages: b.num_pages,
             block_size: b.block_size,
             page_stride: None,
-            block_table: view(s, &g.table),
-            block_table_stride: b.stride,
+            block_table: BlockTable { table: view(s, &g.table), stride: b.stride, max_pages: b.max_pages },
             batch: b.lens.len(),
-            max_pages: b.max_pages,
             pieces: view(s, &g.pieces),
             max_pieces: g.max_pieces,
             // SAFETY: rank r's slot [r·cap, (r+1)·cap) rows of the gathered buffer.

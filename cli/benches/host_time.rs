@@ -9,6 +9,7 @@ use dcp_mla::ops::decode::{
     decode_num_splits, decode_workspace_bytes, host_pieces, mla_decode_dense, mla_decode_dense_on, DecodeCommon,
     DecodeOut, DecodePath, DecodeSchedule, DenseDecode, LensRule,
 };
+use dcp_mla::ops::BlockTable;
 use dcp_mla::runtime::{DeviceSlice, Stream};
 use dcp_mla_cli::bench::gpu_or_exit;
 use half::bf16;
@@ -65,9 +66,7 @@ fn main() {
         num_pages: pages,
         block_size: block,
         page_stride: None,
-        block_table: DeviceSlice::of(&table, &s),
-        block_table_stride: tokens.div_ceil(block),
-        max_pages: tokens.div_ceil(block),
+        block_table: BlockTable::packed(DeviceSlice::of(&table, &s), tokens.div_ceil(block)),
         lens: DeviceSlice::of(&lens, &s),
         lens_strides: None,
         lens_rule: LensRule::Local,

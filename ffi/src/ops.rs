@@ -18,6 +18,7 @@ use dcp_mla::ops::fill::{kv_fill, KvFill};
 use dcp_mla::ops::model1::{self, Model1Decode, Model1Fill, Model1Source};
 use dcp_mla::ops::prefill::{self, Flatten, Reorder};
 use dcp_mla::ops::topk::{self, Compact, GlobalMerge, LocalTopk, PackCandidates, PageTranslate};
+use dcp_mla::ops::BlockTable;
 use dcp_mla::planner::{check_topk, DcpLayout};
 use dcp_mla::runtime::{Device, DeviceSlice, Stream};
 use dcp_mla::KvFormat;
@@ -130,6 +131,12 @@ where
     Ok((view, stride.map_or(default, |[s]| s)))
 }
 
+/// A block table of `max_pages` columns read, its row stride from the tensor (default max_pages).
+fn block_table(t: DcpMlaTensor, max_pages: usize) -> R<BlockTable> {
+    let (table, stride) = with_row_stride(t, "block_table", max_pages)?;
+    Ok(BlockTable { table, stride, max_pages })
+}
+
 /// A cache's byte view (its stride is read by `page_stride`).
 fn cache(t: &DcpMlaTensor) -> R<DeviceSlice<u8>> {
     crate::Arg::arg(t.unstrided(), "cache")
@@ -211,7 +218,6 @@ pub unsafe extern "C" fn dcp_mla_launch_kv_fill(args: *const DcpMlaKvFillArgs) -
         reserved("_reserved", a._reserved)?;
         let (ckv, ckv_stride) = with_row_stride(a.ckv, "ckv", D_LATENT)?;
         let (kpe, kpe_stride) = with_row_stride(a.kpe, "kpe", D_ROPE)?;
-        let (block_table, block_table_stride) = with_row_stride(a.block_table, "block_table", a.max_pages)?;
         Ok(KvFill {
             ckv,
             ckv_stride,
@@ -219,10 +225,8 @@ pub unsafe extern "C" fn dcp_mla_launch_kv_fill(args: *const DcpMlaKvFillArgs) -
             kpe_stride,
             req_idx: arg!(a.req_idx),
             positions: arg!(a.positions),
-            block_table,
-            block_table_stride,
+            block_table: block_table(a.block_table, a.max_pages)?,
             batch: a.batch,
-            max_pages: a.max_pages,
             page_stride: page_stride(&a.cache, format)?,
             cache: cache(&a.cache)?,
             num_pages: a.num_pages,
@@ -360,7 +364,6 @@ pub unsafe extern "C" fn dcp_mla_launch_decode_dense(args: *const DcpMlaDecodeDe
     launch(args, decode::mla_decode_dense, |a| {
         let lens_rule = crate::lens_rule("lens_rule", a.lens_rule, a.dcp_size, a.interleave, a.rank)?;
         let common = decode_common!(a);
-        let (block_table, block_table_stride) = with_row_stride(a.block_table, "block_table", a.max_pages)?;
         let (lens, lens_strides) = strided!(a.lens, 2);
         Ok(DenseDecode {
             common,
@@ -368,9 +371,7 @@ pub unsafe extern "C" fn dcp_mla_launch_decode_dense(args: *const DcpMlaDecodeDe
             cache: cache(&a.cache)?,
             num_pages: a.num_pages,
             block_size: a.block_size,
-            block_table,
-            block_table_stride,
-            max_pages: a.max_pages,
+            block_table: block_table(a.block_table, a.max_pages)?,
             lens,
             lens_strides,
             lens_rule,
@@ -705,7 +706,6 @@ pub unsafe extern "C" fn dcp_mla_launch_kv_fill_model1(args: *const DcpMlaKvFill
 fn model1_fill(a: &DcpMlaKvFillModel1Args) -> R<Model1Fill> {
     let (ckv, ckv_stride) = with_row_stride(a.ckv, "ckv", MODEL1_D_NOPE)?;
     let (kpe, kpe_stride) = with_row_stride(a.kpe, "kpe", D_ROPE)?;
-    let (block_table, block_table_stride) = with_row_stride(a.block_table, "block_table", a.max_pages)?;
     Ok(Model1Fill {
         ckv,
         ckv_stride,
@@ -713,10 +713,8 @@ fn model1_fill(a: &DcpMlaKvFillModel1Args) -> R<Model1Fill> {
         kpe_stride,
         req_idx: arg!(a.req_idx),
         positions: arg!(a.positions),
-        block_table,
-        block_table_stride,
+        block_table: block_table(a.block_table, a.max_pages)?,
         batch: a.batch,
-        max_pages: a.max_pages,
         pages: model1_pages(&a.cache, "cache", a.num_pages, a.block_size)?,
         cache: cache(&a.cache)?,
         dcp: layout(a.dcp_size, a.interleave),
@@ -1278,17 +1276,14 @@ pub unsafe extern "C" fn dcp_mla_launch_prefill_flatten(args: *const DcpMlaPrefi
     launch(args, prefill::flatten, |a| {
         let format: KvFormat = arg!(a.format);
         reserved("_reserved", a._reserved)?;
-        let (block_table, block_table_stride) = with_row_stride(a.block_table, "block_table", a.max_pages)?;
         Ok(Flatten {
             page_stride: page_stride(&a.cache, format)?,
             cache: cache(&a.cache)?,
             format,
             num_pages: a.num_pages,
             block_size: a.block_size,
-            block_table,
-            block_table_stride,
+            block_table: block_table(a.block_table, a.max_pages)?,
             batch: a.batch,
-            max_pages: a.max_pages,
             pieces: arg!(a.pieces),
             max_pieces: a.max_pieces,
             out: arg!(a.out),
@@ -1537,7 +1532,7 @@ mod tests {
     #[test]
     fn model1_fill_converts_and_its_errors_name_the_c_fields() {
         let f = model1_fill(&model1_fill_args()).unwrap();
-        assert_eq!((f.ckv_stride, f.kpe_stride, f.block_table_stride), (448, 64, 8), "the defaults");
+        assert_eq!((f.ckv_stride, f.kpe_stride, f.block_table.stride), (448, 64, 8), "the defaults");
         assert_eq!(f.pages.page_stride, 37_440);
         assert!(model1::fill_checks(&f).is_ok());
         let cases: Vec<(&str, Edit<DcpMlaKvFillModel1Args>)> = vec![

@@ -158,8 +158,10 @@ proptest! {
             ckv: fake(0x1000_0000, numels[0]), ckv_stride: strides[2],
             kpe: fake(0x2000_0000, numels[1]), kpe_stride: strides[3],
             req_idx: fake(0x3000_0000, numels[2]), positions: fake(0x3100_0000, numels[2]),
-            block_table: fake(0x3200_0000, numels[4]), block_table_stride: strides[1],
-            batch, max_pages: topk,
+            block_table: dcp_mla::ops::BlockTable {
+                table: fake(0x3200_0000, numels[4]), stride: strides[1], max_pages: topk,
+            },
+            batch,
             cache: fake(0x4000_0000, numels[3]),
             pages: Model1Pages { num_pages, block_size, page_stride: strides[0] },
             dcp: dcp_mla::DcpLayout { size: heads % 10, interleave: num_q },

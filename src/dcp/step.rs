@@ -10,7 +10,7 @@ use crate::formats::{KvFormat, D_LATENT, D_QK, D_ROPE, D_V};
 use crate::ops::combine::{self, a2a_aligned_slot_bytes, CombineRows};
 use crate::ops::decode::{self, DecodeCommon, DecodeOut};
 use crate::ops::fill::{kv_fill, KvFill};
-use crate::ops::topk;
+use crate::ops::{topk, BlockTable};
 use crate::planner::{causal_local_lens, check_heads, check_topk, DcpConfig, DcpLayout, MAX_Q_ROWS};
 use crate::runtime::{Device, DeviceSlice, Stream};
 use crate::LseBase;
@@ -575,10 +575,8 @@ impl<'a> DecodeStep<'a> {
                 kpe_stride: D_ROPE,
                 req_idx: v.req_idx,
                 positions: v.positions,
-                block_table: v.block_table,
-                block_table_stride: c.max_pages,
+                block_table: BlockTable::packed(v.block_table, c.max_pages),
                 batch: c.batch,
-                max_pages: c.max_pages,
                 cache: v.cache,
                 num_pages: c.num_pages,
                 block_size: c.block_size,
@@ -682,9 +680,7 @@ impl<'a> DecodeStep<'a> {
                     cache: v.cache,
                     num_pages: c.num_pages,
                     block_size: c.block_size,
-                    block_table: v.block_table,
-                    block_table_stride: c.max_pages,
-                    max_pages: c.max_pages,
+                    block_table: BlockTable::packed(v.block_table, c.max_pages),
                     lens: v.lens,
                     lens_strides: None,
                     lens_rule: decode::LensRule::Local,

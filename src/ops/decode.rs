@@ -19,7 +19,7 @@
 //! for it (as FlashMLA's metadata is made once a step). A reused prefix made for other lengths
 //! costs balance, never correctness: a sequence's last piece runs to its last tile.
 
-use super::to_i32;
+use super::{to_i32, BlockTable};
 use crate::abi::{DcpMlaDecodeCombineParams, DcpMlaDecodeParams};
 use crate::catalogue::kv_axis;
 use crate::error::{Error, Result};
@@ -154,10 +154,8 @@ pub struct DenseDecode {
     /// Cache rows (tokens) from one page's start to the next's, at least `block_size` (a view
     /// of a larger page dimension); `None`: `block_size`, packed pages.
     pub page_stride: Option<usize>,
-    /// int32 [batch, block_table_stride]; the first `max_pages` columns are used.
-    pub block_table: DeviceSlice<i32>,
-    pub block_table_stride: usize,
-    pub max_pages: usize,
+    /// `batch` rows: request i's tokens are in the pages of row i.
+    pub block_table: BlockTable,
     /// int32 [batch, nq]: what [`DenseDecode::lens_rule`] says, local lengths per query row by
     /// default; the rows' local lengths are clamped on the device to [0, max_pages·block_size].
     pub lens: DeviceSlice<i32>,
@@ -359,7 +357,7 @@ pub fn dense_shape(a: &DenseDecode) -> DecodeShape {
         batch: c.batch,
         nq: c.nq,
         heads: c.heads,
-        context: a.max_pages.saturating_mul(a.block_size),
+        context: a.block_table.max_pages.saturating_mul(a.block_size),
         causal: matches!(a.lens_rule, LensRule::Global { causal: true, .. }),
     }
 }
@@ -418,12 +416,12 @@ fn dense_params(a: &DenseDecode) -> Result<DcpMlaDecodeParams> {
     let mut params = validate_common(&a.common, false, D_QK)?;
     let c = &a.common;
     params.page_rows = super::check_cache_bytes(&a.cache, a.num_pages, a.block_size, a.page_stride, KvFormat::Bf16)?;
-    super::check_block_table(&a.block_table, c.batch, a.block_table_stride, a.max_pages)?;
+    a.block_table.check(c.batch)?;
     ensure_arg!(
-        a.max_pages.checked_mul(a.block_size).is_some_and(|n| n <= MAX_DECODE_TOKENS),
+        a.block_table.max_pages.checked_mul(a.block_size).is_some_and(|n| n <= MAX_DECODE_TOKENS),
         "max_pages",
         "{} pages of {} tokens exceed the kernels' int32 token counts (at most {MAX_DECODE_TOKENS})",
-        a.max_pages,
+        a.block_table.max_pages,
         a.block_size
     );
     [params.len_stride_b, params.len_stride_s] = length_strides("lens", "lens_strides", &a.lens, a.lens_strides, c)?;
@@ -444,12 +442,12 @@ fn dense_params(a: &DenseDecode) -> Result<DcpMlaDecodeParams> {
             (cycle as i32, dcp.interleave as i32, (rank * dcp.interleave) as i32);
     }
     params.cache = a.cache.ptr();
-    params.block_table = a.block_table.ptr();
-    params.block_table_stride = a.block_table_stride as i64;
+    params.block_table = a.block_table.table.ptr();
+    params.block_table_stride = a.block_table.stride as i64;
     params.lens = a.lens.ptr();
     params.num_pages = to_i32("num_pages", a.num_pages)?;
     params.block_size = to_i32("block_size", a.block_size)?;
-    params.max_pages = to_i32("max_pages", a.max_pages)?;
+    params.max_pages = to_i32("max_pages", a.block_table.max_pages)?;
     Ok(params)
 }
 
@@ -770,9 +768,7 @@ mod tests {
             cache: fake(4 * block_size * D_QK * 2),
             num_pages: 4,
             block_size,
-            block_table: fake(1 << 40),
-            block_table_stride: stride,
-            max_pages,
+            block_table: BlockTable { table: fake(1 << 40), stride, max_pages },
             lens: fake(batch),
             lens_strides: None,
             lens_rule: LensRule::Local,

@@ -1,6 +1,6 @@
 //! KV-cache fill launcher (docs/contract.md §2-3). Reference: [`crate::reference::fill`].
 
-use super::{check_cache_bytes, compiled, launch_warp_rows};
+use super::{check_cache_bytes, compiled, launch_warp_rows, BlockTable};
 use crate::abi::DcpKvFillParams;
 use crate::error::Result;
 use crate::formats::{KvFormat, D_LATENT};
@@ -22,11 +22,9 @@ pub struct KvFill {
     pub req_idx: DeviceSlice<i32>,
     /// int32 \[num_tokens\]: global position of each token; negative skips it (padding).
     pub positions: DeviceSlice<i32>,
-    /// int32 [batch, block_table_stride]; the first `max_pages` columns are used.
-    pub block_table: DeviceSlice<i32>,
-    pub block_table_stride: usize,
+    /// `batch` rows: token i's page is row req_idx\[i\]'s entry for its logical page.
+    pub block_table: BlockTable,
     pub batch: usize,
-    pub max_pages: usize,
     /// This rank's cache as bytes: [num_pages, page_stride, format.token_bytes()], of which the
     /// first `block_size` rows of each page are its tokens.
     pub cache: DeviceSlice<u8>,
@@ -70,7 +68,7 @@ fn validate(a: &KvFill) -> Result<DcpKvFillParams> {
 /// A macro because the two argument structs share these fields but not a type.
 macro_rules! fill_params {
     ($a:expr, $nope:expr, $num_pages:expr, $block_size:expr, $cache:expr) => {{
-        use $crate::ops::{check_block_table, check_layout, check_rows, to_i32};
+        use $crate::ops::{check_layout, check_rows, to_i32};
         let f = $a;
         let t = f.positions.len();
         ensure_arg!(f.req_idx.len() == t, "req_idx", "has {} entries but positions has {t}", f.req_idx.len());
@@ -85,21 +83,21 @@ macro_rules! fill_params {
             "{} does not divide the block size {block_size}",
             f.dcp.interleave
         );
-        check_block_table(&f.block_table, f.batch, f.block_table_stride, f.max_pages)?;
+        f.block_table.check(f.batch)?;
         let page_rows: i32 = $cache?;
         Ok($crate::abi::DcpKvFillParams {
             ckv: f.ckv.ptr(),
             kpe: f.kpe.ptr(),
             req_idx: f.req_idx.ptr(),
             positions: f.positions.ptr(),
-            block_table: f.block_table.ptr(),
+            block_table: f.block_table.table.ptr(),
             cache: f.cache.ptr(),
             ckv_stride: f.ckv_stride as i64,
             kpe_stride: f.kpe_stride as i64,
-            block_table_stride: f.block_table_stride as i64,
+            block_table_stride: f.block_table.stride as i64,
             num_tokens: to_i32("positions", t)?,
             batch: to_i32("batch", f.batch)?,
-            max_pages: to_i32("max_pages", f.max_pages)?,
+            max_pages: to_i32("max_pages", f.block_table.max_pages)?,
             num_pages: to_i32("num_pages", num_pages)?,
             block_size: to_i32("block_size", block_size)?,
             dcp_size,
@@ -125,10 +123,8 @@ mod tests {
             kpe_stride: 64,
             req_idx: fake(4),
             positions: fake(4),
-            block_table: fake(8),
-            block_table_stride: 8,
+            block_table: BlockTable::packed(fake(8), 8),
             batch: 1,
-            max_pages: 8,
             cache: fake(8 * 64 * 1152),
             num_pages: 8,
             block_size: 64,

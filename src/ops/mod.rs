@@ -295,23 +295,34 @@ pub(crate) fn check_len<T>(arg: &'static str, buf: &DeviceSlice<T>, need: usize)
     check_buf(arg, buf, need, 1)
 }
 
-/// A block table of `batch` rows of `stride` entries whose first `max_pages` are read:
-/// `max_pages` within the stride, and `block_table` holding every entry read.
-pub(crate) fn check_block_table(
-    block_table: &DeviceSlice<i32>,
-    batch: usize,
-    stride: usize,
-    max_pages: usize,
-) -> Result<()> {
-    ensure_arg!(max_pages <= stride, "max_pages", "{max_pages} exceeds the block-table stride {stride}");
-    let need = extent("block_table_stride", batch, stride, max_pages)?;
-    ensure_arg!(
-        block_table.len() >= need,
-        "block_table",
-        "holds {} entries but {batch} rows need {need}",
-        block_table.len()
-    );
-    Ok(())
+/// A block table: int32, a row a request of `stride` entries (cache page numbers, one a logical
+/// page of `block_size` tokens), of which the first `max_pages` are read; an entry outside the
+/// cache's pages is a page not there (its tokens are skipped or read as nothing, never addressed).
+#[derive(Debug, Clone, Copy)]
+pub struct BlockTable {
+    pub table: DeviceSlice<i32>,
+    /// Entries from one request's row to the next (≥ `max_pages`; FlashMLA's `block_table` is
+    /// [batch, max_pages] with stride max_pages).
+    pub stride: usize,
+    /// Columns read: a request holds at most max_pages·block_size tokens on this rank.
+    pub max_pages: usize,
+}
+
+impl BlockTable {
+    /// A contiguous [rows, max_pages] table.
+    pub fn packed(table: DeviceSlice<i32>, max_pages: usize) -> Self {
+        BlockTable { table, stride: max_pages, max_pages }
+    }
+
+    /// `batch` rows: `max_pages` within the stride, and the table holding every entry read.
+    /// Errors name the C ABI's fields (`block_table`, `block_table_stride`, `max_pages`).
+    pub(crate) fn check(&self, batch: usize) -> Result<()> {
+        let BlockTable { table, stride, max_pages } = *self;
+        ensure_arg!(max_pages <= stride, "max_pages", "{max_pages} exceeds the block-table stride {stride}");
+        let need = extent("block_table_stride", batch, stride, max_pages)?;
+        ensure_arg!(table.len() >= need, "block_table", "holds {} entries but {batch} rows need {need}", table.len());
+        Ok(())
+    }
 }
 
 /// A paged cache as bytes: `num_pages` pages whose starts lie `page_stride` rows apart (`None`:

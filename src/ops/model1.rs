@@ -10,7 +10,7 @@
 //! own schedule and combine ([`crate::ops::decode`]); `kernels-src/fill.cuh` (`kv_fill_model1`).
 
 use super::decode::{launch, length_strides, validate_common, DecodeCommon, Kernel, MAX_DECODE_TOKENS};
-use super::{compiled, launch_warp_rows, to_i32};
+use super::{compiled, launch_warp_rows, to_i32, BlockTable};
 use crate::abi::{DcpKvFillParams, DcpMlaDecodeParams};
 use crate::catalogue::{env_path, model1_heuristic_path, model1_ships, variant_name, DecodePath};
 use crate::error::Result;
@@ -283,11 +283,9 @@ pub struct Model1Fill {
     pub req_idx: DeviceSlice<i32>,
     /// int32 \[num_tokens\]: global position of each token; negative skips it (padding).
     pub positions: DeviceSlice<i32>,
-    /// int32 [batch, block_table_stride]; the first `max_pages` columns are used.
-    pub block_table: DeviceSlice<i32>,
-    pub block_table_stride: usize,
+    /// `batch` rows: token i's page is row req_idx\[i\]'s entry for its logical page.
+    pub block_table: BlockTable,
     pub batch: usize,
-    pub max_pages: usize,
     /// This rank's MODEL1 cache, `pages` of it (page stride in bytes, a multiple of 576).
     pub cache: DeviceSlice<u8>,
     pub pages: Model1Pages,
@@ -438,10 +436,8 @@ mod tests {
             kpe_stride: 64,
             req_idx: fake(4),
             positions: fake(4),
-            block_table: fake(8),
-            block_table_stride: 8,
+            block_table: BlockTable::packed(fake(8), 8),
             batch: 1,
-            max_pages: 8,
             cache: fake(pages.cache_bytes()),
             pages,
             dcp: DcpLayout { size: 2, interleave: 1 },

@@ -6,7 +6,7 @@
 //! so a captured CUDA graph replays correctly when the plan of the next chunk differs: the
 //! caller uploads the new table into the same buffer.
 
-use super::{check_block_table, check_cache_bytes, check_layout, check_len, compiled, launch_warp_rows, to_i32};
+use super::{check_cache_bytes, check_layout, check_len, compiled, launch_warp_rows, to_i32, BlockTable};
 use crate::abi::{DcpPrefillFlattenParams, DcpPrefillReorderParams};
 use crate::error::Result;
 use crate::formats::{KvFormat, D_QK};
@@ -51,12 +51,9 @@ pub struct Flatten {
     pub block_size: usize,
     /// Cache rows from one page's start to the next's (≥ block_size); `None`: packed pages.
     pub page_stride: Option<usize>,
-    /// int32 [batch, block_table_stride]; only the first `max_pages` columns are read, a page
-    /// column at or beyond it gives zeros.
-    pub block_table: DeviceSlice<i32>,
-    pub block_table_stride: usize,
+    /// `batch` rows; a page column at or beyond its `max_pages` gives zeros.
+    pub block_table: BlockTable,
     pub batch: usize,
-    pub max_pages: usize,
     /// int32 [max_pieces, PIECE_FIELDS] from [`piece_table`].
     pub pieces: DeviceSlice<i32>,
     pub max_pieces: usize,
@@ -82,17 +79,17 @@ pub fn flatten(dev: &Device, stream: Stream, a: &Flatten) -> Result<()> {
 fn flatten_params(a: &Flatten) -> Result<DcpPrefillFlattenParams> {
     let [dcp_size, dcp_rank, interleave] = check_layout(a.dcp, a.rank)?;
     let page_rows = check_cache_bytes(&a.cache, a.num_pages, a.block_size, a.page_stride, a.format)?;
-    check_block_table(&a.block_table, a.batch, a.block_table_stride, a.max_pages)?;
+    a.block_table.check(a.batch)?;
     check_pieces(&a.pieces, a.max_pieces)?;
     check_rows_out("out", &a.out, a.cap_rows)?;
     Ok(DcpPrefillFlattenParams {
         cache: a.cache.ptr(),
-        block_table: a.block_table.ptr(),
+        block_table: a.block_table.table.ptr(),
         pieces: a.pieces.ptr(),
         out: a.out.ptr(),
-        block_table_stride: a.block_table_stride as i64,
+        block_table_stride: a.block_table.stride as i64,
         batch: to_i32("batch", a.batch)?,
-        max_pages: to_i32("max_pages", a.max_pages)?,
+        max_pages: to_i32("max_pages", a.block_table.max_pages)?,
         num_pages: to_i32("num_pages", a.num_pages)?,
         block_size: to_i32("block_size", a.block_size)?,
         cap_rows: to_i32("cap_rows", a.cap_rows)?,
@@ -189,10 +186,8 @@ mod tests {
             num_pages: 10,
             block_size: 64,
             page_stride: None,
-            block_table: fake(2 * 5),
-            block_table_stride: 5,
+            block_table: BlockTable::packed(fake(2 * 5), 5),
             batch: 2,
-            max_pages: 5,
             pieces: fake(4 * PIECE_FIELDS),
             max_pieces: 4,
             out: fake(128 * D_QK),
@@ -203,7 +198,13 @@ mod tests {
         assert!(flatten_params(&f).is_ok());
         assert_eq!(arg_of(flatten_params(&Flatten { format: KvFormat::Bf16, ..f }).unwrap_err()), "cache");
         assert_eq!(arg_of(flatten_params(&Flatten { batch: 3, ..f }).unwrap_err()), "block_table");
-        assert_eq!(arg_of(flatten_params(&Flatten { max_pages: 6, ..f }).unwrap_err()), "max_pages");
+        assert_eq!(
+            arg_of(
+                flatten_params(&Flatten { block_table: BlockTable { max_pages: 6, ..f.block_table }, ..f })
+                    .unwrap_err()
+            ),
+            "max_pages"
+        );
         assert_eq!(arg_of(flatten_params(&Flatten { max_pieces: 5, ..f }).unwrap_err()), "pieces");
         assert_eq!(arg_of(flatten_params(&Flatten { cap_rows: 129, ..f }).unwrap_err()), "out");
         assert_eq!(arg_of(flatten_params(&Flatten { rank: 4, ..f }).unwrap_err()), "rank");

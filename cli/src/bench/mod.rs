@@ -24,6 +24,7 @@ use dcp_mla::ops::fill::{kv_fill, KvFill};
 use dcp_mla::ops::model1::{mla_decode_model1_on, Model1Decode, Model1Source};
 use dcp_mla::ops::prefill::{self, piece_table, Flatten, Reorder};
 use dcp_mla::ops::topk::{self, Compact, GlobalMerge, LocalTopk, PackCandidates, PageTranslate};
+use dcp_mla::ops::BlockTable;
 use dcp_mla::ops::RowsDtype;
 use dcp_mla::planner::choice::DecodeShape;
 use dcp_mla::planner::{plan_prefill_chunks, prefill_chunk_bytes, ChunkPlan, DcpLayout};
@@ -1211,9 +1212,7 @@ impl DecodeInputs {
                 cache: sl(s, &self.cache),
                 num_pages: b * pages,
                 block_size: DECODE_BLOCK,
-                block_table: sl(s, &self.table),
-                block_table_stride: pages,
-                max_pages: pages,
+                block_table: BlockTable::packed(sl(s, &self.table), pages),
                 lens: sl(s, &self.lists),
                 lens_strides: None,
                 lens_rule: if self.spec.causal { decode::LensRule::single(true) } else { decode::LensRule::Local },
@@ -1354,10 +1353,8 @@ fn prepare_fill<'a>(mut p: Prep<'a, '_>, format: KvFormat, tokens: usize) -> Res
         kpe_stride: D_ROPE,
         req_idx: sl(s, &req),
         positions: sl(s, &pos),
-        block_table: sl(s, &table),
-        block_table_stride: pages,
+        block_table: BlockTable::packed(sl(s, &table), pages),
         batch: 1,
-        max_pages: pages,
         cache: sl(s, &cache),
         num_pages: pages,
         block_size: block,
@@ -1522,10 +1519,8 @@ fn prepare_flatten<'a>(p: Prep<'a, '_>, format: KvFormat, prefix: usize, d: usiz
         num_pages: pages,
         block_size: block,
         page_stride: None,
-        block_table: sl(s, &table),
-        block_table_stride: pages,
+        block_table: BlockTable::packed(sl(s, &table), pages),
         batch: 1,
-        max_pages: pages,
         pieces: sl(s, &pieces),
         max_pieces: plan.chunks[0].pieces.len(),
         out: sl(s, &out),

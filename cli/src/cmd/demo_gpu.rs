@@ -13,6 +13,7 @@ use dcp_mla::ops::decode::{
 use dcp_mla::ops::fill::{kv_fill, KvFill};
 use dcp_mla::ops::topk::{compact, global_merge, local_topk, pack_candidates, Compact, GlobalMerge, LocalTopk};
 use dcp_mla::ops::topk::{PackCandidates, PageTranslate};
+use dcp_mla::ops::BlockTable;
 use dcp_mla::reference::attention::default_scale;
 use dcp_mla::reference::merge::reduce_scatter;
 use dcp_mla::runtime::{Device, DeviceSlice, Stream};
@@ -102,10 +103,8 @@ pub fn run_gpu(dev: &Device, p: &Problem) -> Result<Outputs> {
                     kpe_stride: D_ROPE,
                     req_idx: sl(&s, req),
                     positions: sl(&s, pos),
-                    block_table: sl(&s, &d_table),
-                    block_table_stride: p.max_pages,
+                    block_table: BlockTable::packed(sl(&s, &d_table), p.max_pages),
                     batch: b,
-                    max_pages: p.max_pages,
                     cache: sl(&s, &cache),
                     num_pages: p.num_pages,
                     block_size: p.block_size,
@@ -158,9 +157,7 @@ pub fn run_gpu(dev: &Device, p: &Problem) -> Result<Outputs> {
             cache: sl(&s, cache),
             num_pages: p.num_pages,
             block_size: p.block_size,
-            block_table: sl(&s, &d_table),
-            block_table_stride: p.max_pages,
-            max_pages: p.max_pages,
+            block_table: BlockTable::packed(sl(&s, &d_table), p.max_pages),
             lens: sl(&s, &lens),
             lens_strides: None,
             lens_rule: LensRule::Local,
