@@ -140,10 +140,11 @@ __device__ __forceinline__ void tile_accumulate(float (&o)[32][4], const __nv_bf
 template <int Pitch, int Dqk, typename Issue, typename StageTile>
 __device__ __forceinline__ void tile_loop(int tile_begin, int tile_end, Issue&& issue_tile, StageTile&& stage_tile,
                                           const __nv_bfloat16* sQ, const int* sValid, const int (&row_len)[2],
-                                          float scale_log2, float* sMax, __nv_bfloat16* sP, float (&o)[32][4],
+                                          const float& scale, float* sMax, __nv_bfloat16* sP, float (&o)[32][4],
                                           float (&m_run)[2], float (&l_run)[2], const Sm80Warp& w) {
     if (tile_begin < tile_end) issue_tile(tile_begin, 0);
     cp_async_commit();
+    const float scale_log2 = scale;  // read after the first copies are issued
 #pragma unroll
     for (int n = 0; n < 32; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
     m_run[0] = m_run[1] = -INFINITY;
