@@ -2,7 +2,8 @@
 // decode/model1.cuh both run it once the tile is in shared memory as bf16: 8 warps, warp (rg, half)
 // scores rows 16rg.. against tokens 16half.. and accumulates O's rows 16rg.., V columns 256half...
 // Every function is forceinline: the kernels compile to the code they had when each spelled the
-// body out (the same SASS, checked when this header was introduced).
+// body out (the same SASS, checked when this header was introduced). tile_softmax, tile_loop and
+// finish_rows hold __syncthreads: every thread of the CTA calls them.
 #pragma once
 #include "arch/sm80_ptx.cuh"
 #include "decode/base.cuh"
