@@ -36,6 +36,18 @@ DCP_SPECIAL_REGISTER(thread_index, int, "tid.x")
 // start is not hoisted out of the piece loop (and across setmaxnreg) by the compiler.
 DCP_SPECIAL_REGISTER(block_index_x, int, "ctaid.x")
 
+// The max and the sum of a row's value over the 4 lanes (t4) of an mma / wgmma fragment that hold
+// its columns.
+__device__ __forceinline__ float row_max4(float v) {
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
+    return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
+}
+__device__ __forceinline__ float row_total(float v) {
+    v += __shfl_xor_sync(0xffffffffu, v, 1);
+    v += __shfl_xor_sync(0xffffffffu, v, 2);
+    return v;
+}
+
 // Traps unless the launch gave at least `need` bytes of dynamic shared memory: less is a
 // host/kernel mismatch, a bug, and the launch fails loudly instead of leaving outputs unwritten.
 __device__ __forceinline__ void require_dynamic_smem(uint32_t need) {

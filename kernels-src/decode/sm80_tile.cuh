@@ -44,14 +44,13 @@ __device__ __forceinline__ void tile_scores(float (&s)[2][4], const __nv_bfloat1
     }
 }
 
-// Combines this thread's two row values (rows g and g + 8) over the 4 threads of its quad with
-// `op` and stores them, one a row, to dst[half][kRows].
-template <typename Op>
-__device__ __forceinline__ void quad_reduce_store(float (&v)[2], float* dst, const Sm80Warp& w, Op op) {
+// This thread's two row values (rows g and g + 8) reduced over its quad's 4 threads by `reduce`
+// (row_max4, row_total), then stored, one a row, to dst[half][kRows].
+template <typename Reduce>
+__device__ __forceinline__ void quad_reduce_store(float (&v)[2], float* dst, const Sm80Warp& w, Reduce reduce) {
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
-        v[k] = op(v[k], __shfl_xor_sync(0xffffffffu, v[k], 1));
-        v[k] = op(v[k], __shfl_xor_sync(0xffffffffu, v[k], 2));
+        v[k] = reduce(v[k]);
         if (w.t4 == 0) dst[w.half * kRows + w.rg * 16 + w.g + 8 * k] = v[k];
     }
 }
@@ -74,7 +73,7 @@ __device__ __forceinline__ void tile_softmax(float (&s)[2][4], float (&o)[32][4]
             s[n][e] = ok ? s[n][e] * scale_log2 : -INFINITY;  // select: a NaN score never survives
             tmax[e >> 1] = fmaxf(tmax[e >> 1], s[n][e]);
         }
-    quad_reduce_store(tmax, sMax, w, [](float a, float b) { return fmaxf(a, b); });
+    quad_reduce_store(tmax, sMax, w, [](float x) { return row_max4(x); });
     __syncthreads();
     float alpha[2];
 #pragma unroll
@@ -175,7 +174,7 @@ template <bool Sparse>
 __device__ __forceinline__ void finish_rows(const DcpMlaDecodeParams& p, const Piece& pc, int seq, int seq_rows,
                                             int row_base, int row_limit, float (&o)[32][4], const float (&m_run)[2],
                                             float (&l_run)[2], float* sSum, const Sm80Warp& w) {
-    quad_reduce_store(l_run, sSum, w, [](float a, float b) { return a + b; });
+    quad_reduce_store(l_run, sSum, w, [](float x) { return row_total(x); });
     __syncthreads();
     float2 stats[2];
 #pragma unroll

@@ -30,6 +30,8 @@ enum class Sm90Schedule { Trio, TrioSplit, Pair, Quad };
 
 namespace decode_sm90 {
 using namespace ptx_sm90;  // the PTX wrappers (arch/sm90_ptx.cuh) as decode_sm90::...
+using decode::row_max4;
+using decode::row_total;
 
 constexpr int kRows = 64;
 constexpr int kBlocks = kDimQk / 64;  // 9 column blocks of 64 dims
@@ -153,12 +155,6 @@ __device__ __forceinline__ bool tile_clean(const int* valid, int tile, const int
     return __all_sync(0xffffffffu, clean);
 }
 
-// The max of a row's value over the 4 lanes (t4) that hold its columns.
-__device__ __forceinline__ float row_max4(float v) {
-    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
-    return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2));
-}
-
 // The max of N of a thread's scores of row K (0: r0, 1: r0 + 8), from the row's J-th on (its
 // scores are s[4j + 2K], s[4j + 2K + 1]), as a tree of fmaxf: log2 N dependent steps. Recursion,
 // not an array: an array indexed in unrolled loops was left in local memory.
@@ -248,13 +244,6 @@ __device__ __forceinline__ void rescale_o(float (&o)[128], float alpha0, float a
             o[4 * n + 3] *= alpha1;
         }
     }
-}
-
-// The sum of a row's value over the 4 lanes (t4) that hold its columns.
-__device__ __forceinline__ float row_total(float v) {
-    v += __shfl_xor_sync(0xffffffffu, v, 1);
-    v += __shfl_xor_sync(0xffffffffu, v, 2);
-    return v;
 }
 
 // Q's 64 rows (rows row_base.. of sequence `seq`, row_limit of them; the rest zero-filled) into

@@ -193,7 +193,7 @@ fn validate_ag_rs_correct(a: &AgRsCorrect) -> Result<(DcpAgRsCorrectParams, usiz
         out: a.out.ptr(),
         lse_all: a.lse_all.ptr(),
         contrib: a.contrib.ptr(),
-        num_tokens: g.params()?.0,
+        num_tokens: to_i32("num_tokens", g.num_tokens)?,
         num_heads: to_i32("local_heads", heads)?,
         dcp_size: g.dcp_size as i32,
         dcp_rank: a.rank as i32,
