@@ -62,6 +62,15 @@ namespace dcp {
 // arrivals. Registers: 512 threads start at 128; scorer 64, P·V 176 each, producer 96 (the splits
 // that spill are in NOTES.md at 628d1db), and since ptxas checks each instruction against the launch's 128,
 // P·V is issued as two m64n128k16 a k-step (m64n256 asks for 154).
+// Quad_pair (Sm90Schedule::QuadPair; sparse FP8 and MODEL1 where a query row has two row blocks):
+// quad whose two CTAs of a query row (row blocks 0 and 1, consecutive along x) form a cluster, as
+// FlashMLA's H = 128 sparse kernel does: each producer fills only its half of every tile (tokens
+// 32·rank..), storing each chunk here and by st.async into the peer's buffer (the peer's full(b)
+// expects those bytes with one of its producer's arrivals), rope block and flags included, so a
+// tile is read from memory and dequantised once for 128 heads. A producer writes fill f into
+// buffer b once both CTAs' P·V of use f − 2 are done: empty(b) also takes one relaxed arrival from
+// each of the peer's eight P·V warps. The rows go out through Q (the peer may already be filling
+// this CTA's buffers for the next piece); a cluster barrier after the set-up and before exit.
 // MODEL1 (quad over DecodeKv::Model1; decode/model1_format.cuh's cache): Q and a tile are 512
 // values a row (8 column blocks: 7 of nope, the rope block last), and V is the whole token, rope
 // included, so P(i) goes to a buffer of its own (2 × 8 KB after the tiles, reused under the same
@@ -91,8 +100,12 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
     constexpr int kDqk = decode_sm90::dim_qk<Kv>();  // 576, MODEL1's 512
     // pair: two CTAs share each FP8 tile's dequantisation (only FP8 dequantises)
     [[maybe_unused]] constexpr bool kPair = Sched == Sm90Schedule::Pair;
+    // quad_pair: quad whose two CTAs of a query row share every tile's fill (a cluster of two)
+    [[maybe_unused]] constexpr bool kQuadPair = Sched == Sm90Schedule::QuadPair;
     // quad: a fourth warpgroup (the producer) fills every FP8 tile; the P·V warpgroups only multiply
-    [[maybe_unused]] constexpr bool kQuad = Sched == Sm90Schedule::Quad;
+    [[maybe_unused]] constexpr bool kQuad = Sched == Sm90Schedule::Quad || kQuadPair;
+    // the schedules whose CTAs write into each other's shared memory
+    [[maybe_unused]] constexpr bool kCluster = kPair || kQuadPair;
     // trio_split (BF16): P goes over in two halves of 32 tokens, the first once a lazy max has
     // passed (so P·V starts beside the scorer's second half of exps); the launcher runs it where a
     // sequence has two or more row blocks (compute-bound), trio's single hand-over elsewhere.
@@ -139,8 +152,10 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
     const int wg = warp >> 2, t = tid & 127, t4 = lane & 3;
     if (tid == 0) {
         for (int b = 0; b < 2; ++b) {
-            mbar_init(full(b), kFp8 && !kQuad ? 384 : 256);
-            mbar_init(empty(b), 256);
+            // quad_pair: full(b) takes the producer's 128 arrivals (one expecting the peer's bytes),
+            // empty(b) also the peer's P·V warps' 8 (its producer writes here after it too)
+            mbar_init(full(b), kQuadPair ? 128 : kFp8 && !kQuad ? 384 : 256);
+            mbar_init(empty(b), kQuadPair ? 256 + 8 : 256);
             // one arrival per thread: racecheck does not see a warp's accesses ordered by
             // __syncwarp before lane 0's arrival (NOTES.md at 628d1db, fifth session)
             mbar_init(p_full(b, 0), 128);
@@ -152,10 +167,10 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
             }
         }
         fence_proxy_async();
-        if constexpr (kPair) fence_mbarrier_init_cluster();
+        if constexpr (kCluster) fence_mbarrier_init_cluster();
     }
-    // pair: the peer's mbarriers are set up before anything arrives on them
-    if constexpr (kPair) cluster_sync();
+    // pair, quad_pair: the peer's mbarriers are set up before anything arrives on them
+    if constexpr (kCluster) cluster_sync();
     if (!kSparse && p.kv_tma != 0 && tid == 128) tma_prefetch_map(&p.kv_tmap);  // warpgroup 1 issues the boxes
     const int seqs = decode::num_seqs(p, kSparse);
     const int block_seq = cta_rows<kSparse>(p, decode::rows_per_seq(p, kSparse)).seq;
@@ -228,7 +243,7 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                 const uint32_t u = uses + i;
                 const int b = u & 1;
                 float s[kSRegs];
-                if constexpr (kPair) mbar_wait_sleep_cluster(full(b), (u >> 1) & 1);  // the peer's half too
+                if constexpr (kCluster) mbar_wait_sleep_cluster(full(b), (u >> 1) & 1);  // the peer's half too
                 else mbar_wait_sleep(full(b), (u >> 1) & 1);
                 if constexpr (kQuad) {
                     if (i == 0) mbar_wait_sleep(q_full, q_loads++ & 1);  // the warpgroup's copies of Q
@@ -360,15 +375,27 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
             return;
         } else if constexpr (kRole == 3) {
             // ---- quad's producer: per tile the flags, the rope block and the latent ----
-            // Two threads a token: thread t fills token t / 2's latent half t & 1 (256 values in
-            // four 64-byte batches, scale groups 2·half and 2·half + 1) and half of its rope block.
-            // MODEL1 (decode/model1_format.cuh): half 0 fills nope blocks 0..3, half 1 blocks 4..6
-            // (a block is a 64-byte batch with its ue8m0 scale byte); the token's entry is its first
-            // list's (positions 0..n1 − 1) or its second's, in that list's cache.
-            // A fill's first two batches and its scales are loaded before the wait for its buffer
-            // (their latency hides behind that wait), the rest after, from L2: each row is
-            // prefetched a fill before its raw loads, and its index loaded a fill before that.
-            const int tok = t >> 1, half = t & 1;
+            // Quad: two threads a token: thread t fills token t / 2's latent half t & 1 (column
+            // blocks 4·half.. : 256 values in four 64-byte batches, scale groups 2·half and
+            // 2·half + 1) and half of its rope block by cp.async.
+            // Quad_pair: four threads a token of this CTA's half of the tile (tokens 32·rank..
+            // + 31), thread t token 32·rank + t / 4's column blocks 2q and 2q + 1 (q = t & 3: two
+            // batches, scale group q) and the rope block's chunks 2q, 2q + 1 (loaded, not copied),
+            // each 16-byte chunk stored here and by st.async into the peer's buffer, completing
+            // on the peer's full(b); thread q = 0 also the token's flag, in both CTAs.
+            // MODEL1 (decode/model1_format.cuh): a block is a 64-byte batch with its ue8m0 scale
+            // byte (quad: half 0 fills nope blocks 0..3, half 1 blocks 4..6; quad_pair: q = 3 has
+            // block 6 only); the token's entry is its first list's (positions 0..n1 − 1) or its
+            // second's, in that list's cache.
+            // A fill's batches (quad: its first two) and its scales are loaded before the wait
+            // for its buffer (their latency hides behind that wait), quad's rest after, from L2:
+            // each row is prefetched a fill before its raw loads, and its index loaded a fill
+            // before that.
+            [[maybe_unused]] const uint32_t rank = kQuadPair ? cluster_rank() : 0, peer = rank ^ 1;
+            const int tok = kQuadPair ? 32 * (int)rank + (t >> 2) : t >> 1, half = t & 1;
+            [[maybe_unused]] const int q = t & 3;
+            // the thread's first column block (from t where used: one value fewer to hold)
+            auto blk0 = [&]() { return kQuadPair ? 2 * (t & 3) : 4 * (t & 1); };
             const unsigned char* cache = (const unsigned char*)p.cache;
             // MODEL1: the first list's valid entries and both lists
             [[maybe_unused]] const int n1 = kModel1 ? decode::seq_tokens(p, true, seq) : 0;
@@ -381,7 +408,8 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                 const unsigned char* scales;
             };
             using Where = std::conditional_t<kModel1, Where1, int64_t>;
-            // the token's scales: two fp32 groups; MODEL1, the half's four ue8m0 bytes
+            // the token's scales: two fp32 groups (quad_pair: its one, twice); MODEL1, the bytes of
+            // the thread's blocks from the lowest (quad: four, quad_pair: two)
             using Scales = std::conditional_t<kModel1, uint32_t, float2>;
             // the entry of tile's token: its page (its list's value), or -1 past the list(s)
             auto page_of = [&](int tile) -> int {
@@ -420,81 +448,144 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                 if constexpr (kModel1) return w.row ? w.row : cache;
                 else return cache + (w >= 0 ? w : 0) * kFp8RowBytes;
             };
-            // batch h of the half (656: latent bytes 256·half + 64h; MODEL1: nope block 4·half + h)
+            // the thread's batch h: column block blk0 + h (656: latent bytes 64·(blk0 + h); MODEL1:
+            // nope block blk0 + h)
             auto load_batch = [&](uint4 (&raw)[kFp8Batch], Where w, int h) {
-                const unsigned char* src = src_of(w) + half * 256 + 64 * h;
+                const unsigned char* src = src_of(w) + 64 * (blk0() + h);
 #pragma unroll
                 for (int j = 0; j < kFp8Batch; ++j)
                     raw[j] = valid(w) ? __ldg((const uint4*)(src + 16 * j)) : make_uint4(0, 0, 0, 0);
             };
-            // 656: scale group g of the half
+            // 656: scale group g
             auto load_scale = [&](Where row, int g) -> float {
                 if constexpr (kModel1) return 0.0f;
-                else return row >= 0 ? __ldg((const float*)(src_of(row) + kFp8ScaleOffset + 4 * (2 * half + g))) : 0.0f;
+                else return row >= 0 ? __ldg((const float*)(src_of(row) + kFp8ScaleOffset + 4 * g)) : 0.0f;
             };
             auto load_scales = [&](Where w) -> Scales {
                 if constexpr (kModel1) {
-                    return valid(w) ? __ldg((const uint32_t*)(w.scales + 4 * half)) : 0u;
+                    if constexpr (kQuadPair)
+                        return valid(w) ? __ldg((const uint32_t*)(w.scales + 4 * (q >> 1))) >> (16 * (q & 1)) : 0u;
+                    else return valid(w) ? __ldg((const uint32_t*)(w.scales + 4 * half)) : 0u;
+                } else if constexpr (kQuadPair) {
+                    const float s = load_scale(w, q);
+                    return make_float2(s, s);
                 } else {
-                    const float s0 = load_scale(w, 0), s1 = load_scale(w, 1);
+                    const float s0 = load_scale(w, 2 * half), s1 = load_scale(w, 2 * half + 1);
                     return make_float2(s0, s1);
                 }
             };
             // 656: a row's 656 bytes touch at most 7 lines of 128 bytes, 4 from one thread, 3 from
-            // the other; MODEL1: a value row's 576 at most 6, 3 each, and its scale slot one more
+            // the other; MODEL1: a value row's 576 at most 6, 3 each, and its scale slot one more.
+            // Quad_pair: two probes a thread at 256q and 256q + 128 (each clamped to the row's last
+            // byte), and MODEL1's scale slot.
             auto prefetch_row = [&](Where w) {
                 if (!valid(w)) return;
                 const unsigned char* a = src_of(w);
                 constexpr int kRowEnd = kModel1 ? decode_model1::kRowBytes : kFp8RowBytes;
+                if constexpr (kQuadPair) {
 #pragma unroll
-                for (int k = 0; k < (kModel1 ? 3 : 4); ++k) {
-                    const int off = half == 0 ? 128 * k : min((kModel1 ? 384 : 512) + 128 * k, kRowEnd - 1);
-                    asm volatile("prefetch.global.L2 [%0];" ::"l"(a + off));
+                    for (int k = 0; k < 2; ++k) asm volatile("prefetch.global.L2 [%0];" ::"l"(a + min(256 * q + 128 * k, kRowEnd - 1)));
+                    // (by every thread: a test of q here spilled the producer)
+                    if constexpr (kModel1) asm volatile("prefetch.global.L2 [%0];" ::"l"(w.scales));
+                } else {
+#pragma unroll
+                    for (int k = 0; k < (kModel1 ? 3 : 4); ++k) {
+                        const int off = half == 0 ? 128 * k : min((kModel1 ? 384 : 512) + 128 * k, kRowEnd - 1);
+                        asm volatile("prefetch.global.L2 [%0];" ::"l"(a + off));
+                    }
+                    if constexpr (kModel1)
+                        if (half == 1) asm volatile("prefetch.global.L2 [%0];" ::"l"(w.scales));
                 }
-                if constexpr (kModel1)
-                    if (half == 1) asm volatile("prefetch.global.L2 [%0];" ::"l"(w.scales));
             };
-            // batch h dequantised into buffer b: scale group h / 2; MODEL1: byte h, 2^(byte − 127)
+            // quad_pair: this fill's buffer in the peer and the peer's full(b), cluster-window addresses
+            [[maybe_unused]] uint32_t peer_tile = 0, peer_full = 0;
+            // a dequantised or copied 16-byte chunk of the tile in buffer b at byte `off` (and, quad_pair,
+            // the same place in the peer's)
+            auto put_chunk = [&](int b, uint32_t off, uint4 v) {
+                *(uint4*)(sKV + b * kTileBytes + off) = v;
+                if constexpr (kQuadPair) st_async_v4(peer_tile + off, v, peer_full);
+            };
+            // batch h dequantised into buffer b: 656 scale group of block blk0 + h; MODEL1 byte h,
+            // 2^(byte − 127)
             auto store_batch = [&](const uint4 (&raw)[kFp8Batch], int b, int h, const Scales& sc) {
-                unsigned char* dst = sKV + b * kTileBytes;
-                const int c0 = half * 32 + 8 * h;
+                const int c0 = 8 * (blk0() + h);
                 float s;
                 if constexpr (kModel1) s = decode_model1::ue8m0((sc >> (8 * h)) & 0xffu);
                 else s = h < 2 ? sc.x : sc.y;
 #pragma unroll
                 for (int j = 0; j < kFp8Batch; ++j) {
-                    *(uint4*)(dst + swizzled(Tile, tok, c0 + 2 * j)) = decode::dequant8(make_uint2(raw[j].x, raw[j].y), s);
-                    *(uint4*)(dst + swizzled(Tile, tok, c0 + 2 * j + 1)) = decode::dequant8(make_uint2(raw[j].z, raw[j].w), s);
+                    put_chunk(b, swizzled(Tile, tok, c0 + 2 * j), decode::dequant8(make_uint2(raw[j].x, raw[j].y), s));
+                    put_chunk(b, swizzled(Tile, tok, c0 + 2 * j + 1), decode::dequant8(make_uint2(raw[j].z, raw[j].w), s));
                 }
             };
-            // the fourth batch: MODEL1's half 1 has three nope blocks
+            // the rope block: the tile's last column block (MODEL1: 448 bytes into the row)
+            constexpr int kRopeAt = kModel1 ? decode_model1::kNope : kFp8RopeOffset;
+            // quad_pair: the bytes the peer's producer stores into this CTA's buffer a fill (its
+            // 32 tokens' column blocks and flags), which full(b)'s expecting arrival waits for
+            [[maybe_unused]] constexpr uint32_t kPeerFillBytes = Tile / 2 * (kQkBlocks * 128 + 4);
+            // MODEL1's half 1 (quad_pair's q = 3) has one batch fewer: 7 nope blocks
             const bool batch3 = !kModel1 || half == 0;
+            [[maybe_unused]] const bool batch1 = !kModel1 || q < 3;
             // Every copy of the previous piece has landed (its readers finished before this
             // piece's barrier): waited for here too, so that this thread itself has seen them
             // complete before it copies into the same bytes (racecheck cannot follow the
             // mbarrier chain from another thread's wait). A piece without tiles loads no Q: no
             // fill's arrival would cover its copies, which could then land over the next piece's.
-            decode::cp_async_wait<0>();
+            if constexpr (!kQuadPair) decode::cp_async_wait<0>();
             int pg1 = n > 1 ? page_of(tile_begin + 1) : -1;  // the next fill's index
             int pg2 = n > 2 ? page_of(tile_begin + 2) : -1;  // the one after
             Where row = row_of(tile_begin, page_of(tile_begin));
             prefetch_row(row);
             uint4 ra[kFp8Batch], rb[kFp8Batch];
+            [[maybe_unused]] uint4 rope[2];  // quad_pair: the thread's two chunks of the rope block
+            auto load_rope = [&](Where w) {
+                if constexpr (kQuadPair)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e)
+                        rope[e] = valid(w) ? __ldg((const uint4*)(src_of(w) + kRopeAt + 32 * q + 16 * e)) : make_uint4(0, 0, 0, 0);
+            };
             load_batch(ra, row, 0);
-            load_batch(rb, row, 1);
+            if (!kQuadPair || batch1) load_batch(rb, row, 1);
+            load_rope(row);
             Scales sc = load_scales(row);
             prefetch_row(row_of(tile_begin + 1, pg1));
             for (int f = 0; f < n; ++f) {
                 const uint32_t u = uses + f;
                 const int b = u & 1;
+                if constexpr (kQuadPair) {
+                    // both CTAs' P·V of use u − 2 are done (the peer's warps arrive here too)
+                    if (u >= 2) mbar_wait_sleep_cluster(empty(b), ((u >> 1) - 1) & 1);
+                    peer_tile = cluster_map_addr(kv_addr + b * kTileBytes, peer);
+                    peer_full = cluster_map_addr(full(b), peer);
+                    if (q == 0) {
+                        sValid[b * Tile + tok] = valid(row);
+                        st_async_b32(cluster_map_addr(decode::smem_addr(sValid + b * Tile + tok), peer), valid(row), peer_full);
+                    }
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) put_chunk(b, swizzled(Tile, tok, 8 * (kQkBlocks - 1) + 2 * q + e), rope[e]);
+                    store_batch(ra, b, 0, sc);
+                    if (batch1) store_batch(rb, b, 1, sc);
+                    fence_proxy_async();  // these generic writes, before wgmma reads them
+                    if (t == 0) mbar_arrive_expect_tx(full(b), kPeerFillBytes);
+                    else mbar_arrive(full(b));
+                    if (f + 1 < n) {
+                        row = row_of(tile_begin + f + 1, pg1);
+                        load_batch(ra, row, 0);
+                        if (batch1) load_batch(rb, row, 1);
+                        load_rope(row);
+                        sc = load_scales(row);
+                        prefetch_row(row_of(tile_begin + f + 2, pg2));
+                        pg1 = pg2;
+                        pg2 = f + 3 < n ? page_of(tile_begin + f + 3) : -1;
+                    }
+                    continue;
+                }
                 if (u >= 2) mbar_wait_sleep(empty(b), ((u >> 1) - 1) & 1);  // P·V of use u − 2 is done
                 // fill f − 2's copies into this buffer have landed (full, then its P·V, came
                 // before empty): seen by this thread too, for racecheck (one group a fill)
                 decode::cp_async_wait<1>();
                 if (half == 0) sValid[b * Tile + tok] = valid(row);
                 {
-                    // the rope block: the tile's last column block (MODEL1: 448 bytes into the row)
-                    constexpr int kRopeAt = kModel1 ? decode_model1::kNope : kFp8RopeOffset;
                     const unsigned char* src = src_of(row) + kRopeAt + 64 * half;
 #pragma unroll
                     for (int j = 0; j < 4; ++j)
@@ -761,7 +852,7 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                 mbar_wait_sleep(p_full(b, 0), (u >> 1) & 1);  // P(u) (trio_split: its first half) and its factors are written
                 rescale_o(o, sAlpha[b * kRows + r0], sAlpha[b * kRows + r0 + 8]);
                 // landed before S(u): this is the acquire
-                if constexpr (kPair) mbar_wait_cluster(full(b), (u >> 1) & 1);
+                if constexpr (kCluster) mbar_wait_cluster(full(b), (u >> 1) & 1);
                 else mbar_wait(full(b), (u >> 1) & 1);
                 fence_proxy_async();
                 if constexpr (kSplitP) {
@@ -783,6 +874,12 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                 mbar_arrive(empty(b));  // every thread: it read sAlpha, and its P·V is done
                 // pair: the peer's warpgroup kHalf may write tile u + 2's half into buffer b
                 if constexpr (kPair) mbar_arrive_remote_relaxed(cluster_map_addr(peer_free(kHalf, b), cluster_rank() ^ 1));
+                // quad_pair: the peer's producer may write tile u + 2's tokens into buffer b (one
+                // arrival a warp, once all its lanes' P·V is done)
+                if constexpr (kQuadPair) {
+                    __syncwarp();
+                    if (lane == 0) mbar_arrive_remote_relaxed(cluster_map_addr(empty(b), cluster_rank() ^ 1));
+                }
                 if (!kQuad && (kRole == 1 || kFp8)) {
                     if (i + 2 < n) {
                         fill_mine(tile_begin + i + 2, page, fills, false);
@@ -806,12 +903,12 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
             // one accessor type for both halves: write_rows' static NaN flags are per instantiation,
             // and the two halves must OR theirs in the same array. The rows go out through shared
             // memory that every reader is done with (the barrier above): the tile buffers, or pair's
-            // Q (the peer's bulk copies may still read or fill its buffers: bf16 rows fit there,
-            // fp32 ones go out directly).
+            // and quad_pair's Q (the peer may still read or fill the buffers: 576's bf16 rows fit
+            // there, fp32 ones and MODEL1's go out directly).
             // (MODEL1: P's buffers follow the tiles, so fp32 rows fit the stage too)
-            decode::write_rows_staged<kPair ? kQBytes : Stages * kTileBytes + own_p_bytes<Kv, Stages>(), kSparse>(
+            decode::write_rows_staged<kCluster ? kQBytes : Stages * kTileBytes + own_p_bytes<Kv, Stages>(), kSparse>(
                 p, pc.slot, seq, seq_rows, row_base, row_limit, r0, kHalf * 256 + 2 * t4, kHalf == 0 && t4 == 0,
-                stats, OHalf{o}, kPair ? sQ : sKV, tid - 128, 256);
+                stats, OHalf{o}, kCluster ? sQ : sKV, tid - 128, 256);
         }
     };
     // 384 threads start at 168 registers each (64K / 384, in steps of 8), and the CTA's pool is
@@ -832,13 +929,14 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
     if (wg == 0) {
         setmaxnreg_dec<kScorerRegs>();
         decode::for_each_piece(p, seqs, block_seq, [&](const decode::Piece pc) { piece(pc, RoleTag<0>{}); });
-        if constexpr (kPair) cluster_sync();  // the peer's last arrivals here have landed
+        if constexpr (kCluster) cluster_sync();  // the peer's last arrivals here have landed
         return;
     }
     if constexpr (kQuad) {
         if (wg == 3) {
             setmaxnreg_dec<kProducerRegs>();
             decode::for_each_piece(p, seqs, block_seq, [&](const decode::Piece pc) { piece(pc, RoleTag<3>{}); });
+            if constexpr (kCluster) cluster_sync();  // as the scorer's
             return;
         }
     }
@@ -848,7 +946,7 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
     } else {
         decode::for_each_piece(p, seqs, block_seq, [&](const decode::Piece pc) { piece(pc, RoleTag<2>{}); });
     }
-    if constexpr (kPair) cluster_sync();  // as the scorer's: every thread of both CTAs
+    if constexpr (kCluster) cluster_sync();  // as the scorer's: every thread of both CTAs
 #elif defined(__CUDA_ARCH__)
     __trap();  // sm_90a only: the launcher never picks this family elsewhere
 #endif
@@ -859,7 +957,8 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
 // launcher (src/ops/model1.rs) reads.
 template <int Dqk, int Tile, int Stages, Sm90Schedule Sched>
 __device__ __forceinline__ void mla_decode_model1_sm90(const DcpMlaDecodeParams& p) {
-    static_assert(Dqk == decode_model1::kDim && Sched == Sm90Schedule::Quad, "MODEL1 runs quad at d_qk 512");
+    static_assert(Dqk == decode_model1::kDim && (Sched == Sm90Schedule::Quad || Sched == Sm90Schedule::QuadPair),
+                  "MODEL1 runs quad or quad_pair at d_qk 512");
     mla_decode_sm90_trio<DecodeKv::Model1, Tile, Stages, Sched>(p);
 }
 

@@ -273,7 +273,7 @@ pub(super) struct Kernel {
     pub(super) tile: u32,
     /// Loads whole dense tiles by TMA when the params carry a tensor map (the dense wgmma kernel).
     pub(super) takes_tensor_map: bool,
-    /// Consecutive CTAs along x launched as one thread-block cluster (the pair schedule: 2).
+    /// Consecutive CTAs along x launched as one thread-block cluster (the pair schedules: 2).
     pub(super) cluster: u32,
 }
 
@@ -319,7 +319,7 @@ fn decode_kernel(dev: &Device, format: KvFormat, sparse: bool, path: DecodePath)
                 shared_bytes: id.info().dynamic_shared_bytes as usize,
                 tile,
                 takes_tensor_map: kv == axes::Kv::DenseBf16,
-                cluster: if schedule == Sm90Schedule::Pair { 2 } else { 1 },
+                cluster: crate::catalogue::cluster_size(schedule),
             })
         }
         DecodePath::Wgmma { .. } | DecodePath::Auto => None,
@@ -1058,6 +1058,7 @@ mod tests {
         let fp8 = |tile, stages, schedule| smem(sm90_kernel_id(axes::Kv::SparseFp8, tile, stages, schedule));
         assert_eq!(fp8(64, 2, Sm90Schedule::Pair), trio + 32, "trio's layout and four peer_free mbarriers");
         assert_eq!(fp8(64, 2, Sm90Schedule::Quad), trio + 8, "trio's layout, a fourth warpgroup, Q's mbarrier");
+        assert_eq!(fp8(64, 2, Sm90Schedule::QuadPair), trio + 8, "quad's layout");
     }
 
     #[test]
@@ -1103,8 +1104,8 @@ mod tests {
         assert_eq!(sm90_variants(KvFormat::Bf16, true)[0], (64, 2, Sm90Schedule::Trio));
         assert_eq!(
             sm90_variants(KvFormat::Fp8_656, true),
-            vec![(64, 2, Sm90Schedule::Quad), (64, 2, Sm90Schedule::Pair)],
-            "FP8: quad, and pair for two row blocks"
+            vec![(64, 2, Sm90Schedule::Quad), (64, 2, Sm90Schedule::Pair), (64, 2, Sm90Schedule::QuadPair)],
+            "FP8: quad, and pair and quad_pair for two row blocks"
         );
         // every listed variant resolves to a kernel, and the mma.sync tile comes from kernels.toml
         for (format, sparse) in [(KvFormat::Bf16, false), (KvFormat::Bf16, true), (KvFormat::Fp8_656, true)] {

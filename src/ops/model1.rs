@@ -222,6 +222,17 @@ pub fn model1_path(sm90: bool, path: DecodePath) -> Result<DecodePath> {
     Ok(path)
 }
 
+/// `path` where it does its own work on query rows of `heads` heads, else the heuristic's kernel:
+/// quad_pair shares a row's tiles between exactly two row blocks of 64 heads
+/// ([`crate::catalogue::variant_applies`]).
+pub fn model1_fit(sm90: bool, path: DecodePath, heads: usize) -> DecodePath {
+    if crate::catalogue::variant_applies(path, heads.div_ceil(64)) {
+        path
+    } else {
+        model1_heuristic_path(sm90).unwrap_or(path)
+    }
+}
+
 /// The kernel of `path` (never `Auto`: [`model1_path`] resolves it) on a device of compute
 /// capability 9.0 (`sm90`) or not, and its KV tile (what the split schedule counts);
 /// `Error::Unsupported` where it cannot run (wgmma off 9.0, or a variant MODEL1 does not ship).
@@ -239,7 +250,11 @@ fn model1_kernel(sm90: bool, path: DecodePath) -> Result<Kernel> {
     };
     let (id, tile) =
         found.ok_or_else(|| crate::Error::Unsupported(format!("mla_decode_model1 on {}", variant_name(path))))?;
-    Ok(Kernel { id, shared_bytes: id.info().dynamic_shared_bytes as usize, tile, takes_tensor_map: false, cluster: 1 })
+    let cluster = match path {
+        DecodePath::Wgmma { schedule, .. } => crate::catalogue::cluster_size(schedule),
+        _ => 1,
+    };
+    Ok(Kernel { id, shared_bytes: id.info().dynamic_shared_bytes as usize, tile, takes_tensor_map: false, cluster })
 }
 
 /// MODEL1 sparse decode (docs/contract.md §4, "MODEL1"): row (i, j) attends to the valid entries
@@ -258,7 +273,7 @@ pub fn mla_decode_model1(dev: &Device, stream: Stream, a: &Model1Decode) -> Resu
 pub fn mla_decode_model1_on(dev: &Device, stream: Stream, a: &Model1Decode, path: DecodePath) -> Result<()> {
     let mut params = decode_params(a)?;
     let sm90 = dev.compute_capability() == (9, 0);
-    let kernel = model1_kernel(sm90, model1_path(sm90, path)?)?;
+    let kernel = model1_kernel(sm90, model1_fit(sm90, model1_path(sm90, path)?, a.common.heads))?;
     launch(dev, stream, &kernel, &a.common, &mut params, true)
 }
 
@@ -377,6 +392,19 @@ mod tests {
         assert_eq!((k.tile, k.id.info().block), (32, 256));
         assert!(model1_kernel(false, DecodePath::Mma).is_ok());
         assert!(matches!(model1_kernel(false, quad), Err(crate::Error::Unsupported(_))), "wgmma off sm_90");
+        // quad_pair: a cluster of two, for query rows of two row blocks only (quad elsewhere)
+        let quad_pair = DecodePath::Wgmma { tile: 64, stages: 2, schedule: crate::catalogue::Sm90Schedule::QuadPair };
+        let k = model1_kernel(true, quad_pair).unwrap();
+        assert_eq!(
+            (k.tile, k.id.info().block, k.cluster, k.shared_bytes),
+            (64, 512, 2, model1_kernel(true, quad).unwrap().shared_bytes)
+        );
+        assert_eq!(model1_fit(true, quad_pair, 128), quad_pair);
+        assert_eq!(model1_fit(true, quad_pair, 65), quad_pair);
+        assert_eq!(model1_fit(true, quad_pair, 64), quad);
+        assert_eq!(model1_fit(true, quad_pair, 129), quad);
+        assert_eq!(model1_fit(false, quad_pair, 64), DecodePath::Mma);
+        assert_eq!(model1_fit(true, quad, 16), quad);
         let pair = DecodePath::Wgmma { tile: 64, stages: 2, schedule: crate::catalogue::Sm90Schedule::Pair };
         assert!(matches!(model1_kernel(true, pair), Err(crate::Error::Unsupported(_))), "not a MODEL1 variant");
     }
