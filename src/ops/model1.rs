@@ -207,29 +207,25 @@ fn decode_params(a: &Model1Decode) -> Result<DcpMlaDecodeParams> {
     Ok(params)
 }
 
-/// The MODEL1 kernel a launch on a device of compute capability 9.0 (`sm90`) or not runs for
-/// `path`: a named path as it is; `Auto` as `DCP_MLA_DECODE_PATH` names it (a variant of another
-/// kind, which MODEL1 does not ship, falls back to the heuristic), else the heuristic
-/// ([`model1_heuristic_path`]: wgmma quad on 9.0, mma.sync elsewhere).
-pub fn model1_path(sm90: bool, path: DecodePath) -> Result<DecodePath> {
+/// The MODEL1 kernel a launch of query rows of `heads` heads on a device of compute capability
+/// 9.0 (`sm90`) or not runs for `path`: a named path as it is; `Auto` as `DCP_MLA_DECODE_PATH`
+/// names it (a variant of another kind, which MODEL1 does not ship, falls back to the
+/// heuristic), else the heuristic ([`model1_heuristic_path`]: wgmma quad on 9.0, mma.sync
+/// elsewhere). A pair schedule where a row does not have two row blocks of 64 heads
+/// ([`crate::catalogue::variant_applies`]) runs the heuristic's kernel instead.
+pub fn model1_path(sm90: bool, path: DecodePath, heads: usize) -> Result<DecodePath> {
+    let heuristic = || model1_heuristic_path(sm90).ok_or_else(|| crate::Error::Unsupported("mla_decode_model1".into()));
     let path = match path {
         DecodePath::Auto => match env_path()? {
             Some(p) if model1_ships(p) => p,
-            _ => model1_heuristic_path(sm90).ok_or_else(|| crate::Error::Unsupported("mla_decode_model1".into()))?,
+            _ => heuristic()?,
         },
         p => p,
     };
-    Ok(path)
-}
-
-/// `path` where it does its own work on query rows of `heads` heads, else the heuristic's kernel:
-/// quad_pair shares a row's tiles between exactly two row blocks of 64 heads
-/// ([`crate::catalogue::variant_applies`]).
-pub fn model1_fit(sm90: bool, path: DecodePath, heads: usize) -> DecodePath {
     if crate::catalogue::variant_applies(path, heads.div_ceil(64)) {
-        path
+        Ok(path)
     } else {
-        model1_heuristic_path(sm90).unwrap_or(path)
+        heuristic()
     }
 }
 
@@ -273,7 +269,7 @@ pub fn mla_decode_model1(dev: &Device, stream: Stream, a: &Model1Decode) -> Resu
 pub fn mla_decode_model1_on(dev: &Device, stream: Stream, a: &Model1Decode, path: DecodePath) -> Result<()> {
     let mut params = decode_params(a)?;
     let sm90 = dev.compute_capability() == (9, 0);
-    let kernel = model1_kernel(sm90, model1_fit(sm90, model1_path(sm90, path)?, a.common.heads))?;
+    let kernel = model1_kernel(sm90, model1_path(sm90, path, a.common.heads)?)?;
     launch(dev, stream, &kernel, &a.common, &mut params, true)
 }
 
@@ -381,10 +377,10 @@ mod tests {
         let quad = DecodePath::Wgmma { tile: 64, stages: 2, schedule: crate::catalogue::Sm90Schedule::Quad };
         // (DCP_MLA_DECODE_PATH is unset in the test suite: Auto is the heuristic)
         if std::env::var_os("DCP_MLA_DECODE_PATH").is_none() {
-            assert_eq!(model1_path(true, DecodePath::Auto).unwrap(), quad);
-            assert_eq!(model1_path(false, DecodePath::Auto).unwrap(), DecodePath::Mma);
+            assert_eq!(model1_path(true, DecodePath::Auto, 64).unwrap(), quad);
+            assert_eq!(model1_path(false, DecodePath::Auto, 64).unwrap(), DecodePath::Mma);
         }
-        assert_eq!(model1_path(false, quad).unwrap(), quad, "a named path is kept (the kernel refuses it)");
+        assert_eq!(model1_path(false, quad, 64).unwrap(), quad, "a named path is kept (the kernel refuses it)");
         let k = model1_kernel(true, quad).unwrap();
         assert_eq!((k.tile, k.id.info().block), (64, 512));
         assert!(k.shared_bytes <= 227 * 1024, "{}", k.shared_bytes);
@@ -399,12 +395,12 @@ mod tests {
             (k.tile, k.id.info().block, k.cluster, k.shared_bytes),
             (64, 512, 2, model1_kernel(true, quad).unwrap().shared_bytes)
         );
-        assert_eq!(model1_fit(true, quad_pair, 128), quad_pair);
-        assert_eq!(model1_fit(true, quad_pair, 65), quad_pair);
-        assert_eq!(model1_fit(true, quad_pair, 64), quad);
-        assert_eq!(model1_fit(true, quad_pair, 129), quad);
-        assert_eq!(model1_fit(false, quad_pair, 64), DecodePath::Mma);
-        assert_eq!(model1_fit(true, quad, 16), quad);
+        assert_eq!(model1_path(true, quad_pair, 128).unwrap(), quad_pair);
+        assert_eq!(model1_path(true, quad_pair, 65).unwrap(), quad_pair);
+        assert_eq!(model1_path(true, quad_pair, 64).unwrap(), quad);
+        assert_eq!(model1_path(true, quad_pair, 129).unwrap(), quad);
+        assert_eq!(model1_path(false, quad_pair, 64).unwrap(), DecodePath::Mma);
+        assert_eq!(model1_path(true, quad, 16).unwrap(), quad);
         let pair = DecodePath::Wgmma { tile: 64, stages: 2, schedule: crate::catalogue::Sm90Schedule::Pair };
         assert!(matches!(model1_kernel(true, pair), Err(crate::Error::Unsupported(_))), "not a MODEL1 variant");
     }
