@@ -455,11 +455,13 @@ fn dense_params(a: &DenseDecode) -> Result<DcpMlaDecodeParams> {
 /// an invariant B (the block size, D·I) without a divide: floor(v / B) = (v · m) >> s with s = 31 + ceil(log2 B) and
 /// m = ceil(2^s / B) (m < 2^32). Exact because m·B − 2^s < B ≤ 2^(s − 31) (Granlund and
 /// Montgomery, "Division by invariant integers using multiplication", 1994, theorem 4.2).
+/// Total over usize (in u128, so a B past the int32 range the launchers refuse never overflows
+/// here: their checks name the field).
 pub(crate) fn invariant_divisor(block_size: usize) -> (u32, i32) {
-    let b = block_size.max(1) as u64;
-    let l = 64 - (b - 1).leading_zeros() as u64; // ceil(log2 B); 0 for B = 1
+    let b = block_size.max(1) as u128;
+    let l = 128 - (b - 1).leading_zeros() as u128; // ceil(log2 B); 0 for B = 1
     let shift = 31 + l;
-    let magic = (1u64 << shift).div_ceil(b);
+    let magic = (1u128 << shift).div_ceil(b);
     (magic as u32, shift as i32)
 }
 
@@ -552,6 +554,9 @@ pub(super) fn length_strides(
 pub(super) fn validate_common(c: &DecodeCommon, sparse: bool, q_width: usize) -> Result<DcpMlaDecodeParams> {
     ensure_arg!(c.nq >= 1, "nq", "must be at least 1");
     ensure_arg!(c.heads >= 1, "heads", "must be at least 1");
+    // each on its own too: with batch = 0 the row count below is 0 whatever they are
+    ensure_arg!(c.nq <= i32::MAX as usize, "nq", "{} exceeds the kernels' int32", c.nq);
+    ensure_arg!(c.heads <= i32::MAX as usize, "heads", "{} exceeds the kernels' int32", c.heads);
     ensure_arg!(c.batch <= 65535, "batch", "{} exceeds the grid limit 65535", c.batch);
     ensure_arg!((1..=MAX_SPLITS).contains(&c.num_splits), "num_splits", "{} is not in 1..={MAX_SPLITS}", c.num_splits);
     ensure_arg!(c.scale.is_finite() && c.scale > 0.0, "scale", "{} is not a positive finite number", c.scale);
@@ -773,6 +778,18 @@ mod tests {
             lens_strides: None,
             lens_rule: LensRule::Local,
             page_stride: None,
+        }
+    }
+
+    /// A divisor past the int32 range (which the launchers refuse by name) neither panics nor
+    /// overflows here: the checks run in any order (the fuzz tests found heads = 2^32 + 1 with
+    /// batch = 0 reaching it).
+    #[test]
+    fn divisors_are_total() {
+        for d in [1usize << 31, (1 << 32) + 1, usize::MAX / 2, usize::MAX] {
+            let (_, s) = invariant_divisor(d);
+            assert!(s > 31, "{d}");
+            let _ = high_word_divisor(d);
         }
     }
 
