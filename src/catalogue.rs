@@ -39,12 +39,14 @@ pub enum DecodePath {
 /// every tile into both CTAs (FlashMLA's design at 128 heads); elsewhere the default runs.
 pub type Sm90Schedule = axes::Schedule;
 
-/// The thread-block cluster a schedule's CTAs launch in: the pair schedules' two CTAs of a query
-/// row write into each other's shared memory; every other schedule runs alone (1).
-pub fn cluster_size(schedule: Sm90Schedule) -> u32 {
-    match schedule {
-        Sm90Schedule::Pair | Sm90Schedule::QuadPair => 2,
-        _ => 1,
+impl DecodePath {
+    /// The thread-block cluster the kernel's CTAs launch in: the pair schedules' two CTAs of a
+    /// query row write into each other's shared memory; every other kernel runs alone (1).
+    pub fn cluster_size(self) -> u32 {
+        match self {
+            DecodePath::Wgmma { schedule: Sm90Schedule::Pair | Sm90Schedule::QuadPair, .. } => 2,
+            _ => 1,
+        }
     }
 }
 
@@ -178,10 +180,7 @@ pub fn decode_variants(format: KvFormat, sparse: bool) -> Vec<(String, DecodePat
 /// Whether `path` does its own work on sequences of `row_blocks` row blocks: the pair schedules
 /// share a query row's tiles between exactly two row blocks (elsewhere the kind's default runs).
 pub fn variant_applies(path: DecodePath, row_blocks: usize) -> bool {
-    match path {
-        DecodePath::Wgmma { schedule, .. } if cluster_size(schedule) == 2 => row_blocks == 2,
-        _ => true,
-    }
+    path.cluster_size() != 2 || row_blocks == 2
 }
 
 /// The kind's default wgmma variant (kernels.toml's `default`), its schedule as the heuristic
@@ -402,8 +401,9 @@ mod tests {
         assert!(variant_applies(pair, 2) && !variant_applies(pair, 1) && !variant_applies(pair, 4));
         let quad_pair = DecodePath::Wgmma { tile: 64, stages: 2, schedule: Sm90Schedule::QuadPair };
         assert!(variant_applies(quad_pair, 2) && !variant_applies(quad_pair, 1) && !variant_applies(quad_pair, 3));
-        assert_eq!((cluster_size(Sm90Schedule::Pair), cluster_size(Sm90Schedule::QuadPair)), (2, 2));
-        assert_eq!((cluster_size(Sm90Schedule::Quad), cluster_size(Sm90Schedule::Trio)), (1, 1));
+        assert_eq!((pair.cluster_size(), quad_pair.cluster_size()), (2, 2));
+        let quad = DecodePath::Wgmma { tile: 64, stages: 2, schedule: Sm90Schedule::Quad };
+        assert_eq!((quad.cluster_size(), DecodePath::Mma.cluster_size(), DecodePath::Auto.cluster_size()), (1, 1, 1));
         assert!(variant_applies(DecodePath::Mma, 1));
     }
 }

@@ -523,9 +523,9 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
             // quad_pair: the bytes the peer's producer stores into this CTA's buffer a fill (its
             // 32 tokens' column blocks and flags), which full(b)'s expecting arrival waits for
             [[maybe_unused]] constexpr uint32_t kPeerFillBytes = Tile / 2 * (kQkBlocks * 128 + 4);
-            // MODEL1's half 1 (quad_pair's q = 3) has one batch fewer: 7 nope blocks
-            const bool batch3 = !kModel1 || half == 0;
-            [[maybe_unused]] const bool batch1 = !kModel1 || q < 3;
+            // MODEL1's 7 nope blocks: quad's half 1 has no fourth batch, quad_pair's q = 3 no second
+            [[maybe_unused]] const bool batch3 = !kModel1 || half == 0;
+            const bool batch1 = !kQuadPair || !kModel1 || q < 3;
             // Every copy of the previous piece has landed (its readers finished before this
             // piece's barrier): waited for here too, so that this thread itself has seen them
             // complete before it copies into the same bytes (racecheck cannot follow the
@@ -544,10 +544,24 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                     for (int e = 0; e < 2; ++e)
                         rope[e] = valid(w) ? __ldg((const uint4*)(src_of(w) + kRopeAt + 32 * q + 16 * e)) : make_uint4(0, 0, 0, 0);
             };
-            load_batch(ra, row, 0);
-            if (!kQuadPair || batch1) load_batch(rb, row, 1);
-            load_rope(row);
-            Scales sc = load_scales(row);
+            Scales sc;
+            // a fill's loads made before the wait for its buffer: its batches (quad: the first
+            // two), quad_pair's rope chunks, its scales
+            auto load_fill = [&](Where w) {
+                load_batch(ra, w, 0);
+                if (batch1) load_batch(rb, w, 1);
+                load_rope(w);
+                sc = load_scales(w);
+            };
+            // after fill f: fill f + 1's loads, fill f + 2's row prefetched, fill f + 3's index
+            auto next_fill = [&](int f) {
+                row = row_of(tile_begin + f + 1, pg1);
+                load_fill(row);
+                prefetch_row(row_of(tile_begin + f + 2, pg2));
+                pg1 = pg2;
+                pg2 = f + 3 < n ? page_of(tile_begin + f + 3) : -1;
+            };
+            load_fill(row);
             prefetch_row(row_of(tile_begin + 1, pg1));
             for (int f = 0; f < n; ++f) {
                 const uint32_t u = uses + f;
@@ -568,49 +582,31 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                     fence_proxy_async();  // these generic writes, before wgmma reads them
                     if (t == 0) mbar_arrive_expect_tx(full(b), kPeerFillBytes);
                     else mbar_arrive(full(b));
-                    if (f + 1 < n) {
-                        row = row_of(tile_begin + f + 1, pg1);
-                        load_batch(ra, row, 0);
-                        if (batch1) load_batch(rb, row, 1);
-                        load_rope(row);
-                        sc = load_scales(row);
-                        prefetch_row(row_of(tile_begin + f + 2, pg2));
-                        pg1 = pg2;
-                        pg2 = f + 3 < n ? page_of(tile_begin + f + 3) : -1;
-                    }
-                    continue;
-                }
-                if (u >= 2) mbar_wait_sleep(empty(b), ((u >> 1) - 1) & 1);  // P·V of use u − 2 is done
-                // fill f − 2's copies into this buffer have landed (full, then its P·V, came
-                // before empty): seen by this thread too, for racecheck (one group a fill)
-                decode::cp_async_wait<1>();
-                if (half == 0) sValid[b * Tile + tok] = valid(row);
-                {
-                    const unsigned char* src = src_of(row) + kRopeAt + 64 * half;
+                } else {
+                    if (u >= 2) mbar_wait_sleep(empty(b), ((u >> 1) - 1) & 1);  // P·V of use u − 2 is done
+                    // fill f − 2's copies into this buffer have landed (full, then its P·V, came
+                    // before empty): seen by this thread too, for racecheck (one group a fill)
+                    decode::cp_async_wait<1>();
+                    if (half == 0) sValid[b * Tile + tok] = valid(row);
+                    {
+                        const unsigned char* src = src_of(row) + kRopeAt + 64 * half;
 #pragma unroll
-                    for (int j = 0; j < 4; ++j)
-                        decode::cp_async16(sKV + b * kTileBytes + swizzled(Tile, tok, 8 * (kQkBlocks - 1) + 4 * half + j),
-                                           src + 16 * j, valid(row));
+                        for (int j = 0; j < 4; ++j)
+                            decode::cp_async16(sKV + b * kTileBytes + swizzled(Tile, tok, 8 * (kQkBlocks - 1) + 4 * half + j),
+                                               src + 16 * j, valid(row));
+                    }
+                    store_batch(ra, b, 0, sc);
+                    load_batch(ra, row, 2);
+                    store_batch(rb, b, 1, sc);
+                    if (batch3) load_batch(rb, row, 3);
+                    store_batch(ra, b, 2, sc);
+                    if (batch3) store_batch(rb, b, 3, sc);
+                    fence_proxy_async();            // these generic writes, before wgmma reads them
+                    mbar_arrive_cp_async(full(b));  // the rope's copies (Q is the scorer's own)
+                    decode::cp_async_commit();
+                    mbar_arrive(full(b));
                 }
-                store_batch(ra, b, 0, sc);
-                load_batch(ra, row, 2);
-                store_batch(rb, b, 1, sc);
-                if (batch3) load_batch(rb, row, 3);
-                store_batch(ra, b, 2, sc);
-                if (batch3) store_batch(rb, b, 3, sc);
-                fence_proxy_async();            // these generic writes, before wgmma reads them
-                mbar_arrive_cp_async(full(b));  // the rope's copies (Q is the scorer's own)
-                decode::cp_async_commit();
-                mbar_arrive(full(b));
-                if (f + 1 < n) {
-                    row = row_of(tile_begin + f + 1, pg1);
-                    load_batch(ra, row, 0);
-                    load_batch(rb, row, 1);
-                    sc = load_scales(row);
-                    prefetch_row(row_of(tile_begin + f + 2, pg2));
-                    pg1 = pg2;
-                    pg2 = f + 3 < n ? page_of(tile_begin + f + 3) : -1;
-                }
+                if (f + 1 < n) next_fill(f);
             }
             uses += n;
             __syncthreads();                // the scorer's sStats

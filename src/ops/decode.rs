@@ -319,7 +319,7 @@ fn decode_kernel(dev: &Device, format: KvFormat, sparse: bool, path: DecodePath)
                 shared_bytes: id.info().dynamic_shared_bytes as usize,
                 tile,
                 takes_tensor_map: kv == axes::Kv::DenseBf16,
-                cluster: crate::catalogue::cluster_size(schedule),
+                cluster: path.cluster_size(),
             })
         }
         DecodePath::Wgmma { .. } | DecodePath::Auto => None,

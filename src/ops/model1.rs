@@ -212,20 +212,21 @@ fn decode_params(a: &Model1Decode) -> Result<DcpMlaDecodeParams> {
 /// names it (a variant of another kind, which MODEL1 does not ship, falls back to the
 /// heuristic), else the heuristic ([`model1_heuristic_path`]: wgmma quad on 9.0, mma.sync
 /// elsewhere). A pair schedule where a row does not have two row blocks of 64 heads
-/// ([`crate::catalogue::variant_applies`]) runs the heuristic's kernel instead.
+/// ([`crate::catalogue::variant_applies`]) runs MODEL1's default wgmma variant instead (quad, as
+/// the 576 path runs its kind's default: off 9.0 the kernel then refuses it, as any named wgmma).
 pub fn model1_path(sm90: bool, path: DecodePath, heads: usize) -> Result<DecodePath> {
-    let heuristic = || model1_heuristic_path(sm90).ok_or_else(|| crate::Error::Unsupported("mla_decode_model1".into()));
+    let unsupported = || crate::Error::Unsupported("mla_decode_model1".into());
     let path = match path {
         DecodePath::Auto => match env_path()? {
             Some(p) if model1_ships(p) => p,
-            _ => heuristic()?,
+            _ => model1_heuristic_path(sm90).ok_or_else(unsupported)?,
         },
         p => p,
     };
     if crate::catalogue::variant_applies(path, heads.div_ceil(64)) {
         Ok(path)
     } else {
-        heuristic()
+        model1_heuristic_path(true).ok_or_else(unsupported)
     }
 }
 
@@ -246,11 +247,13 @@ fn model1_kernel(sm90: bool, path: DecodePath) -> Result<Kernel> {
     };
     let (id, tile) =
         found.ok_or_else(|| crate::Error::Unsupported(format!("mla_decode_model1 on {}", variant_name(path))))?;
-    let cluster = match path {
-        DecodePath::Wgmma { schedule, .. } => crate::catalogue::cluster_size(schedule),
-        _ => 1,
-    };
-    Ok(Kernel { id, shared_bytes: id.info().dynamic_shared_bytes as usize, tile, takes_tensor_map: false, cluster })
+    Ok(Kernel {
+        id,
+        shared_bytes: id.info().dynamic_shared_bytes as usize,
+        tile,
+        takes_tensor_map: false,
+        cluster: path.cluster_size(),
+    })
 }
 
 /// MODEL1 sparse decode (docs/contract.md §4, "MODEL1"): row (i, j) attends to the valid entries
@@ -399,7 +402,7 @@ mod tests {
         assert_eq!(model1_path(true, quad_pair, 65).unwrap(), quad_pair);
         assert_eq!(model1_path(true, quad_pair, 64).unwrap(), quad);
         assert_eq!(model1_path(true, quad_pair, 129).unwrap(), quad);
-        assert_eq!(model1_path(false, quad_pair, 64).unwrap(), DecodePath::Mma);
+        assert_eq!(model1_path(false, quad_pair, 64).unwrap(), quad, "as a named quad (the kernel refuses it)");
         assert_eq!(model1_path(true, quad, 16).unwrap(), quad);
         let pair = DecodePath::Wgmma { tile: 64, stages: 2, schedule: crate::catalogue::Sm90Schedule::Pair };
         assert!(matches!(model1_kernel(true, pair), Err(crate::Error::Unsupported(_))), "not a MODEL1 variant");
@@ -449,6 +452,17 @@ mod tests {
         let mut a = decode(false);
         a.main.pages.block_size = 0;
         assert_eq!(arg_of(decode_params(&a).unwrap_err()), "block_size");
+        // with batch = 0 no row count bounds them: each is refused past int32 on its own
+        for (field, v) in [("heads", (1usize << 32) + 1), ("nq", 1 << 31)] {
+            let mut a = decode(false);
+            a.common.batch = 0;
+            if field == "heads" {
+                a.common.heads = v;
+            } else {
+                a.common.nq = v;
+            }
+            assert_eq!(arg_of(decode_params(&a).unwrap_err()), field);
+        }
     }
 
     fn fill() -> Model1Fill {
