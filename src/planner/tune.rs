@@ -62,8 +62,10 @@ pub const MAX_NEAREST_DISTANCE: f64 = 3.0;
 
 /// Tables embedded in this build, (file name, contents): the committed `tuning/*.json` (add a
 /// line when one is committed); the table for the running card (name and SM count) is the default.
-const EMBEDDED_TABLES: &[(&str, &str)] =
-    &[("nvidia-h100-80gb-hbm3.json", include_str!("../../tuning/nvidia-h100-80gb-hbm3.json"))];
+const EMBEDDED_TABLES: &[(&str, &str)] = &[
+    ("nvidia-h100-80gb-hbm3.json", include_str!("../../tuning/nvidia-h100-80gb-hbm3.json")),
+    ("nvidia-h200.json", include_str!("../../tuning/nvidia-h200.json")),
+];
 
 /// The shape class of a decode launch: what a tuned row is keyed by. Build it with
 /// [`DecodeClass::new`], which rounds the batch and the context up to their buckets.
@@ -749,9 +751,13 @@ mod tests {
         let broken = [("bad.json", "{")];
         let e = resolve(Source::Embedded(&broken), &card()).unwrap_err().to_string();
         assert!(e.contains("embedded bad.json"), "{e}");
-        // this build's embedded tables all parse
+        // this build's embedded tables all parse, and each is the one its own card gets (one
+        // table a card: a second of the same card would never be read)
         for (file, text) in EMBEDDED_TABLES {
-            TuneTable::parse(text, file).unwrap();
+            let t = TuneTable::parse(text, file).unwrap();
+            let own = CardId { name: t.card.name.clone(), sm_count: t.card.sm_count };
+            let got = resolve(Source::Embedded(EMBEDDED_TABLES), &own).unwrap().unwrap();
+            assert_eq!(got.rows, t.rows, "{file}");
         }
     }
 }
