@@ -23,21 +23,21 @@ path = f"{dst}/decode/sm90_trio.cuh"
 s = open(path).read()
 
 
-def rep(a, b, optional=False):
+def rep(a, b, optional=False, times=1):
     global s
     c = s.count(a)
     if c == 0 and optional:
         return
-    if c != 1:
-        raise SystemExit(f"anchor found {c} times: {a!r}")
+    if c != times:
+        raise SystemExit(f"anchor found {c} times (not {times}): {a!r}")
     s = s.replace(a, b)
 
 
 # the scorer: its waits for a tile (sum), first and last tile, first P, loop end
-rep("                if constexpr (kPair) mbar_wait_sleep_cluster(full(b), (u >> 1) & 1);  // the peer's half too\n"
+rep("                if constexpr (kCluster) mbar_wait_sleep_cluster(full(b), (u >> 1) & 1);  // the peer's half too\n"
     "                else mbar_wait_sleep(full(b), (u >> 1) & 1);\n",
     "                const unsigned long long tl_w0 = DCP_NOW();\n"
-    "                if constexpr (kPair) mbar_wait_sleep_cluster(full(b), (u >> 1) & 1);  // the peer's half too\n"
+    "                if constexpr (kCluster) mbar_wait_sleep_cluster(full(b), (u >> 1) & 1);  // the peer's half too\n"
     "                else mbar_wait_sleep(full(b), (u >> 1) & 1);\n"
     "                if (t == 0 && !kQuad) DCP_ACC(9, DCP_NOW() - tl_w0);\n"
     "                if (t == 0 && i == 0) DCP_TL(3);\n"
@@ -50,8 +50,8 @@ rep(end, end[: -len("            }\n")] + loop_end)
 rep("                    mbar_arrive_cp_async(q_full);  // one arrival a thread, once its copies land\n",
     "                    mbar_arrive_cp_async(q_full);  // one arrival a thread, once its copies land\n"
     "                    if (t == 0) DCP_TL(1);\n")
-rep("                mbar_arrive(full(b));\n                if (f + 1 < n) {",
-    "                mbar_arrive(full(b));\n                if (t == 0 && f == 0) DCP_TL(2);\n                if (f + 1 < n) {")
+rep("                if (f + 1 < n) next_fill(f);\n",
+    "                if (t == 0 && f == 0) DCP_TL(2);\n                if (f + 1 < n) next_fill(f);\n")
 rep("            uses += n;\n            __syncthreads();                // the scorer's sStats\n",
     "            if (t == 0) DCP_TL(9);\n            uses += n;\n            __syncthreads();                // the scorer's sStats\n")
 # P·V warpgroup 1: its waits for P and for the tile (sums), first and last P, first P·V, loop end, end
@@ -60,10 +60,10 @@ stamps = ("                if (kRole == 1 && t == 0) DCP_ACC(13, DCP_NOW() - tl_
           "                if (kRole == 1 && t == 0 && i == n - 1) DCP_TL(11);\n")
 wait_p = "                mbar_wait_sleep(p_full(b, 0), (u >> 1) & 1);  // P(u) (trio_split: its first half) and its factors are written\n"
 rep(wait_p, "                const unsigned long long tl_p0 = DCP_NOW();\n" + wait_p + stamps)
-rep("                if constexpr (kPair) mbar_wait_cluster(full(b), (u >> 1) & 1);\n"
+rep("                if constexpr (kCluster) mbar_wait_cluster(full(b), (u >> 1) & 1);\n"
     "                else mbar_wait(full(b), (u >> 1) & 1);\n",
     "                const unsigned long long tl_f0 = DCP_NOW();\n"
-    "                if constexpr (kPair) mbar_wait_cluster(full(b), (u >> 1) & 1);\n"
+    "                if constexpr (kCluster) mbar_wait_cluster(full(b), (u >> 1) & 1);\n"
     "                else mbar_wait(full(b), (u >> 1) & 1);\n"
     "                if (kRole == 1 && t == 0) DCP_ACC(14, DCP_NOW() - tl_f0);\n")
 rep("                if (f >= 2) mbar_wait_cluster(peer_free(kHalf, b), ((f >> 1) - 1) & 1);\n",
@@ -74,7 +74,7 @@ a = "                mbar_arrive(empty(b));  // every thread: it read sAlpha, an
 rep(a, a + "                if (kRole == 1 && t == 0 && i == 0) DCP_TL(5);\n")
 a = "            uses += n;\n            __syncthreads();  // the scorer's sStats\n            float2 stats[2];"
 rep(a, "            if (kRole == 1 && t == 0) DCP_TL(7);\n" + a)
-a = "stats, OHalf{o}, kPair ? sQ : sKV, tid - 128, 256);\n"
+a = "stats, OHalf{o}, kCluster ? sQ : sKV, tid - 128, 256);\n"
 rep(a, a + "            if (kRole == 1 && t == 0) DCP_TL(8);\n")
 # quad's producer, its first piece's start (slots 16-20): piece entry (the kernel's set-up done),
 # after its lengths (piece_tiles), tile 0's index landed (its row's prefetch uses it), fill 0's
@@ -82,14 +82,15 @@ rep(a, a + "            if (kRole == 1 && t == 0) DCP_TL(8);\n")
 rep("        constexpr int kRole = decltype(role_tag)::value;  // = wg\n",
     "        constexpr int kRole = decltype(role_tag)::value;  // = wg\n"
     "        if (kRole == 3 && t == 0 && uses == 0) DCP_TL(20);\n")
-rep("            decode::cp_async_wait<0>();\n            int pg1 =",
-    "            if (t == 0 && uses == 0) DCP_TL(16);\n            decode::cp_async_wait<0>();\n            int pg1 =")
+rep("            if constexpr (!kQuadPair) decode::cp_async_wait<0>();\n            int pg1 =",
+    "            if (t == 0 && uses == 0) DCP_TL(16);\n            if constexpr (!kQuadPair) decode::cp_async_wait<0>();\n            int pg1 =")
 rep("            prefetch_row(row);\n            uint4 ra[kFp8Batch], rb[kFp8Batch];\n",
     "            prefetch_row(row);\n            if (t == 0 && uses == 0) DCP_TL(17);\n"
     "            uint4 ra[kFp8Batch], rb[kFp8Batch];\n")
-rep("                store_batch(ra, b, 0, sc);\n",
-    "                store_batch(ra, b, 0, sc);\n                if (t == 0 && u == 0) DCP_TL(18);\n")
-rep("                store_batch(ra, b, 2, sc);\n",
-    "                store_batch(ra, b, 2, sc);\n                if (t == 0 && u == 0) DCP_TL(19);\n")
+# (quad_pair's fill and quad's each store batch 0: both stamped, one of them compiled)
+rep("                    store_batch(ra, b, 0, sc);\n",
+    "                    store_batch(ra, b, 0, sc);\n                    if (t == 0 && u == 0) DCP_TL(18);\n", times=2)
+rep("                    store_batch(ra, b, 2, sc);\n",
+    "                    store_batch(ra, b, 2, sc);\n                    if (t == 0 && u == 0) DCP_TL(19);\n")
 open(path, "w").write(s)
 print(f"stamped {path}")

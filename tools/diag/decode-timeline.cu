@@ -1,5 +1,5 @@
 // A decode CTA's timeline (a measurement, not part of the library; NOTES.md at 628d1db, nineteenth, twentieth
-// and twenty-seventh sessions): times the quad, trio or pair kernel of decode/sm90_trio.cuh
+// and twenty-seventh sessions): times the quad, quad_pair, trio or pair kernel of decode/sm90_trio.cuh
 // standalone with `dcp-mla bench`'s method (events, L2 flushed by a 256 MiB read before each
 // launch, median of 30 after 5), then records one flushed launch's per-CTA stamps and wait sums
 // (the slots tools/diag/decode-timeline-stamp.py places) and prints each slot's spread over the CTAs.
@@ -12,7 +12,8 @@
 //   python3 tools/diag/decode-timeline-stamp.py kernels-src /tmp/kst
 //   nvcc -O3 -std=c++17 --expt-relaxed-constexpr -gencode arch=compute_90a,code=sm_90a -I /tmp/kst \
 //        -DSCHED=Pair -o /tmp/tl tools/diag/decode-timeline.cu
-//   /tmp/tl q K [timeline.txt] [heads]      (pair: heads 65..128; quad and trio: up to 64)
+//   /tmp/tl q K [timeline.txt] [heads]      (pair, quad_pair (-DSCHED=QuadPair): heads 65..128;
+//                                            quad and trio: up to 64)
 //   dense: -DDENSE (trio; -DSCHED=TrioSplit for trio_split), then /tmp/tl q s_k [timeline.txt] [heads]
 //   [requests] [parts] (heads: any, e.g. 16, 64, 128; requests 128; parts 1, or P > 1 for a split
 //   launch with its schedule kernel, e.g. `/tmp/tl 1 4096 t.txt 16 64 128` as the engine view's
@@ -38,7 +39,10 @@ constexpr DecodeKv KV = DecodeKv::SparseFp8;
 #endif
 constexpr bool kDense = KV == DecodeKv::DenseBf16;
 constexpr bool kPairLaunch = Sm90Schedule::SCHED == Sm90Schedule::Pair;
-constexpr int THREADS = Sm90Schedule::SCHED == Sm90Schedule::Quad ? 512 : 384;
+// quad and quad_pair: four warpgroups, the producer's stamps; quad_pair and pair: clusters of two
+constexpr bool kQuadLike = Sm90Schedule::SCHED == Sm90Schedule::Quad || Sm90Schedule::SCHED == Sm90Schedule::QuadPair;
+constexpr bool kClusterLaunch = kPairLaunch || Sm90Schedule::SCHED == Sm90Schedule::QuadPair;
+constexpr int THREADS = kQuadLike ? 512 : 384;
 extern "C" __global__ void __launch_bounds__(THREADS) k_dec(const __grid_constant__ DcpMlaDecodeParams p) {
     if (threadIdx.x == 0) {
         unsigned smid;
@@ -100,7 +104,7 @@ static void launch(dim3 grid, dim3 blk, int smem, DcpMlaDecodeParams& p) {
     cfg.dynamicSmemBytes = smem;
     cudaLaunchAttribute at[1];
     at[0].id = cudaLaunchAttributeClusterDimension;
-    at[0].val.clusterDim.x = kPairLaunch ? 2 : 1;  // pair: a query row's two row blocks
+    at[0].val.clusterDim.x = kClusterLaunch ? 2 : 1;  // pair, quad_pair: a query row's two row blocks
     at[0].val.clusterDim.y = 1;
     at[0].val.clusterDim.z = 1;
     cfg.attrs = at;
@@ -110,8 +114,7 @@ static void launch(dim3 grid, dim3 blk, int smem, DcpMlaDecodeParams& p) {
 
 // slots holding a sum of waits (µs) rather than a timestamp
 static bool is_sum(int s) {
-    const bool quad = Sm90Schedule::SCHED == Sm90Schedule::Quad;
-    return s == 13 || s == 14 || (!quad && s == 9) || (kPairLaunch && s == 2);
+    return s == 13 || s == 14 || (!kQuadLike && s == 9) || (kPairLaunch && s == 2);
 }
 
 int main(int argc, char** argv) {
@@ -119,7 +122,7 @@ int main(int argc, char** argv) {
     // argv[5]: requests (128); argv[6]: KV parts P (1, unsplit; P > 1 runs the schedule kernel
     // before each decode launch, as the launcher does with DecodeSchedule::Compute)
     const int b = argc > 5 ? atoi(argv[5]) : 128, splits = argc > 6 ? atoi(argv[6]) : 1;
-    const int q = argc > 1 ? atoi(argv[1]) : 2, h = argc > 4 ? atoi(argv[4]) : kPairLaunch ? 128 : 64,
+    const int q = argc > 1 ? atoi(argv[1]) : 2, h = argc > 4 ? atoi(argv[4]) : kClusterLaunch ? 128 : 64,
               k = argc > 2 ? atoi(argv[2]) : kDense ? 8192 : 2048;
     const char* tlout = argc > 3 ? argv[3] : nullptr;
     const int per_req = kDense ? k : 8192, block = 64;
@@ -257,7 +260,7 @@ int main(int argc, char** argv) {
     // slot 15 is the CTA's SM; 16-20 quad's producer's first piece (decode-timeline-stamp.py)
     const char* names[21] = {"entry", "scorer Q issued", kPairLaunch ? "SUM pv1 peer_free" : "prod fill0 arrived",
                              "scorer full0", "scorer P0", "pv1 PV0 done", "scorer loop end", "pv1 loop end", "pv1 end",
-                             Sm90Schedule::SCHED == Sm90Schedule::Quad ? "prod loop end" : "SUM scorer full",
+                             kQuadLike ? "prod loop end" : "SUM scorer full",
                              "pv1 first p_full", "pv1 last p_full", "scorer last full", "SUM pv1 p_full", "SUM pv1 full",
                              nullptr, "prod lengths read", "prod idx0 landed", "prod fill0 batch0", "prod fill0 batch2",
                              "prod piece entry"};
