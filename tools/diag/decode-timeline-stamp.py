@@ -6,7 +6,7 @@ twentieth sessions). Usage: decode-timeline-stamp.py KERNELS_SRC DST
 Slots a CTA records (the harness prints each slot's spread over the CTAs):
   stamps, µs from the CTA's entry: 3/12 the scorer's first/last tile landed, 4 its first P handed
   over, 6 its loop's end; 10/11 P·V warpgroup 1's first/last P, 5 its first P·V done, 7 its loop's
-  end, 8 its epilogue's end; quad only: 1 the scorer's copies of Q issued, 2 its first fill arrived, 9 its
+  end, 8 its epilogue's end; quad and quad_pair: 1 the scorer's copies of Q issued, 2 its first fill arrived, 9 its
   loop's end, and of its first piece: 20 the piece's entry (the kernel's set-up done), 16 its
   lengths read, 17 tile 0's index landed, 18 / 19 fill 0's batch 0 / batch 2 landed.
   sums over the CTA's tiles, µs (pair and trio): 9 the scorer's waits for a tile; 13 / 14 P·V
