@@ -73,7 +73,7 @@ case "$mode" in
     skips+=("${sanitizer_skips[@]}")
     [ -n "$filter" ] || filter="matches_reference match_reference"
     for set in trio_split,quad trio,pair,quad_pair; do
-      export DCP_MLA_TEST_SCHEDULES=$set LOGTAG=${set/,/-}
+      export DCP_MLA_TEST_SCHEDULES=$set LOGTAG=${set//,/-}
       run_tests gpu_decode compute-sanitizer --tool racecheck --error-exitcode 99
     done
     unset DCP_MLA_TEST_SCHEDULES LOGTAG ;;

@@ -453,14 +453,12 @@ mod tests {
         a.main.pages.block_size = 0;
         assert_eq!(arg_of(decode_params(&a).unwrap_err()), "block_size");
         // with batch = 0 no row count bounds them: each is refused past int32 on its own
-        for (field, v) in [("heads", (1usize << 32) + 1), ("nq", 1 << 31)] {
+        let past: [(&str, fn(&mut Model1Decode)); 2] =
+            [("heads", |a| a.common.heads = (1 << 32) + 1), ("nq", |a| a.common.nq = 1 << 31)];
+        for (field, set) in past {
             let mut a = decode(false);
             a.common.batch = 0;
-            if field == "heads" {
-                a.common.heads = v;
-            } else {
-                a.common.nq = v;
-            }
+            set(&mut a);
             assert_eq!(arg_of(decode_params(&a).unwrap_err()), field);
         }
     }
