@@ -453,9 +453,10 @@ mod tests {
         a.main.pages.block_size = 0;
         assert_eq!(arg_of(decode_params(&a).unwrap_err()), "block_size");
         // with batch = 0 no row count bounds them: each is refused past int32 on its own
-        let past: [(&str, fn(&mut Model1Decode)); 2] =
-            [("heads", |a| a.common.heads = (1 << 32) + 1), ("nq", |a| a.common.nq = 1 << 31)];
-        for (field, set) in past {
+        type Setter = fn(&mut Model1Decode);
+        let heads: Setter = |a| a.common.heads = (1 << 32) + 1;
+        let nq: Setter = |a| a.common.nq = 1 << 31;
+        for (field, set) in [("heads", heads), ("nq", nq)] {
             let mut a = decode(false);
             a.common.batch = 0;
             set(&mut a);
