@@ -250,21 +250,6 @@ __device__ __forceinline__ void bulk_copy_to_cluster(uint32_t dst_cluster, uint3
                  "r"(src), "r"(bytes), "r"(bar_cluster)
                  : "memory");
 }
-// A 16-byte (st_async_v4) or 4-byte (st_async_b32) store into another CTA's shared memory at
-// `dst_cluster` (a cluster-window address) that completes its bytes on that CTA's mbarrier
-// `bar_cluster` (whose phase expects them): the write is visible to a thread that sees the phase
-// complete, with no fence or arrival of the writer's.
-__device__ __forceinline__ void st_async_v4(uint32_t dst_cluster, uint4 v, uint32_t bar_cluster) {
-    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];\n" ::"r"(
-                     dst_cluster),
-                 "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "r"(bar_cluster)
-                 : "memory");
-}
-__device__ __forceinline__ void st_async_b32(uint32_t dst_cluster, uint32_t v, uint32_t bar_cluster) {
-    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];\n" ::"r"(dst_cluster),
-                 "r"(v), "r"(bar_cluster)
-                 : "memory");
-}
 // mbarrier inits visible to the cluster's other CTAs (before a cluster barrier).
 __device__ __forceinline__ void fence_mbarrier_init_cluster() {
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");

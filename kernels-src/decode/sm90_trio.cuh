@@ -65,9 +65,11 @@ namespace dcp {
 // Quad_pair (Sm90Schedule::QuadPair; sparse FP8 and MODEL1 where a query row has two row blocks):
 // quad whose two CTAs of a query row (row blocks 0 and 1, consecutive along x) form a cluster, as
 // FlashMLA's H = 128 sparse kernel does: each producer fills only its half of every tile (tokens
-// 32·rank..), storing each chunk here and by st.async into the peer's buffer (the peer's full(b)
-// expects those bytes with one of its producer's arrivals), rope block and flags included, so a
-// tile is read from memory and dequantised once for 128 heads. A producer writes fill f into
+// 32·rank..) in its own buffer, then each producer warp's lane 0 bulk-copies the warp's 8 rows
+// (1 KB a column block) and their flags into the peer's buffer (the peer's full(b) expects those
+// bytes with one of its producer's arrivals), so a tile is read from memory and dequantised once
+// for 128 heads. (FlashMLA's per-thread st.async of every chunk measured +16-18% against these
+// copies: docs/performance.md.) A producer writes fill f into
 // buffer b once both CTAs' P·V of use f − 2 are done: empty(b) also takes one relaxed arrival from
 // each of the peer's eight P·V warps. The rows go out through Q (the peer may already be filling
 // this CTA's buffers for the next piece); a cluster barrier after the set-up and before exit.
@@ -381,8 +383,9 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
             // Quad_pair: four threads a token of this CTA's half of the tile (tokens 32·rank..
             // + 31), thread t token 32·rank + t / 4's column blocks 2q and 2q + 1 (q = t & 3: two
             // batches, scale group q) and the rope block's chunks 2q, 2q + 1 (loaded, not copied),
-            // each 16-byte chunk stored here and by st.async into the peer's buffer, completing
-            // on the peer's full(b); thread q = 0 also the token's flag, in both CTAs.
+            // each 16-byte chunk stored here; thread q = 0 also the token's flag. Then each warp's
+            // lane 0 bulk-copies the warp's 8 tokens (every column block's 1 KB, and 32 bytes of
+            // flags) into the peer's buffer, completing on the peer's full(b).
             // MODEL1 (decode/model1_format.cuh): a block is a 64-byte batch with its ue8m0 scale
             // byte (quad: half 0 fills nope blocks 0..3, half 1 blocks 4..6; quad_pair: q = 3 has
             // block 6 only); the token's entry is its first list's (positions 0..n1 − 1) or its
@@ -499,11 +502,10 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
             };
             // quad_pair: this fill's buffer in the peer and the peer's full(b), cluster-window addresses
             [[maybe_unused]] uint32_t peer_tile = 0, peer_full = 0;
-            // a dequantised or copied 16-byte chunk of the tile in buffer b at byte `off` (and, quad_pair,
-            // the same place in the peer's)
+            // a dequantised or copied 16-byte chunk of the tile in buffer b at byte `off` (quad_pair's
+            // peer gets it by the warp's bulk copies after the fill)
             auto put_chunk = [&](int b, uint32_t off, uint4 v) {
                 *(uint4*)(sKV + b * kTileBytes + off) = v;
-                if constexpr (kQuadPair) st_async_v4(peer_tile + off, v, peer_full);
             };
             // batch h dequantised into buffer b: 656 scale group of block blk0 + h; MODEL1 byte h,
             // 2^(byte − 127)
@@ -571,15 +573,24 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                     if (u >= 2) mbar_wait_sleep_cluster(empty(b), ((u >> 1) - 1) & 1);
                     peer_tile = cluster_map_addr(kv_addr + b * kTileBytes, peer);
                     peer_full = cluster_map_addr(full(b), peer);
-                    if (q == 0) {
-                        sValid[b * Tile + tok] = valid(row);
-                        st_async_b32(cluster_map_addr(decode::smem_addr(sValid + b * Tile + tok), peer), valid(row), peer_full);
-                    }
+                    if (q == 0) sValid[b * Tile + tok] = valid(row);
 #pragma unroll
                     for (int e = 0; e < 2; ++e) put_chunk(b, swizzled(Tile, tok, 8 * (kQkBlocks - 1) + 2 * q + e), rope[e]);
                     store_batch(ra, b, 0, sc);
                     if (batch1) store_batch(rb, b, 1, sc);
-                    fence_proxy_async();  // these generic writes, before wgmma reads them
+                    fence_proxy_async();  // these generic writes, before wgmma and the bulk copies read them
+                    __syncwarp();
+                    if (lane == 0) {
+                        // the warp's 8 tokens (32·rank + 8w..): 1 KB a column block, and their flags
+                        const uint32_t row0 = 32 * rank + 8 * ((t >> 5) & 3);
+#pragma unroll
+                        for (int blk = 0; blk < kQkBlocks; ++blk) {
+                            const uint32_t off = blk * (Tile * 128) + row0 * 128;
+                            bulk_copy_to_cluster(peer_tile + off, kv_addr + b * kTileBytes + off, 8 * 128, peer_full);
+                        }
+                        const uint32_t fl = decode::smem_addr(sValid + b * Tile + row0);
+                        bulk_copy_to_cluster(cluster_map_addr(fl, peer), fl, 32, peer_full);
+                    }
                     if (t == 0) mbar_arrive_expect_tx(full(b), kPeerFillBytes);
                     else mbar_arrive(full(b));
                 } else {
