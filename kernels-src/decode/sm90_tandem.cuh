@@ -233,11 +233,12 @@ __device__ __forceinline__ void mla_decode_sm90_tandem(const DcpMlaDecodeParams&
             }
         };
         // P as bf16 A fragments (kk: tokens 16kk..; the S accumulator's pairs in order)
-        auto pack_p = [&](const float (&s)[32], uint32_t (&pa)[4][4]) {
+        auto pack_p = [&](const float (&s)[32], uint32_t (&pa)[4][4], const float (&f)[2]) {
 #pragma unroll
             for (int kk = 0; kk < 4; ++kk)
 #pragma unroll
-                for (int j = 0; j < 4; ++j) pa[kk][j] = decode::pack_bf16(s[8 * kk + 2 * j], s[8 * kk + 2 * j + 1]);
+                for (int j = 0; j < 4; ++j)
+                    pa[kk][j] = decode::pack_bf16(s[8 * kk + 2 * j] * f[j & 1], s[8 * kk + 2 * j + 1] * f[j & 1]);
         };
         // pack_p's fragments into [64 × 64] bf16 at dst, the K-major swizzled A layout, by stmatrix:
         // pa[kk] are the warp's four 8 × 8 matrices of tokens 16kk.. (rows +0 / +8, columns +0 / +8),
@@ -306,22 +307,30 @@ __device__ __forceinline__ void mla_decode_sm90_tandem(const DcpMlaDecodeParams&
                 exp_tile(s, m_use, sum);
 #pragma unroll
                 for (int k = 0; k < 2; ++k) l[k] = l[k] * sc0[k] + sum[k];
-                uint32_t pa[4][4];
-                pack_p(s, pa);
-                store_p(pa, sKV + 8 * kBlockBytes);  // P(a) into buffer 0's rope block (S(a) is done)
-                fence_proxy_async();                // before WG1's wgmma reads it
-                named_bar_arrive<kBarP0, 256>();
-                if constexpr (kLast0) {
-                    if (partial) zero_tail(a, 0);
+                {
+                    uint32_t pa[4][4];
+                    const float one[2] = {1.0f, 1.0f};
+                    pack_p(s, pa, one);
+                    if constexpr (kLast0) {
+                        if (partial) zero_tail(a, 0);
+                    }
+                    issue_pv_regs(o, pa, 0);
+                    wgmma_wait0();
+                    fence_regs(o);
                 }
-                issue_pv_regs(o, pa, 0);
-                wgmma_wait0();
-                fence_regs(o);
                 named_bar_sync<kBarScale1, 256>();  // WG1's max: sScale1
                 if constexpr (!kLast0 && !kLast1) {
                     if (t == 0) issue_tile(tile_begin + a + 2, 0, 0x00f);  // S(a) and V(a)[left] are done
                 }
                 const float sc1[2] = {sScale1[rA], sScale1[rB]};
+                {
+                    // P(a) against WG1's max, for WG1's half (one rounding from the fp32 p)
+                    uint32_t pa[4][4];
+                    pack_p(s, pa, sc1);
+                    store_p(pa, sKV + 8 * kBlockBytes);  // buffer 0's rope block (S(a) is done)
+                    fence_proxy_async();                // before WG1's wgmma reads it
+                    named_bar_arrive<kBarP0, 256>();
+                }
                 rescale_o(o, sc1[0], sc1[1]);
 #pragma unroll
                 for (int k = 0; k < 2; ++k) l[k] *= sc1[k];
@@ -376,46 +385,45 @@ __device__ __forceinline__ void mla_decode_sm90_tandem(const DcpMlaDecodeParams&
                     sScale1[rB] = sc1[1];
                 }
                 named_bar_arrive<kBarScale1, 256>();
-                // O and l were against the max before WG0's tile: to WG0's max, then P(a)·V(a), then
-                // to WG1's max (so P(a), against WG0's max, is multiplied unscaled), then P(b)·V(b)
-                rescale_o(o, sc0[0], sc0[1]);
+                // O and l were against the max before WG0's tile: to WG1's max (WG0 rescales P(a) to it)
+                const float f[2] = {sc0[0] * sc1[0], sc0[1] * sc1[1]};
+                rescale_o(o, f[0], f[1]);
                 [[maybe_unused]] uint32_t pa[4][4];
                 if constexpr (!kLast0) {
                     exp_tile(s, m_use, sum);
-                    pack_p(s, pa);
+                    const float one[2] = {1.0f, 1.0f};
+                    pack_p(s, pa, one);
                     store_p(pa, sKV + kTileBytes + 8 * kBlockBytes);  // P(b) into buffer 1's rope block
-                    fence_proxy_async();                             // before WG0's wgmma reads it
+                    fence_proxy_async();                              // before WG0's wgmma reads it
+                    if constexpr (kLast1) {
+                        if (partial) zero_tail(a + 1, 1);
+                    }
+                    issue_pv_regs(o, pa, 1);
                 }
+#pragma unroll
+                for (int k = 0; k < 2; ++k) l[k] = l[k] * f[k] + sum[k];
                 named_bar_sync<kBarP0, 256>();  // P(a) is written
                 if constexpr (kLast0) {
                     if (partial) zero_tail(a, 0);
                 }
                 issue_pv_smem(o, 0);
                 if constexpr (!kLast0) named_bar_arrive<kBarP1, 256>();
-                wgmma_wait0();
-                fence_regs(o);
                 if constexpr (!kLast0 && !kLast1) {
-                    if (t == 0) issue_tile(tile_begin + a + 2, 0, 0x1f0);  // V(a)[right] and P(a) are done
-                }
-#pragma unroll
-                for (int k = 0; k < 2; ++k) l[k] = l[k] * sc0[k] * sc1[k] + sum[k];
-                rescale_o(o, sc1[0], sc1[1]);
-                if constexpr (!kLast0) {
-                    if constexpr (kLast1) {
-                        if (partial) zero_tail(a + 1, 1);
+                    if constexpr (!kLast2) {
+                        wgmma_wait<1>();  // P(b)·V(b)[right] is done: buffer 1's right blocks are free
+                        if (t == 0) issue_tile(tile_begin + a + 3, 1, 0x0f0);
                     }
-                    issue_pv_regs(o, pa, 1);
-                    wgmma_wait0();
-                    fence_regs(o);
-                    if constexpr (!kLast1 && !kLast2) {
-                        if (t == 0) issue_tile(tile_begin + a + 3, 1, 0x0f0);  // V(b)[right] is done
+                    wgmma_wait0();  // P(a)·V(a)[right] too: buffer 0's right blocks and P(a)
+                    if (t == 0) issue_tile(tile_begin + a + 2, 0, 0x1f0);
+                    if constexpr (!kLast2) {
                         issue_s(s, 1, parity(a + 3), RoleTag<4>{}, RoleTag<8>{}, RoleTag<1>{});
                         issue_s(s, 1, parity(a + 3), RoleTag<0>{}, RoleTag<4>{}, RoleTag<0>{});
                         issue_s(s, 1, parity(a + 3), RoleTag<8>{}, RoleTag<9>{}, RoleTag<0>{});
-                        wgmma_wait0();
-                        fence_regs(s);
                     }
                 }
+                wgmma_wait0();
+                fence_regs(o);
+                fence_regs(s);
             };
             int a = 0;
             for (; a < n - 3; a += 2) pair(a, RoleTag<0>{}, RoleTag<0>{}, RoleTag<0>{});
