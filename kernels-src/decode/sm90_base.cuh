@@ -26,7 +26,7 @@ namespace dcp {
 //   shared memory, so a tile is dequantised once, not twice (decode/sm90_trio.cuh).
 // QuadPair: quad for query rows of two row blocks (sparse FP8 and MODEL1): the row's two CTAs form
 //   a cluster and each producer dequantises half of every tile's tokens into both CTAs' shared
-//   memory (per-thread st.async to the peer), so a tile is read and converted once (sm90_trio.cuh).
+//   memory (per-warp bulk copies to the peer), so a tile is read and converted once (sm90_trio.cuh).
 // (A fourth, P·V left in flight across the next tile's barrier, was never faster: ptxas serialised
 // its wgmma, C7514. codegen now rejects a hot kernel whose wgmma ptxas serialises.)
 enum class Sm90Schedule { Trio, TrioSplit, Pair, Quad, QuadPair };

@@ -724,7 +724,7 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                     decode::cp_async16(sKV + b * kTileBytes + swizzled(Tile, ld_tok, 64 + 4 * ld_part + j), src + 16 * j,
                                        row >= 0);
                 mbar_arrive_cp_async(full(b));  // with the first tile, also covers Q's copies
-                // pair: the peer's half of the tile lands here as kPeerBytes of st.async
+                // pair: the peer's half of the tile lands here as kPeerBytes of bulk copies
                 if (kPair && t == 0) mbar_arrive_expect_tx(full(b), kPeerBytes);
                 else mbar_arrive(full(b));
             };
