@@ -304,17 +304,30 @@ __device__ __forceinline__ void mla_decode_sm90_tandem(const DcpMlaDecodeParams&
                 }
                 named_bar_arrive<kBarScale0, 256>();
                 rescale_o(o, sc0[0], sc0[1]);
-                exp_tile(s, m_use, sum);
-#pragma unroll
-                for (int k = 0; k < 2; ++k) l[k] = l[k] * sc0[k] + sum[k];
                 {
+                    // P(a) unscaled for this warpgroup's own half, from shared memory (holding its
+                    // fragments in registers beside the fp32 P spilled); the fp32 p kept in s
                     uint32_t pa[4][4];
-                    const float one[2] = {1.0f, 1.0f};
-                    pack_p(s, pa, one);
+                    sum[0] = sum[1] = 0.0f;
+#pragma unroll
+                    for (int e = 0; e < 32; e += 2) {
+                        const int k = (e >> 1) & 1;
+                        s[e] = decode::exp2_sfu(fmaf(s[e], scale_log2, -m_use[k]));
+                        s[e + 1] = decode::exp2_sfu(fmaf(s[e + 1], scale_log2, -m_use[k]));
+                        sum[k] += s[e] + s[e + 1];
+                        pa[e >> 3][(e >> 1) & 3] = decode::pack_bf16(s[e], s[e + 1]);
+                    }
+#pragma unroll
+                    for (int k = 0; k < 2; ++k) l[k] = l[k] * sc0[k] + sum[k];
+                    store_p(pa, sKV + 8 * kBlockBytes);
+                    fence_proxy_async();
                     if constexpr (kLast0) {
                         if (partial) zero_tail(a, 0);
+                        else named_bar_sync<kBarWg, 128>();
+                    } else {
+                        named_bar_sync<kBarWg, 128>();  // the warpgroup's P is written
                     }
-                    issue_pv_regs(o, pa, 0);
+                    issue_pv_smem(o, 0);
                     wgmma_wait0();
                     fence_regs(o);
                 }
@@ -390,9 +403,15 @@ __device__ __forceinline__ void mla_decode_sm90_tandem(const DcpMlaDecodeParams&
                 rescale_o(o, f[0], f[1]);
                 [[maybe_unused]] uint32_t pa[4][4];
                 if constexpr (!kLast0) {
-                    exp_tile(s, m_use, sum);
-                    const float one[2] = {1.0f, 1.0f};
-                    pack_p(s, pa, one);
+                    // p and its bf16 fragments together (the fp32 p is not needed after)
+#pragma unroll
+                    for (int e = 0; e < 32; e += 2) {
+                        const int k = (e >> 1) & 1;
+                        const float p0 = decode::exp2_sfu(fmaf(s[e], scale_log2, -m_use[k]));
+                        const float p1 = decode::exp2_sfu(fmaf(s[e + 1], scale_log2, -m_use[k]));
+                        sum[k] += p0 + p1;
+                        pa[e >> 3][(e >> 1) & 3] = decode::pack_bf16(p0, p1);
+                    }
                     store_p(pa, sKV + kTileBytes + 8 * kBlockBytes);  // P(b) into buffer 1's rope block
                     fence_proxy_async();                              // before WG0's wgmma reads it
                     if constexpr (kLast1) {
