@@ -48,12 +48,6 @@ impl DecodePath {
             _ => 1,
         }
     }
-
-    /// Whether the kernel loads every tile by TMA and so needs the launch's tensor map (tandem):
-    /// where the cache's shape gives none, the launcher runs the kind's default instead.
-    pub fn needs_tensor_map(self) -> bool {
-        matches!(self, DecodePath::Wgmma { schedule: Sm90Schedule::Tandem, .. })
-    }
 }
 
 /// A wgmma decode variant: its tile (KV tokens per S step), stages (buffers) and schedule, as
@@ -79,7 +73,6 @@ pub fn sm90_variants(format: KvFormat, sparse: bool) -> Vec<Sm90Variant> {
     let mut v: Vec<(Sm90Variant, bool)> = registry::MLA_DECODE_SM90_TRIO_VARIANTS
         .iter()
         .chain(registry::MLA_DECODE_SM90_QUAD_VARIANTS)
-        .chain(registry::MLA_DECODE_SM90_TANDEM_VARIANTS)
         .filter(|((k, ..), _)| *k == kv)
         .map(|&((_, tile, stages, schedule), default)| ((tile, stages, schedule), default))
         .collect();
@@ -339,7 +332,7 @@ mod tests {
     #[test]
     fn variants_are_named_as_the_env_var_names_them() {
         let dense: Vec<String> = decode_variants(KvFormat::Bf16, false).into_iter().map(|(n, _)| n).collect();
-        assert_eq!(dense, ["mma", "wgmma-trio-64x2", "wgmma-trio_split-64x2", "wgmma-tandem-64x2"]);
+        assert_eq!(dense, ["mma", "wgmma-trio-64x2", "wgmma-trio_split-64x2"]);
         let fp8: Vec<String> = decode_variants(KvFormat::Fp8_656, true).into_iter().map(|(n, _)| n).collect();
         assert_eq!(fp8, ["mma", "wgmma-quad-64x2", "wgmma-pair-64x2", "wgmma-quad_pair-64x2"]);
         assert_eq!(variant_name(DecodePath::Auto), "auto");
@@ -350,15 +343,6 @@ mod tests {
                 assert!(ships(path, format, sparse), "{name}");
             }
         }
-    }
-
-    #[test]
-    fn only_tandem_needs_a_tensor_map() {
-        for (_, path) in KINDS.iter().flat_map(|&(format, sparse)| decode_variants(format, sparse)) {
-            let tandem = matches!(path, DecodePath::Wgmma { schedule: Sm90Schedule::Tandem, .. });
-            assert_eq!(path.needs_tensor_map(), tandem, "{path:?}");
-        }
-        assert!(!DecodePath::Auto.needs_tensor_map());
     }
 
     #[test]

@@ -27,25 +27,9 @@ namespace dcp {
 // QuadPair: quad for query rows of two row blocks (sparse FP8 and MODEL1): the row's two CTAs form
 //   a cluster and each producer dequantises half of every tile's tokens into both CTAs' shared
 //   memory (per-warp bulk copies to the peer), so a tile is read and converted once (sm90_trio.cuh).
-// Tandem: dense BF16 with a tensor map, two warpgroups (256 threads, its own family), each scoring
-//   every other tile and holding half of O, the max chained from one to the other each pair
-//   (FlashMLA's SM90 dense skeleton; decode/sm90_tandem.cuh).
 // (A fourth, P·V left in flight across the next tile's barrier, was never faster: ptxas serialised
 // its wgmma, C7514. codegen now rejects a hot kernel whose wgmma ptxas serialises.)
-enum class Sm90Schedule { Trio, TrioSplit, Pair, Quad, QuadPair, Tandem };
-
-// A compile-time integer as a value (a role, a flag or a bound passed to a generic lambda).
-template <int R>
-struct RoleTag {
-    static constexpr int value = R;
-};
-
-// A warpgroup's half of O (128 accumulators) as write_rows reads them: column 8c + e of the
-// thread's pairs.
-struct OHalf {
-    const float (&o)[128];
-    __device__ __forceinline__ float operator()(int c, int e) const { return o[4 * c + e]; }
-};
+enum class Sm90Schedule { Trio, TrioSplit, Pair, Quad, QuadPair };
 
 namespace decode_sm90 {
 using namespace ptx_sm90;  // the PTX wrappers (arch/sm90_ptx.cuh) as decode_sm90::...

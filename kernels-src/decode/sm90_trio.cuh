@@ -81,6 +81,17 @@ namespace dcp {
 // half 0 of a token's threads its nope blocks 0..3, half 1 blocks 4..6, each block one 64-byte
 // batch and its ue8m0 scale byte. Registers 72 / 168 / 168 / 104 (at quad's 64 the scorer, which
 // copies Q, spilled 4 bytes; at quad's 96 the producer 8: its token's two addresses, the second list).
+template <int R>
+struct RoleTag {
+    static constexpr int value = R;
+};
+
+// A P·V warpgroup's accumulators as write_rows reads them: column 8c + e of the thread's pairs.
+struct OHalf {
+    const float (&o)[128];
+    __device__ __forceinline__ float operator()(int c, int e) const { return o[4 * c + e]; }
+};
+
 template <DecodeKv Kv, int Tile, int Stages, Sm90Schedule Sched>
 __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p) {
     [[maybe_unused]] constexpr bool kSparse = Kv != DecodeKv::DenseBf16;  // (unused off sm_90a)

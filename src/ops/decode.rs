@@ -21,7 +21,7 @@
 
 use super::{to_i32, BlockTable};
 use crate::abi::{DcpMlaDecodeCombineParams, DcpMlaDecodeParams};
-use crate::catalogue::{default_wgmma, kv_axis};
+use crate::catalogue::kv_axis;
 use crate::error::{Error, Result};
 use crate::formats::{KvFormat, D_QK, D_V};
 use crate::planner::choice::{choose_decode, DecodeShape};
@@ -257,7 +257,6 @@ fn sm90_kernel_id(
 ) -> Option<KernelId<DcpMlaDecodeParams>> {
     registry::mla_decode_sm90_trio(kv, tile, stages, schedule)
         .or_else(|| registry::mla_decode_sm90_quad(kv, tile, stages, schedule))
-        .or_else(|| registry::mla_decode_sm90_tandem(kv, tile, stages, schedule))
 }
 
 /// The mma.sync kernel for `kv` and its tile (kernels.toml's `tile` axis, which the kernel checks
@@ -338,17 +337,10 @@ pub fn mla_decode_dense(dev: &Device, stream: Stream, a: &DenseDecode) -> Result
 /// [`mla_decode_dense`] on a chosen kernel; `Error::Unsupported` when it cannot run on `dev`.
 pub fn mla_decode_dense_on(dev: &Device, stream: Stream, a: &DenseDecode, path: DecodePath) -> Result<()> {
     let mut params = dense_params(a)?;
-    let shape = dense_shape(a);
-    let choice = choose_decode(dev, &shape, path)?;
+    let choice = choose_decode(dev, &dense_shape(a), path)?;
+    let kernel = decode_kernel(dev, KvFormat::Bf16, false, choice.path)?;
     let page_rows = params.page_rows as usize;
-    let tma = tma_enabled() && dense_tma_fits(a.num_pages, a.block_size, page_rows);
-    // tandem loads by TMA only: without a tensor map the kind's default runs in its place
-    let path = match default_wgmma(KvFormat::Bf16, false, shape.row_blocks()) {
-        Some(default) if choice.path.needs_tensor_map() && !tma => default,
-        _ => choice.path,
-    };
-    let kernel = decode_kernel(dev, KvFormat::Bf16, false, path)?;
-    if kernel.takes_tensor_map && tma {
+    if kernel.takes_tensor_map && tma_enabled() && dense_tma_fits(a.num_pages, a.block_size, page_rows) {
         params.kv_tmap = dense_tensor_map(dev, a, page_rows, kernel.tile)?;
         params.kv_tma = 1;
     }
