@@ -500,8 +500,6 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                         if (half == 1) asm volatile("prefetch.global.L2 [%0];" ::"l"(w.scales));
                 }
             };
-            // quad_pair: this fill's buffer in the peer and the peer's full(b), cluster-window addresses
-            [[maybe_unused]] uint32_t peer_tile = 0, peer_full = 0;
             // a dequantised or copied 16-byte chunk of the tile in buffer b at byte `off` (quad_pair's
             // peer gets it by the warp's bulk copies after the fill)
             auto put_chunk = [&](int b, uint32_t off, uint4 v) {
@@ -571,8 +569,9 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                 if constexpr (kQuadPair) {
                     // both CTAs' P·V of use u − 2 are done (the peer's warps arrive here too)
                     if (u >= 2) mbar_wait_sleep_cluster(empty(b), ((u >> 1) - 1) & 1);
-                    peer_tile = cluster_map_addr(kv_addr + b * kTileBytes, peer);
-                    peer_full = cluster_map_addr(full(b), peer);
+                    // this fill's buffer and full(b) in the peer (cluster-window addresses)
+                    const uint32_t peer_tile = cluster_map_addr(kv_addr + b * kTileBytes, peer);
+                    const uint32_t peer_full = cluster_map_addr(full(b), peer);
                     if (q == 0) sValid[b * Tile + tok] = valid(row);
 #pragma unroll
                     for (int e = 0; e < 2; ++e) put_chunk(b, swizzled(Tile, tok, 8 * (kQkBlocks - 1) + 2 * q + e), rope[e]);

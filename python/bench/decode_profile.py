@@ -19,7 +19,9 @@ DIR holds FlashMLA's package `flash_mla/` with its built extension. Needs torch 
 """
 import json
 import statistics
+import subprocess
 import sys
+import time
 
 import torch
 
@@ -106,8 +108,6 @@ def sustained(g, seconds=2.0):
     """Replays back to back for `seconds` while nvidia-smi samples the SM clock and the board's
     power: (µs a layer, median MHz, median W). A kernel whose on-chip work outlasts its memory
     stream slows where the power cap lowers the clock; one that streams does not."""
-    import subprocess
-    import time
     smi = subprocess.Popen(["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits",
                             "-lms", "100"], stdout=subprocess.PIPE, text=True)
     time.sleep(0.3)
@@ -139,7 +139,6 @@ def sustained(g, seconds=2.0):
 def alternate(steps):
     """{name: [µs a layer, one a round]} of each step's graph, timed as wall_us after a COOL_S
     pause, the order rotated by one each round; with "ratio": FlashMLA's median / the face's."""
-    import time
     graphs = {name: capture(step) for name, step in steps.items()}
     names = list(graphs)
     out = {name: [] for name in names}
