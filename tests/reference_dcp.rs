@@ -8,9 +8,7 @@
 
 use dcp_mla::formats::{decode_fp8_row_bf16, encode_fp8_row, KvFormat, D_LATENT, D_QK, D_ROPE, D_V};
 use dcp_mla::planner::{causal_local_lens, plan_prefill_chunks, prefill_chunk_bytes};
-use dcp_mla::reference::attention::{
-    apply_sink_oracle, decode_f32, decode_oracle, default_scale, QueryShape, Selection,
-};
+use dcp_mla::reference::attention::{apply_sink_oracle, decode, decode_oracle, default_scale, QueryShape, Selection};
 use dcp_mla::reference::fill::{fill, FillInput, PagedCache};
 use dcp_mla::reference::merge::{
     a2a_combine_with_sink, a2a_pack, a2a_slot_bytes, ag_rs_contribution, ag_rs_finish_with_sink, merge_with_sink,
@@ -230,7 +228,7 @@ fn check_identity(c: &Case) {
     let run_f32 = |rank: usize, rc: &RankCache| -> (Vec<f32>, Vec<f32>) {
         if c.sparse {
             let (idx, counts) = compact(&ids, kk, c.dcp, rank, Some(rc.translate(q)));
-            decode_f32(
+            decode::<f32>(
                 &query,
                 shape,
                 &rc.paged(),
@@ -240,7 +238,7 @@ fn check_identity(c: &Case) {
             )
         } else {
             let lens = causal_local_lens(&c.lens, &qs, c.dcp, rank).unwrap();
-            decode_f32(&query, shape, &rc.paged(), &rc.bytes, &Selection::Dense { lens: &lens }, sigma)
+            decode::<f32>(&query, shape, &rc.paged(), &rc.bytes, &Selection::Dense { lens: &lens }, sigma)
         }
     };
     // docs/contract.md §9's oracle (out, lse and A_c) over all tokens, on one rank: with sinks, the

@@ -200,30 +200,6 @@ pub(crate) fn attend<T: Real, R: AsRef<[f32]>>(
     m + sum.ln()
 }
 
-/// [`decode`] in f32: the kernels' precision.
-pub fn decode_f32(
-    q: &[bf16],
-    shape: QueryShape,
-    cache: &PagedCache,
-    bytes: &[u8],
-    sel: &Selection,
-    scale: f32,
-) -> (Vec<f32>, Vec<f32>) {
-    decode::<f32>(q, shape, cache, bytes, sel, scale)
-}
-
-/// [`decode`] in f64: the oracle for tolerance checks.
-pub fn decode_f64(
-    q: &[bf16],
-    shape: QueryShape,
-    cache: &PagedCache,
-    bytes: &[u8],
-    sel: &Selection,
-    scale: f32,
-) -> (Vec<f64>, Vec<f64>) {
-    decode::<f64>(q, shape, cache, bytes, sel, scale)
-}
-
 /// The fp64 oracle of docs/contract.md §9's attention tolerance: out, lse and A (A_c = Σ_k p_k·|v_kc| /
 /// Σ_k p_k, the softmax-weighted mean of |v|; 0 for an empty row), for
 /// [`crate::reference::tolerance::check_attention`].
@@ -268,7 +244,7 @@ mod tests {
         }
         let q = vec![bf16::ZERO; 3 * D_QK]; // zero query: uniform softmax
         let shape = QueryShape { batch: 1, rows: 3, heads: 1 };
-        let (out, lse) = decode_f64(&q, shape, &cache, &bytes, &Selection::Dense { lens: &[0, 1, 4] }, 0.1);
+        let (out, lse) = decode::<f64>(&q, shape, &cache, &bytes, &Selection::Dense { lens: &[0, 1, 4] }, 0.1);
         assert!(out[..D_V].iter().all(|&x| x == 0.0) && lse[0] == f64::NEG_INFINITY);
         assert_eq!(out[D_V], 1.0);
         assert_eq!(lse[1], 0.0);
@@ -276,7 +252,7 @@ mod tests {
         // sparse: slot 0 holds local 2 (value 3); -1, out-of-range and entries past topk_len are unused
         let idx = [0, -1, 99, 3, 3, 0, -1, -1, 2, 2, 2, 2];
         let sel = Selection::Sparse { indices: &idx, k: 4, topk_len: Some(&[4, 1, 4]) };
-        let (out, lse) = decode_f32(&q, shape, &cache, &bytes, &sel, 0.1);
+        let (out, lse) = decode::<f32>(&q, shape, &cache, &bytes, &sel, 0.1);
         // row 0: slots 0 (value 3) and 3 (local 1, value 2) -> 2.5
         assert_eq!(out[0], 2.5);
         assert_eq!(out[D_V], 2.0); // row 1: only the first entry (slot 3)

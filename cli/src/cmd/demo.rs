@@ -8,7 +8,7 @@ use super::problem::{STAGE_COMBINE, STAGE_DENSE, STAGE_FILL, STAGE_SPARSE, STAGE
 use clap::{Args, FromArgMatches};
 use dcp_mla::formats::{D_LATENT, D_QK, D_ROPE, D_V};
 use dcp_mla::planner::{causal_local_lens, DcpLayout};
-use dcp_mla::reference::attention::{decode_f32, decode_oracle, default_scale, QueryShape, Selection};
+use dcp_mla::reference::attention::{decode, decode_oracle, default_scale, QueryShape, Selection};
 use dcp_mla::reference::fill::{fill, FillInput, PagedCache};
 use dcp_mla::reference::merge::{ag_rs_contribution, ag_rs_finish, reduce_scatter, to_bf16};
 use dcp_mla::reference::tolerance::{AttentionOracle, LSE_ABS, LSE_REL, OUT_ELEMENT_FACTOR, OUT_REL_L2};
@@ -109,7 +109,7 @@ pub fn run_cpu(p: &Problem) -> Outputs {
         let lens = p.local_lens(r);
         let mut res = (Vec::new(), Vec::new());
         clock(STAGE_DENSE, &mut || {
-            res = decode_f32(
+            res = decode::<f32>(
                 &p.query,
                 p.shape(),
                 &p.paged(KvFormat::Bf16),
@@ -145,7 +145,7 @@ pub fn run_cpu(p: &Problem) -> Outputs {
         let mut res = (Vec::new(), Vec::new());
         clock(STAGE_SPARSE, &mut || {
             let s = Selection::Sparse { indices: &sel.0, k, topk_len: Some(&sel.1) };
-            res = decode_f32(&p.query, p.shape(), &p.paged(p.format), cache, &s, sigma);
+            res = decode::<f32>(&p.query, p.shape(), &p.paged(p.format), cache, &s, sigma);
         });
         parts.push(res);
     }
