@@ -50,12 +50,8 @@ constexpr int kChunks = kDimQk / 8;   // 72 16-byte chunks per row
 // quad and quad_pair: one for Q (the scorer's own copies).
 template <Sm90Schedule Sched>
 constexpr int sync_extra_bytes() {
-    // trio and trio_split: 8 (p_full of trio_split's half 1 at 6-7) and one per column block of each
-    // buffer after them (dense's block waits)
-    constexpr bool trio = Sched == Sm90Schedule::Trio || Sched == Sm90Schedule::TrioSplit;
-    constexpr int bars = trio ? 8 + 2 * 9
-                              : 6 + (Sched == Sm90Schedule::Pair ? 4 : 0) +
-                                    (Sched == Sm90Schedule::Quad || Sched == Sm90Schedule::QuadPair ? 1 : 0);
+    constexpr int bars = 6 + (Sched == Sm90Schedule::TrioSplit ? 2 : 0) + (Sched == Sm90Schedule::Pair ? 4 : 0) +
+                         (Sched == Sm90Schedule::Quad || Sched == Sm90Schedule::QuadPair ? 1 : 0);
     return 2 * kRows * 4 + kRows * 8 + bars * 8;
 }
 

@@ -147,12 +147,6 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
     // P of buffer b (trio_split: its half h, tokens 32h..32h + 31; half 1's after the rest)
     auto p_full = [&](int b, int h = 0) { return h == 0 ? bars + 32 + 8 * b : bars + 48 + 8 * b; };
     [[maybe_unused]] const uint32_t q_full = bars + 48;  // quad: the scorer's copies of Q, a piece
-    // dense (trio, trio_split): one mbarrier a column block of each buffer, completed by that
-    // block's TMA bytes (or by plain arrivals for a tile copied by cp.async), so that S starts on
-    // the blocks that have landed while the rest of the refill is still in flight; full(b) keeps
-    // the flags, Q and the cp.async copies
-    constexpr bool kBlockWaits = !kSparse;
-    [[maybe_unused]] auto blk_full = [&](int b, int k) { return bars + 64 + 8 * (kQkBlocks * b + k); };
     const uint32_t q_addr = decode::smem_addr(sQ), kv_addr = decode::smem_addr(sKV);
     [[maybe_unused]] const uint32_t p_addr0 = decode::smem_addr(sP);
 
@@ -172,14 +166,6 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
             if constexpr (kPair) {
                 mbar_init(peer_free(0, b), 128);
                 mbar_init(peer_free(1, b), 128);
-            }
-            if constexpr (kBlockWaits) {
-                // one arrival per thread that issues a tile's boxes (warpgroup 1's token
-                // ld_tok with ld_tok % box_rows == 0, as fill() picks them)
-                const int box = min(Tile, p.block_size);
-                int issuers = 0;
-                for (int x = 0; x < Tile; ++x) issuers += (x & (box - 1)) == 0;
-                for (int k = 0; k < kQkBlocks; ++k) mbar_init(blk_full(b, k), issuers);
             }
         }
         fence_proxy_async();
@@ -297,9 +283,6 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                         const uint32_t koff = (ks & 3) * 32;
                         const uint64_t da = desc_words(qlo + (((ks >> 2) * (kRows * 128) + koff) >> 4), 1024);
                         const uint64_t db = desc_words(klo + (((ks >> 2) * (Tile * 128) + koff) >> 4), 1024);
-                        if constexpr (kBlockWaits) {
-                            if ((ks & 3) == 0) mbar_wait(blk_full(b, ks >> 2), (u >> 1) & 1);
-                        }
                         if (ks == 0) wgmma_ss_n64_first(s, da, db);
                         else if (kQRegBlocks > 0 && (ks >> 2) >= kQkBlocks - kQRegBlocks)
                             wgmma_rs_n64(s, qr[(ks >> 2) - (kQkBlocks - kQRegBlocks)][ks & 3], db);
@@ -654,25 +637,18 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
             auto fill = [&](int tile, int page, int b) {
                 const int64_t row = token_row(tile, page);
                 if (ld_part == 0) sValid[b * Tile + ld_tok] = row >= 0;
-                const bool issuer = ld_part == 0 && (ld_tok & (box_rows - 1)) == 0;
-                if (kBlockWaits && tma && (tile + 1) * Tile <= n_tokens) {
-                    if (issuer) {
+                if (tma && (tile + 1) * Tile <= n_tokens) {
+                    if (ld_part == 0 && (ld_tok & (box_rows - 1)) == 0) {
                         const int c1 = row >= 0 ? (int)row : p.num_pages * p.page_rows;
                         const uint32_t dst = kv_addr + b * kTileBytes + ld_tok * 128;
                         const uint64_t policy = l2_evict_first_policy();  // each row is read once
-                        // each column block's bytes on its own mbarrier (TMA tiles are dense only)
+                        mbar_expect_tx(full(b), kBlocks * box_rows * 128);
 #pragma unroll
-                        for (int blk = 0; blk < kBlocks; ++blk) {
-                            mbar_arrive_expect_tx(blk_full(b, blk), box_rows * 128);
-                            tma_load_2d_hint(dst + blk * (Tile * 128), &p.kv_tmap, blk * 64, c1, blk_full(b, blk), policy);
-                        }
+                        for (int blk = 0; blk < kBlocks; ++blk)
+                            tma_load_2d_hint(dst + blk * (Tile * 128), &p.kv_tmap, blk * 64, c1, full(b), policy);
                     }
                 } else {
                     copy_token<Tile, kLdPerTok>(sKV + b * kTileBytes, ld_tok, ld_part, p, row);
-                    // the block barriers' phase still advances (full(b) covers these copies)
-                    if constexpr (kBlockWaits)
-                        if (issuer)
-                            for (int blk = 0; blk < kBlocks; ++blk) mbar_arrive(blk_full(b, blk));
                 }
                 mbar_arrive_cp_async(full(b));  // with the first tile, also covers Q's copies
                 mbar_arrive(full(b));
@@ -884,11 +860,6 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                 // landed before S(u): this is the acquire
                 if constexpr (kCluster) mbar_wait_cluster(full(b), (u >> 1) & 1);
                 else mbar_wait(full(b), (u >> 1) & 1);
-                if constexpr (kBlockWaits) {
-                    // the V blocks this warpgroup reads (all landed before S(u) finished)
-#pragma unroll
-                    for (int k = 0; k < 4; ++k) mbar_wait(blk_full(b, 4 * kHalf + k), (u >> 1) & 1);
-                }
                 fence_proxy_async();
                 if constexpr (kSplitP) {
                     // tokens 0..31 while the scorer writes the second half, then 32..63
