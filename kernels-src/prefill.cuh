@@ -41,123 +41,73 @@ __device__ __forceinline__ int find_piece(const int32_t* pieces, int max_pieces,
     return -1;
 }
 
-// Rows of the flatten buffer a warp writes (the launcher's grid: cap_rows / this warps): their
-// slots resolved together (the piece found once for consecutive rows of one piece) and all their
-// loads in flight before the first store, so a warp's dependent round trips (piece, page, row)
-// are paid once for several rows.
-constexpr int kFlattenRowsPerWarp = 4;
-
-// The cache slot of flatten row `row`, given the piece `pc` holding it (or -1): -1 for a zero row.
-__device__ __forceinline__ int64_t flatten_slot(const DcpPrefillFlattenParams& p, const int32_t* pieces, int pc,
-                                                int64_t row) {
-    if (pc < 0) return -1;
-    const int32_t* e = pieces + pc * kPieceFields;
-    const int64_t j = row - e[kPieceRowOffset];
-    const int64_t n = local_len_of(e[kPieceGlobalLen], p.dcp_size, p.interleave, p.dcp_rank);
-    const int req = e[kPieceRequest];
-    if (j < n && req >= 0 && req < p.batch) {
-        const int64_t l = (int64_t)e[kPieceLocalStart] + j;
-        const int64_t col = l / p.block_size;
-        if (l >= 0 && col < p.max_pages) {
-            const int page = ((const int32_t*)p.block_table)[req * p.block_table_stride + col];
-            if (page >= 0 && page < p.num_pages) return (int64_t)page * p.page_rows + l % p.block_size;
-        }
-    }
-    return -1;
-}
-
 template <KvFormat Format>
 __device__ __forceinline__ void prefill_flatten(const DcpPrefillFlattenParams& p) {
-    constexpr int R = kFlattenRowsPerWarp;
     const int lane = threadIdx.x & 31;
-    const int64_t first = (((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5) * R;
-    if (first >= p.cap_rows) return;
+    const int64_t row = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    if (row >= p.cap_rows) return;
     const int32_t* pieces = (const int32_t*)p.pieces;
+    uint4* dst = (uint4*)((__nv_bfloat16*)p.out + row * kDimQk);
 
-    // Resolve the rows to cache slots; -1: the row is zero. Consecutive rows usually share a
-    // piece: the search runs again only for a row past the first one's piece.
-    int64_t slot[R];
-    int pc = find_piece(pieces, p.max_pieces, kPieceRowOffset, kPieceRows, first);
-#pragma unroll
-    for (int k = 0; k < R; ++k) {
-        const int64_t row = first + k;
-        if (k > 0 && row < p.cap_rows) {
-            const bool same = pc >= 0 && row < (int64_t)pieces[pc * kPieceFields + kPieceRowOffset] +
-                                                   pieces[pc * kPieceFields + kPieceRows];
-            if (!same) pc = find_piece(pieces, p.max_pieces, kPieceRowOffset, kPieceRows, row);
+    // Resolve the row to a cache slot; -1: the row is zero.
+    int64_t slot = -1;
+    const int pc = find_piece(pieces, p.max_pieces, kPieceRowOffset, kPieceRows, row);
+    if (pc >= 0) {
+        const int32_t* e = pieces + pc * kPieceFields;
+        const int64_t j = row - e[kPieceRowOffset];
+        const int64_t n = local_len_of(e[kPieceGlobalLen], p.dcp_size, p.interleave, p.dcp_rank);
+        const int req = e[kPieceRequest];
+        if (j < n && req >= 0 && req < p.batch) {
+            const int64_t l = (int64_t)e[kPieceLocalStart] + j;
+            const int64_t col = l / p.block_size;
+            if (l >= 0 && col < p.max_pages) {
+                const int page = ((const int32_t*)p.block_table)[req * p.block_table_stride + col];
+                if (page >= 0 && page < p.num_pages) slot = (int64_t)page * p.page_rows + l % p.block_size;
+            }
         }
-        slot[k] = row < p.cap_rows ? flatten_slot(p, pieces, pc, row) : -1;
     }
 
     // Row = 72 uint4 of bf16: lanes take vectors lane, lane + 32, and lanes 0..7 lane + 64.
-    const uint4 z = make_uint4(0, 0, 0, 0);
+    if (slot < 0) {
+        const uint4 z = make_uint4(0, 0, 0, 0);
+        dst[lane] = z;
+        dst[lane + 32] = z;
+        if (lane < 8) dst[lane + 64] = z;
+        return;
+    }
     if constexpr (Format == KvFormat::Bf16) {
-        uint4 a[R], b[R], c[R];
-#pragma unroll
-        for (int k = 0; k < R; ++k) {
-            a[k] = b[k] = c[k] = z;
-            if (slot[k] >= 0) {
-                const uint4* src = (const uint4*)((const __nv_bfloat16*)p.cache + slot[k] * kDimQk);
-                a[k] = __ldg(src + lane);
-                b[k] = __ldg(src + lane + 32);
-                if (lane < 8) c[k] = __ldg(src + lane + 64);
-            }
-        }
-#pragma unroll
-        for (int k = 0; k < R; ++k) {
-            if (first + k >= p.cap_rows) break;
-            uint4* dst = (uint4*)((__nv_bfloat16*)p.out + (first + k) * kDimQk);
-            dst[lane] = a[k];
-            dst[lane + 32] = b[k];
-            if (lane < 8) dst[lane + 64] = c[k];
-        }
+        const uint4* src = (const uint4*)((const __nv_bfloat16*)p.cache + slot * kDimQk);
+        const uint4 a = __ldg(src + lane), b = __ldg(src + lane + 32);
+        const uint4 c = lane < 8 ? __ldg(src + lane + 64) : make_uint4(0, 0, 0, 0);
+        dst[lane] = a;
+        dst[lane + 32] = b;
+        if (lane < 8) dst[lane + 64] = c;
     } else {
         // Lane owns c_kv channels [16·lane, 16·lane + 16): group lane / 8. Lanes 0..7 also copy
-        // one 16-byte vector of k_pe each. A zero row: q = 0 and scale 0 dequantise to zeros.
-        uint4 q[R], r[R];
-        float scale[R];
+        // one 16-byte vector of k_pe each.
+        const uint8_t* src = (const uint8_t*)p.cache + slot * kFp8RowBytes;
+        const uint4 q = __ldg((const uint4*)src + lane);
+        const float scale = __ldg((const float*)(src + kFp8ScaleOffset) + (lane >> 3));
+        const uint4 r = lane < 8 ? __ldg((const uint4*)(src + kFp8RopeOffset) + lane) : make_uint4(0, 0, 0, 0);
+        const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+        uint32_t o[8];
 #pragma unroll
-        for (int k = 0; k < R; ++k) {
-            q[k] = r[k] = z;
-            scale[k] = 0.0f;
-            if (slot[k] >= 0) {
-                const uint8_t* src = (const uint8_t*)p.cache + slot[k] * kFp8RowBytes;
-                q[k] = __ldg((const uint4*)src + lane);
-                scale[k] = __ldg((const float*)(src + kFp8ScaleOffset) + (lane >> 3));
-                if (lane < 8) r[k] = __ldg((const uint4*)(src + kFp8RopeOffset) + lane);
+        for (int i = 0; i < 4; ++i) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                // e4m3 -> half is exact; half -> float exact; one fp32 product (exact: scale is a
+                // power of two) and one round to bf16, as formats::decode_fp8_row_bf16 does.
+                const __half2_raw pair =
+                    __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w[i] >> (16 * h)), __NV_E4M3);
+                const float lo = __half2float(__half(__half_raw{pair.x})) * scale;
+                const float hi = __half2float(__half(__half_raw{pair.y})) * scale;
+                const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+                o[2 * i + h] = *(const uint32_t*)&v;
             }
         }
-#pragma unroll
-        for (int k = 0; k < R; ++k) {
-            if (first + k >= p.cap_rows) break;
-            uint4* dst = (uint4*)((__nv_bfloat16*)p.out + (first + k) * kDimQk);
-            if (slot[k] < 0) {
-                // zeros as the one-row kernel wrote them (not a dequantised 0 · scale)
-                dst[lane] = z;
-                dst[lane + 32] = z;
-                if (lane < 8) dst[lane + 64] = z;
-                continue;
-            }
-            const uint32_t w[4] = {q[k].x, q[k].y, q[k].z, q[k].w};
-            uint32_t o[8];
-#pragma unroll
-            for (int i = 0; i < 4; ++i) {
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    // e4m3 -> half is exact; half -> float exact; one fp32 product (exact: scale is a
-                    // power of two) and one round to bf16, as formats::decode_fp8_row_bf16 does.
-                    const __half2_raw pair =
-                        __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(w[i] >> (16 * h)), __NV_E4M3);
-                    const float lo = __half2float(__half(__half_raw{pair.x})) * scale[k];
-                    const float hi = __half2float(__half(__half_raw{pair.y})) * scale[k];
-                    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-                    o[2 * i + h] = *(const uint32_t*)&v;
-                }
-            }
-            dst[2 * lane] = make_uint4(o[0], o[1], o[2], o[3]);
-            dst[2 * lane + 1] = make_uint4(o[4], o[5], o[6], o[7]);
-            if (lane < 8) dst[kDimLatent / 8 + lane] = r[k];
-        }
+        dst[2 * lane] = make_uint4(o[0], o[1], o[2], o[3]);
+        dst[2 * lane + 1] = make_uint4(o[4], o[5], o[6], o[7]);
+        if (lane < 8) dst[kDimLatent / 8 + lane] = r;
     }
 }
 

@@ -73,12 +73,8 @@ pub fn flatten(dev: &Device, stream: Stream, a: &Flatten) -> Result<()> {
     let params = flatten_params(a)?;
     let id = compiled(registry::prefill_flatten(a.format.into()), || format!("prefill_flatten for {:?}", a.format))?;
     // SAFETY: flatten_params checked every buffer the kernel addresses.
-    unsafe { launch_warp_rows(dev, stream, id, a.cap_rows.div_ceil(FLATTEN_ROWS_PER_WARP), "rows", &params) }
+    unsafe { launch_warp_rows(dev, stream, id, a.cap_rows, "rows", &params) }
 }
-
-/// Rows of the flatten buffer one warp of `prefill_flatten` writes: kernels-src/prefill.cuh's
-/// `kFlattenRowsPerWarp` (the grid is this many times smaller than the rows).
-const FLATTEN_ROWS_PER_WARP: usize = 4;
 
 fn flatten_params(a: &Flatten) -> Result<DcpPrefillFlattenParams> {
     let [dcp_size, dcp_rank, interleave] = check_layout(a.dcp, a.rank)?;
