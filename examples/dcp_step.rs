@@ -9,8 +9,8 @@ use dcp_mla::ops::combine::{
 };
 use dcp_mla::ops::decode::{decode_num_splits, decode_workspace_bytes, default_scale, mla_decode_dense};
 use dcp_mla::ops::decode::{DecodeCommon, DecodeOut, DenseDecode, LensRule};
-use dcp_mla::ops::fill::{kv_fill, KvFill};
-use dcp_mla::ops::BlockTable;
+use dcp_mla::ops::fill::{kv_fill, KvFill, NewTokens};
+use dcp_mla::ops::{BlockTable, CacheView};
 use dcp_mla::reference::attention::{decode_oracle, QueryShape, Selection};
 use dcp_mla::reference::fill::{fill, FillInput, PagedCache};
 use dcp_mla::reference::tolerance::{check_attention, AttentionOracle};
@@ -63,18 +63,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let cache = s.alloc_zeros::<u8>(num_pages * B * ROW_BYTES)?;
         let (cache_v, table_v) = (DeviceSlice::of(&cache, &s), DeviceSlice::of(&d_table, &s));
         let fill = KvFill {
-            ckv: DeviceSlice::of(&d_ckv, &s),
-            ckv_stride: D_LATENT,
-            kpe: DeviceSlice::of(&d_kpe, &s),
-            kpe_stride: D_ROPE,
-            req_idx: DeviceSlice::of(&d_req, &s),
-            positions: DeviceSlice::of(&d_pos, &s),
+            tokens: NewTokens {
+                ckv: DeviceSlice::of(&d_ckv, &s),
+                ckv_stride: D_LATENT,
+                kpe: DeviceSlice::of(&d_kpe, &s),
+                kpe_stride: D_ROPE,
+                req_idx: DeviceSlice::of(&d_req, &s),
+                positions: DeviceSlice::of(&d_pos, &s),
+            },
             block_table: BlockTable::packed(table_v, max_pages),
             batch: t,
-            cache: cache_v,
-            num_pages,
-            block_size: B,
-            page_stride: None,
+            cache: CacheView::packed(cache_v, num_pages, B),
             format: KvFormat::Bf16,
             dcp,
             rank,
@@ -96,14 +95,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
         let decode = DenseDecode {
             common,
-            cache: cache_v,
-            num_pages,
-            block_size: B,
+            cache: CacheView::packed(cache_v, num_pages, B),
             block_table: BlockTable::packed(table_v, max_pages),
             lens: DeviceSlice::of(&d_lens, &s),
             lens_strides: None,
             lens_rule: LensRule::Local,
-            page_stride: None,
         };
         mla_decode_dense(&dev, st, &decode)?;
 

@@ -9,7 +9,7 @@ use common::*;
 use cudarc::driver::sys;
 use dcp_mla::formats::{encode_fp8_row, KvFormat, D_LATENT, D_QK, D_V};
 use dcp_mla::ops::decode::*;
-use dcp_mla::ops::BlockTable;
+use dcp_mla::ops::{BlockTable, CacheView};
 use dcp_mla::planner::schedule;
 use dcp_mla::planner::split::sched_stamp;
 use dcp_mla::reference::attention::{apply_sink_oracle, decode_oracle, QueryShape, Selection};
@@ -284,14 +284,11 @@ impl DenseDev {
         let s = stream();
         DenseDecode {
             common: outs.common(view(&s, &self.q), shape, splits),
-            cache: view(&s, &self.cache),
-            num_pages: hc.num_pages,
-            block_size: hc.block_size,
+            cache: CacheView::packed(view(&s, &self.cache), hc.num_pages, hc.block_size),
             block_table: BlockTable { table: view(&s, &self.table), stride: hc.stride, max_pages: hc.max_pages },
             lens: view(&s, &self.lens),
             lens_strides: None,
             lens_rule: LensRule::Local,
-            page_stride: None,
         }
     }
 }
@@ -326,15 +323,12 @@ impl SparseDev {
         let s = stream();
         SparseDecode {
             common: outs.common(view(&s, &self.q), shape, splits),
-            cache: view(&s, &self.cache),
+            cache: CacheView::packed(view(&s, &self.cache), hc.num_pages, hc.block_size),
             format: hc.format,
-            num_pages: hc.num_pages,
-            block_size: hc.block_size,
             indices: view(&s, &self.idx),
             topk: k,
             topk_len: self.topk_len.as_ref().map(|t| view(&s, t)),
             topk_len_strides: None,
-            page_stride: None,
             indices_strides: None,
         }
     }
@@ -957,8 +951,8 @@ fn strided_views_match_contiguous() {
                 let mut args = dev.args(&hc, &strided, shape, splits);
                 args.common.q = view(&s, &d_q);
                 args.common.q_strides = Some([q_strides[0], q_strides[1], q_strides[2]]);
-                args.cache = view(&s, &d_cache);
-                args.page_stride = Some(page_stride);
+                args.cache.bytes = view(&s, &d_cache);
+                args.cache.page_stride = Some(page_stride);
                 args.lens = view(&s, &d_lens);
                 // `padded` gives the outer dims' strides; the last dim's is 1
                 args.lens_strides = Some([lens_strides[0], 1]);
@@ -1008,8 +1002,8 @@ fn strided_views_match_contiguous() {
                 args.common.q_strides = Some([q_strides[0], q_strides[1], q_strides[2]]);
                 args.indices = view(&s, &d_idx);
                 args.indices_strides = Some([idx_strides[0], idx_strides[1]]);
-                args.cache = view(&s, &d_cache);
-                args.page_stride = Some(page_stride);
+                args.cache.bytes = view(&s, &d_cache);
+                args.cache.page_stride = Some(page_stride);
                 args.topk_len = Some(view(&s, &d_per_request));
                 args.topk_len_strides = Some([1, 0]);
                 let views = ViewOutputs::new(shape);
@@ -1061,8 +1055,8 @@ fn sparse_pages_of_any_block_size_a_stride_apart() {
                     .expect("sparse launch");
                 let strided = DevOut::new(shape, splits, true);
                 let mut args = dev.args(&hc, &strided, shape, k, splits);
-                args.cache = view(&s, &d_cache);
-                args.page_stride = Some(page_stride);
+                args.cache.bytes = view(&s, &d_cache);
+                args.cache.page_stride = Some(page_stride);
                 mla_decode_sparse_on(gpu(), raw(&s), &args, path).expect("sparse launch over a page view");
                 let (want, got) = (plain.read(), strided.read());
                 let what = format!("case {n} {format:?} B={b} stride {page_stride} {path:?} splits={splits}");
@@ -1229,14 +1223,11 @@ fn graph_replay_case(path: DecodePath) {
             DeviceSlice::of(&d_lse, &s),
             DeviceSlice::of(&d_ws, &s),
         ),
-        cache: DeviceSlice::of(&d_cache, &s),
-        num_pages: hc.num_pages,
-        block_size: hc.block_size,
+        cache: CacheView::packed(DeviceSlice::of(&d_cache, &s), hc.num_pages, hc.block_size),
         block_table: BlockTable { table: DeviceSlice::of(&d_table, &s), stride: hc.stride, max_pages: hc.max_pages },
         lens: DeviceSlice::of(&d_lens, &s),
         lens_strides: None,
         lens_rule: LensRule::Local,
-        page_stride: None,
     };
     let sparse = SparseDecode {
         common: common(
@@ -1244,15 +1235,12 @@ fn graph_replay_case(path: DecodePath) {
             DeviceSlice::of(&d_slse, &s),
             DeviceSlice::of(&d_sws, &s),
         ),
-        cache: DeviceSlice::of(&d_scache, &s),
+        cache: CacheView::packed(DeviceSlice::of(&d_scache, &s), shc.num_pages, shc.block_size),
         format: KvFormat::Fp8_656,
-        num_pages: shc.num_pages,
-        block_size: shc.block_size,
         indices: DeviceSlice::of(&d_idx, &s),
         topk: k,
         topk_len: None,
         topk_len_strides: None,
-        page_stride: None,
         indices_strides: None,
     };
     let rs = Stream::from_cudarc(&s);
@@ -1411,14 +1399,11 @@ fn invalid_arguments_are_named() {
     let outs = DevOut::new(shape, 4, false);
     let base = DenseDecode {
         common: outs.common(view(&s, &d_q), shape, 1),
-        cache: view(&s, &d_cache),
-        num_pages: hc.num_pages,
-        block_size: hc.block_size,
+        cache: CacheView::packed(view(&s, &d_cache), hc.num_pages, hc.block_size),
         block_table: BlockTable { table: view(&s, &d_table), stride: hc.stride, max_pages: hc.max_pages },
         lens: view(&s, &d_lens),
         lens_strides: None,
         lens_rule: LensRule::Local,
-        page_stride: None,
     };
     let arg_of = |a: &DenseDecode| match mla_decode_dense(gpu(), raw(&s), a) {
         Err(e) if e.argument().is_some() => e.argument().unwrap(),
@@ -1441,7 +1426,7 @@ fn invalid_arguments_are_named() {
     a.block_table.max_pages = hc.stride + 1;
     assert_eq!(arg_of(&a), "max_pages");
     let mut a = ok;
-    a.num_pages = hc.num_pages + 1;
+    a.cache.num_pages = hc.num_pages + 1;
     assert_eq!(arg_of(&a), "cache");
     let mut a = ok;
     a.common.scale = f32::NAN;

@@ -4,8 +4,8 @@ mod common;
 
 use common::*;
 use dcp_mla::formats::{KvFormat, D_LATENT, D_ROPE};
-use dcp_mla::ops::fill::{kv_fill, KvFill};
-use dcp_mla::ops::BlockTable;
+use dcp_mla::ops::fill::{kv_fill, KvFill, NewTokens};
+use dcp_mla::ops::{BlockTable, CacheView};
 use dcp_mla::reference::fill::{fill, FillInput, PagedCache};
 use dcp_mla::DcpLayout;
 use half::bf16;
@@ -90,18 +90,17 @@ fn run(case: &Case, rng: &mut Rng) {
     for rank in 0..d {
         let d_cache = upload(&s, &poison);
         let args = KvFill {
-            ckv: view(&s, &d_ckv),
-            ckv_stride,
-            kpe: view(&s, &d_kpe),
-            kpe_stride,
-            req_idx: view(&s, &d_req),
-            positions: view(&s, &d_pos),
+            tokens: NewTokens {
+                ckv: view(&s, &d_ckv),
+                ckv_stride,
+                kpe: view(&s, &d_kpe),
+                kpe_stride,
+                req_idx: view(&s, &d_req),
+                positions: view(&s, &d_pos),
+            },
             block_table: BlockTable { table: view(&s, &d_table), stride, max_pages },
             batch,
-            cache: view(&s, &d_cache),
-            num_pages,
-            block_size: b,
-            page_stride: None,
+            cache: CacheView::packed(view(&s, &d_cache), num_pages, b),
             format: case.format,
             dcp: case.dcp,
             rank,
@@ -139,8 +138,15 @@ fn run(case: &Case, rng: &mut Rng) {
             big_poison[p * page_stride * row..][..b * row].copy_from_slice(&poison[p * b * row..][..b * row]);
         }
         let d_big = upload(&s, &big_poison);
-        kv_fill(dev, raw(&s), &KvFill { cache: view(&s, &d_big), page_stride: Some(page_stride), ..args })
-            .expect("kv_fill into a page view");
+        kv_fill(
+            dev,
+            raw(&s),
+            &KvFill {
+                cache: CacheView { bytes: view(&s, &d_big), page_stride: Some(page_stride), ..args.cache },
+                ..args
+            },
+        )
+        .expect("kv_fill into a page view");
         let got_big = download(&s, &d_big);
         for p in 0..num_pages {
             let (view_page, packed_page) = (p * page_stride * row, p * b * row);
@@ -178,18 +184,17 @@ fn fill_rejects_bad_arguments_without_launching() {
     let d_i = upload(&s, &[0i32]);
     let d_cache = upload(&s, &vec![0u8; 64 * 1152]);
     let good = KvFill {
-        ckv: view(&s, &d_ckv),
-        ckv_stride: 512,
-        kpe: view(&s, &d_kpe),
-        kpe_stride: 64,
-        req_idx: view(&s, &d_i),
-        positions: view(&s, &d_i),
+        tokens: NewTokens {
+            ckv: view(&s, &d_ckv),
+            ckv_stride: 512,
+            kpe: view(&s, &d_kpe),
+            kpe_stride: 64,
+            req_idx: view(&s, &d_i),
+            positions: view(&s, &d_i),
+        },
         block_table: BlockTable::packed(view(&s, &d_i), 1),
         batch: 1,
-        cache: view(&s, &d_cache),
-        num_pages: 1,
-        block_size: 64,
-        page_stride: None,
+        cache: CacheView::packed(view(&s, &d_cache), 1, 64),
         format: KvFormat::Bf16,
         dcp: DcpLayout { size: 2, interleave: 1 },
         rank: 0,
@@ -198,10 +203,10 @@ fn fill_rejects_bad_arguments_without_launching() {
     let cases: Vec<(&str, KvFill)> = vec![
         ("rank", KvFill { rank: 2, ..good }),
         ("interleave", KvFill { dcp: DcpLayout { size: 2, interleave: 3 }, ..good }),
-        ("cache", KvFill { num_pages: 2, ..good }),
-        ("ckv", KvFill { ckv_stride: 500, ..good }),
+        ("cache", KvFill { cache: CacheView { num_pages: 2, ..good.cache }, ..good }),
+        ("ckv", KvFill { tokens: NewTokens { ckv_stride: 500, ..good.tokens }, ..good }),
         ("max_pages", KvFill { block_table: BlockTable { max_pages: 2, ..good.block_table }, ..good }),
-        ("cache", KvFill { format: KvFormat::Fp8_656, num_pages: 200, ..good }),
+        ("cache", KvFill { format: KvFormat::Fp8_656, cache: CacheView { num_pages: 200, ..good.cache }, ..good }),
     ];
     for (arg, a) in cases {
         match kv_fill(gpu(), raw(&s), &a) {

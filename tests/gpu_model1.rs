@@ -15,6 +15,7 @@ use dcp_mla::formats::model1::{
 };
 use dcp_mla::formats::D_ROPE;
 use dcp_mla::ops::decode::{decode_num_splits, decode_workspace_bytes, DecodeCommon, DecodeOut};
+use dcp_mla::ops::fill::NewTokens;
 use dcp_mla::ops::model1::*;
 use dcp_mla::ops::BlockTable;
 use dcp_mla::reference::attention::{apply_sink_oracle, QueryShape};
@@ -452,12 +453,14 @@ fn gpu_fill(
     let table_d = upload(&st, table);
     let cache = upload(&st, &vec![init; pages.cache_bytes()]);
     let a = Model1Fill {
-        ckv: view(&st, &ckv_d),
-        ckv_stride: 456,
-        kpe: view(&st, &kpe_d),
-        kpe_stride: D_ROPE,
-        req_idx: view(&st, &req_d),
-        positions: view(&st, &pos_d),
+        tokens: NewTokens {
+            ckv: view(&st, &ckv_d),
+            ckv_stride: 456,
+            kpe: view(&st, &kpe_d),
+            kpe_stride: D_ROPE,
+            req_idx: view(&st, &req_d),
+            positions: view(&st, &pos_d),
+        },
         block_table: BlockTable::packed(view(&st, &table_d), max_pages),
         batch,
         cache: view(&st, &cache),

@@ -15,7 +15,7 @@ use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::CudaSlice;
 use dcp_mla::formats::{encode_bf16_row, encode_fp8_row, KvFormat, D_LATENT, D_QK, D_ROPE};
 use dcp_mla::ops::prefill::*;
-use dcp_mla::ops::BlockTable;
+use dcp_mla::ops::{BlockTable, CacheView};
 use dcp_mla::planner::{plan_prefill_chunks, prefill_chunk_bytes, ChunkPlan};
 use dcp_mla::reference::fill::PagedCache;
 use dcp_mla::reference::prefill as reference;
@@ -128,11 +128,8 @@ fn launches(s: &std::sync::Arc<cudarc::driver::CudaStream>, b: &Batch, g: &Devic
     let gathered = view(s, &g.gathered);
     let flattens = (0..b.dcp.size)
         .map(|rank| Flatten {
-            cache: view(s, &g.caches[rank]),
+            cache: CacheView::packed(view(s, &g.caches[rank]), b.num_pages, b.block_size),
             format: b.format,
-            num_pages: b.num_pages,
-            block_size: b.block_size,
-            page_stride: None,
             block_table: BlockTable { table: view(s, &g.table), stride: b.stride, max_pages: b.max_pages },
             batch: b.lens.len(),
             pieces: view(s, &g.pieces),
@@ -240,7 +237,10 @@ fn flatten_and_reorder_match_reference() {
                 let packed = download(&s, &g.gathered);
                 s.memcpy_htod(&vec![bf16::from_bits(POISON); d * b.plan.cap_rows * D_QK], &mut g.gathered).unwrap();
                 for (f, cache) in flattens.iter().zip(&page_views) {
-                    let args = Flatten { cache: view(&s, cache), page_stride: Some(block_size + spare), ..*f };
+                    let args = Flatten {
+                        cache: CacheView { bytes: view(&s, cache), page_stride: Some(block_size + spare), ..f.cache },
+                        ..*f
+                    };
                     flatten(dev, raw(&s), &args).expect("flatten of a page view");
                 }
                 assert!(bits(&download(&s, &g.gathered)) == bits(&packed), "{tag}: chunk {c}: page-view flatten");

@@ -9,7 +9,7 @@ use dcp_mla::ops::decode::{
     decode_num_splits, decode_workspace_bytes, host_pieces, mla_decode_dense, mla_decode_dense_on, DecodeCommon,
     DecodeOut, DecodePath, DecodeSchedule, DenseDecode, LensRule,
 };
-use dcp_mla::ops::BlockTable;
+use dcp_mla::ops::{BlockTable, CacheView};
 use dcp_mla::runtime::{DeviceSlice, Stream};
 use dcp_mla_cli::bench::gpu_or_exit;
 use half::bf16;
@@ -62,10 +62,7 @@ fn main() {
             splits,
             DeviceSlice::of(&ws, &s),
         ),
-        cache: v(&cache),
-        num_pages: pages,
-        block_size: block,
-        page_stride: None,
+        cache: CacheView::packed(v(&cache), pages, block),
         block_table: BlockTable::packed(DeviceSlice::of(&table, &s), tokens.div_ceil(block)),
         lens: DeviceSlice::of(&lens, &s),
         lens_strides: None,

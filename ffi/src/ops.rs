@@ -14,11 +14,11 @@ use dcp_mla::formats::model1::{Model1Pages, MODEL1_D_NOPE, MODEL1_PAGE_ALIGN, MO
 use dcp_mla::formats::{D_LATENT, D_ROPE};
 use dcp_mla::ops::combine::{self, A2aCombine, A2aPack, AgRsCorrect, AgRsFinish, CombineGroup, MergeTwo};
 use dcp_mla::ops::decode::{self, DecodeCommon, DecodeOut, DenseDecode, SparseDecode};
-use dcp_mla::ops::fill::{kv_fill, KvFill};
+use dcp_mla::ops::fill::{kv_fill, KvFill, NewTokens};
 use dcp_mla::ops::model1::{self, Model1Decode, Model1Fill, Model1Source};
 use dcp_mla::ops::prefill::{self, Flatten, Reorder};
 use dcp_mla::ops::topk::{self, Compact, GlobalMerge, LocalTopk, PackCandidates, PageTranslate};
-use dcp_mla::ops::BlockTable;
+use dcp_mla::ops::{BlockTable, CacheView};
 use dcp_mla::planner::{check_topk, DcpLayout};
 use dcp_mla::runtime::{Device, DeviceSlice, Stream};
 use dcp_mla::KvFormat;
@@ -137,24 +137,47 @@ fn block_table(t: DcpMlaTensor, max_pages: usize) -> R<BlockTable> {
     Ok(BlockTable { table, stride, max_pages })
 }
 
-/// A cache's byte view (its stride is read by `page_stride`).
+/// A cache's byte view (its stride is read by `paged_cache` or `model1_pages`).
 fn cache(t: &DcpMlaTensor) -> R<DeviceSlice<u8>> {
     crate::Arg::arg(t.unstrided(), "cache")
 }
 
-/// A cache's page stride in cache rows (`None`: packed pages) from `cache.strides[0]`, elements
-/// of its dtype between page starts, which must be a whole number of `format` rows.
-fn page_stride(cache: &DcpMlaTensor, format: KvFormat) -> R<Option<usize>> {
-    let Some([s]) = cache.strides::<1>("cache")? else { return Ok(None) };
-    let elem = crate::dtype_info(cache.dtype).map_or(1, |(size, _)| size);
-    let row = format.token_bytes();
-    match s.checked_mul(elem) {
-        Some(bytes) if bytes % row == 0 => Ok(Some(bytes / row)),
-        _ => Err(crate::bad_arg(
-            "cache.strides",
-            format!("{s} elements of {elem} bytes between page starts is not a whole number of {row}-byte rows"),
-        )),
-    }
+/// A 576-path cache of `num_pages` pages of `block_size` `format` rows: its bytes, and its page
+/// stride in cache rows (`None`: packed pages) from `cache.strides[0]`, elements of its dtype
+/// between page starts, which must be a whole number of `format` rows.
+fn paged_cache(t: &DcpMlaTensor, format: KvFormat, num_pages: usize, block_size: usize) -> R<CacheView> {
+    let page_stride = match t.strides::<1>("cache")? {
+        None => None,
+        Some([s]) => {
+            let elem = crate::dtype_info(t.dtype).map_or(1, |(size, _)| size);
+            let row = format.token_bytes();
+            let bytes = s.checked_mul(elem).filter(|b| b % row == 0).ok_or_else(|| {
+                crate::bad_arg(
+                    "cache.strides",
+                    format!(
+                        "{s} elements of {elem} bytes between page starts is not a whole number of {row}-byte rows"
+                    ),
+                )
+            })?;
+            Some(bytes / row)
+        }
+    };
+    Ok(CacheView { bytes: cache(t)?, num_pages, block_size, page_stride })
+}
+
+/// A fill's new tokens: `ckv` rows of `nope` values (its row stride, default `nope`), `kpe` rows
+/// of 64, `req_idx` and `positions`.
+fn new_tokens(
+    ckv: DcpMlaTensor,
+    kpe: DcpMlaTensor,
+    req_idx: DcpMlaTensor,
+    positions: DcpMlaTensor,
+    nope: usize,
+) -> R<NewTokens> {
+    let (ckv, ckv_stride) = with_row_stride(ckv, "ckv", nope)?;
+    let (kpe, kpe_stride) = with_row_stride(kpe, "kpe", D_ROPE)?;
+    let (req_idx, positions) = (crate::Arg::arg(req_idx, "req_idx")?, crate::Arg::arg(positions, "positions")?);
+    Ok(NewTokens { ckv, ckv_stride, kpe, kpe_stride, req_idx, positions })
 }
 
 /// The arguments of dcp_mla_launch_kv_fill.
@@ -216,21 +239,11 @@ pub unsafe extern "C" fn dcp_mla_launch_kv_fill(args: *const DcpMlaKvFillArgs) -
     launch(args, kv_fill, |a| {
         let format: KvFormat = arg!(a.format);
         reserved("_reserved", a._reserved)?;
-        let (ckv, ckv_stride) = with_row_stride(a.ckv, "ckv", D_LATENT)?;
-        let (kpe, kpe_stride) = with_row_stride(a.kpe, "kpe", D_ROPE)?;
         Ok(KvFill {
-            ckv,
-            ckv_stride,
-            kpe,
-            kpe_stride,
-            req_idx: arg!(a.req_idx),
-            positions: arg!(a.positions),
+            tokens: new_tokens(a.ckv, a.kpe, a.req_idx, a.positions, D_LATENT)?,
             block_table: block_table(a.block_table, a.max_pages)?,
             batch: a.batch,
-            page_stride: page_stride(&a.cache, format)?,
-            cache: cache(&a.cache)?,
-            num_pages: a.num_pages,
-            block_size: a.block_size,
+            cache: paged_cache(&a.cache, format, a.num_pages, a.block_size)?,
             format,
             dcp: layout(a.dcp_size, a.interleave),
             rank: a.rank,
@@ -367,10 +380,7 @@ pub unsafe extern "C" fn dcp_mla_launch_decode_dense(args: *const DcpMlaDecodeDe
         let (lens, lens_strides) = strided!(a.lens, 2);
         Ok(DenseDecode {
             common,
-            page_stride: page_stride(&a.cache, KvFormat::Bf16)?,
-            cache: cache(&a.cache)?,
-            num_pages: a.num_pages,
-            block_size: a.block_size,
+            cache: paged_cache(&a.cache, KvFormat::Bf16, a.num_pages, a.block_size)?,
             block_table: block_table(a.block_table, a.max_pages)?,
             lens,
             lens_strides,
@@ -449,11 +459,8 @@ pub unsafe extern "C" fn dcp_mla_launch_decode_sparse(args: *const DcpMlaDecodeS
         let (topk_len, topk_len_strides) = strided!(a.topk_len, 2);
         Ok(SparseDecode {
             common,
-            page_stride: page_stride(&a.cache, format)?,
-            cache: cache(&a.cache)?,
+            cache: paged_cache(&a.cache, format, a.num_pages, a.block_size)?,
             format,
-            num_pages: a.num_pages,
-            block_size: a.block_size,
             indices,
             topk: a.topk,
             topk_len,
@@ -704,15 +711,8 @@ pub unsafe extern "C" fn dcp_mla_launch_kv_fill_model1(args: *const DcpMlaKvFill
 
 /// dcp_mla_launch_kv_fill_model1's fields as the launcher's arguments.
 fn model1_fill(a: &DcpMlaKvFillModel1Args) -> R<Model1Fill> {
-    let (ckv, ckv_stride) = with_row_stride(a.ckv, "ckv", MODEL1_D_NOPE)?;
-    let (kpe, kpe_stride) = with_row_stride(a.kpe, "kpe", D_ROPE)?;
     Ok(Model1Fill {
-        ckv,
-        ckv_stride,
-        kpe,
-        kpe_stride,
-        req_idx: arg!(a.req_idx),
-        positions: arg!(a.positions),
+        tokens: new_tokens(a.ckv, a.kpe, a.req_idx, a.positions, MODEL1_D_NOPE)?,
         block_table: block_table(a.block_table, a.max_pages)?,
         batch: a.batch,
         pages: model1_pages(&a.cache, "cache", a.num_pages, a.block_size)?,
@@ -1277,11 +1277,8 @@ pub unsafe extern "C" fn dcp_mla_launch_prefill_flatten(args: *const DcpMlaPrefi
         let format: KvFormat = arg!(a.format);
         reserved("_reserved", a._reserved)?;
         Ok(Flatten {
-            page_stride: page_stride(&a.cache, format)?,
-            cache: cache(&a.cache)?,
+            cache: paged_cache(&a.cache, format, a.num_pages, a.block_size)?,
             format,
-            num_pages: a.num_pages,
-            block_size: a.block_size,
             block_table: block_table(a.block_table, a.max_pages)?,
             batch: a.batch,
             pieces: arg!(a.pieces),
@@ -1532,7 +1529,7 @@ mod tests {
     #[test]
     fn model1_fill_converts_and_its_errors_name_the_c_fields() {
         let f = model1_fill(&model1_fill_args()).unwrap();
-        assert_eq!((f.ckv_stride, f.kpe_stride, f.block_table.stride), (448, 64, 8), "the defaults");
+        assert_eq!((f.tokens.ckv_stride, f.tokens.kpe_stride, f.block_table.stride), (448, 64, 8), "the defaults");
         assert_eq!(f.pages.page_stride, 37_440);
         assert!(model1::fill_checks(&f).is_ok());
         let cases: Vec<(&str, Edit<DcpMlaKvFillModel1Args>)> = vec![

@@ -129,6 +129,7 @@ proptest! {
 
         // the library's checks on the same values (what runs once a device is given)
         use dcp_mla::formats::model1::Model1Pages;
+        use dcp_mla::ops::fill::NewTokens;
         use dcp_mla::ops::model1::{decode_checks, fill_checks, Model1Decode, Model1Fill, Model1Source};
         let source = |cache_len, pages: Model1Pages, k| Model1Source {
             cache: fake(0x4000_0000, cache_len),
@@ -155,9 +156,11 @@ proptest! {
         d.common.q_strides = strided.then_some([strides[0], strides[1], strides[2]]);
         let _ = decode_checks(&d);
         let fill = Model1Fill {
-            ckv: fake(0x1000_0000, numels[0]), ckv_stride: strides[2],
-            kpe: fake(0x2000_0000, numels[1]), kpe_stride: strides[3],
-            req_idx: fake(0x3000_0000, numels[2]), positions: fake(0x3100_0000, numels[2]),
+            tokens: NewTokens {
+                ckv: fake(0x1000_0000, numels[0]), ckv_stride: strides[2],
+                kpe: fake(0x2000_0000, numels[1]), kpe_stride: strides[3],
+                req_idx: fake(0x3000_0000, numels[2]), positions: fake(0x3100_0000, numels[2]),
+            },
             block_table: dcp_mla::ops::BlockTable {
                 table: fake(0x3200_0000, numels[4]), stride: strides[1], max_pages: topk,
             },

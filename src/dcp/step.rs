@@ -9,8 +9,8 @@ use crate::error::{Error, Result};
 use crate::formats::{KvFormat, D_LATENT, D_QK, D_ROPE, D_V};
 use crate::ops::combine::{self, a2a_aligned_slot_bytes, CombineRows};
 use crate::ops::decode::{self, DecodeCommon, DecodeOut};
-use crate::ops::fill::{kv_fill, KvFill};
-use crate::ops::{topk, BlockTable};
+use crate::ops::fill::{kv_fill, KvFill, NewTokens};
+use crate::ops::{topk, BlockTable, CacheView};
 use crate::planner::{causal_local_lens, check_heads, check_topk, DcpConfig, DcpLayout, MAX_Q_ROWS};
 use crate::runtime::{Device, DeviceSlice, Stream};
 use crate::LseBase;
@@ -561,6 +561,11 @@ impl<'a> DecodeStep<'a> {
         }
     }
 
+    /// This rank's cache: packed pages of the step's block size.
+    fn cache_view(&self) -> CacheView {
+        CacheView::packed(self.v.cache, self.cfg.num_pages, self.cfg.block_size)
+    }
+
     /// [`Stage::Fill`]: this rank's share of the new tokens into its cache.
     fn fill(&self) -> Result<()> {
         let (c, v) = (&self.cfg, &self.v);
@@ -569,18 +574,17 @@ impl<'a> DecodeStep<'a> {
             self.dev,
             self.raw(),
             &KvFill {
-                ckv: v.ckv,
-                ckv_stride: D_LATENT,
-                kpe: v.kpe,
-                kpe_stride: D_ROPE,
-                req_idx: v.req_idx,
-                positions: v.positions,
+                tokens: NewTokens {
+                    ckv: v.ckv,
+                    ckv_stride: D_LATENT,
+                    kpe: v.kpe,
+                    kpe_stride: D_ROPE,
+                    req_idx: v.req_idx,
+                    positions: v.positions,
+                },
                 block_table: BlockTable::packed(v.block_table, c.max_pages),
                 batch: c.batch,
-                cache: v.cache,
-                num_pages: c.num_pages,
-                block_size: c.block_size,
-                page_stride: None,
+                cache: self.cache_view(),
                 format: c.attention.format(),
                 dcp: c.dcp,
                 rank,
@@ -677,14 +681,11 @@ impl<'a> DecodeStep<'a> {
                 st,
                 &decode::DenseDecode {
                     common,
-                    cache: v.cache,
-                    num_pages: c.num_pages,
-                    block_size: c.block_size,
+                    cache: self.cache_view(),
                     block_table: BlockTable::packed(v.block_table, c.max_pages),
                     lens: v.lens,
                     lens_strides: None,
                     lens_rule: decode::LensRule::Local,
-                    page_stride: None,
                 },
             ),
             Attention::Sparse { k, format } => decode::mla_decode_sparse(
@@ -692,15 +693,12 @@ impl<'a> DecodeStep<'a> {
                 st,
                 &decode::SparseDecode {
                     common,
-                    cache: v.cache,
+                    cache: self.cache_view(),
                     format,
-                    num_pages: c.num_pages,
-                    block_size: c.block_size,
                     indices: v.indices,
                     topk: k,
                     topk_len: Some(v.counts),
                     topk_len_strides: None,
-                    page_stride: None,
                     indices_strides: None,
                 },
             ),

@@ -19,7 +19,7 @@
 //! for it (as FlashMLA's metadata is made once a step). A reused prefix made for other lengths
 //! costs balance, never correctness: a sequence's last piece runs to its last tile.
 
-use super::{to_i32, BlockTable};
+use super::{to_i32, BlockTable, CacheView};
 use crate::abi::{DcpMlaDecodeCombineParams, DcpMlaDecodeParams};
 use crate::catalogue::kv_axis;
 use crate::error::{Error, Result};
@@ -146,14 +146,8 @@ impl DecodeCommon {
 #[derive(Debug, Clone, Copy)]
 pub struct DenseDecode {
     pub common: DecodeCommon,
-    /// This rank's BF16 cache as bytes: [num_pages, page_stride, 576] bf16, of which the first
-    /// `block_size` rows of each page are its tokens.
-    pub cache: DeviceSlice<u8>,
-    pub num_pages: usize,
-    pub block_size: usize,
-    /// Cache rows (tokens) from one page's start to the next's, at least `block_size` (a view
-    /// of a larger page dimension); `None`: `block_size`, packed pages.
-    pub page_stride: Option<usize>,
+    /// This rank's BF16 cache: rows of 576 bf16.
+    pub cache: CacheView,
     /// `batch` rows: request i's tokens are in the pages of row i.
     pub block_table: BlockTable,
     /// int32 [batch, nq]: what [`DenseDecode::lens_rule`] says, local lengths per query row by
@@ -206,14 +200,10 @@ impl LensRule {
 #[derive(Debug, Clone, Copy)]
 pub struct SparseDecode {
     pub common: DecodeCommon,
-    /// This rank's cache as bytes, in `format`: [num_pages, page_stride, row bytes], of which the
-    /// first `block_size` rows of each page are its tokens.
-    pub cache: DeviceSlice<u8>,
+    /// This rank's cache, its rows in `format`; an index is page·block_size + slot, whatever the
+    /// page stride.
+    pub cache: CacheView,
     pub format: KvFormat,
-    pub num_pages: usize,
-    pub block_size: usize,
-    /// As for [`DenseDecode::page_stride`]; an index stays page·block_size + slot.
-    pub page_stride: Option<usize>,
     /// int32 [batch, nq, topk] with strides `indices_strides` (each list contiguous).
     pub indices: DeviceSlice<i32>,
     /// Elements between the index lists' requests and query rows; `None`: contiguous,
@@ -340,7 +330,7 @@ pub fn mla_decode_dense_on(dev: &Device, stream: Stream, a: &DenseDecode, path: 
     let choice = choose_decode(dev, &dense_shape(a), path)?;
     let kernel = decode_kernel(dev, KvFormat::Bf16, false, choice.path)?;
     let page_rows = params.page_rows as usize;
-    if kernel.takes_tensor_map && tma_enabled() && dense_tma_fits(a.num_pages, a.block_size, page_rows) {
+    if kernel.takes_tensor_map && tma_enabled() && dense_tma_fits(a.cache.num_pages, a.cache.block_size, page_rows) {
         params.kv_tmap = dense_tensor_map(dev, a, page_rows, kernel.tile)?;
         params.kv_tma = 1;
     }
@@ -357,7 +347,7 @@ pub fn dense_shape(a: &DenseDecode) -> DecodeShape {
         batch: c.batch,
         nq: c.nq,
         heads: c.heads,
-        context: a.block_table.max_pages.saturating_mul(a.block_size),
+        context: a.block_table.max_pages.saturating_mul(a.cache.block_size),
         causal: matches!(a.lens_rule, LensRule::Global { causal: true, .. }),
     }
 }
@@ -380,9 +370,9 @@ pub fn sparse_shape(a: &SparseDecode) -> DecodeShape {
 /// column block of a tile's tokens, or of one page's B tokens when B is smaller (a tile then spans
 /// whole pages); the kernel works out the same box size.
 fn dense_tensor_map(dev: &Device, a: &DenseDecode, page_rows: usize, tile: u32) -> Result<[u64; 16]> {
-    let box_rows = a.block_size.min(tile as usize) as u32;
-    let rows = (a.num_pages * page_rows) as u64;
-    tensor_map_bf16_2d(dev, a.cache.ptr(), rows, D_QK as u64, (D_QK * 2) as u64, 64, box_rows)
+    let box_rows = a.cache.block_size.min(tile as usize) as u32;
+    let rows = (a.cache.num_pages * page_rows) as u64;
+    tensor_map_bf16_2d(dev, a.cache.bytes.ptr(), rows, D_QK as u64, (D_QK * 2) as u64, 64, box_rows)
 }
 
 /// The pieces of a dense launch's host path, for `benches/host_time.rs` to time apart (not an API).
@@ -403,7 +393,7 @@ pub mod host_pieces {
 
     /// The dense cache's TMA descriptor (`cuTensorMapEncodeTiled`, the context bound first), as every TMA launch encodes it.
     pub fn tensor_map(dev: &Device, a: &DenseDecode) -> Result<()> {
-        dense_tensor_map(dev, a, a.page_stride.unwrap_or(a.block_size), 64).map(|_| ())
+        dense_tensor_map(dev, a, a.cache.page_rows(), 64).map(|_| ())
     }
 }
 
@@ -415,14 +405,14 @@ pub(super) const MAX_DECODE_TOKENS: usize = i32::MAX as usize - 64;
 fn dense_params(a: &DenseDecode) -> Result<DcpMlaDecodeParams> {
     let mut params = validate_common(&a.common, false, D_QK)?;
     let c = &a.common;
-    params.page_rows = super::check_cache_bytes(&a.cache, a.num_pages, a.block_size, a.page_stride, KvFormat::Bf16)?;
+    params.page_rows = a.cache.check(KvFormat::Bf16)?;
     a.block_table.check(c.batch)?;
     ensure_arg!(
-        a.block_table.max_pages.checked_mul(a.block_size).is_some_and(|n| n <= MAX_DECODE_TOKENS),
+        a.block_table.max_pages.checked_mul(a.cache.block_size).is_some_and(|n| n <= MAX_DECODE_TOKENS),
         "max_pages",
         "{} pages of {} tokens exceed the kernels' int32 token counts (at most {MAX_DECODE_TOKENS})",
         a.block_table.max_pages,
-        a.block_size
+        a.cache.block_size
     );
     [params.len_stride_b, params.len_stride_s] = length_strides("lens", "lens_strides", &a.lens, a.lens_strides, c)?;
     if let LensRule::Global { dcp, rank, causal } = a.lens_rule {
@@ -441,12 +431,12 @@ fn dense_params(a: &DenseDecode) -> Result<DcpMlaDecodeParams> {
         (params.dcp_cycle, params.dcp_interleave, params.dcp_rank_start) =
             (cycle as i32, dcp.interleave as i32, (rank * dcp.interleave) as i32);
     }
-    params.cache = a.cache.ptr();
+    params.cache = a.cache.bytes.ptr();
     params.block_table = a.block_table.table.ptr();
     params.block_table_stride = a.block_table.stride as i64;
     params.lens = a.lens.ptr();
-    params.num_pages = to_i32("num_pages", a.num_pages)?;
-    params.block_size = to_i32("block_size", a.block_size)?;
+    params.num_pages = to_i32("num_pages", a.cache.num_pages)?;
+    params.block_size = to_i32("block_size", a.cache.block_size)?;
     params.max_pages = to_i32("max_pages", a.block_table.max_pages)?;
     Ok(params)
 }
@@ -514,9 +504,9 @@ pub fn mla_decode_sparse_on(dev: &Device, stream: Stream, a: &SparseDecode, path
 fn sparse_params(a: &SparseDecode) -> Result<DcpMlaDecodeParams> {
     let mut params = validate_common(&a.common, true, D_QK)?;
     let c = &a.common;
-    params.page_rows = super::check_cache_bytes(&a.cache, a.num_pages, a.block_size, a.page_stride, a.format)?;
+    params.page_rows = a.cache.check(a.format)?;
     // an index page·B + slot splits by a multiply and a shift in the kernels (no division a token)
-    (params.page_div_magic, params.page_div_shift) = invariant_divisor(a.block_size);
+    (params.page_div_magic, params.page_div_shift) = invariant_divisor(a.cache.block_size);
     ensure_arg!(a.topk >= 1, "topk", "must be at least 1");
     ensure_arg!(a.topk <= MAX_DECODE_TOKENS, "topk", "{} exceeds the kernels' int32 token counts", a.topk);
     let indices = super::View { counts: [c.batch, c.nq], width: a.topk, align: 4, written: false };
@@ -526,12 +516,12 @@ fn sparse_params(a: &SparseDecode) -> Result<DcpMlaDecodeParams> {
         [params.len_stride_b, params.len_stride_s] =
             length_strides("topk_len", "topk_len_strides", t, a.topk_len_strides, c)?;
     }
-    params.cache = a.cache.ptr();
+    params.cache = a.cache.bytes.ptr();
     params.indices = a.indices.ptr();
     params.topk_len = a.topk_len.map_or(0, |t| t.ptr());
     params.topk = to_i32("topk", a.topk)?;
-    params.num_pages = to_i32("num_pages", a.num_pages)?;
-    params.block_size = to_i32("block_size", a.block_size)?;
+    params.num_pages = to_i32("num_pages", a.cache.num_pages)?;
+    params.block_size = to_i32("block_size", a.cache.block_size)?;
     Ok(params)
 }
 
@@ -770,14 +760,11 @@ mod tests {
     fn dense(batch: usize, stride: usize, max_pages: usize, block_size: usize) -> DenseDecode {
         DenseDecode {
             common: common(batch, 1, 16),
-            cache: fake(4 * block_size * D_QK * 2),
-            num_pages: 4,
-            block_size,
+            cache: CacheView::packed(fake(4 * block_size * D_QK * 2), 4, block_size),
             block_table: BlockTable { table: fake(1 << 40), stride, max_pages },
             lens: fake(batch),
             lens_strides: None,
             lens_rule: LensRule::Local,
-            page_stride: None,
         }
     }
 
@@ -904,8 +891,8 @@ mod tests {
         // pages 67 rows apart: the last page needs only its 64 rows
         let paged = |bytes: usize, stride: Option<usize>| {
             let mut d = dense(2, 4, 4, 64);
-            d.cache = fake_at(0x8000, bytes);
-            d.page_stride = stride;
+            d.cache.bytes = fake_at(0x8000, bytes);
+            d.cache.page_stride = stride;
             dense_params(&d)
         };
         let row = D_QK * 2;
@@ -918,11 +905,8 @@ mod tests {
             let c = common(2, 2, 16);
             sparse_params(&SparseDecode {
                 common: c,
-                cache: fake(4 * 64 * D_QK * 2),
+                cache: CacheView::packed(fake(4 * 64 * D_QK * 2), 4, 64),
                 format: KvFormat::Bf16,
-                num_pages: 4,
-                block_size: 64,
-                page_stride: None,
                 indices: fake_at(0x9000, len),
                 indices_strides: strides,
                 topk: 512,
@@ -948,11 +932,8 @@ mod tests {
             c.q = fake(16 * D_QK);
             sparse_params(&SparseDecode {
                 common: c,
-                cache: fake(4 * 50 * D_QK * 2),
+                cache: CacheView { page_stride, ..CacheView::packed(fake(4 * 50 * D_QK * 2), 4, 48) },
                 format: KvFormat::Bf16,
-                num_pages: 4,
-                block_size: 48,
-                page_stride,
                 indices: fake(512),
                 indices_strides: None,
                 topk: 512,
@@ -1011,15 +992,12 @@ mod tests {
     fn sparse_topk_near_int32_max_is_refused() {
         let s = |topk: usize| SparseDecode {
             common: common(1, 1, 16),
-            cache: fake(4 * 64 * D_QK * 2),
+            cache: CacheView::packed(fake(4 * 64 * D_QK * 2), 4, 64),
             format: KvFormat::Bf16,
-            num_pages: 4,
-            block_size: 64,
             indices: fake(1usize << 31),
             topk,
             topk_len: None,
             topk_len_strides: None,
-            page_stride: None,
             indices_strides: None,
         };
         assert!(sparse_params(&s(2048)).is_ok());

@@ -1,6 +1,6 @@
 //! KV-cache fill launcher (docs/contract.md §2-3). Reference: [`crate::reference::fill`].
 
-use super::{check_cache_bytes, compiled, launch_warp_rows, BlockTable};
+use super::{compiled, launch_warp_rows, BlockTable, CacheView};
 use crate::abi::DcpKvFillParams;
 use crate::error::Result;
 use crate::formats::{KvFormat, D_LATENT};
@@ -9,30 +9,35 @@ use crate::runtime::registry;
 use crate::runtime::{Device, DeviceSlice, Stream};
 use half::bf16;
 
-/// Arguments of [`kv_fill`]: the new tokens, where they go, and this rank's cache.
+/// The new tokens of a fill ([`kv_fill`], [`crate::ops::model1::kv_fill_model1`]): their values
+/// and where each goes, in device memory as the kernels read them (the device side of
+/// [`crate::reference::fill::FillInput`]).
 #[derive(Debug, Clone, Copy)]
-pub struct KvFill {
-    /// bf16 [num_tokens, ckv_stride]: c_kv in the first 512 values of each row.
+pub struct NewTokens {
+    /// bf16 [num_tokens, ckv_stride]: the latent values in the first of each row (c_kv's 512 for
+    /// [`kv_fill`], MODEL1's 448 quantised "nope" values for its fill; a stride of 16-byte
+    /// multiples).
     pub ckv: DeviceSlice<bf16>,
     pub ckv_stride: usize,
-    /// bf16 [num_tokens, kpe_stride]: k_pe in the first 64 values of each row.
+    /// bf16 [num_tokens, kpe_stride]: k_pe, the 64 rope values, in the first 64 of each row.
     pub kpe: DeviceSlice<bf16>,
     pub kpe_stride: usize,
     /// int32 \[num_tokens\]: block-table row of each token.
     pub req_idx: DeviceSlice<i32>,
     /// int32 \[num_tokens\]: global position of each token; negative skips it (padding).
     pub positions: DeviceSlice<i32>,
+}
+
+/// Arguments of [`kv_fill`]: the new tokens, where they go, and this rank's cache.
+#[derive(Debug, Clone, Copy)]
+pub struct KvFill {
+    /// c_kv (512 values a row) and k_pe, each token's request and position.
+    pub tokens: NewTokens,
     /// `batch` rows: token i's page is row req_idx\[i\]'s entry for its logical page.
     pub block_table: BlockTable,
     pub batch: usize,
-    /// This rank's cache as bytes: [num_pages, page_stride, format.token_bytes()], of which the
-    /// first `block_size` rows of each page are its tokens.
-    pub cache: DeviceSlice<u8>,
-    pub num_pages: usize,
-    pub block_size: usize,
-    /// Cache rows from one page's start to the next's (≥ block_size: a view of a larger page
-    /// dimension); `None`: block_size, packed pages.
-    pub page_stride: Option<usize>,
+    /// This rank's cache, its rows `format.token_bytes()` bytes.
+    pub cache: CacheView,
     pub format: KvFormat,
     pub dcp: DcpLayout,
     pub rank: usize,
@@ -50,30 +55,26 @@ pub fn kv_fill(dev: &Device, stream: Stream, a: &KvFill) -> Result<()> {
 }
 
 fn validate(a: &KvFill) -> Result<DcpKvFillParams> {
-    fill_params!(
-        a,
-        D_LATENT,
-        a.num_pages,
-        a.block_size,
-        check_cache_bytes(&a.cache, a.num_pages, a.block_size, a.page_stride, a.format)
-    )
+    fill_params!(a, D_LATENT, a.cache.bytes, a.cache.num_pages, a.cache.block_size, a.cache.check(a.format))
 }
 
 /// The checks and kernel parameters both fills share ([`kv_fill`] and
-/// [`crate::ops::model1::kv_fill_model1`]), over an argument struct with [`KvFill`]'s token,
-/// block-table and layout fields: `positions` and `req_idx` of one length, `ckv` rows of `$nope`
-/// values and `kpe` rows of 64, the DCP layout, a block size (`$block_size`, of `$num_pages`
-/// pages) that is at least 1 and a multiple of the interleave, the block table, then `$cache`, the
-/// format's own cache checks (an expression, evaluated last), which give the kernels' page_rows.
-/// A macro because the two argument structs share these fields but not a type.
+/// [`crate::ops::model1::kv_fill_model1`]), over an argument struct with [`KvFill`]'s `tokens`,
+/// `block_table`, `batch`, `dcp` and `rank`: `positions` and `req_idx` of one length, `ckv` rows
+/// of `$nope` values and `kpe` rows of 64, the DCP layout, a block size (`$block_size`, of
+/// `$num_pages` pages in the bytes `$cache`) that is at least 1 and a multiple of the interleave,
+/// the block table, then `$page_rows`, the format's own cache checks (an expression, evaluated
+/// last), which give the kernels' page_rows. A macro because the two argument structs share
+/// these fields but not a type (their caches differ).
 macro_rules! fill_params {
-    ($a:expr, $nope:expr, $num_pages:expr, $block_size:expr, $cache:expr) => {{
+    ($a:expr, $nope:expr, $cache:expr, $num_pages:expr, $block_size:expr, $page_rows:expr) => {{
         use $crate::ops::{check_layout, check_rows, to_i32};
         let f = $a;
-        let t = f.positions.len();
-        ensure_arg!(f.req_idx.len() == t, "req_idx", "has {} entries but positions has {t}", f.req_idx.len());
-        check_rows("ckv", &f.ckv, t, f.ckv_stride, $nope)?;
-        check_rows("kpe", &f.kpe, t, f.kpe_stride, $crate::formats::D_ROPE)?;
+        let tokens = &f.tokens;
+        let t = tokens.positions.len();
+        ensure_arg!(tokens.req_idx.len() == t, "req_idx", "has {} entries but positions has {t}", tokens.req_idx.len());
+        check_rows("ckv", &tokens.ckv, t, tokens.ckv_stride, $nope)?;
+        check_rows("kpe", &tokens.kpe, t, tokens.kpe_stride, $crate::formats::D_ROPE)?;
         let [dcp_size, dcp_rank, interleave] = check_layout(f.dcp, f.rank)?;
         let (num_pages, block_size): (usize, usize) = ($num_pages, $block_size);
         ensure_arg!(block_size >= 1, "block_size", "must be at least 1");
@@ -84,16 +85,17 @@ macro_rules! fill_params {
             f.dcp.interleave
         );
         f.block_table.check(f.batch)?;
-        let page_rows: i32 = $cache?;
+        let page_rows: i32 = $page_rows?;
+        let cache: $crate::runtime::DeviceSlice<u8> = $cache;
         Ok($crate::abi::DcpKvFillParams {
-            ckv: f.ckv.ptr(),
-            kpe: f.kpe.ptr(),
-            req_idx: f.req_idx.ptr(),
-            positions: f.positions.ptr(),
+            ckv: tokens.ckv.ptr(),
+            kpe: tokens.kpe.ptr(),
+            req_idx: tokens.req_idx.ptr(),
+            positions: tokens.positions.ptr(),
             block_table: f.block_table.table.ptr(),
-            cache: f.cache.ptr(),
-            ckv_stride: f.ckv_stride as i64,
-            kpe_stride: f.kpe_stride as i64,
+            cache: cache.ptr(),
+            ckv_stride: tokens.ckv_stride as i64,
+            kpe_stride: tokens.kpe_stride as i64,
             block_table_stride: f.block_table.stride as i64,
             num_tokens: to_i32("positions", t)?,
             batch: to_i32("batch", f.batch)?,
@@ -113,22 +115,14 @@ pub(crate) use fill_params;
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ops::test_util::{arg_of, fake};
+    use crate::ops::test_util::{arg_of, fake, tokens};
 
     fn fill(dcp: DcpLayout) -> KvFill {
         KvFill {
-            ckv: fake(4 * 512),
-            ckv_stride: 512,
-            kpe: fake(4 * 64),
-            kpe_stride: 64,
-            req_idx: fake(4),
-            positions: fake(4),
+            tokens: tokens(512),
             block_table: BlockTable::packed(fake(8), 8),
             batch: 1,
-            cache: fake(8 * 64 * 1152),
-            num_pages: 8,
-            block_size: 64,
-            page_stride: None,
+            cache: CacheView::packed(fake(8 * 64 * 1152), 8, 64),
             format: KvFormat::Bf16,
             dcp,
             rank: 0,

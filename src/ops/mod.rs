@@ -325,39 +325,66 @@ impl BlockTable {
     }
 }
 
-/// A paged cache as bytes: `num_pages` pages whose starts lie `page_stride` rows apart (`None`:
-/// `block_size`, packed pages; a view of a larger page dimension otherwise), each holding
-/// `block_size` token rows of `format`, in `cache`, which starts 16-byte aligned (the kernels
-/// move 16-byte vectors). Returns the kernels' page_rows: a token's cache row is
-/// page·page_rows + slot.
-pub(crate) fn check_cache_bytes(
-    cache: &DeviceSlice<u8>,
-    num_pages: usize,
-    block_size: usize,
-    page_stride: Option<usize>,
-    format: KvFormat,
-) -> Result<i32> {
-    ensure_arg!(block_size >= 1, "block_size", "must be at least 1");
-    let page_rows = page_stride.unwrap_or(block_size);
-    ensure_arg!(page_rows >= block_size, "page_stride", "{page_rows} rows is less than the block size {block_size}");
-    let rows = num_pages.checked_mul(page_rows);
-    ensure_arg!(
-        rows.is_some_and(|n| n <= i32::MAX as usize),
-        "num_pages",
-        "{num_pages} pages {page_rows} rows apart exceed the int32 cache addresses"
-    );
-    // the last page needs only its block_size rows
-    let need = strided_extent("page_stride", &[(num_pages, page_rows)], block_size)
-        .ok()
-        .and_then(|n| n.checked_mul(format.token_bytes()));
-    ensure_arg!(
-        need.is_some_and(|n| cache.len() >= n),
-        "cache",
-        "holds {} bytes but {num_pages} pages of {block_size} {format:?} tokens, {page_rows} rows apart, need {need:?}",
-        cache.len()
-    );
-    ensure_aligned!(cache.ptr() % 16 == 0, "cache", "pointer {:#x} is not 16-byte aligned", cache.ptr());
-    Ok(page_rows as i32)
+/// This rank's paged cache of the 576-value path (BF16 or FP8-656, the launch names the format)
+/// as bytes: `num_pages` pages of `block_size` token rows, whose starts lie `page_stride` rows
+/// apart (MODEL1's page-wise cache has its own geometry,
+/// [`Model1Pages`](crate::formats::model1::Model1Pages)).
+#[derive(Debug, Clone, Copy)]
+pub struct CacheView {
+    /// [num_pages, page_stride, token bytes of the format], of which the first `block_size` rows
+    /// of each page are its tokens; 16-byte aligned (the kernels move 16-byte vectors).
+    pub bytes: DeviceSlice<u8>,
+    pub num_pages: usize,
+    /// B: tokens a page; an index into the cache is page·B + slot.
+    pub block_size: usize,
+    /// Cache rows from one page's start to the next's, at least `block_size` (a view of a larger
+    /// page dimension); `None`: `block_size`, packed pages.
+    pub page_stride: Option<usize>,
+}
+
+impl CacheView {
+    /// Packed pages: [num_pages, block_size, token bytes].
+    pub fn packed(bytes: DeviceSlice<u8>, num_pages: usize, block_size: usize) -> Self {
+        CacheView { bytes, num_pages, block_size, page_stride: None }
+    }
+
+    /// Rows from one page's start to the next's: `page_stride`, else `block_size`.
+    pub fn page_rows(&self) -> usize {
+        self.page_stride.unwrap_or(self.block_size)
+    }
+
+    /// The view against its buffer, its tokens in `format`: at least one token a page, pages at
+    /// least that far apart, every row addressable by the kernels' int32 cache rows, and the
+    /// buffer long enough (the last page needs only its `block_size` rows) and 16-byte aligned.
+    /// Errors name the C ABI's fields. Returns the kernels' page_rows: a token's cache row is
+    /// page·page_rows + slot.
+    pub(crate) fn check(&self, format: KvFormat) -> Result<i32> {
+        let CacheView { bytes, num_pages, block_size, .. } = *self;
+        ensure_arg!(block_size >= 1, "block_size", "must be at least 1");
+        let page_rows = self.page_rows();
+        ensure_arg!(
+            page_rows >= block_size,
+            "page_stride",
+            "{page_rows} rows is less than the block size {block_size}"
+        );
+        let rows = num_pages.checked_mul(page_rows);
+        ensure_arg!(
+            rows.is_some_and(|n| n <= i32::MAX as usize),
+            "num_pages",
+            "{num_pages} pages {page_rows} rows apart exceed the int32 cache addresses"
+        );
+        let need = strided_extent("page_stride", &[(num_pages, page_rows)], block_size)
+            .ok()
+            .and_then(|n| n.checked_mul(format.token_bytes()));
+        ensure_arg!(
+            need.is_some_and(|n| bytes.len() >= n),
+            "cache",
+            "holds {} bytes but {num_pages} pages of {block_size} {format:?} tokens, {page_rows} rows apart, need {need:?}",
+            bytes.len()
+        );
+        ensure_aligned!(bytes.ptr() % 16 == 0, "cache", "pointer {:#x} is not 16-byte aligned", bytes.ptr());
+        Ok(page_rows as i32)
+    }
 }
 
 /// An optional fp32 attention sink per head (docs/contract.md §4) of a result with `heads` heads:
@@ -495,6 +522,18 @@ pub(crate) mod test_util {
     /// A 16-byte-aligned fake view of `len` elements.
     pub fn fake<T>(len: usize) -> DeviceSlice<T> {
         fake_at(0x1000, len)
+    }
+
+    /// Four new tokens of a fill, their c_kv rows `nope` values wide.
+    pub fn tokens(nope: usize) -> crate::ops::fill::NewTokens {
+        crate::ops::fill::NewTokens {
+            ckv: fake(4 * nope),
+            ckv_stride: nope,
+            kpe: fake(4 * 64),
+            kpe_stride: 64,
+            req_idx: fake(4),
+            positions: fake(4),
+        }
     }
 
     /// The argument an invalid or misaligned argument error names; panics on any other error.

@@ -10,6 +10,7 @@
 //! own schedule and combine ([`crate::ops::decode`]); `kernels-src/fill.cuh` (`kv_fill_model1`).
 
 use super::decode::{launch, length_strides, validate_common, DecodeCommon, Kernel, MAX_DECODE_TOKENS};
+use super::fill::NewTokens;
 use super::{compiled, launch_warp_rows, to_i32, BlockTable};
 use crate::abi::{DcpKvFillParams, DcpMlaDecodeParams};
 use crate::catalogue::{env_path, model1_heuristic_path, model1_ships, variant_name, DecodePath};
@@ -20,7 +21,6 @@ use crate::formats::model1::{
 use crate::planner::DcpLayout;
 use crate::runtime::registry;
 use crate::runtime::{Device, DeviceSlice, Stream};
-use half::bf16;
 
 pub use crate::reference::model1::model1_default_scale;
 
@@ -286,17 +286,9 @@ pub fn decode_checks(a: &Model1Decode) -> Result<()> {
 /// Arguments of [`kv_fill_model1`]: the new tokens, where they go, and this rank's MODEL1 cache.
 #[derive(Debug, Clone, Copy)]
 pub struct Model1Fill {
-    /// bf16 [num_tokens, ckv_stride]: the 448 quantised ("nope") values in the first 448 of each
-    /// row (a stride of 16-byte multiples).
-    pub ckv: DeviceSlice<bf16>,
-    pub ckv_stride: usize,
-    /// bf16 [num_tokens, kpe_stride]: the 64 rope values in the first 64 of each row.
-    pub kpe: DeviceSlice<bf16>,
-    pub kpe_stride: usize,
-    /// int32 \[num_tokens\]: block-table row of each token.
-    pub req_idx: DeviceSlice<i32>,
-    /// int32 \[num_tokens\]: global position of each token; negative skips it (padding).
-    pub positions: DeviceSlice<i32>,
+    /// The 448 quantised ("nope") values in the first 448 of each `ckv` row and the 64 rope
+    /// values of each `kpe` row, each token's request and position.
+    pub tokens: NewTokens,
     /// `batch` rows: token i's page is row req_idx\[i\]'s entry for its logical page.
     pub block_table: BlockTable,
     pub batch: usize,
@@ -330,6 +322,7 @@ fn fill_params(a: &Model1Fill) -> Result<DcpKvFillParams> {
     super::fill::fill_params!(
         a,
         MODEL1_D_NOPE,
+        a.cache,
         a.pages.num_pages,
         a.pages.block_size,
         check_model1_cache(&a.cache, &a.pages, &MAIN)
@@ -340,7 +333,7 @@ fn fill_params(a: &Model1Fill) -> Result<DcpKvFillParams> {
 mod tests {
     use super::*;
     use crate::ops::decode::DecodeOut;
-    use crate::ops::test_util::{arg_of, fake};
+    use crate::ops::test_util::{arg_of, fake, tokens};
 
     fn source(batch: usize, nq: usize, topk: usize, pages: Model1Pages) -> Model1Source {
         Model1Source {
@@ -467,12 +460,7 @@ mod tests {
     fn fill() -> Model1Fill {
         let pages = Model1Pages::new(8, 64);
         Model1Fill {
-            ckv: fake(4 * 448),
-            ckv_stride: 448,
-            kpe: fake(4 * 64),
-            kpe_stride: 64,
-            req_idx: fake(4),
-            positions: fake(4),
+            tokens: tokens(448),
             block_table: BlockTable::packed(fake(8), 8),
             batch: 1,
             cache: fake(pages.cache_bytes()),
@@ -487,7 +475,7 @@ mod tests {
         let p = fill_params(&fill()).unwrap();
         assert_eq!((p.page_rows, p.block_size, p.dcp_rank), (65, 64, 1));
         let mut a = fill();
-        a.ckv_stride = 440;
+        a.tokens.ckv_stride = 440;
         assert_eq!(arg_of(fill_params(&a).unwrap_err()), "ckv");
         let mut a = fill();
         a.cache = fake(a.pages.cache_bytes() - 1);

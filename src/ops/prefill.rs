@@ -6,7 +6,7 @@
 //! so a captured CUDA graph replays correctly when the plan of the next chunk differs: the
 //! caller uploads the new table into the same buffer.
 
-use super::{check_cache_bytes, check_layout, check_len, compiled, launch_warp_rows, to_i32, BlockTable};
+use super::{check_layout, check_len, compiled, launch_warp_rows, to_i32, BlockTable, CacheView};
 use crate::abi::{DcpPrefillFlattenParams, DcpPrefillReorderParams};
 use crate::error::Result;
 use crate::formats::{KvFormat, D_QK};
@@ -43,14 +43,9 @@ pub fn piece_table(chunk: &Chunk, max_pieces: usize) -> Result<Vec<i32>> {
 /// Arguments of [`flatten`].
 #[derive(Debug, Clone, Copy)]
 pub struct Flatten {
-    /// This rank's cache as bytes: [num_pages, page_stride, format.token_bytes()], of which the
-    /// first `block_size` rows of each page are its tokens.
-    pub cache: DeviceSlice<u8>,
+    /// This rank's cache, its rows `format.token_bytes()` bytes.
+    pub cache: CacheView,
     pub format: KvFormat,
-    pub num_pages: usize,
-    pub block_size: usize,
-    /// Cache rows from one page's start to the next's (≥ block_size); `None`: packed pages.
-    pub page_stride: Option<usize>,
     /// `batch` rows; a page column at or beyond its `max_pages` gives zeros.
     pub block_table: BlockTable,
     pub batch: usize,
@@ -78,20 +73,20 @@ pub fn flatten(dev: &Device, stream: Stream, a: &Flatten) -> Result<()> {
 
 fn flatten_params(a: &Flatten) -> Result<DcpPrefillFlattenParams> {
     let [dcp_size, dcp_rank, interleave] = check_layout(a.dcp, a.rank)?;
-    let page_rows = check_cache_bytes(&a.cache, a.num_pages, a.block_size, a.page_stride, a.format)?;
+    let page_rows = a.cache.check(a.format)?;
     a.block_table.check(a.batch)?;
     check_pieces(&a.pieces, a.max_pieces)?;
     check_rows_out("out", &a.out, a.cap_rows)?;
     Ok(DcpPrefillFlattenParams {
-        cache: a.cache.ptr(),
+        cache: a.cache.bytes.ptr(),
         block_table: a.block_table.table.ptr(),
         pieces: a.pieces.ptr(),
         out: a.out.ptr(),
         block_table_stride: a.block_table.stride as i64,
         batch: to_i32("batch", a.batch)?,
         max_pages: to_i32("max_pages", a.block_table.max_pages)?,
-        num_pages: to_i32("num_pages", a.num_pages)?,
-        block_size: to_i32("block_size", a.block_size)?,
+        num_pages: to_i32("num_pages", a.cache.num_pages)?,
+        block_size: to_i32("block_size", a.cache.block_size)?,
         cap_rows: to_i32("cap_rows", a.cap_rows)?,
         max_pieces: to_i32("max_pieces", a.max_pieces)?,
         dcp_size,
@@ -181,11 +176,8 @@ mod tests {
     #[test]
     fn flatten_and_reorder_validate() {
         let f = Flatten {
-            cache: fake(10 * 64 * 656),
+            cache: CacheView::packed(fake(10 * 64 * 656), 10, 64),
             format: KvFormat::Fp8_656,
-            num_pages: 10,
-            block_size: 64,
-            page_stride: None,
             block_table: BlockTable::packed(fake(2 * 5), 5),
             batch: 2,
             pieces: fake(4 * PIECE_FIELDS),
@@ -208,7 +200,10 @@ mod tests {
         assert_eq!(arg_of(flatten_params(&Flatten { max_pieces: 5, ..f }).unwrap_err()), "pieces");
         assert_eq!(arg_of(flatten_params(&Flatten { cap_rows: 129, ..f }).unwrap_err()), "out");
         assert_eq!(arg_of(flatten_params(&Flatten { rank: 4, ..f }).unwrap_err()), "rank");
-        assert_eq!(arg_of(flatten_params(&Flatten { block_size: 0, ..f }).unwrap_err()), "block_size");
+        assert_eq!(
+            arg_of(flatten_params(&Flatten { cache: CacheView { block_size: 0, ..f.cache }, ..f }).unwrap_err()),
+            "block_size"
+        );
 
         let r = Reorder {
             gathered: fake(4 * 128 * D_QK),

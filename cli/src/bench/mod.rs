@@ -20,12 +20,12 @@ use dcp_mla::ops::combine::{
     self, a2a_aligned_slot_bytes, A2aCombine, A2aPack, AgRsCorrect, CombineGroup, CombineRows, MergeTwo,
 };
 use dcp_mla::ops::decode::{self, DecodeCommon, DecodeOut, DecodePath, DecodeSchedule, DenseDecode, SparseDecode};
-use dcp_mla::ops::fill::{kv_fill, KvFill};
+use dcp_mla::ops::fill::{kv_fill, KvFill, NewTokens};
 use dcp_mla::ops::model1::{mla_decode_model1_on, Model1Decode, Model1Source};
 use dcp_mla::ops::prefill::{self, piece_table, Flatten, Reorder};
 use dcp_mla::ops::topk::{self, Compact, GlobalMerge, LocalTopk, PackCandidates, PageTranslate};
-use dcp_mla::ops::BlockTable;
 use dcp_mla::ops::RowsDtype;
+use dcp_mla::ops::{BlockTable, CacheView};
 use dcp_mla::planner::choice::DecodeShape;
 use dcp_mla::planner::{plan_prefill_chunks, prefill_chunk_bytes, ChunkPlan, DcpLayout};
 use dcp_mla::rng::Rng;
@@ -1195,28 +1195,22 @@ impl DecodeInputs {
         } else if self.spec.sparse {
             DecodeArgs::Sparse(SparseDecode {
                 common,
-                cache: sl(s, &self.cache),
+                cache: CacheView::packed(sl(s, &self.cache), b * pages, DECODE_BLOCK),
                 format: self.spec.format,
-                num_pages: b * pages,
-                block_size: DECODE_BLOCK,
                 indices: sl(s, &self.lists),
                 topk: self.spec.topk,
                 topk_len: None,
                 topk_len_strides: None,
-                page_stride: None,
                 indices_strides: None,
             })
         } else {
             DecodeArgs::Dense(DenseDecode {
                 common,
-                cache: sl(s, &self.cache),
-                num_pages: b * pages,
-                block_size: DECODE_BLOCK,
+                cache: CacheView::packed(sl(s, &self.cache), b * pages, DECODE_BLOCK),
                 block_table: BlockTable::packed(sl(s, &self.table), pages),
                 lens: sl(s, &self.lists),
                 lens_strides: None,
                 lens_rule: if self.spec.causal { decode::LensRule::single(true) } else { decode::LensRule::Local },
-                page_stride: None,
             })
         }
     }
@@ -1347,18 +1341,17 @@ fn prepare_fill<'a>(mut p: Prep<'a, '_>, format: KvFormat, tokens: usize) -> Res
     let table = up(s, &(0..pages as i32).collect::<Vec<_>>())?;
     let cache = zeros::<u8>(s, pages * block * format.token_bytes())?;
     let args = KvFill {
-        ckv: sl(s, &ckv),
-        ckv_stride: D_LATENT,
-        kpe: sl(s, &kpe),
-        kpe_stride: D_ROPE,
-        req_idx: sl(s, &req),
-        positions: sl(s, &pos),
+        tokens: NewTokens {
+            ckv: sl(s, &ckv),
+            ckv_stride: D_LATENT,
+            kpe: sl(s, &kpe),
+            kpe_stride: D_ROPE,
+            req_idx: sl(s, &req),
+            positions: sl(s, &pos),
+        },
         block_table: BlockTable::packed(sl(s, &table), pages),
         batch: 1,
-        cache: sl(s, &cache),
-        num_pages: pages,
-        block_size: block,
-        page_stride: None,
+        cache: CacheView::packed(sl(s, &cache), pages, block),
         format,
         dcp: DcpLayout { size: 1, interleave: 1 },
         rank: 0,
@@ -1514,11 +1507,8 @@ fn prepare_flatten<'a>(p: Prep<'a, '_>, format: KvFormat, prefix: usize, d: usiz
     let table = up(s, &(0..pages as i32).collect::<Vec<_>>())?;
     let out = zeros::<bf16>(s, plan.cap_rows * D_QK)?;
     let args = Flatten {
-        cache: sl(s, &cache),
+        cache: CacheView::packed(sl(s, &cache), pages, block),
         format,
-        num_pages: pages,
-        block_size: block,
-        page_stride: None,
         block_table: BlockTable::packed(sl(s, &table), pages),
         batch: 1,
         pieces: sl(s, &pieces),

@@ -10,10 +10,10 @@ use dcp_mla::ops::decode::{
     decode_num_splits, decode_workspace_bytes, mla_decode_dense, mla_decode_sparse, DecodeCommon, DecodeOut,
     DenseDecode, LensRule, SparseDecode,
 };
-use dcp_mla::ops::fill::{kv_fill, KvFill};
+use dcp_mla::ops::fill::{kv_fill, KvFill, NewTokens};
 use dcp_mla::ops::topk::{compact, global_merge, local_topk, pack_candidates, Compact, GlobalMerge, LocalTopk};
 use dcp_mla::ops::topk::{PackCandidates, PageTranslate};
-use dcp_mla::ops::BlockTable;
+use dcp_mla::ops::{BlockTable, CacheView};
 use dcp_mla::reference::attention::default_scale;
 use dcp_mla::reference::merge::reduce_scatter;
 use dcp_mla::runtime::{Device, DeviceSlice, Stream};
@@ -97,18 +97,17 @@ pub fn run_gpu(dev: &Device, p: &Problem) -> Result<Outputs> {
             let cache = poisoned::<u8>(&s, p.num_pages * p.block_size * format.token_bytes(), 0xff)?;
             for (n, (ckv, kpe, req, pos)) in sets.iter().enumerate() {
                 let args = KvFill {
-                    ckv: sl(&s, ckv),
-                    ckv_stride: D_LATENT,
-                    kpe: sl(&s, kpe),
-                    kpe_stride: D_ROPE,
-                    req_idx: sl(&s, req),
-                    positions: sl(&s, pos),
+                    tokens: NewTokens {
+                        ckv: sl(&s, ckv),
+                        ckv_stride: D_LATENT,
+                        kpe: sl(&s, kpe),
+                        kpe_stride: D_ROPE,
+                        req_idx: sl(&s, req),
+                        positions: sl(&s, pos),
+                    },
                     block_table: BlockTable::packed(sl(&s, &d_table), p.max_pages),
                     batch: b,
-                    cache: sl(&s, &cache),
-                    num_pages: p.num_pages,
-                    block_size: p.block_size,
-                    page_stride: None,
+                    cache: CacheView::packed(sl(&s, &cache), p.num_pages, p.block_size),
                     format,
                     dcp: p.dcp,
                     rank: r,
@@ -154,14 +153,11 @@ pub fn run_gpu(dev: &Device, p: &Problem) -> Result<Outputs> {
         let lens = up(&s, &p.local_lens(r))?;
         let dense = |common| DenseDecode {
             common,
-            cache: sl(&s, cache),
-            num_pages: p.num_pages,
-            block_size: p.block_size,
+            cache: CacheView::packed(sl(&s, cache), p.num_pages, p.block_size),
             block_table: BlockTable::packed(sl(&s, &d_table), p.max_pages),
             lens: sl(&s, &lens),
             lens_strides: None,
             lens_rule: LensRule::Local,
-            page_stride: None,
         };
         parts.push(decode_rank(&mut clock, STAGE_DENSE, dense_splits, &|c| mla_decode_dense(dev, st, &dense(c)))?);
     }
@@ -240,15 +236,12 @@ pub fn run_gpu(dev: &Device, p: &Problem) -> Result<Outputs> {
         })?;
         let sparse = |common| SparseDecode {
             common,
-            cache: sl(&s, cache),
+            cache: CacheView::packed(sl(&s, cache), p.num_pages, p.block_size),
             format: p.format,
-            num_pages: p.num_pages,
-            block_size: p.block_size,
             indices: sl(&s, &idx),
             topk: k,
             topk_len: Some(sl(&s, &counts)),
             topk_len_strides: None,
-            page_stride: None,
             indices_strides: None,
         };
         parts.push(decode_rank(&mut clock, STAGE_SPARSE, sparse_splits, &|c| mla_decode_sparse(dev, st, &sparse(c)))?);
