@@ -23,7 +23,7 @@ use crate::planner::tune::{tuned_decode, DecodeClass, TunedChoice};
 use crate::runtime::Device;
 
 /// A decode launch's shape as the choice sees it (before [`DecodeClass`]'s buckets).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct DecodeShape {
     /// Index lists (sparse), else the dense block table (BF16).
     pub sparse: bool,
@@ -41,7 +41,7 @@ pub struct DecodeShape {
 impl DecodeShape {
     /// The tuned table's class (lengths counted as equal: the launcher cannot know).
     pub fn class(&self) -> DecodeClass {
-        DecodeClass::new(self.sparse, self.format, self.batch, self.nq, self.heads, self.context, self.causal, false)
+        DecodeClass::new(*self, false)
     }
 
     /// Row blocks (64 query rows) a sequence.
@@ -270,7 +270,7 @@ mod tests {
     fn the_class_buckets_the_shape() {
         let s = DecodeShape { causal: true, ..shape(false, KvFormat::Bf16, 100, 2, 64, 5000) };
         let c = s.class();
-        assert_eq!((c.batch, c.context, c.causal, c.ragged), (128, 8192, true, false));
+        assert_eq!((c.shape.batch, c.shape.context, c.shape.causal, c.ragged), (128, 8192, true, false));
         assert_eq!(s.row_blocks(), 2);
     }
 }

@@ -40,7 +40,8 @@
 use crate::catalogue::{decode_variants, variant_applies, DecodePath};
 use crate::error::{Error, Result};
 use crate::formats::KvFormat;
-use crate::planner::split::{row_blocks_per_seq, MAX_SPLITS};
+use crate::planner::choice::DecodeShape;
+use crate::planner::split::MAX_SPLITS;
 use crate::runtime::Device;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -68,72 +69,54 @@ const EMBEDDED_TABLES: &[(&str, &str)] = &[
 ];
 
 /// The shape class of a decode launch: what a tuned row is keyed by. Build it with
-/// [`DecodeClass::new`], which rounds the batch and the context up to their buckets.
+/// [`DecodeClass::new`] (or [`DecodeShape::class`]), which rounds the batch and the context up to
+/// their buckets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct DecodeClass {
-    /// Index lists (sparse) or the dense block table.
-    pub sparse: bool,
-    pub format: KvFormat,
-    /// Requests, rounded up to a power of two.
-    pub batch: usize,
-    /// Query rows a request.
-    pub nq: usize,
-    /// Query heads H.
-    pub heads: usize,
-    /// Dense: tokens a request (the longest; rounded up to a power of two). Sparse: the top-k
-    /// (indices a query row, rounded up to a power of two).
-    pub context: usize,
-    /// Row j of a request sees L − q + 1 + j tokens.
-    pub causal: bool,
+    /// The launch's shape, its batch and context rounded up to powers of two (dense: a request's
+    /// tokens, the longest; sparse: the top-k).
+    pub shape: DecodeShape,
     /// Lengths differ between requests (the caller's knowledge; the launcher may not know).
     pub ragged: bool,
 }
 
 impl DecodeClass {
-    /// The class of a launch: `context` is a request's tokens (dense) or the top-k (sparse); the
-    /// batch and the context are rounded up to powers of two (0 counts as 1).
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        sparse: bool,
-        format: KvFormat,
-        batch: usize,
-        nq: usize,
-        heads: usize,
-        context: usize,
-        causal: bool,
-        ragged: bool,
-    ) -> Self {
+    /// The class of a launch of `shape`: its batch and context rounded up to powers of two (0
+    /// counts as 1).
+    pub fn new(shape: DecodeShape, ragged: bool) -> Self {
+        let bucket = |n: usize| n.max(1).next_power_of_two();
         DecodeClass {
-            sparse,
-            format,
-            batch: batch.max(1).next_power_of_two(),
-            nq,
-            heads,
-            context: context.max(1).next_power_of_two(),
-            causal,
+            shape: DecodeShape { batch: bucket(shape.batch), context: bucket(shape.context), ..shape },
             ragged,
         }
     }
 
     /// Row blocks (64 query rows) a sequence: one CTA row of the grid.
     pub fn row_blocks(&self) -> usize {
-        row_blocks_per_seq(self.nq, self.heads, self.sparse)
+        self.shape.row_blocks()
     }
 
     /// `dense bf16 b=128 q=1 H=64 ctx=8192` (+ ` causal`, ` ragged`).
     pub fn label(&self) -> String {
-        let path = if self.sparse { "sparse" } else { "dense" };
-        let ctx = if self.sparse { "K" } else { "ctx" };
+        let s = &self.shape;
+        let path = if s.sparse { "sparse" } else { "dense" };
+        let ctx = if s.sparse { "K" } else { "ctx" };
         format!(
             "{path} {} b={} q={} H={} {ctx}={}{}{}",
-            kv_name(self.format),
-            self.batch,
-            self.nq,
-            self.heads,
-            self.context,
-            if self.causal { " causal" } else { "" },
+            kv_name(s.format),
+            s.batch,
+            s.nq,
+            s.heads,
+            s.context,
+            if s.causal { " causal" } else { "" },
             if self.ragged { " ragged" } else { "" }
         )
+    }
+
+    /// The class as a table's row spells it: `{"path", "kv", "b", "q", "h", "ctx", "causal",
+    /// "ragged"}`.
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::to_value(ClassJson::from(self)).expect("a class serialises")
     }
 }
 
@@ -141,7 +124,8 @@ impl DecodeClass {
 /// |log2(a / b)| over the batch, the context, q and H, plus 1 for a different `causal` and 1 for
 /// a different `ragged`. `None` when the path, the format or the row blocks differ (the kernels
 /// then do different work, and a variant of one may not run the other).
-pub fn class_distance(a: &DecodeClass, b: &DecodeClass) -> Option<f64> {
+pub fn class_distance(x: &DecodeClass, y: &DecodeClass) -> Option<f64> {
+    let (a, b) = (&x.shape, &y.shape);
     if a.sparse != b.sparse || a.format != b.format || a.row_blocks() != b.row_blocks() {
         return None;
     }
@@ -161,7 +145,7 @@ pub fn class_distance(a: &DecodeClass, b: &DecodeClass) -> Option<f64> {
             + log(a.nq, b.nq)
             + log(a.heads, b.heads)
             + flag(a.causal, b.causal)
-            + flag(a.ragged, b.ragged),
+            + flag(x.ragged, y.ragged),
     )
 }
 
@@ -273,6 +257,22 @@ struct ClassJson {
     ragged: bool,
 }
 
+impl From<&DecodeClass> for ClassJson {
+    fn from(c: &DecodeClass) -> Self {
+        let s = &c.shape;
+        ClassJson {
+            path: if s.sparse { "sparse" } else { "dense" }.into(),
+            kv: kv_name(s.format).into(),
+            b: s.batch,
+            q: s.nq,
+            h: s.heads,
+            ctx: s.context,
+            causal: s.causal,
+            ragged: c.ragged,
+        }
+    }
+}
+
 /// The cache format as a table spells it.
 pub fn kv_name(format: KvFormat) -> &'static str {
     match format {
@@ -326,16 +326,7 @@ impl TuneTable {
                 .rows
                 .iter()
                 .map(|r| RowJson {
-                    class: ClassJson {
-                        path: if r.class.sparse { "sparse" } else { "dense" }.into(),
-                        kv: kv_name(r.class.format).into(),
-                        b: r.class.batch,
-                        q: r.class.nq,
-                        h: r.class.heads,
-                        ctx: r.class.context,
-                        causal: r.class.causal,
-                        ragged: r.class.ragged,
-                    },
+                    class: ClassJson::from(&r.class),
                     variant: r.variant.clone(),
                     num_splits: r.num_splits,
                     us: r.us,
@@ -412,7 +403,8 @@ fn parse_row(r: RowJson) -> std::result::Result<TuneRow, String> {
     if !(1..=super::MAX_HEADS).contains(&c.h) {
         return Err(format!("h = {} is not in 1..={}", c.h, super::MAX_HEADS));
     }
-    let class = DecodeClass::new(sparse, format, c.b, c.q, c.h, c.ctx, c.causal, c.ragged);
+    let shape = DecodeShape { sparse, format, batch: c.b, nq: c.q, heads: c.h, context: c.ctx, causal: c.causal };
+    let class = DecodeClass::new(shape, c.ragged);
     let variants = decode_variants(format, sparse);
     let Some(&(_, path)) = variants.iter().find(|(name, _)| *name == r.variant) else {
         let names: Vec<&str> = variants.iter().map(|(n, _)| n.as_str()).collect();
@@ -564,6 +556,25 @@ pub fn tuned_decode(dev: &Device, class: &DecodeClass) -> Result<Option<TunedCho
 mod tests {
     use super::*;
 
+    /// A dense class of `b` requests of `q` rows, `h` heads and `ctx` tokens (equal lengths).
+    fn dense(b: usize, q: usize, h: usize, ctx: usize) -> DecodeClass {
+        let shape = DecodeShape {
+            sparse: false,
+            format: KvFormat::Bf16,
+            batch: b,
+            nq: q,
+            heads: h,
+            context: ctx,
+            causal: false,
+        };
+        shape.class()
+    }
+
+    /// A sparse class over `format` with the top-k `k`.
+    fn sparse(format: KvFormat, b: usize, q: usize, h: usize, k: usize) -> DecodeClass {
+        DecodeClass { shape: DecodeShape { sparse: true, format, ..dense(b, q, h, k).shape }, ragged: false }
+    }
+
     fn card() -> CardId {
         CardId { name: "NVIDIA H100 80GB HBM3".into(), sm_count: 132 }
     }
@@ -612,11 +623,11 @@ mod tests {
 
     #[test]
     fn classes_bucket_the_batch_and_context() {
-        let c = DecodeClass::new(false, KvFormat::Bf16, 100, 1, 64, 5000, false, true);
-        assert_eq!((c.batch, c.context), (128, 8192));
+        let c = DecodeClass { ragged: true, ..dense(100, 1, 64, 5000) };
+        assert_eq!((c.shape.batch, c.shape.context), (128, 8192));
         assert_eq!(c.label(), "dense bf16 b=128 q=1 H=64 ctx=8192 ragged");
-        assert_eq!(DecodeClass::new(true, KvFormat::Fp8_656, 0, 2, 128, 2048, false, false).batch, 1);
-        assert_eq!(DecodeClass::new(true, KvFormat::Fp8_656, 1, 2, 128, 2048, false, false).row_blocks(), 2);
+        assert_eq!(sparse(KvFormat::Fp8_656, 0, 2, 128, 2048).shape.batch, 1);
+        assert_eq!(sparse(KvFormat::Fp8_656, 1, 2, 128, 2048).row_blocks(), 2);
     }
 
     #[test]
@@ -624,34 +635,34 @@ mod tests {
         let t = TuneTable::parse(&sample(), "t.json").unwrap();
         assert_eq!(t.rows.len(), 5);
         // its own class
-        let c = DecodeClass::new(false, KvFormat::Bf16, 128, 1, 64, 8192, false, false);
+        let c = dense(128, 1, 64, 8192);
         let got = t.lookup(&c).unwrap();
         assert_eq!(got.path, t.rows[0].path);
         assert_eq!((got.num_splits, got.distance), (128, 0.0));
         // b = 96 buckets to 128: the same row, exactly
-        let c = DecodeClass::new(false, KvFormat::Bf16, 96, 1, 64, 8000, false, false);
+        let c = dense(96, 1, 64, 8000);
         assert_eq!(t.lookup(&c).unwrap().distance, 0.0);
         // b = 64, 16K: one step in batch and one in context from row 0
-        let c = DecodeClass::new(false, KvFormat::Bf16, 64, 1, 64, 16384, false, false);
+        let c = dense(64, 1, 64, 16384);
         let got = t.lookup(&c).unwrap();
         assert_eq!((got.num_splits, got.distance), (128, 2.0));
         // ragged costs 1: still row 0
-        let c = DecodeClass::new(false, KvFormat::Bf16, 128, 1, 64, 8192, false, true);
+        let c = DecodeClass { ragged: true, ..dense(128, 1, 64, 8192) };
         assert_eq!(t.lookup(&c).unwrap().distance, 1.0);
         // q = 1 H = 128 has two row blocks, as q = 2 H = 64: row 1 (causal differs: + 1, q and H
         // one step each: + 2)
-        let c = DecodeClass::new(false, KvFormat::Bf16, 128, 1, 128, 8192, false, false);
+        let c = dense(128, 1, 128, 8192);
         let got = t.lookup(&c).unwrap();
         assert_eq!((got.num_splits, got.distance), (64, 3.0));
         // too far: b = 8 from 128 alone is 4
-        let c = DecodeClass::new(false, KvFormat::Bf16, 8, 1, 64, 8192, false, false);
+        let c = dense(8, 1, 64, 8192);
         assert_eq!(t.lookup(&c), None);
-        let c = DecodeClass::new(false, KvFormat::Bf16, 128, 4, 128, 8192, false, false);
+        let c = dense(128, 4, 128, 8192);
         assert_eq!(t.lookup(&c), None, "8 row blocks: no row has them");
         // another path or format never matches
-        let c = DecodeClass::new(true, KvFormat::Bf16, 128, 1, 64, 2048, false, false);
+        let c = sparse(KvFormat::Bf16, 128, 1, 64, 2048);
         assert_eq!(t.lookup(&c), None);
-        let c = DecodeClass::new(true, KvFormat::Fp8_656, 128, 2, 128, 2048, false, false);
+        let c = sparse(KvFormat::Fp8_656, 128, 2, 128, 2048);
         let got = t.lookup(&c).unwrap();
         assert!(matches!(got.path, DecodePath::Wgmma { schedule: crate::catalogue::Sm90Schedule::Pair, .. }));
     }
@@ -663,7 +674,7 @@ mod tests {
             row("dense", "bf16", 256, 1, 64, 8192, false, "wgmma-trio-64x2", 200),
         ];
         let t = TuneTable::parse(&table_json("1", &rows.join(",")), "t.json").unwrap();
-        let c = DecodeClass::new(false, KvFormat::Bf16, 128, 1, 64, 8192, false, false);
+        let c = dense(128, 1, 64, 8192);
         assert_eq!(t.lookup(&c).unwrap().num_splits, 100);
     }
 

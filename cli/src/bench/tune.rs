@@ -432,7 +432,16 @@ mod tests {
         }
         assert_eq!(plan.classes[0].source, "mla_decode_engine dense b128 q1 H64 8K");
         // DCP's shapes are in: b = 64, H = 8·4, a quarter of 32K
-        let dcp = DecodeClass::new(false, KvFormat::Bf16, 64, 1, 32, 8192, false, false);
+        let shape = dcp_mla::planner::choice::DecodeShape {
+            sparse: false,
+            format: KvFormat::Bf16,
+            batch: 64,
+            nq: 1,
+            heads: 32,
+            context: 8192,
+            causal: false,
+        };
+        let dcp = shape.class();
         assert!(classes.contains(&dcp));
     }
 

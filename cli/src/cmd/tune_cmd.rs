@@ -4,7 +4,7 @@
 //! plan and its estimated time without a GPU.
 
 use super::plan::{count, launches};
-use dcp_mla::planner::tune::{kv_name, set_tune_table, CardId, TuneCard, TuneTable, TUNE_TABLE_ENV};
+use dcp_mla::planner::tune::{set_tune_table, CardId, TuneCard, TuneTable, TUNE_TABLE_ENV};
 use dcp_mla::runtime::Device;
 use dcp_mla_cli::bench::tune::{
     estimate_s, measure_plan, tune_plan, Measured, TunePlan, H100_MODEL, TUNE_BUDGET_S, WIN_MARGIN,
@@ -118,16 +118,7 @@ fn plan_json(plan: &TunePlan, a: &TuneArgs) -> Value {
             let k = &c.class;
             json!({
                 "label": k.label(),
-                "class": {
-                    "path": if k.sparse { "sparse" } else { "dense" },
-                    "kv": kv_name(k.format),
-                    "b": k.batch,
-                    "q": k.nq,
-                    "h": k.heads,
-                    "ctx": k.context,
-                    "causal": k.causal,
-                    "ragged": k.ragged,
-                },
+                "class": k.to_json(),
                 "source": c.source,
                 "runs": c.runs.len(),
                 "variants": variants,
