@@ -377,7 +377,7 @@ fn run_ag_rs(c: &AgRsCase, rng: &mut Rng) {
             sink: None,
         };
         ag_rs_finish(dev, raw(&s), &args).expect("ag_rs_finish");
-        let (ref_out, ref_lse) = ref_ag_rs_finish(&summed, &p.lse, d, t, h_l, c.base, rank * h_l);
+        let (ref_out, ref_lse) = ref_ag_rs_finish(&summed, &p.lse, d, t, h_l, c.base, rank * h_l, None);
         d_out.check_bits(&s, &format!("{tag}: finish out of rank {rank} vs reference"), &ref_out);
         let got_lse = download(&s, &d_lse_out);
         check_lse(&format!("{tag}: finish lse of rank {rank} vs reference"), &got_lse, &ref_lse);
@@ -496,7 +496,7 @@ fn run_a2a(c: &A2aCase, rng: &mut Rng) {
             sink: None,
         };
         a2a_combine(dev, raw(&s), &args).expect("a2a_combine");
-        let (ref_out, ref_lse) = ref_a2a_combine(&ref_recv, d, t, h_l, c.base);
+        let (ref_out, ref_lse) = ref_a2a_combine(&ref_recv, d, t, h_l, c.base, None);
         let got_lse = download(&s, &d_lse_out);
         check_lse(&format!("{tag}: lse of rank {rank} vs reference"), &got_lse, &ref_lse);
         let mine = want.for_rank(t, h, h_l, rank);
@@ -559,7 +559,8 @@ fn run_merge_two(
     let want = oracle(&nat, LseBase::E);
     let tag =
         format!("merge_two rows={rows} {base_a:?}+{base_b:?} f32_in={f32_in} f32_out={f32_out} in_place={in_place}");
-    let (ref_out, ref_lse) = ref_merge_two(p.rank_out(0), p.rank_lse(0), base_a, p.rank_out(1), p.rank_lse(1), base_b);
+    let (ref_out, ref_lse) =
+        ref_merge_two(p.rank_out(0), p.rank_lse(0), base_a, p.rank_out(1), p.rank_lse(1), base_b, None);
 
     let d_out_a = DevRows::from_f32(&s, p.rank_out(0), f32_in);
     let d_lse_a = upload(&s, p.rank_lse(0));

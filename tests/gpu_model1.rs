@@ -20,7 +20,7 @@ use dcp_mla::ops::model1::*;
 use dcp_mla::ops::BlockTable;
 use dcp_mla::reference::attention::{apply_sink_oracle, QueryShape};
 use dcp_mla::reference::fill::FillInput;
-use dcp_mla::reference::merge::merge_with_sink;
+use dcp_mla::reference::merge::merge;
 use dcp_mla::reference::model1::{decode_model1_oracle, fill_model1, Model1Cache, Model1Source as HostSource};
 use dcp_mla::reference::tolerance::{check_attention, AttentionOracle};
 use dcp_mla::reference::topk::{compact, PageTranslate};
@@ -592,7 +592,7 @@ fn model1_dcp_identity() {
                 outs.extend(o);
                 lses.extend(l);
             }
-            let (o, l) = merge_with_sink(&outs, &lses, d, b * q * h, LseBase::E, sink.as_deref());
+            let (o, l) = merge(&outs, &lses, d, b * q * h, LseBase::E, sink.as_deref());
             check(&format!("{name}: D={d} I={interleave} sink={sink_on}"), &o, &l, &want);
         }
     }

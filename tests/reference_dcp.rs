@@ -11,8 +11,7 @@ use dcp_mla::planner::{causal_local_lens, plan_prefill_chunks, prefill_chunk_byt
 use dcp_mla::reference::attention::{apply_sink_oracle, decode, decode_oracle, default_scale, QueryShape, Selection};
 use dcp_mla::reference::fill::{fill, FillInput, PagedCache};
 use dcp_mla::reference::merge::{
-    a2a_combine_with_sink, a2a_pack, a2a_slot_bytes, ag_rs_contribution, ag_rs_finish_with_sink, merge_with_sink,
-    reduce_scatter, to_bf16,
+    a2a_combine, a2a_pack, a2a_slot_bytes, ag_rs_contribution, ag_rs_finish, merge, reduce_scatter, to_bf16,
 };
 use dcp_mla::reference::prefill::{flatten_chunk, reorder_chunk};
 use dcp_mla::reference::tolerance::{check_attention, AttentionOracle};
@@ -262,7 +261,7 @@ fn check_identity(c: &Case) {
 
     // f64 shards (no sink) merged in f64 (the sink applied once, after): the identity itself, to rounding
     let parts64: Vec<_> = (0..d).map(|r| run_f64(c.dcp, r, &shards[r])).collect();
-    let (o, l) = merge_with_sink(
+    let (o, l) = merge(
         &parts64.iter().flat_map(|p| p.out.clone()).collect::<Vec<_>>(),
         &parts64.iter().flat_map(|p| p.lse.clone()).collect::<Vec<_>>(),
         d,
@@ -286,7 +285,7 @@ fn check_identity(c: &Case) {
     };
 
     // shape 1: the plain merge
-    let (o, l) = merge_with_sink(&outs, &lse_in, d, t * h, c.base, sink.as_deref());
+    let (o, l) = merge(&outs, &lse_in, d, t * h, c.base, sink.as_deref());
     spec9("merge", &o, &l, &oracle);
 
     // shape 2: ag_rs. Contribution, reduce-scatter over heads, finish, cast to bf16
@@ -294,7 +293,7 @@ fn check_identity(c: &Case) {
         (0..d).map(|r| ag_rs_contribution(r, &parts[r].0, &lse_in, d, t, h, c.base)).collect();
     for rank in 0..d {
         let summed = reduce_scatter(&contribs, rank, h_l, t);
-        let (o, l) = ag_rs_finish_with_sink(&summed, &lse_in, d, t, h_l, c.base, rank * h_l, rank_sink(rank));
+        let (o, l) = ag_rs_finish(&summed, &lse_in, d, t, h_l, c.base, rank * h_l, rank_sink(rank));
         let want = oracle_heads(rank);
         spec9("ag_rs", &o, &l, &want);
         let cast: Vec<f32> = to_bf16(&o).iter().map(|v| v.to_f32()).collect();
@@ -319,7 +318,7 @@ fn check_identity(c: &Case) {
     // bf16 partials: docs/contract.md §9's 2^-6·A_c covers their rounding (2^-8·A_c) beside the kernel's
     for rank in 0..d {
         let recv: Vec<u8> = packed.iter().flat_map(|p| p[rank * slot..(rank + 1) * slot].to_vec()).collect();
-        let (o, l) = a2a_combine_with_sink(&recv, d, t, h_l, c.base, rank_sink(rank));
+        let (o, l) = a2a_combine(&recv, d, t, h_l, c.base, rank_sink(rank));
         spec9("a2a", &o, &l, &oracle_heads(rank));
     }
 }

@@ -7,8 +7,8 @@
 use dcp_mla::formats::{decode_fp8_row, encode_fp8_row, fp8_group_scale, D_V, FP8_GROUP};
 use dcp_mla::reference::attention::{apply_sink, sink_factor};
 use dcp_mla::reference::merge::{
-    a2a_combine, a2a_combine_with_sink, a2a_pack, a2a_slot_bytes, ag_rs_contribution, ag_rs_finish,
-    ag_rs_finish_with_sink, merge, merge_f64, merge_two, merge_two_with_sink, merge_with_sink, reduce_scatter, to_bf16,
+    a2a_combine, a2a_pack, a2a_slot_bytes, ag_rs_contribution, ag_rs_finish, merge, merge_f64, merge_two,
+    reduce_scatter, to_bf16,
 };
 use dcp_mla::LseBase;
 use half::bf16;
@@ -113,8 +113,8 @@ proptest! {
         let sink = &sink[..h];
         let out: Vec<f32> = (0..d * t * h * D_V).map(|i| bf16::from_f32(seed_out[(i * 7 + i / 64) % 64]).to_f32()).collect();
         let lse = lse[..d * t * h].to_vec();
-        let (m_out, m_lse) = merge_with_sink(&out, &lse, d, t * h, base, Some(sink));
-        let (_, p_lse) = merge(&out, &lse, d, t * h, base);
+        let (m_out, m_lse) = merge(&out, &lse, d, t * h, base, Some(sink));
+        let (_, p_lse) = merge(&out, &lse, d, t * h, base, None);
         prop_assert_eq!(bits(&m_lse), bits(&p_lse), "the sink leaves the merged lse alone");
         let contribs: Vec<Vec<f32>> = (0..d).map(|r| ag_rs_contribution(r, &out[r * t * h * D_V..][..t * h * D_V], &lse, d, t, h, base)).collect();
         let slot = a2a_slot_bytes(t, h_l);
@@ -122,9 +122,9 @@ proptest! {
         for rank in 0..d {
             let mine = &sink[rank * h_l..(rank + 1) * h_l];
             let summed = reduce_scatter(&contribs, rank, h_l, t);
-            let (o, l) = ag_rs_finish_with_sink(&summed, &lse, d, t, h_l, base, rank * h_l, Some(mine));
+            let (o, l) = ag_rs_finish(&summed, &lse, d, t, h_l, base, rank * h_l, Some(mine));
             let recv: Vec<u8> = packed.iter().flat_map(|p| p[rank * slot..(rank + 1) * slot].to_vec()).collect();
-            let (ao, al) = a2a_combine_with_sink(&recv, d, t, h_l, base, Some(mine));
+            let (ao, al) = a2a_combine(&recv, d, t, h_l, base, Some(mine));
             for ti in 0..t {
                 for hl in 0..h_l {
                     let (row, r) = (ti * h + rank * h_l + hl, ti * h_l + hl);
@@ -139,7 +139,7 @@ proptest! {
         // the two-way merge: D = 2 with the sinks on its result
         if d == 2 {
             let n = t * h;
-            let (o2, l2) = merge_two_with_sink(&out[..n * D_V], &lse[..n], base, &out[n * D_V..], &lse[n..], base, Some(sink));
+            let (o2, l2) = merge_two(&out[..n * D_V], &lse[..n], base, &out[n * D_V..], &lse[n..], base, Some(sink));
             prop_assert_eq!(bits(&o2), bits(&m_out));
             prop_assert_eq!(bits(&l2), bits(&m_lse));
         }
@@ -149,7 +149,7 @@ proptest! {
     fn fp32_merge_against_fp64_oracle((out, lse) in (1usize..=8).prop_flat_map(|d| partials(d, 3)), base2 in any::<bool>()) {
         let d = out.len() / (3 * D_V);
         let base = if base2 { LseBase::Two } else { LseBase::E };
-        let (o, l) = merge(&out, &lse, d, 3, base);
+        let (o, l) = merge(&out, &lse, d, 3, base, None);
         let (o64, l64) = merge_f64(&out, &lse, d, 3, base);
         for i in 0..3 {
             // a NaN lse is no empty shard: the merged row is NaN (docs/contract.md §5, revised)
@@ -183,14 +183,14 @@ proptest! {
         // bf16-exact partials so the a2a path sees the same values
         let out: Vec<f32> = (0..d * t * h * D_V).map(|i| bf16::from_f32(seed_out[(i * 7 + i / 64) % 64]).to_f32()).collect();
         let lse = lse[..d * t * h].to_vec();
-        let (m_out, m_lse) = merge(&out, &lse, d, t * h, base);
+        let (m_out, m_lse) = merge(&out, &lse, d, t * h, base, None);
         let contribs: Vec<Vec<f32>> = (0..d).map(|r| ag_rs_contribution(r, &out[r * t * h * D_V..][..t * h * D_V], &lse, d, t, h, base)).collect();
         let slot = a2a_slot_bytes(t, h_l);
         let packed: Vec<Vec<u8>> = (0..d).map(|r| a2a_pack(&to_bf16(&out[r * t * h * D_V..][..t * h * D_V]), &lse[r * t * h..][..t * h], d, t, h)).collect();
         for rank in 0..d {
-            let (o, l) = ag_rs_finish(&reduce_scatter(&contribs, rank, h_l, t), &lse, d, t, h_l, base, rank * h_l);
+            let (o, l) = ag_rs_finish(&reduce_scatter(&contribs, rank, h_l, t), &lse, d, t, h_l, base, rank * h_l, None);
             let recv: Vec<u8> = packed.iter().flat_map(|p| p[rank * slot..(rank + 1) * slot].to_vec()).collect();
-            let (ao, al) = a2a_combine(&recv, d, t, h_l, base);
+            let (ao, al) = a2a_combine(&recv, d, t, h_l, base, None);
             for ti in 0..t {
                 for hl in 0..h_l {
                     let (row, mine) = (ti * h + rank * h_l + hl, ti * h_l + hl);
@@ -210,14 +210,14 @@ proptest! {
         let n = 2;
         let part = |r: usize| (&out[r * n * D_V..(r + 1) * n * D_V], &lse[r * n..(r + 1) * n]);
         let (a, b, c) = (part(0), part(1), part(2));
-        let (o2, l2) = merge_two(a.0, a.1, LseBase::E, b.0, b.1, LseBase::E);
-        let (m2, ml2) = merge(&out[..2 * n * D_V], &lse[..2 * n], 2, n, LseBase::E);
+        let (o2, l2) = merge_two(a.0, a.1, LseBase::E, b.0, b.1, LseBase::E, None);
+        let (m2, ml2) = merge(&out[..2 * n * D_V], &lse[..2 * n], 2, n, LseBase::E, None);
         prop_assert_eq!(o2.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), m2.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
         prop_assert_eq!(l2.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), ml2.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
         // chunk by chunk (fp32 intermediates) equals merging all three at once, to fp32 rounding
         // the running result is natural log; the third chunk arrives in base 2 (its own base)
         let c2: Vec<f32> = c.1.iter().map(|&l| l / std::f32::consts::LN_2).collect();
-        let (o3, l3) = merge_two(&o2, &l2, LseBase::E, c.0, &c2, LseBase::Two);
+        let (o3, l3) = merge_two(&o2, &l2, LseBase::E, c.0, &c2, LseBase::Two, None);
         let (m3, ml3) = merge_f64(&out, &lse, 3, n, LseBase::E);
         for i in 0..n {
             if ml3[i].is_nan() {

@@ -19,7 +19,7 @@ use dcp_mla::formats::model1::{
 use dcp_mla::formats::{e4m3_decode, e4m3_encode, fp8_group_scale, D_ROPE};
 use dcp_mla::reference::attention::{apply_sink_oracle, QueryShape};
 use dcp_mla::reference::fill::FillInput;
-use dcp_mla::reference::merge::{a2a_combine_with_sink, a2a_pack, a2a_slot_bytes, merge_with_sink, to_bf16};
+use dcp_mla::reference::merge::{a2a_combine, a2a_pack, a2a_slot_bytes, merge, to_bf16};
 use dcp_mla::reference::model1::{
     decode_model1, decode_model1_oracle, fill_model1, model1_default_scale, Model1Cache, Model1Source,
 };
@@ -508,7 +508,7 @@ fn check_dcp_identity(c: &DcpCase) {
 
     // f64 shards merged in f64 (the sink once, after): the identity itself, to rounding
     let parts64: Vec<_> = (0..d).map(|r| run(r, true)).collect();
-    let (o, l) = merge_with_sink(
+    let (o, l) = merge(
         &parts64.iter().flat_map(|p| p.0.clone()).collect::<Vec<_>>(),
         &parts64.iter().flat_map(|p| p.1.clone()).collect::<Vec<_>>(),
         d,
@@ -530,7 +530,7 @@ fn check_dcp_identity(c: &DcpCase) {
         .collect();
     let outs: Vec<f32> = parts.iter().flat_map(|p| p.0.clone()).collect();
     let lses: Vec<f32> = parts.iter().flat_map(|p| p.1.clone()).collect();
-    let (o, l) = merge_with_sink(&outs, &lses, d, t * h, LseBase::E, sink.as_deref());
+    let (o, l) = merge(&outs, &lses, d, t * h, LseBase::E, sink.as_deref());
     let spec9 = |what: &str, o: &[f32], l: &[f32], want: &AttentionOracle| {
         if let Err(e) = check_attention(what, o.iter().map(|&x| x as f64), l.iter().map(|&x| x as f64), want) {
             panic!("{e}");
@@ -543,7 +543,7 @@ fn check_dcp_identity(c: &DcpCase) {
     for rank in 0..d {
         let recv: Vec<u8> = packed.iter().flat_map(|p| p[rank * slot..(rank + 1) * slot].to_vec()).collect();
         let rank_sink = sink.as_ref().map(|s| &s[rank * h_l..(rank + 1) * h_l]);
-        let (o, l) = a2a_combine_with_sink(&recv, d, t, h_l, LseBase::E, rank_sink);
+        let (o, l) = a2a_combine(&recv, d, t, h_l, LseBase::E, rank_sink);
         let heads = |x: &[f64], w: usize| -> Vec<f64> {
             (0..t).flat_map(|ti| x[(ti * h + rank * h_l) * w..(ti * h + rank * h_l + h_l) * w].to_vec()).collect()
         };

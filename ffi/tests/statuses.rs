@@ -487,7 +487,7 @@ fn bf16_merge_inputs_through_the_c_abi_match_the_reference() {
     let lse_b: Vec<f32> = vec![0.75, 2.0, 3.0, -4.0, 1.0, f32::INFINITY];
     let wide = |x: &[bf16]| x.iter().map(|v| v.to_f32()).collect::<Vec<f32>>();
     let (want_out, want_lse) =
-        ref_merge_two(&wide(&a), &lse_a, dcp_mla::LseBase::E, &wide(&b), &lse_b, dcp_mla::LseBase::Two);
+        ref_merge_two(&wide(&a), &lse_a, dcp_mla::LseBase::E, &wide(&b), &lse_b, dcp_mla::LseBase::Two, None);
     let dev = open();
     // SAFETY: buffers from dcp_mla_malloc on the open device, sized as passed; copies of host
     // vectors of those sizes.

@@ -2,9 +2,9 @@
 //! all-gather + reduce-scatter (ag_rs) split, the all-to-all (a2a) packed buffers, and the
 //! two-way merge of chunked prefill.
 //!
-//! Each combine also comes with an optional per-head attention sink (docs/contract.md §4): the
-//! `*_with_sink` functions apply it once, in their last step, to the merged result
-//! ([`crate::reference::sink::apply_sink`]); the plain functions are those with no sink.
+//! Each combine also takes an optional per-head attention sink (docs/contract.md §4, its last
+//! argument): applied once, in its last step, to the merged result
+//! ([`crate::reference::sink::apply_sink`]); `None` applies none.
 //!
 //! Every function takes the base of its input lse explicitly and returns natural logs. A base-2
 //! lse is converted as `lse · ln 2`, multiplied in the working precision (f32 for `merge::<f32>`)
@@ -59,16 +59,12 @@ pub fn merge_weights<T: Real>(lses: impl IntoIterator<Item = T>, base: LseBase, 
 
 /// Merges D partial results of n rows: `out` [D, n, 512] and `lse` [D, n] in `base`. Returns the
 /// merged out \[n, 512\] and lse \[n\] (natural log), exactly docs/contract.md §5. `merge::<f32>` is the
-/// bit-level model of the kernels; [`merge_f64`] is the oracle.
-pub fn merge<T: Real>(out: &[T], lse: &[T], d: usize, n: usize, base: LseBase) -> (Vec<T>, Vec<T>) {
-    merge_with_sink(out, lse, d, n, base, None)
-}
-
-/// [`merge`] with an optional attention sink per head, applied once to the merged rows: the n
-/// rows are laid out [.., H] (head = row mod H) with H = `sink.len()`, which must divide n. The
-/// merged lse is returned unchanged by the sink (it describes the tokens only), so D partials
-/// merged with the sink equal one rank's attention over all tokens with the sink.
-pub fn merge_with_sink<T: Real>(
+/// bit-level model of the kernels; [`merge_f64`] is the oracle. With an attention `sink` per head
+/// it is applied once to the merged rows: the n rows are laid out [.., H] (head = row mod H) with
+/// H = `sink.len()`, which must divide n. The merged lse is returned unchanged by the sink (it
+/// describes the tokens only), so D partials merged with the sink equal one rank's attention over
+/// all tokens with the sink.
+pub fn merge<T: Real>(
     out: &[T],
     lse: &[T],
     d: usize,
@@ -94,7 +90,7 @@ pub fn merge_with_sink<T: Real>(
 pub fn merge_f64(out: &[f32], lse: &[f32], d: usize, n: usize, base: LseBase) -> (Vec<f64>, Vec<f64>) {
     let out: Vec<f64> = out.iter().map(|&x| x as f64).collect();
     let lse: Vec<f64> = lse.iter().map(|&x| x as f64).collect();
-    merge(&out, &lse, d, n, base)
+    merge(&out, &lse, d, n, base, None)
 }
 
 /// The merge over separately stored partials: `outs[r]` [n, 512], `lses[r]` [n].
@@ -121,22 +117,11 @@ fn merge_parts<T: Real>(outs: &[&[T]], lses: &[&[T]], n: usize, base: LseBase) -
 /// out \[n, 512\] f32 and lse \[n\] in its own base; fp32 out and natural-log lse, cast once at the
 /// end. Each lse is first taken to λ (natural log; +inf as empty, NaN kept), then the two are
 /// weighted as natural logs.
+///
+/// With an attention `sink` per head, applied to the result (rows [.., H], H = `sink.len()`): in a
+/// chain of chunk merges it belongs on the last merge only; the running result stays without the
+/// sink, or the sink would enter the softmax once per chunk.
 pub fn merge_two(
-    out_a: &[f32],
-    lse_a: &[f32],
-    base_a: LseBase,
-    out_b: &[f32],
-    lse_b: &[f32],
-    base_b: LseBase,
-) -> (Vec<f32>, Vec<f32>) {
-    merge_two_with_sink(out_a, lse_a, base_a, out_b, lse_b, base_b, None)
-}
-
-/// [`merge_two`] with an optional attention sink per head applied to its result (rows [.., H],
-/// H = `sink.len()`). In a chain of chunk merges it belongs on the last merge only: the running
-/// result stays without the sink, or the sink would enter the softmax once per chunk.
-#[allow(clippy::too_many_arguments)]
-pub fn merge_two_with_sink(
     out_a: &[f32],
     lse_a: &[f32],
     base_a: LseBase,
@@ -214,24 +199,13 @@ pub fn reduce_scatter(contribs: &[Vec<f32>], rank: usize, h_l: usize, t: usize) 
 /// ag_rs step 2: from the reduce-scattered sum [H_l, T, 512] of this rank's heads
 /// [head_offset, head_offset + H_l), the output [T, H_l, 512] (fp32; cast with [`to_bf16`]) and
 /// lse [T, H_l] natural log. `lse_all` is [D, T, H].
-pub fn ag_rs_finish(
-    summed: &[f32],
-    lse_all: &[f32],
-    d: usize,
-    t: usize,
-    h_l: usize,
-    base: LseBase,
-    head_offset: usize,
-) -> (Vec<f32>, Vec<f32>) {
-    ag_rs_finish_with_sink(summed, lse_all, d, t, h_l, base, head_offset, None)
-}
-
-/// [`ag_rs_finish`] with an optional attention sink per head, applied after the merge, to the
-/// fp32 result before any cast: `sink` \[H_l\] holds the sinks of this rank's heads, sink\[j\] for
-/// head head_offset + j (a TP rank's own shard of the model's sinks). Ranks' contributions carry
-/// no sink; only this last step applies it.
+///
+/// With an attention `sink` per head, applied after the merge to the fp32 result before any
+/// cast: `sink` \[H_l\] holds the sinks of this rank's heads, sink\[j\] for head head_offset + j
+/// (a TP rank's own shard of the model's sinks). Ranks' contributions carry no sink; only this
+/// last step applies it.
 #[allow(clippy::too_many_arguments)]
-pub fn ag_rs_finish_with_sink(
+pub fn ag_rs_finish(
     summed: &[f32],
     lse_all: &[f32],
     d: usize,
@@ -296,14 +270,11 @@ pub fn a2a_pack(out_r: &[bf16], lse_r: &[f32], d: usize, t: usize, h: usize) -> 
 
 /// a2a receive side: `recv` is [D sources, slot_bytes] (slot r as rank r packed it for this
 /// rank); the full fp32 merge over the D sources gives out [T, H_l, 512] and lse [T, H_l].
-pub fn a2a_combine(recv: &[u8], d: usize, t: usize, h_l: usize, base: LseBase) -> (Vec<f32>, Vec<f32>) {
-    a2a_combine_with_sink(recv, d, t, h_l, base, None)
-}
-
-/// [`a2a_combine`] with an optional attention sink per head applied to the merged fp32 result:
-/// `sink` \[H_l\] holds the sinks of this rank's heads (sink\[j\] for its j-th head, global head
-/// rank·H_l + j). The packed slots carry no sink.
-pub fn a2a_combine_with_sink(
+///
+/// With an attention `sink` per head, applied to the merged fp32 result: `sink` \[H_l\] holds
+/// the sinks of this rank's heads (sink\[j\] for its j-th head, global head rank·H_l + j). The
+/// packed slots carry no sink.
+pub fn a2a_combine(
     recv: &[u8],
     d: usize,
     t: usize,
@@ -324,7 +295,7 @@ pub fn a2a_combine_with_sink(
         out.extend(outs.chunks(2).map(|b| bf16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32()));
         lse.extend(lses.chunks(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())));
     }
-    merge_with_sink(&out, &lse, d, n, base, sink)
+    merge(&out, &lse, d, n, base, sink)
 }
 
 #[cfg(test)]
@@ -337,7 +308,7 @@ mod tests {
 
     #[test]
     fn merge_of_two_equal_lse_averages() {
-        let (out, lse) = merge(&rows(&[1.0, 3.0]), &[0.5, 0.5], 2, 1, LseBase::E);
+        let (out, lse) = merge(&rows(&[1.0, 3.0]), &[0.5, 0.5], 2, 1, LseBase::E, None);
         assert!(out.iter().all(|&x| x == 2.0));
         assert!((lse[0] - (0.5 + 2f32.ln())).abs() < 1e-6);
     }
@@ -346,13 +317,14 @@ mod tests {
     fn empty_shards_never_leak() {
         // shard 1 is empty (+inf lse, FlashMLA style) with a NaN out; shard 2 −inf with a NaN out
         let (out, lse) =
-            merge(&rows(&[2.0, f32::NAN, f32::NAN]), &[1.0, f32::INFINITY, f32::NEG_INFINITY], 3, 1, LseBase::E);
+            merge(&rows(&[2.0, f32::NAN, f32::NAN]), &[1.0, f32::INFINITY, f32::NEG_INFINITY], 3, 1, LseBase::E, None);
         assert!(out.iter().all(|&x| x == 2.0));
         assert_eq!(lse[0], 1.0);
         // a NaN lse is not an empty shard: it makes the merged row NaN (docs/contract.md §5)
-        let (out, lse) = merge(&rows(&[2.0, 3.0]), &[1.0, f32::NAN], 2, 1, LseBase::E);
+        let (out, lse) = merge(&rows(&[2.0, 3.0]), &[1.0, f32::NAN], 2, 1, LseBase::E, None);
         assert!(out.iter().all(|x| x.is_nan()) && lse[0].is_nan());
-        let (out, lse) = merge(&rows(&[f32::NAN, 5.0]), &[f32::NEG_INFINITY, f32::NEG_INFINITY], 2, 1, LseBase::E);
+        let (out, lse) =
+            merge(&rows(&[f32::NAN, 5.0]), &[f32::NEG_INFINITY, f32::NEG_INFINITY], 2, 1, LseBase::E, None);
         assert!(out.iter().all(|&x| x == 0.0));
         assert_eq!(lse[0], f32::NEG_INFINITY);
     }
@@ -362,7 +334,7 @@ mod tests {
         // two shards of one token each, scores 0: the global softmax with sink 0 is
         // (e^0·1 + e^0·3) / (e^0 + e^0 + e^0) = 4/3; a sink applied to each shard first would
         // give (0.5 + 1.5) / 2 = 1
-        let (out, lse) = merge_with_sink(&rows(&[1.0, 3.0]), &[0.0, 0.0], 2, 1, LseBase::E, Some(&[0.0]));
+        let (out, lse) = merge(&rows(&[1.0, 3.0]), &[0.0, 0.0], 2, 1, LseBase::E, Some(&[0.0]));
         assert!(out.iter().all(|&x| (x - 4.0 / 3.0).abs() < 1e-6));
         // the lse describes the tokens only
         assert_eq!(lse[0], 2f32.ln());
@@ -370,7 +342,7 @@ mod tests {
 
     #[test]
     fn base_two_converts_to_natural() {
-        let (_, lse) = merge(&rows(&[1.0]), &[3.0], 1, 1, LseBase::Two);
+        let (_, lse) = merge(&rows(&[1.0]), &[3.0], 1, 1, LseBase::Two, None);
         assert_eq!(lse[0], 3.0f32 * std::f32::consts::LN_2);
     }
 
@@ -385,10 +357,10 @@ mod tests {
         let contribs: Vec<Vec<f32>> =
             (0..d).map(|r| ag_rs_contribution(r, &outs[r], &lse_all, d, t, h, LseBase::E)).collect();
         let flat: Vec<f32> = outs.concat();
-        let (m_out, m_lse) = merge(&flat, &lse_all, d, t * h, LseBase::E);
+        let (m_out, m_lse) = merge(&flat, &lse_all, d, t * h, LseBase::E, None);
         for rank in 0..d {
             let summed = reduce_scatter(&contribs, rank, h_l, t);
-            let (o, l) = ag_rs_finish(&summed, &lse_all, d, t, h_l, LseBase::E, rank * h_l);
+            let (o, l) = ag_rs_finish(&summed, &lse_all, d, t, h_l, LseBase::E, rank * h_l, None);
             for ti in 0..t {
                 for hl in 0..h_l {
                     let row = ti * h + rank * h_l + hl;
@@ -403,7 +375,7 @@ mod tests {
         let slot = a2a_slot_bytes(t, h_l);
         for rank in 0..d {
             let recv: Vec<u8> = packed.iter().flat_map(|p| p[rank * slot..(rank + 1) * slot].to_vec()).collect();
-            let (o, l) = a2a_combine(&recv, d, t, h_l, LseBase::E);
+            let (o, l) = a2a_combine(&recv, d, t, h_l, LseBase::E, None);
             for ti in 0..t {
                 for hl in 0..h_l {
                     let row = ti * h + rank * h_l + hl;

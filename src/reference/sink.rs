@@ -1,6 +1,6 @@
 //! Attention sinks (docs/contract.md §4, FlashMLA's `attn_sink`): the factor a per-head sink
 //! scales a row's output by, and its application to an attention result or an fp64 oracle. Used
-//! by decode attention ([`crate::reference::attention`]) and by every combine's `*_with_sink`
+//! by decode attention ([`crate::reference::attention`]) and by every combine given a sink
 //! ([`crate::reference::merge`]), after the merge.
 
 use super::real::Real;
@@ -40,7 +40,7 @@ pub fn sink_factor<T: Real>(lse: T, sink: T) -> T {
 /// FlashMLA's `attn_sink`): each row of `out` [n, 512], rows laid out [.., H] (head = row mod H),
 /// is multiplied by [`sink_factor`]`(lse[row], sink[head])`; `lse` \[n\] (natural log) describes the
 /// tokens only and is left unchanged. `sink` holds one fp32 value per head of the result, H of
-/// them (the H_l heads of a rank's combine result; see [`crate::reference::merge::merge_with_sink`]).
+/// them (the H_l heads of a rank's combine result; see [`crate::reference::merge::merge`]).
 ///
 /// Exact cases: a sink of −inf leaves out bit for bit; +inf gives out·0 (0, signed as out); an empty
 /// row (lse = ±inf) is 0 whatever the sink; a NaN lse, or a NaN sink on a row that reads tokens,

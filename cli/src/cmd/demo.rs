@@ -171,7 +171,7 @@ fn combine_cpu(
         let summed = reduce_scatter(&contribs, r, h_l, t);
         let mut fin = (Vec::new(), Vec::new());
         clock(STAGE_COMBINE, &mut || {
-            let (o, l) = ag_rs_finish(&summed, &lse_all, d, t, h_l, LseBase::E, r * h_l);
+            let (o, l) = ag_rs_finish(&summed, &lse_all, d, t, h_l, LseBase::E, r * h_l, None);
             fin = (to_bf16(&o), l);
         });
         place(&mut res, r, h, h_l, t, &fin.0, &fin.1);
