@@ -325,11 +325,10 @@ impl SparseDev {
             common: outs.common(view(&s, &self.q), shape, splits),
             cache: CacheView::packed(view(&s, &self.cache), hc.num_pages, hc.block_size),
             format: hc.format,
-            indices: view(&s, &self.idx),
-            topk: k,
-            topk_len: self.topk_len.as_ref().map(|t| view(&s, t)),
-            topk_len_strides: None,
-            indices_strides: None,
+            lists: IndexLists {
+                topk_len: self.topk_len.as_ref().map(|t| view(&s, t)),
+                ..IndexLists::new(view(&s, &self.idx), k)
+            },
         }
     }
 }
@@ -1000,12 +999,12 @@ fn strided_views_match_contiguous() {
                 let mut args = dev.args(&hc, &strided, shape, k, splits);
                 args.common.q = view(&s, &d_q);
                 args.common.q_strides = Some([q_strides[0], q_strides[1], q_strides[2]]);
-                args.indices = view(&s, &d_idx);
-                args.indices_strides = Some([idx_strides[0], idx_strides[1]]);
+                args.lists.indices = view(&s, &d_idx);
+                args.lists.indices_strides = Some([idx_strides[0], idx_strides[1]]);
                 args.cache.bytes = view(&s, &d_cache);
                 args.cache.page_stride = Some(page_stride);
-                args.topk_len = Some(view(&s, &d_per_request));
-                args.topk_len_strides = Some([1, 0]);
+                args.lists.topk_len = Some(view(&s, &d_per_request));
+                args.lists.topk_len_strides = Some([1, 0]);
                 let views = ViewOutputs::new(shape);
                 views.attach(&mut args.common);
                 mla_decode_sparse_on(gpu(), raw(&s), &args, path).expect("strided sparse launch");
@@ -1237,11 +1236,7 @@ fn graph_replay_case(path: DecodePath) {
         ),
         cache: CacheView::packed(DeviceSlice::of(&d_scache, &s), shc.num_pages, shc.block_size),
         format: KvFormat::Fp8_656,
-        indices: DeviceSlice::of(&d_idx, &s),
-        topk: k,
-        topk_len: None,
-        topk_len_strides: None,
-        indices_strides: None,
+        lists: IndexLists::new(DeviceSlice::of(&d_idx, &s), k),
     };
     let rs = Stream::from_cudarc(&s);
     // A first eager launch (outside capture) opts the kernels into their shared memory.

@@ -14,7 +14,7 @@ use dcp_mla::formats::model1::{
     encode_model1_token, Model1Pages, MODEL1_D_NOPE, MODEL1_D_QK, MODEL1_D_V, MODEL1_TILES,
 };
 use dcp_mla::formats::D_ROPE;
-use dcp_mla::ops::decode::{decode_num_splits, decode_workspace_bytes, DecodeCommon, DecodeOut};
+use dcp_mla::ops::decode::{decode_num_splits, decode_workspace_bytes, DecodeCommon, DecodeOut, IndexLists};
 use dcp_mla::ops::fill::NewTokens;
 use dcp_mla::ops::model1::*;
 use dcp_mla::ops::BlockTable;
@@ -138,12 +138,12 @@ impl DevSrc {
         Model1Source {
             cache: view(&st, &self.cache),
             pages: self.pages,
-            indices: view(&st, &self.idx),
-            indices_strides: None,
-            topk: self.k,
-            topk_len: self.len.as_ref().map(|t| view(&st, t)),
-            // FlashMLA's per-request topk_length: [b], broadcast over the query rows
-            topk_len_strides: Some([1, 0]),
+            lists: IndexLists {
+                topk_len: self.len.as_ref().map(|t| view(&st, t)),
+                // FlashMLA's per-request topk_length: [b], broadcast over the query rows
+                topk_len_strides: Some([1, 0]),
+                ..IndexLists::new(view(&st, &self.idx), self.k)
+            },
         }
     }
 }

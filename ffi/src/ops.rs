@@ -13,7 +13,7 @@ use crate::{device, fail, guard, read_args, stream, ArgsStruct, DcpMlaDevice, Dc
 use dcp_mla::formats::model1::{Model1Pages, MODEL1_D_NOPE, MODEL1_PAGE_ALIGN, MODEL1_TOKEN_BYTES};
 use dcp_mla::formats::{D_LATENT, D_ROPE};
 use dcp_mla::ops::combine::{self, A2aCombine, A2aPack, AgRsCorrect, AgRsFinish, CombineGroup, MergeTwo};
-use dcp_mla::ops::decode::{self, DecodeCommon, DecodeOut, DenseDecode, SparseDecode};
+use dcp_mla::ops::decode::{self, DecodeCommon, DecodeOut, DenseDecode, IndexLists, SparseDecode};
 use dcp_mla::ops::fill::{kv_fill, KvFill, NewTokens};
 use dcp_mla::ops::model1::{self, Model1Decode, Model1Fill, Model1Source};
 use dcp_mla::ops::prefill::{self, Flatten, Reorder};
@@ -455,18 +455,8 @@ pub unsafe extern "C" fn dcp_mla_launch_decode_sparse(args: *const DcpMlaDecodeS
     launch(args, decode::mla_decode_sparse, |a| {
         let common = decode_common!(a);
         let format: KvFormat = arg!(a.format);
-        let (indices, indices_strides) = strided!(a.indices, 2);
-        let (topk_len, topk_len_strides) = strided!(a.topk_len, 2);
-        Ok(SparseDecode {
-            common,
-            cache: paged_cache(&a.cache, format, a.num_pages, a.block_size)?,
-            format,
-            indices,
-            topk: a.topk,
-            topk_len,
-            topk_len_strides,
-            indices_strides,
-        })
+        let lists = index_lists("", a.indices, a.topk_len, a.topk)?;
+        Ok(SparseDecode { common, cache: paged_cache(&a.cache, format, a.num_pages, a.block_size)?, format, lists })
     })
 }
 
@@ -587,17 +577,16 @@ fn model1_source(
 ) -> R<Model1Source> {
     let name = |f: &str| format!("{prefix}{f}");
     let pages = model1_pages(&cache, &name("cache"), num_pages, block_size)?;
-    let (indices, indices_strides) = strided_as(indices, &name("indices"))?;
-    let (topk_len, topk_len_strides) = strided_as(topk_len, &name("topk_len"))?;
-    Ok(Model1Source {
-        cache: crate::Arg::arg(cache.unstrided(), &name("cache"))?,
-        pages,
-        indices,
-        indices_strides,
-        topk,
-        topk_len,
-        topk_len_strides,
-    })
+    let lists = index_lists(prefix, indices, topk_len, topk)?;
+    Ok(Model1Source { cache: crate::Arg::arg(cache.unstrided(), &name("cache"))?, pages, lists })
+}
+
+/// Index lists of `topk` entries from their two tensors (2 strides each), their fields named with
+/// `prefix` ("" or "extra_").
+fn index_lists(prefix: &str, indices: DcpMlaTensor, topk_len: DcpMlaTensor, topk: usize) -> R<IndexLists> {
+    let (indices, indices_strides) = strided_as(indices, &format!("{prefix}indices"))?;
+    let (topk_len, topk_len_strides) = strided_as(topk_len, &format!("{prefix}topk_len"))?;
+    Ok(IndexLists { indices, indices_strides, topk, topk_len, topk_len_strides })
 }
 
 /// MODEL1 sparse decode (docs/contract.md §4, "MODEL1"; FlashMLA's d_qk = 512 path): row (i, j)
@@ -1437,7 +1426,7 @@ mod tests {
             // scale 0 (the field's default) is MODEL1's 512^-1/2, not the 576 path's
             assert_eq!(d.common.scale, model1::model1_default_scale());
             assert_eq!(d.main.pages.page_stride, 37_440, "packed pages by default: ceil(584·64 / 576)·576");
-            assert_eq!(d.main.topk_len_strides, Some([1, 0]));
+            assert_eq!(d.main.lists.topk_len_strides, Some([1, 0]));
             if extra {
                 assert_eq!(d.extra.unwrap().pages.page_stride, 2_304, "the stride in bytes");
             }

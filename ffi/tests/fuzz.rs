@@ -129,16 +129,17 @@ proptest! {
 
         // the library's checks on the same values (what runs once a device is given)
         use dcp_mla::formats::model1::Model1Pages;
+        use dcp_mla::ops::decode::IndexLists;
         use dcp_mla::ops::fill::NewTokens;
         use dcp_mla::ops::model1::{decode_checks, fill_checks, Model1Decode, Model1Fill, Model1Source};
         let source = |cache_len, pages: Model1Pages, k| Model1Source {
             cache: fake(0x4000_0000, cache_len),
             pages,
-            indices: fake(0x5000_0000, numels[4]),
-            indices_strides: strided.then_some([strides[0], strides[1]]),
-            topk: k,
-            topk_len: Some(fake(0x5100_0000, numels[2])),
-            topk_len_strides: strided.then_some([strides[2], strides[3]]),
+            lists: IndexLists {
+                indices: fake(0x5000_0000, numels[4]), indices_strides: strided.then_some([strides[0], strides[1]]),
+                topk: k,
+                topk_len: Some(fake(0x5100_0000, numels[2])), topk_len_strides: strided.then_some([strides[2], strides[3]]),
+            },
         };
         let mut d = Model1Decode::new(
             dcp_mla::ops::decode::DecodeCommon::new(

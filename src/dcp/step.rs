@@ -8,7 +8,7 @@ use super::group::DcpGroup;
 use crate::error::{Error, Result};
 use crate::formats::{KvFormat, D_LATENT, D_QK, D_ROPE, D_V};
 use crate::ops::combine::{self, a2a_aligned_slot_bytes, CombineRows};
-use crate::ops::decode::{self, DecodeCommon, DecodeOut};
+use crate::ops::decode::{self, DecodeCommon, DecodeOut, IndexLists};
 use crate::ops::fill::{kv_fill, KvFill, NewTokens};
 use crate::ops::{topk, BlockTable, CacheView};
 use crate::planner::{causal_local_lens, check_heads, check_topk, DcpConfig, DcpLayout, MAX_Q_ROWS};
@@ -695,11 +695,7 @@ impl<'a> DecodeStep<'a> {
                     common,
                     cache: self.cache_view(),
                     format,
-                    indices: v.indices,
-                    topk: k,
-                    topk_len: Some(v.counts),
-                    topk_len_strides: None,
-                    indices_strides: None,
+                    lists: IndexLists { topk_len: Some(v.counts), ..IndexLists::new(v.indices, k) },
                 },
             ),
         }

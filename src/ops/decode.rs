@@ -195,8 +195,7 @@ impl LensRule {
     }
 }
 
-/// Sparse decode: row (i, j) attends to the cache rows `page·B + slot` listed in
-/// `indices[i][j]` (−1 or out of range: unused, never read).
+/// Sparse decode: row (i, j) attends to the cache rows `page·B + slot` its index list names.
 #[derive(Debug, Clone, Copy)]
 pub struct SparseDecode {
     pub common: DecodeCommon,
@@ -204,17 +203,92 @@ pub struct SparseDecode {
     /// page stride.
     pub cache: CacheView,
     pub format: KvFormat,
+    pub lists: IndexLists,
+}
+
+/// The index lists of a sparse decode ([`SparseDecode`], and each source of a MODEL1 decode,
+/// [`crate::ops::model1::Model1Source`]): row (i, j) attends to the cache rows `page·B + slot`
+/// listed in `indices[i][j]` (−1 or out of range: unused, never read), the first
+/// `topk_len[i][j]` of them when lengths are given.
+#[derive(Debug, Clone, Copy)]
+pub struct IndexLists {
     /// int32 [batch, nq, topk] with strides `indices_strides` (each list contiguous).
     pub indices: DeviceSlice<i32>,
     /// Elements between the index lists' requests and query rows; `None`: contiguous,
     /// [nq·topk, topk].
     pub indices_strides: Option<[usize; 2]>,
     pub topk: usize,
-    /// int32 \[batch, nq\]: only the first topk_len\[i\]\[j\] entries count (clamped to \[0, topk\]).
+    /// int32 \[batch, nq\]: only the first topk_len\[i\]\[j\] entries count (clamped to
+    /// \[0, topk\]); `None`: all topk.
     pub topk_len: Option<DeviceSlice<i32>>,
     /// Elements between `topk_len`'s requests and query rows, any (0 broadcasts: FlashMLA's
     /// per-request `topk_length` is \[batch\] with strides \[1, 0\]); `None`: contiguous, \[nq, 1\].
     pub topk_len_strides: Option<[usize; 2]>,
+}
+
+impl IndexLists {
+    /// Contiguous lists of `topk` entries, every entry counted: what goes in by struct update,
+    /// `IndexLists { topk_len: Some(t), ..IndexLists::new(indices, topk) }`.
+    pub fn new(indices: DeviceSlice<i32>, topk: usize) -> Self {
+        IndexLists { indices, indices_strides: None, topk, topk_len: None, topk_len_strides: None }
+    }
+
+    /// The lists of a launch of `c`'s rows: at least one entry and fewer than the kernels' int32
+    /// token counts, `indices` and `topk_len` holding their views (4-byte aligned). Errors name
+    /// `n`'s fields. Returns what the kernels take.
+    pub(super) fn check(&self, c: &DecodeCommon, n: &ListNames) -> Result<ListParams> {
+        ensure_arg!(self.topk >= 1, n.topk, "must be at least 1");
+        ensure_arg!(self.topk <= MAX_DECODE_TOKENS, n.topk, "{} exceeds the kernels' int32 token counts", self.topk);
+        let indices = super::View { counts: [c.batch, c.nq], width: self.topk, align: 4, written: false };
+        let [sb, ss] = indices.strides(n.indices, n.indices_strides, &self.indices, self.indices_strides)?;
+        let len_strides = match &self.topk_len {
+            Some(t) => length_strides(n.topk_len, n.topk_len_strides, t, self.topk_len_strides, c)?,
+            None => [0, 0],
+        };
+        Ok(ListParams {
+            indices: self.indices.ptr(),
+            topk_len: self.topk_len.map_or(0, |t| t.ptr()),
+            indices_strides: [sb as i64, ss as i64],
+            len_strides,
+            topk: to_i32(n.topk, self.topk)?,
+        })
+    }
+}
+
+/// The argument names of [`IndexLists`]' fields, as the C ABI spells them.
+pub(super) struct ListNames {
+    pub(super) indices: &'static str,
+    pub(super) indices_strides: &'static str,
+    pub(super) topk: &'static str,
+    pub(super) topk_len: &'static str,
+    pub(super) topk_len_strides: &'static str,
+}
+
+/// The names of the (first) index lists' fields.
+pub(super) const LISTS: ListNames = ListNames {
+    indices: "indices",
+    indices_strides: "indices_strides",
+    topk: "topk",
+    topk_len: "topk_len",
+    topk_len_strides: "topk_len_strides",
+};
+
+/// Checked index lists as the kernels take them.
+pub(super) struct ListParams {
+    pub(super) indices: u64,
+    pub(super) topk_len: u64,
+    pub(super) indices_strides: [i64; 2],
+    pub(super) len_strides: [i64; 2],
+    pub(super) topk: i32,
+}
+
+impl ListParams {
+    /// Sets the kernels' fields of the (first) index lists.
+    pub(super) fn write(&self, p: &mut DcpMlaDecodeParams) {
+        (p.indices, p.topk_len, p.topk) = (self.indices, self.topk_len, self.topk);
+        [p.indices_stride_b, p.indices_stride_s] = self.indices_strides;
+        [p.len_stride_b, p.len_stride_s] = self.len_strides;
+    }
 }
 
 /// Bytes of the split-KV workspace ([`SplitPlan`]): the schedule's int64 unit prefix
@@ -361,7 +435,7 @@ pub fn sparse_shape(a: &SparseDecode) -> DecodeShape {
         batch: c.batch,
         nq: c.nq,
         heads: c.heads,
-        context: a.topk,
+        context: a.lists.topk,
         causal: false,
     }
 }
@@ -507,19 +581,8 @@ fn sparse_params(a: &SparseDecode) -> Result<DcpMlaDecodeParams> {
     params.page_rows = a.cache.check(a.format)?;
     // an index page·B + slot splits by a multiply and a shift in the kernels (no division a token)
     (params.page_div_magic, params.page_div_shift) = invariant_divisor(a.cache.block_size);
-    ensure_arg!(a.topk >= 1, "topk", "must be at least 1");
-    ensure_arg!(a.topk <= MAX_DECODE_TOKENS, "topk", "{} exceeds the kernels' int32 token counts", a.topk);
-    let indices = super::View { counts: [c.batch, c.nq], width: a.topk, align: 4, written: false };
-    let [sb, ss] = indices.strides("indices", "indices_strides", &a.indices, a.indices_strides)?;
-    (params.indices_stride_b, params.indices_stride_s) = (sb as i64, ss as i64);
-    if let Some(t) = &a.topk_len {
-        [params.len_stride_b, params.len_stride_s] =
-            length_strides("topk_len", "topk_len_strides", t, a.topk_len_strides, c)?;
-    }
+    a.lists.check(c, &LISTS)?.write(&mut params);
     params.cache = a.cache.bytes.ptr();
-    params.indices = a.indices.ptr();
-    params.topk_len = a.topk_len.map_or(0, |t| t.ptr());
-    params.topk = to_i32("topk", a.topk)?;
     params.num_pages = to_i32("num_pages", a.cache.num_pages)?;
     params.block_size = to_i32("block_size", a.cache.block_size)?;
     Ok(params)
@@ -907,11 +970,7 @@ mod tests {
                 common: c,
                 cache: CacheView::packed(fake(4 * 64 * D_QK * 2), 4, 64),
                 format: KvFormat::Bf16,
-                indices: fake_at(0x9000, len),
-                indices_strides: strides,
-                topk: 512,
-                topk_len: None,
-                topk_len_strides: None,
+                lists: IndexLists { indices_strides: strides, ..IndexLists::new(fake_at(0x9000, len), 512) },
             })
         };
         let p = sparse(1300 + 600 + 512, Some([1300, 600])).unwrap();
@@ -934,11 +993,7 @@ mod tests {
                 common: c,
                 cache: CacheView { page_stride, ..CacheView::packed(fake(4 * 50 * D_QK * 2), 4, 48) },
                 format: KvFormat::Bf16,
-                indices: fake(512),
-                indices_strides: None,
-                topk: 512,
-                topk_len: None,
-                topk_len_strides: None,
+                lists: IndexLists::new(fake(512), 512),
             })
         };
         // any block size a stride apart: the kernels divide an index by B with a magic number
@@ -994,11 +1049,7 @@ mod tests {
             common: common(1, 1, 16),
             cache: CacheView::packed(fake(4 * 64 * D_QK * 2), 4, 64),
             format: KvFormat::Bf16,
-            indices: fake(1usize << 31),
-            topk,
-            topk_len: None,
-            topk_len_strides: None,
-            indices_strides: None,
+            lists: IndexLists::new(fake(1usize << 31), topk),
         };
         assert!(sparse_params(&s(2048)).is_ok());
         assert_eq!(arg_of(sparse_params(&s(i32::MAX as usize - 10)).unwrap_err()), "topk");

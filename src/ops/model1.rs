@@ -9,7 +9,7 @@
 //! name either kernel); split launches through the decode's
 //! own schedule and combine ([`crate::ops::decode`]); `kernels-src/fill.cuh` (`kv_fill_model1`).
 
-use super::decode::{launch, length_strides, validate_common, DecodeCommon, Kernel, MAX_DECODE_TOKENS};
+use super::decode::{launch, validate_common, DecodeCommon, IndexLists, Kernel, ListNames, LISTS, MAX_DECODE_TOKENS};
 use super::fill::NewTokens;
 use super::{compiled, launch_warp_rows, to_i32, BlockTable};
 use crate::abi::{DcpKvFillParams, DcpMlaDecodeParams};
@@ -34,18 +34,10 @@ pub struct Model1Source {
     /// Pages, block size B and the page stride in bytes (a multiple of 576, at least
     /// [`model1_page_bytes`]`(B)`).
     pub pages: Model1Pages,
-    /// int32 [batch, nq, topk] of addresses page·B + slot, strides `indices_strides`; −1 or an
-    /// address outside [0, num_pages·B) is unused and never read.
-    pub indices: DeviceSlice<i32>,
-    /// Elements between the lists' requests and query rows; `None`: contiguous, [nq·topk, topk].
-    pub indices_strides: Option<[usize; 2]>,
-    pub topk: usize,
-    /// int32 [batch, nq] valid entries (FlashMLA's per-request `topk_length` is \[batch\] with
-    /// strides \[1, 0\]), clamped to \[0, topk\]; `None`: all topk.
-    pub topk_len: Option<DeviceSlice<i32>>,
-    /// Elements between `topk_len`'s requests and query rows (any, 0 broadcasts); `None`:
-    /// contiguous, \[nq, 1\].
-    pub topk_len_strides: Option<[usize; 2]>,
+    /// int32 [batch, nq, topk] addresses page·B + slot (an address outside [0, num_pages·B) is
+    /// unused and never read) and their counts (FlashMLA's per-request `topk_length` is \[batch\]
+    /// with strides \[1, 0\]).
+    pub lists: IndexLists,
 }
 
 /// A MODEL1 sparse decode: `common.q` is bf16 [batch, nq, heads, 512] (its strides in
@@ -81,11 +73,7 @@ struct Names {
     block_size: &'static str,
     num_pages: &'static str,
     page_stride: &'static str,
-    indices: &'static str,
-    indices_strides: &'static str,
-    topk: &'static str,
-    topk_len: &'static str,
-    topk_len_strides: &'static str,
+    lists: ListNames,
 }
 
 const MAIN: Names = Names {
@@ -93,11 +81,7 @@ const MAIN: Names = Names {
     block_size: "block_size",
     num_pages: "num_pages",
     page_stride: "page_stride",
-    indices: "indices",
-    indices_strides: "indices_strides",
-    topk: "topk",
-    topk_len: "topk_len",
-    topk_len_strides: "topk_len_strides",
+    lists: LISTS,
 };
 
 const EXTRA: Names = Names {
@@ -105,11 +89,13 @@ const EXTRA: Names = Names {
     block_size: "extra_block_size",
     num_pages: "extra_num_pages",
     page_stride: "extra_page_stride",
-    indices: "extra_indices",
-    indices_strides: "extra_indices_strides",
-    topk: "extra_topk",
-    topk_len: "extra_topk_len",
-    topk_len_strides: "extra_topk_len_strides",
+    lists: ListNames {
+        indices: "extra_indices",
+        indices_strides: "extra_indices_strides",
+        topk: "extra_topk",
+        topk_len: "extra_topk_len",
+        topk_len_strides: "extra_topk_len_strides",
+    },
 };
 
 /// A MODEL1 cache's pages against its buffer: returns page_rows, the page stride in 576-byte
@@ -156,34 +142,21 @@ fn source_params(
     extra: bool,
 ) -> Result<()> {
     let page_rows = check_model1_cache(&s.cache, &s.pages, n)?;
-    ensure_arg!(s.topk >= 1, n.topk, "must be at least 1");
-    ensure_arg!(s.topk <= MAX_DECODE_TOKENS, n.topk, "{} exceeds the kernels' int32 token counts", s.topk);
-    let indices = super::View { counts: [c.batch, c.nq], width: s.topk, align: 4, written: false };
-    let [sb, ss] = indices.strides(n.indices, n.indices_strides, &s.indices, s.indices_strides)?;
-    let [lb, ls] = match &s.topk_len {
-        Some(t) => length_strides(n.topk_len, n.topk_len_strides, t, s.topk_len_strides, c)?,
-        None => [0, 0],
-    };
+    let lists = s.lists.check(c, &n.lists)?;
     // an index page·B + slot splits by a multiply and a shift in the kernel
     let (magic, shift) = super::decode::invariant_divisor(s.pages.block_size);
     let (num_pages, block_size) = (to_i32(n.num_pages, s.pages.num_pages)?, to_i32(n.block_size, s.pages.block_size)?);
-    let topk = to_i32(n.topk, s.topk)?;
-    let topk_len = s.topk_len.map_or(0, |t| t.ptr());
     if extra {
         params.extra_cache = s.cache.ptr();
-        params.extra_indices = s.indices.ptr();
-        params.extra_topk_len = topk_len;
-        (params.extra_indices_stride_b, params.extra_indices_stride_s) = (sb as i64, ss as i64);
-        (params.extra_len_stride_b, params.extra_len_stride_s) = (lb, ls);
-        (params.extra_topk, params.extra_num_pages, params.extra_block_size) = (topk, num_pages, block_size);
+        (params.extra_indices, params.extra_topk_len, params.extra_topk) = (lists.indices, lists.topk_len, lists.topk);
+        [params.extra_indices_stride_b, params.extra_indices_stride_s] = lists.indices_strides;
+        [params.extra_len_stride_b, params.extra_len_stride_s] = lists.len_strides;
+        (params.extra_num_pages, params.extra_block_size) = (num_pages, block_size);
         (params.extra_page_rows, params.extra_page_div_magic, params.extra_page_div_shift) = (page_rows, magic, shift);
     } else {
         params.cache = s.cache.ptr();
-        params.indices = s.indices.ptr();
-        params.topk_len = topk_len;
-        (params.indices_stride_b, params.indices_stride_s) = (sb as i64, ss as i64);
-        (params.len_stride_b, params.len_stride_s) = (lb, ls);
-        (params.topk, params.num_pages, params.block_size) = (topk, num_pages, block_size);
+        lists.write(params);
+        (params.num_pages, params.block_size) = (num_pages, block_size);
         (params.page_rows, params.page_div_magic, params.page_div_shift) = (page_rows, magic, shift);
     }
     Ok(())
@@ -197,11 +170,11 @@ fn decode_params(a: &Model1Decode) -> Result<DcpMlaDecodeParams> {
     if let Some(e) = &a.extra {
         source_params(e, c, &EXTRA, &mut params, true)?;
         ensure_arg!(
-            a.main.topk + e.topk <= MAX_DECODE_TOKENS,
+            a.main.lists.topk + e.lists.topk <= MAX_DECODE_TOKENS,
             "extra_topk",
             "{} and {} entries together exceed the kernels' int32 token counts",
-            a.main.topk,
-            e.topk
+            a.main.lists.topk,
+            e.lists.topk
         );
     }
     Ok(params)
@@ -339,11 +312,11 @@ mod tests {
         Model1Source {
             cache: fake(pages.cache_bytes()),
             pages,
-            indices: fake(batch * nq * topk),
-            indices_strides: None,
-            topk,
-            topk_len: Some(fake(batch)),
-            topk_len_strides: Some([1, 0]),
+            lists: IndexLists {
+                topk_len: Some(fake(batch)),
+                topk_len_strides: Some([1, 0]),
+                ..IndexLists::new(fake(batch * nq * topk), topk)
+            },
         }
     }
 
@@ -431,16 +404,16 @@ mod tests {
         a.extra.as_mut().unwrap().cache = fake(3 * 1_728 - 1);
         assert_eq!(arg_of(decode_params(&a).unwrap_err()), "extra_cache");
         let mut a = decode(true);
-        a.extra.as_mut().unwrap().topk = 0;
+        a.extra.as_mut().unwrap().lists.topk = 0;
         assert_eq!(arg_of(decode_params(&a).unwrap_err()), "extra_topk");
         let mut a = decode(true);
-        a.extra.as_mut().unwrap().indices = fake(2 * 64 - 1);
+        a.extra.as_mut().unwrap().lists.indices = fake(2 * 64 - 1);
         assert_eq!(arg_of(decode_params(&a).unwrap_err()), "extra_indices");
         let mut a = decode(true);
-        a.extra.as_mut().unwrap().topk_len = Some(fake(1));
+        a.extra.as_mut().unwrap().lists.topk_len = Some(fake(1));
         assert_eq!(arg_of(decode_params(&a).unwrap_err()), "extra_topk_len");
         let mut a = decode(false);
-        a.main.topk_len = Some(fake(1));
+        a.main.lists.topk_len = Some(fake(1));
         assert_eq!(arg_of(decode_params(&a).unwrap_err()), "topk_len");
         let mut a = decode(false);
         a.main.pages.block_size = 0;

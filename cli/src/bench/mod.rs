@@ -19,7 +19,9 @@ use dcp_mla::formats::{KvFormat, D_LATENT, D_QK, D_ROPE, D_V};
 use dcp_mla::ops::combine::{
     self, a2a_aligned_slot_bytes, A2aCombine, A2aPack, AgRsCorrect, CombineGroup, CombineRows, MergeTwo,
 };
-use dcp_mla::ops::decode::{self, DecodeCommon, DecodeOut, DecodePath, DecodeSchedule, DenseDecode, SparseDecode};
+use dcp_mla::ops::decode::{
+    self, DecodeCommon, DecodeOut, DecodePath, DecodeSchedule, DenseDecode, IndexLists, SparseDecode,
+};
 use dcp_mla::ops::fill::{kv_fill, KvFill, NewTokens};
 use dcp_mla::ops::model1::{mla_decode_model1_on, Model1Decode, Model1Source};
 use dcp_mla::ops::prefill::{self, piece_table, Flatten, Reorder};
@@ -1185,11 +1187,7 @@ impl DecodeInputs {
             let main = Model1Source {
                 cache: sl(s, &self.cache),
                 pages: self.spec.model1_pages(),
-                indices: sl(s, &self.lists),
-                indices_strides: None,
-                topk: self.spec.topk,
-                topk_len: None,
-                topk_len_strides: None,
+                lists: IndexLists::new(sl(s, &self.lists), self.spec.topk),
             };
             DecodeArgs::Model1(Model1Decode::new(common, main))
         } else if self.spec.sparse {
@@ -1197,11 +1195,7 @@ impl DecodeInputs {
                 common,
                 cache: CacheView::packed(sl(s, &self.cache), b * pages, DECODE_BLOCK),
                 format: self.spec.format,
-                indices: sl(s, &self.lists),
-                topk: self.spec.topk,
-                topk_len: None,
-                topk_len_strides: None,
-                indices_strides: None,
+                lists: IndexLists::new(sl(s, &self.lists), self.spec.topk),
             })
         } else {
             DecodeArgs::Dense(DenseDecode {

@@ -8,7 +8,7 @@ use dcp_mla::formats::{D_LATENT, D_ROPE, D_V};
 use dcp_mla::ops::combine::{ag_rs_correct, ag_rs_finish, AgRsCorrect, AgRsFinish, CombineGroup, CombineRows};
 use dcp_mla::ops::decode::{
     decode_num_splits, decode_workspace_bytes, mla_decode_dense, mla_decode_sparse, DecodeCommon, DecodeOut,
-    DenseDecode, LensRule, SparseDecode,
+    DenseDecode, IndexLists, LensRule, SparseDecode,
 };
 use dcp_mla::ops::fill::{kv_fill, KvFill, NewTokens};
 use dcp_mla::ops::topk::{compact, global_merge, local_topk, pack_candidates, Compact, GlobalMerge, LocalTopk};
@@ -238,11 +238,7 @@ pub fn run_gpu(dev: &Device, p: &Problem) -> Result<Outputs> {
             common,
             cache: CacheView::packed(sl(&s, cache), p.num_pages, p.block_size),
             format: p.format,
-            indices: sl(&s, &idx),
-            topk: k,
-            topk_len: Some(sl(&s, &counts)),
-            topk_len_strides: None,
-            indices_strides: None,
+            lists: IndexLists { topk_len: Some(sl(&s, &counts)), ..IndexLists::new(sl(&s, &idx), k) },
         };
         parts.push(decode_rank(&mut clock, STAGE_SPARSE, sparse_splits, &|c| mla_decode_sparse(dev, st, &sparse(c)))?);
     }
