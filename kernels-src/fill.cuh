@@ -60,22 +60,41 @@ __device__ __forceinline__ uint4 quantise16(const uint4& c0, const uint4& c1, fl
     return make_uint4(packed[0], packed[1], packed[2], packed[3]);
 }
 
-template <KvFormat Format>
-__device__ __forceinline__ void kv_fill(const DcpKvFillParams& p) {
+// Early (kv_fill_early, the launcher's choice up to ops::fill::EARLY_FILL_MAX_TOKENS tokens): the token's
+// c_kv and k_pe are loaded before its request and position, so its bytes are in flight while the
+// owner and page are worked out (a token another rank owns, or a padded one, is read for
+// nothing). Its 12 more live registers cost a CTA an SM (two waves at 8,192 tokens: +22% there,
+// −8 to −9% at 128 tokens, H100), hence two kernels chosen by the token count.
+template <KvFormat Format, bool Early>
+__device__ __forceinline__ void kv_fill_impl(const DcpKvFillParams& p) {
     const int lane = threadIdx.x & 31;
+    // c_kv: lane owns values [16·lane, 16·lane + 16) as two 16-byte vectors; k_pe: lanes 0..7
+    // own one 16-byte vector each.
+    uint4 c0, c1, r;
+    if constexpr (Early) {
+        const int64_t token = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+        if (token >= p.num_tokens) return;
+        const uint4* ckv = (const uint4*)((const __nv_bfloat16*)p.ckv + token * p.ckv_stride);
+        const uint4* kpe = (const uint4*)((const __nv_bfloat16*)p.kpe + token * p.kpe_stride);
+        c0 = ckv[2 * lane];
+        c1 = ckv[2 * lane + 1];
+        r = lane < 8 ? kpe[lane] : make_uint4(0, 0, 0, 0);
+    }
     const FillToken ft = fill_token(p);
     if (!ft.valid) return;
-    const int64_t token = ft.token, local = ft.local, page_col = ft.page_col;
+    const int64_t local = ft.local, page_col = ft.page_col;
     const int req = ft.req;
-
-    // c_kv: lane owns values [16·lane, 16·lane + 16) as two 16-byte vectors; k_pe: lanes 0..7
-    // own one 16-byte vector each. Loaded before the block-table entry is known, so the two
-    // loads overlap (two dependent memory round trips per token, not three); a token whose page
-    // turns out invalid has been read for nothing, which only a bad table causes.
-    const uint4* ckv = (const uint4*)((const __nv_bfloat16*)p.ckv + token * p.ckv_stride);
-    const uint4* kpe = (const uint4*)((const __nv_bfloat16*)p.kpe + token * p.kpe_stride);
-    uint4 c0 = ckv[2 * lane], c1 = ckv[2 * lane + 1];
-    uint4 r = lane < 8 ? kpe[lane] : make_uint4(0, 0, 0, 0);
+    if constexpr (!Early) {
+        const int64_t token = ft.token;
+        // Loaded before the block-table entry is known, so the two loads overlap (two dependent
+        // memory round trips per token, not three); a token whose page turns out invalid has
+        // been read for nothing, which only a bad table causes.
+        const uint4* ckv = (const uint4*)((const __nv_bfloat16*)p.ckv + token * p.ckv_stride);
+        const uint4* kpe = (const uint4*)((const __nv_bfloat16*)p.kpe + token * p.kpe_stride);
+        c0 = ckv[2 * lane];
+        c1 = ckv[2 * lane + 1];
+        r = lane < 8 ? kpe[lane] : make_uint4(0, 0, 0, 0);
+    }
 
     const int page = ((const int32_t*)p.block_table)[req * p.block_table_stride + page_col];
     if (page < 0 || page >= p.num_pages) return;
@@ -101,6 +120,16 @@ __device__ __forceinline__ void kv_fill(const DcpKvFillParams& p) {
         ((uint4*)row)[lane] = quantise16(c0, c1, scale);
         if ((lane & 7) == 0) ((float*)(row + kFp8ScaleOffset))[lane >> 3] = scale;
     }
+}
+
+template <KvFormat Format>
+__device__ __forceinline__ void kv_fill(const DcpKvFillParams& p) {
+    kv_fill_impl<Format, false>(p);
+}
+
+template <KvFormat Format>
+__device__ __forceinline__ void kv_fill_early(const DcpKvFillParams& p) {
+    kv_fill_impl<Format, true>(p);
 }
 
 // MODEL1 fill (docs/contract.md §3, "MODEL1"; src/formats/model1.rs): one warp per new token, the

@@ -4,7 +4,7 @@ mod common;
 
 use common::*;
 use dcp_mla::formats::{KvFormat, D_LATENT, D_ROPE};
-use dcp_mla::ops::fill::{kv_fill, KvFill, NewTokens};
+use dcp_mla::ops::fill::{kv_fill, KvFill, NewTokens, EARLY_FILL_MAX_TOKENS};
 use dcp_mla::ops::{BlockTable, CacheView};
 use dcp_mla::reference::fill::{fill, FillInput, PagedCache};
 use dcp_mla::DcpLayout;
@@ -172,6 +172,9 @@ fn fill_matches_reference_bit_for_bit() {
                 run(&Case { format, dcp: DcpLayout { size: d, interleave: i }, block_size: b, lens }, &mut rng);
             }
         }
+        // more tokens than EARLY_FILL_MAX_TOKENS: the other kernel (the cases above run the early one)
+        let lens = vec![EARLY_FILL_MAX_TOKENS + 1 + rng.below(900) as usize, 3, 130];
+        run(&Case { format, dcp: DcpLayout { size: 4, interleave: 2 }, block_size: 64, lens }, &mut rng);
     }
 }
 

@@ -43,13 +43,23 @@ pub struct KvFill {
     pub rank: usize,
 }
 
+/// Up to this many tokens [`kv_fill`] runs the kernel that loads each token's values before its
+/// owner and page (its bytes in flight during those two dependent loads): it takes 38 registers,
+/// 6 CTAs of 256 an SM, so one wave holds 6,336 tokens on 132 SMs; above, the kernel capped at 8
+/// CTAs an SM (one wave up to 8,448 tokens), which loads them after the owner is known.
+pub const EARLY_FILL_MAX_TOKENS: usize = 4096;
+
 /// Writes each new token's KV into this rank's cache if this rank owns it (docs/contract.md §3):
 /// bit-identical to [`crate::reference::fill::fill`]. A token whose position is negative, whose
 /// request index is outside `0..batch`, or whose page is beyond `max_pages` or maps to a page
 /// outside `0..num_pages` is skipped: the kernel never writes outside the cache.
 pub fn kv_fill(dev: &Device, stream: Stream, a: &KvFill) -> Result<()> {
     let params = validate(a)?;
-    let id = compiled(registry::kv_fill(a.format.into()), || format!("kv_fill for {:?}", a.format))?;
+    let id = if params.num_tokens as usize <= EARLY_FILL_MAX_TOKENS {
+        compiled(registry::kv_fill_early(a.format.into()), || format!("kv_fill_early for {:?}", a.format))?
+    } else {
+        compiled(registry::kv_fill(a.format.into()), || format!("kv_fill for {:?}", a.format))?
+    };
     // SAFETY: validate() checked every buffer against the extents the kernel addresses.
     unsafe { launch_warp_rows(dev, stream, id, params.num_tokens as usize, "positions", &params) }
 }
