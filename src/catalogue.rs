@@ -34,17 +34,15 @@ pub enum DecodePath {
 /// that the P·V warpgroups only multiply (512 threads). `Pair`: sparse FP8 trio whose query rows
 /// have two row blocks (65..=128 heads): the row's two CTAs form a thread-block cluster and each
 /// dequantises half of every tile into both; where it does not apply (rows of one block or of
-/// more than two) the kind's default runs instead. `QuadPair`: quad for query rows of two row
-/// blocks (sparse FP8 and MODEL1), the row's two CTAs a cluster whose producers each fill half of
-/// every tile into both CTAs (FlashMLA's design at 128 heads); elsewhere the default runs.
+/// more than two) the kind's default runs instead.
 pub type Sm90Schedule = axes::Schedule;
 
 impl DecodePath {
-    /// The thread-block cluster the kernel's CTAs launch in: the pair schedules' two CTAs of a
-    /// query row write into each other's shared memory; every other kernel runs alone (1).
+    /// The thread-block cluster the kernel's CTAs launch in: pair's two CTAs of a query row write
+    /// into each other's shared memory; every other kernel runs alone (1).
     pub fn cluster_size(self) -> u32 {
         match self {
-            DecodePath::Wgmma { schedule: Sm90Schedule::Pair | Sm90Schedule::QuadPair, .. } => 2,
+            DecodePath::Wgmma { schedule: Sm90Schedule::Pair, .. } => 2,
             _ => 1,
         }
     }
@@ -334,7 +332,7 @@ mod tests {
         let dense: Vec<String> = decode_variants(KvFormat::Bf16, false).into_iter().map(|(n, _)| n).collect();
         assert_eq!(dense, ["mma", "wgmma-trio-64x2", "wgmma-trio_split-64x2"]);
         let fp8: Vec<String> = decode_variants(KvFormat::Fp8_656, true).into_iter().map(|(n, _)| n).collect();
-        assert_eq!(fp8, ["mma", "wgmma-quad-64x2", "wgmma-pair-64x2", "wgmma-quad_pair-64x2"]);
+        assert_eq!(fp8, ["mma", "wgmma-quad-64x2", "wgmma-pair-64x2"]);
         assert_eq!(variant_name(DecodePath::Auto), "auto");
         // every name parses back to its path
         for (format, sparse) in KINDS {
@@ -348,7 +346,7 @@ mod tests {
     #[test]
     fn model1_ships_mma_and_quad_and_runs_quad_on_sm90() {
         let names: Vec<String> = model1_variants().into_iter().map(|(n, _)| n).collect();
-        assert_eq!(names, ["mma", "wgmma-quad-64x2", "wgmma-quad_pair-64x2"]);
+        assert_eq!(names, ["mma", "wgmma-quad-64x2"]);
         let quad = DecodePath::Wgmma { tile: 64, stages: 2, schedule: Sm90Schedule::Quad };
         assert_eq!(model1_heuristic_path(true), Some(quad));
         assert_eq!(model1_heuristic_path(false), Some(DecodePath::Mma));
@@ -399,9 +397,7 @@ mod tests {
         // pair applies to two blocks only
         let pair = DecodePath::Wgmma { tile: 64, stages: 2, schedule: Sm90Schedule::Pair };
         assert!(variant_applies(pair, 2) && !variant_applies(pair, 1) && !variant_applies(pair, 4));
-        let quad_pair = DecodePath::Wgmma { tile: 64, stages: 2, schedule: Sm90Schedule::QuadPair };
-        assert!(variant_applies(quad_pair, 2) && !variant_applies(quad_pair, 1) && !variant_applies(quad_pair, 3));
-        assert_eq!((pair.cluster_size(), quad_pair.cluster_size()), (2, 2));
+        assert_eq!(pair.cluster_size(), 2);
         let quad = DecodePath::Wgmma { tile: 64, stages: 2, schedule: Sm90Schedule::Quad };
         assert_eq!((quad.cluster_size(), DecodePath::Mma.cluster_size(), DecodePath::Auto.cluster_size()), (1, 1, 1));
         assert!(variant_applies(DecodePath::Mma, 1));

@@ -24,12 +24,12 @@ namespace dcp {
 // Pair: trio for sparse FP8 when a query row has two row blocks (65..128 heads): the two CTAs of
 //   the row form a cluster and each dequantises half of every tile's tokens into both CTAs'
 //   shared memory, so a tile is dequantised once, not twice (decode/sm90_trio.cuh).
-// QuadPair: quad for query rows of two row blocks (sparse FP8 and MODEL1): the row's two CTAs form
-//   a cluster and each producer dequantises half of every tile's tokens into both CTAs' shared
-//   memory (per-warp bulk copies to the peer), so a tile is read and converted once (sm90_trio.cuh).
+// Quad: trio plus a producer warpgroup that fills every tile (sparse FP8 and MODEL1). (QuadPair,
+//   quad sharing each tile's fill between the two CTAs of a 128-head row, was slower than quad and
+//   pair everywhere it ran and was removed: docs/performance.md.)
 // (A fourth, P·V left in flight across the next tile's barrier, was never faster: ptxas serialised
 // its wgmma, C7514. codegen now rejects a hot kernel whose wgmma ptxas serialises.)
-enum class Sm90Schedule { Trio, TrioSplit, Pair, Quad, QuadPair };
+enum class Sm90Schedule { Trio, TrioSplit, Pair, Quad };
 
 namespace decode_sm90 {
 using namespace ptx_sm90;  // the PTX wrappers (arch/sm90_ptx.cuh) as decode_sm90::...
@@ -47,11 +47,11 @@ constexpr int kChunks = kDimQk / 8;   // 72 16-byte chunks per row
 // factors per buffer, their final (l, m), and the mbarriers: full and empty per buffer and P's
 // hand-over per buffer (6); trio_split: a second P hand-over per buffer (P goes over in two halves
 // of tokens); pair: four more (the peer's P·V warpgroups done with a buffer, per half and buffer);
-// quad and quad_pair: one for Q (the scorer's own copies).
+// quad: one for Q (the scorer's own copies).
 template <Sm90Schedule Sched>
 constexpr int sync_extra_bytes() {
     constexpr int bars = 6 + (Sched == Sm90Schedule::TrioSplit ? 2 : 0) + (Sched == Sm90Schedule::Pair ? 4 : 0) +
-                         (Sched == Sm90Schedule::Quad || Sched == Sm90Schedule::QuadPair ? 1 : 0);
+                         (Sched == Sm90Schedule::Quad ? 1 : 0);
     return 2 * kRows * 4 + kRows * 8 + bars * 8;
 }
 

@@ -357,18 +357,8 @@ mod tests {
         assert_eq!((k.tile, k.id.info().block), (32, 256));
         assert!(model1_kernel(false, DecodePath::Mma).is_ok());
         assert!(matches!(model1_kernel(false, quad), Err(crate::Error::Unsupported(_))), "wgmma off sm_90");
-        // quad_pair: a cluster of two, for query rows of two row blocks only (quad elsewhere)
-        let quad_pair = DecodePath::Wgmma { tile: 64, stages: 2, schedule: crate::catalogue::Sm90Schedule::QuadPair };
-        let k = model1_kernel(true, quad_pair).unwrap();
-        assert_eq!(
-            (k.tile, k.id.info().block, k.cluster, k.shared_bytes),
-            (64, 512, 2, model1_kernel(true, quad).unwrap().shared_bytes)
-        );
-        assert_eq!(model1_path(true, quad_pair, 128).unwrap(), quad_pair);
-        assert_eq!(model1_path(true, quad_pair, 65).unwrap(), quad_pair);
-        assert_eq!(model1_path(true, quad_pair, 64).unwrap(), quad);
-        assert_eq!(model1_path(true, quad_pair, 129).unwrap(), quad);
-        assert_eq!(model1_path(false, quad_pair, 64).unwrap(), quad, "as a named quad (the kernel refuses it)");
+        assert_eq!(model1_kernel(true, quad).unwrap().cluster, 1);
+        assert_eq!(model1_path(true, quad, 128).unwrap(), quad);
         assert_eq!(model1_path(true, quad, 16).unwrap(), quad);
         let pair = DecodePath::Wgmma { tile: 64, stages: 2, schedule: crate::catalogue::Sm90Schedule::Pair };
         assert!(matches!(model1_kernel(true, pair), Err(crate::Error::Unsupported(_))), "not a MODEL1 variant");

@@ -6,7 +6,7 @@ twentieth sessions). Usage: decode-timeline-stamp.py KERNELS_SRC DST
 Slots a CTA records (the harness prints each slot's spread over the CTAs):
   stamps, µs from the CTA's entry: 3/12 the scorer's first/last tile landed, 4 its first P handed
   over, 6 its loop's end; 10/11 P·V warpgroup 1's first/last P, 5 its first P·V done, 7 its loop's
-  end, 8 its epilogue's end; quad and quad_pair: 1 the scorer's copies of Q issued, 2 its first fill arrived, 9 its
+  end, 8 its epilogue's end; quad: 1 the scorer's copies of Q issued, 2 its first fill arrived, 9 its
   loop's end, and of its first piece: 20 the piece's entry (the kernel's set-up done), 16 its
   lengths read, 17 tile 0's index landed, 18 / 19 fill 0's batch 0 / batch 2 landed.
   sums over the CTA's tiles, µs (pair and trio): 9 the scorer's waits for a tile; 13 / 14 P·V
@@ -82,15 +82,14 @@ rep(a, a + "            if (kRole == 1 && t == 0) DCP_TL(8);\n")
 rep("        constexpr int kRole = decltype(role_tag)::value;  // = wg\n",
     "        constexpr int kRole = decltype(role_tag)::value;  // = wg\n"
     "        if (kRole == 3 && t == 0 && uses == 0) DCP_TL(20);\n")
-rep("            if constexpr (!kQuadPair) decode::cp_async_wait<0>();\n            int pg1 =",
-    "            if (t == 0 && uses == 0) DCP_TL(16);\n            if constexpr (!kQuadPair) decode::cp_async_wait<0>();\n            int pg1 =")
+rep("            decode::cp_async_wait<0>();\n            int pg1 =",
+    "            if (t == 0 && uses == 0) DCP_TL(16);\n            decode::cp_async_wait<0>();\n            int pg1 =")
 rep("            prefetch_row(row);\n            uint4 ra[kFp8Batch], rb[kFp8Batch];\n",
     "            prefetch_row(row);\n            if (t == 0 && uses == 0) DCP_TL(17);\n"
     "            uint4 ra[kFp8Batch], rb[kFp8Batch];\n")
-# (quad_pair's fill and quad's each store batch 0: both stamped, one of them compiled)
-rep("                    store_batch(ra, b, 0, sc);\n",
-    "                    store_batch(ra, b, 0, sc);\n                    if (t == 0 && u == 0) DCP_TL(18);\n", times=2)
-rep("                    store_batch(ra, b, 2, sc);\n",
-    "                    store_batch(ra, b, 2, sc);\n                    if (t == 0 && u == 0) DCP_TL(19);\n")
+rep("                store_batch(ra, b, 0, sc);\n",
+    "                store_batch(ra, b, 0, sc);\n                if (t == 0 && u == 0) DCP_TL(18);\n")
+rep("                store_batch(ra, b, 2, sc);\n",
+    "                store_batch(ra, b, 2, sc);\n                if (t == 0 && u == 0) DCP_TL(19);\n")
 open(path, "w").write(s)
 print(f"stamped {path}")

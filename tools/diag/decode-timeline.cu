@@ -1,5 +1,5 @@
 // A decode CTA's timeline (a measurement, not part of the library; NOTES.md at 628d1db, nineteenth, twentieth
-// and twenty-seventh sessions): times the quad, quad_pair, trio or pair kernel of decode/sm90_trio.cuh
+// and twenty-seventh sessions): times the quad, trio or pair kernel of decode/sm90_trio.cuh
 // standalone with `dcp-mla bench`'s method (events, L2 flushed by a 256 MiB read before each
 // launch, median of 30 after 5), then records one flushed launch's per-CTA stamps and wait sums
 // (the slots tools/diag/decode-timeline-stamp.py places) and prints each slot's spread over the CTAs.
@@ -12,7 +12,7 @@
 //   python3 tools/diag/decode-timeline-stamp.py kernels-src /tmp/kst
 //   nvcc -O3 -std=c++17 --expt-relaxed-constexpr -gencode arch=compute_90a,code=sm_90a -I /tmp/kst \
 //        -DSCHED=Pair -o /tmp/tl tools/diag/decode-timeline.cu
-//   /tmp/tl q K [timeline.txt] [heads]      (pair, quad_pair (-DSCHED=QuadPair): heads 65..128;
+//   /tmp/tl q K [timeline.txt] [heads]      (pair: heads 65..128;
 //                                            quad and trio: up to 64)
 //   dense: -DDENSE (trio; -DSCHED=TrioSplit for trio_split), then /tmp/tl q s_k [timeline.txt] [heads]
 //   [requests] [parts] (heads: any, e.g. 16, 64, 128; requests 128; parts 1, or P > 1 for a split
@@ -39,9 +39,9 @@ constexpr DecodeKv KV = DecodeKv::SparseFp8;
 #endif
 constexpr bool kDense = KV == DecodeKv::DenseBf16;
 constexpr bool kPairLaunch = Sm90Schedule::SCHED == Sm90Schedule::Pair;
-// quad and quad_pair: four warpgroups, the producer's stamps; quad_pair and pair: clusters of two
-constexpr bool kQuadLike = Sm90Schedule::SCHED == Sm90Schedule::Quad || Sm90Schedule::SCHED == Sm90Schedule::QuadPair;
-constexpr bool kClusterLaunch = kPairLaunch || Sm90Schedule::SCHED == Sm90Schedule::QuadPair;
+// quad: four warpgroups, the producer's stamps; pair: clusters of two
+constexpr bool kQuadLike = Sm90Schedule::SCHED == Sm90Schedule::Quad;
+constexpr bool kClusterLaunch = kPairLaunch;
 constexpr int THREADS = kQuadLike ? 512 : 384;
 extern "C" __global__ void __launch_bounds__(THREADS) k_dec(const __grid_constant__ DcpMlaDecodeParams p) {
     if (threadIdx.x == 0) {
@@ -104,7 +104,7 @@ static void launch(dim3 grid, dim3 blk, int smem, DcpMlaDecodeParams& p) {
     cfg.dynamicSmemBytes = smem;
     cudaLaunchAttribute at[1];
     at[0].id = cudaLaunchAttributeClusterDimension;
-    at[0].val.clusterDim.x = kClusterLaunch ? 2 : 1;  // pair, quad_pair: a query row's two row blocks
+    at[0].val.clusterDim.x = kClusterLaunch ? 2 : 1;  // pair: a query row's two row blocks
     at[0].val.clusterDim.y = 1;
     at[0].val.clusterDim.z = 1;
     cfg.attrs = at;
@@ -256,7 +256,7 @@ int main(int argc, char** argv) {
     }
     printf("timeline: first entry to last stamp %.2f us\n", (tend - t0) / 1000.0);
     // per slot: distribution relative to the CTA's own entry, and of entry relative to t0
-    // quad's and quad_pair's producer stamp slots 1, 2 and 9; pair and trio use 2 and 9 for sums
+    // quad's producer stamp slots 1, 2 and 9; pair and trio use 2 and 9 for sums
     // slot 15 is the CTA's SM; 16-20 quad's producer's first piece (decode-timeline-stamp.py)
     const char* names[21] = {"entry", "scorer Q issued", kPairLaunch ? "SUM pv1 peer_free" : "prod fill0 arrived",
                              "scorer full0", "scorer P0", "pv1 PV0 done", "scorer loop end", "pv1 loop end", "pv1 end",
