@@ -21,7 +21,7 @@ use super::{
 };
 use dcp_mla::catalogue::{decode_variants, heuristic_path, variant_applies, variant_name};
 use dcp_mla::error::Result;
-use dcp_mla::formats::{D_QK, D_V};
+use dcp_mla::formats::{KvFormat, D_QK, D_V};
 use dcp_mla::ops::decode::{DecodePath, DecodeSchedule};
 use dcp_mla::planner::split::{row_blocks_per_seq, MAX_SPLITS};
 use dcp_mla::planner::tune::{DecodeClass, TuneRow};
@@ -131,6 +131,16 @@ fn grid_rows() -> Vec<BenchRow> {
                     }
                 }
             }
+        }
+    }
+    // Short sequences across batch sizes: both tables run b = 64's unsplit (dense 16 tiles a
+    // sequence) and sparse H = 128's at K = 512 on quad, not pair; these classes say at which
+    // batch sizes that holds before the heuristic takes it up (NOTES.md, next steps).
+    for b in [8, 16, 32, 128] {
+        v.push(BenchRow::new("mla_decode", Case::Dense { b, q: 1, h: 64, sk: 1024 }, Target::None));
+        for h in [64, 128] {
+            let case = Case::Sparse { format: KvFormat::Fp8_656, b, q: 1, h, k: 512 };
+            v.push(BenchRow::new("mla_decode", case, Target::None));
         }
     }
     v
