@@ -63,14 +63,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let cache = s.alloc_zeros::<u8>(num_pages * B * ROW_BYTES)?;
         let (cache_v, table_v) = (DeviceSlice::of(&cache, &s), DeviceSlice::of(&d_table, &s));
         let fill = KvFill {
-            tokens: NewTokens {
-                ckv: DeviceSlice::of(&d_ckv, &s),
-                ckv_stride: D_LATENT,
-                kpe: DeviceSlice::of(&d_kpe, &s),
-                kpe_stride: D_ROPE,
-                req_idx: DeviceSlice::of(&d_req, &s),
-                positions: DeviceSlice::of(&d_pos, &s),
-            },
+            tokens: NewTokens::packed(
+                DeviceSlice::of(&d_ckv, &s),
+                DeviceSlice::of(&d_kpe, &s),
+                DeviceSlice::of(&d_req, &s),
+                DeviceSlice::of(&d_pos, &s),
+            ),
             block_table: BlockTable::packed(table_v, max_pages),
             batch: t,
             cache: CacheView::packed(cache_v, num_pages, B),

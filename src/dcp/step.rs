@@ -574,14 +574,7 @@ impl<'a> DecodeStep<'a> {
             self.dev,
             self.raw(),
             &KvFill {
-                tokens: NewTokens {
-                    ckv: v.ckv,
-                    ckv_stride: D_LATENT,
-                    kpe: v.kpe,
-                    kpe_stride: D_ROPE,
-                    req_idx: v.req_idx,
-                    positions: v.positions,
-                },
+                tokens: NewTokens::packed(v.ckv, v.kpe, v.req_idx, v.positions),
                 block_table: BlockTable::packed(v.block_table, c.max_pages),
                 batch: c.batch,
                 cache: self.cache_view(),

@@ -479,7 +479,7 @@ pub(super) const MAX_DECODE_TOKENS: usize = i32::MAX as usize - 64;
 fn dense_params(a: &DenseDecode) -> Result<DcpMlaDecodeParams> {
     let mut params = validate_common(&a.common, false, D_QK)?;
     let c = &a.common;
-    params.page_rows = a.cache.check(KvFormat::Bf16)?;
+    set_cache(&mut params, &a.cache, KvFormat::Bf16)?;
     a.block_table.check(c.batch)?;
     ensure_arg!(
         a.block_table.max_pages.checked_mul(a.cache.block_size).is_some_and(|n| n <= MAX_DECODE_TOKENS),
@@ -505,12 +505,9 @@ fn dense_params(a: &DenseDecode) -> Result<DcpMlaDecodeParams> {
         (params.dcp_cycle, params.dcp_interleave, params.dcp_rank_start) =
             (cycle as i32, dcp.interleave as i32, (rank * dcp.interleave) as i32);
     }
-    params.cache = a.cache.bytes.ptr();
     params.block_table = a.block_table.table.ptr();
     params.block_table_stride = a.block_table.stride as i64;
     params.lens = a.lens.ptr();
-    params.num_pages = to_i32("num_pages", a.cache.num_pages)?;
-    params.block_size = to_i32("block_size", a.cache.block_size)?;
     params.max_pages = to_i32("max_pages", a.block_table.max_pages)?;
     Ok(params)
 }
@@ -578,14 +575,21 @@ pub fn mla_decode_sparse_on(dev: &Device, stream: Stream, a: &SparseDecode, path
 fn sparse_params(a: &SparseDecode) -> Result<DcpMlaDecodeParams> {
     let mut params = validate_common(&a.common, true, D_QK)?;
     let c = &a.common;
-    params.page_rows = a.cache.check(a.format)?;
+    set_cache(&mut params, &a.cache, a.format)?;
     // an index page·B + slot splits by a multiply and a shift in the kernels (no division a token)
     (params.page_div_magic, params.page_div_shift) = invariant_divisor(a.cache.block_size);
     a.lists.check(c, &LISTS)?.write(&mut params);
-    params.cache = a.cache.bytes.ptr();
-    params.num_pages = to_i32("num_pages", a.cache.num_pages)?;
-    params.block_size = to_i32("block_size", a.cache.block_size)?;
     Ok(params)
+}
+
+/// Checks `cache` with its rows in `format` ([`CacheView::check`]) and sets the kernels' cache
+/// fields (both 576-path decodes).
+fn set_cache(p: &mut DcpMlaDecodeParams, cache: &CacheView, format: KvFormat) -> Result<()> {
+    p.page_rows = cache.check(format)?;
+    p.cache = cache.bytes.ptr();
+    p.num_pages = to_i32("num_pages", cache.num_pages)?;
+    p.block_size = to_i32("block_size", cache.block_size)?;
+    Ok(())
 }
 
 /// The kernels' strides of per-row int32 values [batch, nq] (lengths) at `strides` (`None`:

@@ -3,7 +3,7 @@
 use super::{compiled, launch_warp_rows, BlockTable, CacheView};
 use crate::abi::DcpKvFillParams;
 use crate::error::Result;
-use crate::formats::{KvFormat, D_LATENT};
+use crate::formats::{KvFormat, D_LATENT, D_ROPE};
 use crate::planner::DcpLayout;
 use crate::runtime::registry;
 use crate::runtime::{Device, DeviceSlice, Stream};
@@ -26,6 +26,18 @@ pub struct NewTokens {
     pub req_idx: DeviceSlice<i32>,
     /// int32 \[num_tokens\]: global position of each token; negative skips it (padding).
     pub positions: DeviceSlice<i32>,
+}
+
+impl NewTokens {
+    /// [`kv_fill`]'s tokens in contiguous rows: c_kv [num_tokens, 512] and k_pe [num_tokens, 64].
+    pub fn packed(
+        ckv: DeviceSlice<bf16>,
+        kpe: DeviceSlice<bf16>,
+        req_idx: DeviceSlice<i32>,
+        positions: DeviceSlice<i32>,
+    ) -> Self {
+        NewTokens { ckv, ckv_stride: D_LATENT, kpe, kpe_stride: D_ROPE, req_idx, positions }
+    }
 }
 
 /// Arguments of [`kv_fill`]: the new tokens, where they go, and this rank's cache.

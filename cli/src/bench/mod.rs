@@ -1335,14 +1335,7 @@ fn prepare_fill<'a>(mut p: Prep<'a, '_>, format: KvFormat, tokens: usize) -> Res
     let table = up(s, &(0..pages as i32).collect::<Vec<_>>())?;
     let cache = zeros::<u8>(s, pages * block * format.token_bytes())?;
     let args = KvFill {
-        tokens: NewTokens {
-            ckv: sl(s, &ckv),
-            ckv_stride: D_LATENT,
-            kpe: sl(s, &kpe),
-            kpe_stride: D_ROPE,
-            req_idx: sl(s, &req),
-            positions: sl(s, &pos),
-        },
+        tokens: NewTokens::packed(sl(s, &ckv), sl(s, &kpe), sl(s, &req), sl(s, &pos)),
         block_table: BlockTable::packed(sl(s, &table), pages),
         batch: 1,
         cache: CacheView::packed(sl(s, &cache), pages, block),

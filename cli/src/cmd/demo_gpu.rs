@@ -4,7 +4,7 @@
 use super::problem::{add_time, place, Outputs, PathOutput, Problem};
 use super::problem::{STAGE_COMBINE, STAGE_DENSE, STAGE_FILL, STAGE_SPARSE, STAGE_TOPK};
 use cudarc::driver::{sys, CudaSlice, CudaStream, DevicePtr, DeviceRepr, ValidAsZeroBits};
-use dcp_mla::formats::{D_LATENT, D_ROPE, D_V};
+use dcp_mla::formats::D_V;
 use dcp_mla::ops::combine::{ag_rs_correct, ag_rs_finish, AgRsCorrect, AgRsFinish, CombineGroup, CombineRows};
 use dcp_mla::ops::decode::{
     decode_num_splits, decode_workspace_bytes, mla_decode_dense, mla_decode_sparse, DecodeCommon, DecodeOut,
@@ -97,14 +97,7 @@ pub fn run_gpu(dev: &Device, p: &Problem) -> Result<Outputs> {
             let cache = poisoned::<u8>(&s, p.num_pages * p.block_size * format.token_bytes(), 0xff)?;
             for (n, (ckv, kpe, req, pos)) in sets.iter().enumerate() {
                 let args = KvFill {
-                    tokens: NewTokens {
-                        ckv: sl(&s, ckv),
-                        ckv_stride: D_LATENT,
-                        kpe: sl(&s, kpe),
-                        kpe_stride: D_ROPE,
-                        req_idx: sl(&s, req),
-                        positions: sl(&s, pos),
-                    },
+                    tokens: NewTokens::packed(sl(&s, ckv), sl(&s, kpe), sl(&s, req), sl(&s, pos)),
                     block_table: BlockTable::packed(sl(&s, &d_table), p.max_pages),
                     batch: b,
                     cache: CacheView::packed(sl(&s, &cache), p.num_pages, p.block_size),
