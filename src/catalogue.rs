@@ -190,14 +190,22 @@ pub fn default_wgmma(format: KvFormat, sparse: bool, row_blocks: usize) -> Optio
 
 /// The launcher's heuristic for a launch over `format` whose sequences have `row_blocks` row
 /// blocks, on a device that runs wgmma (`sm90`: compute capability 9.0) or not: the kind's
-/// pair variant where a sparse query row has two row blocks and the kind ships one, else its
-/// default wgmma variant ([`default_wgmma`]); mma.sync without wgmma; `None` when nothing is
-/// built. One read of the registry's variants (it runs on every launch that leaves the choice
-/// to the heuristic).
-pub fn heuristic_path(format: KvFormat, sparse: bool, row_blocks: usize, sm90: bool) -> Option<DecodePath> {
+/// pair variant where a sparse query row has two row blocks, the kind ships one and the launch
+/// is not `short` (a few tiles a row, run unsplit: `DecodeShape::short_unsplit`, where quad,
+/// each CTA filling its own tiles, beats pair's shared fill by 1.05-1.24x in both tuned
+/// tables), else its default wgmma variant ([`default_wgmma`]); mma.sync without wgmma; `None`
+/// when nothing is built. One read of the registry's variants (it runs on every launch that
+/// leaves the choice to the heuristic).
+pub fn heuristic_path(
+    format: KvFormat,
+    sparse: bool,
+    row_blocks: usize,
+    short: bool,
+    sm90: bool,
+) -> Option<DecodePath> {
     if sm90 {
         let variants = sm90_variants(format, sparse);
-        let pair = variants.iter().find(|v| v.2 == Sm90Schedule::Pair).filter(|_| sparse && row_blocks == 2);
+        let pair = variants.iter().find(|v| v.2 == Sm90Schedule::Pair).filter(|_| sparse && row_blocks == 2 && !short);
         if let Some(&(tile, stages, schedule)) = pair.or(variants.first()) {
             return Some(DecodePath::Wgmma { tile, stages, schedule: auto_schedule(schedule, row_blocks) });
         }
@@ -383,16 +391,18 @@ mod tests {
     #[test]
     fn the_heuristic_runs_each_kinds_default_pair_for_two_blocks_and_mma_without_wgmma() {
         let w = |schedule| Some(DecodePath::Wgmma { tile: 64, stages: 2, schedule });
-        assert_eq!(heuristic_path(KvFormat::Bf16, false, 1, true), w(Sm90Schedule::Trio));
-        assert_eq!(heuristic_path(KvFormat::Bf16, false, 2, true), w(Sm90Schedule::TrioSplit));
-        assert_eq!(heuristic_path(KvFormat::Bf16, false, 6, true), w(Sm90Schedule::TrioSplit));
-        assert_eq!(heuristic_path(KvFormat::Fp8_656, true, 1, true), w(Sm90Schedule::Quad));
-        assert_eq!(heuristic_path(KvFormat::Fp8_656, true, 2, true), w(Sm90Schedule::Pair));
-        assert_eq!(heuristic_path(KvFormat::Fp8_656, true, 4, true), w(Sm90Schedule::Quad));
+        assert_eq!(heuristic_path(KvFormat::Bf16, false, 1, false, true), w(Sm90Schedule::Trio));
+        assert_eq!(heuristic_path(KvFormat::Bf16, false, 2, false, true), w(Sm90Schedule::TrioSplit));
+        assert_eq!(heuristic_path(KvFormat::Bf16, false, 6, false, true), w(Sm90Schedule::TrioSplit));
+        assert_eq!(heuristic_path(KvFormat::Fp8_656, true, 1, false, true), w(Sm90Schedule::Quad));
+        assert_eq!(heuristic_path(KvFormat::Fp8_656, true, 2, false, true), w(Sm90Schedule::Pair));
+        // a short top-k run unsplit: quad, not pair
+        assert_eq!(heuristic_path(KvFormat::Fp8_656, true, 2, true, true), w(Sm90Schedule::Quad));
+        assert_eq!(heuristic_path(KvFormat::Fp8_656, true, 4, false, true), w(Sm90Schedule::Quad));
         // sparse BF16 ships no pair: its default, adjusted
-        assert_eq!(heuristic_path(KvFormat::Bf16, true, 2, true), w(Sm90Schedule::TrioSplit));
+        assert_eq!(heuristic_path(KvFormat::Bf16, true, 2, false, true), w(Sm90Schedule::TrioSplit));
         for (format, sparse) in KINDS {
-            assert_eq!(heuristic_path(format, sparse, 1, false), Some(DecodePath::Mma), "{format:?} {sparse}");
+            assert_eq!(heuristic_path(format, sparse, 1, false, false), Some(DecodePath::Mma), "{format:?} {sparse}");
         }
         // pair applies to two blocks only
         let pair = DecodePath::Wgmma { tile: 64, stages: 2, schedule: Sm90Schedule::Pair };

@@ -49,9 +49,43 @@ impl DecodeShape {
         row_blocks_per_seq(self.nq, self.heads, self.sparse)
     }
 
-    /// The heuristic's split count on `num_sms` SMs ([`decode_num_splits`]).
+    /// The heuristic's split count on `num_sms` SMs: one where [`Self::short_unsplit`], else
+    /// [`decode_num_splits`]'s.
     pub fn heuristic_splits(&self, num_sms: usize) -> usize {
-        decode_num_splits(self.batch, self.nq, self.heads, self.sparse, num_sms)
+        if self.short_unsplit(num_sms) {
+            1
+        } else {
+            decode_num_splits(self.batch, self.nq, self.heads, self.sparse, num_sms)
+        }
+    }
+
+    /// The heuristic's kernel ([`heuristic_path`]) on a device that runs wgmma (`sm90`) or not,
+    /// with `num_sms` SMs; `None` when no kernel of the kind is built.
+    pub fn heuristic_path(&self, sm90: bool, num_sms: usize) -> Option<DecodePath> {
+        heuristic_path(self.format, self.sparse, self.row_blocks(), self.short_unsplit(num_sms), sm90)
+    }
+
+    /// Whether the sequences are so few tiles long (at most `context` tokens) and so many that
+    /// one part each beats any split, whatever [`decode_num_splits`]'s wave rule says: a split's
+    /// fixed costs (the schedule, each part's start, the combine) outweigh the tail it trims.
+    /// Both tuned tables (H100 and H200, 2026-12) agree on the bounds: dense sequences of at
+    /// most 16 tiles from half a wave of CTAs on (b64 at 1K: 1.16-1.29x faster unsplit), of at
+    /// most 32 from two waves (b64 q6 H64 at 2K: 1.14x); sparse top-k of at most 8 tiles from a
+    /// quarter of a wave (b32 H64 K512 1.32x, b64 K256 1.54x). 32 dense or 16 sparse tiles at
+    /// b64 q1 keep the split. `context` 0 (unknown) is never short.
+    pub fn short_unsplit(&self, num_sms: usize) -> bool {
+        if self.context == 0 {
+            return false;
+        }
+        let tiles = self.context.div_ceil(SPLIT_CAP_TILE);
+        let ctas = seq_shape(self.batch, self.nq, self.heads, self.sparse).0.saturating_mul(self.row_blocks());
+        // at least num/den of a wave, less 5% (b64 on 132 SMs is half a wave)
+        let at_least = |num: usize, den: usize| ctas.saturating_mul(den * 100) >= num_sms.saturating_mul(num * 95);
+        if self.sparse {
+            tiles <= 8 && at_least(1, 4)
+        } else {
+            (tiles <= 16 && at_least(1, 2)) || (tiles <= 32 && at_least(2, 1))
+        }
     }
 
     /// The most parts worth planning for at most `context` tokens a sequence (a shape-only
@@ -110,7 +144,8 @@ impl DecodeChoice {
 /// [`choose`] on `dev`: its compute capability, `DCP_MLA_DECODE_PATH` and the tuned table in
 /// force for it. Errors: a malformed `DCP_MLA_DECODE_PATH`, a refused table, or no kernel built.
 pub fn choose_decode(dev: &Device, shape: &DecodeShape, caller: DecodePath) -> Result<DecodeChoice> {
-    choose(shape, caller, env_path()?, dev.compute_capability() == (9, 0), |c| tuned_decode(dev, c))
+    let sm90 = dev.compute_capability() == (9, 0);
+    choose(shape, caller, env_path()?, sm90, dev.num_sms()?, |c| tuned_decode(dev, c))
 }
 
 /// The split count a caller should pass for a launch of `shape` on `dev` that lets the launcher
@@ -122,13 +157,14 @@ pub fn decode_num_splits_on(dev: &Device, shape: &DecodeShape) -> Result<usize> 
 }
 
 /// The precedence (the module's list) with its inputs given: `env` is `DCP_MLA_DECODE_PATH`,
-/// `sm90` whether the device runs wgmma, `tuned` the table's lookup (asked only when the caller
-/// and the environment leave the choice to it).
+/// `sm90` whether the device runs wgmma, `num_sms` its SM count, `tuned` the table's lookup
+/// (asked only when the caller and the environment leave the choice to it).
 pub fn choose(
     shape: &DecodeShape,
     caller: DecodePath,
     env: Option<DecodePath>,
     sm90: bool,
+    num_sms: usize,
     tuned: impl FnOnce(&DecodeClass) -> Result<Option<TunedChoice>>,
 ) -> Result<DecodeChoice> {
     let (format, sparse, rb) = (shape.format, shape.sparse, shape.row_blocks());
@@ -157,7 +193,8 @@ pub fn choose(
         });
     }
     let kind = if sparse { "sparse" } else { "dense" };
-    let path = heuristic_path(format, sparse, rb, sm90)
+    let path = shape
+        .heuristic_path(sm90, num_sms)
         .ok_or_else(|| Error::Unsupported(format!("mla_decode {kind} {format:?}: no decode kernel built")))?;
     Ok(made(path, ChoiceSource::Heuristic))
 }
@@ -173,7 +210,8 @@ mod tests {
 
     #[test]
     fn a_context_of_one_tile_is_never_split() {
-        let c = choose(&shape(false, KvFormat::Bf16, 8, 1, 16, 64), DecodePath::Auto, None, true, no_table).unwrap();
+        let c =
+            choose(&shape(false, KvFormat::Bf16, 8, 1, 16, 64), DecodePath::Auto, None, true, 132, no_table).unwrap();
         assert_eq!(c.num_splits(&shape(false, KvFormat::Bf16, 8, 1, 16, 64), 132), 1);
         assert_eq!(c.num_splits(&shape(false, KvFormat::Bf16, 8, 1, 16, 1), 132), 1);
         // two tiles a request: at most one part a tile of the batch (8 · 2), not the wave's 128
@@ -185,6 +223,7 @@ mod tests {
             DecodePath::Auto,
             None,
             true,
+            132,
             table(w(Sm90Schedule::Trio), 64),
         )
         .unwrap();
@@ -219,50 +258,95 @@ mod tests {
         let fp8 = shape(true, KvFormat::Fp8_656, 64, 1, 128, 512);
         let quad = w(Sm90Schedule::Quad);
         // the caller's path wins, and the table is not asked
-        let c = choose(&fp8, quad, Some(DecodePath::Mma), true, never).unwrap();
+        let c = choose(&fp8, quad, Some(DecodePath::Mma), true, 132, never).unwrap();
         assert_eq!((c.path, c.source, c.tuned_splits), (quad, ChoiceSource::Caller, None));
         // then DCP_MLA_DECODE_PATH
-        let c = choose(&fp8, DecodePath::Auto, Some(DecodePath::Mma), true, never).unwrap();
+        let c = choose(&fp8, DecodePath::Auto, Some(DecodePath::Mma), true, 132, never).unwrap();
         assert_eq!((c.path, c.source), (DecodePath::Mma, ChoiceSource::Env));
         // then the table, with its split count
-        let c = choose(&fp8, DecodePath::Auto, None, true, table(quad, 1)).unwrap();
+        let c = choose(&fp8, DecodePath::Auto, None, true, 132, table(quad, 1)).unwrap();
         assert_eq!((c.path, c.source, c.tuned_splits), (quad, ChoiceSource::Tuned { distance: 0.0 }, Some(1)));
         assert_eq!(c.num_splits(&fp8, 132), 1);
-        // then the heuristic: pair for two row blocks, the heuristic's split count
-        let c = choose(&fp8, DecodePath::Auto, None, true, no_table).unwrap();
+        // then the heuristic: pair for two row blocks of a long top-k, the heuristic's split count
+        let long = shape(true, KvFormat::Fp8_656, 64, 1, 128, 2048);
+        let c = choose(&long, DecodePath::Auto, None, true, 132, no_table).unwrap();
         assert_eq!((c.path, c.source), (w(Sm90Schedule::Pair), ChoiceSource::Heuristic));
-        assert_eq!(c.num_splits(&fp8, 132), decode_num_splits(64, 1, 128, true, 132));
+        assert_eq!(c.num_splits(&long, 132), decode_num_splits(64, 1, 128, true, 132));
+        // and quad, unsplit, for a short one (K = 512: eight tiles)
+        let c = choose(&fp8, DecodePath::Auto, None, true, 132, no_table).unwrap();
+        assert_eq!((c.path, c.source), (quad, ChoiceSource::Heuristic));
+        assert_eq!(c.num_splits(&fp8, 132), 1);
         // a refused table is the launch's error
         let refused = |_: &DecodeClass| Err(Error::InvalidConfig("tuned decode table t.json refused: x".into()));
-        assert!(choose(&fp8, DecodePath::Auto, None, true, refused).is_err());
+        assert!(choose(&fp8, DecodePath::Auto, None, true, 132, refused).is_err());
+    }
+
+    #[test]
+    fn short_numerous_sequences_run_unsplit_as_both_tuned_tables_pick() {
+        let dense = |b, q, h, ctx| shape(false, KvFormat::Bf16, b, q, h, ctx);
+        let sparse = |b, q, h, k| shape(true, KvFormat::Fp8_656, b, q, h, k);
+        // (shape, unsplit in the H100 and H200 tables)
+        let classes = [
+            (dense(64, 1, 64, 1024), true),
+            (dense(128, 1, 64, 1024), true),
+            (dense(64, 1, 128, 1024), true),
+            (dense(64, 6, 128, 1024), true),
+            (dense(64, 6, 64, 2048), true),
+            (dense(32, 1, 64, 1024), false),
+            (dense(16, 1, 64, 1024), false),
+            (dense(64, 1, 64, 2048), false),
+            (dense(64, 6, 32, 2048), false),
+            (dense(64, 6, 16, 4096), false),
+            (sparse(32, 1, 64, 512), true),
+            (sparse(16, 1, 128, 512), true),
+            (sparse(64, 1, 64, 256), true),
+            (sparse(128, 1, 128, 512), true),
+            (sparse(16, 1, 64, 512), false),
+            (sparse(8, 1, 128, 512), false),
+            (sparse(64, 1, 16, 1024), false),
+            (sparse(64, 1, 8, 2048), false),
+        ];
+        for (s, unsplit) in classes {
+            assert_eq!(s.short_unsplit(132), unsplit, "{s:?}");
+            assert_eq!(
+                s.heuristic_splits(132) == 1,
+                unsplit || decode_num_splits(s.batch, s.nq, s.heads, s.sparse, 132) == 1,
+                "{s:?}"
+            );
+        }
+        // an unknown context is never short
+        assert!(!dense(128, 1, 64, 0).short_unsplit(132));
     }
 
     #[test]
     fn pair_named_where_it_does_not_apply_runs_the_default() {
         let pair = w(Sm90Schedule::Pair);
         let one_block = shape(true, KvFormat::Fp8_656, 128, 2, 64, 2048);
-        assert_eq!(choose(&one_block, pair, None, true, never).unwrap().path, w(Sm90Schedule::Quad));
-        assert_eq!(choose(&one_block, DecodePath::Auto, Some(pair), true, never).unwrap().path, w(Sm90Schedule::Quad));
+        assert_eq!(choose(&one_block, pair, None, true, 132, never).unwrap().path, w(Sm90Schedule::Quad));
+        assert_eq!(
+            choose(&one_block, DecodePath::Auto, Some(pair), true, 132, never).unwrap().path,
+            w(Sm90Schedule::Quad)
+        );
         let four_blocks = shape(true, KvFormat::Fp8_656, 128, 1, 256, 2048);
-        assert_eq!(choose(&four_blocks, pair, None, true, never).unwrap().path, w(Sm90Schedule::Quad));
+        assert_eq!(choose(&four_blocks, pair, None, true, 132, never).unwrap().path, w(Sm90Schedule::Quad));
         let two_blocks = shape(true, KvFormat::Fp8_656, 128, 1, 128, 2048);
-        assert_eq!(choose(&two_blocks, pair, None, true, never).unwrap().path, pair);
+        assert_eq!(choose(&two_blocks, pair, None, true, 132, never).unwrap().path, pair);
         // the environment naming quad where pair would apply: quad (a named kernel is kept)
         let quad = w(Sm90Schedule::Quad);
-        assert_eq!(choose(&two_blocks, DecodePath::Auto, Some(quad), true, never).unwrap().path, quad);
+        assert_eq!(choose(&two_blocks, DecodePath::Auto, Some(quad), true, 132, never).unwrap().path, quad);
     }
 
     #[test]
     fn the_environment_naming_another_kinds_variant_or_wgmma_without_it_falls_back() {
         let dense = shape(false, KvFormat::Bf16, 128, 2, 64, 8192);
         // quad is sparse FP8's: dense runs its own default, adjusted for two row blocks
-        let c = choose(&dense, DecodePath::Auto, Some(w(Sm90Schedule::Quad)), true, never).unwrap();
+        let c = choose(&dense, DecodePath::Auto, Some(w(Sm90Schedule::Quad)), true, 132, never).unwrap();
         assert_eq!(c.path, w(Sm90Schedule::TrioSplit));
         // no wgmma on the device: mma.sync
-        let c = choose(&dense, DecodePath::Auto, Some(w(Sm90Schedule::Trio)), false, never).unwrap();
+        let c = choose(&dense, DecodePath::Auto, Some(w(Sm90Schedule::Trio)), false, 132, never).unwrap();
         assert_eq!(c.path, DecodePath::Mma);
         // the heuristic without wgmma: mma.sync
-        let c = choose(&dense, DecodePath::Auto, None, false, no_table).unwrap();
+        let c = choose(&dense, DecodePath::Auto, None, false, 132, no_table).unwrap();
         assert_eq!(c.path, DecodePath::Mma);
     }
 

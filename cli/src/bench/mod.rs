@@ -10,7 +10,6 @@
 //! the traffic of a kernel that moves less than the L2 holds.
 
 use cudarc::driver::{sys, CudaSlice, CudaStream, DeviceRepr, DriverError};
-use dcp_mla::catalogue::heuristic_path;
 use dcp_mla::error::{Error, Result};
 use dcp_mla::formats::model1::{
     encode_model1_token, model1_page_bytes, Model1Pages, MODEL1_D_QK, MODEL1_D_V, MODEL1_TOKEN_BYTES,
@@ -1263,10 +1262,11 @@ fn prepare_decode<'a>(p: Prep<'a, '_>, row: &BenchRow, spec: &DecodeSpec, layer:
         // the planner's split count (decode_num_splits)
         (DecodePath::Auto, spec.heuristic_splits(dev.num_sms()?))
     } else if row.family == DECODE_ENGINE_HEURISTIC_FAMILY {
-        let sm90 = dev.compute_capability() == (9, 0);
-        let path = heuristic_path(shape.format, shape.sparse, shape.row_blocks(), sm90)
+        let (sm90, num_sms) = (dev.compute_capability() == (9, 0), dev.num_sms()?);
+        let path = shape
+            .heuristic_path(sm90, num_sms)
             .ok_or_else(|| Error::Unsupported(format!("{}: no decode kernel built", row.name())))?;
-        (path, shape.heuristic_splits(dev.num_sms()?))
+        (path, shape.heuristic_splits(num_sms))
     } else {
         (DecodePath::Auto, decode::decode_num_splits_on(dev, &shape)?)
     };

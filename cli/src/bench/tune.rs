@@ -19,7 +19,7 @@ use super::{
     ragged_len, step_parts, BenchRow, Case, DecodeInputs, DecodeSpec, StepShape, Target, Timer, DECODE_ENGINE_FAMILY,
     ENGINE_SHAPES,
 };
-use dcp_mla::catalogue::{decode_variants, heuristic_path, variant_applies, variant_name};
+use dcp_mla::catalogue::{decode_variants, variant_applies, variant_name};
 use dcp_mla::error::Result;
 use dcp_mla::formats::{KvFormat, D_QK, D_V};
 use dcp_mla::ops::decode::{DecodePath, DecodeSchedule};
@@ -172,7 +172,7 @@ pub fn tune_plan(num_sms: usize, filter: Option<&str>) -> Result<TunePlan> {
         }
         let splits = split_candidates(&spec, num_sms);
         let shape = spec.shape();
-        let Some(path) = heuristic_path(spec.format, spec.sparse, shape.row_blocks(), sm90) else { continue };
+        let Some(path) = shape.heuristic_path(sm90, num_sms) else { continue };
         let heuristic = TuneRun { variant: variant_name(path), path, num_splits: shape.heuristic_splits(num_sms) };
         let runs = decode_variants(spec.format, spec.sparse)
             .into_iter()
