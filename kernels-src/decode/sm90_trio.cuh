@@ -849,9 +849,6 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
     if (wg == 0) {
         setmaxnreg_dec<kScorerRegs>();
         decode::for_each_piece(p, seqs, block_seq, [&](const decode::Piece pc) { piece(pc, RoleTag<0>{}); });
-        // unsplit: the stream's next kernel (a next layer's decode) may start its CTAs while the
-        // P·V warpgroups write the rows; it waits for this grid's end before reading anything
-        if (p.num_splits <= 1) griddep_launch_dependents();
         if constexpr (kCluster) cluster_sync();  // the peer's last arrivals here have landed
         return;
     }

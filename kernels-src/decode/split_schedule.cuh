@@ -173,14 +173,13 @@ __device__ __forceinline__ PartRange part_range(const DcpMlaDecodeParams& p, con
 
 template <typename F>
 __device__ __forceinline__ void for_each_piece(const DcpMlaDecodeParams& p, int seqs, int block_seq, F&& f) {
-    // Hopper launches every decode as a programmatic dependent of the stream's previous kernel
-    // (the schedule kernel's prefix, or whatever wrote q, the cache and the lengths): the CTA's
-    // set-up above ran beside that kernel's tail; nothing of the inputs is read before this
-    griddep_wait();
     if (p.num_splits <= 1) {
         f(Piece{block_seq, 0, INT_MAX, -1});
         return;
     }
+    // launched as a dependent of the schedule kernel: wait for its prefix (a launch that reuses
+    // an earlier one's prefix is not a dependent, and passes at once)
+    griddep_wait();
     const int64_t* u = (const int64_t*)p.sched;
     int s;
     {

@@ -751,8 +751,7 @@ pub(super) fn launch(
         let grid = if sparse { (rb * c.nq as u32, c.batch as u32, 1) } else { (rb, c.batch as u32, 1) };
         // SAFETY: the validate functions checked every buffer against the extents the kernel
         // addresses; lengths and indices are clamped or skipped on the device.
-        // (as a programmatic dependent: the kernel waits for the previous one before its first read)
-        return unsafe { kernel.launch(dev, grid, true, stream, params) };
+        return unsafe { kernel.launch(dev, grid, false, stream, params) };
     }
     params.sched_tile = kernel.tile as i32;
     let schedule = registry::mla_decode_schedule().ok_or_else(|| Error::Unsupported("mla_decode_schedule".into()))?;
@@ -771,7 +770,7 @@ pub(super) fn launch(
                 kernel.launch(dev, grid, true, stream, params)?;
             }
             // the prefix is already in the workspace (its stamp is checked on the device)
-            DecodeSchedule::Reuse => kernel.launch(dev, grid, true, stream, params)?,
+            DecodeSchedule::Reuse => kernel.launch(dev, grid, false, stream, params)?,
         }
         let merge = DcpMlaDecodeCombineParams {
             sched: params.sched,
