@@ -68,11 +68,12 @@ impl DecodeShape {
     /// Whether the sequences are so few tiles long (at most `context` tokens) and so many that
     /// one part each beats any split, whatever [`decode_num_splits`]'s wave rule says: a split's
     /// fixed costs (the schedule, each part's start, the combine) outweigh the tail it trims.
-    /// Both tuned tables (H100 and H200, 2026-12) agree on the bounds: dense sequences of at
-    /// most 16 tiles from half a wave of CTAs on (b64 at 1K: 1.16-1.29x faster unsplit), of at
-    /// most 32 from two waves (b64 q6 H64 at 2K: 1.14x); sparse top-k of at most 8 tiles from a
-    /// quarter of a wave (b32 H64 K512 1.32x, b64 K256 1.54x). 32 dense or 16 sparse tiles at
-    /// b64 q1 keep the split. `context` 0 (unknown) is never short.
+    /// The bounds are where the tuned tables (H100 and H200, 2026-12) run unsplit: dense
+    /// sequences of at most 16 tiles from half a wave of CTAs on (b64 at 1K: 1.12-1.29x faster
+    /// unsplit in both), sparse top-k of at most 8 tiles from a quarter of a wave (b32 H64 K512
+    /// 1.32x, b64 K256 1.54x). 32 dense or 16 sparse tiles at b64 q1 keep the split; b64 q6 H64
+    /// at 2K (32 tiles, three waves) ran unsplit in one H100 tune only (1.14x equal, 1.02x
+    /// ragged), so it is left to the table. `context` 0 (unknown) is never short.
     pub fn short_unsplit(&self, num_sms: usize) -> bool {
         if self.context == 0 {
             return false;
@@ -84,7 +85,7 @@ impl DecodeShape {
         if self.sparse {
             tiles <= 8 && at_least(1, 4)
         } else {
-            (tiles <= 16 && at_least(1, 2)) || (tiles <= 32 && at_least(2, 1))
+            tiles <= 16 && at_least(1, 2)
         }
     }
 
@@ -285,13 +286,13 @@ mod tests {
     fn short_numerous_sequences_run_unsplit_as_both_tuned_tables_pick() {
         let dense = |b, q, h, ctx| shape(false, KvFormat::Bf16, b, q, h, ctx);
         let sparse = |b, q, h, k| shape(true, KvFormat::Fp8_656, b, q, h, k);
-        // (shape, unsplit in the H100 and H200 tables)
+        // (shape, unsplit in the H100 table; the b64 classes in the H200's too)
         let classes = [
             (dense(64, 1, 64, 1024), true),
             (dense(128, 1, 64, 1024), true),
             (dense(64, 1, 128, 1024), true),
             (dense(64, 6, 128, 1024), true),
-            (dense(64, 6, 64, 2048), true),
+            (dense(64, 6, 64, 2048), false),
             (dense(32, 1, 64, 1024), false),
             (dense(16, 1, 64, 1024), false),
             (dense(64, 1, 64, 2048), false),
