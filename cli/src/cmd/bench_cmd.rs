@@ -21,7 +21,8 @@ pub struct BenchArgs {
     /// Write the results as CSV to this file.
     #[arg(long, value_name = "FILE")]
     pub csv: Option<PathBuf>,
-    /// Only rows whose name contains this text (e.g. `mla_decode`, `topk`).
+    /// Only rows whose name contains this text (e.g. `mla_decode`, `topk`), or any of several
+    /// texts separated by commas (`mla_decode_engine,kv_fill`; no row name has a comma).
     #[arg(long)]
     pub filter: Option<String>,
     /// Untimed launches before each row is measured, at most 1,000,000.
@@ -51,11 +52,18 @@ impl Result_ {
     }
 }
 
+/// Whether `--filter` text `filter` keeps the row `name`: it contains one of the filter's
+/// comma-separated texts (each trimmed, empty ones ignored; a filter of none keeps every row).
+pub fn filter_keeps(filter: &str, name: &str) -> bool {
+    let mut texts = filter.split(',').map(str::trim).filter(|f| !f.is_empty()).peekable();
+    texts.peek().is_none() || texts.any(|f| name.contains(f))
+}
+
 /// Exit code: 0 when every row ran, 1 when a row failed (or `--filter` keeps none), 2 without a
 /// GPU.
 pub fn run(a: &BenchArgs) -> i32 {
     let selected: Vec<BenchRow> =
-        rows().into_iter().filter(|r| a.filter.as_deref().is_none_or(|f| r.name().contains(f))).collect();
+        rows().into_iter().filter(|r| a.filter.as_deref().is_none_or(|f| filter_keeps(f, &r.name()))).collect();
     if selected.is_empty() {
         // checked first: a filter that keeps nothing is an error with or without a GPU
         eprintln!("error: --filter `{}` matches no row of dcp-mla bench", a.filter.as_deref().unwrap_or(""));
@@ -270,4 +278,26 @@ fn to_csv(results: &[Result_], copy_gbs: f64) -> String {
         );
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::filter_keeps;
+    use dcp_mla_cli::bench::rows;
+
+    #[test]
+    fn a_filter_keeps_rows_containing_any_of_its_comma_separated_texts() {
+        let name = "mla_decode_engine dense b128 q1 H64 8K";
+        assert!(filter_keeps("mla_decode_engine", name));
+        assert!(filter_keeps("kv_fill,mla_decode_engine", name));
+        assert!(filter_keeps(" kv_fill , b128 q1 ", name));
+        assert!(!filter_keeps("kv_fill,topk", name));
+        // empty texts are ignored, not "matches everything"
+        assert!(!filter_keeps("kv_fill,", name));
+        assert!(filter_keeps("", name) && filter_keeps(" , ", name));
+        // the split is unambiguous: no row's name has a comma
+        for r in rows() {
+            assert!(!r.name().contains(','), "{}", r.name());
+        }
+    }
 }
