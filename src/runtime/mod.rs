@@ -18,6 +18,8 @@ pub struct Device {
     /// so the driver call happens once per size rather than on every launch.
     shared_opt_in: Vec<std::sync::atomic::AtomicU32>,
     compute_capability: (i32, i32),
+    /// Read once at open: every launch that leaves the kernel choice to the library asks for it.
+    num_sms: usize,
 }
 
 // SAFETY: CUfunction handles are immutable driver objects usable from any thread once the
@@ -48,6 +50,9 @@ impl Device {
             .map_err(|e| Error::NoDevice { ordinal, reason: e.to_string() })?;
         let compute_capability =
             ctx.compute_capability().map_err(|source| Error::Driver { call: "cuDeviceGetAttribute", source })?;
+        let num_sms = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(|source| Error::Driver { call: "cuDeviceGetAttribute", source })? as usize;
         ctx.bind_to_thread().map_err(|source| Error::Driver { call: "cuCtxSetCurrent", source })?;
         let mut modules = Vec::with_capacity(MODULES.len());
         for m in MODULES {
@@ -65,7 +70,7 @@ impl Device {
             })
             .collect();
         let shared_opt_in = KERNELS.iter().map(|_| std::sync::atomic::AtomicU32::new(0)).collect();
-        Ok(Device { ctx, functions, shared_opt_in, compute_capability })
+        Ok(Device { ctx, functions, shared_opt_in, compute_capability, num_sms })
     }
 
     /// Makes the device's context current on the calling thread: a thread the engine started
@@ -83,13 +88,10 @@ impl Device {
         self.compute_capability
     }
 
-    /// The device's SM count: what `ops::decode::decode_num_splits` plans one wave of CTAs for.
+    /// The device's SM count, read when it was opened: what `ops::decode::decode_num_splits`
+    /// plans one wave of CTAs for. (A `Result` for the callers written when it was a driver query.)
     pub fn num_sms(&self) -> Result<usize> {
-        let n = self
-            .ctx
-            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-            .map_err(|source| Error::Driver { call: "cuDeviceGetAttribute", source })?;
-        Ok(n as usize)
+        Ok(self.num_sms)
     }
 
     /// Launches `id` with launch attributes beyond the grid (thread-block clusters, a
