@@ -8,7 +8,9 @@ Slots a CTA records (the harness prints each slot's spread over the CTAs):
   over, 6 its loop's end; 10/11 P·V warpgroup 1's first/last P, 5 its first P·V done, 7 its loop's
   end, 8 its epilogue's end; quad: 1 the scorer's copies of Q issued, 2 its first fill arrived, 9 its
   loop's end, and of its first piece: 20 the piece's entry (the kernel's set-up done), 16 its
-  lengths read, 17 tile 0's index landed, 18 / 19 fill 0's batch 0 / batch 2 landed.
+  lengths read, 17 tile 0's index landed, 18 / 19 fill 0's batch 0 / batch 2 landed; sums: 21
+  the scorer's waits for a tile, 22 the producer's waits for a free buffer, 23 its fills' time
+  after that wait (to the fill's last arrival).
   sums over the CTA's tiles, µs (pair and trio): 9 the scorer's waits for a tile; 13 / 14 P·V
   warpgroup 1's waits for P and for the tile; pair only: 2 its waits for the peer's peer_free.
 Each anchor must match exactly once (or, where marked optional, not at all): when the kernel's
@@ -40,6 +42,7 @@ rep("                if constexpr (kCluster) mbar_wait_sleep_cluster(full(b), (u
     "                if constexpr (kCluster) mbar_wait_sleep_cluster(full(b), (u >> 1) & 1);  // the peer's half too\n"
     "                else mbar_wait_sleep(full(b), (u >> 1) & 1);\n"
     "                if (t == 0 && !kQuad) DCP_ACC(9, DCP_NOW() - tl_w0);\n"
+    "                if (t == 0 && kQuad) DCP_ACC(21, DCP_NOW() - tl_w0);\n"
     "                if (t == 0 && i == 0) DCP_TL(3);\n"
     "                if (t == 0 && i == n - 1) DCP_TL(12);\n")
 loop_end = "                if (t == 0 && i == 0) DCP_TL(4);\n            }\n            if (t == 0) DCP_TL(6);\n"
@@ -51,7 +54,14 @@ rep("                    mbar_arrive_cp_async(q_full);  // one arrival a thread,
     "                    mbar_arrive_cp_async(q_full);  // one arrival a thread, once its copies land\n"
     "                    if (t == 0) DCP_TL(1);\n")
 rep("                if (f + 1 < n) next_fill(f);\n",
+    "                if (t == 0) DCP_ACC(23, DCP_NOW() - tl_e1);\n"
     "                if (t == 0 && f == 0) DCP_TL(2);\n                if (f + 1 < n) next_fill(f);\n")
+# quad's producer: its waits for a free buffer (sum), and each fill's time after that wait (sum)
+rep("                if (u >= 2) mbar_wait_sleep(empty(b), ((u >> 1) - 1) & 1);  // P·V of use u − 2 is done\n",
+    "                const unsigned long long tl_e0 = DCP_NOW();\n"
+    "                if (u >= 2) mbar_wait_sleep(empty(b), ((u >> 1) - 1) & 1);  // P·V of use u − 2 is done\n"
+    "                const unsigned long long tl_e1 = DCP_NOW();\n"
+    "                if (t == 0) DCP_ACC(22, tl_e1 - tl_e0);\n")
 rep("            uses += n;\n            __syncthreads();                // the scorer's sStats\n",
     "            if (t == 0) DCP_TL(9);\n            uses += n;\n            __syncthreads();                // the scorer's sStats\n")
 # P·V warpgroup 1: its waits for P and for the tile (sums), first and last P, first P·V, loop end, end

@@ -114,7 +114,7 @@ static void launch(dim3 grid, dim3 blk, int smem, DcpMlaDecodeParams& p) {
 
 // slots holding a sum of waits (µs) rather than a timestamp
 static bool is_sum(int s) {
-    return s == 13 || s == 14 || (!kQuadLike && s == 9) || (kPairLaunch && s == 2);
+    return s == 13 || s == 14 || (!kQuadLike && s == 9) || (kPairLaunch && s == 2) || (kQuadLike && s >= 21 && s <= 23);
 }
 
 int main(int argc, char** argv) {
@@ -258,13 +258,14 @@ int main(int argc, char** argv) {
     // per slot: distribution relative to the CTA's own entry, and of entry relative to t0
     // quad's producer stamp slots 1, 2 and 9; pair and trio use 2 and 9 for sums
     // slot 15 is the CTA's SM; 16-20 quad's producer's first piece (decode-timeline-stamp.py)
-    const char* names[21] = {"entry", "scorer Q issued", kPairLaunch ? "SUM pv1 peer_free" : "prod fill0 arrived",
+    const char* names[24] = {"entry", "scorer Q issued", kPairLaunch ? "SUM pv1 peer_free" : "prod fill0 arrived",
                              "scorer full0", "scorer P0", "pv1 PV0 done", "scorer loop end", "pv1 loop end", "pv1 end",
                              kQuadLike ? "prod loop end" : "SUM scorer full",
                              "pv1 first p_full", "pv1 last p_full", "scorer last full", "SUM pv1 p_full", "SUM pv1 full",
                              nullptr, "prod lengths read", "prod idx0 landed", "prod fill0 batch0", "prod fill0 batch2",
-                             "prod piece entry"};
-    for (int s = 0; s < 21; ++s) {
+                             "prod piece entry", kQuadLike ? "SUM scorer full" : nullptr,
+                             kQuadLike ? "SUM prod empty" : nullptr, kQuadLike ? "SUM prod fill" : nullptr};
+    for (int s = 0; s < 24; ++s) {
         if (!names[s]) continue;
         std::vector<double> rel, abs_;
         for (int c = 0; c < ctas; ++c) {
