@@ -231,7 +231,6 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                 const int b = u & 1;
                 float s[kSRegs];
                 if constexpr (kCluster) mbar_wait_sleep_cluster(full(b), (u >> 1) & 1);  // the peer's half too
-                else if constexpr (kQuad) mbar_wait(full(b), (u >> 1) & 1);  // quad: no suspend hint
                 else mbar_wait_sleep(full(b), (u >> 1) & 1);
                 if constexpr (kQuad) {
                     if (i == 0) mbar_wait_sleep(q_full, q_loads++ & 1);  // the warpgroup's copies of Q
@@ -515,7 +514,7 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
             for (int f = 0; f < n; ++f) {
                 const uint32_t u = uses + f;
                 const int b = u & 1;
-                if (u >= 2) mbar_wait(empty(b), ((u >> 1) - 1) & 1);  // P·V of use u − 2 is done
+                if (u >= 2) mbar_wait_sleep(empty(b), ((u >> 1) - 1) & 1);  // P·V of use u − 2 is done
                 // fill f − 2's copies into this buffer have landed (full, then its P·V, came
                 // before empty): seen by this thread too, for racecheck (one group a fill)
                 decode::cp_async_wait<1>();
@@ -776,8 +775,7 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                         have_pre = true;
                     }
                 }
-                if constexpr (kQuad) mbar_wait(p_full(b, 0), (u >> 1) & 1);
-                else mbar_wait_sleep(p_full(b, 0), (u >> 1) & 1);  // P(u) (trio_split: its first half) and its factors are written
+                mbar_wait_sleep(p_full(b, 0), (u >> 1) & 1);  // P(u) (trio_split: its first half) and its factors are written
                 rescale_o(o, sAlpha[b * kRows + r0], sAlpha[b * kRows + r0 + 8]);
                 // landed before S(u): this is the acquire
                 if constexpr (kCluster) mbar_wait_cluster(full(b), (u >> 1) & 1);
