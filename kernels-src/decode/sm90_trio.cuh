@@ -81,16 +81,6 @@ struct OHalf {
     __device__ __forceinline__ float operator()(int c, int e) const { return o[4 * c + e]; }
 };
 
-// 16 read-only bytes kept in L1 (evict_last) with a 256-byte L2 fetch around them: FlashMLA's
-// hints for its producer's FP8 loads (the token's next batches then come from L2 and L1)
-__device__ __forceinline__ uint4 ldg_keep_256(const void* a) {
-    uint4 v;
-    asm("ld.global.nc.L1::evict_last.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
-        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-        : "l"(a));
-    return v;
-}
-
 template <DecodeKv Kv, int Tile, int Stages, Sm90Schedule Sched>
 __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p) {
     [[maybe_unused]] constexpr bool kSparse = Kv != DecodeKv::DenseBf16;  // (unused off sm_90a)
@@ -443,7 +433,7 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                 const unsigned char* src = src_of(w) + 64 * (blk0() + h);
 #pragma unroll
                 for (int j = 0; j < kFp8Batch; ++j)
-                    raw[j] = valid(w) ? ldg_keep_256(src + 16 * j) : make_uint4(0, 0, 0, 0);
+                    raw[j] = valid(w) ? __ldg((const uint4*)(src + 16 * j)) : make_uint4(0, 0, 0, 0);
             };
             // 656: scale group g
             auto load_scale = [&](Where row, int g) -> float {
