@@ -2,7 +2,6 @@
 // page and slot; on any other rank, or for a padded/out-of-range token, it writes nothing.
 #pragma once
 #include "common.cuh"
-#include "arch/sm80_ptx.cuh"
 
 namespace dcp {
 
@@ -66,33 +65,12 @@ __device__ __forceinline__ uint4 quantise16(const uint4& c0, const uint4& c1, fl
 // owner and page are worked out (a token another rank owns, or a padded one, is read for
 // nothing). Its 12 more live registers cost a CTA an SM (two waves at 8,192 tokens: +22% there,
 // −8 to −9% at 128 tokens, H100), hence two kernels chosen by the token count.
-// Late (kv_fill, the larger fills): the token's bytes go to shared memory by cp.async before its
-// owner and page are known, so they are in flight during both lookups as Early's are, without
-// Early's registers (32 hold 8 blocks an SM: one wave at 8,192 tokens). A warp stages its own
-// token's 1,152 bytes, each lane reading back only what it copied (no barrier).
-constexpr int kFillWarps = 8;  // kernels.toml's block of 256 for kv_fill
-// The warp's stage, worked out where used (a pointer held across the lookups spilled at 32 registers)
-__device__ __forceinline__ unsigned char* fill_stage() {
-    __shared__ __align__(16) unsigned char staged[kFillWarps][kDimQk * 2];
-    return staged[(threadIdx.x >> 5) % kFillWarps];
-}
 template <KvFormat Format, bool Early>
 __device__ __forceinline__ void kv_fill_impl(const DcpKvFillParams& p) {
     const int lane = threadIdx.x & 31;
     // c_kv: lane owns values [16·lane, 16·lane + 16) as two 16-byte vectors; k_pe: lanes 0..7
     // own one 16-byte vector each.
-    [[maybe_unused]] uint4 c0, c1, r;
-    if constexpr (!Early) {
-        const int64_t token = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-        if (token >= p.num_tokens) return;
-        unsigned char* stage = fill_stage();
-        const uint4* ckv = (const uint4*)((const __nv_bfloat16*)p.ckv + token * p.ckv_stride);
-        const uint4* kpe = (const uint4*)((const __nv_bfloat16*)p.kpe + token * p.kpe_stride);
-        ptx_sm80::cp_async16(stage + 32 * lane, ckv + 2 * lane, true);
-        ptx_sm80::cp_async16(stage + 32 * lane + 16, ckv + 2 * lane + 1, true);
-        if (lane < 8) ptx_sm80::cp_async16(stage + 2 * kDimLatent + 16 * lane, kpe + lane, true);
-        ptx_sm80::cp_async_commit();
-    }
+    uint4 c0, c1, r;
     if constexpr (Early) {
         const int64_t token = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
         if (token >= p.num_tokens) return;
@@ -102,46 +80,44 @@ __device__ __forceinline__ void kv_fill_impl(const DcpKvFillParams& p) {
         c1 = ckv[2 * lane + 1];
         r = lane < 8 ? kpe[lane] : make_uint4(0, 0, 0, 0);
     }
-    // (a warp that writes nothing still lets its copies land before it exits)
     const FillToken ft = fill_token(p);
-    if (!ft.valid) {
-        if constexpr (!Early) ptx_sm80::cp_async_wait<0>();
-        return;
-    }
+    if (!ft.valid) return;
     const int64_t local = ft.local, page_col = ft.page_col;
     const int req = ft.req;
+    if constexpr (!Early) {
+        const int64_t token = ft.token;
+        // Loaded before the block-table entry is known, so the two loads overlap (two dependent
+        // memory round trips per token, not three); a token whose page turns out invalid has
+        // been read for nothing, which only a bad table causes.
+        const uint4* ckv = (const uint4*)((const __nv_bfloat16*)p.ckv + token * p.ckv_stride);
+        const uint4* kpe = (const uint4*)((const __nv_bfloat16*)p.kpe + token * p.kpe_stride);
+        c0 = ckv[2 * lane];
+        c1 = ckv[2 * lane + 1];
+        r = lane < 8 ? kpe[lane] : make_uint4(0, 0, 0, 0);
+    }
+
     const int page = ((const int32_t*)p.block_table)[req * p.block_table_stride + page_col];
-    if constexpr (!Early) ptx_sm80::cp_async_wait<0>();
     if (page < 0 || page >= p.num_pages) return;
     const int64_t slot = (int64_t)page * p.page_rows + local % p.block_size;  // the cache row
-    // the lane's vectors: c_kv's two (k 0, 1), k_pe's (2; lanes 0..7): Early's registers, or the
-    // stage, read where used (held across the quantisation's shuffles they spilled)
-    auto vec = [&](int k) -> uint4 {
-        if constexpr (Early) {
-            return k == 0 ? c0 : k == 1 ? c1 : r;
-        } else {
-            return *(const uint4*)(fill_stage() + (k < 2 ? 32 * lane + 16 * k : 2 * kDimLatent + 16 * lane));
-        }
-    };
 
     if constexpr (Format == KvFormat::Bf16) {
         uint4* row = (uint4*)((__nv_bfloat16*)p.cache + slot * kDimQk);
-        row[2 * lane] = vec(0);
-        row[2 * lane + 1] = vec(1);
-        if (lane < 8) row[kDimLatent / 8 + lane] = vec(2);
+        row[2 * lane] = c0;
+        row[2 * lane + 1] = c1;
+        if (lane < 8) row[kDimLatent / 8 + lane] = r;
     } else {
         uint8_t* row = (uint8_t*)p.cache + slot * kFp8RowBytes;
         // k_pe first: its registers are free before the quantisation needs its own.
-        if (lane < 8) ((uint4*)(row + kFp8RopeOffset))[lane] = vec(2);
+        if (lane < 8) ((uint4*)(row + kFp8RopeOffset))[lane] = r;
         // The 16 values are widened from c0/c1 where used rather than kept as 16 floats; even so
         // this format needs kernels.toml's min_blocks = 8 to fit 32 registers (8 blocks of 256 an
         // SM, one wave for 8,192 tokens; uncapped it took 38 and two waves, 8% slower there).
-        float amax = lane_amax16(vec(0), vec(1));
+        float amax = lane_amax16(c0, c1);
         // group g = channels [128g, 128g + 128) = lanes [8g, 8g + 8)
 #pragma unroll
         for (int m = 1; m < 8; m <<= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
         const float scale = fp8_group_scale(amax);
-        ((uint4*)row)[lane] = quantise16(vec(0), vec(1), scale);
+        ((uint4*)row)[lane] = quantise16(c0, c1, scale);
         if ((lane & 7) == 0) ((float*)(row + kFp8ScaleOffset))[lane >> 3] = scale;
     }
 }

@@ -59,7 +59,7 @@ pub struct KvFill {
 /// owner and page (its bytes in flight during those two dependent loads): it takes 38 registers,
 /// 6 CTAs of 256 an SM, so one wave holds 6,336 tokens on 132 SMs; above, the kernel capped at 8
 /// CTAs an SM (one wave up to 8,448 tokens), which loads them after the owner is known.
-pub const EARLY_FILL_MAX_TOKENS: usize = 0;
+pub const EARLY_FILL_MAX_TOKENS: usize = 4096;
 
 /// Writes each new token's KV into this rank's cache if this rank owns it (docs/contract.md §3):
 /// bit-identical to [`crate::reference::fill::fill`]. A token whose position is negative, whose
