@@ -106,8 +106,10 @@ def _cache(cache, name="cache", device=None):
 def _cache_t(cache3):
     """A cache [pages, B, row] as a C tensor: its stride (elements between page starts) given
     only when its pages are not packed."""
-    if cache3.is_contiguous() or cache3.shape[0] <= 1 or cache3.stride(0) == cache3.shape[1] * cache3.shape[2]:
-        return _t(cache3)
+    if cache3.is_contiguous():
+        return (cache3.data_ptr(), cache3.numel(), _CODES[cache3.dtype], 0, 0, 0, 0, 0)
+    if cache3.shape[0] <= 1 or cache3.stride(0) == cache3.shape[1] * cache3.shape[2]:
+        return (cache3.data_ptr(), _extent(cache3), _CODES[cache3.dtype], 0, 0, 0, 0, 0)
     return (cache3.data_ptr(), _extent(cache3), _CODES[cache3.dtype], 1, cache3.stride(0), 0, 0, 0)
 
 
@@ -136,8 +138,10 @@ def _tv(x, n):
     """A view as a C tensor with its first n strides, or with none (the C ABI's default layout)
     when x is contiguous or absent. A dim of size 1 gets stride 0 (torch leaves any stride
     there; the library checks alignment)."""
-    if x is None or x.is_contiguous():
-        return _t(x)
+    if x is None:
+        return _ABSENT
+    if x.is_contiguous():  # (tested once: these run on every launch)
+        return (x.data_ptr(), x.numel(), _CODES[x.dtype], 0, 0, 0, 0, 0)
     st = [s if z > 1 else 0 for z, s in zip(x.shape[:n], x.stride()[:n])] + [0] * (4 - n)
     return (x.data_ptr(), _extent(x), _CODES[x.dtype], n, *st)
 
@@ -422,8 +426,8 @@ def _decode_dense(q: torch.Tensor, cache: torch.Tensor, block_table: torch.Tenso
                   dcp_size: int, interleave: int, rank: int) -> None:
     b, nq, h, _ = q.shape
     _launch("dcp_mla_launch_decode_dense", _dev_stream(q), *_tv(q, 3), *_tv(out, 3), *_tv(lse, 3), *_t(workspace),
-            *_cache_t(cache), *_t1(block_table), *_tv(lens, 2), *_t(sink), b, nq, h, num_splits, cache.shape[0],
-            cache.shape[1], block_table.shape[1], dcp_size, interleave, rank, scale, schedule, lens_rule, empty_lse_inf)
+            *_cache_t(cache), *_t1(block_table), *_tv(lens, 2), *_t(sink), b, nq, h, num_splits, *cache.shape[:2],
+            block_table.shape[1], dcp_size, interleave, rank, scale, schedule, lens_rule, empty_lse_inf)
 
 
 @_op(("out", "lse", "workspace"))
@@ -433,8 +437,8 @@ def _decode_sparse(q: torch.Tensor, cache: torch.Tensor, fmt: int, indices: torc
                    sink: Optional[torch.Tensor], empty_lse_inf: int) -> None:
     b, nq, h, _ = q.shape
     _launch("dcp_mla_launch_decode_sparse", _dev_stream(q), *_tv(q, 3), *_tv(out, 3), *_tv(lse, 3), *_t(workspace),
-            *_cache_t(cache), *_tv(indices, 2), *_tv(topk_len, 2), *_t(sink), b, nq, h, num_splits, cache.shape[0],
-            cache.shape[1], indices.shape[-1], scale, schedule, fmt, empty_lse_inf)
+            *_cache_t(cache), *_tv(indices, 2), *_tv(topk_len, 2), *_t(sink), b, nq, h, num_splits, *cache.shape[:2],
+            indices.shape[-1], scale, schedule, fmt, empty_lse_inf)
 
 
 @_op(("out", "lse", "workspace"))
