@@ -257,7 +257,8 @@ int main(int argc, char** argv) {
     printf("timeline: first entry to last stamp %.2f us\n", (tend - t0) / 1000.0);
     // per slot: distribution relative to the CTA's own entry, and of entry relative to t0
     // quad's producer stamp slots 1, 2 and 9; pair and trio use 2 and 9 for sums
-    // slot 15 is the CTA's SM; 16-20 quad's producer's first piece (decode-timeline-stamp.py)
+    // slot 15 is the CTA's SM; 16-20 quad's producer's first piece, 21-23 quad's sums of the
+    // scorer's tile waits, the producer's buffer waits and its fills (decode-timeline-stamp.py)
     const char* names[24] = {"entry", "scorer Q issued", kPairLaunch ? "SUM pv1 peer_free" : "prod fill0 arrived",
                              "scorer full0", "scorer P0", "pv1 PV0 done", "scorer loop end", "pv1 loop end", "pv1 end",
                              kQuadLike ? "prod loop end" : "SUM scorer full",
