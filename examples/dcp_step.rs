@@ -54,7 +54,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // from the shapes and SM count alone: allocate once, reuse every step (and graph replay);
     // 0 bytes when splits = 1, and the driver refuses empty allocations
-    let splits = decode_num_splits(t, 1, H, false, dev.num_sms()?);
+    let splits = decode_num_splits(t, 1, H, false, dev.num_sms());
     let ws = s.alloc_zeros::<u8>(decode_workspace_bytes(t, 1, H, false, splits)?.max(1))?;
     let slot = a2a_aligned_slot_bytes(t, H_L)?;
 

@@ -48,7 +48,7 @@ fn main() {
     let cache = buf::<u8>(&s, pages * block * 1152);
     let table = s.clone_htod(&(0..pages as i32).collect::<Vec<_>>()).expect("table");
     let lens = s.clone_htod(&vec![tokens as i32; b * nq]).expect("lens");
-    let splits = decode_num_splits(b, nq, h, false, dev.num_sms().expect("sms"));
+    let splits = decode_num_splits(b, nq, h, false, dev.num_sms());
     let ws = buf::<u8>(&s, decode_workspace_bytes(b, nq, h, false, splits).expect("ws"));
     let v = |x| DeviceSlice::of(x, &s);
     let args = |splits: usize| DenseDecode {

@@ -146,7 +146,7 @@ impl DecodeChoice {
 /// force for it. Errors: a malformed `DCP_MLA_DECODE_PATH`, a refused table, or no kernel built.
 pub fn choose_decode(dev: &Device, shape: &DecodeShape, caller: DecodePath) -> Result<DecodeChoice> {
     let sm90 = dev.compute_capability() == (9, 0);
-    choose(shape, caller, env_path()?, sm90, dev.num_sms()?, |c| tuned_decode(dev, c))
+    choose(shape, caller, env_path()?, sm90, dev.num_sms(), |c| tuned_decode(dev, c))
 }
 
 /// The split count a caller should pass for a launch of `shape` on `dev` that lets the launcher
@@ -154,7 +154,7 @@ pub fn choose_decode(dev: &Device, shape: &DecodeShape, caller: DecodePath) -> R
 /// [`decode_num_splits`]'s.
 pub fn decode_num_splits_on(dev: &Device, shape: &DecodeShape) -> Result<usize> {
     let choice = choose_decode(dev, shape, DecodePath::Auto)?;
-    Ok(choice.num_splits(shape, dev.num_sms()?))
+    Ok(choice.num_splits(shape, dev.num_sms()))
 }
 
 /// The precedence (the module's list) with its inputs given: `env` is `DCP_MLA_DECODE_PATH`,

@@ -89,9 +89,9 @@ impl Device {
     }
 
     /// The device's SM count, read when it was opened: what `ops::decode::decode_num_splits`
-    /// plans one wave of CTAs for. (A `Result` for the callers written when it was a driver query.)
-    pub fn num_sms(&self) -> Result<usize> {
-        Ok(self.num_sms)
+    /// plans one wave of CTAs for.
+    pub fn num_sms(&self) -> usize {
+        self.num_sms
     }
 
     /// Launches `id` with launch attributes beyond the grid (thread-block clusters, a
@@ -188,7 +188,7 @@ impl Device {
             never: 1,
             reserved: 0,
         };
-        let grid = 8 * self.num_sms()? as u32;
+        let grid = 8 * self.num_sms() as u32;
         // SAFETY: the kernel reads the `bytes` bytes of `buf` (a slice of that length) and writes
         // at most the one u32 of `sink`.
         unsafe { self.launch(id, (grid, 1, 1), stream, &params) }
@@ -215,7 +215,7 @@ impl Device {
             return Err(Error::arg("dst", "overlaps src"));
         }
         let params = crate::abi::DcpBenchCopyParams { src: a, dst: b, bytes: n as i64 };
-        let grid = 4 * self.num_sms()? as u32;
+        let grid = 4 * self.num_sms() as u32;
         // SAFETY: the kernel reads the n bytes of `src` and writes the n bytes of `dst`, both
         // slices of at least that length, checked not to overlap.
         unsafe { self.launch(id, (grid, 1, 1), stream, &params) }

@@ -1260,9 +1260,9 @@ fn prepare_decode<'a>(p: Prep<'a, '_>, row: &BenchRow, spec: &DecodeSpec, layer:
     let (path, splits) = if spec.model1 {
         // no tuned class: the launcher's kernel (DCP_MLA_DECODE_PATH=mma for the mma.sync one) and
         // the planner's split count (decode_num_splits)
-        (DecodePath::Auto, spec.heuristic_splits(dev.num_sms()?))
+        (DecodePath::Auto, spec.heuristic_splits(dev.num_sms()))
     } else if row.family == DECODE_ENGINE_HEURISTIC_FAMILY {
-        let (sm90, num_sms) = (dev.compute_capability() == (9, 0), dev.num_sms()?);
+        let (sm90, num_sms) = (dev.compute_capability() == (9, 0), dev.num_sms());
         let path = shape
             .heuristic_path(sm90, num_sms)
             .ok_or_else(|| Error::Unsupported(format!("{}: no decode kernel built", row.name())))?;

@@ -47,7 +47,7 @@ pub struct TuneArgs {
 pub fn run(a: &TuneArgs) -> i32 {
     let dev = Device::open(0);
     if a.dry_run {
-        let sms = dev.as_ref().ok().and_then(|d| d.num_sms().ok()).unwrap_or(a.sms);
+        let sms = dev.as_ref().ok().map(|d| d.num_sms()).unwrap_or(a.sms);
         return match dry_run(a, sms) {
             Ok(v) if a.json => {
                 println!("{}", serde_json::to_string_pretty(&v).expect("json"));
