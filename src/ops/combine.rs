@@ -172,10 +172,9 @@ pub struct MergeTwo {
 /// Matches [`crate::reference::merge::ag_rs_contribution`] (followed by `to_bf16` for a bf16
 /// contribution).
 pub fn ag_rs_correct(dev: &Device, stream: Stream, a: &AgRsCorrect) -> Result<()> {
-    let (params, rows) = validate_ag_rs_correct(a)?;
-    let id = lookup(registry::combine_ag_rs_correct(a.out.axis(), a.contrib.dtype().into()), "combine_ag_rs_correct")?;
-    // SAFETY: validate_ag_rs_correct checked every buffer against the extents the kernel addresses.
-    unsafe { launch_warp_rows(dev, stream, id, rows, "num_tokens", &params) }
+    let id = registry::combine_ag_rs_correct(a.out.axis(), a.contrib.dtype().into());
+    // SAFETY: the parameters are validate_ag_rs_correct's.
+    unsafe { launch_checked(dev, stream, id, "combine_ag_rs_correct", validate_ag_rs_correct(a)?) }
 }
 
 fn validate_ag_rs_correct(a: &AgRsCorrect) -> Result<(DcpAgRsCorrectParams, usize)> {
@@ -208,10 +207,9 @@ fn validate_ag_rs_correct(a: &AgRsCorrect) -> Result<(DcpAgRsCorrectParams, usiz
 /// Matches [`crate::reference::merge::ag_rs_finish`] on `summed` widened to fp32 (followed by
 /// `to_bf16` for bf16 output).
 pub fn ag_rs_finish(dev: &Device, stream: Stream, a: &AgRsFinish) -> Result<()> {
-    let (params, rows) = validate_ag_rs_finish(a)?;
-    let id = lookup(registry::combine_ag_rs_finish(a.summed.dtype().into(), a.out.axis()), "combine_ag_rs_finish")?;
-    // SAFETY: validate_ag_rs_finish checked every buffer against the extents the kernel addresses.
-    unsafe { launch_warp_rows(dev, stream, id, rows, "num_tokens", &params) }
+    let id = registry::combine_ag_rs_finish(a.summed.dtype().into(), a.out.axis());
+    // SAFETY: the parameters are validate_ag_rs_finish's.
+    unsafe { launch_checked(dev, stream, id, "combine_ag_rs_finish", validate_ag_rs_finish(a)?) }
 }
 
 fn validate_ag_rs_finish(a: &AgRsFinish) -> Result<(DcpAgRsFinishParams, usize)> {
@@ -243,10 +241,9 @@ fn validate_ag_rs_finish(a: &AgRsFinish) -> Result<(DcpAgRsFinishParams, usize)>
 /// a2a send side: packs this rank's out and lse into one slot per destination (docs/contract.md §5.2),
 /// byte for byte [`crate::reference::merge::a2a_pack`] for bf16 `out`.
 pub fn a2a_pack(dev: &Device, stream: Stream, a: &A2aPack) -> Result<()> {
-    let (params, rows) = validate_a2a_pack(a)?;
-    let id = lookup(registry::combine_a2a_pack(a.out.axis()), "combine_a2a_pack")?;
-    // SAFETY: validate_a2a_pack checked every buffer against the extents the kernel addresses.
-    unsafe { launch_warp_rows(dev, stream, id, rows, "num_tokens", &params) }
+    let id = registry::combine_a2a_pack(a.out.axis());
+    // SAFETY: the parameters are validate_a2a_pack's.
+    unsafe { launch_checked(dev, stream, id, "combine_a2a_pack", validate_a2a_pack(a)?) }
 }
 
 fn validate_a2a_pack(a: &A2aPack) -> Result<(DcpA2aPackParams, usize)> {
@@ -282,10 +279,9 @@ pub fn a2a_combine_compiled(dcp_size: usize, out: &CombineRows) -> bool {
 /// and lse [T, H_l], accumulated in fp32 in rank order; a source whose coefficient is 0 is
 /// skipped. Matches [`crate::reference::merge::a2a_combine`]. D must be one of [`A2A_RANKS`].
 pub fn a2a_combine(dev: &Device, stream: Stream, a: &A2aCombine) -> Result<()> {
-    let (params, rows) = validate_a2a_combine(a)?;
-    let id = lookup(registry::combine_a2a(a.group.dcp_size as u32, a.out.axis()), "combine_a2a")?;
-    // SAFETY: validate_a2a_combine checked every buffer against the extents the kernel addresses.
-    unsafe { launch_warp_rows(dev, stream, id, rows, "num_tokens", &params) }
+    let id = registry::combine_a2a(a.group.dcp_size as u32, a.out.axis());
+    // SAFETY: the parameters are validate_a2a_combine's.
+    unsafe { launch_checked(dev, stream, id, "combine_a2a", validate_a2a_combine(a)?) }
 }
 
 fn validate_a2a_combine(a: &A2aCombine) -> Result<(DcpA2aCombineParams, usize)> {
@@ -320,10 +316,9 @@ fn validate_a2a_combine(a: &A2aCombine) -> Result<(DcpA2aCombineParams, usize)> 
 /// [`crate::reference::merge::merge_two`] on the inputs widened to fp32 (bf16 → fp32 is exact),
 /// followed by `to_bf16` for bf16 output.
 pub fn merge_two(dev: &Device, stream: Stream, a: &MergeTwo) -> Result<()> {
-    let (params, rows) = validate_merge_two(a)?;
-    let id = lookup(registry::combine_merge_two(a.out_a.dtype().into(), a.out.axis()), "combine_merge_two")?;
-    // SAFETY: validate_merge_two checked every buffer against the extents the kernel addresses.
-    unsafe { launch_warp_rows(dev, stream, id, rows, "num_tokens", &params) }
+    let id = registry::combine_merge_two(a.out_a.dtype().into(), a.out.axis());
+    // SAFETY: the parameters are validate_merge_two's.
+    unsafe { launch_checked(dev, stream, id, "combine_merge_two", validate_merge_two(a)?) }
 }
 
 fn validate_merge_two(a: &MergeTwo) -> Result<(DcpMergeTwoParams, usize)> {
@@ -489,8 +484,22 @@ fn base2(base: LseBase) -> i32 {
     }
 }
 
-fn lookup<P>(id: Option<KernelId<P>>, family: &'static str) -> Result<KernelId<P>> {
-    compiled(id, || format!("{family}: variant not compiled into this build"))
+/// Launches a combine kernel, one warp a row, on the parameters and row count its validator
+/// returned.
+///
+/// # Safety
+/// `checked` must come from the validator of `id`'s family: the buffers it names were checked
+/// against the extents the kernel addresses.
+unsafe fn launch_checked<P: Copy>(
+    dev: &Device,
+    stream: Stream,
+    id: Option<KernelId<P>>,
+    family: &'static str,
+    (params, rows): (P, usize),
+) -> Result<()> {
+    let id = compiled(id, || format!("{family}: variant not compiled into this build"))?;
+    // SAFETY: the caller's contract.
+    unsafe { launch_warp_rows(dev, stream, id, rows, "num_tokens", &params) }
 }
 
 #[cfg(test)]
