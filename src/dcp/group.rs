@@ -4,6 +4,7 @@
 
 use crate::error::{Error, Result};
 use crate::formats::D_QK;
+use crate::ops::product;
 use crate::runtime::{Device, DeviceSlice, Stream};
 use cudarc::driver::{sys as cu_sys, CudaContext};
 use cudarc::nccl::{result as nccl, sys, NcclType};
@@ -158,17 +159,10 @@ impl DcpGroup {
         recv: DeviceSlice<T>,
         n: usize,
     ) -> Result<()> {
-        ensure_arg!(send.len() >= n, "send", "holds {} elements but {n} are sent", send.len());
-        let need = n * self.size;
-        ensure_arg!(recv.len() >= need, "recv", "holds {} elements but [D, n] needs {need}", recv.len());
-        let size = std::mem::size_of::<T>() as u64;
-        let (send_end, recv_end) = (send.ptr() + n as u64 * size, recv.ptr() + need as u64 * size);
-        let own = recv.ptr() + (self.rank * n) as u64 * size;
-        ensure_arg!(
-            send.ptr() == own || send_end <= recv.ptr() || recv_end <= send.ptr(),
-            "send",
-            "overlaps `recv` without being this rank's slot of it"
-        );
+        let need = product("n", &[n, self.size])?;
+        // NCCL's in-place form: `send` is this rank's slot of `recv`.
+        let in_place = send.ptr() == recv.ptr() + (self.rank * n * std::mem::size_of::<T>()) as u64;
+        check_send_recv(&send, n, &recv, need, in_place)?;
         // SAFETY: both buffers were checked to hold what NCCL reads and writes.
         self.enqueue(n, "ncclAllGather", || unsafe {
             nccl::all_gather(send.ptr() as _, recv.ptr() as _, n, T::as_nccl_type(), self.comm, stream.0 as _)
@@ -177,13 +171,8 @@ impl DcpGroup {
 
     /// All-gather in place: rank r's data is already at slot r of `buf` [D, n].
     pub fn all_gather_in_place<T: NcclType>(&self, stream: Stream, buf: DeviceSlice<T>, n: usize) -> Result<()> {
-        ensure_arg!(
-            buf.len() >= n * self.size,
-            "buf",
-            "holds {} elements but [D, n] needs {}",
-            buf.len(),
-            n * self.size
-        );
+        let need = product("n", &[n, self.size])?;
+        ensure_arg!(buf.len() >= need, "buf", "holds {} elements but [D, n] needs {need}", buf.len());
         // SAFETY: the slot lies inside `buf`, checked above.
         let own = unsafe { DeviceSlice::from_raw(buf.ptr() + (self.rank * n * std::mem::size_of::<T>()) as u64, n) };
         self.all_gather(stream, own, buf, n)
@@ -198,9 +187,10 @@ impl DcpGroup {
         recv: DeviceSlice<f32>,
         n: usize,
     ) -> Result<()> {
-        let need = n * self.size;
-        ensure_arg!(send.len() >= need, "send", "holds {} values but [D, n] needs {need}", send.len());
-        ensure_arg!(recv.len() >= n, "recv", "holds {} values but {n} are received", recv.len());
+        let need = product("n", &[n, self.size])?;
+        // NCCL's in-place form: `recv` is this rank's slot of `send`.
+        let in_place = recv.ptr() == send.ptr() + (self.rank * n * std::mem::size_of::<f32>()) as u64;
+        check_send_recv(&send, need, &recv, n, in_place)?;
         let (f32, sum) = (sys::ncclDataType_t::ncclFloat32, sys::ncclRedOp_t::ncclSum);
         // SAFETY: both buffers were checked to hold what NCCL reads and writes.
         self.enqueue(n, "ncclReduceScatter", || unsafe {
@@ -218,11 +208,8 @@ impl DcpGroup {
         recv: DeviceSlice<u8>,
         slot_bytes: usize,
     ) -> Result<()> {
-        let need = slot_bytes * self.size;
-        ensure_arg!(send.len() >= need, "send", "holds {} bytes but [D, slot] needs {need}", send.len());
-        ensure_arg!(recv.len() >= need, "recv", "holds {} bytes but [D, slot] needs {need}", recv.len());
-        let disjoint = send.ptr() + need as u64 <= recv.ptr() || recv.ptr() + need as u64 <= send.ptr();
-        ensure_arg!(disjoint, "recv", "overlaps `send`");
+        let need = product("slot_bytes", &[slot_bytes, self.size])?;
+        check_send_recv(&send, need, &recv, need, false)?;
         if slot_bytes == 0 {
             return Ok(());
         }
@@ -265,14 +252,9 @@ impl DcpGroup {
         rows: usize,
         local_heads: usize,
     ) -> Result<()> {
-        let n = rows * local_heads * D_QK;
-        ensure_arg!(
-            q_all.len() >= n * self.size,
-            "q_all",
-            "holds {} values but [T, H, 576] needs {}",
-            q_all.len(),
-            n * self.size
-        );
+        let n = product("rows", &[rows, local_heads, D_QK])?;
+        let need = product("rows", &[n, self.size])?;
+        ensure_arg!(q_all.len() >= need, "q_all", "holds {} values but [T, H, 576] needs {need}", q_all.len());
         self.all_gather(stream, q_local, staging, n)?;
         if n == 0 {
             return Ok(());
@@ -329,21 +311,10 @@ impl DcpGroup {
         rows: usize,
         k: usize,
     ) -> Result<()> {
-        let n = rows * k;
-        ensure_arg!(
-            ids.len() >= n * self.size,
-            "ids",
-            "holds {} values but [D, rows, k] needs {}",
-            ids.len(),
-            n * self.size
-        );
-        ensure_arg!(
-            scores.len() >= n * self.size,
-            "scores",
-            "holds {} values but [D, rows, k] needs {}",
-            scores.len(),
-            n * self.size
-        );
+        let n = product("rows", &[rows, k])?;
+        let need = product("rows", &[n, self.size])?;
+        ensure_arg!(ids.len() >= need, "ids", "holds {} values but [D, rows, k] needs {need}", ids.len());
+        ensure_arg!(scores.len() >= need, "scores", "holds {} values but [D, rows, k] needs {need}", scores.len());
         self.bind()?;
         nccl::group_start().map_err(nccl_err("ncclGroupStart"))?;
         let a = self.all_gather_in_place(stream, scores, n);
@@ -356,6 +327,25 @@ impl DcpGroup {
     }
 }
 
+/// A collective's two buffers: `send` holds the `send_n` elements NCCL reads, `recv` the `recv_n`
+/// it writes, and they do not overlap unless they are the operation's `in_place` form (whose
+/// NCCL defines the result; any other overlap it does not).
+fn check_send_recv<T>(
+    send: &DeviceSlice<T>,
+    send_n: usize,
+    recv: &DeviceSlice<T>,
+    recv_n: usize,
+    in_place: bool,
+) -> Result<()> {
+    ensure_arg!(send.len() >= send_n, "send", "holds {} elements but {send_n} are sent", send.len());
+    ensure_arg!(recv.len() >= recv_n, "recv", "holds {} elements but {recv_n} are received", recv.len());
+    let size = std::mem::size_of::<T>() as u64;
+    let (send_end, recv_end) = (send.ptr() + send_n as u64 * size, recv.ptr() + recv_n as u64 * size);
+    let disjoint = send_end <= recv.ptr() || recv_end <= send.ptr();
+    ensure_arg!(in_place || disjoint, "recv", "overlaps `send` other than in the collective's in-place form");
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -365,6 +355,22 @@ mod tests {
         let id = UniqueId([7u8; 128]);
         assert_eq!(UniqueId::from_bytes(&id.0).unwrap(), id);
         assert!(matches!(UniqueId::from_bytes(&[0u8; 12]), Err(Error::InvalidArgument { arg: "unique_id", .. })));
+    }
+
+    #[test]
+    fn collective_buffers_are_sized_and_disjoint_unless_in_place() {
+        use crate::ops::test_util::{arg_of, fake_at};
+        let (send, recv) = (fake_at::<f32>(0x1000, 8), fake_at::<f32>(0x2000, 32));
+        assert!(check_send_recv(&send, 8, &recv, 32, false).is_ok());
+        assert_eq!(arg_of(check_send_recv(&send, 9, &recv, 32, false).unwrap_err()), "send");
+        assert_eq!(arg_of(check_send_recv(&send, 8, &recv, 33, false).unwrap_err()), "recv");
+        // send inside recv: refused unless it is the in-place form (the caller decides which slot)
+        let inside = fake_at::<f32>(0x2000 + 8 * 4, 8);
+        assert_eq!(arg_of(check_send_recv(&inside, 8, &recv, 32, false).unwrap_err()), "recv");
+        assert!(check_send_recv(&inside, 8, &recv, 32, true).is_ok());
+        // touching ends do not overlap
+        let after = fake_at::<f32>(0x2000 + 32 * 4, 8);
+        assert!(check_send_recv(&after, 8, &recv, 32, false).is_ok());
     }
 
     #[test]
