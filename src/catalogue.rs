@@ -96,6 +96,7 @@ pub fn all_sm90_variants() -> Vec<Sm90Variant> {
 pub fn model1_sm90_variants() -> Vec<Sm90Variant> {
     registry::MLA_DECODE_MODEL1_SM90_VARIANTS
         .iter()
+        .chain(registry::MLA_DECODE_MODEL1_SM90_LEAD_VARIANTS)
         .map(|&((_, tile, stages, schedule), _)| (tile, stages, schedule))
         .collect()
 }
@@ -340,7 +341,7 @@ mod tests {
         let dense: Vec<String> = decode_variants(KvFormat::Bf16, false).into_iter().map(|(n, _)| n).collect();
         assert_eq!(dense, ["mma", "wgmma-trio-64x2", "wgmma-trio_split-64x2"]);
         let fp8: Vec<String> = decode_variants(KvFormat::Fp8_656, true).into_iter().map(|(n, _)| n).collect();
-        assert_eq!(fp8, ["mma", "wgmma-quad-64x2", "wgmma-pair-64x2"]);
+        assert_eq!(fp8, ["mma", "wgmma-quad-64x2", "wgmma-pair-64x2", "wgmma-lead-64x2"]);
         assert_eq!(variant_name(DecodePath::Auto), "auto");
         // every name parses back to its path
         for (format, sparse) in KINDS {
@@ -354,7 +355,7 @@ mod tests {
     #[test]
     fn model1_ships_mma_and_quad_and_runs_quad_on_sm90() {
         let names: Vec<String> = model1_variants().into_iter().map(|(n, _)| n).collect();
-        assert_eq!(names, ["mma", "wgmma-quad-64x2"]);
+        assert_eq!(names, ["mma", "wgmma-quad-64x2", "wgmma-lead-64x2"]);
         let quad = DecodePath::Wgmma { tile: 64, stages: 2, schedule: Sm90Schedule::Quad };
         assert_eq!(model1_heuristic_path(true), Some(quad));
         assert_eq!(model1_heuristic_path(false), Some(DecodePath::Mma));

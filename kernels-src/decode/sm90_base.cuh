@@ -27,9 +27,12 @@ namespace dcp {
 // Quad: trio plus a producer warpgroup that fills every tile (sparse FP8 and MODEL1). (QuadPair,
 //   quad sharing each tile's fill between the two CTAs of a 128-head row, was slower than quad and
 //   pair everywhere it ran and was removed: docs/performance.md.)
+// Lead: quad's producer with three warpgroups (sparse FP8 and MODEL1; FlashMLA's split): the scorer also
+//   multiplies O's left half by its own P from registers, one P·V warpgroup the right half from P
+//   in shared memory (384 threads, in trio's family).
 // (A fourth, P·V left in flight across the next tile's barrier, was never faster: ptxas serialised
 // its wgmma, C7514. codegen now rejects a hot kernel whose wgmma ptxas serialises.)
-enum class Sm90Schedule { Trio, TrioSplit, Pair, Quad };
+enum class Sm90Schedule { Trio, TrioSplit, Pair, Quad, Lead };
 
 namespace decode_sm90 {
 using namespace ptx_sm90;  // the PTX wrappers (arch/sm90_ptx.cuh) as decode_sm90::...
@@ -47,11 +50,11 @@ constexpr int kChunks = kDimQk / 8;   // 72 16-byte chunks per row
 // factors per buffer, their final (l, m), and the mbarriers: full and empty per buffer and P's
 // hand-over per buffer (6); trio_split: a second P hand-over per buffer (P goes over in two halves
 // of tokens); pair: four more (the peer's P·V warpgroups done with a buffer, per half and buffer);
-// quad: one for Q (the scorer's own copies).
+// quad and lead: one for Q (the scorer's own copies).
 template <Sm90Schedule Sched>
 constexpr int sync_extra_bytes() {
     constexpr int bars = 6 + (Sched == Sm90Schedule::TrioSplit ? 2 : 0) + (Sched == Sm90Schedule::Pair ? 4 : 0) +
-                         (Sched == Sm90Schedule::Quad ? 1 : 0);
+                         (Sched == Sm90Schedule::Quad || Sched == Sm90Schedule::Lead ? 1 : 0);
     return 2 * kRows * 4 + kRows * 8 + bars * 8;
 }
 
@@ -123,6 +126,18 @@ __device__ __forceinline__ void issue_pv_half(float (&o)[128], uint32_t tile_add
         const uint64_t dv = make_desc(tile_addr + 4 * half * (Tile * 128) + kk * 16 * 128, Tile * 128, 1024);
         wgmma_ss_n256(o, p_desc(p_addr, kk), dv);
     }
+    wgmma_commit();
+}
+
+// issue_pv_half with P at p_addr (MODEL1's own buffer, or the tile's rope block), m64n256 a
+// k-step: lead's P·V warpgroup (384 threads: no m64n128 split, as quad's needs).
+template <int Tile>
+__device__ __forceinline__ void issue_pv_half_at(float (&o)[128], uint32_t tile_addr, int half, uint32_t p_addr) {
+    fence_regs(o);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < Tile / 16; ++kk)
+        wgmma_ss_n256(o, p_desc(p_addr, kk), make_desc(tile_addr + 4 * half * (Tile * 128) + kk * 16 * 128, Tile * 128, 1024));
     wgmma_commit();
 }
 

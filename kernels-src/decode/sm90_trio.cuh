@@ -93,6 +93,11 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
     [[maybe_unused]] constexpr bool kPair = Sched == Sm90Schedule::Pair;
     // quad: a fourth warpgroup (the producer) fills every FP8 tile; the P·V warpgroups only multiply
     [[maybe_unused]] constexpr bool kQuad = Sched == Sm90Schedule::Quad;
+    // lead: quad's producer and three warpgroups; the scorer multiplies O's left half itself, by
+    // its own P from registers (FlashMLA's split), one P·V warpgroup the right half
+    [[maybe_unused]] constexpr bool kLead = Sched == Sm90Schedule::Lead;
+    // the schedules whose producer warpgroup (role 3) fills every tile, the scorer copying Q
+    [[maybe_unused]] constexpr bool kProducer = kQuad || kLead;
     // the schedules whose CTAs write into each other's shared memory
     [[maybe_unused]] constexpr bool kCluster = kPair;
     // trio_split (BF16): P goes over in two halves of 32 tokens, the first once a lazy max has
@@ -103,10 +108,11 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
     // registers as wgmma A fragments (RS: only K is read from shared memory for them); FP8's (72)
     // none. Measured on the H200: one block −0.7% on compute-bound rows, two no better (NOTES.md at 628d1db).
     constexpr int kQRegBlocks = kFp8 || kModel1 ? 0 : 1;
-    static_assert((Sched == Sm90Schedule::Trio || (kSplitP && !kFp8) || (kPair && kFp8) || (kQuad && (kFp8 || kModel1))) &&
-                      (!kModel1 || kQuad) && Tile == 64 && Stages == 2,
+    static_assert((Sched == Sm90Schedule::Trio || (kSplitP && !kFp8) || (kPair && kFp8) || (kQuad && (kFp8 || kModel1)) ||
+                   (kLead && (kFp8 || kModel1))) &&
+                      (!kModel1 || kProducer) && Tile == 64 && Stages == 2,
                   "trio schedule: P fills a 64-token rope block; two buffers; trio_split: BF16 only; pair: FP8 only; "
-                  "quad: FP8 or MODEL1");
+                  "quad and lead: FP8 or MODEL1");
     static_assert(decode_sm90::shared_bytes<Kv, Tile, Stages, Sched>() + decode::kWriteRowsStaticBytes <= 227 * 1024,
                   "fits one H100/H200 CTA (dynamic + write_rows' static flags)");
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -133,7 +139,7 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
     [[maybe_unused]] auto peer_free = [&](int h, int b) { return bars + 48 + 16 * h + 8 * b; };
     // P of buffer b (trio_split: its half h, tokens 32h..32h + 31; half 1's after the rest)
     auto p_full = [&](int b, int h = 0) { return h == 0 ? bars + 32 + 8 * b : bars + 48 + 8 * b; };
-    [[maybe_unused]] const uint32_t q_full = bars + 48;  // quad: the scorer's copies of Q, a piece
+    [[maybe_unused]] const uint32_t q_full = bars + 48;  // quad and lead: the scorer's copies of Q, a piece
     const uint32_t q_addr = decode::smem_addr(sQ), kv_addr = decode::smem_addr(sKV);
     [[maybe_unused]] const uint32_t p_addr0 = decode::smem_addr(sP);
 
@@ -141,13 +147,13 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
     const int wg = warp >> 2, t = tid & 127, t4 = lane & 3;
     if (tid == 0) {
         for (int b = 0; b < 2; ++b) {
-            mbar_init(full(b), kFp8 && !kQuad ? 384 : 256);
+            mbar_init(full(b), kFp8 && !kProducer ? 384 : 256);
             mbar_init(empty(b), 256);
             // one arrival per thread: racecheck does not see a warp's accesses ordered by
             // __syncwarp before lane 0's arrival (NOTES.md at 628d1db, fifth session)
             mbar_init(p_full(b, 0), 128);
             if constexpr (kSplitP) mbar_init(p_full(b, 1), 128);
-            if constexpr (kQuad) if (b == 0) mbar_init(q_full, 128);
+            if constexpr (kProducer) if (b == 0) mbar_init(q_full, 128);
             if constexpr (kPair) {
                 mbar_init(peer_free(0, b), 128);
                 mbar_init(peer_free(1, b), 128);
@@ -215,10 +221,17 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
             float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
             // Q's last kQRegBlocks blocks as A fragments, [block][k-step][4], loaded once Q has landed
             [[maybe_unused]] uint32_t qr[kQRegBlocks > 0 ? kQRegBlocks : 1][4][4];
+            // lead: O's left half (dims 0..255) and P(i) as the A fragments of its Tile / 16 k-steps
+            [[maybe_unused]] float o[128];
+            [[maybe_unused]] uint32_t pf[Tile / 16][4];
+            if constexpr (kLead) {
+#pragma unroll
+                for (int j = 0; j < 128; ++j) o[j] = 0.0f;
+            }
             // quad: the scorer copies Q itself while it waits for the first tile, so that the
             // producer's first index and row loads do not queue behind Q's 4,608 copies (the
             // timeline had tile 0's index land 2 µs after Q's issue, its rows 3.9 µs after that)
-            if constexpr (kQuad) {
+            if constexpr (kProducer) {
                 if (n > 0) {
                     // (its own copies of the previous piece have landed: seen by this thread too, for racecheck)
                     decode::cp_async_wait<0>();
@@ -232,7 +245,7 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                 float s[kSRegs];
                 if constexpr (kCluster) mbar_wait_sleep_cluster(full(b), (u >> 1) & 1);  // the peer's half too
                 else mbar_wait_sleep(full(b), (u >> 1) & 1);
-                if constexpr (kQuad) {
+                if constexpr (kProducer) {
                     if (i == 0) mbar_wait_sleep(q_full, q_loads++ & 1);  // the warpgroup's copies of Q
                 }
                 fence_proxy_async();
@@ -300,7 +313,11 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                         // columns 8(ee >> 2) + 2t4, +1 of row r0 + 8k: 16-byte chunk ee >> 2,
                         // swizzled by the row mod 8 (= g for both rows)
                         const uint32_t off = row_off + k * 1024 + (((ee >> 2) ^ gv) << 4);
-                        *(uint32_t*)(p_dst + off) = p_bf16(s[ee], s[ee + 1], scale_log2, m_use[k], l[k]);
+                        const uint32_t v = p_bf16(s[ee], s[ee + 1], scale_log2, m_use[k], l[k]);
+                        *(uint32_t*)(p_dst + off) = v;
+                        // lead: the pair is also fragment (ee >> 1) & 3 of k-step ee >> 3 (rows r0 /
+                        // r0 + 8, tokens 8(ee >> 2) + 2t4: the wgmma A layout of wgmma_rs_n64)
+                        if constexpr (kLead) pf[ee >> 3][(ee >> 1) & 3] = v;
                     }
                 };
                 auto store_alpha = [&](const float (&alpha)[2]) {
@@ -346,6 +363,20 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                     store_alpha(alpha);
                     fence_proxy_async();  // these writes, before the P·V warpgroups' wgmma read them
                     mbar_arrive(p_full(b));
+                    if constexpr (kLead) {
+                        // P(i)·V(i) of O's left half (the tile's dims 0..255), P from registers;
+                        // then the buffer is free of this warpgroup's reads
+                        rescale_o(o, alpha[0], alpha[1]);
+                        fence_regs(o);
+                        wgmma_fence();
+#pragma unroll
+                        for (int kk = 0; kk < Tile / 16; ++kk)
+                            wgmma_rs_n256(o, pf[kk], make_desc(kv_addr + b * kTileBytes + kk * 16 * 128, Tile * 128, 1024));
+                        wgmma_commit();
+                        wgmma_wait0();
+                        fence_regs(o);
+                        mbar_arrive(empty(b));
+                    }
                 }
             }
             // the rows' row_stats (den, lse), for the P·V warpgroups' epilogue: computed here, where
@@ -358,7 +389,17 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
             }
             uses += n;
             __syncthreads();                // sStats written, before the P·V warpgroups read it
-            decode::write_rows_staged_barriers();  // the scorer holds no columns of O
+            if constexpr (kLead) {
+                // O's left half out, as P·V warpgroup 2 writes it in the other schedules
+                float2 stats[2];
+#pragma unroll
+                for (int k = 0; k < 2; ++k) stats[k] = sStats[rs + 8 * k];
+                decode::write_rows_staged<Stages * kTileBytes + own_p_bytes<Kv, Stages>(), kSparse>(
+                    p, pc.slot, seq, seq_rows, row_base, row_limit, r0, 2 * t4, t4 == 0, stats, OHalf{o}, sKV, 128 + t,
+                    256);
+            } else {
+                decode::write_rows_staged_barriers();  // the scorer holds no columns of O
+            }
             return;
         } else if constexpr (kRole == 3) {
             // ---- quad's producer: per tile the flags, the rope block and the latent ----
@@ -746,7 +787,7 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
             // raw bytes need them (one iteration ahead, the index load's L2 round trip is waited for
             // at the top of the next iteration, before the raw load can be issued)
             [[maybe_unused]] int page_next = -1, dq_page_next = -1;
-            if (!kQuad && (kRole == 1 || kFp8)) {
+            if (!kProducer && (kRole == 1 || kFp8)) {
                 next_pages(tile_begin);
                 for (int k = 0; k < 2 && k < n; ++k) {
                     fill_mine(tile_begin + k, page, fills, k == 0);
@@ -768,7 +809,7 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                         pre_sc = load_scale(row, dq_part >> 1);
                         have_pre = true;
                     }
-                } else if constexpr (kFp8 && !kQuad) {
+                } else if constexpr (kFp8 && !kProducer) {
                     if (i + 2 < n) {
                         prefetch_latent(tile_begin + i + 2, page);
                         load_batch(pre, token_row(tile_begin + i + 2, page), 0);
@@ -787,11 +828,13 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                     mbar_wait(p_full(b, 1), (u >> 1) & 1);
                     fence_proxy_async();
                     issue_pv_half<Tile, Tile / 32, Tile / 16>(o, kv_addr + b * kTileBytes, kHalf);
-                } else if constexpr (kQuad) {
-                    // P: the tile's rope block, or MODEL1's own buffer b
+                } else if constexpr (kProducer) {
+                    // P: the tile's rope block, or MODEL1's own buffer b; quad's 512 threads issue
+                    // m64n128 (the launch's register cap), lead's 384 m64n256
                     const uint32_t tile_addr = kv_addr + b * kTileBytes;
-                    issue_pv_half_n128<Tile>(o, tile_addr, kHalf,
-                                             kModel1 ? p_addr0 + b * kPBytes : tile_addr + (kQkBlocks - 1) * (Tile * 128));
+                    const uint32_t pa = kModel1 ? p_addr0 + b * kPBytes : tile_addr + (kQkBlocks - 1) * (Tile * 128);
+                    if constexpr (kQuad) issue_pv_half_n128<Tile>(o, tile_addr, kHalf, pa);
+                    else issue_pv_half_at<Tile>(o, tile_addr, kHalf, pa);
                 } else {
                     issue_pv_half<Tile>(o, kv_addr + b * kTileBytes, kHalf);
                 }
@@ -800,7 +843,7 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                 mbar_arrive(empty(b));  // every thread: it read sAlpha, and its P·V is done
                 // pair: the peer's warpgroup kHalf may write tile u + 2's half into buffer b
                 if constexpr (kPair) mbar_arrive_remote_relaxed(cluster_map_addr(peer_free(kHalf, b), cluster_rank() ^ 1));
-                if (!kQuad && (kRole == 1 || kFp8)) {
+                if (!kProducer && (kRole == 1 || kFp8)) {
                     if (i + 2 < n) {
                         fill_mine(tile_begin + i + 2, page, fills, false);
                         if constexpr (kPair) {
@@ -840,20 +883,25 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
     // is shared between budgets.
     // Quad (512 threads, 128 registers each at launch): the P·V warpgroups hold no raw rows (as
     // BF16's), the producer two raw batches of the next fill; 0 spills at 64 / 176 / 176 / 96.
+    // Lead (384 threads, 168 at launch): the scorer holds O's left half beside S and P's fragments,
+    // the one P·V warpgroup O's right half, the producer quad's.
     constexpr int kThreads = kQuad ? 512 : 384;
     constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
-    constexpr int kScorerRegs = kModel1 ? 72 : kQuad ? 64 : kFp8 ? 72 : 104, kPvRegs = kModel1 ? 168 : kQuad ? 176 : kFp8 ? 216 : 200;
-    constexpr int kProducerRegs = kQuad ? 4 * kLaunchRegs - kScorerRegs - 2 * kPvRegs : 0;
-    static_assert(kScorerRegs + 2 * kPvRegs + kProducerRegs <= (kQuad ? 4 : 3) * kLaunchRegs,
+    constexpr int kScorerRegs = kLead ? 216 : kModel1 ? 72 : kQuad ? 64 : kFp8 ? 72 : 104;
+    constexpr int kPvRegs = kLead ? 176 : kModel1 ? 168 : kQuad ? 176 : kFp8 ? 216 : 200;
+    constexpr int kPvGroups = kLead ? 1 : 2;
+    constexpr int kProducerRegs = kProducer ? (kQuad ? 4 : 3) * kLaunchRegs - kScorerRegs - kPvGroups * kPvRegs : 0;
+    static_assert(kScorerRegs + kPvGroups * kPvRegs + kProducerRegs <= (kQuad ? 4 : 3) * kLaunchRegs,
                   "setmaxnreg must stay inside the CTA's pool");
     if (wg == 0) {
-        setmaxnreg_dec<kScorerRegs>();
+        if constexpr (kScorerRegs > kLaunchRegs) setmaxnreg_inc<kScorerRegs>();
+        else setmaxnreg_dec<kScorerRegs>();
         decode::for_each_piece(p, seqs, block_seq, [&](const decode::Piece pc) { piece(pc, RoleTag<0>{}); });
         if constexpr (kCluster) cluster_sync();  // the peer's last arrivals here have landed
         return;
     }
-    if constexpr (kQuad) {
-        if (wg == 3) {
+    if constexpr (kProducer) {
+        if (wg == (kLead ? 2 : 3)) {
             setmaxnreg_dec<kProducerRegs>();
             decode::for_each_piece(p, seqs, block_seq, [&](const decode::Piece pc) { piece(pc, RoleTag<3>{}); });
             if constexpr (kCluster) cluster_sync();  // as the scorer's
@@ -861,7 +909,10 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
         }
     }
     setmaxnreg_inc<kPvRegs>();
-    if (wg == 1) {
+    if constexpr (kLead) {
+        // its one P·V warpgroup (1): O's right half
+        decode::for_each_piece(p, seqs, block_seq, [&](const decode::Piece pc) { piece(pc, RoleTag<1>{}); });
+    } else if (wg == 1) {
         decode::for_each_piece(p, seqs, block_seq, [&](const decode::Piece pc) { piece(pc, RoleTag<1>{}); });
     } else {
         decode::for_each_piece(p, seqs, block_seq, [&](const decode::Piece pc) { piece(pc, RoleTag<2>{}); });
@@ -877,7 +928,8 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
 // launcher (src/ops/model1.rs) reads.
 template <int Dqk, int Tile, int Stages, Sm90Schedule Sched>
 __device__ __forceinline__ void mla_decode_model1_sm90(const DcpMlaDecodeParams& p) {
-    static_assert(Dqk == decode_model1::kDim && Sched == Sm90Schedule::Quad, "MODEL1 runs quad at d_qk 512");
+    static_assert(Dqk == decode_model1::kDim && (Sched == Sm90Schedule::Quad || Sched == Sm90Schedule::Lead),
+                  "MODEL1 runs quad or lead at d_qk 512");
     mla_decode_sm90_trio<DecodeKv::Model1, Tile, Stages, Sched>(p);
 }
 

@@ -206,7 +206,9 @@ fn model1_kernel(sm90: bool, path: DecodePath) -> Result<Kernel> {
             .find(|((d_qk, _), _)| *d_qk == d)
             .and_then(|&((d_qk, tile), _)| Some((registry::mla_decode_model1(d_qk, tile)?, tile))),
         DecodePath::Wgmma { tile, stages, schedule } if sm90 => {
-            registry::mla_decode_model1_sm90(d, tile, stages, schedule).map(|id| (id, tile))
+            registry::mla_decode_model1_sm90(d, tile, stages, schedule)
+                .or_else(|| registry::mla_decode_model1_sm90_lead(d, tile, stages, schedule))
+                .map(|id| (id, tile))
         }
         DecodePath::Wgmma { .. } | DecodePath::Auto => None,
     };
