@@ -94,9 +94,10 @@ pub fn all_sm90_variants() -> Vec<Sm90Variant> {
 /// MODEL1's wgmma variants (kernels.toml's `mla_decode_model1_sm90`: the quad schedule at
 /// d_qk = 512, `kernels-src/decode/sm90_trio.cuh` over `DecodeKv::Model1`), in kernels.toml's order.
 pub fn model1_sm90_variants() -> Vec<Sm90Variant> {
-    registry::MLA_DECODE_MODEL1_SM90_VARIANTS
+    // lead first: MODEL1's default on 9.0 (H100: 0.90-0.97x quad's time on every MODEL1 row)
+    registry::MLA_DECODE_MODEL1_SM90_LEAD_VARIANTS
         .iter()
-        .chain(registry::MLA_DECODE_MODEL1_SM90_LEAD_VARIANTS)
+        .chain(registry::MLA_DECODE_MODEL1_SM90_VARIANTS)
         .map(|&((_, tile, stages, schedule), _)| (tile, stages, schedule))
         .collect()
 }
@@ -191,27 +192,13 @@ pub fn default_wgmma(format: KvFormat, sparse: bool, row_blocks: usize) -> Optio
 
 /// The launcher's heuristic for a launch over `format` whose sequences have `row_blocks` row
 /// blocks, on a device that runs wgmma (`sm90`: compute capability 9.0) or not: the kind's
-/// pair variant where a sparse query row has two row blocks, the kind ships one and the launch
-/// is not `short` (a few tiles a row, run unsplit: `DecodeShape::short_unsplit`, where quad,
-/// each CTA filling its own tiles, beats pair's shared fill by 1.05-1.24x in both tuned
-/// tables), else its default wgmma variant ([`default_wgmma`]); mma.sync without wgmma; `None`
-/// when nothing is built. One read of the registry's variants (it runs on every launch that
-/// leaves the choice to the heuristic).
-pub fn heuristic_path(
-    format: KvFormat,
-    sparse: bool,
-    row_blocks: usize,
-    short: bool,
-    sm90: bool,
-) -> Option<DecodePath> {
-    if sm90 {
-        let variants = sm90_variants(format, sparse);
-        let pair = variants.iter().find(|v| v.2 == Sm90Schedule::Pair).filter(|_| sparse && row_blocks == 2 && !short);
-        if let Some(&(tile, stages, schedule)) = pair.or(variants.first()) {
-            return Some(DecodePath::Wgmma { tile, stages, schedule: auto_schedule(schedule, row_blocks) });
-        }
-    }
-    mma_built(format, sparse).then_some(DecodePath::Mma)
+/// default wgmma variant ([`default_wgmma`]); mma.sync without wgmma; `None` when nothing is
+/// built. Sparse FP8's pair no longer runs where a query row has two row blocks: lead, the
+/// default, takes 0.94x pair's time at b128 q2 H128 K2048 (H100, 2026-12-07).
+pub fn heuristic_path(format: KvFormat, sparse: bool, row_blocks: usize, sm90: bool) -> Option<DecodePath> {
+    sm90.then(|| default_wgmma(format, sparse, row_blocks))
+        .flatten()
+        .or(mma_built(format, sparse).then_some(DecodePath::Mma))
 }
 
 /// The schedule the heuristic runs for a kind whose default is `default`, on sequences of
@@ -341,7 +328,7 @@ mod tests {
         let dense: Vec<String> = decode_variants(KvFormat::Bf16, false).into_iter().map(|(n, _)| n).collect();
         assert_eq!(dense, ["mma", "wgmma-trio-64x2", "wgmma-trio_split-64x2"]);
         let fp8: Vec<String> = decode_variants(KvFormat::Fp8_656, true).into_iter().map(|(n, _)| n).collect();
-        assert_eq!(fp8, ["mma", "wgmma-quad-64x2", "wgmma-pair-64x2", "wgmma-lead-64x2"]);
+        assert_eq!(fp8, ["mma", "wgmma-lead-64x2", "wgmma-pair-64x2", "wgmma-quad-64x2"]);
         assert_eq!(variant_name(DecodePath::Auto), "auto");
         // every name parses back to its path
         for (format, sparse) in KINDS {
@@ -353,11 +340,12 @@ mod tests {
     }
 
     #[test]
-    fn model1_ships_mma_and_quad_and_runs_quad_on_sm90() {
+    fn model1_ships_mma_quad_and_lead_and_runs_lead_on_sm90() {
         let names: Vec<String> = model1_variants().into_iter().map(|(n, _)| n).collect();
-        assert_eq!(names, ["mma", "wgmma-quad-64x2", "wgmma-lead-64x2"]);
+        assert_eq!(names, ["mma", "wgmma-lead-64x2", "wgmma-quad-64x2"]);
         let quad = DecodePath::Wgmma { tile: 64, stages: 2, schedule: Sm90Schedule::Quad };
-        assert_eq!(model1_heuristic_path(true), Some(quad));
+        let lead = DecodePath::Wgmma { tile: 64, stages: 2, schedule: Sm90Schedule::Lead };
+        assert_eq!(model1_heuristic_path(true), Some(lead));
         assert_eq!(model1_heuristic_path(false), Some(DecodePath::Mma));
         assert!(model1_ships(quad) && model1_ships(DecodePath::Mma));
         assert!(!model1_ships(DecodePath::Wgmma { tile: 64, stages: 2, schedule: Sm90Schedule::Pair }));
@@ -381,8 +369,8 @@ mod tests {
                 "one block"
             );
         }
-        // FP8's default (quad) is kept whatever the shape
-        assert_eq!(auto_schedule(Sm90Schedule::Quad, 2), Sm90Schedule::Quad);
+        // FP8's default (lead) is kept whatever the shape
+        assert_eq!(auto_schedule(Sm90Schedule::Lead, 2), Sm90Schedule::Lead);
         // and both BF16 kinds ship it
         for sparse in [false, true] {
             assert!(sm90_variants(KvFormat::Bf16, sparse).contains(&(64, 2, Sm90Schedule::TrioSplit)));
@@ -390,20 +378,19 @@ mod tests {
     }
 
     #[test]
-    fn the_heuristic_runs_each_kinds_default_pair_for_two_blocks_and_mma_without_wgmma() {
+    fn the_heuristic_runs_each_kinds_default_and_mma_without_wgmma() {
         let w = |schedule| Some(DecodePath::Wgmma { tile: 64, stages: 2, schedule });
-        assert_eq!(heuristic_path(KvFormat::Bf16, false, 1, false, true), w(Sm90Schedule::Trio));
-        assert_eq!(heuristic_path(KvFormat::Bf16, false, 2, false, true), w(Sm90Schedule::TrioSplit));
-        assert_eq!(heuristic_path(KvFormat::Bf16, false, 6, false, true), w(Sm90Schedule::TrioSplit));
-        assert_eq!(heuristic_path(KvFormat::Fp8_656, true, 1, false, true), w(Sm90Schedule::Quad));
-        assert_eq!(heuristic_path(KvFormat::Fp8_656, true, 2, false, true), w(Sm90Schedule::Pair));
-        // a short top-k run unsplit: quad, not pair
-        assert_eq!(heuristic_path(KvFormat::Fp8_656, true, 2, true, true), w(Sm90Schedule::Quad));
-        assert_eq!(heuristic_path(KvFormat::Fp8_656, true, 4, false, true), w(Sm90Schedule::Quad));
-        // sparse BF16 ships no pair: its default, adjusted
-        assert_eq!(heuristic_path(KvFormat::Bf16, true, 2, false, true), w(Sm90Schedule::TrioSplit));
+        assert_eq!(heuristic_path(KvFormat::Bf16, false, 1, true), w(Sm90Schedule::Trio));
+        assert_eq!(heuristic_path(KvFormat::Bf16, false, 2, true), w(Sm90Schedule::TrioSplit));
+        assert_eq!(heuristic_path(KvFormat::Bf16, false, 6, true), w(Sm90Schedule::TrioSplit));
+        // sparse FP8: lead at any number of row blocks (pair, which ships, runs only when named)
+        for rb in [1, 2, 4] {
+            assert_eq!(heuristic_path(KvFormat::Fp8_656, true, rb, true), w(Sm90Schedule::Lead), "{rb} blocks");
+        }
+        assert!(sm90_variants(KvFormat::Fp8_656, true).contains(&(64, 2, Sm90Schedule::Pair)));
+        assert_eq!(heuristic_path(KvFormat::Bf16, true, 2, true), w(Sm90Schedule::TrioSplit));
         for (format, sparse) in KINDS {
-            assert_eq!(heuristic_path(format, sparse, 1, false, false), Some(DecodePath::Mma), "{format:?} {sparse}");
+            assert_eq!(heuristic_path(format, sparse, 1, false), Some(DecodePath::Mma), "{format:?} {sparse}");
         }
         // pair applies to two blocks only
         let pair = DecodePath::Wgmma { tile: 64, stages: 2, schedule: Sm90Schedule::Pair };

@@ -1153,8 +1153,8 @@ mod tests {
         assert_eq!(sm90_variants(KvFormat::Bf16, true)[0], (64, 2, Sm90Schedule::Trio));
         assert_eq!(
             sm90_variants(KvFormat::Fp8_656, true),
-            vec![(64, 2, Sm90Schedule::Quad), (64, 2, Sm90Schedule::Pair), (64, 2, Sm90Schedule::Lead)],
-            "FP8: quad, pair for two row blocks, and lead"
+            vec![(64, 2, Sm90Schedule::Lead), (64, 2, Sm90Schedule::Pair), (64, 2, Sm90Schedule::Quad)],
+            "FP8: lead (the default), pair and quad"
         );
         // every listed variant resolves to a kernel, and the mma.sync tile comes from kernels.toml
         for (format, sparse) in [(KvFormat::Bf16, false), (KvFormat::Bf16, true), (KvFormat::Fp8_656, true)] {

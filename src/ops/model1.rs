@@ -340,7 +340,8 @@ mod tests {
         let quad = DecodePath::Wgmma { tile: 64, stages: 2, schedule: crate::catalogue::Sm90Schedule::Quad };
         // (DCP_MLA_DECODE_PATH is unset in the test suite: Auto is the heuristic)
         if std::env::var_os("DCP_MLA_DECODE_PATH").is_none() {
-            assert_eq!(model1_path(true, DecodePath::Auto).unwrap(), quad);
+            let lead = DecodePath::Wgmma { tile: 64, stages: 2, schedule: crate::catalogue::Sm90Schedule::Lead };
+            assert_eq!(model1_path(true, DecodePath::Auto).unwrap(), lead);
             assert_eq!(model1_path(false, DecodePath::Auto).unwrap(), DecodePath::Mma);
         }
         assert_eq!(model1_path(false, quad).unwrap(), quad, "a named path is kept (the kernel refuses it)");

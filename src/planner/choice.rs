@@ -59,10 +59,10 @@ impl DecodeShape {
         }
     }
 
-    /// The heuristic's kernel ([`heuristic_path`]) on a device that runs wgmma (`sm90`) or not,
-    /// with `num_sms` SMs; `None` when no kernel of the kind is built.
-    pub fn heuristic_path(&self, sm90: bool, num_sms: usize) -> Option<DecodePath> {
-        heuristic_path(self.format, self.sparse, self.row_blocks(), self.short_unsplit(num_sms), sm90)
+    /// The heuristic's kernel ([`heuristic_path`]) on a device that runs wgmma (`sm90`) or not;
+    /// `None` when no kernel of the kind is built.
+    pub fn heuristic_path(&self, sm90: bool) -> Option<DecodePath> {
+        heuristic_path(self.format, self.sparse, self.row_blocks(), sm90)
     }
 
     /// Whether the sequences are so few tiles long (at most `context` tokens) and so many that
@@ -146,7 +146,7 @@ impl DecodeChoice {
 /// force for it. Errors: a malformed `DCP_MLA_DECODE_PATH`, a refused table, or no kernel built.
 pub fn choose_decode(dev: &Device, shape: &DecodeShape, caller: DecodePath) -> Result<DecodeChoice> {
     let sm90 = dev.compute_capability() == (9, 0);
-    choose(shape, caller, env_path()?, sm90, dev.num_sms(), |c| tuned_decode(dev, c))
+    choose(shape, caller, env_path()?, sm90, |c| tuned_decode(dev, c))
 }
 
 /// The split count a caller should pass for a launch of `shape` on `dev` that lets the launcher
@@ -158,14 +158,13 @@ pub fn decode_num_splits_on(dev: &Device, shape: &DecodeShape) -> Result<usize> 
 }
 
 /// The precedence (the module's list) with its inputs given: `env` is `DCP_MLA_DECODE_PATH`,
-/// `sm90` whether the device runs wgmma, `num_sms` its SM count, `tuned` the table's lookup
+/// `sm90` whether the device runs wgmma, `tuned` the table's lookup
 /// (asked only when the caller and the environment leave the choice to it).
 pub fn choose(
     shape: &DecodeShape,
     caller: DecodePath,
     env: Option<DecodePath>,
     sm90: bool,
-    num_sms: usize,
     tuned: impl FnOnce(&DecodeClass) -> Result<Option<TunedChoice>>,
 ) -> Result<DecodeChoice> {
     let (format, sparse, rb) = (shape.format, shape.sparse, shape.row_blocks());
@@ -195,7 +194,7 @@ pub fn choose(
     }
     let kind = if sparse { "sparse" } else { "dense" };
     let path = shape
-        .heuristic_path(sm90, num_sms)
+        .heuristic_path(sm90)
         .ok_or_else(|| Error::Unsupported(format!("mla_decode {kind} {format:?}: no decode kernel built")))?;
     Ok(made(path, ChoiceSource::Heuristic))
 }
@@ -211,8 +210,7 @@ mod tests {
 
     #[test]
     fn a_context_of_one_tile_is_never_split() {
-        let c =
-            choose(&shape(false, KvFormat::Bf16, 8, 1, 16, 64), DecodePath::Auto, None, true, 132, no_table).unwrap();
+        let c = choose(&shape(false, KvFormat::Bf16, 8, 1, 16, 64), DecodePath::Auto, None, true, no_table).unwrap();
         assert_eq!(c.num_splits(&shape(false, KvFormat::Bf16, 8, 1, 16, 64), 132), 1);
         assert_eq!(c.num_splits(&shape(false, KvFormat::Bf16, 8, 1, 16, 1), 132), 1);
         // two tiles a request: at most one part a tile of the batch (8 · 2), not the wave's 128
@@ -224,7 +222,6 @@ mod tests {
             DecodePath::Auto,
             None,
             true,
-            132,
             table(w(Sm90Schedule::Trio), 64),
         )
         .unwrap();
@@ -259,27 +256,28 @@ mod tests {
         let fp8 = shape(true, KvFormat::Fp8_656, 64, 1, 128, 512);
         let quad = w(Sm90Schedule::Quad);
         // the caller's path wins, and the table is not asked
-        let c = choose(&fp8, quad, Some(DecodePath::Mma), true, 132, never).unwrap();
+        let c = choose(&fp8, quad, Some(DecodePath::Mma), true, never).unwrap();
         assert_eq!((c.path, c.source, c.tuned_splits), (quad, ChoiceSource::Caller, None));
         // then DCP_MLA_DECODE_PATH
-        let c = choose(&fp8, DecodePath::Auto, Some(DecodePath::Mma), true, 132, never).unwrap();
+        let c = choose(&fp8, DecodePath::Auto, Some(DecodePath::Mma), true, never).unwrap();
         assert_eq!((c.path, c.source), (DecodePath::Mma, ChoiceSource::Env));
         // then the table, with its split count
-        let c = choose(&fp8, DecodePath::Auto, None, true, 132, table(quad, 1)).unwrap();
+        let c = choose(&fp8, DecodePath::Auto, None, true, table(quad, 1)).unwrap();
         assert_eq!((c.path, c.source, c.tuned_splits), (quad, ChoiceSource::Tuned { distance: 0.0 }, Some(1)));
         assert_eq!(c.num_splits(&fp8, 132), 1);
-        // then the heuristic: pair for two row blocks of a long top-k, the heuristic's split count
-        let long = shape(true, KvFormat::Fp8_656, 64, 1, 128, 2048);
-        let c = choose(&long, DecodePath::Auto, None, true, 132, no_table).unwrap();
-        assert_eq!((c.path, c.source), (w(Sm90Schedule::Pair), ChoiceSource::Heuristic));
+        // then the heuristic: the default (lead) for two row blocks of a long top-k, the
+        // heuristic's split count
+        let (long, lead) = (shape(true, KvFormat::Fp8_656, 64, 1, 128, 2048), w(Sm90Schedule::Lead));
+        let c = choose(&long, DecodePath::Auto, None, true, no_table).unwrap();
+        assert_eq!((c.path, c.source), (lead, ChoiceSource::Heuristic));
         assert_eq!(c.num_splits(&long, 132), decode_num_splits(64, 1, 128, true, 132));
-        // and quad, unsplit, for a short one (K = 512: eight tiles)
-        let c = choose(&fp8, DecodePath::Auto, None, true, 132, no_table).unwrap();
-        assert_eq!((c.path, c.source), (quad, ChoiceSource::Heuristic));
+        // and unsplit for a short one (K = 512: eight tiles)
+        let c = choose(&fp8, DecodePath::Auto, None, true, no_table).unwrap();
+        assert_eq!((c.path, c.source), (lead, ChoiceSource::Heuristic));
         assert_eq!(c.num_splits(&fp8, 132), 1);
         // a refused table is the launch's error
         let refused = |_: &DecodeClass| Err(Error::InvalidConfig("tuned decode table t.json refused: x".into()));
-        assert!(choose(&fp8, DecodePath::Auto, None, true, 132, refused).is_err());
+        assert!(choose(&fp8, DecodePath::Auto, None, true, refused).is_err());
     }
 
     #[test]
@@ -323,31 +321,29 @@ mod tests {
     fn pair_named_where_it_does_not_apply_runs_the_default() {
         let pair = w(Sm90Schedule::Pair);
         let one_block = shape(true, KvFormat::Fp8_656, 128, 2, 64, 2048);
-        assert_eq!(choose(&one_block, pair, None, true, 132, never).unwrap().path, w(Sm90Schedule::Quad));
-        assert_eq!(
-            choose(&one_block, DecodePath::Auto, Some(pair), true, 132, never).unwrap().path,
-            w(Sm90Schedule::Quad)
-        );
+        let lead = w(Sm90Schedule::Lead);
+        assert_eq!(choose(&one_block, pair, None, true, never).unwrap().path, lead);
+        assert_eq!(choose(&one_block, DecodePath::Auto, Some(pair), true, never).unwrap().path, lead);
         let four_blocks = shape(true, KvFormat::Fp8_656, 128, 1, 256, 2048);
-        assert_eq!(choose(&four_blocks, pair, None, true, 132, never).unwrap().path, w(Sm90Schedule::Quad));
+        assert_eq!(choose(&four_blocks, pair, None, true, never).unwrap().path, lead);
         let two_blocks = shape(true, KvFormat::Fp8_656, 128, 1, 128, 2048);
-        assert_eq!(choose(&two_blocks, pair, None, true, 132, never).unwrap().path, pair);
+        assert_eq!(choose(&two_blocks, pair, None, true, never).unwrap().path, pair);
         // the environment naming quad where pair would apply: quad (a named kernel is kept)
         let quad = w(Sm90Schedule::Quad);
-        assert_eq!(choose(&two_blocks, DecodePath::Auto, Some(quad), true, 132, never).unwrap().path, quad);
+        assert_eq!(choose(&two_blocks, DecodePath::Auto, Some(quad), true, never).unwrap().path, quad);
     }
 
     #[test]
     fn the_environment_naming_another_kinds_variant_or_wgmma_without_it_falls_back() {
         let dense = shape(false, KvFormat::Bf16, 128, 2, 64, 8192);
         // quad is sparse FP8's: dense runs its own default, adjusted for two row blocks
-        let c = choose(&dense, DecodePath::Auto, Some(w(Sm90Schedule::Quad)), true, 132, never).unwrap();
+        let c = choose(&dense, DecodePath::Auto, Some(w(Sm90Schedule::Quad)), true, never).unwrap();
         assert_eq!(c.path, w(Sm90Schedule::TrioSplit));
         // no wgmma on the device: mma.sync
-        let c = choose(&dense, DecodePath::Auto, Some(w(Sm90Schedule::Trio)), false, 132, never).unwrap();
+        let c = choose(&dense, DecodePath::Auto, Some(w(Sm90Schedule::Trio)), false, never).unwrap();
         assert_eq!(c.path, DecodePath::Mma);
         // the heuristic without wgmma: mma.sync
-        let c = choose(&dense, DecodePath::Auto, None, false, 132, no_table).unwrap();
+        let c = choose(&dense, DecodePath::Auto, None, false, no_table).unwrap();
         assert_eq!(c.path, DecodePath::Mma);
     }
 

@@ -1264,7 +1264,7 @@ fn prepare_decode<'a>(p: Prep<'a, '_>, row: &BenchRow, spec: &DecodeSpec, layer:
     } else if row.family == DECODE_ENGINE_HEURISTIC_FAMILY {
         let (sm90, num_sms) = (dev.compute_capability() == (9, 0), dev.num_sms());
         let path = shape
-            .heuristic_path(sm90, num_sms)
+            .heuristic_path(sm90)
             .ok_or_else(|| Error::Unsupported(format!("{}: no decode kernel built", row.name())))?;
         (path, shape.heuristic_splits(num_sms))
     } else {

@@ -172,7 +172,7 @@ pub fn tune_plan(num_sms: usize, filter: Option<&str>) -> Result<TunePlan> {
         }
         let splits = split_candidates(&spec, num_sms);
         let shape = spec.shape();
-        let Some(path) = shape.heuristic_path(sm90, num_sms) else { continue };
+        let Some(path) = shape.heuristic_path(sm90) else { continue };
         let heuristic = TuneRun { variant: variant_name(path), path, num_splits: shape.heuristic_splits(num_sms) };
         let runs = decode_variants(spec.format, spec.sparse)
             .into_iter()
@@ -461,8 +461,8 @@ mod tests {
         assert_eq!(plan.classes.len(), 1);
         let c = &plan.classes[0];
         let splits = split_candidates(&c.spec, 132);
-        // mma, quad and pair (a query row of 128 heads has two row blocks)
-        assert_eq!(c.runs.len(), 3 * splits.len());
+        // mma, lead, pair and quad (a query row of 128 heads has two row blocks)
+        assert_eq!(c.runs.len(), 4 * splits.len());
         assert!(c.runs.iter().any(|r| r.variant == "wgmma-pair-64x2"));
         let one_block = tune_plan(132, Some("sparse fp8 b128 q1 H64")).unwrap();
         assert!(one_block.classes[0].runs.iter().all(|r| !r.variant.contains("pair")));
