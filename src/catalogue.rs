@@ -29,9 +29,11 @@ pub enum DecodePath {
 /// (`Sm90Schedule` in decode/sm90_base.cuh describes each). `Trio`: three warpgroups, one
 /// computing S, the softmax and P, two holding O's halves and doing P·V (one also loads), so the
 /// next tile is scored while this one is multiplied (dense and sparse BF16). `TrioSplit`: trio
-/// handing P over in two halves (sequences of two or more row blocks). `Quad`: sparse FP8's
-/// default, trio's three warpgroups and a fourth, the producer, which dequantises every tile so
-/// that the P·V warpgroups only multiply (512 threads). `Pair`: sparse FP8 trio whose query rows
+/// handing P over in two halves (sequences of two or more row blocks). `Quad`: trio's three
+/// warpgroups and a fourth, the producer, which dequantises every tile so that the P·V
+/// warpgroups only multiply (512 threads; sparse FP8 and MODEL1). `Lead`: sparse FP8's and
+/// MODEL1's default, quad's producer with three warpgroups: the scorer also multiplies O's left
+/// half by its own P from registers, one P·V warpgroup the right half (FlashMLA's split). `Pair`: sparse FP8 trio whose query rows
 /// have two row blocks (65..=128 heads): the row's two CTAs form a thread-block cluster and each
 /// dequantises half of every tile into both; where it does not apply (rows of one block or of
 /// more than two) the kind's default runs instead.
@@ -64,8 +66,8 @@ pub fn kv_axis(format: KvFormat, sparse: bool) -> axes::Kv {
 
 /// Every wgmma decode variant kernels.toml ships for a launch over `format` (`sparse`: index
 /// lists, else the dense block table), over the Hopper decode families (trio and quad): the one
-/// kernels.toml marks `default` first, then the rest in its order. BF16 runs trio, FP8 quad (its
-/// producer warpgroup dequantises the tiles) and pair where a query row has two row blocks.
+/// kernels.toml marks `default` first, then the rest in its order. BF16 runs trio, FP8 lead (its
+/// producer warpgroup dequantises the tiles; pair and quad when named).
 pub fn sm90_variants(format: KvFormat, sparse: bool) -> Vec<Sm90Variant> {
     let kv = kv_axis(format, sparse);
     let mut v: Vec<(Sm90Variant, bool)> = registry::MLA_DECODE_SM90_TRIO_VARIANTS
@@ -91,8 +93,9 @@ pub fn all_sm90_variants() -> Vec<Sm90Variant> {
     all
 }
 
-/// MODEL1's wgmma variants (kernels.toml's `mla_decode_model1_sm90`: the quad schedule at
-/// d_qk = 512, `kernels-src/decode/sm90_trio.cuh` over `DecodeKv::Model1`), in kernels.toml's order.
+/// MODEL1's wgmma variants: kernels.toml's `mla_decode_model1_sm90_lead` first (the default), then
+/// `mla_decode_model1_sm90` (the lead and quad schedules at d_qk = 512,
+/// `kernels-src/decode/sm90_trio.cuh` over `DecodeKv::Model1`).
 pub fn model1_sm90_variants() -> Vec<Sm90Variant> {
     // lead first: MODEL1's default on 9.0 (H100: 0.90-0.97x quad's time on every MODEL1 row)
     registry::MLA_DECODE_MODEL1_SM90_LEAD_VARIANTS
@@ -118,9 +121,9 @@ pub fn model1_variants() -> Vec<(String, DecodePath)> {
 
 /// The MODEL1 launcher's heuristic: its first wgmma variant on a device that runs wgmma (`sm90`:
 /// compute capability 9.0), whatever the heads (each CTA holds a row block of 64 of a query row's
-/// heads, as quad's), else the mma.sync kernel; `None` when nothing is built. (On an H100,
-/// 2026-12-06, quad over MODEL1's cache took 0.54-0.63 of the mma.sync kernel's time at
-/// FlashMLA's three MODEL1 shapes, with every MODEL1 GPU test, racecheck and memcheck clean.)
+/// heads), else the mma.sync kernel; `None` when nothing is built. (On an H100, 2026-12-06, quad
+/// over MODEL1's cache took 0.54-0.63 of the mma.sync kernel's time at FlashMLA's three MODEL1
+/// shapes; lead, 2026-12-07, 0.96-0.97 of quad's.)
 pub fn model1_heuristic_path(sm90: bool) -> Option<DecodePath> {
     let wgmma =
         model1_sm90_variants().first().map(|&(tile, stages, schedule)| DecodePath::Wgmma { tile, stages, schedule });

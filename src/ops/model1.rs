@@ -3,10 +3,11 @@
 //! sources in one softmax, and the cache's fill. References: [`crate::reference::model1`].
 //!
 //! Kernels: `kernels-src/decode/model1.cuh` (family `mla_decode_model1`, mma.sync: sm_80 and
-//! sm_90), and on compute capability 9.0 `kernels-src/decode/sm90_trio.cuh`'s quad schedule over
-//! MODEL1's cache (family `mla_decode_model1_sm90`, wgmma, `wgmma-quad-64x2`), the default on 9.0
-//! ([`crate::catalogue::model1_heuristic_path`]; `DCP_MLA_DECODE_PATH` or [`mla_decode_model1_on`]
-//! name either kernel); split launches through the decode's
+//! sm_90), and on compute capability 9.0 `kernels-src/decode/sm90_trio.cuh`'s lead schedule over
+//! MODEL1's cache (family `mla_decode_model1_sm90_lead`, wgmma, `wgmma-lead-64x2`), the default on
+//! 9.0 ([`crate::catalogue::model1_heuristic_path`]), and its quad schedule (family
+//! `mla_decode_model1_sm90`, `wgmma-quad-64x2`; `DCP_MLA_DECODE_PATH` or [`mla_decode_model1_on`]
+//! name any of the three); split launches through the decode's
 //! own schedule and combine ([`crate::ops::decode`]); `kernels-src/fill.cuh` (`kv_fill_model1`).
 
 use super::decode::{launch, validate_common, DecodeCommon, IndexLists, Kernel, ListNames, LISTS, MAX_DECODE_TOKENS};
@@ -184,7 +185,7 @@ fn decode_params(a: &Model1Decode) -> Result<DcpMlaDecodeParams> {
 /// `path`: a named path as it is (a variant MODEL1 does not ship, or wgmma off 9.0, is refused
 /// when the kernel is looked up); `Auto` as `DCP_MLA_DECODE_PATH` names it (a variant of another
 /// kind, which MODEL1 does not ship, falls back to the heuristic), else the heuristic
-/// ([`model1_heuristic_path`]: wgmma quad on 9.0, mma.sync elsewhere).
+/// ([`model1_heuristic_path`]: wgmma lead on 9.0, mma.sync elsewhere).
 pub fn model1_path(sm90: bool, path: DecodePath) -> Result<DecodePath> {
     match path {
         DecodePath::Auto => match env_path()? {
