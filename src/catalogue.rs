@@ -44,7 +44,7 @@ impl DecodePath {
     /// into each other's shared memory; every other kernel runs alone (1).
     pub fn cluster_size(self) -> u32 {
         match self {
-            DecodePath::Wgmma { schedule: Sm90Schedule::Pair | Sm90Schedule::LeadPair, .. } => 2,
+            DecodePath::Wgmma { schedule: Sm90Schedule::Pair, .. } => 2,
             _ => 1,
         }
     }
@@ -331,7 +331,7 @@ mod tests {
         let dense: Vec<String> = decode_variants(KvFormat::Bf16, false).into_iter().map(|(n, _)| n).collect();
         assert_eq!(dense, ["mma", "wgmma-trio-64x2", "wgmma-trio_split-64x2"]);
         let fp8: Vec<String> = decode_variants(KvFormat::Fp8_656, true).into_iter().map(|(n, _)| n).collect();
-        assert_eq!(fp8, ["mma", "wgmma-lead-64x2", "wgmma-pair-64x2", "wgmma-lead_pair-64x2", "wgmma-quad-64x2"]);
+        assert_eq!(fp8, ["mma", "wgmma-lead-64x2", "wgmma-pair-64x2", "wgmma-quad-64x2"]);
         assert_eq!(variant_name(DecodePath::Auto), "auto");
         // every name parses back to its path
         for (format, sparse) in KINDS {
@@ -345,7 +345,7 @@ mod tests {
     #[test]
     fn model1_ships_mma_quad_and_lead_and_runs_lead_on_sm90() {
         let names: Vec<String> = model1_variants().into_iter().map(|(n, _)| n).collect();
-        assert_eq!(names, ["mma", "wgmma-lead-64x2", "wgmma-lead_pair-64x2", "wgmma-quad-64x2"]);
+        assert_eq!(names, ["mma", "wgmma-lead-64x2", "wgmma-quad-64x2"]);
         let quad = DecodePath::Wgmma { tile: 64, stages: 2, schedule: Sm90Schedule::Quad };
         let lead = DecodePath::Wgmma { tile: 64, stages: 2, schedule: Sm90Schedule::Lead };
         assert_eq!(model1_heuristic_path(true), Some(lead));
@@ -398,9 +398,7 @@ mod tests {
         // pair applies to two blocks only
         let pair = DecodePath::Wgmma { tile: 64, stages: 2, schedule: Sm90Schedule::Pair };
         assert!(variant_applies(pair, 2) && !variant_applies(pair, 1) && !variant_applies(pair, 4));
-        let lead_pair = DecodePath::Wgmma { tile: 64, stages: 2, schedule: Sm90Schedule::LeadPair };
-        assert!(variant_applies(lead_pair, 2) && !variant_applies(lead_pair, 1) && !variant_applies(lead_pair, 3));
-        assert_eq!((pair.cluster_size(), lead_pair.cluster_size()), (2, 2));
+        assert_eq!(pair.cluster_size(), 2);
         let quad = DecodePath::Wgmma { tile: 64, stages: 2, schedule: Sm90Schedule::Quad };
         assert_eq!((quad.cluster_size(), DecodePath::Mma.cluster_size(), DecodePath::Auto.cluster_size()), (1, 1, 1));
         assert!(variant_applies(DecodePath::Mma, 1));

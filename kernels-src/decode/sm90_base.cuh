@@ -30,12 +30,9 @@ namespace dcp {
 // Lead: quad's producer with three warpgroups (sparse FP8 and MODEL1; FlashMLA's split): the scorer also
 //   multiplies O's left half by its own P from registers, one P·V warpgroup the right half from P
 //   in shared memory (384 threads, in trio's family).
-// LeadPair: lead for query rows of two row blocks (65..128 heads; sparse FP8 and MODEL1): the
-//   row's two CTAs form a cluster and each producer fills half of every tile's tokens into both
-//   CTAs (per-warp bulk copies to the peer), FlashMLA's form at 128 heads (sm90_trio.cuh).
 // (A fourth, P·V left in flight across the next tile's barrier, was never faster: ptxas serialised
 // its wgmma, C7514. codegen now rejects a hot kernel whose wgmma ptxas serialises.)
-enum class Sm90Schedule { Trio, TrioSplit, Pair, Quad, Lead, LeadPair };
+enum class Sm90Schedule { Trio, TrioSplit, Pair, Quad, Lead };
 
 namespace decode_sm90 {
 using namespace ptx_sm90;  // the PTX wrappers (arch/sm90_ptx.cuh) as decode_sm90::...
@@ -57,7 +54,7 @@ constexpr int kChunks = kDimQk / 8;   // 72 16-byte chunks per row
 template <Sm90Schedule Sched>
 constexpr int sync_extra_bytes() {
     constexpr int bars = 6 + (Sched == Sm90Schedule::TrioSplit ? 2 : 0) + (Sched == Sm90Schedule::Pair ? 4 : 0) +
-                         (Sched == Sm90Schedule::Quad || Sched == Sm90Schedule::Lead || Sched == Sm90Schedule::LeadPair ? 1 : 0);
+                         (Sched == Sm90Schedule::Quad || Sched == Sm90Schedule::Lead ? 1 : 0);
     return 2 * kRows * 4 + kRows * 8 + bars * 8;
 }
 

@@ -95,13 +95,11 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
     [[maybe_unused]] constexpr bool kQuad = Sched == Sm90Schedule::Quad;
     // lead: quad's producer and three warpgroups; the scorer multiplies O's left half itself, by
     // its own P from registers (FlashMLA's split), one P·V warpgroup the right half
-    // lead_pair: lead whose two CTAs of a query row (two row blocks) share every tile's fill
-    [[maybe_unused]] constexpr bool kSharedFill = Sched == Sm90Schedule::LeadPair;
-    [[maybe_unused]] constexpr bool kLead = Sched == Sm90Schedule::Lead || kSharedFill;
+    [[maybe_unused]] constexpr bool kLead = Sched == Sm90Schedule::Lead;
     // the schedules whose producer warpgroup (role 3) fills every tile, the scorer copying Q
     [[maybe_unused]] constexpr bool kProducer = kQuad || kLead;
     // the schedules whose CTAs write into each other's shared memory
-    [[maybe_unused]] constexpr bool kCluster = kPair || kSharedFill;
+    [[maybe_unused]] constexpr bool kCluster = kPair;
     // trio_split (BF16): P goes over in two halves of 32 tokens, the first once a lazy max has
     // passed (so P·V starts beside the scorer's second half of exps); the launcher runs it where a
     // sequence has two or more row blocks (compute-bound), trio's single hand-over elsewhere.
@@ -149,10 +147,8 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
     const int wg = warp >> 2, t = tid & 127, t4 = lane & 3;
     if (tid == 0) {
         for (int b = 0; b < 2; ++b) {
-            // lead_pair: full(b) takes the producer's 128 arrivals (one expecting the peer's bytes),
-            // empty(b) also the peer's eight consumer warps' (its producer writes here after them)
-            mbar_init(full(b), kSharedFill ? 128 : kFp8 && !kProducer ? 384 : 256);
-            mbar_init(empty(b), kSharedFill ? 256 + 8 : 256);
+            mbar_init(full(b), kFp8 && !kProducer ? 384 : 256);
+            mbar_init(empty(b), 256);
             // one arrival per thread: racecheck does not see a warp's accesses ordered by
             // __syncwarp before lane 0's arrival (NOTES.md at 628d1db, fifth session)
             mbar_init(p_full(b, 0), 128);
@@ -166,7 +162,7 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
         fence_proxy_async();
         if constexpr (kCluster) fence_mbarrier_init_cluster();
     }
-    // pair, lead_pair: the peer's mbarriers are set up before anything arrives on them
+    // pair: the peer's mbarriers are set up before anything arrives on them
     if constexpr (kCluster) cluster_sync();
     if (!kSparse && p.kv_tma != 0 && tid == 128) tma_prefetch_map(&p.kv_tmap);  // warpgroup 1 issues the boxes
     const int seqs = decode::num_seqs(p, kSparse);
@@ -380,12 +376,6 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                         wgmma_wait0();
                         fence_regs(o);
                         mbar_arrive(empty(b));
-                        // lead_pair: the peer's producer may write tile u + 2's tokens into buffer b
-                        // (one arrival a warp, once all its lanes' P·V is done)
-                        if constexpr (kSharedFill) {
-                            __syncwarp();
-                            if (lane == 0) mbar_arrive_remote_relaxed(cluster_map_addr(empty(b), cluster_rank() ^ 1));
-                        }
                     }
                 }
             }
@@ -400,14 +390,13 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
             uses += n;
             __syncthreads();                // sStats written, before the P·V warpgroups read it
             if constexpr (kLead) {
-                // O's left half out, as P·V warpgroup 2 writes it in the other schedules (lead_pair:
-                // through Q, as the P·V warpgroup's: the peer may already fill the buffers)
+                // O's left half out, as P·V warpgroup 2 writes it in the other schedules
                 float2 stats[2];
 #pragma unroll
                 for (int k = 0; k < 2; ++k) stats[k] = sStats[rs + 8 * k];
-                decode::write_rows_staged<kCluster ? kQBytes : Stages * kTileBytes + own_p_bytes<Kv, Stages>(), kSparse>(
-                    p, pc.slot, seq, seq_rows, row_base, row_limit, r0, 2 * t4, t4 == 0, stats, OHalf{o},
-                    kCluster ? sQ : sKV, 128 + t, 256);
+                decode::write_rows_staged<Stages * kTileBytes + own_p_bytes<Kv, Stages>(), kSparse>(
+                    p, pc.slot, seq, seq_rows, row_base, row_limit, r0, 2 * t4, t4 == 0, stats, OHalf{o}, sKV, 128 + t,
+                    256);
             } else {
                 decode::write_rows_staged_barriers();  // the scorer holds no columns of O
             }
@@ -417,25 +406,16 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
             // Quad: two threads a token: thread t fills token t / 2's latent half t & 1 (column
             // blocks 4·half.. : 256 values in four 64-byte batches, scale groups 2·half and
             // 2·half + 1) and half of its rope block by cp.async.
-            // Lead_pair: four threads a token of this CTA's half of the tile (tokens 32·rank..
-            // + 31), thread t token 32·rank + t / 4's column blocks 2q and 2q + 1 (q = t & 3: two
-            // batches, scale group q) and the rope block's chunks 2q, 2q + 1 (loaded, not copied),
-            // each 16-byte chunk stored here; thread q = 0 also the token's flag. Then each warp's
-            // lane 0 bulk-copies the warp's 8 tokens (every column block's 1 KB, and 32 bytes of
-            // flags) into the peer's buffer, completing on the peer's full(b).
             // MODEL1 (decode/model1_format.cuh): a block is a 64-byte batch with its ue8m0 scale
-            // byte (half 0 fills nope blocks 0..3, half 1 blocks 4..6; lead_pair: q = 3 has block 6
-            // only); the token's entry is its first list's (positions 0..n1 − 1) or its second's,
-            // in that list's cache.
+            // byte (half 0 fills nope blocks 0..3, half 1 blocks 4..6); the token's entry is its
+            // first list's (positions 0..n1 − 1) or its second's, in that list's cache.
             // A fill's first two batches and its scales are loaded before the wait
             // for its buffer (their latency hides behind that wait), the rest after, from L2:
             // each row is prefetched a fill before its raw loads, and its index loaded a fill
             // before that.
-            [[maybe_unused]] const uint32_t rank = kSharedFill ? cluster_rank() : 0, peer = rank ^ 1;
-            const int tok = kSharedFill ? 32 * (int)rank + (t >> 2) : t >> 1, half = t & 1;
-            [[maybe_unused]] const int q = t & 3;
+            const int tok = t >> 1, half = t & 1;
             // the thread's first column block (from t where used: one value fewer to hold)
-            auto blk0 = [&]() { return kSharedFill ? 2 * (t & 3) : 4 * (t & 1); };
+            auto blk0 = [&]() { return 4 * (t & 1); };
             const unsigned char* cache = (const unsigned char*)p.cache;
             // MODEL1: the first list's valid entries and both lists
             [[maybe_unused]] const int n1 = kModel1 ? decode::seq_tokens(p, true, seq) : 0;
@@ -448,8 +428,8 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                 const unsigned char* scales;
             };
             using Where = std::conditional_t<kModel1, Where1, int64_t>;
-            // the token's scales: two fp32 groups (lead_pair: its one, twice); MODEL1, the bytes of
-            // the thread's blocks from the lowest (four; lead_pair two)
+            // the token's scales: two fp32 groups; MODEL1, the bytes of the thread's four blocks
+            // from the lowest
             using Scales = std::conditional_t<kModel1, uint32_t, float2>;
             // the entry of tile's token: its page (its list's value), or -1 past the list(s)
             auto page_of = [&](int tile) -> int {
@@ -503,12 +483,7 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
             };
             auto load_scales = [&](Where w) -> Scales {
                 if constexpr (kModel1) {
-                    if constexpr (kSharedFill)
-                        return valid(w) ? __ldg((const uint32_t*)(w.scales + 4 * (q >> 1))) >> (16 * (q & 1)) : 0u;
-                    else return valid(w) ? __ldg((const uint32_t*)(w.scales + 4 * half)) : 0u;
-                } else if constexpr (kSharedFill) {
-                    const float s = load_scale(w, q);
-                    return make_float2(s, s);
+                    return valid(w) ? __ldg((const uint32_t*)(w.scales + 4 * half)) : 0u;
                 } else {
                     const float s0 = load_scale(w, 2 * half), s1 = load_scale(w, 2 * half + 1);
                     return make_float2(s0, s1);
@@ -516,28 +491,19 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
             };
             // 656: a row's 656 bytes touch at most 7 lines of 128 bytes, 4 from one thread, 3 from
             // the other; MODEL1: a value row's 576 at most 6, 3 each, and its scale slot one more.
-            // Lead_pair: two probes a thread at 256q and 256q + 128 (each clamped to the row's last
-            // byte), and MODEL1's scale slot.
             auto prefetch_row = [&](Where w) {
                 if (!valid(w)) return;
                 const unsigned char* a = src_of(w);
                 constexpr int kRowEnd = kModel1 ? decode_model1::kRowBytes : kFp8RowBytes;
-                if constexpr (kSharedFill) {
 #pragma unroll
-                    for (int k = 0; k < 2; ++k) asm volatile("prefetch.global.L2 [%0];" ::"l"(a + min(256 * q + 128 * k, kRowEnd - 1)));
-                    if constexpr (kModel1) asm volatile("prefetch.global.L2 [%0];" ::"l"(w.scales));
-                } else {
-#pragma unroll
-                    for (int k = 0; k < (kModel1 ? 3 : 4); ++k) {
-                        const int off = half == 0 ? 128 * k : min((kModel1 ? 384 : 512) + 128 * k, kRowEnd - 1);
-                        asm volatile("prefetch.global.L2 [%0];" ::"l"(a + off));
-                    }
-                    if constexpr (kModel1)
-                        if (half == 1) asm volatile("prefetch.global.L2 [%0];" ::"l"(w.scales));
+                for (int k = 0; k < (kModel1 ? 3 : 4); ++k) {
+                    const int off = half == 0 ? 128 * k : min((kModel1 ? 384 : 512) + 128 * k, kRowEnd - 1);
+                    asm volatile("prefetch.global.L2 [%0];" ::"l"(a + off));
                 }
+                if constexpr (kModel1)
+                    if (half == 1) asm volatile("prefetch.global.L2 [%0];" ::"l"(w.scales));
             };
-            // a dequantised or copied 16-byte chunk of the tile in buffer b at byte `off` (lead_pair's
-            // peer gets it by the warp's bulk copies after the fill)
+            // a dequantised 16-byte chunk of the tile in buffer b at byte `off`
             auto put_chunk = [&](int b, uint32_t off, uint4 v) {
                 *(uint4*)(sKV + b * kTileBytes + off) = v;
             };
@@ -556,38 +522,24 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
             };
             // the rope block: the tile's last column block (MODEL1: 448 bytes into the row)
             constexpr int kRopeAt = kModel1 ? decode_model1::kNope : kFp8RopeOffset;
-            // lead_pair: the bytes the peer's producer stores into this CTA's buffer a fill (its
-            // 32 tokens' column blocks and flags), which full(b)'s expecting arrival waits for
-            [[maybe_unused]] constexpr uint32_t kPeerFillBytes = Tile / 2 * (kQkBlocks * 128 + 4);
-            // MODEL1's 7 nope blocks: half 1 has no fourth batch, lead_pair's q = 3 no second
+            // MODEL1's 7 nope blocks: half 1 has no fourth batch
             [[maybe_unused]] const bool batch3 = !kModel1 || half == 0;
-            const bool batch1 = !kSharedFill || !kModel1 || q < 3;
             // Every copy of the previous piece has landed (its readers finished before this
             // piece's barrier): waited for here too, so that this thread itself has seen them
             // complete before it copies into the same bytes (racecheck cannot follow the
             // mbarrier chain from another thread's wait). A piece without tiles loads no Q: no
             // fill's arrival would cover its copies, which could then land over the next piece's.
-            // (lead_pair's producer copies nothing by cp.async.)
-            if constexpr (!kSharedFill) decode::cp_async_wait<0>();
+            decode::cp_async_wait<0>();
             int pg1 = n > 1 ? page_of(tile_begin + 1) : -1;  // the next fill's index
             int pg2 = n > 2 ? page_of(tile_begin + 2) : -1;  // the one after
             Where row = row_of(tile_begin, page_of(tile_begin));
             prefetch_row(row);
             uint4 ra[kFp8Batch], rb[kFp8Batch];
-            [[maybe_unused]] uint4 rope[2];  // lead_pair: the thread's two chunks of the rope block
-            auto load_rope = [&](Where w) {
-                if constexpr (kSharedFill)
-#pragma unroll
-                    for (int e = 0; e < 2; ++e)
-                        rope[e] = valid(w) ? __ldg((const uint4*)(src_of(w) + kRopeAt + 32 * q + 16 * e)) : make_uint4(0, 0, 0, 0);
-            };
             Scales sc;
-            // a fill's loads made before the wait for its buffer: its first two batches (lead_pair:
-            // both of its batches and its rope chunks), its scales
+            // a fill's loads made before the wait for its buffer: its first two batches, its scales
             auto load_fill = [&](Where w) {
                 load_batch(ra, w, 0);
-                if (batch1) load_batch(rb, w, 1);
-                load_rope(w);
+                load_batch(rb, w, 1);
                 sc = load_scales(w);
             };
             // after fill f: fill f + 1's loads, fill f + 2's row prefetched, fill f + 3's index
@@ -603,56 +555,28 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
             for (int f = 0; f < n; ++f) {
                 const uint32_t u = uses + f;
                 const int b = u & 1;
-                if constexpr (kSharedFill) {
-                    // both CTAs' P·V of use u − 2 are done (the peer's warps arrive here too)
-                    if (u >= 2) mbar_wait_sleep_cluster(empty(b), ((u >> 1) - 1) & 1);
-                    // this fill's buffer and full(b) in the peer (cluster-window addresses)
-                    const uint32_t peer_tile = cluster_map_addr(kv_addr + b * kTileBytes, peer);
-                    const uint32_t peer_full = cluster_map_addr(full(b), peer);
-                    if (q == 0) sValid[b * Tile + tok] = valid(row);
+                if (u >= 2) mbar_wait_sleep(empty(b), ((u >> 1) - 1) & 1);  // P·V of use u − 2 is done
+                // fill f − 2's copies into this buffer have landed (full, then its P·V, came
+                // before empty): seen by this thread too, for racecheck (one group a fill)
+                decode::cp_async_wait<1>();
+                if (half == 0) sValid[b * Tile + tok] = valid(row);
+                {
+                    const unsigned char* src = src_of(row) + kRopeAt + 64 * half;
 #pragma unroll
-                    for (int e = 0; e < 2; ++e) put_chunk(b, swizzled(Tile, tok, 8 * (kQkBlocks - 1) + 2 * q + e), rope[e]);
-                    store_batch(ra, b, 0, sc);
-                    if (batch1) store_batch(rb, b, 1, sc);
-                    fence_proxy_async();  // these generic writes, before wgmma and the bulk copies read them
-                    __syncwarp();
-                    if (lane == 0) {
-                        // the warp's 8 tokens (32·rank + 8w..): 1 KB a column block, and their flags
-                        const uint32_t row0 = 32 * rank + 8 * ((t >> 5) & 3);
-#pragma unroll
-                        for (int blk = 0; blk < kQkBlocks; ++blk) {
-                            const uint32_t off = blk * (Tile * 128) + row0 * 128;
-                            bulk_copy_to_cluster(peer_tile + off, kv_addr + b * kTileBytes + off, 8 * 128, peer_full);
-                        }
-                        const uint32_t fl = decode::smem_addr(sValid + b * Tile + row0);
-                        bulk_copy_to_cluster(cluster_map_addr(fl, peer), fl, 32, peer_full);
-                    }
-                    if (t == 0) mbar_arrive_expect_tx(full(b), kPeerFillBytes);
-                    else mbar_arrive(full(b));
-                } else {
-                    if (u >= 2) mbar_wait_sleep(empty(b), ((u >> 1) - 1) & 1);  // P·V of use u − 2 is done
-                    // fill f − 2's copies into this buffer have landed (full, then its P·V, came
-                    // before empty): seen by this thread too, for racecheck (one group a fill)
-                    decode::cp_async_wait<1>();
-                    if (half == 0) sValid[b * Tile + tok] = valid(row);
-                    {
-                        const unsigned char* src = src_of(row) + kRopeAt + 64 * half;
-#pragma unroll
-                        for (int j = 0; j < 4; ++j)
-                            decode::cp_async16(sKV + b * kTileBytes + swizzled(Tile, tok, 8 * (kQkBlocks - 1) + 4 * half + j),
-                                               src + 16 * j, valid(row));
-                    }
-                    store_batch(ra, b, 0, sc);
-                    load_batch(ra, row, 2);
-                    store_batch(rb, b, 1, sc);
-                    if (batch3) load_batch(rb, row, 3);
-                    store_batch(ra, b, 2, sc);
-                    if (batch3) store_batch(rb, b, 3, sc);
-                    fence_proxy_async();            // these generic writes, before wgmma reads them
-                    mbar_arrive_cp_async(full(b));  // the rope's copies (Q is the scorer's own)
-                    decode::cp_async_commit();
-                    mbar_arrive(full(b));
+                    for (int j = 0; j < 4; ++j)
+                        decode::cp_async16(sKV + b * kTileBytes + swizzled(Tile, tok, 8 * (kQkBlocks - 1) + 4 * half + j),
+                                           src + 16 * j, valid(row));
                 }
+                store_batch(ra, b, 0, sc);
+                load_batch(ra, row, 2);
+                store_batch(rb, b, 1, sc);
+                if (batch3) load_batch(rb, row, 3);
+                store_batch(ra, b, 2, sc);
+                if (batch3) store_batch(rb, b, 3, sc);
+                fence_proxy_async();            // these generic writes, before wgmma reads them
+                mbar_arrive_cp_async(full(b));  // the rope's copies (Q is the scorer's own)
+                decode::cp_async_commit();
+                mbar_arrive(full(b));
                 if (f + 1 < n) next_fill(f);
             }
             uses += n;
@@ -919,12 +843,6 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                 mbar_arrive(empty(b));  // every thread: it read sAlpha, and its P·V is done
                 // pair: the peer's warpgroup kHalf may write tile u + 2's half into buffer b
                 if constexpr (kPair) mbar_arrive_remote_relaxed(cluster_map_addr(peer_free(kHalf, b), cluster_rank() ^ 1));
-                // lead_pair: the peer's producer may write tile u + 2's tokens into buffer b (one
-                // arrival a warp, once all its lanes' P·V is done)
-                if constexpr (kSharedFill) {
-                    __syncwarp();
-                    if (lane == 0) mbar_arrive_remote_relaxed(cluster_map_addr(empty(b), cluster_rank() ^ 1));
-                }
                 if (!kProducer && (kRole == 1 || kFp8)) {
                     if (i + 2 < n) {
                         fill_mine(tile_begin + i + 2, page, fills, false);
@@ -1010,9 +928,8 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
 // launcher (src/ops/model1.rs) reads.
 template <int Dqk, int Tile, int Stages, Sm90Schedule Sched>
 __device__ __forceinline__ void mla_decode_model1_sm90(const DcpMlaDecodeParams& p) {
-    static_assert(Dqk == decode_model1::kDim &&
-                      (Sched == Sm90Schedule::Quad || Sched == Sm90Schedule::Lead || Sched == Sm90Schedule::LeadPair),
-                  "MODEL1 runs quad, lead or lead_pair at d_qk 512");
+    static_assert(Dqk == decode_model1::kDim && (Sched == Sm90Schedule::Quad || Sched == Sm90Schedule::Lead),
+                  "MODEL1 runs quad or lead at d_qk 512");
     mla_decode_sm90_trio<DecodeKv::Model1, Tile, Stages, Sched>(p);
 }
 

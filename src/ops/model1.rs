@@ -181,28 +181,18 @@ fn decode_params(a: &Model1Decode) -> Result<DcpMlaDecodeParams> {
     Ok(params)
 }
 
-/// The MODEL1 kernel a launch of query rows of `heads` heads on a device of compute capability
-/// 9.0 (`sm90`) or not runs for `path`: a named path as it is (a variant MODEL1 does not ship, or
-/// wgmma off 9.0, is refused when the kernel is looked up); `Auto` as `DCP_MLA_DECODE_PATH` names
-/// it (a variant of another kind, which MODEL1 does not ship, falls back to the heuristic), else
-/// the heuristic ([`model1_heuristic_path`]: wgmma lead on 9.0, mma.sync elsewhere). A cluster
-/// schedule (lead_pair) where a row does not have two row blocks of 64 heads
-/// ([`crate::catalogue::variant_applies`]) runs MODEL1's default instead, as the 576 path runs its
-/// kind's default.
-pub fn model1_path(sm90: bool, path: DecodePath, heads: usize) -> Result<DecodePath> {
-    let unsupported = || crate::Error::Unsupported("mla_decode_model1".into());
-    let path = match path {
+/// The MODEL1 kernel a launch on a device of compute capability 9.0 (`sm90`) or not runs for
+/// `path`: a named path as it is (a variant MODEL1 does not ship, or wgmma off 9.0, is refused
+/// when the kernel is looked up); `Auto` as `DCP_MLA_DECODE_PATH` names it (a variant of another
+/// kind, which MODEL1 does not ship, falls back to the heuristic), else the heuristic
+/// ([`model1_heuristic_path`]: wgmma lead on 9.0, mma.sync elsewhere).
+pub fn model1_path(sm90: bool, path: DecodePath) -> Result<DecodePath> {
+    match path {
         DecodePath::Auto => match env_path()? {
-            Some(p) if model1_ships(p) => p,
-            _ => model1_heuristic_path(sm90).ok_or_else(unsupported)?,
+            Some(p) if model1_ships(p) => Ok(p),
+            _ => model1_heuristic_path(sm90).ok_or_else(|| crate::Error::Unsupported("mla_decode_model1".into())),
         },
-        p => p,
-    };
-    if path.cluster_size() == 1 || crate::catalogue::variant_applies(path, heads.div_ceil(64)) {
-        Ok(path)
-    } else {
-        // the wgmma default, as a named wgmma variant (off 9.0 the kernel lookup refuses it)
-        model1_heuristic_path(true).ok_or_else(unsupported)
+        p => Ok(p),
     }
 }
 
@@ -250,7 +240,7 @@ pub fn mla_decode_model1(dev: &Device, stream: Stream, a: &Model1Decode) -> Resu
 pub fn mla_decode_model1_on(dev: &Device, stream: Stream, a: &Model1Decode, path: DecodePath) -> Result<()> {
     let mut params = decode_params(a)?;
     let sm90 = dev.compute_capability() == (9, 0);
-    let kernel = model1_kernel(sm90, model1_path(sm90, path, a.common.heads)?)?;
+    let kernel = model1_kernel(sm90, model1_path(sm90, path)?)?;
     launch(dev, stream, &kernel, &a.common, &mut params, true)
 }
 
@@ -352,10 +342,10 @@ mod tests {
         // (DCP_MLA_DECODE_PATH is unset in the test suite: Auto is the heuristic)
         if std::env::var_os("DCP_MLA_DECODE_PATH").is_none() {
             let lead = DecodePath::Wgmma { tile: 64, stages: 2, schedule: crate::catalogue::Sm90Schedule::Lead };
-            assert_eq!(model1_path(true, DecodePath::Auto, 64).unwrap(), lead);
-            assert_eq!(model1_path(false, DecodePath::Auto, 64).unwrap(), DecodePath::Mma);
+            assert_eq!(model1_path(true, DecodePath::Auto).unwrap(), lead);
+            assert_eq!(model1_path(false, DecodePath::Auto).unwrap(), DecodePath::Mma);
         }
-        assert_eq!(model1_path(false, quad, 64).unwrap(), quad, "a named path is kept (the kernel refuses it)");
+        assert_eq!(model1_path(false, quad).unwrap(), quad, "a named path is kept (the kernel refuses it)");
         let k = model1_kernel(true, quad).unwrap();
         assert_eq!((k.tile, k.id.info().block), (64, 512));
         assert!(k.shared_bytes <= 227 * 1024, "{}", k.shared_bytes);
@@ -364,18 +354,7 @@ mod tests {
         assert!(model1_kernel(false, DecodePath::Mma).is_ok());
         assert!(matches!(model1_kernel(false, quad), Err(crate::Error::Unsupported(_))), "wgmma off sm_90");
         assert_eq!(model1_kernel(true, quad).unwrap().cluster, 1);
-        assert_eq!(model1_path(true, quad, 128).unwrap(), quad);
-        // lead_pair: a cluster of two, for query rows of two row blocks only (lead elsewhere)
-        let lead = DecodePath::Wgmma { tile: 64, stages: 2, schedule: crate::catalogue::Sm90Schedule::Lead };
-        let lead_pair = DecodePath::Wgmma { tile: 64, stages: 2, schedule: crate::catalogue::Sm90Schedule::LeadPair };
-        let k = model1_kernel(true, lead_pair).unwrap();
-        assert_eq!(
-            (k.tile, k.id.info().block, k.cluster, k.shared_bytes),
-            (64, 384, 2, model1_kernel(true, lead).unwrap().shared_bytes)
-        );
-        for (heads, want) in [(128, lead_pair), (65, lead_pair), (64, lead), (129, lead)] {
-            assert_eq!(model1_path(true, lead_pair, heads).unwrap(), want, "{heads} heads");
-        }
+        assert_eq!(model1_path(true, quad).unwrap(), quad);
         let pair = DecodePath::Wgmma { tile: 64, stages: 2, schedule: crate::catalogue::Sm90Schedule::Pair };
         assert!(matches!(model1_kernel(true, pair), Err(crate::Error::Unsupported(_))), "not a MODEL1 variant");
     }
