@@ -33,10 +33,10 @@ pub enum DecodePath {
 /// warpgroups and a fourth, the producer, which dequantises every tile so that the P·V
 /// warpgroups only multiply (512 threads; sparse FP8 and MODEL1). `Lead`: sparse FP8's and
 /// MODEL1's default, quad's producer with three warpgroups: the scorer also multiplies O's left
-/// half by its own P from registers, one P·V warpgroup the right half (FlashMLA's split). `Pair`: sparse FP8 trio whose query rows
-/// have two row blocks (65..=128 heads): the row's two CTAs form a thread-block cluster and each
-/// dequantises half of every tile into both; where it does not apply (rows of one block or of
-/// more than two) the kind's default runs instead.
+/// half by its own P from registers, one P·V warpgroup the right half (FlashMLA's split).
+/// `Pair`: sparse FP8 trio whose query rows have two row blocks (65..=128 heads): the row's two
+/// CTAs form a thread-block cluster and each dequantises half of every tile into both; where it
+/// does not apply (rows of one block or of more than two) the kind's default runs instead.
 pub type Sm90Schedule = axes::Schedule;
 
 impl DecodePath {
@@ -93,9 +93,9 @@ pub fn all_sm90_variants() -> Vec<Sm90Variant> {
     all
 }
 
-/// MODEL1's wgmma variants: kernels.toml's `mla_decode_model1_sm90_lead` first (the default), then
-/// `mla_decode_model1_sm90` (the lead and quad schedules at d_qk = 512,
-/// `kernels-src/decode/sm90_trio.cuh` over `DecodeKv::Model1`).
+/// MODEL1's wgmma variants (`kernels-src/decode/sm90_trio.cuh` over `DecodeKv::Model1`, d_qk =
+/// 512): kernels.toml's `mla_decode_model1_sm90_lead` first (lead, the default), then
+/// `mla_decode_model1_sm90` (quad).
 pub fn model1_sm90_variants() -> Vec<Sm90Variant> {
     // lead first: MODEL1's default on 9.0 (H100: 0.90-0.97x quad's time on every MODEL1 row)
     registry::MLA_DECODE_MODEL1_SM90_LEAD_VARIANTS

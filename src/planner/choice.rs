@@ -7,8 +7,8 @@
 //! 3. the tuned table's row for the launch's class ([`crate::planner::tune`]: its own class or
 //!    the nearest), which gives the split count too;
 //! 4. the heuristic ([`heuristic_path`]: the DSL's default variant of the kind, trio_split for
-//!    sequences of two or more row blocks, pair for sparse FP8 rows of two blocks, mma.sync
-//!    without wgmma) with [`decode_num_splits`]'s split count.
+//!    sequences of two or more row blocks, mma.sync without wgmma) with [`decode_num_splits`]'s
+//!    split count.
 //!
 //! A named pair schedule where a query row does not have two row blocks runs the kind's default.
 //! The split count a launch runs is always the caller's (it sized the workspace);
