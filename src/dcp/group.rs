@@ -328,8 +328,8 @@ impl DcpGroup {
 }
 
 /// A collective's two buffers: `send` holds the `send_n` elements NCCL reads, `recv` the `recv_n`
-/// it writes, and they do not overlap unless they are the operation's `in_place` form (whose
-/// NCCL defines the result; any other overlap it does not).
+/// it writes, and they do not overlap unless `in_place` (the caller found them in the operation's
+/// in-place form, the one overlap for which NCCL defines the result).
 fn check_send_recv<T>(
     send: &DeviceSlice<T>,
     send_n: usize,

@@ -488,8 +488,8 @@ fn base2(base: LseBase) -> i32 {
 /// returned.
 ///
 /// # Safety
-/// `checked` must come from the validator of `id`'s family: the buffers it names were checked
-/// against the extents the kernel addresses.
+/// The parameters and row count must be what the validator of `id`'s family returned: the
+/// buffers they name were checked against the extents the kernel addresses.
 unsafe fn launch_checked<P: Copy>(
     dev: &Device,
     stream: Stream,
