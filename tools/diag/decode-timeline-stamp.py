@@ -6,7 +6,7 @@ twentieth sessions). Usage: decode-timeline-stamp.py KERNELS_SRC DST
 Slots a CTA records (the harness prints each slot's spread over the CTAs):
   stamps, µs from the CTA's entry: 3/12 the scorer's first/last tile landed, 4 its first P handed
   over, 6 its loop's end; 10/11 P·V warpgroup 1's first/last P, 5 its first P·V done, 7 its loop's
-  end, 8 its epilogue's end; quad: 1 the scorer's copies of Q issued, 2 its first fill arrived, 9 its
+  end, 8 its epilogue's end; quad and lead (the producer schedules): 1 the scorer's copies of Q issued, 2 its first fill arrived, 9 its
   loop's end, and of its first piece: 20 the piece's entry (the kernel's set-up done), 16 its
   lengths read, 17 tile 0's index landed, 18 / 19 fill 0's batch 0 / batch 2 landed; sums: 21
   the scorer's waits for a tile, 22 the producer's waits for a free buffer, 23 its fills' time
@@ -41,14 +41,17 @@ rep("                if constexpr (kCluster) mbar_wait_sleep_cluster(full(b), (u
     "                const unsigned long long tl_w0 = DCP_NOW();\n"
     "                if constexpr (kCluster) mbar_wait_sleep_cluster(full(b), (u >> 1) & 1);  // the peer's half too\n"
     "                else mbar_wait_sleep(full(b), (u >> 1) & 1);\n"
-    "                if (t == 0 && !kQuad) DCP_ACC(9, DCP_NOW() - tl_w0);\n"
-    "                if (t == 0 && kQuad) DCP_ACC(21, DCP_NOW() - tl_w0);\n"
+    "                if (t == 0 && !kProducer) DCP_ACC(9, DCP_NOW() - tl_w0);\n"
+    "                if (t == 0 && kProducer) DCP_ACC(21, DCP_NOW() - tl_w0);\n"
     "                if (t == 0 && i == 0) DCP_TL(3);\n"
     "                if (t == 0 && i == n - 1) DCP_TL(12);\n")
-loop_end = "                if (t == 0 && i == 0) DCP_TL(4);\n            }\n            if (t == 0) DCP_TL(6);\n"
-# (the end of the scorer's tile: trio's single hand-over and trio_split's two share this brace)
-end = "                    mbar_arrive(p_full(b));\n                }\n            }\n"
-rep(end, end[: -len("            }\n")] + loop_end)
+# the scorer's P handed over (trio_split: its second half), and its loop's end (lead: after its
+# own P·V of O's left half)
+first_p = "                    if (t == 0 && i == 0) DCP_TL(4);\n"
+for a in ("                    mbar_arrive(p_full(b));\n", "                    mbar_arrive(p_full(b, 1));\n"):
+    rep(a, a + first_p)
+a = "            }\n            // the rows' row_stats (den, lse)"
+rep(a, "            }\n            if (t == 0) DCP_TL(6);\n" + a[len("            }\n"):])
 # quad: the scorer's copies of Q issued; the producer's first fill arrived, its loop's end
 rep("                    mbar_arrive_cp_async(q_full);  // one arrival a thread, once its copies land\n",
     "                    mbar_arrive_cp_async(q_full);  // one arrival a thread, once its copies land\n"

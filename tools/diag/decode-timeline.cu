@@ -13,7 +13,7 @@
 //   nvcc -O3 -std=c++17 --expt-relaxed-constexpr -gencode arch=compute_90a,code=sm_90a -I /tmp/kst \
 //        -DSCHED=Pair -o /tmp/tl tools/diag/decode-timeline.cu
 //   /tmp/tl q K [timeline.txt] [heads]      (pair: heads 65..128;
-//                                            quad and trio: up to 64)
+//                                            quad, lead and trio: up to 64)
 //   dense: -DDENSE (trio; -DSCHED=TrioSplit for trio_split), then /tmp/tl q s_k [timeline.txt] [heads]
 //   [requests] [parts] (heads: any, e.g. 16, 64, 128; requests 128; parts 1, or P > 1 for a split
 //   launch with its schedule kernel, e.g. `/tmp/tl 1 4096 t.txt 16 64 128` as the engine view's
@@ -39,10 +39,11 @@ constexpr DecodeKv KV = DecodeKv::SparseFp8;
 #endif
 constexpr bool kDense = KV == DecodeKv::DenseBf16;
 constexpr bool kPairLaunch = Sm90Schedule::SCHED == Sm90Schedule::Pair;
-// quad: four warpgroups, the producer's stamps; pair: clusters of two
-constexpr bool kQuadLike = Sm90Schedule::SCHED == Sm90Schedule::Quad;
+// quad and lead: a producer warpgroup and its stamps (quad four warpgroups, lead three); pair:
+// clusters of two
+constexpr bool kQuadLike = Sm90Schedule::SCHED == Sm90Schedule::Quad || Sm90Schedule::SCHED == Sm90Schedule::Lead;
 constexpr bool kClusterLaunch = kPairLaunch;
-constexpr int THREADS = kQuadLike ? 512 : 384;
+constexpr int THREADS = Sm90Schedule::SCHED == Sm90Schedule::Quad ? 512 : 384;
 extern "C" __global__ void __launch_bounds__(THREADS) k_dec(const __grid_constant__ DcpMlaDecodeParams p) {
     if (threadIdx.x == 0) {
         unsigned smid;
