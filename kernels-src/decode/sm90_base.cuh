@@ -112,13 +112,12 @@ __device__ __forceinline__ uint32_t p_bf16(float s0, float s1, float scale_log2,
 // layout of one column block of Q): k16 block kk.
 __device__ __forceinline__ uint64_t p_desc(uint32_t base, int kk) { return make_desc(base + kk * 32, 16, 1024); }
 
-// O[64 × 256] += P·V over the 64-token tile at tile_addr, V = its dims
-// 256·half.. (MN-major), P from shared memory (in the tile's rope block, which only S reads);
+// O[64 × 256] += P·V over the 64-token tile at tile_addr, V = its dims 256·half.. (MN-major), P
+// from shared memory at p_addr (the tile's rope block, which only S reads, or MODEL1's own buffer);
 // issued and committed, not waited for.
 // K0..K1: only k16 blocks [K0, K1) of the tile's tokens (trio hands P over in two halves).
 template <int Tile, int K0 = 0, int K1 = Tile / 16>
-__device__ __forceinline__ void issue_pv_half(float (&o)[128], uint32_t tile_addr, int half) {
-    const uint32_t p_addr = tile_addr + (kBlocks - 1) * (Tile * 128);
+__device__ __forceinline__ void issue_pv_half_at(float (&o)[128], uint32_t tile_addr, int half, uint32_t p_addr) {
     fence_regs(o);
     wgmma_fence();
 #pragma unroll
@@ -129,16 +128,10 @@ __device__ __forceinline__ void issue_pv_half(float (&o)[128], uint32_t tile_add
     wgmma_commit();
 }
 
-// issue_pv_half with P at p_addr (MODEL1's own buffer, or the tile's rope block), m64n256 a
-// k-step: lead's P·V warpgroup (384 threads: no m64n128 split, as quad's needs).
-template <int Tile>
-__device__ __forceinline__ void issue_pv_half_at(float (&o)[128], uint32_t tile_addr, int half, uint32_t p_addr) {
-    fence_regs(o);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < Tile / 16; ++kk)
-        wgmma_ss_n256(o, p_desc(p_addr, kk), make_desc(tile_addr + 4 * half * (Tile * 128) + kk * 16 * 128, Tile * 128, 1024));
-    wgmma_commit();
+// issue_pv_half_at with P in the tile's rope block (the 576 path's trio and pair).
+template <int Tile, int K0 = 0, int K1 = Tile / 16>
+__device__ __forceinline__ void issue_pv_half(float (&o)[128], uint32_t tile_addr, int half) {
+    issue_pv_half_at<Tile, K0, K1>(o, tile_addr, half, tile_addr + (kBlocks - 1) * (Tile * 128));
 }
 
 // issue_pv_half as two m64n128k16 a k-step (columns 0..127, then 128..255 of the half: o[0..63]

@@ -909,10 +909,7 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
         }
     }
     setmaxnreg_inc<kPvRegs>();
-    if constexpr (kLead) {
-        // its one P·V warpgroup (1): O's right half
-        decode::for_each_piece(p, seqs, block_seq, [&](const decode::Piece pc) { piece(pc, RoleTag<1>{}); });
-    } else if (wg == 1) {
+    if (kLead || wg == 1) {  // (lead's one P·V warpgroup: O's right half)
         decode::for_each_piece(p, seqs, block_seq, [&](const decode::Piece pc) { piece(pc, RoleTag<1>{}); });
     } else {
         decode::for_each_piece(p, seqs, block_seq, [&](const decode::Piece pc) { piece(pc, RoleTag<2>{}); });
