@@ -161,7 +161,7 @@ impl DcpGroup {
     ) -> Result<()> {
         let need = product("n", &[n, self.size])?;
         // NCCL's in-place form: `send` is this rank's slot of `recv`.
-        let in_place = send.ptr() == recv.ptr() + (self.rank * n * std::mem::size_of::<T>()) as u64;
+        let in_place = slot_addr(&recv, self.rank, n) == Some(send.ptr());
         check_send_recv(&send, n, &recv, need, in_place)?;
         // SAFETY: both buffers were checked to hold what NCCL reads and writes.
         self.enqueue(n, "ncclAllGather", || unsafe {
@@ -189,7 +189,7 @@ impl DcpGroup {
     ) -> Result<()> {
         let need = product("n", &[n, self.size])?;
         // NCCL's in-place form: `recv` is this rank's slot of `send`.
-        let in_place = recv.ptr() == send.ptr() + (self.rank * n * std::mem::size_of::<f32>()) as u64;
+        let in_place = slot_addr(&send, self.rank, n) == Some(recv.ptr());
         check_send_recv(&send, need, &recv, n, in_place)?;
         let (f32, sum) = (sys::ncclDataType_t::ncclFloat32, sys::ncclRedOp_t::ncclSum);
         // SAFETY: both buffers were checked to hold what NCCL reads and writes.
@@ -327,6 +327,13 @@ impl DcpGroup {
     }
 }
 
+/// The address of slot `slot` (of `n` elements each) of `base`; `None` where it overflows (no
+/// buffer reaches it).
+fn slot_addr<T>(base: &DeviceSlice<T>, slot: usize, n: usize) -> Option<u64> {
+    let bytes = (slot as u64).checked_mul(n as u64)?.checked_mul(std::mem::size_of::<T>() as u64)?;
+    base.ptr().checked_add(bytes)
+}
+
 /// A collective's two buffers: `send` holds the `send_n` elements NCCL reads, `recv` the `recv_n`
 /// it writes, and they do not overlap unless `in_place` (the caller found them in the operation's
 /// in-place form, the one overlap for which NCCL defines the result).
@@ -368,6 +375,9 @@ mod tests {
         let inside = fake_at::<f32>(0x2000 + 8 * 4, 8);
         assert_eq!(arg_of(check_send_recv(&inside, 8, &recv, 32, false).unwrap_err()), "recv");
         assert!(check_send_recv(&inside, 8, &recv, 32, true).is_ok());
+        // the in-place test's address: slot 2 of 8 elements, and an overflowing slot
+        assert_eq!(slot_addr(&recv, 2, 8), Some(0x2000 + 2 * 8 * 4));
+        assert_eq!(slot_addr(&recv, usize::MAX, 8), None);
         // touching ends do not overlap
         let after = fake_at::<f32>(0x2000 + 32 * 4, 8);
         assert!(check_send_recv(&after, 8, &recv, 32, false).is_ok());
