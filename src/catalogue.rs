@@ -29,26 +29,10 @@ pub enum DecodePath {
 /// (`Sm90Schedule` in decode/sm90_base.cuh describes each). `Trio`: three warpgroups, one
 /// computing S, the softmax and P, two holding O's halves and doing P·V (one also loads), so the
 /// next tile is scored while this one is multiplied (dense and sparse BF16). `TrioSplit`: trio
-/// handing P over in two halves (sequences of two or more row blocks). `Quad`: trio's three
-/// warpgroups and a fourth, the producer, which dequantises every tile so that the P·V
-/// warpgroups only multiply (512 threads; sparse FP8 and MODEL1). `Lead`: sparse FP8's and
-/// MODEL1's default, quad's producer with three warpgroups: the scorer also multiplies O's left
-/// half by its own P from registers, one P·V warpgroup the right half (FlashMLA's split).
-/// `Pair`: sparse FP8 trio whose query rows have two row blocks (65..=128 heads): the row's two
-/// CTAs form a thread-block cluster and each dequantises half of every tile into both; where it
-/// does not apply (rows of one block or of more than two) the kind's default runs instead.
+/// handing P over in two halves (sequences of two or more row blocks). `Lead`: sparse FP8's and
+/// MODEL1's schedule: a producer warpgroup dequantises every tile, the scorer also multiplies O's
+/// left half by its own P from registers, one P·V warpgroup the right half (FlashMLA's split).
 pub type Sm90Schedule = axes::Schedule;
-
-impl DecodePath {
-    /// The thread-block cluster the kernel's CTAs launch in: pair's two CTAs of a query row write
-    /// into each other's shared memory; every other kernel runs alone (1).
-    pub fn cluster_size(self) -> u32 {
-        match self {
-            DecodePath::Wgmma { schedule: Sm90Schedule::Pair, .. } => 2,
-            _ => 1,
-        }
-    }
-}
 
 /// A wgmma decode variant: its tile (KV tokens per S step), stages (buffers) and schedule, as
 /// kernels.toml's axes name it.
@@ -65,14 +49,13 @@ pub fn kv_axis(format: KvFormat, sparse: bool) -> axes::Kv {
 }
 
 /// Every wgmma decode variant kernels.toml ships for a launch over `format` (`sparse`: index
-/// lists, else the dense block table), over the Hopper decode families (trio and quad): the one
-/// kernels.toml marks `default` first, then the rest in its order. BF16 runs trio, FP8 lead (its
-/// producer warpgroup dequantises the tiles; pair and quad when named).
+/// lists, else the dense block table), in kernels.toml's Hopper decode family: the one it marks
+/// `default` first, then the rest in its order. BF16 runs trio (trio_split from two row blocks),
+/// FP8 lead (its producer warpgroup dequantises the tiles).
 pub fn sm90_variants(format: KvFormat, sparse: bool) -> Vec<Sm90Variant> {
     let kv = kv_axis(format, sparse);
     let mut v: Vec<(Sm90Variant, bool)> = registry::MLA_DECODE_SM90_TRIO_VARIANTS
         .iter()
-        .chain(registry::MLA_DECODE_SM90_QUAD_VARIANTS)
         .filter(|((k, ..), _)| *k == kv)
         .map(|&((_, tile, stages, schedule), default)| ((tile, stages, schedule), default))
         .collect();
@@ -94,13 +77,10 @@ pub fn all_sm90_variants() -> Vec<Sm90Variant> {
 }
 
 /// MODEL1's wgmma variants (`kernels-src/decode/sm90_trio.cuh` over `DecodeKv::Model1`, d_qk =
-/// 512): kernels.toml's `mla_decode_model1_sm90_lead` first (lead, the default), then
-/// `mla_decode_model1_sm90` (quad).
+/// 512): kernels.toml's `mla_decode_model1_sm90_lead` (lead).
 pub fn model1_sm90_variants() -> Vec<Sm90Variant> {
-    // lead first: MODEL1's default on 9.0 (H100: 0.90-0.97x quad's time on every MODEL1 row)
     registry::MLA_DECODE_MODEL1_SM90_LEAD_VARIANTS
         .iter()
-        .chain(registry::MLA_DECODE_MODEL1_SM90_VARIANTS)
         .map(|&((_, tile, stages, schedule), _)| (tile, stages, schedule))
         .collect()
 }
@@ -123,7 +103,7 @@ pub fn model1_variants() -> Vec<(String, DecodePath)> {
 /// compute capability 9.0), whatever the heads (each CTA holds a row block of 64 of a query row's
 /// heads), else the mma.sync kernel; `None` when nothing is built. (On an H100, 2026-12-06, quad
 /// over MODEL1's cache took 0.54-0.63 of the mma.sync kernel's time at FlashMLA's three MODEL1
-/// shapes; lead, 2026-12-07, 0.96-0.97 of quad's.)
+/// shapes; lead, 2026-12-07, 0.96-0.97 of quad's, and quad was removed.)
 pub fn model1_heuristic_path(sm90: bool) -> Option<DecodePath> {
     let wgmma =
         model1_sm90_variants().first().map(|&(tile, stages, schedule)| DecodePath::Wgmma { tile, stages, schedule });
@@ -180,12 +160,6 @@ pub fn decode_variants(format: KvFormat, sparse: bool) -> Vec<(String, DecodePat
     v
 }
 
-/// Whether `path` does its own work on sequences of `row_blocks` row blocks: the pair schedules
-/// share a query row's tiles between exactly two row blocks (elsewhere the kind's default runs).
-pub fn variant_applies(path: DecodePath, row_blocks: usize) -> bool {
-    path.cluster_size() != 2 || row_blocks == 2
-}
-
 /// The kind's default wgmma variant (kernels.toml's `default`), its schedule as the heuristic
 /// adjusts it for sequences of `row_blocks` blocks ([`auto_schedule`]); `None` when none is built.
 pub fn default_wgmma(format: KvFormat, sparse: bool, row_blocks: usize) -> Option<DecodePath> {
@@ -196,8 +170,7 @@ pub fn default_wgmma(format: KvFormat, sparse: bool, row_blocks: usize) -> Optio
 /// The launcher's heuristic for a launch over `format` whose sequences have `row_blocks` row
 /// blocks, on a device that runs wgmma (`sm90`: compute capability 9.0) or not: the kind's
 /// default wgmma variant ([`default_wgmma`]); mma.sync without wgmma; `None` when nothing is
-/// built. Sparse FP8's pair no longer runs where a query row has two row blocks: lead, the
-/// default, takes 0.94x pair's time at b128 q2 H128 K2048 (H100, 2026-12-07).
+/// built.
 pub fn heuristic_path(format: KvFormat, sparse: bool, row_blocks: usize, sm90: bool) -> Option<DecodePath> {
     sm90.then(|| default_wgmma(format, sparse, row_blocks))
         .flatten()
@@ -247,9 +220,10 @@ pub fn parse_env_path(v: Option<&str>) -> std::result::Result<Option<DecodePath>
     }
 }
 
-/// The wgmma schedules earlier releases shipped (issue 48 removed them: no shape ran them by
-/// default): `DCP_MLA_DECODE_PATH` naming one is refused saying so.
-pub const REMOVED_SCHEDULES: [&str; 3] = ["plain", "roles", "seesaw"];
+/// The wgmma schedules earlier releases shipped (issue 48 removed the first three, issue 61 the
+/// rest: no shape ran them by default, no tuned row picked them): `DCP_MLA_DECODE_PATH` naming one
+/// is refused saying so.
+pub const REMOVED_SCHEDULES: [&str; 6] = ["plain", "roles", "seesaw", "quad_pair", "quad", "pair"];
 
 /// `wgmma` (the dense default) or `wgmma-<schedule>-<tile>x<stages>` naming a shipped variant of
 /// some kind (each launch checks its own list, [`sm90_variants`]).
@@ -280,10 +254,10 @@ mod tests {
         let (tile, stages, schedule) = sm90_variants(KvFormat::Bf16, false)[0];
         assert_eq!(parse_env_path(Some("wgmma")), Ok(Some(DecodePath::Wgmma { tile, stages, schedule })));
         assert_eq!(
-            parse_env_path(Some("wgmma-pair-64x2")),
-            Ok(Some(DecodePath::Wgmma { tile: 64, stages: 2, schedule: Sm90Schedule::Pair }))
+            parse_env_path(Some("wgmma-lead-64x2")),
+            Ok(Some(DecodePath::Wgmma { tile: 64, stages: 2, schedule: Sm90Schedule::Lead }))
         );
-        for bad in ["wgmma-trio-64x3", "wgmma-rolesx-64x2", "MMA", "wgmma-quad", "fast"] {
+        for bad in ["wgmma-trio-64x3", "wgmma-rolesx-64x2", "MMA", "wgmma-quad", "wgmma-pairs-64x2", "fast"] {
             let e = parse_env_path(Some(bad)).unwrap_err();
             assert!(e.contains(bad) && e.contains("wgmma-trio-64x2") && e.contains("mma"), "{e}");
             assert!(!e.contains("removed"), "{e}");
@@ -292,18 +266,22 @@ mod tests {
 
     #[test]
     fn removed_schedules_are_refused_by_name() {
-        // issue 48: the plain, roles and seesaw schedules are gone; naming one is an error that
-        // names the path, says the schedule was removed and lists what is shipped
+        // issues 48 and 61: the plain, roles, seesaw, quad_pair, quad and pair schedules are gone;
+        // naming one is an error that names the path, says the schedule was removed and lists
+        // what is shipped
         for (path, schedule) in [
             ("wgmma-plain-64x2", "plain"),
             ("wgmma-plain-32x4", "plain"),
             ("wgmma-roles-64x2", "roles"),
             ("wgmma-seesaw-64x2", "seesaw"),
+            ("wgmma-quad_pair-64x2", "quad_pair"),
+            ("wgmma-quad-64x2", "quad"),
+            ("wgmma-pair-64x2", "pair"),
         ] {
             let e = parse_env_path(Some(path)).unwrap_err();
             assert!(e.contains(&format!("{path:?}")), "{e}");
             assert!(e.contains(&format!("the {schedule} schedule was removed")), "{e}");
-            assert!(e.contains("wgmma-trio-64x2") && e.contains("wgmma-quad-64x2"), "{e}");
+            assert!(e.contains("wgmma-trio-64x2") && e.contains("wgmma-lead-64x2"), "{e}");
             // as the launchers report it
             let Error::InvalidArgument { arg, .. } = Error::arg("DCP_MLA_DECODE_PATH", e) else { unreachable!() };
             assert_eq!(arg, "DCP_MLA_DECODE_PATH");
@@ -316,8 +294,9 @@ mod tests {
         assert_eq!(parse_wgmma_path("wgmma"), w(64, 2, Sm90Schedule::Trio), "the dense default");
         assert_eq!(parse_wgmma_path("wgmma-trio-64x2"), w(64, 2, Sm90Schedule::Trio));
         assert_eq!(parse_wgmma_path("wgmma-trio-64x3"), None, "not shipped");
-        assert_eq!(parse_wgmma_path("wgmma-quad-64x2"), w(64, 2, Sm90Schedule::Quad));
-        assert_eq!(parse_wgmma_path("wgmma-pair-64x2"), w(64, 2, Sm90Schedule::Pair));
+        assert_eq!(parse_wgmma_path("wgmma-lead-64x2"), w(64, 2, Sm90Schedule::Lead));
+        assert_eq!(parse_wgmma_path("wgmma-quad-64x2"), None, "removed (issue 61)");
+        assert_eq!(parse_wgmma_path("wgmma-pair-64x2"), None, "removed (issue 61)");
         assert_eq!(parse_wgmma_path("wgmma-plain-32x4"), None, "removed (issue 48)");
         assert_eq!(parse_wgmma_path("wgmma-roles-64x2"), None, "removed (issue 48)");
         assert_eq!(parse_wgmma_path("wgmma-seesaw-64x2"), None, "removed (issue 48)");
@@ -331,7 +310,7 @@ mod tests {
         let dense: Vec<String> = decode_variants(KvFormat::Bf16, false).into_iter().map(|(n, _)| n).collect();
         assert_eq!(dense, ["mma", "wgmma-trio-64x2", "wgmma-trio_split-64x2"]);
         let fp8: Vec<String> = decode_variants(KvFormat::Fp8_656, true).into_iter().map(|(n, _)| n).collect();
-        assert_eq!(fp8, ["mma", "wgmma-lead-64x2", "wgmma-pair-64x2", "wgmma-quad-64x2"]);
+        assert_eq!(fp8, ["mma", "wgmma-lead-64x2"]);
         assert_eq!(variant_name(DecodePath::Auto), "auto");
         // every name parses back to its path
         for (format, sparse) in KINDS {
@@ -343,15 +322,14 @@ mod tests {
     }
 
     #[test]
-    fn model1_ships_mma_quad_and_lead_and_runs_lead_on_sm90() {
+    fn model1_ships_mma_and_lead_and_runs_lead_on_sm90() {
         let names: Vec<String> = model1_variants().into_iter().map(|(n, _)| n).collect();
-        assert_eq!(names, ["mma", "wgmma-lead-64x2", "wgmma-quad-64x2"]);
-        let quad = DecodePath::Wgmma { tile: 64, stages: 2, schedule: Sm90Schedule::Quad };
+        assert_eq!(names, ["mma", "wgmma-lead-64x2"]);
         let lead = DecodePath::Wgmma { tile: 64, stages: 2, schedule: Sm90Schedule::Lead };
         assert_eq!(model1_heuristic_path(true), Some(lead));
         assert_eq!(model1_heuristic_path(false), Some(DecodePath::Mma));
-        assert!(model1_ships(quad) && model1_ships(DecodePath::Mma));
-        assert!(!model1_ships(DecodePath::Wgmma { tile: 64, stages: 2, schedule: Sm90Schedule::Pair }));
+        assert!(model1_ships(lead) && model1_ships(DecodePath::Mma));
+        assert!(!model1_ships(DecodePath::Wgmma { tile: 64, stages: 2, schedule: Sm90Schedule::Trio }));
         assert!(!model1_ships(DecodePath::Auto));
         // DCP_MLA_DECODE_PATH names MODEL1's variants as every other kind's
         for (name, path) in model1_variants() {
@@ -386,21 +364,13 @@ mod tests {
         assert_eq!(heuristic_path(KvFormat::Bf16, false, 1, true), w(Sm90Schedule::Trio));
         assert_eq!(heuristic_path(KvFormat::Bf16, false, 2, true), w(Sm90Schedule::TrioSplit));
         assert_eq!(heuristic_path(KvFormat::Bf16, false, 6, true), w(Sm90Schedule::TrioSplit));
-        // sparse FP8: lead at any number of row blocks (pair, which ships, runs only when named)
+        // sparse FP8: lead at any number of row blocks
         for rb in [1, 2, 4] {
             assert_eq!(heuristic_path(KvFormat::Fp8_656, true, rb, true), w(Sm90Schedule::Lead), "{rb} blocks");
         }
-        assert!(sm90_variants(KvFormat::Fp8_656, true).contains(&(64, 2, Sm90Schedule::Pair)));
         assert_eq!(heuristic_path(KvFormat::Bf16, true, 2, true), w(Sm90Schedule::TrioSplit));
         for (format, sparse) in KINDS {
             assert_eq!(heuristic_path(format, sparse, 1, false), Some(DecodePath::Mma), "{format:?} {sparse}");
         }
-        // pair applies to two blocks only
-        let pair = DecodePath::Wgmma { tile: 64, stages: 2, schedule: Sm90Schedule::Pair };
-        assert!(variant_applies(pair, 2) && !variant_applies(pair, 1) && !variant_applies(pair, 4));
-        assert_eq!(pair.cluster_size(), 2);
-        let quad = DecodePath::Wgmma { tile: 64, stages: 2, schedule: Sm90Schedule::Quad };
-        assert_eq!((quad.cluster_size(), DecodePath::Mma.cluster_size(), DecodePath::Auto.cluster_size()), (1, 1, 1));
-        assert!(variant_applies(DecodePath::Mma, 1));
     }
 }

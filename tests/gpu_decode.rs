@@ -235,7 +235,7 @@ fn dense_paths() -> Vec<DecodePath> {
     narrowed(v, "dense")
 }
 
-/// DCP_MLA_TEST_SCHEDULES=quad,trio: only those sm90 schedules (kernels.toml's spelling), so that
+/// DCP_MLA_TEST_SCHEDULES=lead,trio: only those sm90 schedules (kernels.toml's spelling), so that
 /// a sanitizer run fits a device call (`scripts/gpu-run.sh racecheck-decode` sets it, one
 /// schedule set a run; `tests` never does). The paths kept are printed; a format left with none
 /// fails, never passes by running nothing.
@@ -705,8 +705,8 @@ fn sparse_matches_reference() {
         (KvFormat::Bf16, 2, 6, 16, 512, true, &[5]),
         (KvFormat::Fp8_656, 1, 1, 16, 512, false, &[0]),
         (KvFormat::Bf16, 2, 2, 32, 2048, true, &[2]),
-        // two row blocks a query row: FP8 runs the pair schedule (a cluster of the row's CTAs),
-        // the second block full (128) or half empty (96)
+        // two row blocks a query row (two CTAs of one list), the second block full (128) or half
+        // empty (96)
         (KvFormat::Fp8_656, 2, 2, 128, 2048, true, &[1]),
         (KvFormat::Fp8_656, 3, 1, 96, 512, false, &[2]),
         // more query rows than SMs, unsplit: several waves of CTAs (lists of length 0 among them)
@@ -792,7 +792,7 @@ fn sinks_scale_rows_like_the_reference() {
             }
         }
     }
-    // sparse: both formats, an all −1 row, the pair schedule's two row blocks (FP8, H = 128)
+    // sparse: both formats, an all −1 row, two row blocks (FP8, H = 128)
     let cases: &[SparseCase] = &[
         (KvFormat::Fp8_656, 2, 2, 64, 512, false, &[1]),
         (KvFormat::Bf16, 1, 2, 32, 2048, false, &[]),
@@ -969,7 +969,7 @@ fn strided_views_match_contiguous() {
             }
         }
     }
-    // sparse: both formats, the pair schedule's two row blocks
+    // sparse: both formats, two row blocks
     for (n, &(format, batch, nq, heads, k)) in [
         (KvFormat::Fp8_656, 2usize, 2usize, 64usize, 512usize),
         (KvFormat::Bf16, 1, 2, 32, 2048),

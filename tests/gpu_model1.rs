@@ -2,7 +2,7 @@
 //! reference::model1's, the sparse decode over one and two sources against the fp64 oracle
 //! (docs/contract.md §9) at topk_length 0, 1, K and beyond, split and unsplit, two sources bit for
 //! bit equal to one cache holding both, and the DCP identity at D = 2, 4, 8; each on every MODEL1
-//! kernel the device runs (mma.sync everywhere, wgmma quad on compute capability 9.0). Cache
+//! kernel the device runs (mma.sync everywhere, wgmma lead on compute capability 9.0). Cache
 //! slots no index reads hold 0xff bytes (NaN codes and NaN scales); outputs are poisoned before
 //! each launch.
 
@@ -149,7 +149,7 @@ impl DevSrc {
 }
 
 /// Every MODEL1 kernel this device runs, with its name: mma.sync, and the wgmma variants on
-/// compute capability 9.0. DCP_MLA_TEST_SCHEDULES (as gpu_decode's: `quad`, and here also `mma`)
+/// compute capability 9.0. DCP_MLA_TEST_SCHEDULES (as gpu_decode's: `lead`, and here also `mma`)
 /// keeps only those, for a sanitizer run; the kernels kept are printed, and none kept fails.
 fn paths() -> Vec<(String, DecodePath)> {
     let sm90 = gpu().compute_capability() == (9, 0);

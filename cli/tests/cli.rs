@@ -269,7 +269,7 @@ fn tune_plans_without_a_gpu() {
     let o = run(&["tune", "--dry-run", "--sms", "132"]);
     let (out, err) = text(&o);
     assert!(o.status.success(), "{out}\n{err}");
-    for s in ["dense bf16 b=128 q=1 H=64 ctx=8192", "mla_decode_engine sparse fp8 b64 q1 H128 K512", "wgmma-quad-64x2"]
+    for s in ["dense bf16 b=128 q=1 H=64 ctx=8192", "mla_decode_engine sparse fp8 b64 q1 H128 K512", "wgmma-lead-64x2"]
     {
         assert!(out.contains(s), "the plan shows `{s}`:\n{out}");
     }
@@ -359,7 +359,7 @@ fn every_subcommand_prints_json() {
     let classes = v["classes"].as_array().unwrap();
     assert_eq!(classes.len(), 1, "{v}");
     assert_eq!(classes[0]["class"]["kv"], "fp8_656");
-    assert!(classes[0]["variants"].as_array().unwrap().iter().any(|x| x == "wgmma-pair-64x2"), "{v}");
+    assert!(classes[0]["variants"].as_array().unwrap().iter().any(|x| x == "wgmma-lead-64x2"), "{v}");
     assert!(v["estimated_s"].as_f64().unwrap() > 0.0);
     let v = json(&["plan", "--json"]);
     assert!(v["tokens_with_dcp"].is_u64());

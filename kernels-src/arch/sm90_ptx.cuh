@@ -9,7 +9,7 @@
 #include "arch/sm80_ptx.cuh"  // DCP_SPECIAL_REGISTER
 
 // The try-wait loop of every mbarrier wait below (one PTX text for all of them): `sem` the
-// acquire's scope ("" for the default CTA scope, ".acquire.cluster"), `hint` the suspend-time
+// acquire's scope ("" for the default CTA scope), `hint` the suspend-time
 // operand ("" or ", %2"). Operands: %0 the mbarrier, %1 the parity, %2 the hint's nanoseconds.
 #define DCP_MBAR_WAIT_LOOP(sem, hint)                                          \
     "{\n.reg .pred done;\nWAIT:\n"                                            \
@@ -118,7 +118,7 @@ __device__ __forceinline__ void wgmma_ss_n128(float (&d)[64], uint64_t desc_a, u
 }
 
 
-// mbarriers (the trio, pair and quad schedules' hand-overs).
+// mbarriers (the trio, trio_split and lead schedules' hand-overs).
 __device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
 }
@@ -148,10 +148,6 @@ __device__ __forceinline__ uint64_t desc_words(uint32_t lo, uint32_t sbo) {
 // caller arrives on it afterwards, so the phase cannot complete before this is counted).
 __device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
     asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-// One arrival that also expects `bytes` more of asynchronous (TMA) writes in this phase.
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
 }
 // One box of the 2-D tensor map `tmap` (a __grid_constant__ param) at column c0, row c1 into
 // shared memory at dst (1024-byte aligned for the 128B swizzle), completing its bytes on bar.
@@ -245,36 +241,6 @@ __device__ __forceinline__ uint2 cluster_ld_v2(uint32_t addr) {
     asm volatile("ld.shared::cluster.v2.u32 {%0, %1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(addr) : "memory");
     return v;
 }
-// A shared::cta address of this CTA (an mbarrier's, a buffer's) as CTA `rank`'s copy of it.
-__device__ __forceinline__ uint32_t cluster_map_addr(uint32_t addr, uint32_t rank) {
-    uint32_t out;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(out) : "r"(addr), "r"(rank));
-    return out;
-}
-// `bytes` (a multiple of 16) of this CTA's shared memory at `src` copied by the bulk-copy engine
-// into another CTA's at `dst_cluster` (a cluster-window address), completing them on its mbarrier
-// `bar_cluster` (whose phase expects them: mbar_arrive_expect_tx there). Reads `src` through the
-// async proxy: generic writes to it need fence_proxy_async first.
-__device__ __forceinline__ void bulk_copy_to_cluster(uint32_t dst_cluster, uint32_t src, uint32_t bytes,
-                                                     uint32_t bar_cluster) {
-    asm volatile("cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
-                     dst_cluster),
-                 "r"(src), "r"(bytes), "r"(bar_cluster)
-                 : "memory");
-}
-// mbarrier inits visible to the cluster's other CTAs (before a cluster barrier).
-__device__ __forceinline__ void fence_mbarrier_init_cluster() {
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-}
-// One arrival on another CTA's mbarrier (a cluster-window address), relaxed: it orders none of
-// this thread's memory accesses, so it only says "done" about work already complete (reads whose
-// values are in registers). A release at cluster scope measured ~7% of a launch (NOTES.md at 628d1db).
-__device__ __forceinline__ void mbar_arrive_remote_relaxed(uint32_t cluster_bar) {
-    asm volatile("mbarrier.arrive.relaxed.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(cluster_bar) : "memory");
-}
-// mbar_wait / mbar_wait_sleep acquiring at cluster scope: for a phase that threads of another CTA
-// of the cluster complete (their writes are then visible here).
-DCP_MBAR_WAITS(mbar_wait_cluster, mbar_wait_sleep_cluster, ".acquire.cluster")
 #endif
 }  // namespace ptx_sm90
 }  // namespace dcp

@@ -8,7 +8,7 @@
 namespace dcp {
 
 // Model1: MODEL1's sparse page-wise FP8 cache (decode/model1_format.cuh), d_qk = d_v = 512; only the
-// quad schedule runs it (kernels.toml's mla_decode_model1_sm90; the mma.sync path has its own family).
+// lead schedule runs it (kernels.toml's mla_decode_model1_sm90_lead; the mma.sync path has its own family).
 enum class DecodeKv { DenseBf16, SparseBf16, SparseFp8, Model1 };
 
 namespace decode {

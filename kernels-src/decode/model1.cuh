@@ -1,7 +1,7 @@
 // MODEL1 sparse decode (docs/contract.md §4, "MODEL1"; FlashMLA's d_qk = 512 path) on tensor
 // cores with mma.sync m16n8k16 bf16 (sm_80+), in the shape of decode/sm80.cuh: one CTA = 64 heads
 // of one query row × one split-KV part, 256 threads, KV tiles of 32 tokens. Compute capability
-// 9.0 runs decode/sm90_trio.cuh's quad schedule over the same cache instead (this kernel stays
+// 9.0 runs decode/sm90_trio.cuh's lead schedule over the same cache instead (this kernel stays
 // its fallback, DCP_MLA_DECODE_PATH=mma).
 //
 // The cache is decode/model1_format.cuh's (src/formats/model1.rs). A query row reads two sources

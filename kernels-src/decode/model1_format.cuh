@@ -1,5 +1,5 @@
 // MODEL1's page-wise FP8 cache as both MODEL1 decode kernels read it (decode/model1.cuh, mma.sync;
-// decode/sm90_trio.cuh's quad schedule over DecodeKv::Model1, wgmma): src/formats/model1.rs's
+// decode/sm90_trio.cuh's lead schedule over DecodeKv::Model1, wgmma): src/formats/model1.rs's
 // layout. A token's value row (448 e4m3, then 64 bf16 rope values, 576 bytes) sits at
 // page·stride + 576·s, its 8 scale bytes (7 ue8m0 scales of 64-value blocks and a pad byte) at
 // page·stride + 576·B + 8·s. A query row reads two sources in one softmax: its first index list's

@@ -21,18 +21,15 @@ namespace dcp {
 // seesaw schedules of two warpgroups measured slower and were removed, CHANGELOG.md):
 // Trio: three warpgroups (its own family, 384 threads): one scores (S, softmax, P), two hold O's
 //   halves and do P·V, so scoring tile i + 1 runs beside P·V of tile i (decode/sm90_trio.cuh).
-// Pair: trio for sparse FP8 when a query row has two row blocks (65..128 heads): the two CTAs of
-//   the row form a cluster and each dequantises half of every tile's tokens into both CTAs'
-//   shared memory, so a tile is dequantised once, not twice (decode/sm90_trio.cuh).
-// Quad: trio plus a producer warpgroup that fills every tile (sparse FP8 and MODEL1). (QuadPair,
-//   quad sharing each tile's fill between the two CTAs of a 128-head row, was slower than quad and
-//   pair everywhere it ran and was removed: docs/performance.md.)
-// Lead: quad's producer with three warpgroups (sparse FP8 and MODEL1; FlashMLA's split): the scorer also
-//   multiplies O's left half by its own P from registers, one P·V warpgroup the right half from P
-//   in shared memory (384 threads, in trio's family).
+// TrioSplit: trio handing P over in two halves of tokens (BF16 rows of two or more row blocks).
+// Lead: a producer warpgroup that fills every tile (sparse FP8 and MODEL1; FlashMLA's split): the
+//   scorer also multiplies O's left half by its own P from registers, one P·V warpgroup the right
+//   half from P in shared memory (384 threads, in trio's family). (Pair, sparse FP8 trio sharing
+//   each tile's dequantisation across a two-CTA cluster, quad, the producer beside trio's two P·V
+//   warpgroups, and quad_pair were removed once no shape ran them: docs/design.md.)
 // (A fourth, P·V left in flight across the next tile's barrier, was never faster: ptxas serialised
 // its wgmma, C7514. codegen now rejects a hot kernel whose wgmma ptxas serialises.)
-enum class Sm90Schedule { Trio, TrioSplit, Pair, Quad, Lead };
+enum class Sm90Schedule { Trio, TrioSplit, Lead };
 
 namespace decode_sm90 {
 using namespace ptx_sm90;  // the PTX wrappers (arch/sm90_ptx.cuh) as decode_sm90::...
@@ -49,12 +46,10 @@ constexpr int kChunks = kDimQk / 8;   // 72 16-byte chunks per row
 // Beside Q and the tiles (P itself goes to the tile's rope block): a slot of the rows' rescale
 // factors per buffer, their final (l, m), and the mbarriers: full and empty per buffer and P's
 // hand-over per buffer (6); trio_split: a second P hand-over per buffer (P goes over in two halves
-// of tokens); pair: four more (the peer's P·V warpgroups done with a buffer, per half and buffer);
-// quad and lead: one for Q (the scorer's own copies).
+// of tokens); lead: one for Q (the scorer's own copies).
 template <Sm90Schedule Sched>
 constexpr int sync_extra_bytes() {
-    constexpr int bars = 6 + (Sched == Sm90Schedule::TrioSplit ? 2 : 0) + (Sched == Sm90Schedule::Pair ? 4 : 0) +
-                         (Sched == Sm90Schedule::Quad || Sched == Sm90Schedule::Lead ? 1 : 0);
+    constexpr int bars = 6 + (Sched == Sm90Schedule::TrioSplit ? 2 : 0) + (Sched == Sm90Schedule::Lead ? 1 : 0);
     return 2 * kRows * 4 + kRows * 8 + bars * 8;
 }
 
@@ -128,29 +123,10 @@ __device__ __forceinline__ void issue_pv_half_at(float (&o)[128], uint32_t tile_
     wgmma_commit();
 }
 
-// issue_pv_half_at with P in the tile's rope block (the 576 path's trio and pair).
+// issue_pv_half_at with P in the tile's rope block (the 576 path's trio and trio_split).
 template <int Tile, int K0 = 0, int K1 = Tile / 16>
 __device__ __forceinline__ void issue_pv_half(float (&o)[128], uint32_t tile_addr, int half) {
     issue_pv_half_at<Tile, K0, K1>(o, tile_addr, half, tile_addr + (kBlocks - 1) * (Tile * 128));
-}
-
-// issue_pv_half as two m64n128k16 a k-step (columns 0..127, then 128..255 of the half: o[0..63]
-// and o[64..127]). The quad schedule's 512 threads compile under a 128-register cap, and ptxas
-// checks each instruction against that cap: m64n256's 128 accumulators need 154.
-// p_addr: P's [64 × 64] block (quad: the tile's rope block; MODEL1: its own buffer).
-template <int Tile>
-__device__ __forceinline__ void issue_pv_half_n128(float (&o)[128], uint32_t tile_addr, int half, uint32_t p_addr) {
-    float (&lo)[64] = *reinterpret_cast<float (*)[64]>(&o[0]);
-    float (&hi)[64] = *reinterpret_cast<float (*)[64]>(&o[64]);
-    fence_regs(o);
-    wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < Tile / 16; ++kk) {
-        const uint32_t v = tile_addr + 4 * half * (Tile * 128) + kk * 16 * 128;
-        wgmma_ss_n128(lo, p_desc(p_addr, kk), make_desc(v, Tile * 128, 1024));
-        wgmma_ss_n128(hi, p_desc(p_addr, kk), make_desc(v + 2 * (Tile * 128), Tile * 128, 1024));
-    }
-    wgmma_commit();
 }
 
 // Whether a tile is clean for the warp: every token flagged and inside both rows of every lane

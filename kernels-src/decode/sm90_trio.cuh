@@ -1,9 +1,8 @@
 // The trio schedule of the Hopper decode kernel (Sm90Schedule::Trio; dense BF16, sparse BF16 and
-// sparse FP8-656, tiles of 64 tokens in two bf16 buffers): three warpgroups, so that scoring the
-// next tile runs beside P·V of this one. Its own kernel family (384 threads). The quad schedule
-// (Sm90Schedule::Quad, sparse FP8's default; 512 threads, a family of its own too) is trio plus
-// a producer warpgroup, described below the pair; it also runs MODEL1 (DecodeKv::Model1, the family
-// mla_decode_model1_sm90), described after it.
+// sparse BF16, tiles of 64 tokens in two bf16 buffers): three warpgroups, so that scoring the
+// next tile runs beside P·V of this one. Its own kernel family (384 threads). The lead schedule
+// (Sm90Schedule::Lead, sparse FP8-656 and MODEL1 (DecodeKv::Model1, the family
+// mla_decode_model1_sm90_lead)) has a producer warpgroup fill every tile, described below.
 #pragma once
 #include <type_traits>
 #include "decode/sm90_base.cuh"
@@ -26,50 +25,30 @@ namespace dcp {
 //   first half while the scorer computes the second half's exps. Measured on the H200: −7 to −8%
 //   on the compute-bound dense rows, +1 to +3% on the memory-bound ones (hence both variants).
 // warpgroup 2: O's left half (dims 0..255), as warpgroup 1 without the loads.
-// FP8-656: each P·V warpgroup dequantises the latent dims its own P·V reads (1: 256..511, 2:
-//   0..255) of tile i + 2 into buffer b as soon as its P·V(i) is done (no other reader of those
-//   dims is left: S(i) finished before P(i)); warpgroup 1 then waits for empty(b), as for BF16,
-//   before it copies the rope block (where P(i) was) and the token flags. The dequantisation
-//   runs in the time the P·V warpgroups otherwise wait for the next P.
 // Buffer b's full mbarrier completes when its copies have landed and its flags are written
-// (warpgroup 1: 128 cp.async arrivals and 128 arrivals, plus the TMA boxes' bytes; FP8: also 128
-// arrivals of warpgroup 2 after its dequantised half); its empty
+// (warpgroup 1, or lead's producer: 128 cp.async arrivals and 128 arrivals, plus the TMA boxes'
+// bytes); its empty
 // mbarrier when the 256 threads of warpgroups 1 and 2 finished P·V of it (S finished earlier: the
 // scorer waited for it). sAlpha has a slot per buffer: the scorer writes slot b for tile i + 2
 // only after full(b), which follows empty(b) of tile i, which follows every reader of tile i's.
 // empty(b) takes one arrival a thread, not one a warp after __syncwarp: racecheck follows that
 // chain only through each reader's own arrival (with one a warp it reported the factors as races;
 // a separate barrier for them, tried first, measured 1-3% slower: NOTES.md at 628d1db).
-// Pair (Sm90Schedule::Pair; sparse FP8 with two row blocks a query row, 65..128 heads): the two
-// CTAs of a query row (row blocks 0 and 1, consecutive along x) form a cluster and share every
-// tile's dequantisation: P·V warpgroup h of CTA c dequantises latent half h of the tile's tokens
-// 32c..32c + 31 (four threads a token, 64 values each: one 64-byte raw load and its scale, made a
-// tile ahead from pages loaded a tile before that)
-// into its own buffer; then each warp's lane 0 has the bulk-copy engine copy the warp's 8 rows
-// (four contiguous 1 KB runs) into the peer's buffer, completing their bytes on the peer's full(b)
-// (warpgroup 1's thread 0 expects the peer's 32 KB with its arrival; full(b)'s waits acquire at
-// cluster scope). Before writing tile i + 2 a warpgroup waits for the peer's warpgroup h to be
-// done with tile i in its buffer b (peer_free(h, b): 128 relaxed remote arrivals a phase, one per
-// P·V thread of the peer's warpgroup h after its P·V), which also proves this warpgroup's copy of
-// tile i has landed there, so its source rows here may be overwritten. Remote stores by the
-// threads themselves (st.async) and release arrivals measured far slower (NOTES.md at 628d1db). The rope
-// block, the flags and Q stay each CTA's own. A cluster barrier after the mbarriers' set-up and
-// one before exit (the peer's last arrivals land in this CTA's shared memory).
-// Quad (Sm90Schedule::Quad; sparse FP8): warpgroup 3, the producer, fills every tile (flags, rope
-// block by cp.async, the latent dequantised from registers; the scorer copies Q); the P·V warpgroups only
-// wait for P and the tile, rescale, multiply and arrive on empty(b), as for BF16, so no
-// dequantisation sits between two P·V. full(b) takes the producer's 128 cp.async arrivals and 128
-// arrivals. Registers: 512 threads start at 128; scorer 64, P·V 176 each, producer 96 (the splits
-// that spill are in NOTES.md at 628d1db), and since ptxas checks each instruction against the launch's 128,
-// P·V is issued as two m64n128k16 a k-step (m64n256 asks for 154).
-// MODEL1 (quad over DecodeKv::Model1; decode/model1_format.cuh's cache): Q and a tile are 512
+// Lead (Sm90Schedule::Lead; sparse FP8 and MODEL1): warpgroup 2, the producer, fills every tile
+// (flags, rope block by cp.async, the latent dequantised from registers; the scorer copies Q). The
+// scorer also multiplies O's left half by its own P from registers (FlashMLA's split) and arrives
+// on empty(b) after it; warpgroup 1 only waits for P and the tile, rescales, multiplies O's right
+// half and arrives on empty(b), so no dequantisation sits between two P·V. full(b) takes the
+// producer's 128 cp.async arrivals and 128 arrivals. (Quad, the same producer beside trio's two
+// P·V warpgroups in 512 threads, and pair, trio's P·V warpgroups dequantising and sharing each
+// tile across a two-CTA cluster, were removed once no shape ran them: docs/design.md.)
+// MODEL1 (lead over DecodeKv::Model1; decode/model1_format.cuh's cache): Q and a tile are 512
 // values a row (8 column blocks: 7 of nope, the rope block last), and V is the whole token, rope
 // included, so P(i) goes to a buffer of its own (2 × 8 KB after the tiles, reused under the same
 // full/empty chain as the tile's; the epilogue stages rows over tiles and P's buffers). The
 // producer fills a tile from one or two sources (the first list's positions, then the second's):
 // half 0 of a token's threads its nope blocks 0..3, half 1 blocks 4..6, each block one 64-byte
-// batch and its ue8m0 scale byte. Registers 72 / 168 / 168 / 104 (at quad's 64 the scorer, which
-// copies Q, spilled 4 bytes; at quad's 96 the producer 8: its token's two addresses, the second list).
+// batch and its ue8m0 scale byte.
 template <int R>
 struct RoleTag {
     static constexpr int value = R;
@@ -85,21 +64,14 @@ template <DecodeKv Kv, int Tile, int Stages, Sm90Schedule Sched>
 __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p) {
     [[maybe_unused]] constexpr bool kSparse = Kv != DecodeKv::DenseBf16;  // (unused off sm_90a)
     [[maybe_unused]] constexpr bool kFp8 = Kv == DecodeKv::SparseFp8;
-    // MODEL1 (quad only): 512 values a query row and a token, P in buffers of its own (V is the
+    // MODEL1 (lead only): 512 values a query row and a token, P in buffers of its own (V is the
     // whole token), the producer's fill from the page-wise cache of one or two sources
     [[maybe_unused]] constexpr bool kModel1 = Kv == DecodeKv::Model1;
     constexpr int kDqk = decode_sm90::dim_qk<Kv>();  // 576, MODEL1's 512
-    // pair: two CTAs share each FP8 tile's dequantisation (only FP8 dequantises)
-    [[maybe_unused]] constexpr bool kPair = Sched == Sm90Schedule::Pair;
-    // quad: a fourth warpgroup (the producer) fills every FP8 tile; the P·V warpgroups only multiply
-    [[maybe_unused]] constexpr bool kQuad = Sched == Sm90Schedule::Quad;
-    // lead: quad's producer and three warpgroups; the scorer multiplies O's left half itself, by
-    // its own P from registers (FlashMLA's split), one P·V warpgroup the right half
+    // lead: a producer warpgroup (role 3) fills every tile, the scorer copying Q and multiplying
+    // O's left half itself, by its own P from registers (FlashMLA's split), one P·V warpgroup the
+    // right half
     [[maybe_unused]] constexpr bool kLead = Sched == Sm90Schedule::Lead;
-    // the schedules whose producer warpgroup (role 3) fills every tile, the scorer copying Q
-    [[maybe_unused]] constexpr bool kProducer = kQuad || kLead;
-    // the schedules whose CTAs write into each other's shared memory
-    [[maybe_unused]] constexpr bool kCluster = kPair;
     // trio_split (BF16): P goes over in two halves of 32 tokens, the first once a lazy max has
     // passed (so P·V starts beside the scorer's second half of exps); the launcher runs it where a
     // sequence has two or more row blocks (compute-bound), trio's single hand-over elsewhere.
@@ -108,11 +80,10 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
     // registers as wgmma A fragments (RS: only K is read from shared memory for them); FP8's (72)
     // none. Measured on the H200: one block −0.7% on compute-bound rows, two no better (NOTES.md at 628d1db).
     constexpr int kQRegBlocks = kFp8 || kModel1 ? 0 : 1;
-    static_assert((Sched == Sm90Schedule::Trio || (kSplitP && !kFp8) || (kPair && kFp8) || (kQuad && (kFp8 || kModel1)) ||
-                   (kLead && (kFp8 || kModel1))) &&
-                      (!kModel1 || kProducer) && Tile == 64 && Stages == 2,
-                  "trio schedule: P fills a 64-token rope block; two buffers; trio_split: BF16 only; pair: FP8 only; "
-                  "quad and lead: FP8 or MODEL1");
+    static_assert(((Sched == Sm90Schedule::Trio || kSplitP) && !kFp8 && !kModel1 || kLead && (kFp8 || kModel1)) &&
+                      Tile == 64 && Stages == 2,
+                  "trio schedule: P fills a 64-token rope block; two buffers; trio and trio_split: BF16 only; "
+                  "lead: FP8 or MODEL1");
     static_assert(decode_sm90::shared_bytes<Kv, Tile, Stages, Sched>() + decode::kWriteRowsStaticBytes <= 227 * 1024,
                   "fits one H100/H200 CTA (dynamic + write_rows' static flags)");
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -124,7 +95,6 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
     constexpr int kPBytes = kRows * 64 * 2;  // MODEL1: one of P's own buffers
     constexpr int kLdPerTok = 128 / Tile;  // warpgroup 1's threads per token of a tile
     constexpr int kFp8Batch = 4;           // FP8: 16-byte raw loads in flight a thread
-    [[maybe_unused]] constexpr uint32_t kPeerBytes = Tile / 2 * kDimLatent * 2;  // pair: the peer's dequantised half of a tile
     unsigned char* smem = aligned_smem<Kv, Tile, Stages, Sched>();
     unsigned char* sQ = smem;
     unsigned char* sKV = smem + kQBytes;                  // 2 × [Tile × kDqk] bf16
@@ -133,13 +103,12 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
     int* sValid = (int*)(sP + own_p_bytes<Kv, Stages>());  // [2][Tile]
     float* sAlpha = (float*)(sValid + Stages * Tile);     // [2][64] rescale factors of P(i)
     float2* sStats = (float2*)(sAlpha + 2 * kRows);       // [64] the rows' row_stats (den, lse)
-    const uint32_t bars = decode::smem_addr(sStats + kRows);  // full[2], empty[2], p_full[2] (pair: peer_free[2][2]; trio_split: p_full[2] of half 1)
+    const uint32_t bars = decode::smem_addr(sStats + kRows);  // full[2], empty[2], p_full[2] (trio_split: p_full[2] of half 1)
     auto full = [&](int b) { return bars + 8 * b; };
     auto empty = [&](int b) { return bars + 16 + 8 * b; };
-    [[maybe_unused]] auto peer_free = [&](int h, int b) { return bars + 48 + 16 * h + 8 * b; };
     // P of buffer b (trio_split: its half h, tokens 32h..32h + 31; half 1's after the rest)
     auto p_full = [&](int b, int h = 0) { return h == 0 ? bars + 32 + 8 * b : bars + 48 + 8 * b; };
-    [[maybe_unused]] const uint32_t q_full = bars + 48;  // quad and lead: the scorer's copies of Q, a piece
+    [[maybe_unused]] const uint32_t q_full = bars + 48;  // lead: the scorer's copies of Q, a piece
     const uint32_t q_addr = decode::smem_addr(sQ), kv_addr = decode::smem_addr(sKV);
     [[maybe_unused]] const uint32_t p_addr0 = decode::smem_addr(sP);
 
@@ -147,28 +116,21 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
     const int wg = warp >> 2, t = tid & 127, t4 = lane & 3;
     if (tid == 0) {
         for (int b = 0; b < 2; ++b) {
-            mbar_init(full(b), kFp8 && !kProducer ? 384 : 256);
+            mbar_init(full(b), 256);
             mbar_init(empty(b), 256);
             // one arrival per thread: racecheck does not see a warp's accesses ordered by
             // __syncwarp before lane 0's arrival (NOTES.md at 628d1db, fifth session)
             mbar_init(p_full(b, 0), 128);
             if constexpr (kSplitP) mbar_init(p_full(b, 1), 128);
-            if constexpr (kProducer) if (b == 0) mbar_init(q_full, 128);
-            if constexpr (kPair) {
-                mbar_init(peer_free(0, b), 128);
-                mbar_init(peer_free(1, b), 128);
-            }
+            if constexpr (kLead) if (b == 0) mbar_init(q_full, 128);
         }
         fence_proxy_async();
-        if constexpr (kCluster) fence_mbarrier_init_cluster();
     }
-    // pair: the peer's mbarriers are set up before anything arrives on them
-    if constexpr (kCluster) cluster_sync();
     if (!kSparse && p.kv_tma != 0 && tid == 128) tma_prefetch_map(&p.kv_tmap);  // warpgroup 1 issues the boxes
     const int seqs = decode::num_seqs(p, kSparse);
     const int block_seq = cta_rows<kSparse>(p, decode::rows_per_seq(p, kSparse)).seq;
     uint32_t uses = 0;           // tiles consumed before this piece: buffer uses & 1, phase uses >> 1
-    [[maybe_unused]] uint32_t q_loads = 0;  // quad's scorer: pieces whose Q it copied (q_full's phase)
+    [[maybe_unused]] uint32_t q_loads = 0;  // lead's scorer: pieces whose Q it copied (q_full's phase)
 
     auto piece = [&](const decode::Piece pc, auto role_tag) {
         constexpr int kRole = decltype(role_tag)::value;  // = wg
@@ -188,7 +150,7 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
         const int n_tokens = pt.tokens, tile_begin = pt.begin, tile_end = pt.end;
         const int n = tile_end - tile_begin;
 
-        // Where a tile's tokens are (the P·V warpgroups' loads and quad's producer). Dense: a
+        // Where a tile's tokens are (warpgroup 1's loads and lead's producer). Dense: a
         // power-of-two block size (the usual case) divides by shifting.
         const int bs = p.block_size, bs_log = 31 - __clz(bs);
         const bool bs_pow2 = (bs & (bs - 1)) == 0;
@@ -228,10 +190,10 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
 #pragma unroll
                 for (int j = 0; j < 128; ++j) o[j] = 0.0f;
             }
-            // quad: the scorer copies Q itself while it waits for the first tile, so that the
-            // producer's first index and row loads do not queue behind Q's 4,608 copies (the
+            // lead: the scorer copies Q itself while it waits for the first tile, so that the
+            // producer's first index and row loads do not queue behind Q's 4,608 copies (quad's
             // timeline had tile 0's index land 2 µs after Q's issue, its rows 3.9 µs after that)
-            if constexpr (kProducer) {
+            if constexpr (kLead) {
                 if (n > 0) {
                     // (its own copies of the previous piece have landed: seen by this thread too, for racecheck)
                     decode::cp_async_wait<0>();
@@ -243,9 +205,8 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                 const uint32_t u = uses + i;
                 const int b = u & 1;
                 float s[kSRegs];
-                if constexpr (kCluster) mbar_wait_sleep_cluster(full(b), (u >> 1) & 1);  // the peer's half too
-                else mbar_wait_sleep(full(b), (u >> 1) & 1);
-                if constexpr (kProducer) {
+                mbar_wait_sleep(full(b), (u >> 1) & 1);
+                if constexpr (kLead) {
                     if (i == 0) mbar_wait_sleep(q_full, q_loads++ & 1);  // the warpgroup's copies of Q
                 }
                 fence_proxy_async();
@@ -402,8 +363,8 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
             }
             return;
         } else if constexpr (kRole == 3) {
-            // ---- quad's producer: per tile the flags, the rope block and the latent ----
-            // Quad: two threads a token: thread t fills token t / 2's latent half t & 1 (column
+            // ---- lead's producer: per tile the flags, the rope block and the latent ----
+            // Two threads a token: thread t fills token t / 2's latent half t & 1 (column
             // blocks 4·half.. : 256 values in four 64-byte batches, scale groups 2·half and
             // 2·half + 1) and half of its rope block by cp.async.
             // MODEL1 (decode/model1_format.cuh): a block is a 64-byte batch with its ue8m0 scale
@@ -614,187 +575,27 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                 mbar_arrive_cp_async(full(b));  // with the first tile, also covers Q's copies
                 mbar_arrive(full(b));
             };
-            // FP8: batch h (64 bytes) of this thread's 128 latent bytes of cache row `row` (zeros
-            // for an unread token, which dequantise to 0)
-            auto load_batch = [&](uint4 (&raw)[kFp8Batch], int64_t row, int h) {
-                const unsigned char* src = (const unsigned char*)p.cache + (row >= 0 ? row : 0) * kFp8RowBytes;
-#pragma unroll
-                for (int j = 0; j < kFp8Batch; ++j)
-                    raw[j] = row >= 0 ? __ldg((const uint4*)(src + kHalf * 256 + ld_part * 128 + 16 * (kFp8Batch * h + j)))
-                                      : make_uint4(0, 0, 0, 0);
-            };
-            // Pair: this thread's scale of cache row `row` (0 for an unread token), loaded with the
-            // raw batch a tile ahead (trio loads its scale in the fill: the same move, and the pages
-            // below, measured 3-6% slower there and 5% faster in the pair: NOTES.md at 628d1db)
-            auto load_scale = [&](int64_t row, int part) -> float {
-                return row >= 0 ? __ldg((const float*)((const unsigned char*)p.cache + row * kFp8RowBytes + kFp8ScaleOffset +
-                                                       4 * (2 * kHalf + part)))
-                                : 0.0f;
-            };
-            // FP8: this warpgroup's latent half of tile's token ld_tok dequantised into buffer b
-            // (two threads a token, 128 values each: one scale group)
-            auto fill_latent = [&](int tile, int page, int b, uint4 (&pre)[kFp8Batch], bool have_pre) {
-                const int64_t row = token_row(tile, page);
-                const unsigned char* src = (const unsigned char*)p.cache + (row >= 0 ? row : 0) * kFp8RowBytes;
-                const float sc = row >= 0 ? __ldg((const float*)(src + kFp8ScaleOffset + 4 * (2 * kHalf + ld_part))) : 0.0f;
-                unsigned char* dst = sKV + b * kTileBytes;
-                const int c0 = kHalf * 32 + ld_part * 16;
-                // in two batches of 64 bytes: 16 registers of raw rows beside O's 128 (all 128
-                // bytes at once spilled); the first batch usually loaded before this tile's P·V
-                // (`pre`), so only the second one's L2 round trip follows it
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    uint4 raw[kFp8Batch];
-                    if (h == 0 && have_pre) {
-#pragma unroll
-                        for (int j = 0; j < kFp8Batch; ++j) raw[j] = pre[j];
-                    } else {
-                        load_batch(raw, row, h);
-                    }
-#pragma unroll
-                    for (int j = 0; j < kFp8Batch; ++j) {
-                        const int c = c0 + 2 * (kFp8Batch * h + j);
-                        *(uint4*)(dst + swizzled(Tile, ld_tok, c)) = decode::dequant8(make_uint2(raw[j].x, raw[j].y), sc);
-                        *(uint4*)(dst + swizzled(Tile, ld_tok, c + 1)) = decode::dequant8(make_uint2(raw[j].z, raw[j].w), sc);
-                    }
-                }
-                fence_proxy_async();  // these generic writes, before wgmma reads them
-            };
-            // FP8: this thread's 128 latent bytes of the token into L2 (the two 128-byte lines they
-            // touch), a tile before fill_latent gathers them, so the gathers wait on L2, not DRAM.
-            // Per-thread prefetch.global.L2, not a bulk prefetch: a bulk one takes uniform
-            // operands, and the compiler looped over the 32 lanes' addresses (NOTES.md at 628d1db).
-            auto prefetch_latent = [&](int tile, int page) {
-                const int64_t row = token_row(tile, page);
-                if (row >= 0) {
-                    const unsigned char* a = (const unsigned char*)p.cache + row * kFp8RowBytes + kHalf * 256 + ld_part * 128;
-                    asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
-                    asm volatile("prefetch.global.L2 [%0];" ::"l"(a + 127));
-                }
-            };
-            // FP8, warpgroup 1, once both P·V warpgroups are done with buffer b: the token flags
-            // and the rope block by cp.async (zero-filled for an unread token), then its arrivals.
-            auto fill_rope = [&](int tile, int page, int b) {
-                const int64_t row = token_row(tile, page);
-                if (ld_part == 0) sValid[b * Tile + ld_tok] = row >= 0;
-                const unsigned char* src =
-                    (const unsigned char*)p.cache + (row >= 0 ? row : 0) * kFp8RowBytes + kFp8RopeOffset + 64 * ld_part;
-#pragma unroll
-                for (int j = 0; j < 4; ++j)
-                    decode::cp_async16(sKV + b * kTileBytes + swizzled(Tile, ld_tok, 64 + 4 * ld_part + j), src + 16 * j,
-                                       row >= 0);
-                mbar_arrive_cp_async(full(b));  // with the first tile, also covers Q's copies
-                // pair: the peer's half of the tile lands here as kPeerBytes of bulk copies
-                if (kPair && t == 0) mbar_arrive_expect_tx(full(b), kPeerBytes);
-                else mbar_arrive(full(b));
-            };
-            // Pair: this thread's token among the tile's half this CTA dequantises (cluster rank c:
-            // tokens 32c..32c + 31, four threads a token) and its quarter of latent half kHalf
-            [[maybe_unused]] const int dq_tok = kPair ? 32 * (int)cluster_rank() + t / 4 : ld_tok;
-            [[maybe_unused]] const int dq_part = t & 3;
-            // Pair: the thread's 64 raw bytes of cache row `row` (zeros for an unread token)
-            auto load_pair = [&](uint4 (&raw)[kFp8Batch], int64_t row) {
-                const unsigned char* src =
-                    (const unsigned char*)p.cache + (row >= 0 ? row : 0) * kFp8RowBytes + kHalf * 256 + dq_part * 64;
-#pragma unroll
-                for (int j = 0; j < kFp8Batch; ++j)
-                    raw[j] = row >= 0 ? __ldg((const uint4*)(src + 16 * j)) : make_uint4(0, 0, 0, 0);
-            };
-            // Pair: fill f's latent half kHalf of this CTA's tokens, dequantised into buffer f & 1
-            // here, then copied by the bulk-copy engine into the peer's (each warp its 8 rows: four
-            // 1 KB runs, completing their bytes on the peer's full(f & 1); by warp rather than by
-            // warpgroup after a named barrier: −3%, NOTES.md at 628d1db). First, each thread waits for the
-            // peer's warpgroup kHalf to be done with use f − 2 of that buffer: that also means this
-            // warpgroup's copy of fill f − 2 has landed there (it completed the peer's full), so
-            // its source rows here are free to overwrite.
-            auto fill_latent_pair = [&](int tile, int dpage, uint32_t f, uint4 (&pre)[kFp8Batch], float pre_sc, bool have_pre) {
-                const int b = f & 1;
-                const int64_t row = token_row_of(tile, dq_tok, dpage);
-                uint4 raw[kFp8Batch];
-                if (have_pre) {
-#pragma unroll
-                    for (int j = 0; j < kFp8Batch; ++j) raw[j] = pre[j];
-                } else {
-                    load_pair(raw, row);
-                }
-                const float sc = have_pre ? pre_sc : load_scale(row, dq_part >> 1);
-                if (f >= 2) mbar_wait_cluster(peer_free(kHalf, b), ((f >> 1) - 1) & 1);
-                unsigned char* dst = sKV + b * kTileBytes;
-                const int c0 = kHalf * 32 + dq_part * 8;
-#pragma unroll
-                for (int j = 0; j < kFp8Batch; ++j) {
-#pragma unroll
-                    for (int e = 0; e < 2; ++e) {
-                        const uint4 v = decode::dequant8(e ? make_uint2(raw[j].z, raw[j].w) : make_uint2(raw[j].x, raw[j].y), sc);
-                        const uint32_t off = swizzled(Tile, dq_tok, c0 + 2 * j + e);
-                        *(uint4*)(dst + off) = v;
-                    }
-                }
-                fence_proxy_async();  // these writes, before the bulk copy and wgmma read them
-                __syncwarp();         // the warp's 8 tokens are all written
-                if (lane == 0) {
-                    const uint32_t rank = cluster_rank(), peer = rank ^ 1;
-                    const uint32_t peer_full = cluster_map_addr(full(b), peer);
-#pragma unroll
-                    for (int blk = 0; blk < 4; ++blk) {
-                        // column block 4·kHalf + blk, the warp's rows (tokens) 32·rank + 8·w.. + 7
-                        const uint32_t src = kv_addr + b * kTileBytes + (4 * kHalf + blk) * (Tile * 128) +
-                                             (32 * rank + 8 * (t >> 5)) * 128;
-                        bulk_copy_to_cluster(cluster_map_addr(src, peer), src, 8 * 128, peer_full);
-                    }
-                }
-            };
             uint32_t fills = uses;
             // fill f reuses the buffer of use f − 2: wait until both P·V warpgroups are done with it
             auto wait_free = [&](uint32_t f) {
                 if (f >= 2) mbar_wait_sleep(empty(f & 1), ((f >> 1) - 1) & 1);
             };
-            // FP8: the next fill's first batch, loaded before this tile's P·V (its latency hides
-            // behind the P·V; the prefetch covers the second batch's lines)
-            [[maybe_unused]] uint4 pre[kFp8Batch];
-            [[maybe_unused]] float pre_sc = 0.0f;
-            [[maybe_unused]] bool have_pre = false;
-            // One fill of tile `tile` into buffer b by this warpgroup: BF16 warpgroup 1 all of it;
-            // FP8 each warpgroup its latent half, warpgroup 1 the rest after empty(b).
+            // One fill of tile `tile` into buffer b by warpgroup 1 (trio and trio_split)
             [[maybe_unused]] int page = -1;  // the next fill's page (the block-table load is issued a fill ahead)
-            [[maybe_unused]] int dq_page = -1;  // pair: the next fill's row of this thread's dequantised token
             auto fill_mine = [&](int tile, int page, uint32_t f, bool first) {
                 const int b = f & 1;
-                if constexpr (kFp8) {
-                    if constexpr (kPair) fill_latent_pair(tile, dq_page, f, pre, pre_sc, have_pre);
-                    else fill_latent(tile, page, b, pre, have_pre);
-                    have_pre = false;
-                    if constexpr (kRole == 1) {
-                        wait_free(f);
-                        if (first) load_q<kSparse>(p, sQ, seq, row_base, row_limit, t, 128);
-                        fill_rope(tile, page, b);
-                    } else {
-                        mbar_arrive(full(b));
-                    }
-                } else {
-                    wait_free(f);
-                    if (first) load_q<kSparse>(p, sQ, seq, row_base, row_limit, t, 128);
-                    fill(tile, page, b);
-                }
+                wait_free(f);
+                if (first) load_q<kSparse>(p, sQ, seq, row_base, row_limit, t, 128);
+                fill(tile, page, b);
             };
-            // the pages of tile's fill (pair: warpgroup 2 needs only its dequantised token's)
-            auto pages_of = [&](int tile, int& pg, int& dpg) {
-                if constexpr (kRole == 1 || !kPair) pg = token_page(tile);
-                if constexpr (kPair) dpg = token_page_of(tile, dq_tok);
-            };
-            auto next_pages = [&](int tile) { pages_of(tile, page, dq_page); };
-            // Pair: the pages of the fill after the next, loaded a whole iteration before that fill's
-            // raw bytes need them (one iteration ahead, the index load's L2 round trip is waited for
-            // at the top of the next iteration, before the raw load can be issued)
-            [[maybe_unused]] int page_next = -1, dq_page_next = -1;
-            if (!kProducer && (kRole == 1 || kFp8)) {
+            auto next_pages = [&](int tile) { page = token_page(tile); };
+            if (!kLead && kRole == 1) {
                 next_pages(tile_begin);
                 for (int k = 0; k < 2 && k < n; ++k) {
                     fill_mine(tile_begin + k, page, fills, k == 0);
                     next_pages(tile_begin + k + 1);
                     ++fills;
                 }
-                if constexpr (kPair) pages_of(tile_begin + 3, page_next, dq_page_next);
             }
             float o[128];
 #pragma unroll
@@ -802,25 +603,10 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
             for (int i = 0; i < n; ++i) {
                 const uint32_t u = uses + i;
                 const int b = u & 1;
-                if constexpr (kPair) {
-                    if (i + 2 < n) {
-                        const int64_t row = token_row_of(tile_begin + i + 2, dq_tok, dq_page);
-                        load_pair(pre, row);
-                        pre_sc = load_scale(row, dq_part >> 1);
-                        have_pre = true;
-                    }
-                } else if constexpr (kFp8 && !kProducer) {
-                    if (i + 2 < n) {
-                        prefetch_latent(tile_begin + i + 2, page);
-                        load_batch(pre, token_row(tile_begin + i + 2, page), 0);
-                        have_pre = true;
-                    }
-                }
                 mbar_wait_sleep(p_full(b, 0), (u >> 1) & 1);  // P(u) (trio_split: its first half) and its factors are written
                 rescale_o(o, sAlpha[b * kRows + r0], sAlpha[b * kRows + r0 + 8]);
                 // landed before S(u): this is the acquire
-                if constexpr (kCluster) mbar_wait_cluster(full(b), (u >> 1) & 1);
-                else mbar_wait(full(b), (u >> 1) & 1);
+                mbar_wait(full(b), (u >> 1) & 1);
                 fence_proxy_async();
                 if constexpr (kSplitP) {
                     // tokens 0..31 while the scorer writes the second half, then 32..63
@@ -828,31 +614,21 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                     mbar_wait(p_full(b, 1), (u >> 1) & 1);
                     fence_proxy_async();
                     issue_pv_half<Tile, Tile / 32, Tile / 16>(o, kv_addr + b * kTileBytes, kHalf);
-                } else if constexpr (kProducer) {
-                    // P: the tile's rope block, or MODEL1's own buffer b; quad's 512 threads issue
-                    // m64n128 (the launch's register cap), lead's 384 m64n256
+                } else if constexpr (kLead) {
+                    // P: the tile's rope block, or MODEL1's own buffer b
                     const uint32_t tile_addr = kv_addr + b * kTileBytes;
                     const uint32_t pa = kModel1 ? p_addr0 + b * kPBytes : tile_addr + (kQkBlocks - 1) * (Tile * 128);
-                    if constexpr (kQuad) issue_pv_half_n128<Tile>(o, tile_addr, kHalf, pa);
-                    else issue_pv_half_at<Tile>(o, tile_addr, kHalf, pa);
+                    issue_pv_half_at<Tile>(o, tile_addr, kHalf, pa);
                 } else {
                     issue_pv_half<Tile>(o, kv_addr + b * kTileBytes, kHalf);
                 }
                 wgmma_wait0();
                 fence_regs(o);
                 mbar_arrive(empty(b));  // every thread: it read sAlpha, and its P·V is done
-                // pair: the peer's warpgroup kHalf may write tile u + 2's half into buffer b
-                if constexpr (kPair) mbar_arrive_remote_relaxed(cluster_map_addr(peer_free(kHalf, b), cluster_rank() ^ 1));
-                if (!kProducer && (kRole == 1 || kFp8)) {
+                if (!kLead && kRole == 1) {
                     if (i + 2 < n) {
                         fill_mine(tile_begin + i + 2, page, fills, false);
-                        if constexpr (kPair) {
-                            page = page_next;
-                            dq_page = dq_page_next;
-                            pages_of(tile_begin + i + 4, page_next, dq_page_next);
-                        } else {
-                            next_pages(tile_begin + i + 3);
-                        }
+                        next_pages(tile_begin + i + 3);
                         ++fills;
                     }
                 }
@@ -865,46 +641,38 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
             for (int k = 0; k < 2; ++k) stats[k] = sStats[rs + 8 * k];
             // one accessor type for both halves: write_rows' static NaN flags are per instantiation,
             // and the two halves must OR theirs in the same array. The rows go out through shared
-            // memory that every reader is done with (the barrier above): the tile buffers, or pair's
-            // Q (the peer may still read or fill the buffers: 576's bf16 rows fit there, fp32 ones
-            // go out directly).
-            // (MODEL1: P's buffers follow the tiles, so fp32 rows fit the stage too)
-            decode::write_rows_staged<kCluster ? kQBytes : Stages * kTileBytes + own_p_bytes<Kv, Stages>(), kSparse>(
+            // memory that every reader is done with (the barrier above): the tile buffers (MODEL1:
+            // P's buffers follow the tiles, so fp32 rows fit the stage too).
+            decode::write_rows_staged<Stages * kTileBytes + own_p_bytes<Kv, Stages>(), kSparse>(
                 p, pc.slot, seq, seq_rows, row_base, row_limit, r0, kHalf * 256 + 2 * t4, kHalf == 0 && t4 == 0,
-                stats, OHalf{o}, kCluster ? sQ : sKV, tid - 128, 256);
+                stats, OHalf{o}, sKV, tid - 128, 256);
         }
     };
     // 384 threads start at 168 registers each (64K / 384, in steps of 8), and the CTA's pool is
     // exactly that: the scorer gives back what the P·V warpgroups (O's 128 accumulators each)
     // take. BF16: 104 / 200 / 200 (at 136 / 184 the P·V warpgroups spilled 12-16 bytes in the staged
     // epilogue; with Q's rope block in the scorer's registers, 120 / 192 spilled 8 bytes in a P·V
-    // warpgroup's piece set-up, and the scorer fits in 104). FP8's P·V warpgroups also hold a batch of raw rows (16 registers) across P·V and
-    // spilled at 184 and 208; its scorer fits in 72. Each role runs its own piece loop, so no code
-    // is shared between budgets.
-    // Quad (512 threads, 128 registers each at launch): the P·V warpgroups hold no raw rows (as
-    // BF16's), the producer two raw batches of the next fill; 0 spills at 64 / 176 / 176 / 96.
-    // Lead (384 threads, 168 at launch): the scorer holds O's left half beside S and P's fragments,
-    // the one P·V warpgroup O's right half, the producer quad's.
-    constexpr int kThreads = kQuad ? 512 : 384;
-    constexpr int kLaunchRegs = 65536 / kThreads / 8 * 8;
-    constexpr int kScorerRegs = kLead ? 216 : kModel1 ? 72 : kQuad ? 64 : kFp8 ? 72 : 104;
-    constexpr int kPvRegs = kLead ? 176 : kModel1 ? 168 : kQuad ? 176 : kFp8 ? 216 : 200;
+    // warpgroup's piece set-up, and the scorer fits in 104). Each role runs its own piece loop, so
+    // no code is shared between budgets.
+    // Lead: the scorer holds O's left half beside S and P's fragments (216), the one P·V warpgroup
+    // O's right half (176), the producer two raw batches of the next fill (the rest, 112).
+    constexpr int kLaunchRegs = 65536 / 384 / 8 * 8;
+    constexpr int kScorerRegs = kLead ? 216 : 104;
+    constexpr int kPvRegs = kLead ? 176 : 200;
     constexpr int kPvGroups = kLead ? 1 : 2;
-    constexpr int kProducerRegs = kProducer ? (kQuad ? 4 : 3) * kLaunchRegs - kScorerRegs - kPvGroups * kPvRegs : 0;
-    static_assert(kScorerRegs + kPvGroups * kPvRegs + kProducerRegs <= (kQuad ? 4 : 3) * kLaunchRegs,
+    constexpr int kProducerRegs = kLead ? 3 * kLaunchRegs - kScorerRegs - kPvGroups * kPvRegs : 0;
+    static_assert(kScorerRegs + kPvGroups * kPvRegs + kProducerRegs <= 3 * kLaunchRegs,
                   "setmaxnreg must stay inside the CTA's pool");
     if (wg == 0) {
         if constexpr (kScorerRegs > kLaunchRegs) setmaxnreg_inc<kScorerRegs>();
         else setmaxnreg_dec<kScorerRegs>();
         decode::for_each_piece(p, seqs, block_seq, [&](const decode::Piece pc) { piece(pc, RoleTag<0>{}); });
-        if constexpr (kCluster) cluster_sync();  // the peer's last arrivals here have landed
         return;
     }
-    if constexpr (kProducer) {
-        if (wg == (kLead ? 2 : 3)) {
+    if constexpr (kLead) {
+        if (wg == 2) {
             setmaxnreg_dec<kProducerRegs>();
             decode::for_each_piece(p, seqs, block_seq, [&](const decode::Piece pc) { piece(pc, RoleTag<3>{}); });
-            if constexpr (kCluster) cluster_sync();  // as the scorer's
             return;
         }
     }
@@ -914,19 +682,17 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
     } else {
         decode::for_each_piece(p, seqs, block_seq, [&](const decode::Piece pc) { piece(pc, RoleTag<2>{}); });
     }
-    if constexpr (kCluster) cluster_sync();  // as the scorer's: every thread of both CTAs
 #elif defined(__CUDA_ARCH__)
     __trap();  // sm_90a only: the launcher never picks this family elsewhere
 #endif
 }
 
-// MODEL1's wgmma decode (kernels.toml's mla_decode_model1_sm90; docs/contract.md §4 "MODEL1"): the
-// quad schedule over DecodeKv::Model1. Dqk, Tile, Stages, Sched: the family's axes, which the
+// MODEL1's wgmma decode (kernels.toml's mla_decode_model1_sm90_lead; docs/contract.md §4 "MODEL1"):
+// the lead schedule over DecodeKv::Model1. Dqk, Tile, Stages, Sched: the family's axes, which the
 // launcher (src/ops/model1.rs) reads.
 template <int Dqk, int Tile, int Stages, Sm90Schedule Sched>
 __device__ __forceinline__ void mla_decode_model1_sm90(const DcpMlaDecodeParams& p) {
-    static_assert(Dqk == decode_model1::kDim && (Sched == Sm90Schedule::Quad || Sched == Sm90Schedule::Lead),
-                  "MODEL1 runs quad or lead at d_qk 512");
+    static_assert(Dqk == decode_model1::kDim && Sched == Sm90Schedule::Lead, "MODEL1 runs lead at d_qk 512");
     mla_decode_sm90_trio<DecodeKv::Model1, Tile, Stages, Sched>(p);
 }
 

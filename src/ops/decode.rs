@@ -3,7 +3,7 @@
 //!
 //! Kernels: `kernels-src/decode/` — `sm80.cuh` (family `mla_decode`), `split_schedule.cuh`
 //! (`mla_decode_schedule`), `combine.cuh` (`mla_decode_combine`) and, on Hopper, `sm90_trio.cuh`
-//! over `sm90_base.cuh` (`mla_decode_sm90_trio` and `mla_decode_sm90_quad`, see [`DecodePath`]).
+//! over `sm90_base.cuh` (`mla_decode_sm90_trio`: trio, trio_split and lead, see [`DecodePath`]).
 //!
 //! Split-KV (`num_splits = P > 1`): a schedule kernel reads the row lengths (or index counts) on
 //! the device and writes the sequences' unit prefix into the workspace; each of the P parts of
@@ -311,8 +311,7 @@ pub fn fallback_shared_bytes() -> usize {
         .unwrap_or(0)
 }
 
-/// The wgmma kernel of one variant, in whichever Hopper decode family kernels.toml puts it (trio's
-/// 384 threads or quad's 512; a variant is in at most one).
+/// The wgmma kernel of one variant (kernels.toml's Hopper decode family, 384 threads).
 fn sm90_kernel_id(
     kv: axes::Kv,
     tile: u32,
@@ -320,7 +319,6 @@ fn sm90_kernel_id(
     schedule: Sm90Schedule,
 ) -> Option<KernelId<DcpMlaDecodeParams>> {
     registry::mla_decode_sm90_trio(kv, tile, stages, schedule)
-        .or_else(|| registry::mla_decode_sm90_quad(kv, tile, stages, schedule))
 }
 
 /// The mma.sync kernel for `kv` and its tile (kernels.toml's `tile` axis, which the kernel checks
@@ -337,14 +335,11 @@ pub(super) struct Kernel {
     pub(super) tile: u32,
     /// Loads whole dense tiles by TMA when the params carry a tensor map (the dense wgmma kernel).
     pub(super) takes_tensor_map: bool,
-    /// Consecutive CTAs along x launched as one thread-block cluster (the pair schedules: 2).
-    pub(super) cluster: u32,
 }
 
 impl Kernel {
-    /// Launches this kernel over `grid` with its dynamic shared memory, in clusters of
-    /// `cluster` CTAs when that is above 1, as a programmatic dependent of the stream's previous
-    /// kernel when `dependent`.
+    /// Launches this kernel over `grid` with its dynamic shared memory, as a programmatic
+    /// dependent of the stream's previous kernel when `dependent`.
     ///
     /// # Safety
     /// As for [`Device::launch_with`].
@@ -356,7 +351,7 @@ impl Kernel {
         stream: Stream,
         params: &DcpMlaDecodeParams,
     ) -> Result<()> {
-        let attrs = LaunchAttrs { dependent, cluster: (self.cluster > 1).then_some(self.cluster) };
+        let attrs = LaunchAttrs { dependent, cluster: None };
         // SAFETY: the caller's contract.
         unsafe { dev.launch_with(self.id, grid, self.shared_bytes as u32, stream, params, attrs) }
     }
@@ -375,7 +370,6 @@ fn decode_kernel(dev: &Device, format: KvFormat, sparse: bool, path: DecodePath)
             shared_bytes: id.info().dynamic_shared_bytes as usize,
             tile,
             takes_tensor_map: false,
-            cluster: 1,
         }),
         DecodePath::Wgmma { tile, stages, schedule } if dev.compute_capability() == (9, 0) => {
             sm90_kernel_id(kv, tile, stages, schedule).map(|id| Kernel {
@@ -383,7 +377,6 @@ fn decode_kernel(dev: &Device, format: KvFormat, sparse: bool, path: DecodePath)
                 shared_bytes: id.info().dynamic_shared_bytes as usize,
                 tile,
                 takes_tensor_map: kv == axes::Kv::DenseBf16,
-                cluster: path.cluster_size(),
             })
         }
         DecodePath::Wgmma { .. } | DecodePath::Auto => None,
@@ -1106,8 +1099,7 @@ mod tests {
         assert_eq!(dense(64, 2, Sm90Schedule::Trio), trio, "a factor slot a buffer");
         assert_eq!(dense(64, 2, Sm90Schedule::TrioSplit), trio + 16, "P's second hand-over");
         let fp8 = |tile, stages, schedule| smem(sm90_kernel_id(axes::Kv::SparseFp8, tile, stages, schedule));
-        assert_eq!(fp8(64, 2, Sm90Schedule::Pair), trio + 32, "trio's layout and four peer_free mbarriers");
-        assert_eq!(fp8(64, 2, Sm90Schedule::Quad), trio + 8, "trio's layout, a fourth warpgroup, Q's mbarrier");
+        assert_eq!(fp8(64, 2, Sm90Schedule::Lead), trio + 8, "trio's layout and Q's mbarrier");
     }
 
     #[test]
@@ -1144,18 +1136,13 @@ mod tests {
         for kv in axes::Kv::ALL.iter().copied() {
             let marked = registry::MLA_DECODE_SM90_TRIO_VARIANTS
                 .iter()
-                .chain(registry::MLA_DECODE_SM90_QUAD_VARIANTS)
                 .filter(|((k, ..), default)| *k == kv && *default)
                 .count();
             assert_eq!(marked, 1, "{kv:?}: kernels.toml must mark exactly one wgmma variant `default`");
         }
         assert_eq!(sm90_variants(KvFormat::Bf16, false)[0], (64, 2, Sm90Schedule::Trio));
         assert_eq!(sm90_variants(KvFormat::Bf16, true)[0], (64, 2, Sm90Schedule::Trio));
-        assert_eq!(
-            sm90_variants(KvFormat::Fp8_656, true),
-            vec![(64, 2, Sm90Schedule::Lead), (64, 2, Sm90Schedule::Pair), (64, 2, Sm90Schedule::Quad)],
-            "FP8: lead (the default), pair and quad"
-        );
+        assert_eq!(sm90_variants(KvFormat::Fp8_656, true), vec![(64, 2, Sm90Schedule::Lead)], "FP8: lead");
         // every listed variant resolves to a kernel, and the mma.sync tile comes from kernels.toml
         for (format, sparse) in [(KvFormat::Bf16, false), (KvFormat::Bf16, true), (KvFormat::Fp8_656, true)] {
             for (t, st, sc) in sm90_variants(format, sparse) {

@@ -5,9 +5,8 @@
 //! Kernels: `kernels-src/decode/model1.cuh` (family `mla_decode_model1`, mma.sync: sm_80 and
 //! sm_90), and on compute capability 9.0 `kernels-src/decode/sm90_trio.cuh`'s lead schedule over
 //! MODEL1's cache (family `mla_decode_model1_sm90_lead`, wgmma, `wgmma-lead-64x2`), the default on
-//! 9.0 ([`crate::catalogue::model1_heuristic_path`]), and its quad schedule (family
-//! `mla_decode_model1_sm90`, `wgmma-quad-64x2`; `DCP_MLA_DECODE_PATH` or [`mla_decode_model1_on`]
-//! name any of the three); split launches through the decode's
+//! 9.0 ([`crate::catalogue::model1_heuristic_path`]; `DCP_MLA_DECODE_PATH` or
+//! [`mla_decode_model1_on`] name either); split launches through the decode's
 //! own schedule and combine ([`crate::ops::decode`]); `kernels-src/fill.cuh` (`kv_fill_model1`).
 
 use super::decode::{launch, validate_common, DecodeCommon, IndexLists, Kernel, ListNames, LISTS, MAX_DECODE_TOKENS};
@@ -207,21 +206,13 @@ fn model1_kernel(sm90: bool, path: DecodePath) -> Result<Kernel> {
             .find(|((d_qk, _), _)| *d_qk == d)
             .and_then(|&((d_qk, tile), _)| Some((registry::mla_decode_model1(d_qk, tile)?, tile))),
         DecodePath::Wgmma { tile, stages, schedule } if sm90 => {
-            registry::mla_decode_model1_sm90(d, tile, stages, schedule)
-                .or_else(|| registry::mla_decode_model1_sm90_lead(d, tile, stages, schedule))
-                .map(|id| (id, tile))
+            registry::mla_decode_model1_sm90_lead(d, tile, stages, schedule).map(|id| (id, tile))
         }
         DecodePath::Wgmma { .. } | DecodePath::Auto => None,
     };
     let (id, tile) =
         found.ok_or_else(|| crate::Error::Unsupported(format!("mla_decode_model1 on {}", variant_name(path))))?;
-    Ok(Kernel {
-        id,
-        shared_bytes: id.info().dynamic_shared_bytes as usize,
-        tile,
-        takes_tensor_map: false,
-        cluster: path.cluster_size(),
-    })
+    Ok(Kernel { id, shared_bytes: id.info().dynamic_shared_bytes as usize, tile, takes_tensor_map: false })
 }
 
 /// MODEL1 sparse decode (docs/contract.md §4, "MODEL1"): row (i, j) attends to the valid entries
@@ -338,25 +329,23 @@ mod tests {
 
     #[test]
     fn the_kernel_follows_the_path_and_the_device() {
-        let quad = DecodePath::Wgmma { tile: 64, stages: 2, schedule: crate::catalogue::Sm90Schedule::Quad };
+        let lead = DecodePath::Wgmma { tile: 64, stages: 2, schedule: crate::catalogue::Sm90Schedule::Lead };
         // (DCP_MLA_DECODE_PATH is unset in the test suite: Auto is the heuristic)
         if std::env::var_os("DCP_MLA_DECODE_PATH").is_none() {
-            let lead = DecodePath::Wgmma { tile: 64, stages: 2, schedule: crate::catalogue::Sm90Schedule::Lead };
             assert_eq!(model1_path(true, DecodePath::Auto).unwrap(), lead);
             assert_eq!(model1_path(false, DecodePath::Auto).unwrap(), DecodePath::Mma);
         }
-        assert_eq!(model1_path(false, quad).unwrap(), quad, "a named path is kept (the kernel refuses it)");
-        let k = model1_kernel(true, quad).unwrap();
-        assert_eq!((k.tile, k.id.info().block), (64, 512));
+        assert_eq!(model1_path(false, lead).unwrap(), lead, "a named path is kept (the kernel refuses it)");
+        let k = model1_kernel(true, lead).unwrap();
+        assert_eq!((k.tile, k.id.info().block), (64, 384));
         assert!(k.shared_bytes <= 227 * 1024, "{}", k.shared_bytes);
         let k = model1_kernel(true, DecodePath::Mma).unwrap();
         assert_eq!((k.tile, k.id.info().block), (32, 256));
         assert!(model1_kernel(false, DecodePath::Mma).is_ok());
-        assert!(matches!(model1_kernel(false, quad), Err(crate::Error::Unsupported(_))), "wgmma off sm_90");
-        assert_eq!(model1_kernel(true, quad).unwrap().cluster, 1);
-        assert_eq!(model1_path(true, quad).unwrap(), quad);
-        let pair = DecodePath::Wgmma { tile: 64, stages: 2, schedule: crate::catalogue::Sm90Schedule::Pair };
-        assert!(matches!(model1_kernel(true, pair), Err(crate::Error::Unsupported(_))), "not a MODEL1 variant");
+        assert!(matches!(model1_kernel(false, lead), Err(crate::Error::Unsupported(_))), "wgmma off sm_90");
+        assert_eq!(model1_path(true, lead).unwrap(), lead);
+        let trio = DecodePath::Wgmma { tile: 64, stages: 2, schedule: crate::catalogue::Sm90Schedule::Trio };
+        assert!(matches!(model1_kernel(true, trio), Err(crate::Error::Unsupported(_))), "not a MODEL1 variant");
     }
 
     #[test]

@@ -10,11 +10,10 @@
 //!    sequences of two or more row blocks, mma.sync without wgmma) with [`decode_num_splits`]'s
 //!    split count.
 //!
-//! A named pair schedule where a query row does not have two row blocks runs the kind's default.
 //! The split count a launch runs is always the caller's (it sized the workspace);
 //! [`DecodeChoice::num_splits`] is what the caller should pass.
 
-use crate::catalogue::{default_wgmma, env_path, heuristic_path, ships, variant_applies, DecodePath};
+use crate::catalogue::{default_wgmma, env_path, heuristic_path, ships, DecodePath};
 use crate::error::{Error, Result};
 use crate::formats::KvFormat;
 use crate::planner::schedule::seq_shape;
@@ -168,15 +167,13 @@ pub fn choose(
     tuned: impl FnOnce(&DecodeClass) -> Result<Option<TunedChoice>>,
 ) -> Result<DecodeChoice> {
     let (format, sparse, rb) = (shape.format, shape.sparse, shape.row_blocks());
-    // a named pair schedule where a row does not have two blocks: the kind's default
-    let fit = |p: DecodePath| if variant_applies(p, rb) { p } else { default_wgmma(format, sparse, rb).unwrap_or(p) };
     let made = |path, source| DecodeChoice { path, source, tuned_splits: None };
     if caller != DecodePath::Auto {
-        return Ok(made(fit(caller), ChoiceSource::Caller));
+        return Ok(made(caller, ChoiceSource::Caller));
     }
     if let Some(env) = env {
         let path = match env {
-            DecodePath::Wgmma { .. } if sm90 && ships(env, format, sparse) => fit(env),
+            DecodePath::Wgmma { .. } if sm90 && ships(env, format, sparse) => env,
             // another kind's variant, or no wgmma here: the kind's default (mma.sync without wgmma)
             DecodePath::Wgmma { .. } => {
                 sm90.then(|| default_wgmma(format, sparse, rb)).flatten().unwrap_or(DecodePath::Mma)
@@ -254,20 +251,23 @@ mod tests {
     #[test]
     fn the_caller_then_the_environment_then_the_table_then_the_heuristic() {
         let fp8 = shape(true, KvFormat::Fp8_656, 64, 1, 128, 512);
-        let quad = w(Sm90Schedule::Quad);
+        let lead = w(Sm90Schedule::Lead);
         // the caller's path wins, and the table is not asked
-        let c = choose(&fp8, quad, Some(DecodePath::Mma), true, never).unwrap();
-        assert_eq!((c.path, c.source, c.tuned_splits), (quad, ChoiceSource::Caller, None));
+        let c = choose(&fp8, lead, Some(DecodePath::Mma), true, never).unwrap();
+        assert_eq!((c.path, c.source, c.tuned_splits), (lead, ChoiceSource::Caller, None));
         // then DCP_MLA_DECODE_PATH
         let c = choose(&fp8, DecodePath::Auto, Some(DecodePath::Mma), true, never).unwrap();
         assert_eq!((c.path, c.source), (DecodePath::Mma, ChoiceSource::Env));
         // then the table, with its split count
-        let c = choose(&fp8, DecodePath::Auto, None, true, table(quad, 1)).unwrap();
-        assert_eq!((c.path, c.source, c.tuned_splits), (quad, ChoiceSource::Tuned { distance: 0.0 }, Some(1)));
+        let c = choose(&fp8, DecodePath::Auto, None, true, table(DecodePath::Mma, 1)).unwrap();
+        assert_eq!(
+            (c.path, c.source, c.tuned_splits),
+            (DecodePath::Mma, ChoiceSource::Tuned { distance: 0.0 }, Some(1))
+        );
         assert_eq!(c.num_splits(&fp8, 132), 1);
         // then the heuristic: the default (lead) for two row blocks of a long top-k, the
         // heuristic's split count
-        let (long, lead) = (shape(true, KvFormat::Fp8_656, 64, 1, 128, 2048), w(Sm90Schedule::Lead));
+        let long = shape(true, KvFormat::Fp8_656, 64, 1, 128, 2048);
         let c = choose(&long, DecodePath::Auto, None, true, no_table).unwrap();
         assert_eq!((c.path, c.source), (lead, ChoiceSource::Heuristic));
         assert_eq!(c.num_splits(&long, 132), decode_num_splits(64, 1, 128, true, 132));
@@ -318,26 +318,10 @@ mod tests {
     }
 
     #[test]
-    fn pair_named_where_it_does_not_apply_runs_the_default() {
-        let pair = w(Sm90Schedule::Pair);
-        let one_block = shape(true, KvFormat::Fp8_656, 128, 2, 64, 2048);
-        let lead = w(Sm90Schedule::Lead);
-        assert_eq!(choose(&one_block, pair, None, true, never).unwrap().path, lead);
-        assert_eq!(choose(&one_block, DecodePath::Auto, Some(pair), true, never).unwrap().path, lead);
-        let four_blocks = shape(true, KvFormat::Fp8_656, 128, 1, 256, 2048);
-        assert_eq!(choose(&four_blocks, pair, None, true, never).unwrap().path, lead);
-        let two_blocks = shape(true, KvFormat::Fp8_656, 128, 1, 128, 2048);
-        assert_eq!(choose(&two_blocks, pair, None, true, never).unwrap().path, pair);
-        // the environment naming quad where pair would apply: quad (a named kernel is kept)
-        let quad = w(Sm90Schedule::Quad);
-        assert_eq!(choose(&two_blocks, DecodePath::Auto, Some(quad), true, never).unwrap().path, quad);
-    }
-
-    #[test]
     fn the_environment_naming_another_kinds_variant_or_wgmma_without_it_falls_back() {
         let dense = shape(false, KvFormat::Bf16, 128, 2, 64, 8192);
-        // quad is sparse FP8's: dense runs its own default, adjusted for two row blocks
-        let c = choose(&dense, DecodePath::Auto, Some(w(Sm90Schedule::Quad)), true, never).unwrap();
+        // lead is sparse FP8's: dense runs its own default, adjusted for two row blocks
+        let c = choose(&dense, DecodePath::Auto, Some(w(Sm90Schedule::Lead)), true, never).unwrap();
         assert_eq!(c.path, w(Sm90Schedule::TrioSplit));
         // no wgmma on the device: mma.sync
         let c = choose(&dense, DecodePath::Auto, Some(w(Sm90Schedule::Trio)), false, never).unwrap();

@@ -37,7 +37,7 @@
 //! this build does not ship, or was made for another card is refused with an error naming what is
 //! wrong (every later call repeats it): it is never used silently, and never silently dropped.
 
-use crate::catalogue::{decode_variants, variant_applies, DecodePath};
+use crate::catalogue::{decode_variants, DecodePath};
 use crate::error::{Error, Result};
 use crate::formats::KvFormat;
 use crate::planner::choice::DecodeShape;
@@ -416,14 +416,6 @@ fn parse_row(r: RowJson) -> std::result::Result<TuneRow, String> {
             names.join(", ")
         ));
     };
-    if !variant_applies(path, class.row_blocks()) {
-        return Err(format!(
-            "variant {:?} runs only query rows of two row blocks, and {} has {}",
-            r.variant,
-            class.label(),
-            class.row_blocks()
-        ));
-    }
     if !(1..=MAX_SPLITS).contains(&r.num_splits) {
         return Err(format!("num_splits = {} is not in 1..={MAX_SPLITS}", r.num_splits));
     }
@@ -611,8 +603,8 @@ mod tests {
             row("dense", "bf16", 128, 1, 64, 8192, false, "wgmma-trio-64x2", 128),
             row("dense", "bf16", 128, 2, 64, 8192, true, "wgmma-trio_split-64x2", 64),
             row("dense", "bf16", 16, 6, 64, 32768, true, "mma", 7),
-            row("sparse", "fp8_656", 128, 2, 128, 2048, false, "wgmma-pair-64x2", 1),
-            row("sparse", "fp8_656", 128, 1, 64, 2048, false, "wgmma-quad-64x2", 1),
+            row("sparse", "fp8_656", 128, 2, 128, 2048, false, "wgmma-lead-64x2", 1),
+            row("sparse", "fp8_656", 8, 1, 64, 512, false, "mma", 132),
         ];
         table_json("1", &rows.join(","))
     }
@@ -664,7 +656,7 @@ mod tests {
         assert_eq!(t.lookup(&c), None);
         let c = sparse(KvFormat::Fp8_656, 128, 2, 128, 2048);
         let got = t.lookup(&c).unwrap();
-        assert!(matches!(got.path, DecodePath::Wgmma { schedule: crate::catalogue::Sm90Schedule::Pair, .. }));
+        assert!(matches!(got.path, DecodePath::Wgmma { schedule: crate::catalogue::Sm90Schedule::Lead, .. }));
     }
 
     #[test]
@@ -712,15 +704,12 @@ mod tests {
 
     #[test]
     fn unknown_variants_are_refused() {
-        // removed, misspelt, or of another kind (quad is sparse FP8 only)
-        for v in ["wgmma-seesaw-64x2", "wgmma-trio-128x3", "wgmma-quad-64x2"] {
+        // removed, misspelt, or of another kind (lead is sparse FP8's)
+        for v in ["wgmma-seesaw-64x2", "wgmma-quad-64x2", "wgmma-trio-128x3", "wgmma-lead-64x2"] {
             let e = err(&table_json("1", &row("dense", "bf16", 128, 1, 64, 8192, false, v, 1)));
             assert!(e.contains(v) && e.contains("not a dense bf16 decode kernel of this build"), "{e}");
             assert!(e.contains("wgmma-trio-64x2"), "the error lists what the build ships: {e}");
         }
-        // pair needs two row blocks
-        let e = err(&table_json("1", &row("sparse", "fp8_656", 128, 1, 64, 2048, false, "wgmma-pair-64x2", 1)));
-        assert!(e.contains("two row blocks"), "{e}");
     }
 
     #[test]

@@ -1,5 +1,5 @@
 // A decode CTA's timeline (a measurement, not part of the library; NOTES.md at 628d1db, nineteenth, twentieth
-// and twenty-seventh sessions): times the quad, trio or pair kernel of decode/sm90_trio.cuh
+// and twenty-seventh sessions): times the lead or trio kernel of decode/sm90_trio.cuh
 // standalone with `dcp-mla bench`'s method (events, L2 flushed by a 256 MiB read before each
 // launch, median of 30 after 5), then records one flushed launch's per-CTA stamps and wait sums
 // (the slots tools/diag/decode-timeline-stamp.py places) and prints each slot's spread over the CTAs.
@@ -11,9 +11,8 @@
 // -I kernels-src gives the unstamped kernel's time alone):
 //   python3 tools/diag/decode-timeline-stamp.py kernels-src /tmp/kst
 //   nvcc -O3 -std=c++17 --expt-relaxed-constexpr -gencode arch=compute_90a,code=sm_90a -I /tmp/kst \
-//        -DSCHED=Pair -o /tmp/tl tools/diag/decode-timeline.cu
-//   /tmp/tl q K [timeline.txt] [heads]      (pair: heads 65..128;
-//                                            quad, lead and trio: up to 64)
+//        -o /tmp/tl tools/diag/decode-timeline.cu          (sparse FP8 on lead)
+//   /tmp/tl q K [timeline.txt] [heads]      (heads: 64 a row block; 128 runs two CTAs a row)
 //   dense: -DDENSE (trio; -DSCHED=TrioSplit for trio_split), then /tmp/tl q s_k [timeline.txt] [heads]
 //   [requests] [parts] (heads: any, e.g. 16, 64, 128; requests 128; parts 1, or P > 1 for a split
 //   launch with its schedule kernel, e.g. `/tmp/tl 1 4096 t.txt 16 64 128` as the engine view's
@@ -33,17 +32,14 @@ using namespace dcp;
 constexpr DecodeKv KV = DecodeKv::DenseBf16;
 #else
 #ifndef SCHED
-#define SCHED Quad
+#define SCHED Lead
 #endif
 constexpr DecodeKv KV = DecodeKv::SparseFp8;
 #endif
 constexpr bool kDense = KV == DecodeKv::DenseBf16;
-constexpr bool kPairLaunch = Sm90Schedule::SCHED == Sm90Schedule::Pair;
-// quad and lead: a producer warpgroup and its stamps (quad four warpgroups, lead three); pair:
-// clusters of two
-constexpr bool kQuadLike = Sm90Schedule::SCHED == Sm90Schedule::Quad || Sm90Schedule::SCHED == Sm90Schedule::Lead;
-constexpr bool kClusterLaunch = kPairLaunch;
-constexpr int THREADS = Sm90Schedule::SCHED == Sm90Schedule::Quad ? 512 : 384;
+// lead: a producer warpgroup and its stamps
+constexpr bool kProducer = Sm90Schedule::SCHED == Sm90Schedule::Lead;
+constexpr int THREADS = 384;
 extern "C" __global__ void __launch_bounds__(THREADS) k_dec(const __grid_constant__ DcpMlaDecodeParams p) {
     if (threadIdx.x == 0) {
         unsigned smid;
@@ -103,19 +99,12 @@ static void launch(dim3 grid, dim3 blk, int smem, DcpMlaDecodeParams& p) {
     cfg.gridDim = grid;
     cfg.blockDim = blk;
     cfg.dynamicSmemBytes = smem;
-    cudaLaunchAttribute at[1];
-    at[0].id = cudaLaunchAttributeClusterDimension;
-    at[0].val.clusterDim.x = kClusterLaunch ? 2 : 1;  // pair: a query row's two row blocks
-    at[0].val.clusterDim.y = 1;
-    at[0].val.clusterDim.z = 1;
-    cfg.attrs = at;
-    cfg.numAttrs = 1;
     CK(cudaLaunchKernelEx(&cfg, k_dec, p));
 }
 
 // slots holding a sum of waits (µs) rather than a timestamp
 static bool is_sum(int s) {
-    return s == 13 || s == 14 || (!kQuadLike && s == 9) || (kPairLaunch && s == 2) || (kQuadLike && s >= 21 && s <= 23);
+    return s == 13 || s == 14 || (!kProducer && s == 9) || (kProducer && s >= 21 && s <= 23);
 }
 
 int main(int argc, char** argv) {
@@ -123,7 +112,7 @@ int main(int argc, char** argv) {
     // argv[5]: requests (128); argv[6]: KV parts P (1, unsplit; P > 1 runs the schedule kernel
     // before each decode launch, as the launcher does with DecodeSchedule::Compute)
     const int b = argc > 5 ? atoi(argv[5]) : 128, splits = argc > 6 ? atoi(argv[6]) : 1;
-    const int q = argc > 1 ? atoi(argv[1]) : 2, h = argc > 4 ? atoi(argv[4]) : kClusterLaunch ? 128 : 64,
+    const int q = argc > 1 ? atoi(argv[1]) : 2, h = argc > 4 ? atoi(argv[4]) : 64,
               k = argc > 2 ? atoi(argv[2]) : kDense ? 8192 : 2048;
     const char* tlout = argc > 3 ? argv[3] : nullptr;
     const int per_req = kDense ? k : 8192, block = 64;
@@ -243,7 +232,7 @@ int main(int argc, char** argv) {
     const float med = timer.median(run, &min_us);
     printf("%s q=%d %s=%d H=%d b=%d parts=%d grid=%dx%dx%d smem=%d median %.1f us (min %.1f, schedule included)\n",
            kDense ? "dense" : "sparse", q, kDense ? "s_k" : "K", k, h, b, splits, grid.x, grid.y, grid.z, smem, med, min_us);
-    // timeline of one flushed launch (pair: as a cluster launch, like the timed ones); a CTA's
+    // timeline of one flushed launch; a CTA's
     // slots hold its last piece's stamps where it runs several
     clear_slots();
     timer.once(run);
@@ -257,16 +246,16 @@ int main(int argc, char** argv) {
     }
     printf("timeline: first entry to last stamp %.2f us\n", (tend - t0) / 1000.0);
     // per slot: distribution relative to the CTA's own entry, and of entry relative to t0
-    // quad's producer stamp slots 1, 2 and 9; pair and trio use 2 and 9 for sums
-    // slot 15 is the CTA's SM; 16-20 quad's producer's first piece, 21-23 quad's sums of the
+    // lead's producer stamp slots 1, 2 and 9; trio uses 9 for a sum
+    // slot 15 is the CTA's SM; 16-20 lead's producer's first piece, 21-23 lead's sums of the
     // scorer's tile waits, the producer's buffer waits and its fills (decode-timeline-stamp.py)
-    const char* names[24] = {"entry", "scorer Q issued", kPairLaunch ? "SUM pv1 peer_free" : "prod fill0 arrived",
+    const char* names[24] = {"entry", "scorer Q issued", "prod fill0 arrived",
                              "scorer full0", "scorer P0", "pv1 PV0 done", "scorer loop end", "pv1 loop end", "pv1 end",
-                             kQuadLike ? "prod loop end" : "SUM scorer full",
+                             kProducer ? "prod loop end" : "SUM scorer full",
                              "pv1 first p_full", "pv1 last p_full", "scorer last full", "SUM pv1 p_full", "SUM pv1 full",
                              nullptr, "prod lengths read", "prod idx0 landed", "prod fill0 batch0", "prod fill0 batch2",
-                             "prod piece entry", kQuadLike ? "SUM scorer full" : nullptr,
-                             kQuadLike ? "SUM prod empty" : nullptr, kQuadLike ? "SUM prod fill" : nullptr};
+                             "prod piece entry", kProducer ? "SUM scorer full" : nullptr,
+                             kProducer ? "SUM prod empty" : nullptr, kProducer ? "SUM prod fill" : nullptr};
     for (int s = 0; s < 24; ++s) {
         if (!names[s]) continue;
         std::vector<double> rel, abs_;

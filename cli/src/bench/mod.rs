@@ -1135,7 +1135,7 @@ impl DecodeArgs {
     }
 
     /// One launch on the kernel `path` picks ([`DecodePath::Auto`]: the launcher's own choice,
-    /// for MODEL1 wgmma quad on compute capability 9.0 unless `DCP_MLA_DECODE_PATH=mma`).
+    /// for MODEL1 wgmma lead on compute capability 9.0 unless `DCP_MLA_DECODE_PATH=mma`).
     pub fn launch(&self, dev: &Device, st: Stream, path: DecodePath) -> Result<()> {
         match self {
             DecodeArgs::Dense(a) => decode::mla_decode_dense_on(dev, st, a, path),

@@ -4,8 +4,7 @@
 //! The grid: every shape class of the engine view ([`ENGINE_SHAPES`]), of the flushed decode
 //! rows of `dcp-mla bench` (but MODEL1's: no tuned class) and of the attention inside its DCP step rows ([`step_parts`]: the
 //! small-context, many-head shapes DCP makes), each once; for each class, every decode variant
-//! this build ships for its kind ([`decode_variants`], the pair schedule only where a query row
-//! has two row blocks) × candidate split counts ([`split_candidates`]). The split schedule kernel
+//! this build ships for its kind ([`decode_variants`]) × candidate split counts ([`split_candidates`]). The split schedule kernel
 //! has no knob of its own in kernels.toml, so the split count is its only axis.
 //!
 //! Each (variant, split count) of a class is timed as `dcp-mla bench` times a flushed row
@@ -19,7 +18,7 @@ use super::{
     ragged_len, step_parts, BenchRow, Case, DecodeInputs, DecodeSpec, StepShape, Target, Timer, DECODE_ENGINE_FAMILY,
     ENGINE_SHAPES,
 };
-use dcp_mla::catalogue::{decode_variants, variant_applies, variant_name};
+use dcp_mla::catalogue::{decode_variants, variant_name};
 use dcp_mla::error::Result;
 use dcp_mla::formats::{KvFormat, D_QK, D_V};
 use dcp_mla::ops::decode::{DecodePath, DecodeSchedule};
@@ -133,8 +132,8 @@ fn grid_rows() -> Vec<BenchRow> {
             }
         }
     }
-    // Short sequences across batch sizes: both tables run b = 64's unsplit (dense 16 tiles a
-    // sequence) and sparse H = 128's at K = 512 on quad, not pair; these classes say at which
+    // Short sequences across batch sizes: both tables ran b = 64's unsplit (dense 16 tiles a
+    // sequence, and sparse H = 128's at K = 512); these classes say at which
     // batch sizes that holds before the heuristic takes it up (NOTES.md, next steps).
     for b in [8, 16, 32, 128] {
         v.push(BenchRow::new("mla_decode", Case::Dense { b, q: 1, h: 64, sk: 1024 }, Target::None));
@@ -176,7 +175,6 @@ pub fn tune_plan(num_sms: usize, filter: Option<&str>) -> Result<TunePlan> {
         let heuristic = TuneRun { variant: variant_name(path), path, num_splits: shape.heuristic_splits(num_sms) };
         let runs = decode_variants(spec.format, spec.sparse)
             .into_iter()
-            .filter(|(_, path)| variant_applies(*path, class.row_blocks()))
             .flat_map(|(variant, path)| {
                 splits.iter().map(move |&num_splits| TuneRun { variant: variant.clone(), path, num_splits })
             })
@@ -200,7 +198,8 @@ pub struct CardModel {
     /// µs a CTA spends on one 64-token tile at best (the H200's 2.07 µs at H = 128, × its
     /// 1,980 / 1,755 MHz clock ratio to the H100).
     pub tile_us: f64,
-    /// Fixed µs a launch: dense (the split's schedule and combine), sparse (quad's fitted 34.6).
+    /// Fixed µs a launch: dense (the split's schedule and combine), sparse (quad's fitted 34.6,
+    /// an upper bound for lead).
     pub dense_fixed_us: f64,
     pub sparse_fixed_us: f64,
     /// How much slower the mma.sync kernel is assumed than wgmma (a guess, not measured here).
@@ -456,16 +455,15 @@ mod tests {
     }
 
     #[test]
-    fn runs_are_every_applicable_variant_times_the_splits() {
+    fn runs_are_every_variant_times_the_splits() {
         let plan = tune_plan(132, Some("sparse fp8 b128 q2 H128")).unwrap();
         assert_eq!(plan.classes.len(), 1);
         let c = &plan.classes[0];
         let splits = split_candidates(&c.spec, 132);
-        // mma, lead, pair and quad (a query row of 128 heads has two row blocks)
-        assert_eq!(c.runs.len(), 4 * splits.len());
-        assert!(c.runs.iter().any(|r| r.variant == "wgmma-pair-64x2"));
-        let one_block = tune_plan(132, Some("sparse fp8 b128 q1 H64")).unwrap();
-        assert!(one_block.classes[0].runs.iter().all(|r| !r.variant.contains("pair")));
+        // mma and lead
+        assert_eq!(c.runs.len(), 2 * splits.len());
+        assert!(c.runs.iter().any(|r| r.variant == "wgmma-lead-64x2"));
+        assert!(c.runs.iter().any(|r| r.variant == "mma"));
         // the heuristic's launch is always one of the runs (timed once, as its baseline)
         for c in &tune_plan(132, None).unwrap().classes {
             assert!(c.heuristic_run().is_some(), "{}", c.class.label());
