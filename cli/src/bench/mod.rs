@@ -327,6 +327,10 @@ pub enum Case {
     /// the split schedule computed by the first (untimed) launch and reused by the timed ones, as
     /// a step's layers share it (and as FlashMLA's metadata is timed).
     Dense { b: usize, q: usize, h: usize, sk: usize },
+    /// `Dense` with causal MTP rows (row j of a request sees L − q + 1 + j of its L tokens, the
+    /// kernels' causal rule, as engines run speculative rows): beside the same shape's `Dense`
+    /// row, what the causal rule costs.
+    DenseCausal { b: usize, q: usize, h: usize, sk: usize },
     /// `Dense` with q = 1 and the split schedule computed by every launch (a step's first layer).
     DenseScheduled { b: usize, h: usize, sk: usize },
     /// Dense decode, q = 1, of a ramp of lengths: request i has s_k·(i + 1)/b tokens, with the
@@ -584,6 +588,7 @@ fn describe(c: &Case) -> String {
     match *c {
         Case::Fill { format, tokens } => format!("{format:?} tokens={tokens}"),
         Case::Dense { b, q, h, sk } => format!("b={b} q={q} H={h} s_k={sk}"),
+        Case::DenseCausal { b, q, h, sk } => format!("b={b} q={q} H={h} s_k={sk} causal"),
         Case::DenseUnsplit { b, h, sk } => format!("b={b} q=1 H={h} s_k={sk} split=1"),
         Case::DenseScheduled { b, h, sk } => format!("b={b} q=1 H={h} s_k={sk} schedule=every launch"),
         Case::DenseRamp { b, h, sk, split } => {
@@ -631,7 +636,10 @@ fn kernel_work(c: &Case) -> (f64, f64) {
     };
     let (bytes, flops) = match *c {
         Case::Fill { format, tokens } => (tokens * ((D_LATENT + D_ROPE) * 2 + format.token_bytes()), 0.0),
-        Case::Dense { b, q, h, sk } => (b * sk * D_QK * 2 + b * q * h * (D_QK + D_V) * 2, attn_flops(b * q * h, sk)),
+        // (causal rows see up to q − 1 tokens fewer: counted as the full rows)
+        Case::Dense { b, q, h, sk } | Case::DenseCausal { b, q, h, sk } => {
+            (b * sk * D_QK * 2 + b * q * h * (D_QK + D_V) * 2, attn_flops(b * q * h, sk))
+        }
         Case::DenseUnsplit { b, h, sk } | Case::DenseScheduled { b, h, sk } => {
             return kernel_work(&Case::Dense { b, q: 1, h, sk })
         }
@@ -705,6 +713,11 @@ pub fn rows() -> Vec<BenchRow> {
         (2, 1, 64, 4096, Target::None),
     ] {
         v.push(BenchRow::new("mla_decode", Case::Dense { b, q, h, sk }, target));
+    }
+    // not in docs/performance.md: the q = 2 and q = 6 rows with causal MTP rows (the tuned
+    // table's own timings had causal q = 6 6-13% slower than the same shape without)
+    for q in [2, 6] {
+        v.push(BenchRow::new("mla_decode", Case::DenseCausal { b: 128, q, h: 64, sk: 8192 }, Target::None));
     }
     // not in docs/performance.md: the 8K H = 64 row unsplit (its split launch's fixed cost)
     v.push(BenchRow::new("mla_decode", Case::DenseUnsplit { b: 128, h: 64, sk: 8192 }, Target::None));
@@ -1026,6 +1039,10 @@ impl DecodeSpec {
         let equal = |b: usize, q: usize, sk: usize| vec![sk as i32; b * q];
         Ok(Some(match row.case {
             Case::Dense { b, q, h, sk } => DecodeSpec::dense(b, q, h, sk, equal(b, q, sk), order),
+            // every row holds L; the launch's causal rule shifts row j to L − q + 1 + j
+            Case::DenseCausal { b, q, h, sk } => {
+                DecodeSpec { causal: true, ..DecodeSpec::dense(b, q, h, sk, equal(b, q, sk), order) }
+            }
             Case::DenseScheduled { b, h, sk } | Case::DenseUnsplit { b, h, sk } => {
                 DecodeSpec::dense(b, 1, h, sk, equal(b, 1, sk), order)
             }
@@ -1227,6 +1244,7 @@ pub fn prepare_layer<'a>(dev: &'a Device, s: &Arc<CudaStream>, row: &BenchRow, l
     match row.case {
         Case::Fill { format, tokens } => prepare_fill(p, format, tokens),
         Case::Dense { .. }
+        | Case::DenseCausal { .. }
         | Case::DenseRamp { .. }
         | Case::DenseUnsplit { .. }
         | Case::DenseScheduled { .. }
