@@ -363,23 +363,19 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
             return;
         } else if constexpr (kRole == 3) {
             // ---- lead's producer: per tile the flags, the rope block and the latent ----
-            // Four threads a token (FlashMLA's producer's mapping): lane l of warp w fills tokens
-            // 8w + l % 8 (slot 0) and 32 more (slot 1), chunk c = l / 8 of every 64-byte block of
-            // e4m3 of each (16 bytes, two bf16 chunks once dequantised) and rope chunks 2c, 2c + 1
-            // by cp.async. A warp's load reads 64 contiguous bytes of each of 8 rows (two threads
-            // a token, each its own 256 bytes, made it touch 32 lines: ~2x the L1 lookups).
-            // 656: 8 blocks a token, scale group d / 2 of block d (fp32); MODEL1
-            // (decode/model1_format.cuh): 7 blocks, byte d of the token's 8-byte ue8m0 slot, and
-            // the token's entry is its first list's (positions 0..n1 − 1) or its second's, in
-            // that list's cache.
-            // Batch h: slot h >> 1, blocks 4 (h & 1) + j. A fill's batches 0 and 1 and both
-            // slots' scales are loaded before the wait for its buffer (their latency hides behind
-            // that wait), 2 and 3 after, from L2: each row is prefetched a fill before its raw
-            // loads, and its index loaded a fill before that.
-            const int c = (t & 31) >> 3;
-            const int tok0 = 8 * (t >> 5) + (t & 7);
-            auto tok_of = [&](int k) { return tok0 + 32 * k; };
-            constexpr int kNopeBlocks = kModel1 ? decode_model1::kNope / 64 : kDimLatent / 64;
+            // Two threads a token: thread t fills token t / 2's latent half t & 1 (column
+            // blocks 4·half.. : 256 values in four 64-byte batches, scale groups 2·half and
+            // 2·half + 1) and half of its rope block by cp.async.
+            // MODEL1 (decode/model1_format.cuh): a block is a 64-byte batch with its ue8m0 scale
+            // byte (half 0 fills nope blocks 0..3, half 1 blocks 4..6); the token's entry is its
+            // first list's (positions 0..n1 − 1) or its second's, in that list's cache.
+            // A fill's first two batches and its scales are loaded before the wait
+            // for its buffer (their latency hides behind that wait), the rest after, from L2:
+            // each row is prefetched a fill before its raw loads, and its index loaded a fill
+            // before that.
+            const int tok = t >> 1, half = t & 1;
+            // the thread's first column block (from t where used: one value fewer to hold)
+            auto blk0 = [&]() { return 4 * (t & 1); };
             const unsigned char* cache = (const unsigned char*)p.cache;
             // MODEL1: the first list's valid entries and both lists
             [[maybe_unused]] const int n1 = kModel1 ? decode::seq_tokens(p, true, seq) : 0;
@@ -392,21 +388,22 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                 const unsigned char* scales;
             };
             using Where = std::conditional_t<kModel1, Where1, int64_t>;
-            // the token's scales: 656's four fp32 groups; MODEL1's eight ue8m0 bytes (7 used)
-            using Scales = std::conditional_t<kModel1, uint2, float4>;
-            // the entry of slot k's token of `tile`: its page (its list's value), or -1 past the list(s)
-            auto page_of = [&](int tile, int k) -> int {
+            // the token's scales: two fp32 groups; MODEL1, the bytes of the thread's four blocks
+            // from the lowest
+            using Scales = std::conditional_t<kModel1, uint32_t, float2>;
+            // the entry of tile's token: its page (its list's value), or -1 past the list(s)
+            auto page_of = [&](int tile) -> int {
                 if constexpr (kModel1) {
-                    const int pos = tile * Tile + tok_of(k);
+                    const int pos = tile * Tile + tok;
                     if (pos >= n_tokens) return -1;
                     return pos < n1 ? idx_list[pos] : list2[pos - n1];
                 } else {
-                    return token_page_of(tile, tok_of(k));
+                    return token_page_of(tile, tok);
                 }
             };
-            auto row_of = [&](int tile, int k, int page) -> Where {
+            auto row_of = [&](int tile, int page) -> Where {
                 if constexpr (kModel1) {
-                    const int pos = tile * Tile + tok_of(k);
+                    const int pos = tile * Tile + tok;
                     const bool first = pos < n1;
                     const int bs1 = first ? p.block_size : p.extra_block_size;
                     const int pages = first ? p.num_pages : p.extra_num_pages;
@@ -416,10 +413,10 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                     else
                         decode_model1::token_offsets(page, bs1, p.extra_page_rows, p.extra_page_div_magic,
                                                      p.extra_page_div_shift, row, scales);
-                    const unsigned char* base = (const unsigned char*)(first ? p.cache : p.extra_cache);
-                    return Where{base + row, base + scales};
+                    const unsigned char* c = (const unsigned char*)(first ? p.cache : p.extra_cache);
+                    return Where{c + row, c + scales};
                 } else {
-                    return token_row_of(tile, tok_of(k), page);
+                    return token_row_of(tile, tok, page);
                 }
             };
             auto valid = [](Where w) -> bool {
@@ -431,102 +428,90 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                 if constexpr (kModel1) return w.row ? w.row : cache;
                 else return cache + (w >= 0 ? w : 0) * kFp8RowBytes;
             };
+            // the thread's batch h: column block blk0 + h (656: latent bytes 64·(blk0 + h); MODEL1:
+            // nope block blk0 + h)
             auto load_batch = [&](uint4 (&raw)[kFp8Batch], Where w, int h) {
-                const unsigned char* src = src_of(w) + 256 * (h & 1) + 16 * c;
+                const unsigned char* src = src_of(w) + 64 * (blk0() + h);
 #pragma unroll
                 for (int j = 0; j < kFp8Batch; ++j)
-                    if (4 * (h & 1) + j < kNopeBlocks)
-                        raw[j] = valid(w) ? __ldg((const uint4*)(src + 64 * j)) : make_uint4(0, 0, 0, 0);
+                    raw[j] = valid(w) ? __ldg((const uint4*)(src + 16 * j)) : make_uint4(0, 0, 0, 0);
+            };
+            // 656: scale group g
+            auto load_scale = [&](Where row, int g) -> float {
+                if constexpr (kModel1) return 0.0f;
+                else return row >= 0 ? __ldg((const float*)(src_of(row) + kFp8ScaleOffset + 4 * g)) : 0.0f;
             };
             auto load_scales = [&](Where w) -> Scales {
-                if constexpr (kModel1) return valid(w) ? __ldg((const uint2*)w.scales) : make_uint2(0u, 0u);
-                else
-                    return valid(w) ? __ldg((const float4*)(src_of(w) + kFp8ScaleOffset))
-                                    : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                if constexpr (kModel1) {
+                    return valid(w) ? __ldg((const uint32_t*)(w.scales + 4 * half)) : 0u;
+                } else {
+                    const float s0 = load_scale(w, 2 * half), s1 = load_scale(w, 2 * half + 1);
+                    return make_float2(s0, s1);
+                }
             };
-            // block d's scale: 656 group d / 2; MODEL1 byte d, 2^(byte − 127)
-            auto scale_of = [](const Scales& sc, int d) -> float {
-                if constexpr (kModel1) return decode_model1::ue8m0(((d < 4 ? sc.x : sc.y) >> (8 * (d & 3))) & 0xffu);
-                else return d < 2 ? sc.x : d < 4 ? sc.y : d < 6 ? sc.z : sc.w;
-            };
-            // a row's lines into L2, two a lane: 656's at most 7 lines of 128 bytes; MODEL1's value
-            // row at most 6, and its scale slot one more
+            // 656: a row's 656 bytes touch at most 7 lines of 128 bytes, 4 from one thread, 3 from
+            // the other; MODEL1: a value row's 576 at most 6, 3 each, and its scale slot one more.
             auto prefetch_row = [&](Where w) {
                 if (!valid(w)) return;
                 const unsigned char* a = src_of(w);
-                asm volatile("prefetch.global.L2 [%0];" ::"l"(a + 128 * c));
-                if constexpr (kModel1) {
-                    // lanes 0 and 1 the row's last two lines (at 512 and its last byte), lane 2 the scales
-                    const unsigned char* b2 = c == 0 ? a + 512 : c == 1 ? a + (decode_model1::kRowBytes - 1) : w.scales;
-                    if (c < 3) asm volatile("prefetch.global.L2 [%0];" ::"l"(b2));
-                } else {
-                    asm volatile("prefetch.global.L2 [%0];" ::"l"(a + min(512 + 128 * c, kFp8RowBytes - 1)));
+                constexpr int kRowEnd = kModel1 ? decode_model1::kRowBytes : kFp8RowBytes;
+#pragma unroll
+                for (int k = 0; k < (kModel1 ? 3 : 4); ++k) {
+                    const int off = half == 0 ? 128 * k : min((kModel1 ? 384 : 512) + 128 * k, kRowEnd - 1);
+                    asm volatile("prefetch.global.L2 [%0];" ::"l"(a + off));
                 }
+                if constexpr (kModel1)
+                    if (half == 1) asm volatile("prefetch.global.L2 [%0];" ::"l"(w.scales));
             };
-            // batch h dequantised into buffer b
+            // a dequantised 16-byte chunk of the tile in buffer b at byte `off`
+            auto put_chunk = [&](int b, uint32_t off, uint4 v) {
+                *(uint4*)(sKV + b * kTileBytes + off) = v;
+            };
+            // batch h dequantised into buffer b: 656 scale group of block blk0 + h; MODEL1 byte h,
+            // 2^(byte − 127)
             auto store_batch = [&](const uint4 (&raw)[kFp8Batch], int b, int h, const Scales& sc) {
-                const int tok = tok_of(h >> 1);
-                unsigned char* dst = sKV + b * kTileBytes;
+                const int c0 = 8 * (blk0() + h);
+                float s;
+                if constexpr (kModel1) s = decode_model1::ue8m0((sc >> (8 * h)) & 0xffu);
+                else s = h < 2 ? sc.x : sc.y;
 #pragma unroll
                 for (int j = 0; j < kFp8Batch; ++j) {
-                    const int d = 4 * (h & 1) + j;
-                    if (d >= kNopeBlocks) continue;
-                    const float s = scale_of(sc, d);
-                    *(uint4*)(dst + swizzled(Tile, tok, 8 * d + 2 * c)) = decode::dequant8(make_uint2(raw[j].x, raw[j].y), s);
-                    *(uint4*)(dst + swizzled(Tile, tok, 8 * d + 2 * c + 1)) =
-                        decode::dequant8(make_uint2(raw[j].z, raw[j].w), s);
+                    put_chunk(b, swizzled(Tile, tok, c0 + 2 * j), decode::dequant8(make_uint2(raw[j].x, raw[j].y), s));
+                    put_chunk(b, swizzled(Tile, tok, c0 + 2 * j + 1), decode::dequant8(make_uint2(raw[j].z, raw[j].w), s));
                 }
             };
             // the rope block: the tile's last column block (MODEL1: 448 bytes into the row)
             constexpr int kRopeAt = kModel1 ? decode_model1::kNope : kFp8RopeOffset;
+            // MODEL1's 7 nope blocks: half 1 has no fourth batch
+            [[maybe_unused]] const bool batch3 = !kModel1 || half == 0;
             // Every copy of the previous piece has landed (its readers finished before this
             // piece's barrier): waited for here too, so that this thread itself has seen them
             // complete before it copies into the same bytes (racecheck cannot follow the
             // mbarrier chain from another thread's wait). A piece without tiles loads no Q: no
             // fill's arrival would cover its copies, which could then land over the next piece's.
             decode::cp_async_wait<0>();
-            // the next fill's entries, and (656) the one after's: MODEL1 reads fill f + 2's entries
-            // when it prefetches their rows (two more registers held across a fill spilled it)
-            int pg1[2], pg2[2];
-            Where row[2];
-#pragma unroll
-            for (int k = 0; k < 2; ++k) {
-                pg1[k] = n > 1 ? page_of(tile_begin + 1, k) : -1;
-                if constexpr (!kModel1) pg2[k] = n > 2 ? page_of(tile_begin + 2, k) : -1;
-                row[k] = row_of(tile_begin, k, page_of(tile_begin, k));
-                prefetch_row(row[k]);
-            }
+            int pg1 = n > 1 ? page_of(tile_begin + 1) : -1;  // the next fill's index
+            int pg2 = n > 2 ? page_of(tile_begin + 2) : -1;  // the one after
+            Where row = row_of(tile_begin, page_of(tile_begin));
+            prefetch_row(row);
             uint4 ra[kFp8Batch], rb[kFp8Batch];
-            Scales sc[2];
-            // a fill's loads made before the wait for its buffer: slot 0's batches and scales, and
-            // (656) slot 1's scales; MODEL1's slot 1 scales come with its batches (held across
-            // the wait, they spilled the producer)
-            auto load_fill = [&]() {
-                load_batch(ra, row[0], 0);
-                load_batch(rb, row[0], 1);
-                sc[0] = load_scales(row[0]);
-                if constexpr (!kModel1) sc[1] = load_scales(row[1]);
+            Scales sc;
+            // a fill's loads made before the wait for its buffer: its first two batches, its scales
+            auto load_fill = [&](Where w) {
+                load_batch(ra, w, 0);
+                load_batch(rb, w, 1);
+                sc = load_scales(w);
             };
-            // after fill f: fill f + 1's loads, fill f + 2's rows prefetched, fill f + 3's entries
+            // after fill f: fill f + 1's loads, fill f + 2's row prefetched, fill f + 3's index
             auto next_fill = [&](int f) {
-#pragma unroll
-                for (int k = 0; k < 2; ++k) row[k] = row_of(tile_begin + f + 1, k, pg1[k]);
-                load_fill();
-#pragma unroll
-                for (int k = 0; k < 2; ++k) {
-                    if constexpr (kModel1) {
-                        pg1[k] = f + 2 < n ? page_of(tile_begin + f + 2, k) : -1;
-                        prefetch_row(row_of(tile_begin + f + 2, k, pg1[k]));
-                    } else {
-                        prefetch_row(row_of(tile_begin + f + 2, k, pg2[k]));
-                        pg1[k] = pg2[k];
-                        pg2[k] = f + 3 < n ? page_of(tile_begin + f + 3, k) : -1;
-                    }
-                }
+                row = row_of(tile_begin + f + 1, pg1);
+                load_fill(row);
+                prefetch_row(row_of(tile_begin + f + 2, pg2));
+                pg1 = pg2;
+                pg2 = f + 3 < n ? page_of(tile_begin + f + 3) : -1;
             };
-            load_fill();
-#pragma unroll
-            for (int k = 0; k < 2; ++k) prefetch_row(row_of(tile_begin + 1, k, pg1[k]));
+            load_fill(row);
+            prefetch_row(row_of(tile_begin + 1, pg1));
             for (int f = 0; f < n; ++f) {
                 const uint32_t u = uses + f;
                 const int b = u & 1;
@@ -534,22 +519,20 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                 // fill f − 2's copies into this buffer have landed (full, then its P·V, came
                 // before empty): seen by this thread too, for racecheck (one group a fill)
                 decode::cp_async_wait<1>();
+                if (half == 0) sValid[b * Tile + tok] = valid(row);
+                {
+                    const unsigned char* src = src_of(row) + kRopeAt + 64 * half;
 #pragma unroll
-                for (int k = 0; k < 2; ++k) {
-                    if (c == 0) sValid[b * Tile + tok_of(k)] = valid(row[k]);
-                    const unsigned char* src = src_of(row[k]) + kRopeAt + 32 * c;
-#pragma unroll
-                    for (int j = 0; j < 2; ++j)
-                        decode::cp_async16(sKV + b * kTileBytes + swizzled(Tile, tok_of(k), 8 * (kQkBlocks - 1) + 2 * c + j),
-                                           src + 16 * j, valid(row[k]));
+                    for (int j = 0; j < 4; ++j)
+                        decode::cp_async16(sKV + b * kTileBytes + swizzled(Tile, tok, 8 * (kQkBlocks - 1) + 4 * half + j),
+                                           src + 16 * j, valid(row));
                 }
-                store_batch(ra, b, 0, sc[0]);
-                load_batch(ra, row[1], 2);
-                if constexpr (kModel1) sc[1] = load_scales(row[1]);
-                store_batch(rb, b, 1, sc[0]);
-                load_batch(rb, row[1], 3);
-                store_batch(ra, b, 2, sc[1]);
-                store_batch(rb, b, 3, sc[1]);
+                store_batch(ra, b, 0, sc);
+                load_batch(ra, row, 2);
+                store_batch(rb, b, 1, sc);
+                if (batch3) load_batch(rb, row, 3);
+                store_batch(ra, b, 2, sc);
+                if (batch3) store_batch(rb, b, 3, sc);
                 fence_proxy_async();            // these generic writes, before wgmma reads them
                 mbar_arrive_cp_async(full(b));  // the rope's copies (Q is the scorer's own)
                 decode::cp_async_commit();
@@ -674,7 +657,7 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
     // O's right half (176), the producer two raw batches of the next fill (the rest, 112).
     constexpr int kLaunchRegs = 65536 / 384 / 8 * 8;
     constexpr int kScorerRegs = kLead ? 216 : 104;
-    constexpr int kPvRegs = kLead ? (kModel1 ? 168 : 176) : 200;
+    constexpr int kPvRegs = kLead ? 176 : 200;
     constexpr int kPvGroups = kLead ? 1 : 2;
     constexpr int kProducerRegs = kLead ? 3 * kLaunchRegs - kScorerRegs - kPvGroups * kPvRegs : 0;
     static_assert(kScorerRegs + kPvGroups * kPvRegs + kProducerRegs <= 3 * kLaunchRegs,
