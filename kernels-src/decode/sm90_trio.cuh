@@ -1,6 +1,6 @@
 // The trio schedule of the Hopper decode kernel (Sm90Schedule::Trio; dense and sparse BF16, tiles
-// of 64 tokens in two bf16 buffers): three warpgroups, so that scoring the
-// next tile runs beside P·V of this one. Its own kernel family (384 threads). The lead schedule
+// of 64 tokens in two bf16 buffers): three warpgroups, so that scoring the next tile runs beside
+// P·V of this one. Its own kernel family (384 threads). The lead schedule
 // (Sm90Schedule::Lead, sparse FP8-656 and MODEL1 (DecodeKv::Model1, the family
 // mla_decode_model1_sm90_lead)) has a producer warpgroup fill every tile, described below.
 #pragma once
@@ -28,8 +28,9 @@ namespace dcp {
 // Buffer b's full mbarrier completes when its copies have landed and its flags are written
 // (warpgroup 1, or lead's producer: 128 cp.async arrivals and 128 arrivals, plus the TMA boxes'
 // bytes); its empty mbarrier when the 256 threads of warpgroups 1 and 2 (lead: 0 and 1) finished
-// P·V of it (S finished earlier: the scorer waited for it). sAlpha has a slot per buffer: the scorer writes slot b for tile i + 2
-// only after full(b), which follows empty(b) of tile i, which follows every reader of tile i's.
+// P·V of it (S finished earlier: the scorer waited for it). sAlpha has a slot per buffer: the
+// scorer writes slot b for tile i + 2 only after full(b), which follows empty(b) of tile i, which
+// follows every reader of tile i's.
 // empty(b) takes one arrival a thread, not one a warp after __syncwarp: racecheck follows that
 // chain only through each reader's own arrival (with one a warp it reported the factors as races;
 // a separate barrier for them, tried first, measured 1-3% slower: NOTES.md at 628d1db).

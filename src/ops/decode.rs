@@ -311,16 +311,6 @@ pub fn fallback_shared_bytes() -> usize {
         .unwrap_or(0)
 }
 
-/// The wgmma kernel of one variant (kernels.toml's Hopper decode family, 384 threads).
-fn sm90_kernel_id(
-    kv: axes::Kv,
-    tile: u32,
-    stages: u32,
-    schedule: Sm90Schedule,
-) -> Option<KernelId<DcpMlaDecodeParams>> {
-    registry::mla_decode_sm90_trio(kv, tile, stages, schedule)
-}
-
 /// The mma.sync kernel for `kv` and its tile (kernels.toml's `tile` axis, which the kernel checks
 /// against the tile it is written for).
 fn mma_kernel(kv: axes::Kv) -> Option<(KernelId<DcpMlaDecodeParams>, u32)> {
@@ -372,7 +362,7 @@ fn decode_kernel(dev: &Device, format: KvFormat, sparse: bool, path: DecodePath)
             takes_tensor_map: false,
         }),
         DecodePath::Wgmma { tile, stages, schedule } if dev.compute_capability() == (9, 0) => {
-            sm90_kernel_id(kv, tile, stages, schedule).map(|id| Kernel {
+            registry::mla_decode_sm90_trio(kv, tile, stages, schedule).map(|id| Kernel {
                 id,
                 shared_bytes: id.info().dynamic_shared_bytes as usize,
                 tile,
@@ -1088,17 +1078,19 @@ mod tests {
         // sm_90's opt-in limit is 227 KiB per block.
         for (format, sparse) in [(KvFormat::Bf16, false), (KvFormat::Bf16, true), (KvFormat::Fp8_656, true)] {
             for (tile, stages, schedule) in sm90_variants(format, sparse) {
-                let bytes = smem(sm90_kernel_id(kv_axis(format, sparse), tile, stages, schedule));
+                let bytes = smem(registry::mla_decode_sm90_trio(kv_axis(format, sparse), tile, stages, schedule));
                 assert!(bytes <= 227 * 1024, "{format:?} sparse {sparse} {tile}x{stages} {schedule:?}: {bytes}");
             }
         }
         // the layouts decode/sm90_base.cuh describes (a change of layout updates these)
-        let dense = |tile, stages, schedule| smem(sm90_kernel_id(axes::Kv::DenseBf16, tile, stages, schedule));
+        let dense =
+            |tile, stages, schedule| smem(registry::mla_decode_sm90_trio(axes::Kv::DenseBf16, tile, stages, schedule));
         let base = 1024 + 73_728 + 2 * 64 * 1156;
         let trio = base + 2 * 256 + 512 + 48;
         assert_eq!(dense(64, 2, Sm90Schedule::Trio), trio, "a factor slot a buffer");
         assert_eq!(dense(64, 2, Sm90Schedule::TrioSplit), trio + 16, "P's second hand-over");
-        let fp8 = |tile, stages, schedule| smem(sm90_kernel_id(axes::Kv::SparseFp8, tile, stages, schedule));
+        let fp8 =
+            |tile, stages, schedule| smem(registry::mla_decode_sm90_trio(axes::Kv::SparseFp8, tile, stages, schedule));
         assert_eq!(fp8(64, 2, Sm90Schedule::Lead), trio + 8, "trio's layout and Q's mbarrier");
     }
 
@@ -1146,7 +1138,7 @@ mod tests {
         // every listed variant resolves to a kernel, and the mma.sync tile comes from kernels.toml
         for (format, sparse) in [(KvFormat::Bf16, false), (KvFormat::Bf16, true), (KvFormat::Fp8_656, true)] {
             for (t, st, sc) in sm90_variants(format, sparse) {
-                assert!(sm90_kernel_id(kv_axis(format, sparse), t, st, sc).is_some());
+                assert!(registry::mla_decode_sm90_trio(kv_axis(format, sparse), t, st, sc).is_some());
             }
         }
         assert_eq!(mma_kernel(axes::Kv::DenseBf16).map(|(_, tile)| tile), Some(32));

@@ -198,8 +198,8 @@ pub struct CardModel {
     /// µs a CTA spends on one 64-token tile at best (the H200's 2.07 µs at H = 128, × its
     /// 1,980 / 1,755 MHz clock ratio to the H100).
     pub tile_us: f64,
-    /// Fixed µs a launch: dense (the split's schedule and combine), sparse (quad's fitted 34.6,
-    /// an upper bound for lead).
+    /// Fixed µs a launch: dense (the split's schedule and combine), sparse (34.6, fitted to quad
+    /// before its removal; lead's has not been fitted).
     pub dense_fixed_us: f64,
     pub sparse_fixed_us: f64,
     /// How much slower the mma.sync kernel is assumed than wgmma (a guess, not measured here).
