@@ -362,6 +362,110 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                 decode::write_rows_staged_barriers();  // the scorer holds no columns of O
             }
             return;
+        } else if constexpr (kRole == 3 && !kModel1) {
+            // ---- the producer, FP8-656: per tile the flags, the rope block and the latent ----
+            // Four threads a token: lane l of warp w fills tokens 8w + l % 8 (slot 0) and 32 more
+            // (slot 1), chunk c = l / 8 of every 64-byte block of each (16 latent bytes, two
+            // bf16 chunks) and rope chunks 2c, 2c + 1. A warp's load reads 64 contiguous bytes of
+            // 8 rows, where two threads a token made it touch 32 (FlashMLA's producer's mapping).
+            // Batch h: slot h >> 1, blocks 4 (h & 1)..: fill f's batches 0 and 1 and both slots'
+            // scales are loaded before the wait for its buffer, 2 and 3 after (rows prefetched
+            // into L2 a fill before, their indices read a fill before that).
+            const int c = (t & 31) >> 3;
+            const int tok0 = 8 * (t >> 5) + (t & 7);
+            auto tok_of = [&](int k) { return tok0 + 32 * k; };
+            const unsigned char* cache = (const unsigned char*)p.cache;
+            auto src_of = [&](int64_t row) { return cache + (row >= 0 ? row : 0) * kFp8RowBytes; };
+            auto load_batch = [&](uint4 (&raw)[kFp8Batch], int64_t row, int h) {
+                const unsigned char* src = src_of(row) + 256 * (h & 1) + 16 * c;
+#pragma unroll
+                for (int j = 0; j < kFp8Batch; ++j)
+                    raw[j] = row >= 0 ? __ldg((const uint4*)(src + 64 * j)) : make_uint4(0, 0, 0, 0);
+            };
+            auto load_scales = [&](int64_t row) -> float4 {
+                return row >= 0 ? __ldg((const float4*)(src_of(row) + kFp8ScaleOffset)) : make_float4(0.f, 0.f, 0.f, 0.f);
+            };
+            // a row's 656 bytes touch at most 7 lines of 128 bytes: lane c prefetches two of them
+            auto prefetch_row = [&](int64_t row) {
+                if (row < 0) return;
+                const unsigned char* a = src_of(row);
+                asm volatile("prefetch.global.L2 [%0];" ::"l"(a + 128 * c));
+                asm volatile("prefetch.global.L2 [%0];" ::"l"(a + min(512 + 128 * c, kFp8RowBytes - 1)));
+            };
+            auto store_batch = [&](const uint4 (&raw)[kFp8Batch], int b, int h, const float4& sc) {
+                const int tok = tok_of(h >> 1);
+#pragma unroll
+                for (int j = 0; j < kFp8Batch; ++j) {
+                    const int d = 4 * (h & 1) + j, g = d >> 1;  // block d, scale group d / 2
+                    const float s = g == 0 ? sc.x : g == 1 ? sc.y : g == 2 ? sc.z : sc.w;
+                    unsigned char* dst = sKV + b * kTileBytes;
+                    *(uint4*)(dst + swizzled(Tile, tok, 8 * d + 2 * c)) = decode::dequant8(make_uint2(raw[j].x, raw[j].y), s);
+                    *(uint4*)(dst + swizzled(Tile, tok, 8 * d + 2 * c + 1)) =
+                        decode::dequant8(make_uint2(raw[j].z, raw[j].w), s);
+                }
+            };
+            decode::cp_async_wait<0>();  // as below: the previous piece's copies, seen by this thread
+            int pg1[2], pg2[2];
+            int64_t row[2];
+#pragma unroll
+            for (int k = 0; k < 2; ++k) {
+                pg1[k] = n > 1 ? token_page_of(tile_begin + 1, tok_of(k)) : -1;
+                pg2[k] = n > 2 ? token_page_of(tile_begin + 2, tok_of(k)) : -1;
+                row[k] = token_row_of(tile_begin, tok_of(k), token_page_of(tile_begin, tok_of(k)));
+                prefetch_row(row[k]);
+            }
+            uint4 ra[kFp8Batch], rb[kFp8Batch];
+            float4 sc[2];
+            auto load_fill = [&]() {
+                load_batch(ra, row[0], 0);
+                load_batch(rb, row[0], 1);
+                sc[0] = load_scales(row[0]);
+                sc[1] = load_scales(row[1]);
+            };
+            auto next_fill = [&](int f) {
+#pragma unroll
+                for (int k = 0; k < 2; ++k) row[k] = token_row_of(tile_begin + f + 1, tok_of(k), pg1[k]);
+                load_fill();
+#pragma unroll
+                for (int k = 0; k < 2; ++k) {
+                    prefetch_row(token_row_of(tile_begin + f + 2, tok_of(k), pg2[k]));
+                    pg1[k] = pg2[k];
+                    pg2[k] = f + 3 < n ? token_page_of(tile_begin + f + 3, tok_of(k)) : -1;
+                }
+            };
+            load_fill();
+#pragma unroll
+            for (int k = 0; k < 2; ++k) prefetch_row(token_row_of(tile_begin + 1, tok_of(k), pg1[k]));
+            for (int f = 0; f < n; ++f) {
+                const uint32_t u = uses + f;
+                const int b = u & 1;
+                if (u >= 2) mbar_wait_sleep(empty(b), ((u >> 1) - 1) & 1);  // P·V of use u − 2 is done
+                decode::cp_async_wait<1>();  // fill f − 2's copies into this buffer, seen here too
+#pragma unroll
+                for (int k = 0; k < 2; ++k) {
+                    if (c == 0) sValid[b * Tile + tok_of(k)] = row[k] >= 0;
+                    const unsigned char* src = src_of(row[k]) + kFp8RopeOffset + 32 * c;
+#pragma unroll
+                    for (int j = 0; j < 2; ++j)
+                        decode::cp_async16(sKV + b * kTileBytes + swizzled(Tile, tok_of(k), 8 * (kQkBlocks - 1) + 2 * c + j),
+                                           src + 16 * j, row[k] >= 0);
+                }
+                store_batch(ra, b, 0, sc[0]);
+                load_batch(ra, row[1], 2);
+                store_batch(rb, b, 1, sc[0]);
+                load_batch(rb, row[1], 3);
+                store_batch(ra, b, 2, sc[1]);
+                store_batch(rb, b, 3, sc[1]);
+                fence_proxy_async();            // these generic writes, before wgmma reads them
+                mbar_arrive_cp_async(full(b));  // the rope's copies (Q is the scorer's own)
+                decode::cp_async_commit();
+                mbar_arrive(full(b));
+                if (f + 1 < n) next_fill(f);
+            }
+            uses += n;
+            __syncthreads();                // the scorer's sStats
+            decode::write_rows_staged_barriers();  // the producer holds no columns of O
+            return;
         } else if constexpr (kRole == 3) {
             // ---- lead's producer: per tile the flags, the rope block and the latent ----
             // Two threads a token: thread t fills token t / 2's latent half t & 1 (column
