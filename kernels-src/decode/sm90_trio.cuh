@@ -467,13 +467,12 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
             decode::write_rows_staged_barriers();  // the producer holds no columns of O
             return;
         } else if constexpr (kRole == 3) {
-            // ---- lead's producer: per tile the flags, the rope block and the latent ----
-            // Two threads a token: thread t fills token t / 2's latent half t & 1 (column
-            // blocks 4·half.. : 256 values in four 64-byte batches, scale groups 2·half and
-            // 2·half + 1) and half of its rope block by cp.async.
-            // MODEL1 (decode/model1_format.cuh): a block is a 64-byte batch with its ue8m0 scale
-            // byte (half 0 fills nope blocks 0..3, half 1 blocks 4..6); the token's entry is its
-            // first list's (positions 0..n1 − 1) or its second's, in that list's cache.
+            // ---- the producer, MODEL1: per tile the flags, the rope block and the nope blocks ----
+            // Two threads a token (four, FP8-656's mapping above, measured 3-6% slower here):
+            // thread t fills token t / 2's nope blocks 4·half.. (half = t & 1: blocks 0..3 or
+            // 4..6), each a 64-byte batch with its ue8m0 scale byte (decode/model1_format.cuh),
+            // and half of its rope block by cp.async; the token's entry is its first list's
+            // (positions 0..n1 − 1) or its second's, in that list's cache.
             // A fill's first two batches and its scales are loaded before the wait
             // for its buffer (their latency hides behind that wait), the rest after, from L2:
             // each row is prefetched a fill before its raw loads, and its index loaded a fill
@@ -482,113 +481,80 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
             // the thread's first column block (from t where used: one value fewer to hold)
             auto blk0 = [&]() { return 4 * (t & 1); };
             const unsigned char* cache = (const unsigned char*)p.cache;
-            // MODEL1: the first list's valid entries and both lists
-            [[maybe_unused]] const int n1 = kModel1 ? decode::seq_tokens(p, true, seq) : 0;
-            [[maybe_unused]] const int32_t* const list2 =
-                kModel1 && p.extra_indices ? decode_model1::extra_index_list(p, seq) : idx_list;
-            // where a token is: its cache row (-1: past the list, or out of the cache: reads zeros);
-            // MODEL1, its value row and its scale slot (row null: unread)
-            struct Where1 {
+            // the first list's valid entries and both lists
+            const int n1 = decode::seq_tokens(p, true, seq);
+            const int32_t* const list2 = p.extra_indices ? decode_model1::extra_index_list(p, seq) : idx_list;
+            // where a token is: its value row and its scale slot (row null: past the lists, or
+            // out of the cache: reads zeros)
+            struct Where {
                 const unsigned char* row;
                 const unsigned char* scales;
             };
-            using Where = std::conditional_t<kModel1, Where1, int64_t>;
-            // the token's scales: two fp32 groups; MODEL1, the bytes of the thread's four blocks
-            // from the lowest
-            using Scales = std::conditional_t<kModel1, uint32_t, float2>;
-            // the entry of tile's token: its page (its list's value), or -1 past the list(s)
+            // the token's scales: the bytes of the thread's four blocks from the lowest
+            using Scales = uint32_t;
+            // the entry of tile's token: its page (its list's value), or -1 past the lists
             auto page_of = [&](int tile) -> int {
-                if constexpr (kModel1) {
-                    const int pos = tile * Tile + tok;
-                    if (pos >= n_tokens) return -1;
-                    return pos < n1 ? idx_list[pos] : list2[pos - n1];
-                } else {
-                    return token_page_of(tile, tok);
-                }
+                const int pos = tile * Tile + tok;
+                if (pos >= n_tokens) return -1;
+                return pos < n1 ? idx_list[pos] : list2[pos - n1];
             };
             auto row_of = [&](int tile, int page) -> Where {
-                if constexpr (kModel1) {
-                    const int pos = tile * Tile + tok;
-                    const bool first = pos < n1;
-                    const int bs1 = first ? p.block_size : p.extra_block_size;
-                    const int pages = first ? p.num_pages : p.extra_num_pages;
-                    if (pos >= n_tokens || page < 0 || (int64_t)page >= (int64_t)pages * bs1) return Where{nullptr, nullptr};
-                    int64_t row, scales;
-                    if (first) decode_model1::token_offsets(page, bs1, p.page_rows, p.page_div_magic, p.page_div_shift, row, scales);
-                    else
-                        decode_model1::token_offsets(page, bs1, p.extra_page_rows, p.extra_page_div_magic,
-                                                     p.extra_page_div_shift, row, scales);
-                    const unsigned char* c = (const unsigned char*)(first ? p.cache : p.extra_cache);
-                    return Where{c + row, c + scales};
-                } else {
-                    return token_row_of(tile, tok, page);
-                }
+                const int pos = tile * Tile + tok;
+                const bool first = pos < n1;
+                const int bs1 = first ? p.block_size : p.extra_block_size;
+                const int pages = first ? p.num_pages : p.extra_num_pages;
+                if (pos >= n_tokens || page < 0 || (int64_t)page >= (int64_t)pages * bs1) return Where{nullptr, nullptr};
+                int64_t row, scales;
+                if (first) decode_model1::token_offsets(page, bs1, p.page_rows, p.page_div_magic, p.page_div_shift, row, scales);
+                else
+                    decode_model1::token_offsets(page, bs1, p.extra_page_rows, p.extra_page_div_magic,
+                                                 p.extra_page_div_shift, row, scales);
+                const unsigned char* c = (const unsigned char*)(first ? p.cache : p.extra_cache);
+                return Where{c + row, c + scales};
             };
-            auto valid = [](Where w) -> bool {
-                if constexpr (kModel1) return w.row != nullptr;
-                else return w >= 0;
-            };
+            auto valid = [](Where w) -> bool { return w.row != nullptr; };
             // the token's value row (an unread one's: the cache's first, never read)
-            auto src_of = [&](Where w) -> const unsigned char* {
-                if constexpr (kModel1) return w.row ? w.row : cache;
-                else return cache + (w >= 0 ? w : 0) * kFp8RowBytes;
-            };
-            // the thread's batch h: column block blk0 + h (656: latent bytes 64·(blk0 + h); MODEL1:
-            // nope block blk0 + h)
+            auto src_of = [&](Where w) -> const unsigned char* { return w.row ? w.row : cache; };
+            // the thread's batch h: nope block blk0 + h
             auto load_batch = [&](uint4 (&raw)[kFp8Batch], Where w, int h) {
                 const unsigned char* src = src_of(w) + 64 * (blk0() + h);
 #pragma unroll
                 for (int j = 0; j < kFp8Batch; ++j)
                     raw[j] = valid(w) ? __ldg((const uint4*)(src + 16 * j)) : make_uint4(0, 0, 0, 0);
             };
-            // 656: scale group g
-            auto load_scale = [&](Where row, int g) -> float {
-                if constexpr (kModel1) return 0.0f;
-                else return row >= 0 ? __ldg((const float*)(src_of(row) + kFp8ScaleOffset + 4 * g)) : 0.0f;
-            };
             auto load_scales = [&](Where w) -> Scales {
-                if constexpr (kModel1) {
-                    return valid(w) ? __ldg((const uint32_t*)(w.scales + 4 * half)) : 0u;
-                } else {
-                    const float s0 = load_scale(w, 2 * half), s1 = load_scale(w, 2 * half + 1);
-                    return make_float2(s0, s1);
-                }
+                return valid(w) ? __ldg((const uint32_t*)(w.scales + 4 * half)) : 0u;
             };
-            // 656: a row's 656 bytes touch at most 7 lines of 128 bytes, 4 from one thread, 3 from
-            // the other; MODEL1: a value row's 576 at most 6, 3 each, and its scale slot one more.
+            // a value row's 576 bytes touch at most 6 lines of 128 bytes, 3 from each thread, and
+            // its scale slot one more
             auto prefetch_row = [&](Where w) {
                 if (!valid(w)) return;
                 const unsigned char* a = src_of(w);
-                constexpr int kRowEnd = kModel1 ? decode_model1::kRowBytes : kFp8RowBytes;
 #pragma unroll
-                for (int k = 0; k < (kModel1 ? 3 : 4); ++k) {
-                    const int off = half == 0 ? 128 * k : min((kModel1 ? 384 : 512) + 128 * k, kRowEnd - 1);
+                for (int k = 0; k < 3; ++k) {
+                    const int off = half == 0 ? 128 * k : min(384 + 128 * k, decode_model1::kRowBytes - 1);
                     asm volatile("prefetch.global.L2 [%0];" ::"l"(a + off));
                 }
-                if constexpr (kModel1)
-                    if (half == 1) asm volatile("prefetch.global.L2 [%0];" ::"l"(w.scales));
+                if (half == 1) asm volatile("prefetch.global.L2 [%0];" ::"l"(w.scales));
             };
             // a dequantised 16-byte chunk of the tile in buffer b at byte `off`
             auto put_chunk = [&](int b, uint32_t off, uint4 v) {
                 *(uint4*)(sKV + b * kTileBytes + off) = v;
             };
-            // batch h dequantised into buffer b: 656 scale group of block blk0 + h; MODEL1 byte h,
-            // 2^(byte − 127)
+            // batch h dequantised into buffer b: its scale is byte h, 2^(byte − 127)
             auto store_batch = [&](const uint4 (&raw)[kFp8Batch], int b, int h, const Scales& sc) {
                 const int c0 = 8 * (blk0() + h);
-                float s;
-                if constexpr (kModel1) s = decode_model1::ue8m0((sc >> (8 * h)) & 0xffu);
-                else s = h < 2 ? sc.x : sc.y;
+                const float s = decode_model1::ue8m0((sc >> (8 * h)) & 0xffu);
 #pragma unroll
                 for (int j = 0; j < kFp8Batch; ++j) {
                     put_chunk(b, swizzled(Tile, tok, c0 + 2 * j), decode::dequant8(make_uint2(raw[j].x, raw[j].y), s));
                     put_chunk(b, swizzled(Tile, tok, c0 + 2 * j + 1), decode::dequant8(make_uint2(raw[j].z, raw[j].w), s));
                 }
             };
-            // the rope block: the tile's last column block (MODEL1: 448 bytes into the row)
-            constexpr int kRopeAt = kModel1 ? decode_model1::kNope : kFp8RopeOffset;
-            // MODEL1's 7 nope blocks: half 1 has no fourth batch
-            [[maybe_unused]] const bool batch3 = !kModel1 || half == 0;
+            // the rope block: the tile's last column block, 448 bytes into the row
+            constexpr int kRopeAt = decode_model1::kNope;
+            // 7 nope blocks: half 1 has no fourth batch
+            const bool batch3 = half == 0;
             // Every copy of the previous piece has landed (its readers finished before this
             // piece's barrier): waited for here too, so that this thread itself has seen them
             // complete before it copies into the same bytes (racecheck cannot follow the
