@@ -404,7 +404,7 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                         decode::dequant8(make_uint2(raw[j].z, raw[j].w), s);
                 }
             };
-            decode::cp_async_wait<0>();  // as below: the previous piece's copies, seen by this thread
+            decode::cp_async_wait<0>();  // the previous piece's copies, seen here (MODEL1's producer below says why)
             int pg1[2], pg2[2];
             int64_t row[2];
 #pragma unroll
