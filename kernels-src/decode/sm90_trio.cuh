@@ -368,8 +368,8 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
             // (slot 1), chunk c = l / 8 of every 64-byte block of each (16 latent bytes, two
             // bf16 chunks) and rope chunks 2c, 2c + 1. A warp's load reads 64 contiguous bytes of
             // 8 rows, where two threads a token made it touch 32 (FlashMLA's producer's mapping).
-            // Batch h: slot h >> 1, blocks 4 (h & 1)..: fill f's batches 0, 1 and 2 and both
-            // slots' scales are loaded before the wait for its buffer, 3 after (rows prefetched
+            // Batch h: slot h >> 1, blocks 4 (h & 1)..: fill f's batches 0 and 1 and both slots'
+            // scales are loaded before the wait for its buffer, 2 and 3 after (rows prefetched
             // into L2 a fill before, their indices read a fill before that).
             const int c = (t & 31) >> 3;
             const int tok0 = 8 * (t >> 5) + (t & 7);
@@ -414,12 +414,11 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                 row[k] = token_row_of(tile_begin, tok_of(k), token_page_of(tile_begin, tok_of(k)));
                 prefetch_row(row[k]);
             }
-            uint4 ra[kFp8Batch], rb[kFp8Batch], rc[kFp8Batch];
+            uint4 ra[kFp8Batch], rb[kFp8Batch];
             float4 sc[2];
             auto load_fill = [&]() {
                 load_batch(ra, row[0], 0);
                 load_batch(rb, row[0], 1);
-                load_batch(rc, row[1], 2);
                 sc[0] = load_scales(row[0]);
                 sc[1] = load_scales(row[1]);
             };
@@ -452,10 +451,11 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                                            src + 16 * j, row[k] >= 0);
                 }
                 store_batch(ra, b, 0, sc[0]);
-                load_batch(ra, row[1], 3);  // from L2, behind two batches' conversions
+                load_batch(ra, row[1], 2);
                 store_batch(rb, b, 1, sc[0]);
-                store_batch(rc, b, 2, sc[1]);
-                store_batch(ra, b, 3, sc[1]);
+                load_batch(rb, row[1], 3);
+                store_batch(ra, b, 2, sc[1]);
+                store_batch(rb, b, 3, sc[1]);
                 fence_proxy_async();            // these generic writes, before wgmma reads them
                 mbar_arrive_cp_async(full(b));  // the rope's copies (Q is the scorer's own)
                 decode::cp_async_commit();
@@ -473,8 +473,8 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
             // 4..6), each a 64-byte batch with its ue8m0 scale byte (decode/model1_format.cuh),
             // and half of its rope block by cp.async; the token's entry is its first list's
             // (positions 0..n1 − 1) or its second's, in that list's cache.
-            // A fill's first three batches and its scales are loaded before the wait
-            // for its buffer (their latency hides behind that wait), the fourth after, from L2:
+            // A fill's first two batches and its scales are loaded before the wait
+            // for its buffer (their latency hides behind that wait), the rest after, from L2:
             // each row is prefetched a fill before its raw loads, and its index loaded a fill
             // before that.
             const int tok = t >> 1, half = t & 1;
@@ -566,13 +566,11 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
             Where row = row_of(tile_begin, page_of(tile_begin));
             prefetch_row(row);
             uint4 ra[kFp8Batch], rb[kFp8Batch];
-            uint4 rc[kFp8Batch];
             Scales sc;
-            // a fill's loads made before the wait for its buffer: its first three batches, its scales
+            // a fill's loads made before the wait for its buffer: its first two batches, its scales
             auto load_fill = [&](Where w) {
                 load_batch(ra, w, 0);
                 load_batch(rb, w, 1);
-                load_batch(rc, w, 2);
                 sc = load_scales(w);
             };
             // after fill f: fill f + 1's loads, fill f + 2's row prefetched, fill f + 3's index
@@ -601,10 +599,11 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                                            src + 16 * j, valid(row));
                 }
                 store_batch(ra, b, 0, sc);
-                if (batch3) load_batch(ra, row, 3);  // from L2, behind two batches' conversions
+                load_batch(ra, row, 2);
                 store_batch(rb, b, 1, sc);
-                store_batch(rc, b, 2, sc);
-                if (batch3) store_batch(ra, b, 3, sc);
+                if (batch3) load_batch(rb, row, 3);
+                store_batch(ra, b, 2, sc);
+                if (batch3) store_batch(rb, b, 3, sc);
                 fence_proxy_async();            // these generic writes, before wgmma reads them
                 mbar_arrive_cp_async(full(b));  // the rope's copies (Q is the scorer's own)
                 decode::cp_async_commit();
@@ -726,10 +725,10 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
     // warpgroup's piece set-up, and the scorer fits in 104). Each role runs its own piece loop, so
     // no code is shared between budgets.
     // Lead: the scorer holds O's left half beside S and P's fragments (216), the one P·V warpgroup
-    // O's right half (168), the producer three raw batches of the next fill (the rest, 120).
+    // O's right half (176), the producer two raw batches of the next fill (the rest, 112).
     constexpr int kLaunchRegs = 65536 / 384 / 8 * 8;
     constexpr int kScorerRegs = kLead ? 216 : 104;
-    constexpr int kPvRegs = kLead ? 168 : 200;
+    constexpr int kPvRegs = kLead ? 176 : 200;
     constexpr int kPvGroups = kLead ? 1 : 2;
     constexpr int kProducerRegs = kLead ? 3 * kLaunchRegs - kScorerRegs - kPvGroups * kPvRegs : 0;
     static_assert(kScorerRegs + kPvGroups * kPvRegs + kProducerRegs <= 3 * kLaunchRegs,
