@@ -177,6 +177,29 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
             }
             return -1;
         };
+        // lead's producers' loop (FP8-656's and MODEL1's): per fill f, the wait for its buffer,
+        // `fill(b, u)` (the flags, the rope block's copies and the dequantised stores into buffer
+        // b, use u), the fill published on full(b), then `next(f)` (fill f + 1's loads); at the
+        // piece's end, the CTA barriers of a warpgroup that holds no rows
+        [[maybe_unused]] auto produce = [&](auto&& fill, auto&& next) {
+            for (int f = 0; f < n; ++f) {
+                const uint32_t u = uses + f;
+                const int b = u & 1;
+                if (u >= 2) mbar_wait_sleep(empty(b), ((u >> 1) - 1) & 1);  // P·V of use u − 2 is done
+                // fill f − 2's copies into this buffer have landed (full, then its P·V, came
+                // before empty): seen by this thread too, for racecheck (one group a fill)
+                decode::cp_async_wait<1>();
+                fill(b, u);
+                fence_proxy_async();            // these generic writes, before wgmma reads them
+                mbar_arrive_cp_async(full(b));  // the rope's copies (Q is the scorer's own)
+                decode::cp_async_commit();
+                mbar_arrive(full(b));
+                if (f + 1 < n) next(f);
+            }
+            uses += n;
+            __syncthreads();                // the scorer's sStats
+            decode::write_rows_staged_barriers();  // the producer holds no columns of O
+        };
         if constexpr (kRole == 0) {
             // ---- the scorer: S, the softmax, P and the rescale factors ----
             const float scale_log2 = p.scale_log2;
@@ -436,35 +459,26 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
             load_fill();
 #pragma unroll
             for (int k = 0; k < 2; ++k) prefetch_row(token_row_of(tile_begin + 1, tok_of(k), pg1[k]));
-            for (int f = 0; f < n; ++f) {
-                const uint32_t u = uses + f;
-                const int b = u & 1;
-                if (u >= 2) mbar_wait_sleep(empty(b), ((u >> 1) - 1) & 1);  // P·V of use u − 2 is done
-                decode::cp_async_wait<1>();  // fill f − 2's copies into this buffer, seen here too
+            produce(
+                [&](int b, [[maybe_unused]] uint32_t u) {
 #pragma unroll
-                for (int k = 0; k < 2; ++k) {
-                    if (c == 0) sValid[b * Tile + tok_of(k)] = row[k] >= 0;
-                    const unsigned char* src = src_of(row[k]) + kFp8RopeOffset + 32 * c;
+                    for (int k = 0; k < 2; ++k) {
+                        if (c == 0) sValid[b * Tile + tok_of(k)] = row[k] >= 0;
+                        const unsigned char* src = src_of(row[k]) + kFp8RopeOffset + 32 * c;
 #pragma unroll
-                    for (int j = 0; j < 2; ++j)
-                        decode::cp_async16(sKV + b * kTileBytes + swizzled(Tile, tok_of(k), 8 * (kQkBlocks - 1) + 2 * c + j),
-                                           src + 16 * j, row[k] >= 0);
-                }
-                store_batch(ra, b, 0, sc[0]);
-                load_batch(ra, row[1], 2);
-                store_batch(rb, b, 1, sc[0]);
-                load_batch(rb, row[1], 3);
-                store_batch(ra, b, 2, sc[1]);
-                store_batch(rb, b, 3, sc[1]);
-                fence_proxy_async();            // these generic writes, before wgmma reads them
-                mbar_arrive_cp_async(full(b));  // the rope's copies (Q is the scorer's own)
-                decode::cp_async_commit();
-                mbar_arrive(full(b));
-                if (f + 1 < n) next_fill(f);
-            }
-            uses += n;
-            __syncthreads();                // the scorer's sStats
-            decode::write_rows_staged_barriers();  // the producer holds no columns of O
+                        for (int j = 0; j < 2; ++j)
+                            decode::cp_async16(
+                                sKV + b * kTileBytes + swizzled(Tile, tok_of(k), 8 * (kQkBlocks - 1) + 2 * c + j),
+                                src + 16 * j, row[k] >= 0);
+                    }
+                    store_batch(ra, b, 0, sc[0]);
+                    load_batch(ra, row[1], 2);
+                    store_batch(rb, b, 1, sc[0]);
+                    load_batch(rb, row[1], 3);
+                    store_batch(ra, b, 2, sc[1]);
+                    store_batch(rb, b, 3, sc[1]);
+                },
+                next_fill);
             return;
         } else if constexpr (kRole == 3) {
             // ---- the producer, MODEL1: per tile the flags, the rope block and the nope blocks ----
@@ -583,36 +597,22 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
             };
             load_fill(row);
             prefetch_row(row_of(tile_begin + 1, pg1));
-            for (int f = 0; f < n; ++f) {
-                const uint32_t u = uses + f;
-                const int b = u & 1;
-                if (u >= 2) mbar_wait_sleep(empty(b), ((u >> 1) - 1) & 1);  // P·V of use u − 2 is done
-                // fill f − 2's copies into this buffer have landed (full, then its P·V, came
-                // before empty): seen by this thread too, for racecheck (one group a fill)
-                decode::cp_async_wait<1>();
-                if (half == 0) sValid[b * Tile + tok] = valid(row);
-                {
+            produce(
+                [&](int b, [[maybe_unused]] uint32_t u) {
+                    if (half == 0) sValid[b * Tile + tok] = valid(row);
                     const unsigned char* src = src_of(row) + kRopeAt + 64 * half;
 #pragma unroll
                     for (int j = 0; j < 4; ++j)
                         decode::cp_async16(sKV + b * kTileBytes + swizzled(Tile, tok, 8 * (kQkBlocks - 1) + 4 * half + j),
                                            src + 16 * j, valid(row));
-                }
-                store_batch(ra, b, 0, sc);
-                load_batch(ra, row, 2);
-                store_batch(rb, b, 1, sc);
-                if (batch3) load_batch(rb, row, 3);
-                store_batch(ra, b, 2, sc);
-                if (batch3) store_batch(rb, b, 3, sc);
-                fence_proxy_async();            // these generic writes, before wgmma reads them
-                mbar_arrive_cp_async(full(b));  // the rope's copies (Q is the scorer's own)
-                decode::cp_async_commit();
-                mbar_arrive(full(b));
-                if (f + 1 < n) next_fill(f);
-            }
-            uses += n;
-            __syncthreads();                // the scorer's sStats
-            decode::write_rows_staged_barriers();  // the producer holds no columns of O
+                    store_batch(ra, b, 0, sc);
+                    load_batch(ra, row, 2);
+                    store_batch(rb, b, 1, sc);
+                    if (batch3) load_batch(rb, row, 3);
+                    store_batch(ra, b, 2, sc);
+                    if (batch3) store_batch(rb, b, 3, sc);
+                },
+                next_fill);
             return;
         } else {
             // ---- P·V of O's right half (warpgroup 1, which also loads) or left half (2) ----

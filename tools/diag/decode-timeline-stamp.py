@@ -55,19 +55,18 @@ rep(a, "            }\n            if (t == 0) DCP_TL(6);\n" + a[len("          
 rep("                    mbar_arrive_cp_async(q_full);  // one arrival a thread, once its copies land\n",
     "                    mbar_arrive_cp_async(q_full);  // one arrival a thread, once its copies land\n"
     "                    if (t == 0) DCP_TL(1);\n")
-# (both producers, FP8-656's and MODEL1's, carry these three anchors)
-rep("                if (f + 1 < n) next_fill(f);\n",
+# (the loop both producers, FP8-656's and MODEL1's, run: `produce`)
+rep("                if (f + 1 < n) next(f);\n",
     "                if (t == 0) DCP_ACC(23, DCP_NOW() - tl_e1);\n"
-    "                if (t == 0 && f == 0) DCP_TL(2);\n                if (f + 1 < n) next_fill(f);\n", times=2)
+    "                if (t == 0 && f == 0) DCP_TL(2);\n                if (f + 1 < n) next(f);\n")
 # lead's producer: its waits for a free buffer (sum), and each fill's time after that wait (sum)
 rep("                if (u >= 2) mbar_wait_sleep(empty(b), ((u >> 1) - 1) & 1);  // P·V of use u − 2 is done\n",
     "                const unsigned long long tl_e0 = DCP_NOW();\n"
     "                if (u >= 2) mbar_wait_sleep(empty(b), ((u >> 1) - 1) & 1);  // P·V of use u − 2 is done\n"
     "                const unsigned long long tl_e1 = DCP_NOW();\n"
-    "                if (t == 0) DCP_ACC(22, tl_e1 - tl_e0);\n", times=2)
+    "                if (t == 0) DCP_ACC(22, tl_e1 - tl_e0);\n")
 rep("            uses += n;\n            __syncthreads();                // the scorer's sStats\n",
-    "            if (t == 0) DCP_TL(9);\n            uses += n;\n            __syncthreads();                // the scorer's sStats\n",
-    times=2)
+    "            if (t == 0) DCP_TL(9);\n            uses += n;\n            __syncthreads();                // the scorer's sStats\n")
 # P·V warpgroup 1: its waits for P and for the tile (sums), first and last P, first P·V, loop end, end
 stamps = ("                if (kRole == 1 && t == 0) DCP_ACC(13, DCP_NOW() - tl_p0);\n"
           "                if (kRole == 1 && t == 0 && i == 0) DCP_TL(10);\n"
@@ -98,9 +97,9 @@ rep("            decode::cp_async_wait<0>();  // the previous piece's copies, se
 rep("            uint4 ra[kFp8Batch], rb[kFp8Batch];\n            float4 sc[2];\n",
     "            if (t == 0 && uses == 0) DCP_TL(17);\n"
     "            uint4 ra[kFp8Batch], rb[kFp8Batch];\n            float4 sc[2];\n")
-rep("                store_batch(ra, b, 0, sc[0]);\n",
-    "                store_batch(ra, b, 0, sc[0]);\n                if (t == 0 && u == 0) DCP_TL(18);\n")
-rep("                store_batch(ra, b, 2, sc[1]);\n",
-    "                store_batch(ra, b, 2, sc[1]);\n                if (t == 0 && u == 0) DCP_TL(19);\n")
+rep("                    store_batch(ra, b, 0, sc[0]);\n",
+    "                    store_batch(ra, b, 0, sc[0]);\n                    if (t == 0 && u == 0) DCP_TL(18);\n")
+rep("                    store_batch(ra, b, 2, sc[1]);\n",
+    "                    store_batch(ra, b, 2, sc[1]);\n                    if (t == 0 && u == 0) DCP_TL(19);\n")
 open(path, "w").write(s)
 print(f"stamped {path}")
