@@ -171,17 +171,10 @@ __device__ __forceinline__ PartRange part_range(const DcpMlaDecodeParams& p, con
     return PartRange{w, b, min(total, b + w)};
 }
 
-// Persist (lead): an unsplit launch may be shorter than its requests (the launcher's
-// persistent_height): the CTA then takes sequence block_seq and those seq_step after it.
-template <bool Persist = false, typename F>
-__device__ __forceinline__ void for_each_piece(const DcpMlaDecodeParams& p, int seqs, int block_seq, F&& f,
-                                               int seq_step = 0) {
+template <typename F>
+__device__ __forceinline__ void for_each_piece(const DcpMlaDecodeParams& p, int seqs, int block_seq, F&& f) {
     if (p.num_splits <= 1) {
-        if constexpr (Persist) {
-            for (int s = block_seq; s < seqs; s += seq_step) f(Piece{s, 0, INT_MAX, -1});
-        } else {
-            f(Piece{block_seq, 0, INT_MAX, -1});
-        }
+        f(Piece{block_seq, 0, INT_MAX, -1});
         return;
     }
     // launched as a dependent of the schedule kernel: wait for its prefix (a launch that reuses
