@@ -285,15 +285,15 @@ __device__ __forceinline__ void write_rows(const DcpMlaDecodeParams& p, int slot
 // on distinct banks. Rows that do not fit the stage (fp32 in a small one) are stored directly.
 // Three CTA barriers: write_rows' two, and one after the copy-out, before a later piece's fills
 // (or Q) overwrite the stage.
-template <int StageBytes, bool Sparse, typename Acc, bool kBf16Only = false>
+template <int StageBytes, bool Sparse, typename Acc>
 __device__ __forceinline__ void write_rows_staged(const DcpMlaDecodeParams& p, int slot, int seq, int rows_per_seq,
                                                   int row_base, int row_limit, int row0, int col0, bool writes_lse,
                                                   const float2 (&stats)[2], Acc o, unsigned char* stage, int writer,
                                                   int writers) {
     bool row_nan[2];
     rows_nan(row0, col0, o, row_nan);
-    const bool to_ws = !kBf16Only && slot >= 0;
-    const bool f32 = !kBf16Only && (to_ws || p.out_f32);
+    const bool to_ws = slot >= 0;
+    const bool f32 = to_ws || p.out_f32;
     const int row_bytes = f32 ? kDimLatent * 4 : kDimLatent * 2, pitch = row_bytes + 16;
     // the same in every thread of the CTA; known at compile time where fp32 rows fit
     const bool staged = StageBytes >= kRows * (kDimLatent * 4 + 16) || kRows * pitch <= StageBytes;

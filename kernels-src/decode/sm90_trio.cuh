@@ -378,7 +378,7 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                 float2 stats[2];
 #pragma unroll
                 for (int k = 0; k < 2; ++k) stats[k] = sStats[rs + 8 * k];
-                decode::write_rows_staged<Stages * kTileBytes + own_p_bytes<Kv, Stages>(), kSparse, OHalf, kLead>(
+                decode::write_rows_staged<Stages * kTileBytes + own_p_bytes<Kv, Stages>(), kSparse>(
                     p, pc.slot, seq, seq_rows, row_base, row_limit, r0, 2 * t4, t4 == 0, stats, OHalf{o}, sKV, 128 + t,
                     256);
             } else {
@@ -713,7 +713,7 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
             // and the two halves must OR theirs in the same array. The rows go out through shared
             // memory that every reader is done with (the barrier above): the tile buffers (MODEL1:
             // P's buffers follow the tiles, so fp32 rows fit the stage too).
-            decode::write_rows_staged<Stages * kTileBytes + own_p_bytes<Kv, Stages>(), kSparse, OHalf, kLead>(
+            decode::write_rows_staged<Stages * kTileBytes + own_p_bytes<Kv, Stages>(), kSparse>(
                 p, pc.slot, seq, seq_rows, row_base, row_limit, r0, kHalf * 256 + 2 * t4, kHalf == 0 && t4 == 0,
                 stats, OHalf{o}, sKV, tid - 128, 256);
         }
@@ -736,21 +736,21 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
     if (wg == 0) {
         if constexpr (kScorerRegs > kLaunchRegs) setmaxnreg_inc<kScorerRegs>();
         else setmaxnreg_dec<kScorerRegs>();
-        decode::for_each_piece<kLead>(p, seqs, block_seq, [&](const decode::Piece pc) { piece(pc, RoleTag<0>{}); });
+        decode::for_each_piece(p, seqs, block_seq, [&](const decode::Piece pc) { piece(pc, RoleTag<0>{}); });
         return;
     }
     if constexpr (kLead) {
         if (wg == 2) {
             setmaxnreg_dec<kProducerRegs>();
-            decode::for_each_piece<kLead>(p, seqs, block_seq, [&](const decode::Piece pc) { piece(pc, RoleTag<3>{}); });
+            decode::for_each_piece(p, seqs, block_seq, [&](const decode::Piece pc) { piece(pc, RoleTag<3>{}); });
             return;
         }
     }
     setmaxnreg_inc<kPvRegs>();
     if (kLead || wg == 1) {  // (lead's one P·V warpgroup: O's right half)
-        decode::for_each_piece<kLead>(p, seqs, block_seq, [&](const decode::Piece pc) { piece(pc, RoleTag<1>{}); });
+        decode::for_each_piece(p, seqs, block_seq, [&](const decode::Piece pc) { piece(pc, RoleTag<1>{}); });
     } else {
-        decode::for_each_piece<kLead>(p, seqs, block_seq, [&](const decode::Piece pc) { piece(pc, RoleTag<2>{}); });
+        decode::for_each_piece(p, seqs, block_seq, [&](const decode::Piece pc) { piece(pc, RoleTag<2>{}); });
     }
 #elif defined(__CUDA_ARCH__)
     __trap();  // sm_90a only: the launcher never picks this family elsewhere

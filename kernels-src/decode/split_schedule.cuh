@@ -171,9 +171,9 @@ __device__ __forceinline__ PartRange part_range(const DcpMlaDecodeParams& p, con
     return PartRange{w, b, min(total, b + w)};
 }
 
-template <bool kUnsplitOnly = false, typename F>
+template <typename F>
 __device__ __forceinline__ void for_each_piece(const DcpMlaDecodeParams& p, int seqs, int block_seq, F&& f) {
-    if (kUnsplitOnly || p.num_splits <= 1) {
+    if (p.num_splits <= 1) {
         f(Piece{block_seq, 0, INT_MAX, -1});
         return;
     }
