@@ -173,14 +173,16 @@ __device__ __forceinline__ PartRange part_range(const DcpMlaDecodeParams& p, con
 
 template <typename F>
 __device__ __forceinline__ void for_each_piece(const DcpMlaDecodeParams& p, int seqs, int block_seq, F&& f) {
-    // f has one call site: each call site inlines a decode kernel's whole piece (every role's
-    // loop and epilogue), and two (the unsplit piece, the split loop) made the kernels twice as long
+    if (p.num_splits <= 1) {
+        f(Piece{block_seq, 0, INT_MAX, -1});
+        return;
+    }
+    // launched as a dependent of the schedule kernel: wait for its prefix (a launch that reuses
+    // an earlier one's prefix is not a dependent, and passes at once)
+    griddep_wait();
     const int64_t* u = (const int64_t*)p.sched;
-    int s = block_seq;
-    if (p.num_splits > 1) {
-        // launched as a dependent of the schedule kernel: wait for its prefix (a launch that reuses
-        // an earlier one's prefix is not a dependent, and passes at once)
-        griddep_wait();
+    int s;
+    {
         const PartRange r = part_range(p, u, seqs);
         // before anything the prefix decides (an empty part returns below), after the prefix's
         // first load is issued, so the stamp's load overlaps it
@@ -194,23 +196,18 @@ __device__ __forceinline__ void for_each_piece(const DcpMlaDecodeParams& p, int 
         }
         s = lo;
     }
-    // one part: block_seq alone; split: from s on, while the sequences start inside the part
-    for (; s < (p.num_splits > 1 ? seqs : block_seq + 1); ++s) {
-        Piece pc{s, 0, INT_MAX, -1};
-        if (p.num_splits > 1) {
-            const PartRange r = part_range(p, u, seqs);
-            const int64_t a = u[s], z = u[s + 1];
-            if (a >= r.e) break;
-            const int64_t first = a + kSeqFixedUnits;  // unit of tile 0; units a.. are the sequence's fixed cost
-            pc.tile_begin = (int)(max(r.b, first) - first);
-            // the sequence's last piece runs to its last tile, whatever the prefix counted: a reused
-            // prefix made for shorter lengths then costs balance, never tokens (piece_tiles clamps
-            // the end to the tiles the lengths have now; with the prefix's own lengths it is z − first)
-            pc.tile_end = z <= r.e ? INT_MAX : max(pc.tile_begin, (int)(min(r.e, z) - first));
-            const bool split = a / r.w != (z - 1) / r.w;
-            pc.slot = split ? 2 * (int)blockIdx.z + (a > r.b ? 1 : 0) : -1;
-        }
-        f(pc);
+    for (; s < seqs; ++s) {
+        const PartRange r = part_range(p, u, seqs);
+        const int64_t a = u[s], z = u[s + 1];
+        if (a >= r.e) break;
+        const int64_t first = a + kSeqFixedUnits;  // unit of tile 0; units a.. are the sequence's fixed cost
+        const int tb = (int)(max(r.b, first) - first);
+        // the sequence's last piece runs to its last tile, whatever the prefix counted: a reused
+        // prefix made for shorter lengths then costs balance, never tokens (piece_tiles clamps
+        // the end to the tiles the lengths have now; with the prefix's own lengths it is z − first)
+        const int te = z <= r.e ? INT_MAX : max(tb, (int)(min(r.e, z) - first));
+        const bool split = a / r.w != (z - 1) / r.w;
+        f(Piece{s, tb, te, split ? 2 * (int)blockIdx.z + (a > r.b ? 1 : 0) : -1});
     }
 }
 
