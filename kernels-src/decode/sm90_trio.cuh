@@ -200,6 +200,13 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
             __syncthreads();                // the scorer's sStats
             decode::write_rows_staged_barriers();  // the producer holds no columns of O
         };
+        // lead's producers: a 16-byte raw batch entry (16 e4m3 values) dequantised by s into token
+        // tok's 16-byte chunks col and col + 1 of the tile in buffer b
+        [[maybe_unused]] auto put_dequant16 = [&](int b, int tok, int col, uint4 raw, float s) {
+            unsigned char* dst = sKV + b * kTileBytes;
+            *(uint4*)(dst + swizzled(Tile, tok, col)) = decode::dequant8(make_uint2(raw.x, raw.y), s);
+            *(uint4*)(dst + swizzled(Tile, tok, col + 1)) = decode::dequant8(make_uint2(raw.z, raw.w), s);
+        };
         if constexpr (kRole == 0) {
             // ---- the scorer: S, the softmax, P and the rescale factors ----
             const float scale_log2 = p.scale_log2;
@@ -421,10 +428,7 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                 for (int j = 0; j < kFp8Batch; ++j) {
                     const int d = 4 * (h & 1) + j, g = d >> 1;  // block d, scale group d / 2
                     const float s = g == 0 ? sc.x : g == 1 ? sc.y : g == 2 ? sc.z : sc.w;
-                    unsigned char* dst = sKV + b * kTileBytes;
-                    *(uint4*)(dst + swizzled(Tile, tok, 8 * d + 2 * c)) = decode::dequant8(make_uint2(raw[j].x, raw[j].y), s);
-                    *(uint4*)(dst + swizzled(Tile, tok, 8 * d + 2 * c + 1)) =
-                        decode::dequant8(make_uint2(raw[j].z, raw[j].w), s);
+                    put_dequant16(b, tok, 8 * d + 2 * c, raw[j], s);
                 }
             };
             decode::cp_async_wait<0>();  // the previous piece's copies, seen here (MODEL1's producer below says why)
@@ -504,8 +508,6 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                 const unsigned char* row;
                 const unsigned char* scales;
             };
-            // the token's scales: the bytes of the thread's four blocks from the lowest
-            using Scales = uint32_t;
             // the entry of tile's token: its page (its list's value), or -1 past the lists
             auto page_of = [&](int tile) -> int {
                 const int pos = tile * Tile + tok;
@@ -536,7 +538,8 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                 for (int j = 0; j < kFp8Batch; ++j)
                     raw[j] = valid(w) ? __ldg((const uint4*)(src + 16 * j)) : make_uint4(0, 0, 0, 0);
             };
-            auto load_scales = [&](Where w) -> Scales {
+            // the token's scales: the bytes of the thread's four blocks from the lowest
+            auto load_scales = [&](Where w) -> uint32_t {
                 return valid(w) ? __ldg((const uint32_t*)(w.scales + 4 * half)) : 0u;
             };
             // a value row's 576 bytes touch at most 6 lines of 128 bytes, 3 from each thread, and
@@ -551,19 +554,12 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                 }
                 if (half == 1) asm volatile("prefetch.global.L2 [%0];" ::"l"(w.scales));
             };
-            // a dequantised 16-byte chunk of the tile in buffer b at byte `off`
-            auto put_chunk = [&](int b, uint32_t off, uint4 v) {
-                *(uint4*)(sKV + b * kTileBytes + off) = v;
-            };
             // batch h dequantised into buffer b: its scale is byte h, 2^(byte − 127)
-            auto store_batch = [&](const uint4 (&raw)[kFp8Batch], int b, int h, const Scales& sc) {
+            auto store_batch = [&](const uint4 (&raw)[kFp8Batch], int b, int h, uint32_t sc) {
                 const int c0 = 8 * (blk0() + h);
                 const float s = decode_model1::ue8m0((sc >> (8 * h)) & 0xffu);
 #pragma unroll
-                for (int j = 0; j < kFp8Batch; ++j) {
-                    put_chunk(b, swizzled(Tile, tok, c0 + 2 * j), decode::dequant8(make_uint2(raw[j].x, raw[j].y), s));
-                    put_chunk(b, swizzled(Tile, tok, c0 + 2 * j + 1), decode::dequant8(make_uint2(raw[j].z, raw[j].w), s));
-                }
+                for (int j = 0; j < kFp8Batch; ++j) put_dequant16(b, tok, c0 + 2 * j, raw[j], s);
             };
             // the rope block: the tile's last column block, 448 bytes into the row
             constexpr int kRopeAt = decode_model1::kNope;
@@ -580,7 +576,7 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
             Where row = row_of(tile_begin, page_of(tile_begin));
             prefetch_row(row);
             uint4 ra[kFp8Batch], rb[kFp8Batch];
-            Scales sc;
+            uint32_t sc;
             // a fill's loads made before the wait for its buffer: its first two batches, its scales
             auto load_fill = [&](Where w) {
                 load_batch(ra, w, 0);
