@@ -171,8 +171,59 @@ __device__ __forceinline__ PartRange part_range(const DcpMlaDecodeParams& p, con
     return PartRange{w, b, min(total, b + w)};
 }
 
+// for_each_piece with one call site of f (the same pieces in the same order).
 template <typename F>
+__device__ __forceinline__ void for_each_piece_one_site(const DcpMlaDecodeParams& p, int seqs, int block_seq, F&& f) {
+    const int64_t* u = (const int64_t*)p.sched;
+    int s = block_seq;
+    if (p.num_splits > 1) {
+        // launched as a dependent of the schedule kernel: wait for its prefix (a launch that reuses
+        // an earlier one's prefix is not a dependent, and passes at once)
+        griddep_wait();
+        const PartRange r = part_range(p, u, seqs);
+        // before anything the prefix decides (an empty part returns below), after the prefix's
+        // first load is issued, so the stamp's load overlaps it
+        check_sched_stamp(p, seqs);
+        if (r.b >= r.e) return;
+        int lo = 0, hi = seqs;  // u[lo] <= b < u[hi]
+        while (hi - lo > 1) {
+            const int mid = (lo + hi) / 2;
+            if (u[mid] <= r.b) lo = mid;
+            else hi = mid;
+        }
+        s = lo;
+    }
+    // one part: block_seq alone; split: from s on, while the sequences start inside the part
+    for (; s < (p.num_splits > 1 ? seqs : block_seq + 1); ++s) {
+        Piece pc{s, 0, INT_MAX, -1};
+        if (p.num_splits > 1) {
+            const PartRange r = part_range(p, u, seqs);
+            const int64_t a = u[s], z = u[s + 1];
+            if (a >= r.e) break;
+            const int64_t first = a + kSeqFixedUnits;  // unit of tile 0; units a.. are the sequence's fixed cost
+            pc.tile_begin = (int)(max(r.b, first) - first);
+            // (as in for_each_piece below)
+            pc.tile_end = z <= r.e ? INT_MAX : max(pc.tile_begin, (int)(min(r.e, z) - first));
+            const bool split = a / r.w != (z - 1) / r.w;
+            pc.slot = split ? 2 * (int)blockIdx.z + (a > r.b ? 1 : 0) : -1;
+        }
+        f(pc);
+    }
+}
+
+// The piece loop (the comment above PartRange). Each call site of f inlines the kernel's whole piece
+// (every role's loop and epilogue): kOneSite calls it from one site for the unsplit piece and the
+// split loop alike (for_each_piece_one_site), else from two, the unsplit piece apart. One site
+// halves a kernel's SASS; measured on the H100 (2026-12-08), lead's kernels 1-7.5% faster with
+// it, trio's and trio_split's 1-7.5% slower on the compute-bound dense rows (so they keep two);
+// the mma.sync kernels not measured with it. The two forms are kept apart, each as measured:
+// sharing their sequence arithmetic through helpers changed trio's SASS.
+template <bool kOneSite = false, typename F>
 __device__ __forceinline__ void for_each_piece(const DcpMlaDecodeParams& p, int seqs, int block_seq, F&& f) {
+    if constexpr (kOneSite) {
+        for_each_piece_one_site(p, seqs, block_seq, static_cast<F&&>(f));
+        return;
+    }
     if (p.num_splits <= 1) {
         f(Piece{block_seq, 0, INT_MAX, -1});
         return;
