@@ -94,19 +94,9 @@ constexpr int kWriteRowsStaticBytes = 2 * kRows * 4;
 // and its lse NaN, as a NaN score already does through l: else its lse stays finite and the merge
 // across ranks keeps the row. The quad's flags are OR-ed by shuffles, the two halves' through
 // shared memory (one writer per row and half).
-// The barrier among the threads that write rows out: the CTA's (threads 0), or named barrier 1
-// over `threads` threads (lead's two warpgroups that hold O, while its producer fills on). A
-// run-time count, so that lead keeps one copy of the rows' code for both (a constant folds away).
-__device__ __forceinline__ void rows_sync(int threads) {
-    if (threads == 0) __syncthreads();
-    else asm volatile("bar.sync 1, %0;" ::"r"(threads) : "memory");
-}
-
-// rows_nan's flags, one array a kernel whatever rows_nan's instantiations (lead has two)
-__shared__ int s_row_nan[2][kRows];
-
 template <typename Acc>
-__device__ __forceinline__ void rows_nan(int row0, int col0, Acc o, bool (&row_nan)[2], int sync = 0) {
+__device__ __forceinline__ void rows_nan(int row0, int col0, Acc o, bool (&row_nan)[2]) {
+    __shared__ int s_row_nan[2][kRows];
     const int half = col0 >= 256 ? 1 : 0;
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
@@ -117,7 +107,7 @@ __device__ __forceinline__ void rows_nan(int row0, int col0, Acc o, bool (&row_n
         f |= __shfl_xor_sync(0xffffffffu, (int)f, 2) != 0;
         if ((col0 & 255) == 0) s_row_nan[half][row0 + 8 * k] = f;
     }
-    rows_sync(sync);
+    __syncthreads();
 #pragma unroll
     for (int k = 0; k < 2; ++k) row_nan[k] = (s_row_nan[0][row0 + 8 * k] | s_row_nan[1][row0 + 8 * k]) != 0;
 }
@@ -295,22 +285,19 @@ __device__ __forceinline__ void write_rows(const DcpMlaDecodeParams& p, int slot
 // on distinct banks. Rows that do not fit the stage (fp32 in a small one) are stored directly.
 // Three CTA barriers: write_rows' two, and one after the copy-out, before a later piece's fills
 // (or Q) overwrite the stage.
-// sync: rows_sync's threads (0: the whole CTA). BF16StageBytes: a caller whose bf16 rows may go
-// through a smaller stage than its fp32 rows (lead's pieces that overlap the next one's fills)
-// names the smaller here; StageBytes is then what its fp32 rows get.
-template <int StageBytes, bool Sparse, typename Acc, int BF16StageBytes = StageBytes>
+template <int StageBytes, bool Sparse, typename Acc>
 __device__ __forceinline__ void write_rows_staged(const DcpMlaDecodeParams& p, int slot, int seq, int rows_per_seq,
                                                   int row_base, int row_limit, int row0, int col0, bool writes_lse,
                                                   const float2 (&stats)[2], Acc o, unsigned char* stage, int writer,
-                                                  int writers, int sync = 0) {
+                                                  int writers) {
     bool row_nan[2];
-    rows_nan(row0, col0, o, row_nan, sync);
+    rows_nan(row0, col0, o, row_nan);
     const bool to_ws = slot >= 0;
     const bool f32 = to_ws || p.out_f32;
     const int row_bytes = f32 ? kDimLatent * 4 : kDimLatent * 2, pitch = row_bytes + 16;
-    // the same in every thread of the CTA; known at compile time where both fit
-    const bool staged = f32 ? StageBytes >= kRows * (kDimLatent * 4 + 16) : BF16StageBytes >= kRows * (kDimLatent * 2 + 16);
-    if (!staged) rows_sync(sync);  // as write_rows' second
+    // the same in every thread of the CTA; known at compile time where fp32 rows fit
+    const bool staged = StageBytes >= kRows * (kDimLatent * 4 + 16) || kRows * pitch <= StageBytes;
+    if (!staged) __syncthreads();  // as write_rows' second
     const int64_t ws0 = (int64_t)slot * rows_per_seq + row_base;  // workspace row 0's (to_ws)
     float lse_v[2];
 #pragma unroll
@@ -340,7 +327,7 @@ __device__ __forceinline__ void write_rows_staged(const DcpMlaDecodeParams& p, i
         }
     }
     if (staged) {
-        rows_sync(sync);  // the staged rows are written, and the flags read (as write_rows' second)
+        __syncthreads();  // the staged rows are written, and the flags read (as write_rows' second)
         const int chunk_log = f32 ? 7 : 6;  // 16-byte pieces a row: 128 or 64
         // the rows' base: the workspace slot's (contiguous), or the sequence's in the out view (its
         // division by nq once, not once a piece of 16 bytes)
@@ -355,7 +342,7 @@ __device__ __forceinline__ void write_rows_staged(const DcpMlaDecodeParams& p, i
             *(uint4*)(base + at + 16 * j) = *(const uint4*)(stage + r * pitch + 16 * j);
         }
     }
-    rows_sync(sync);  // the stage is read out before anyone writes it again
+    __syncthreads();  // the stage is read out before anyone writes it again
 }
 
 // write_rows_staged's CTA barriers, for a warpgroup of the CTA that holds no rows (a scorer, a

@@ -96,15 +96,11 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
     constexpr int kLdPerTok = 128 / Tile;  // warpgroup 1's threads per token of a tile
     constexpr int kFp8Batch = 4;           // FP8: 16-byte raw loads in flight a thread
     unsigned char* smem = aligned_smem<Kv, Tile, Stages, Sched>();
-    // MODEL1: P's two buffers first (the others' P is in the tile's rope block), then Q, then the
-    // tiles: lead's rows go out through P's buffers and Q while the producer fills the tiles
-    [[maybe_unused]] unsigned char* sP = smem;
-    unsigned char* sQ = smem + own_p_bytes<Kv, Stages>();
-    unsigned char* sKV = sQ + kQBytes;                    // 2 × [Tile × kDqk] bf16
-    int* sValid = (int*)(sKV + Stages * kTileBytes);      // [2][Tile]
-    // lead's stages for the rows: P's buffers and Q (while the producer fills on), or everything
-    constexpr int kOverlapStage = own_p_bytes<Kv, Stages>() + kQBytes;
-    constexpr int kWholeStage = kOverlapStage + Stages * kTileBytes;
+    unsigned char* sQ = smem;
+    unsigned char* sKV = smem + kQBytes;                  // 2 × [Tile × kDqk] bf16
+    // MODEL1: P's two buffers (the others' P is in the tile's rope block), right after the tiles
+    [[maybe_unused]] unsigned char* sP = sKV + Stages * kTileBytes;
+    int* sValid = (int*)(sP + own_p_bytes<Kv, Stages>());  // [2][Tile]
     float* sAlpha = (float*)(sValid + Stages * Tile);     // [2][64] rescale factors of P(i)
     float2* sStats = (float2*)(sAlpha + 2 * kRows);       // [64] the rows' row_stats (den, lse)
     const uint32_t bars = decode::smem_addr(sStats + kRows);  // full[2], empty[2], p_full[2] (trio_split: p_full[2] of half 1)
@@ -138,12 +134,7 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
 
     auto piece = [&](const decode::Piece pc, auto role_tag) {
         constexpr int kRole = decltype(role_tag)::value;  // = wg
-        // lead, a piece whose bf16 rows fit P's buffers and Q: the producer fills on into the next
-        // piece while the scorer and the P·V warpgroup write this one's rows out through them
-        // (named barrier 1 among those 256 threads); other pieces keep the CTA's barriers
-        [[maybe_unused]] const bool overlap = kLead && pc.slot < 0 && !p.out_f32;
-        // the previous piece is done with shared memory (and the mbarriers are set up)
-        if (!(kLead && overlap)) __syncthreads();
+        __syncthreads();  // the previous piece is done with shared memory (and the mbarriers are set up)
         // this thread's rows r0 and r0 + 8 and the CTA's rows, worked out afresh from the
         // parameters and indices: a value live across setmaxnreg is spilled (the CTA's row count
         // was, once the piece's length rule grew)
@@ -206,10 +197,8 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                 if (f + 1 < n) next(f);
             }
             uses += n;
-            if (!overlap) {
-                __syncthreads();                       // the scorer's sStats
-                decode::write_rows_staged_barriers();  // the producer holds no columns of O
-            }
+            __syncthreads();                // the scorer's sStats
+            decode::write_rows_staged_barriers();  // the producer holds no columns of O
         };
         // lead's producers: a 16-byte raw batch entry (16 e4m3 values) dequantised by s into token
         // tok's 16-byte chunks col and col + 1 of the tile in buffer b
@@ -390,19 +379,16 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                 if (t4 == 0) sStats[rs + 8 * k] = decode::row_stats(p, pc.slot >= 0, row_base + rs + 8 * k, l_row, m_run[k]);
             }
             uses += n;
+            __syncthreads();                // sStats written, before the P·V warpgroups read it
             if constexpr (kLead) {
-                // sStats written, before the P·V warpgroup reads it
-                decode::rows_sync(overlap ? 256 : 0);
-                // O's left half out, as P·V warpgroup 2 writes it in the other schedules (one copy
-                // of the code for both stages: its two copies made the kernel 43% longer)
+                // O's left half out, as P·V warpgroup 2 writes it in the other schedules
                 float2 stats[2];
 #pragma unroll
                 for (int k = 0; k < 2; ++k) stats[k] = sStats[rs + 8 * k];
-                decode::write_rows_staged<kWholeStage, kSparse, OHalf, kOverlapStage>(
-                    p, pc.slot, seq, seq_rows, row_base, row_limit, r0, 2 * t4, t4 == 0, stats, OHalf{o}, smem, 128 + t,
-                    256, overlap ? 256 : 0);
+                decode::write_rows_staged<Stages * kTileBytes + own_p_bytes<Kv, Stages>(), kSparse>(
+                    p, pc.slot, seq, seq_rows, row_base, row_limit, r0, 2 * t4, t4 == 0, stats, OHalf{o}, sKV, 128 + t,
+                    256);
             } else {
-                __syncthreads();  // sStats written, before the P·V warpgroups read it
                 decode::write_rows_staged_barriers();  // the scorer holds no columns of O
             }
             return;
@@ -714,7 +700,7 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
                 }
             }
             uses += n;
-            decode::rows_sync(kLead && overlap ? 256 : 0);  // the scorer's sStats
+            __syncthreads();  // the scorer's sStats
             float2 stats[2];
             const int rs = decode_sm90::row_of(decode::thread_index());
 #pragma unroll
@@ -723,15 +709,9 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
             // and the two halves must OR theirs in the same array. The rows go out through shared
             // memory that every reader is done with (the barrier above): the tile buffers (MODEL1:
             // P's buffers follow the tiles, so fp32 rows fit the stage too).
-            if constexpr (kLead) {
-                decode::write_rows_staged<kWholeStage, kSparse, OHalf, kOverlapStage>(
-                    p, pc.slot, seq, seq_rows, row_base, row_limit, r0, kHalf * 256 + 2 * t4, kHalf == 0 && t4 == 0,
-                    stats, OHalf{o}, smem, tid - 128, 256, overlap ? 256 : 0);
-            } else {
-                decode::write_rows_staged<Stages * kTileBytes, kSparse>(
-                    p, pc.slot, seq, seq_rows, row_base, row_limit, r0, kHalf * 256 + 2 * t4, kHalf == 0 && t4 == 0,
-                    stats, OHalf{o}, sKV, tid - 128, 256);
-            }
+            decode::write_rows_staged<Stages * kTileBytes + own_p_bytes<Kv, Stages>(), kSparse>(
+                p, pc.slot, seq, seq_rows, row_base, row_limit, r0, kHalf * 256 + 2 * t4, kHalf == 0 && t4 == 0,
+                stats, OHalf{o}, sKV, tid - 128, 256);
         }
     };
     // 384 threads start at 168 registers each (64K / 384, in steps of 8), and the CTA's pool is
@@ -749,9 +729,6 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
     constexpr int kProducerRegs = kLead ? 3 * kLaunchRegs - kScorerRegs - kPvGroups * kPvRegs : 0;
     static_assert(kScorerRegs + kPvGroups * kPvRegs + kProducerRegs <= 3 * kLaunchRegs,
                   "setmaxnreg must stay inside the CTA's pool");
-    // lead: the mbarriers set up before any role runs (its overlapped pieces start with no CTA
-    // barrier)
-    if constexpr (kLead) __syncthreads();
     if (wg == 0) {
         if constexpr (kScorerRegs > kLaunchRegs) setmaxnreg_inc<kScorerRegs>();
         else setmaxnreg_dec<kScorerRegs>();

@@ -171,15 +171,12 @@ __device__ __forceinline__ PartRange part_range(const DcpMlaDecodeParams& p, con
     return PartRange{w, b, min(total, b + w)};
 }
 
-// for_each_piece with one call site of f (the same pieces in the same order); lead's kernels
-// (sparse sequences: gridDim.y requests of nq rows). An unsplit launch may be shorter than its
-// requests (the launcher's persistent_height): the CTA then takes sequence block_seq and those a
-// grid's height apart.
+// for_each_piece with one call site of f (the same pieces in the same order).
 template <typename F>
 __device__ __forceinline__ void for_each_piece_one_site(const DcpMlaDecodeParams& p, int seqs, int block_seq, F&& f) {
+    const int64_t* u = (const int64_t*)p.sched;
     int s = block_seq;
     if (p.num_splits > 1) {
-        const int64_t* u = (const int64_t*)p.sched;
         // launched as a dependent of the schedule kernel: wait for its prefix (a launch that reuses
         // an earlier one's prefix is not a dependent, and passes at once)
         griddep_wait();
@@ -196,13 +193,10 @@ __device__ __forceinline__ void for_each_piece_one_site(const DcpMlaDecodeParams
         }
         s = lo;
     }
-    // one part: block_seq (and those a grid's height after it); split: from s on, while the sequences
-    // start inside the part
-    // (the step worked out at each turn: a value live across f may spill the decode body)
-    for (; s < seqs; s += p.num_splits > 1 ? 1 : (int)gridDim.y * p.nq) {
+    // one part: block_seq alone; split: from s on, while the sequences start inside the part
+    for (; s < (p.num_splits > 1 ? seqs : block_seq + 1); ++s) {
         Piece pc{s, 0, INT_MAX, -1};
         if (p.num_splits > 1) {
-            const int64_t* u = (const int64_t*)p.sched;
             const PartRange r = part_range(p, u, seqs);
             const int64_t a = u[s], z = u[s + 1];
             if (a >= r.e) break;

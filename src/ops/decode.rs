@@ -325,10 +325,6 @@ pub(super) struct Kernel {
     pub(super) tile: u32,
     /// Loads whole dense tiles by TMA when the params carry a tensor map (the dense wgmma kernel).
     pub(super) takes_tensor_map: bool,
-    /// Lead: an unsplit launch of more sequences than one wave holds runs one wave of CTAs, each
-    /// taking sequences a grid's height apart, its producer filling the next sequence's first
-    /// tiles while the others write the last one's rows out.
-    pub(super) persistent: bool,
 }
 
 impl Kernel {
@@ -364,7 +360,6 @@ fn decode_kernel(dev: &Device, format: KvFormat, sparse: bool, path: DecodePath)
             shared_bytes: id.info().dynamic_shared_bytes as usize,
             tile,
             takes_tensor_map: false,
-            persistent: false,
         }),
         DecodePath::Wgmma { tile, stages, schedule } if dev.compute_capability() == (9, 0) => {
             registry::mla_decode_sm90_trio(kv, tile, stages, schedule).map(|id| Kernel {
@@ -372,7 +367,6 @@ fn decode_kernel(dev: &Device, format: KvFormat, sparse: bool, path: DecodePath)
                 shared_bytes: id.info().dynamic_shared_bytes as usize,
                 tile,
                 takes_tensor_map: kv == axes::Kv::DenseBf16,
-                persistent: schedule == Sm90Schedule::Lead,
             })
         }
         DecodePath::Wgmma { .. } | DecodePath::Auto => None,
@@ -710,17 +704,6 @@ pub(super) fn validate_common(c: &DecodeCommon, sparse: bool, q_width: usize) ->
     })
 }
 
-/// The grid's height (requests launched) for a persistent kernel, one CTA an SM: the waves a CTA a
-/// request's row block would take, and the fewest requests that fill that many waves.
-fn persistent_height(batch: usize, per_request: usize, sms: usize) -> usize {
-    let ctas = batch * per_request;
-    if ctas <= sms || per_request == 0 {
-        return batch;
-    }
-    let waves = ctas.div_ceil(sms);
-    batch.div_ceil(waves)
-}
-
 /// The combine's grid: a CTA per (part, 8 rows) when each split row has few partials (many
 /// sequences), a CTA per row of every sequence, its warps splitting the partials, when few
 /// sequences spread over many parts give each split row about parts / seqs of them
@@ -747,13 +730,8 @@ pub(super) fn launch(
     }
     let rb = row_blocks_per_seq(c.nq, c.heads, sparse) as u32;
     if c.num_splits <= 1 {
-        // a CTA per (sequence, row block); sparse sequences are (request, query row) pairs. A
-        // persistent kernel: as many requests' CTAs as the waves need, each CTA taking requests
-        // a grid's height apart (the same waves, each CTA's restarts overlapped)
-        let per_request = if sparse { rb * c.nq as u32 } else { rb };
-        let height =
-            if kernel.persistent { persistent_height(c.batch, per_request as usize, dev.num_sms()) } else { c.batch };
-        let grid = (per_request, height as u32, 1);
+        // a CTA per (sequence, row block); sparse sequences are (request, query row) pairs
+        let grid = if sparse { (rb * c.nq as u32, c.batch as u32, 1) } else { (rb, c.batch as u32, 1) };
         // SAFETY: the validate functions checked every buffer against the extents the kernel
         // addresses; lengths and indices are clamped or skipped on the device.
         return unsafe { kernel.launch(dev, grid, false, stream, params) };
@@ -1114,17 +1092,6 @@ mod tests {
         let fp8 =
             |tile, stages, schedule| smem(registry::mla_decode_sm90_trio(axes::Kv::SparseFp8, tile, stages, schedule));
         assert_eq!(fp8(64, 2, Sm90Schedule::Lead), trio + 8, "trio's layout and Q's mbarrier");
-    }
-
-    #[test]
-    fn persistent_height_keeps_the_waves() {
-        // one wave: every request its own CTAs
-        assert_eq!(persistent_height(128, 1, 132), 128);
-        // MODEL1 b128 q2 H128: 512 CTAs, 4 waves on 132 SMs: 32 requests' CTAs, 4 each
-        assert_eq!(persistent_height(128, 4, 132), 32);
-        // 3.9 waves of 66 · 2 CTAs: 33 requests' (3 of the CTAs' lanes take one fewer)
-        assert_eq!(persistent_height(130, 2, 66), 33);
-        assert_eq!(persistent_height(0, 4, 132), 0);
     }
 
     #[test]

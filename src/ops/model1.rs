@@ -13,7 +13,7 @@ use super::decode::{launch, validate_common, DecodeCommon, IndexLists, Kernel, L
 use super::fill::NewTokens;
 use super::{compiled, launch_warp_rows, to_i32, BlockTable};
 use crate::abi::{DcpKvFillParams, DcpMlaDecodeParams};
-use crate::catalogue::{env_path, model1_heuristic_path, model1_ships, variant_name, DecodePath, Sm90Schedule};
+use crate::catalogue::{env_path, model1_heuristic_path, model1_ships, variant_name, DecodePath};
 use crate::error::Result;
 use crate::formats::model1::{
     model1_page_bytes, Model1Pages, MODEL1_D_NOPE, MODEL1_D_QK, MODEL1_PAGE_ALIGN, MODEL1_TOKEN_BYTES,
@@ -212,8 +212,7 @@ fn model1_kernel(sm90: bool, path: DecodePath) -> Result<Kernel> {
     };
     let (id, tile) =
         found.ok_or_else(|| crate::Error::Unsupported(format!("mla_decode_model1 on {}", variant_name(path))))?;
-    let persistent = matches!(path, DecodePath::Wgmma { schedule: Sm90Schedule::Lead, .. });
-    Ok(Kernel { id, shared_bytes: id.info().dynamic_shared_bytes as usize, tile, takes_tensor_map: false, persistent })
+    Ok(Kernel { id, shared_bytes: id.info().dynamic_shared_bytes as usize, tile, takes_tensor_map: false })
 }
 
 /// MODEL1 sparse decode (docs/contract.md §4, "MODEL1"): row (i, j) attends to the valid entries
