@@ -214,7 +214,7 @@ __device__ __forceinline__ void for_each_piece_one_site(const DcpMlaDecodeParams
 // The piece loop (the comment above PartRange). Each call site of f inlines the kernel's whole piece
 // (every role's loop and epilogue): kOneSite calls it from one site for the unsplit piece and the
 // split loop alike (for_each_piece_one_site), else from two, the unsplit piece apart. One site
-// halves a kernel's SASS; measured on the H100 (2026-12-08), lead's kernels 1-7.5% faster with
+// halves a kernel's SASS; measured on the H100 (2026-12-08), lead's kernels 0-7.5% faster with
 // it, trio's and trio_split's 1-7.5% slower on the compute-bound dense rows (so they keep two);
 // the mma.sync kernels not measured with it. The two forms are kept apart, each as measured:
 // sharing their sequence arithmetic through helpers changed trio's SASS.
