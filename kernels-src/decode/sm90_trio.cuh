@@ -732,21 +732,21 @@ __device__ __forceinline__ void mla_decode_sm90_trio(const DcpMlaDecodeParams& p
     if (wg == 0) {
         if constexpr (kScorerRegs > kLaunchRegs) setmaxnreg_inc<kScorerRegs>();
         else setmaxnreg_dec<kScorerRegs>();
-        decode::for_each_piece<!kSplitP>(p, seqs, block_seq, [&](const decode::Piece pc) { piece(pc, RoleTag<0>{}); });
+        decode::for_each_piece<kLead>(p, seqs, block_seq, [&](const decode::Piece pc) { piece(pc, RoleTag<0>{}); });
         return;
     }
     if constexpr (kLead) {
         if (wg == 2) {
             setmaxnreg_dec<kProducerRegs>();
-            decode::for_each_piece<!kSplitP>(p, seqs, block_seq, [&](const decode::Piece pc) { piece(pc, RoleTag<3>{}); });
+            decode::for_each_piece<kLead>(p, seqs, block_seq, [&](const decode::Piece pc) { piece(pc, RoleTag<3>{}); });
             return;
         }
     }
     setmaxnreg_inc<kPvRegs>();
     if (kLead || wg == 1) {  // (lead's one P·V warpgroup: O's right half)
-        decode::for_each_piece<!kSplitP>(p, seqs, block_seq, [&](const decode::Piece pc) { piece(pc, RoleTag<1>{}); });
+        decode::for_each_piece<kLead>(p, seqs, block_seq, [&](const decode::Piece pc) { piece(pc, RoleTag<1>{}); });
     } else {
-        decode::for_each_piece<!kSplitP>(p, seqs, block_seq, [&](const decode::Piece pc) { piece(pc, RoleTag<2>{}); });
+        decode::for_each_piece<kLead>(p, seqs, block_seq, [&](const decode::Piece pc) { piece(pc, RoleTag<2>{}); });
     }
 #elif defined(__CUDA_ARCH__)
     __trap();  // sm_90a only: the launcher never picks this family elsewhere
