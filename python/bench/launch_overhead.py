@@ -3,7 +3,10 @@ an empty torch op, on the current GPU. Prints a JSON object (and writes it to ar
 
 The overhead of an op is its host time per call in a loop of back-to-back launches of a tiny
 problem (the GPU keeps up, so the host is the limit): argument checks, allocation of outputs not
-passed, filling the operation's argument struct, the ctypes call and the C ABI's own validation.
+passed, filling the operation's argument struct, the call and the C ABI's own validation.
+decode_dense and decode_sparse fill their struct natively where torch publishes the DLPack C
+exchange API (`native_launch` in the report; python/src/launch.rs): `..., C ABI call only` is
+then the native call, `..., ctypes path` the same launch as ops.py packs it for ctypes.
 `flash_mla_with_kvcache face` is the decode_dense problem through dcp_mla.flash_mla (FlashMLA's
 interface: out and lse allocated every call, as FlashMLA's own does), to set beside FlashMLA's
 figure for the same call: after its first call a metadata object replays its launch (the face's
@@ -79,6 +82,11 @@ def main():
                                                                                  scale, splits, compute, None, 0, 0, 1, 1, 0),
         "decode_dense, 1 split, C ABI call only": lambda: ops._decode_dense(q, cache, table, lens, dout, dlse, None,
                                                                              scale, 1, compute, None, 0, 0, 1, 1, 0),
+        # the same launch through ctypes, the path every call took before the native launch (and
+        # still takes where torch publishes no DLPack C exchange API)
+        "decode_dense, 1 split, C ABI call only, ctypes path": lambda: ops._launch(
+            ops._DENSE, ops._dev_stream(q), *ops._dense_values(q, cache, table, lens, dout, dlse, None, scale, 1, compute,
+                                                             None, 0, 0, 1, 1, 0)),
         "topk_local": lambda: dcp_mla.topk_local(scores, slens, 512, out=idx),
         "flash_mla_with_kvcache face": lambda: flash_mla.flash_mla_with_kvcache(q, cache4, table, seqlens, 512, meta),
         "flash_mla_with_kvcache face, checked path": face_checked,
@@ -94,7 +102,11 @@ def main():
                                                            ops._check(dlse, "s", (torch.float32,), 3)),
         "piece: ctypes call, no arguments": lambda: dcp_mla._lib.lib().dcp_mla_abi_version(),
     }
-    report = {"splits": splits}
+    if ops._NATIVE is not None:
+        # the native side's tensor reads and struct fill alone, no launch
+        cases["piece: native struct fill of decode_dense"] = lambda: ops._NATIVE.fill_decode_dense(
+            0, 0, q, cache, table, lens, dout, dlse, None, None, scale, 1, compute, 0, 0, 1, 1, 0)
+    report = {"splits": splits, "native_launch": ops._NATIVE is not None}
     report.update({name: per_call_us(fn) for name, fn in cases.items()})
     print(json.dumps(report, indent=1))
     if len(sys.argv) > 1:

@@ -13,6 +13,7 @@ implementations let `torch.compile(fullgraph=True)` trace a whole decode step.
 """
 
 import functools
+import os
 import struct
 import threading
 from ctypes import addressof, byref, c_size_t, c_void_p, memmove, sizeof
@@ -180,6 +181,8 @@ def _device(index):
     """The library's handle of CUDA device `index` (its primary context: the one torch uses)."""
     dev = c_void_p()
     _lib.call("dcp_mla_device_open", index, byref(dev))
+    if _NATIVE is not None:
+        _NATIVE.register_device(index, dev.value)  # the native launches' handle of this device too
     return dev.value
 
 
@@ -321,6 +324,52 @@ def _launch(name, dev_stream, *values):
         _lib.check(name, status)
 
 
+# --- native launches (dcp_mla._native's `launch`: python/src/launch.rs) --------------------------
+# decode_dense and decode_sparse fill their argument struct from the tensors natively, through
+# the DLPack C exchange API torch publishes (torch.Tensor.__dlpack_c_exchange_api__, torch >=
+# 2.11), and launch without ctypes: what _launch's Python costs (~6 µs a decode launch, torch's
+# per-attribute calls most of it) drops to the call itself. The struct is the same, byte for
+# byte (python/tests/test_native_launch.py), and lands in this thread's struct of the entry
+# point, where _last_launch finds it. Anything the native side does not read (another dtype, a
+# stand-in object, a scalar its field cannot hold, a device not yet opened here) comes back as
+# _FALLBACK and takes _launch, whose errors name the argument. Off when DCP_MLA_LIB names
+# another build of the library (the native module launches the one linked into it) or with
+# DCP_MLA_NATIVE_LAUNCH=0.
+
+def _bind_native():
+    if os.environ.get("DCP_MLA_LIB") or os.environ.get("DCP_MLA_NATIVE_LAUNCH", "1") == "0":
+        return None
+    api = getattr(torch.Tensor, "__dlpack_c_exchange_api__", None)
+    if api is None:
+        return None
+    from . import _native
+    try:
+        _native.bind_tensor_api(api)
+    except (TypeError, ValueError):
+        return None  # another capsule or DLPack major version: the ctypes path
+    return _native
+
+
+_NATIVE = _bind_native()
+_FALLBACK = -1 if _NATIVE is None else _NATIVE.FALLBACK
+_DENSE, _SPARSE = "dcp_mla_launch_decode_dense", "dcp_mla_launch_decode_sparse"
+_DENSE_AT, _SPARSE_AT = _DENSE + "@", _SPARSE + "@"
+_DENSE_SIZE, _SPARSE_SIZE = sizeof(_lib.ARGS[_DENSE]), sizeof(_lib.ARGS[_SPARSE])
+
+
+def _native_dst(name):
+    """The address of this thread's struct of `name` (made here if no launch made it yet), which
+    a native launch fills as _launch would."""
+    if name not in _ENTRIES:
+        _ENTRIES[name] = _Entry(name)
+    d = _local.__dict__
+    buf = d.get(name)
+    if buf is None:
+        buf = d[name] = _ENTRIES[name].cls()
+    d[name + "@"] = at = addressof(buf)
+    return at
+
+
 # The ops-level launch cache (dcp_mla._fastlaunch.OpLaunch), one entry an operation and thread:
 # the last checked decode_dense / decode_sparse call's argument struct, replayed by a call whose
 # arguments have the same key (every tensor's shape, strides, dtype and device, which are None,
@@ -427,10 +476,29 @@ def _decode_dense(q: torch.Tensor, cache: torch.Tensor, block_table: torch.Tenso
                   out: torch.Tensor, lse: torch.Tensor, workspace: Optional[torch.Tensor], scale: float,
                   num_splits: int, schedule: int, sink: Optional[torch.Tensor], empty_lse_inf: int, lens_rule: int,
                   dcp_size: int, interleave: int, rank: int) -> None:
+    if _NATIVE is not None:
+        at = _local.__dict__.get(_DENSE_AT) or _native_dst(_DENSE)
+        try:
+            status = _NATIVE.decode_dense(at, _DENSE_SIZE, q, cache, block_table, lens, out, lse, workspace, sink, scale,
+                                          num_splits, schedule, lens_rule, empty_lse_inf, dcp_size, interleave, rank)
+        except (TypeError, OverflowError):
+            status = _FALLBACK  # a scalar of another type: _launch names it
+        if status != _FALLBACK:
+            if status:
+                _lib.check(_DENSE, status)
+            return
+    _launch(_DENSE, _dev_stream(q), *_dense_values(q, cache, block_table, lens, out, lse, workspace, scale, num_splits,
+                                                 schedule, sink, empty_lse_inf, lens_rule, dcp_size, interleave, rank))
+
+
+def _dense_values(q, cache, block_table, lens, out, lse, workspace, scale, num_splits, schedule, sink, empty_lse_inf,
+                  lens_rule, dcp_size, interleave, rank):
+    """decode_dense's struct after its device and stream, as _launch packs it (the native
+    launch's reference: python/tests/test_native_launch.py)."""
     b, nq, h, _ = q.shape
-    _launch("dcp_mla_launch_decode_dense", _dev_stream(q), *_tv(q, 3), *_tv(out, 3), *_tv(lse, 3), *_t(workspace),
-            *_cache_t(cache), *_t1(block_table), *_tv(lens, 2), *_t(sink), b, nq, h, num_splits, *cache.shape[:2],
-            block_table.shape[1], dcp_size, interleave, rank, scale, schedule, lens_rule, empty_lse_inf)
+    return (*_tv(q, 3), *_tv(out, 3), *_tv(lse, 3), *_t(workspace), *_cache_t(cache), *_t1(block_table),
+            *_tv(lens, 2), *_t(sink), b, nq, h, num_splits, *cache.shape[:2], block_table.shape[1], dcp_size,
+            interleave, rank, scale, schedule, lens_rule, empty_lse_inf)
 
 
 @_op(("out", "lse", "workspace"))
@@ -438,10 +506,28 @@ def _decode_sparse(q: torch.Tensor, cache: torch.Tensor, fmt: int, indices: torc
                    topk_len: Optional[torch.Tensor], out: torch.Tensor, lse: torch.Tensor,
                    workspace: Optional[torch.Tensor], scale: float, num_splits: int, schedule: int,
                    sink: Optional[torch.Tensor], empty_lse_inf: int) -> None:
+    if _NATIVE is not None:
+        at = _local.__dict__.get(_SPARSE_AT) or _native_dst(_SPARSE)
+        try:
+            status = _NATIVE.decode_sparse(at, _SPARSE_SIZE, q, cache, indices, topk_len, out, lse, workspace, sink,
+                                           scale, fmt, num_splits, schedule, empty_lse_inf)
+        except (TypeError, OverflowError):
+            status = _FALLBACK
+        if status != _FALLBACK:
+            if status:
+                _lib.check(_SPARSE, status)
+            return
+    _launch(_SPARSE, _dev_stream(q), *_sparse_values(q, cache, fmt, indices, topk_len, out, lse, workspace, scale,
+                                                   num_splits, schedule, sink, empty_lse_inf))
+
+
+def _sparse_values(q, cache, fmt, indices, topk_len, out, lse, workspace, scale, num_splits, schedule, sink,
+                   empty_lse_inf):
+    """decode_sparse's struct after its device and stream, as _launch packs it."""
     b, nq, h, _ = q.shape
-    _launch("dcp_mla_launch_decode_sparse", _dev_stream(q), *_tv(q, 3), *_tv(out, 3), *_tv(lse, 3), *_t(workspace),
-            *_cache_t(cache), *_tv(indices, 2), *_tv(topk_len, 2), *_t(sink), b, nq, h, num_splits, *cache.shape[:2],
-            indices.shape[-1], scale, schedule, fmt, empty_lse_inf)
+    return (*_tv(q, 3), *_tv(out, 3), *_tv(lse, 3), *_t(workspace), *_cache_t(cache), *_tv(indices, 2),
+            *_tv(topk_len, 2), *_t(sink), b, nq, h, num_splits, *cache.shape[:2], indices.shape[-1], scale, schedule,
+            fmt, empty_lse_inf)
 
 
 @_op(("out", "lse", "workspace"))

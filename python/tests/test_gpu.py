@@ -1265,3 +1265,70 @@ def test_decode_dense_launch_cache(dev):
     graph.replay()
     torch.cuda.synchronize()
     assert same(captured, first)
+
+
+# --- the native decode launches (python/src/launch.rs) against the ctypes path ------------------
+
+def native_launch_or_fail():
+    """The native launch module; where torch publishes the DLPack C exchange API it must be bound."""
+    from dcp_mla import ops
+    if ops._NATIVE is None:
+        if hasattr(torch.Tensor, "__dlpack_c_exchange_api__") and os.environ.get("DCP_MLA_NATIVE_LAUNCH") != "0" \
+                and not os.environ.get("DCP_MLA_LIB"):
+            pytest.fail("torch publishes __dlpack_c_exchange_api__ but ops bound no native launch")
+        pytest.skip("no native launch on this torch")
+    return ops
+
+
+def test_native_decode_launch_is_the_ctypes_launch(dev, monkeypatch):
+    """decode_dense and decode_sparse launched natively and through ctypes: the same struct in
+    the thread's argument struct (_last_launch), the same results bit for bit, on a side stream
+    (the native side takes torch's current stream from the exchange API)."""
+    ops = native_launch_or_fail()
+    lens, nq, h, bs = [500, 0, 70], 2, 32, 64
+    table, caches, _ = filled_caches(lens, 1, 1, bs, "bf16", dev)
+    q = torch.randn(len(lens), nq, h, 576, device=dev).to(torch.bfloat16)
+    rl = torch.tensor([[max(n - nq + 1 + j, 0) for j in range(nq)] for n in lens], dtype=torch.int32, device=dev)
+    out = torch.empty(len(lens), h, nq, 512, dtype=torch.bfloat16, device=dev).transpose(1, 2)
+    lse = torch.empty(len(lens), h, nq, device=dev).transpose(1, 2)
+    splits, ws = dcp_mla.decode_workspace(q.shape, sparse=False, device=dev)
+    sparse_splits, sparse_ws = dcp_mla.decode_workspace(q.shape, sparse=True, device=dev)
+    k = 512
+    idx = torch.randint(-1, sum(lens), (len(lens), nq, k), dtype=torch.int32, device=dev)
+    side = torch.cuda.Stream()
+    native = ops._NATIVE
+    results = {}
+    for path in ("native", "ctypes"):
+        monkeypatch.setattr(ops, "_NATIVE", native if path == "native" else None)
+        with torch.cuda.stream(side):
+            assert ops._NATIVE is None or native.current_stream(dev.index or 0) == side.cuda_stream
+            ops._decode_dense(q, caches[0], table, rl, out, lse, ws, 0.1, splits, dcp_mla._lib.SCHEDULE_COMPUTE,
+                              None, 0, 0, 1, 1, 0)
+            dense_struct = bytes(ops._last_launch(ops._DENSE)[1])
+            dense = (out.clone(), lse.clone())
+            ops._decode_sparse(q, caches[0], dcp_mla._lib.KV_BF16, idx, None, out, lse, sparse_ws, 0.1, sparse_splits,
+                               dcp_mla._lib.SCHEDULE_COMPUTE, None, 1)
+            sparse_struct = bytes(ops._last_launch(ops._SPARSE)[1])
+            sparse = (out.clone(), lse.clone())
+        side.synchronize()
+        results[path] = (dense_struct, dense, sparse_struct, sparse)
+    a, b = results["native"], results["ctypes"]
+    assert a[0] == b[0] and a[2] == b[2]
+    for x, y in zip(a[1] + a[3], b[1] + b[3]):
+        assert torch.equal(x, y)
+
+
+def test_native_decode_launch_errors_name_the_field(dev):
+    """A launch the library refuses through the native path raises its DcpMlaError, naming the
+    field, as through ctypes; a scalar the native side cannot hold takes the ctypes path's error."""
+    ops = native_launch_or_fail()
+    q = torch.randn(2, 1, 16, 576, device=dev).to(torch.bfloat16)
+    cache = torch.randn(4, 64, 576, device=dev).to(torch.bfloat16)
+    table = torch.arange(4, dtype=torch.int32, device=dev).view(2, 2)
+    lens = torch.full((2, 1), 100, dtype=torch.int32, device=dev)
+    out = torch.empty(2, 1, 16, 512, dtype=torch.bfloat16, device=dev)
+    lse = torch.empty(2, 1, 16, device=dev)
+    with pytest.raises(DcpMlaError, match="workspace"):
+        ops._decode_dense(q, cache, table, lens, out, lse, None, 0.1, 8, 0, None, 0, 0, 1, 1, 0)
+    with pytest.raises((TypeError, ValueError), match="num_splits"):
+        ops._decode_dense(q, cache, table, lens, out, lse, None, 0.1, -1, 0, None, 0, 0, 1, 1, 0)
