@@ -2,7 +2,6 @@
 // page and slot; on any other rank, or for a padded/out-of-range token, it writes nothing.
 #pragma once
 #include "common.cuh"
-#include "arch/sm80_ptx.cuh"
 
 namespace dcp {
 
@@ -61,47 +60,28 @@ __device__ __forceinline__ uint4 quantise16(const uint4& c0, const uint4& c1, fl
     return make_uint4(packed[0], packed[1], packed[2], packed[3]);
 }
 
-// Early (kv_fill_early, the launcher's choice up to ops::fill::EARLY_FILL_MAX_TOKENS tokens, and at
-// any count on one GPU, where every token is this rank's): the token's c_kv and k_pe are copied
-// into shared memory (cp.async) before its request and position are read, so its bytes are in
-// flight while the owner and page are worked out (a token another rank owns, or a padded one, is
-// read for nothing: hence not above the threshold under DCP). Staged in shared memory rather than
-// held in registers (12 more live registers took the register form to 38, 6 CTAs an SM: two
-// waves at 8,192 tokens), so it keeps kv_fill's 32 registers and 8 CTAs of 256 an SM: 9,216 bytes
-// of shared memory a CTA, 1,152 a warp.
-constexpr int kFillStageWarps = 8;  // kernels.toml's block of 256 threads
-
+// Early (kv_fill_early, the launcher's choice up to ops::fill::EARLY_FILL_MAX_TOKENS tokens): the token's
+// c_kv and k_pe are loaded before its request and position, so its bytes are in flight while the
+// owner and page are worked out (a token another rank owns, or a padded one, is read for
+// nothing). Its 12 more live registers cost a CTA an SM (two waves at 8,192 tokens: +22% there,
+// −8 to −9% at 128 tokens, H100), hence two kernels chosen by the token count.
 template <KvFormat Format, bool Early>
 __device__ __forceinline__ void kv_fill_impl(const DcpKvFillParams& p) {
     const int lane = threadIdx.x & 31;
     // c_kv: lane owns values [16·lane, 16·lane + 16) as two 16-byte vectors; k_pe: lanes 0..7
     // own one 16-byte vector each.
     uint4 c0, c1, r;
-    // Early: the warp's stage, its c_kv vectors 0..63 then k_pe's 64..71; each lane reads back
-    // only the vectors its own copies wrote (after its own wait), so no barrier is needed
-    [[maybe_unused]] uint4* stage = nullptr;
     if constexpr (Early) {
-        __shared__ uint4 stages[kFillStageWarps][kDimQk / 8];
-        const int warp = threadIdx.x >> 5;
-        if (warp >= kFillStageWarps) __trap();  // a block larger than the stages (kernels.toml says 256)
         const int64_t token = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
         if (token >= p.num_tokens) return;
-        stage = stages[warp];
         const uint4* ckv = (const uint4*)((const __nv_bfloat16*)p.ckv + token * p.ckv_stride);
         const uint4* kpe = (const uint4*)((const __nv_bfloat16*)p.kpe + token * p.kpe_stride);
-        ptx_sm80::cp_async16(stage + 2 * lane, ckv + 2 * lane, true);
-        ptx_sm80::cp_async16(stage + 2 * lane + 1, ckv + 2 * lane + 1, true);
-        if (lane < 8) ptx_sm80::cp_async16(stage + kDimLatent / 8 + lane, kpe + lane, true);
-        ptx_sm80::cp_async_commit();
-        r = make_uint4(0, 0, 0, 0);  // (unread: k_pe is read from the stage)
+        c0 = ckv[2 * lane];
+        c1 = ckv[2 * lane + 1];
+        r = lane < 8 ? kpe[lane] : make_uint4(0, 0, 0, 0);
     }
     const FillToken ft = fill_token(p);
-    // (a warp that writes nothing still waits for its copies: they land in this CTA's shared
-    // memory, which other warps keep running on)
-    if (!ft.valid) {
-        if constexpr (Early) ptx_sm80::cp_async_wait<0>();
-        return;
-    }
+    if (!ft.valid) return;
     const int64_t local = ft.local, page_col = ft.page_col;
     const int req = ft.req;
     if constexpr (!Early) {
@@ -117,14 +97,6 @@ __device__ __forceinline__ void kv_fill_impl(const DcpKvFillParams& p) {
     }
 
     const int page = ((const int32_t*)p.block_table)[req * p.block_table_stride + page_col];
-    if constexpr (Early) {
-        ptx_sm80::cp_async_wait<0>();
-        if (page < 0 || page >= p.num_pages) return;
-        c0 = stage[2 * lane];
-        c1 = stage[2 * lane + 1];
-    }
-    // Early: k_pe's vector is read from the stage only where it is stored (read with c_kv's, the
-    // FP8 form's quantisation went past 32 registers)
     if (page < 0 || page >= p.num_pages) return;
     const int64_t slot = (int64_t)page * p.page_rows + local % p.block_size;  // the cache row
 
@@ -132,11 +104,11 @@ __device__ __forceinline__ void kv_fill_impl(const DcpKvFillParams& p) {
         uint4* row = (uint4*)((__nv_bfloat16*)p.cache + slot * kDimQk);
         row[2 * lane] = c0;
         row[2 * lane + 1] = c1;
-        if (lane < 8) row[kDimLatent / 8 + lane] = Early ? stage[kDimLatent / 8 + lane] : r;
+        if (lane < 8) row[kDimLatent / 8 + lane] = r;
     } else {
         uint8_t* row = (uint8_t*)p.cache + slot * kFp8RowBytes;
         // k_pe first: its registers are free before the quantisation needs its own.
-        if (lane < 8) ((uint4*)(row + kFp8RopeOffset))[lane] = Early ? stage[kDimLatent / 8 + lane] : r;
+        if (lane < 8) ((uint4*)(row + kFp8RopeOffset))[lane] = r;
         // The 16 values are widened from c0/c1 where used rather than kept as 16 floats; even so
         // this format needs kernels.toml's min_blocks = 8 to fit 32 registers (8 blocks of 256 an
         // SM, one wave for 8,192 tokens; uncapped it took 38 and two waves, 8% slower there).

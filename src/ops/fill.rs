@@ -55,11 +55,10 @@ pub struct KvFill {
     pub rank: usize,
 }
 
-/// Up to this many tokens, and at any count on one GPU (D = 1: every token is this rank's),
-/// [`kv_fill`] runs the kernel that copies each token's values into shared memory before its
-/// owner and page are known (its bytes in flight during those two dependent loads). Above it
-/// under DCP, the kernel that loads them after the owner is known: the early one reads the
-/// values of the tokens other ranks own too (D times the reads).
+/// Up to this many tokens [`kv_fill`] runs the kernel that loads each token's values before its
+/// owner and page (its bytes in flight during those two dependent loads): it takes 38 registers,
+/// 6 CTAs of 256 an SM, so one wave holds 6,336 tokens on 132 SMs; above, the kernel capped at 8
+/// CTAs an SM (one wave up to 8,448 tokens), which loads them after the owner is known.
 pub const EARLY_FILL_MAX_TOKENS: usize = 4096;
 
 /// Writes each new token's KV into this rank's cache if this rank owns it (docs/contract.md §3):
@@ -68,7 +67,7 @@ pub const EARLY_FILL_MAX_TOKENS: usize = 4096;
 /// outside `0..num_pages` is skipped: the kernel never writes outside the cache.
 pub fn kv_fill(dev: &Device, stream: Stream, a: &KvFill) -> Result<()> {
     let params = validate(a)?;
-    let id = if params.num_tokens as usize <= EARLY_FILL_MAX_TOKENS || a.dcp.size == 1 {
+    let id = if params.num_tokens as usize <= EARLY_FILL_MAX_TOKENS {
         compiled(registry::kv_fill_early(a.format.into()), || format!("kv_fill_early for {:?}", a.format))?
     } else {
         compiled(registry::kv_fill(a.format.into()), || format!("kv_fill for {:?}", a.format))?
