@@ -51,15 +51,18 @@ another, so a metadata shared by threads stays correct (each call checked).
 """
 
 import dataclasses
+from ctypes import addressof, sizeof
 from typing import Optional, Tuple
 
 import torch
 
-from . import ops
+from . import _lib, ops
 from ._fastlaunch import Launch, get_ident, launch_key
 
 _is_compiling = torch.compiler.is_compiling
 _raw_stream = ops._raw_stream
+# the native replay of a remembered launch (python/src/launch.rs), where ops bound one
+_NATIVE, _FALLBACK = ops._NATIVE, ops._FALLBACK
 _BF16, _F32, _I32 = torch.bfloat16, torch.float32, torch.int32
 
 
@@ -120,18 +123,22 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
         # the launch cache: a call whose key matches the last checked call of this thread with
         # this metadata replays its argument struct with this call's data pointers
         try:
-            key = launch_key(q, k_cache, block_table, cache_seqlens, indices, topk_length, attn_sink, head_dim_v,
-                             softmax_scale, causal, is_fp8_kvcache, _raw_stream(cached.index))
+            key = _face_key(q, k_cache, block_table, cache_seqlens, indices, topk_length, attn_sink, head_dim_v,
+                            softmax_scale, causal, is_fp8_kvcache, _raw_stream(cached.index))
         except (AttributeError, TypeError):
             key = None  # an argument that is no tensor: the checked path names it
         if key == cached.key and cached.thread == get_ident() and cached.workspace is meta.workspace:
             out = torch.empty(cached.out_shape, dtype=_BF16, device=cached.device)
             lse = torch.empty(cached.lse_shape, dtype=_F32, device=cached.device)
-            if indices is None:
-                cached.write(q, out, lse, k_cache, block_table, cache_seqlens, attn_sink)
-            else:
-                cached.write(q, out, lse, k_cache, indices, topk_length, attn_sink)
-            cached.call()
+            second, third = (block_table, cache_seqlens) if indices is None else (indices, topk_length)
+            status = _FALLBACK if _NATIVE is None else _NATIVE.replay_decode(
+                indices is not None, addressof(cached.buf), sizeof(cached.buf),
+                (q, out, lse, None, k_cache, second, third, attn_sink), True)
+            if status == _FALLBACK:
+                cached.write(q, out, lse, k_cache, second, third, attn_sink)
+                cached.call()
+            elif status:
+                _lib.check(cached.name, status)
             return out, lse
     if not isinstance(meta, FlashMLASchedMeta):
         raise TypeError("tile_scheduler_metadata: pass the first value get_mla_metadata returns")
@@ -211,14 +218,30 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
     return out, lse
 
 
+def _face_key(q, k_cache, block_table, cache_seqlens, indices, topk_length, attn_sink, head_dim_v, softmax_scale,
+              causal, is_fp8_kvcache, stream):
+    """The launch cache's key: the native one where the native side reads every tensor (their
+    dims, shape, strides, dtype and device as bytes; block_table and cache_seqlens only without
+    indices, as _fastlaunch.launch_key), else launch_key's tuples of the same facts (the two
+    forms never compare equal)."""
+    if _NATIVE is not None:
+        dense = indices is None
+        k = _NATIVE.tensor_key((q, k_cache, block_table if dense else None, cache_seqlens if dense else None,
+                                indices, topk_length, attn_sink))
+        if k is not None:
+            return k, head_dim_v, softmax_scale, causal, is_fp8_kvcache, stream
+    return launch_key(q, k_cache, block_table, cache_seqlens, indices, topk_length, attn_sink, head_dim_v,
+                      softmax_scale, causal, is_fp8_kvcache, stream)
+
+
 def _remember(meta, sparse, q, k_cache, block_table, cache_seqlens, indices, topk_length, attn_sink, head_dim_v,
               softmax_scale, causal, is_fp8_kvcache, out_shape, lse_shape):
     """Keeps the launch this thread just made with `meta` (ops._last_launch) as its launch cache,
     keyed on the stream it went to."""
     name = "dcp_mla_launch_decode_sparse" if sparse else "dcp_mla_launch_decode_dense"
     fn, filled = ops._last_launch(name)
-    key = launch_key(q, k_cache, block_table, cache_seqlens, indices, topk_length, attn_sink, head_dim_v,
-                     softmax_scale, causal, is_fp8_kvcache, filled.stream or 0)
+    key = _face_key(q, k_cache, block_table, cache_seqlens, indices, topk_length, attn_sink, head_dim_v,
+                    softmax_scale, causal, is_fp8_kvcache, filled.stream or 0)
     meta.launch = Launch(key, name, fn, filled, meta.workspace, out_shape, lse_shape, q.device)
 
 

@@ -377,6 +377,18 @@ def _native_dst(name):
 _op_launches = threading.local()
 
 
+def _op_key(tensors, scalars, stream):
+    """The key of an ops-level launch: the native one (every tensor's dims, shape, strides, dtype
+    and device as bytes, `_native.tensor_key`) where the native side reads every tensor, else
+    _fastlaunch.ops_key's tuples of the same facts. The two forms never compare equal (bytes
+    against a tuple), so a call keyed one way never replays a launch remembered the other way."""
+    if _NATIVE is not None:
+        k = _NATIVE.tensor_key(tensors)
+        if k is not None:
+            return k, scalars, stream
+    return ops_key(tensors, scalars, stream)
+
+
 def _replay(name, tensors, scalars):
     """Replays `name`'s cached launch when this call's key matches it: (out, lse), else None.
     tensors: q, out, lse, workspace, cache, block_table or indices, lens or topk_len, sink, as
@@ -386,7 +398,7 @@ def _replay(name, tensors, scalars):
         return None
     stream = _raw_stream(cached.index)
     try:
-        key = ops_key(tensors, scalars, stream)
+        key = _op_key(tensors, scalars, stream)
     except (AttributeError, TypeError):
         return None  # an argument that is no tensor: the checked path names it
     if key != cached.key:
@@ -400,8 +412,14 @@ def _replay(name, tensors, scalars):
         out = torch.empty(cached.out_shape, dtype=cached.out_dtype, device=cached.device)
     if lse is None:
         lse = torch.empty(cached.lse_shape, dtype=torch.float32, device=cached.device)
-    cached.write((tensors[0], out, lse, ws) + tensors[4:])
-    cached.call()
+    full = (tensors[0], out, lse, ws) + tensors[4:]
+    status = _FALLBACK if _NATIVE is None else \
+        _NATIVE.replay_decode(name == _SPARSE, addressof(cached.buf), sizeof(cached.buf), full)
+    if status == _FALLBACK:
+        cached.write(full)
+        cached.call()
+    elif status:
+        _lib.check(name, status)
     # the thread's struct of `name` holds its last launch's arguments, replayed ones too
     # (_last_launch: the face's launch cache copies it after a call)
     memmove(addressof(_local.__dict__[name]), addressof(cached.buf), sizeof(cached.buf))
@@ -418,7 +436,7 @@ def _remember(name, tensors, scalars, q, out_dtype, workspace):
         return
     fn, filled = _last_launch(name)
     b, nq, h = q.shape[0], q.shape[1], q.shape[2]
-    key = ops_key(tensors, scalars, filled.stream or 0)
+    key = _op_key(tensors, scalars, filled.stream or 0)
     _op_launches.__dict__[name] = OpLaunch(key, name, fn, filled, (b, nq, h, 512), out_dtype, (b, nq, h), q.device,
                                            _index(q.device), workspace.numel() if owned else 0)
 

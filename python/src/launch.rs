@@ -26,6 +26,7 @@ use dcp_mla_ffi::{
 };
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
+use pyo3::types::PyTuple;
 
 /// What a native launch returns when it leaves the call to ops.py's own path.
 pub const FALLBACK: i32 = -1;
@@ -175,6 +176,7 @@ fn stream(api: &ExchangeApi, index: i32) -> Option<usize> {
 struct View {
     data: usize,
     device: DlDevice,
+    dtype: DlDataType,
     code: i32,
     dims: [(usize, usize); 8],
     ndim: usize,
@@ -313,6 +315,7 @@ fn view(api: &ExchangeApi, x: &Bound<'_, PyAny>) -> Option<View> {
     Some(View {
         data: (dl.data as usize).checked_add(usize::try_from(dl.byte_offset).ok()?)?,
         device: dl.device,
+        dtype: dl.dtype,
         code: dtype_code(dl.dtype)?,
         dims,
         ndim,
@@ -611,4 +614,137 @@ pub fn fill_decode_sparse(
     let tensors = [q, cache, indices, topk_len, out, lse, workspace, sink];
     let ds = (device as *const DcpMlaDevice, stream as *mut c_void);
     sparse_args(api, Some(ds), tensors, scale, [fmt, num_splits, schedule, empty_lse_inf]).map(|a| bytes_of(&a))
+}
+
+// --- replays of a remembered launch (ops.py's `_replay`) ---------------------------------------
+
+/// The key of an ops-level replay: each of `tensors` (None: absent) as its dims, shape, strides,
+/// DLPack dtype and device, in bytes; None where one cannot be read (ops.py then keys in Python,
+/// `_fastlaunch.ops_key`: shape, strides, dtype and device, the same facts).
+#[pyfunction]
+pub fn tensor_key(tensors: &Bound<'_, PyTuple>) -> Option<Vec<u8>> {
+    let api = bound_api()?;
+    let mut key = Vec::with_capacity(tensors.len() * 80);
+    for x in tensors.iter() {
+        if x.is_none() {
+            key.push(0xff);
+            continue;
+        }
+        let v = view(api, &x)?;
+        key.push(v.ndim as u8);
+        key.extend_from_slice(&v.device.device_type.to_le_bytes());
+        key.extend_from_slice(&v.device.device_id.to_le_bytes());
+        key.extend_from_slice(&[v.dtype.code, v.dtype.bits]);
+        key.extend_from_slice(&v.dtype.lanes.to_le_bytes());
+        for &(size, stride) in &v.dims[..v.ndim] {
+            key.extend_from_slice(&(size as u64).to_le_bytes());
+            key.extend_from_slice(&(stride as u64).to_le_bytes());
+        }
+    }
+    Some(key)
+}
+
+/// Replays a remembered decode launch: writes the data pointers of its eight tensors (q, out,
+/// lse, workspace, cache, block_table or indices, lens or topk_len, sink; None: 0) into the
+/// struct at `buf` (a cached copy, `size` bytes) and launches it (`sparse`: decode_sparse's
+/// struct and entry point, else decode_dense's); `keep_workspace` leaves the struct's workspace
+/// as it is (the FlashMLA face's cache: its metadata's). What `_fastlaunch`'s `write` and `call`
+/// do, without their per-tensor Python calls: the launch's status, or FALLBACK (a tensor it
+/// cannot read, another size: the caller then writes and calls through ctypes).
+#[pyfunction]
+#[pyo3(signature = (sparse, buf, size, tensors, keep_workspace=false))]
+pub fn replay_decode(
+    py: Python<'_>,
+    sparse: bool,
+    buf: usize,
+    size: usize,
+    tensors: &Bound<'_, PyTuple>,
+    keep_workspace: bool,
+) -> i32 {
+    use std::mem::offset_of;
+    let Some(api) = bound_api() else { return FALLBACK };
+    if buf == 0 || tensors.len() != 8 {
+        return FALLBACK;
+    }
+    let mut data = [0usize; 8];
+    for (d, x) in data.iter_mut().zip(tensors.iter()) {
+        if !x.is_none() {
+            match view(api, &x) {
+                Some(v) => *d = v.data,
+                None => return FALLBACK,
+            }
+        }
+    }
+    let at = offset_of!(DcpMlaTensor, data);
+    if sparse {
+        type A = DcpMlaDecodeSparseArgs;
+        if size != size_of::<A>() {
+            return FALLBACK;
+        }
+        let fields = [
+            offset_of!(A, q),
+            offset_of!(A, out),
+            offset_of!(A, lse),
+            offset_of!(A, workspace),
+            offset_of!(A, cache),
+            offset_of!(A, indices),
+            offset_of!(A, topk_len),
+            offset_of!(A, sink),
+        ];
+        // SAFETY: `buf` is the address of ops.py's copy of this entry point's struct (`size`
+        // bytes, checked), which the replay's OpLaunch holds; each field is an aligned pointer.
+        let args = unsafe { write_data(buf as *mut A, fields, at, data, keep_workspace) };
+        launch_at(py, dcp_mla_launch_decode_sparse, args)
+    } else {
+        type A = DcpMlaDecodeDenseArgs;
+        if size != size_of::<A>() {
+            return FALLBACK;
+        }
+        let fields = [
+            offset_of!(A, q),
+            offset_of!(A, out),
+            offset_of!(A, lse),
+            offset_of!(A, workspace),
+            offset_of!(A, cache),
+            offset_of!(A, block_table),
+            offset_of!(A, lens),
+            offset_of!(A, sink),
+        ];
+        // SAFETY: as above.
+        let args = unsafe { write_data(buf as *mut A, fields, at, data, keep_workspace) };
+        launch_at(py, dcp_mla_launch_decode_dense, args)
+    }
+}
+
+/// Writes `data[i]` as the data pointer of the tensor field at byte `fields[i] + at` of the
+/// struct at `buf` (field 3, the workspace, left as it is with `keep_workspace`); returns the
+/// struct's address.
+///
+/// # Safety
+/// `buf` points to a live, writable `T` whose tensor fields sit at those offsets.
+unsafe fn write_data<T>(
+    buf: *mut T,
+    fields: [usize; 8],
+    at: usize,
+    data: [usize; 8],
+    keep_workspace: bool,
+) -> *const T {
+    for (i, (f, d)) in fields.into_iter().zip(data).enumerate() {
+        if keep_workspace && i == 3 {
+            continue;
+        }
+        // SAFETY: the caller's contract; DcpMlaTensor's `data` is pointer-aligned.
+        unsafe { ((buf as *mut u8).add(f + at) as *mut usize).write(d) };
+    }
+    buf
+}
+
+/// Launches the struct at `args` through `f` with the GIL released.
+fn launch_at<T>(py: Python<'_>, f: unsafe extern "C" fn(*const T) -> dcp_mla_ffi::DcpMlaStatus, args: *const T) -> i32 {
+    let args = SendArgs(args);
+    py.detach(move || {
+        let a = args;
+        // SAFETY: a struct of the entry point's own type, held by the caller's OpLaunch.
+        unsafe { f(a.0) as i32 }
+    })
 }

@@ -691,7 +691,12 @@ def checked_launches(monkeypatch):
     return calls
 
 
-def test_flash_mla_face_launch_cache_dense(dev, monkeypatch):
+@pytest.mark.parametrize("path", ["native", "ctypes"])
+def test_flash_mla_face_launch_cache_dense(dev, monkeypatch, path):
+    if path == "ctypes":  # the launch cache keyed and replayed through ctypes (else natively)
+        from dcp_mla import flash_mla as face_module, ops
+        monkeypatch.setattr(face_module, "_NATIVE", None)
+        monkeypatch.setattr(ops, "_NATIVE", None)
     lens, s_q, h = [700, 1, 65], 2, 32
     table, caches, _ = filled_caches(lens, 1, 1, B, "bf16", dev)
     args = dict(q=torch.randn(len(lens), s_q, h, 576, device=dev).to(torch.bfloat16),
@@ -787,7 +792,12 @@ def test_flash_mla_face_launch_cache_dense(dev, monkeypatch):
         face(meta, topk_length=args["cache_seqlens"])
 
 
-def test_flash_mla_face_launch_cache_sparse(dev, monkeypatch):
+@pytest.mark.parametrize("path", ["native", "ctypes"])
+def test_flash_mla_face_launch_cache_sparse(dev, monkeypatch, path):
+    if path == "ctypes":  # the launch cache keyed and replayed through ctypes (else natively)
+        from dcp_mla import flash_mla as face_module, ops
+        monkeypatch.setattr(face_module, "_NATIVE", None)
+        monkeypatch.setattr(ops, "_NATIVE", None)
     q, _, k_cache, indices, topk_length, table = sparse_face_problem(dev, 512, [400, 300])
     checked = checked_launches(monkeypatch)
 
@@ -1189,11 +1199,15 @@ def test_flash_mla_face_model1_matches_native_and_attention(dev):
         face(get_mla_metadata()[0], extra_k_cache=None)
 
 
-def test_decode_dense_launch_cache(dev):
+@pytest.mark.parametrize("path", ["native", "ctypes"])
+def test_decode_dense_launch_cache(dev, monkeypatch, path):
     """ops.decode_dense replays this thread's last checked launch for a call of the same key
     (shapes, strides, dtypes, devices, which are None, the other arguments, the stream): bit for
-    bit a checked call's result, with each call's own pointers; a changed stride is checked again."""
+    bit a checked call's result, with each call's own pointers; a changed stride is checked again.
+    Keyed and replayed natively (python/src/launch.rs) and through ctypes alike."""
     from dcp_mla import ops
+    if path == "ctypes":
+        monkeypatch.setattr(ops, "_NATIVE", None)
     name = "dcp_mla_launch_decode_dense"
     lens, nq, h = [700, 1, 65], 2, 32
     table, caches, _ = filled_caches(lens, 1, 1, B, "bf16", dev)

@@ -173,3 +173,62 @@ def test_launch_without_a_device_falls_back(native):
     status = native.decode_dense(ctypes.addressof(buf), ctypes.sizeof(buf), q, cache, table, lens, out, lse, ws, sink,
                                  SCALE, 128, 0, 0, 0, 1, 1, 0)
     assert status == native.FALLBACK and bytes(buf) == before
+
+
+def key_variants():
+    """Tensors that differ from the first in exactly one fact a launch reads: shape, a stride,
+    dtype (the three byte types among them), being absent; and one that differs in data only."""
+    base = torch.zeros(4, 8, 16, dtype=torch.bfloat16)
+    wide = torch.zeros(4, 8, 32, dtype=torch.bfloat16)
+    cache = torch.zeros(6, 64, 656, dtype=torch.uint8)
+    out = [
+        ("base", base),
+        ("other data", torch.ones(4, 8, 16, dtype=torch.bfloat16)),
+        ("shape", torch.zeros(4, 8, 15, dtype=torch.bfloat16)),
+        ("strides", wide[..., :16]),
+        ("transposed", torch.zeros(8, 4, 16, dtype=torch.bfloat16).transpose(0, 1)),
+        ("dtype f32", torch.zeros(4, 8, 16)),
+        ("u8", cache),
+        ("i8", cache.view(torch.int8)),
+        ("absent", None),
+    ]
+    if hasattr(torch, "float8_e4m3fn"):
+        out.append(("e4m3", cache.view(torch.float8_e4m3fn)))
+    return out
+
+
+def test_tensor_key_tells_apart_what_ops_key_tells_apart(native):
+    """The native key of a replay (ops._op_key's bytes) equals another's exactly where
+    _fastlaunch.ops_key's tuples do: the same facts, in any position of the tuple."""
+    from dcp_mla._fastlaunch import ops_key
+    variants = key_variants()
+    for pos in (0, 3, 7):
+        for name_a, a in variants:
+            for name_b, b in variants:
+                ta = tuple(a if i == pos else None for i in range(8))
+                tb = tuple(b if i == pos else None for i in range(8))
+                ka, kb = native.tensor_key(ta), native.tensor_key(tb)
+                assert ka is not None and kb is not None
+                assert (ka == kb) == (ops_key(ta, (), 0) == ops_key(tb, (), 0)), (pos, name_a, name_b)
+
+
+def test_tensor_key_leaves_unreadable_tensors_to_python(native):
+    assert native.tensor_key((torch.zeros(3, dtype=torch.float16),)) is None
+    assert native.tensor_key((NotATensor(),)) is None
+    assert ops._op_key((torch.zeros(3, dtype=torch.float16),), (), 0) == \
+        __import__("dcp_mla._fastlaunch", fromlist=["ops_key"]).ops_key((torch.zeros(3, dtype=torch.float16),), (), 0)
+
+
+def test_replay_falls_back_before_writing(native):
+    """A replay of a struct of another size, or with a tensor it cannot read, writes nothing and
+    launches nothing (the caller then takes ctypes)."""
+    q, cache, table, lens, out, lse, ws, sink = dense_case()
+    buf = _lib.ARGS[ops._DENSE]()
+    before = bytes(buf)
+    full = (q, out, lse, ws, cache, table, lens, sink)
+    assert native.replay_decode(False, ctypes.addressof(buf), ctypes.sizeof(buf) - 8, full) == native.FALLBACK
+    assert native.replay_decode(True, ctypes.addressof(buf), ctypes.sizeof(buf) + 8, full) == native.FALLBACK
+    odd = (q, out, lse, ws, NotATensor(), table, lens, sink)
+    assert native.replay_decode(False, ctypes.addressof(buf), ctypes.sizeof(buf), odd) == native.FALLBACK
+    assert native.replay_decode(False, ctypes.addressof(buf), ctypes.sizeof(buf), full[:7]) == native.FALLBACK
+    assert bytes(buf) == before
