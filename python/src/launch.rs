@@ -180,6 +180,8 @@ struct View {
     code: i32,
     dims: [(usize, usize); 8],
     ndim: usize,
+    numel: usize,
+    extent: usize,
 }
 
 impl View {
@@ -192,7 +194,7 @@ impl View {
     }
 
     fn numel(&self) -> usize {
-        self.dims[..self.ndim].iter().map(|d| d.0).product()
+        self.numel
     }
 
     /// torch's is_contiguous: row-major strides over the dims of size other than 1 (an empty
@@ -213,16 +215,10 @@ impl View {
         true
     }
 
-    /// ops.py's `_extent`: the elements from the first to the last one its shape and strides reach.
+    /// ops.py's `_extent`: the elements from the first to the last one its shape and strides
+    /// reach (worked out, overflow-checked, when the view is read).
     fn extent(&self) -> usize {
-        let mut n = 1usize;
-        for &(size, stride) in &self.dims[..self.ndim] {
-            if size == 0 {
-                return 0;
-            }
-            n += (size - 1) * stride;
-        }
-        n
+        self.extent
     }
 
     fn tensor(&self, numel: usize, num_strides: u32, strides: [usize; 4]) -> DcpMlaTensor {
@@ -304,13 +300,19 @@ fn view(api: &ExchangeApi, x: &Bound<'_, PyAny>) -> Option<View> {
     }
     let ndim = usize::try_from(dl.ndim).ok().filter(|&n| n <= 8)?;
     let mut dims = [(0usize, 0usize); 8];
-    let mut want = 1i64;
+    // numel, and the extent (1 + Σ (size − 1)·stride, 0 when empty), in i64 with overflow checks
+    // (ops.py's values would not pack into the struct either)
+    let (mut numel, mut extent) = (1i64, 1i64);
     for i in (0..ndim).rev() {
         // SAFETY: shape and strides (null: compact row-major) hold ndim entries.
         let size = unsafe { *dl.shape.add(i) };
-        let stride = if dl.strides.is_null() { want } else { unsafe { *dl.strides.add(i) } };
-        want = want.checked_mul(size)?;
+        let stride = if dl.strides.is_null() { numel } else { unsafe { *dl.strides.add(i) } };
         dims[i] = (usize::try_from(size).ok()?, usize::try_from(stride).ok()?);
+        numel = numel.checked_mul(size)?;
+        extent = extent.checked_add((size - 1).max(0).checked_mul(stride)?)?;
+    }
+    if numel == 0 {
+        extent = 0;
     }
     Some(View {
         data: (dl.data as usize).checked_add(usize::try_from(dl.byte_offset).ok()?)?,
@@ -319,6 +321,8 @@ fn view(api: &ExchangeApi, x: &Bound<'_, PyAny>) -> Option<View> {
         code: dtype_code(dl.dtype)?,
         dims,
         ndim,
+        numel: usize::try_from(numel).ok()?,
+        extent: usize::try_from(extent).ok()?,
     })
 }
 
