@@ -23,6 +23,7 @@ import torch
 
 import dcp_mla
 from dcp_mla import flash_mla, ops
+from dcp_mla._fastlaunch import ops_key
 
 
 def per_call_us(fn, reps=200, rounds=7):
@@ -102,10 +103,14 @@ def main():
                                                            ops._check(dlse, "s", (torch.float32,), 3)),
         "piece: ctypes call, no arguments": lambda: dcp_mla._lib.lib().dcp_mla_abi_version(),
     }
+    # the launch cache's key of decode_dense's eight tensors, in Python (the ctypes path's) and native
+    given = (q, dout, dlse, ws, cache, table, lens, None)
+    cases["piece: key of decode_dense, Python"] = lambda: ops_key(given, (), 0)
     if ops._NATIVE is not None:
         # the native side's tensor reads and struct fill alone, no launch
         cases["piece: native struct fill of decode_dense"] = lambda: ops._NATIVE.fill_decode_dense(
             0, 0, q, cache, table, lens, dout, dlse, None, None, scale, 1, compute, 0, 0, 1, 1, 0)
+        cases["piece: key of decode_dense, native"] = lambda: ops._NATIVE.tensor_key(given)
     report = {"splits": splits, "native_launch": ops._NATIVE is not None}
     report.update({name: per_call_us(fn) for name, fn in cases.items()})
     print(json.dumps(report, indent=1))
