@@ -4,7 +4,7 @@
 //! element count, dtype code and strides) and calls the C ABI through ctypes: ~6 µs of Python a
 //! decode launch, most of it torch's per-attribute calls (`data_ptr`, `stride`, `shape`,
 //! `is_contiguous`, each 0.1-0.25 µs). Here the same struct is filled from DLPack's C exchange
-//! API, which torch (≥ 2.10) publishes as the `__dlpack_c_exchange_api__` capsule of
+//! API, which torch (≥ 2.11) publishes as the `__dlpack_c_exchange_api__` capsule of
 //! `torch.Tensor`: `dltensor_from_py_object_no_sync` fills a borrowed `DLTensor` (data pointer,
 //! device, dtype, shape and strides pointing into the tensor itself) in tens of nanoseconds, and
 //! `current_work_stream` gives torch's current stream of a device.
@@ -150,11 +150,7 @@ pub fn register_device(index: usize, handle: usize) -> PyResult<()> {
 /// native launch goes to), or None when no API is bound or it fails.
 #[pyfunction]
 pub fn current_stream(py: Python<'_>, index: i32) -> Option<usize> {
-    let api = bound_api()?;
-    stream(api, index).or_else(|| {
-        PyErr::take(py);
-        None
-    })
+    stream(py, bound_api()?, index)
 }
 
 fn bound_api() -> Option<&'static ExchangeApi> {
@@ -163,11 +159,16 @@ fn bound_api() -> Option<&'static ExchangeApi> {
     (!api.is_null()).then(|| unsafe { &*api })
 }
 
-fn stream(api: &ExchangeApi, index: i32) -> Option<usize> {
+/// Torch's current stream of CUDA device `index`; None (the error torch set cleared) on failure.
+fn stream(py: Python<'_>, api: &ExchangeApi, index: i32) -> Option<usize> {
     let f = api.current_work_stream?;
     let mut out: *mut c_void = std::ptr::null_mut();
     // SAFETY: torch's function writes one pointer; a failure returns nonzero with an error set.
-    (unsafe { f(DL_CUDA, index, &mut out) } == 0).then_some(out as usize)
+    if unsafe { f(DL_CUDA, index, &mut out) } != 0 {
+        PyErr::take(py);
+        return None;
+    }
+    Some(out as usize)
 }
 
 // --- one tensor argument ----------------------------------------------------------------------
@@ -351,7 +352,7 @@ fn scale_f32(v: f64) -> Option<f32> {
 
 /// The device and stream of a launch on q's device: None off CUDA, for an ordinal without a
 /// registered handle, or when torch reports no stream.
-fn device_stream(api: &ExchangeApi, q: &View) -> Option<(*const DcpMlaDevice, *mut c_void)> {
+fn device_stream(py: Python<'_>, api: &ExchangeApi, q: &View) -> Option<(*const DcpMlaDevice, *mut c_void)> {
     if q.device.device_type != DL_CUDA {
         return None;
     }
@@ -359,7 +360,7 @@ fn device_stream(api: &ExchangeApi, q: &View) -> Option<(*const DcpMlaDevice, *m
     if handle == 0 {
         return None;
     }
-    Some((handle as *const DcpMlaDevice, stream(api, q.device.device_id)? as *mut c_void))
+    Some((handle as *const DcpMlaDevice, stream(py, api, q.device.device_id)? as *mut c_void))
 }
 
 // --- the entry points -------------------------------------------------------------------------
@@ -409,7 +410,7 @@ fn dense_args(
     let qv = view(api, q)?;
     let (device, stream) = match dev_stream {
         Some(ds) => ds,
-        None => device_stream(api, &qv)?,
+        None => device_stream(q.py(), api, &qv)?,
     };
     let cv = view(api, cache)?;
     let tv = view(api, block_table)?;
@@ -456,7 +457,7 @@ fn sparse_args(
     let qv = view(api, q)?;
     let (device, stream) = match dev_stream {
         Some(ds) => ds,
-        None => device_stream(api, &qv)?,
+        None => device_stream(q.py(), api, &qv)?,
     };
     let cv = view(api, cache)?;
     let iv = view(api, indices)?;
