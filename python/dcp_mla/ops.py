@@ -870,7 +870,12 @@ def decode_sparse(q, cache, indices, *, topk_len=None, kv_format=None, scale=Non
     first topk_len[i, j] count when topk_len int32 [b, nq] is given). q bf16 [b, nq, H, 576] and
     the cache as for decode_dense (views read in place); indices int32 [b, nq, topk], any strides
     with a unit last stride. Returns (out, lse) as decode_dense; reuse_schedule, sink and
-    empty_lse_inf as there."""
+    empty_lse_inf as there, and so is the replay of this thread's last checked call."""
+    given = (q, out, lse, workspace, cache, indices, topk_len, sink)
+    scalars = (kv_format, scale, num_splits, out_dtype, reuse_schedule, empty_lse_inf)
+    done = _replay(_SPARSE, given, scalars)
+    if done is not None:
+        return done
     _ints(num_splits=num_splits)
     dev = q.device
     _check(q, "q", (torch.bfloat16,), ndim=4, shape=(None, None, None, 576), contiguous="rows")
@@ -886,6 +891,7 @@ def decode_sparse(q, cache, indices, *, topk_len=None, kv_format=None, scale=Non
                                                  max(indices.shape[2], 1))
     _run("decode_sparse", q, cache3, fmt, indices, topk_len, out, lse, workspace,
          _default_scale() if scale is None else float(scale), num_splits, schedule, sink, int(bool(empty_lse_inf)))
+    _remember(_SPARSE, given, scalars, q, out_dtype, workspace)
     return out, lse
 
 

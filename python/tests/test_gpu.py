@@ -1346,3 +1346,42 @@ def test_native_decode_launch_errors_name_the_field(dev):
         ops._decode_dense(q, cache, table, lens, out, lse, None, 0.1, 8, 0, None, 0, 0, 1, 1, 0)
     with pytest.raises((TypeError, ValueError), match="num_splits"):
         ops._decode_dense(q, cache, table, lens, out, lse, None, 0.1, -1, 0, None, 0, 0, 1, 1, 0)
+
+
+@pytest.mark.parametrize("path", ["native", "ctypes"])
+def test_decode_sparse_launch_cache(dev, monkeypatch, path):
+    """ops.decode_sparse replays this thread's last checked launch as decode_dense does: bit for
+    bit a checked call's result with each call's own pointers; a changed stride or kv_format is
+    checked again. Keyed and replayed natively and through ctypes alike."""
+    from dcp_mla import ops
+    if path == "ctypes":
+        monkeypatch.setattr(ops, "_NATIVE", None)
+    q, cache, _, indices, topk_length, _ = sparse_face_problem(dev, 512, [400, 300])
+    args = dict(q=q, cache=cache, indices=indices, topk_len=topk_length.view(-1, 1))
+
+    def decode(**change):
+        a = dict(args, **change)
+        return dcp_mla.decode_sparse(a["q"], a["cache"], a["indices"], topk_len=a["topk_len"], kv_format="fp8_656")
+
+    def same(got, want):
+        return torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+    ops._op_launches.__dict__.clear()
+    first = decode()
+    entry = ops._op_launches.__dict__[ops._SPARSE]
+    assert same(decode(), first) and ops._op_launches.__dict__[ops._SPARSE] is entry, "the same key: replayed"
+    for arg, scramble in [("q", 0.0), ("cache", 0), ("indices", -1), ("topk_len", 0)]:
+        original = args[arg]
+        copy = original.clone()
+        original.fill_(scramble)
+        assert same(decode(**{arg: copy}), first), arg
+        original.copy_(copy)
+    assert ops._op_launches.__dict__[ops._SPARSE] is entry, "pointers alone changed: every call replayed"
+    # indices as a view of wider lists: another stride, the checked path, the same result
+    wide = torch.full((indices.shape[0], 1, 2 * indices.shape[2]), -1, dtype=torch.int32, device=dev)
+    wide[..., :indices.shape[2]] = indices
+    got = decode(indices=wide[..., :indices.shape[2]])
+    assert ops._op_launches.__dict__[ops._SPARSE] is not entry and same(got, first)
+    # another kv_format given for the same cache is checked (and refused), never replayed
+    with pytest.raises(ValueError, match="kv_format"):
+        dcp_mla.decode_sparse(q, cache, indices, topk_len=args["topk_len"], kv_format="bf16")
