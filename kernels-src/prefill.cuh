@@ -24,34 +24,19 @@ __device__ __forceinline__ int64_t local_len_of(int64_t len, int D, int I, int r
 
 // The warp finds the piece whose [start(field), start + extent(field)) holds `x`; returns its
 // index or -1. Lanes scan entries lane, lane + 32, ...; an empty entry (extent 0) holds nothing.
-// Each lane also loads the fields `fields` of the entry it scans, in the same round trip as its
-// start and extent (not a second one after the hit): on a hit, `out` gets the hit entry's fields
-// from its lane (untouched on -1).
-template <int N>
 __device__ __forceinline__ int find_piece(const int32_t* pieces, int max_pieces, int start_field, int extent_field,
-                                          int64_t x, const int (&fields)[N], int32_t (&out)[N]) {
+                                          int64_t x) {
     const int lane = threadIdx.x & 31;
     for (int base = 0; base < max_pieces; base += 32) {
         const int p = base + lane;
         bool hit = false;
-        int32_t v[N];
-#pragma unroll
-        for (int i = 0; i < N; ++i) v[i] = 0;
         if (p < max_pieces) {
-            const int32_t* e = pieces + p * kPieceFields;
-            const int64_t s = e[start_field];
-            const int64_t n = e[extent_field];
-#pragma unroll
-            for (int i = 0; i < N; ++i) v[i] = e[fields[i]];
+            const int64_t s = pieces[p * kPieceFields + start_field];
+            const int64_t n = pieces[p * kPieceFields + extent_field];
             hit = s <= x && x < s + n;
         }
         const uint32_t m = __ballot_sync(0xffffffffu, hit);
-        if (m) {
-            const int src = __ffs(m) - 1;
-#pragma unroll
-            for (int i = 0; i < N; ++i) out[i] = __shfl_sync(0xffffffffu, v[i], src);
-            return base + src;
-        }
+        if (m) return base + __ffs(m) - 1;
     }
     return -1;
 }
@@ -66,15 +51,14 @@ __device__ __forceinline__ void prefill_flatten(const DcpPrefillFlattenParams& p
 
     // Resolve the row to a cache slot; -1: the row is zero.
     int64_t slot = -1;
-    constexpr int kWant[4] = {kPieceRowOffset, kPieceGlobalLen, kPieceRequest, kPieceLocalStart};
-    int32_t e[4];
-    const int pc = find_piece(pieces, p.max_pieces, kPieceRowOffset, kPieceRows, row, kWant, e);
+    const int pc = find_piece(pieces, p.max_pieces, kPieceRowOffset, kPieceRows, row);
     if (pc >= 0) {
-        const int64_t j = row - e[0];
-        const int64_t n = local_len_of(e[1], p.dcp_size, p.interleave, p.dcp_rank);
-        const int req = e[2];
+        const int32_t* e = pieces + pc * kPieceFields;
+        const int64_t j = row - e[kPieceRowOffset];
+        const int64_t n = local_len_of(e[kPieceGlobalLen], p.dcp_size, p.interleave, p.dcp_rank);
+        const int req = e[kPieceRequest];
         if (j < n && req >= 0 && req < p.batch) {
-            const int64_t l = (int64_t)e[3] + j;
+            const int64_t l = (int64_t)e[kPieceLocalStart] + j;
             const int64_t col = l / p.block_size;
             if (l >= 0 && col < p.max_pages) {
                 const int page = ((const int32_t*)p.block_table)[req * p.block_table_stride + col];
@@ -136,13 +120,12 @@ __device__ __forceinline__ void prefill_reorder(const DcpPrefillReorderParams& p
     const int64_t row = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     if (row >= p.out_rows) return;
     const int32_t* pieces = (const int32_t*)p.pieces;
-    constexpr int kWant[2] = {kPieceOutOffset, kPieceRowOffset};
-    int32_t e[2];
-    const int pc = find_piece(pieces, p.max_pieces, kPieceOutOffset, kPieceGlobalLen, row, kWant, e);
+    const int pc = find_piece(pieces, p.max_pieces, kPieceOutOffset, kPieceGlobalLen, row);
     if (pc < 0) return;
-    const int64_t g = row - e[0];
+    const int32_t* e = pieces + pc * kPieceFields;
+    const int64_t g = row - e[kPieceOutOffset];
     const int r = owner_of(g, p.dcp_size, p.interleave);
-    const int64_t src_row = (int64_t)e[1] + local_of(g, p.dcp_size, p.interleave);
+    const int64_t src_row = (int64_t)e[kPieceRowOffset] + local_of(g, p.dcp_size, p.interleave);
     uint4* dst = (uint4*)((__nv_bfloat16*)p.out + row * kDimQk);
     uint4 a = make_uint4(0, 0, 0, 0), b = a, c = a;
     if (src_row >= 0 && src_row < p.cap_rows) {
