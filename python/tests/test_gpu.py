@@ -1308,7 +1308,12 @@ def test_native_decode_launch_is_the_ctypes_launch(dev, monkeypatch):
     splits, ws = dcp_mla.decode_workspace(q.shape, sparse=False, device=dev)
     sparse_splits, sparse_ws = dcp_mla.decode_workspace(q.shape, sparse=True, device=dev)
     k = 512
-    idx = torch.randint(-1, sum(lens), (len(lens), nq, k), dtype=torch.int32, device=dev)
+    # every row lists cache rows of its own request's tokens (the cache's unused slots hold NaN)
+    idx = torch.full((len(lens), nq, k), -1, dtype=torch.int32, device=dev)
+    for req, n in enumerate(lens):
+        for j in range(nq):
+            toks = torch.randperm(n)[:min(n, k)].to(dev)
+            idx[req, j, :toks.numel()] = (table[req].long()[toks // bs] * bs + toks % bs).int()
     side = torch.cuda.Stream()
     native = ops._NATIVE
     results = {}
