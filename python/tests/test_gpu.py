@@ -1315,18 +1315,27 @@ def test_native_decode_launch_is_the_ctypes_launch(dev, monkeypatch):
             toks = torch.randperm(n)[:min(n, k)].to(dev)
             idx[req, j, :toks.numel()] = (table[req].long()[toks // bs] * bs + toks % bs).int()
     side = torch.cuda.Stream()
-    native = ops._NATIVE
+    native, compute, bf16 = ops._NATIVE, dcp_mla._lib.SCHEDULE_COMPUTE, dcp_mla._lib.KV_BF16
+    ops._dev_stream(q)  # the device opened (and registered with the native side)
     results = {}
     for path in ("native", "ctypes"):
-        monkeypatch.setattr(ops, "_NATIVE", native if path == "native" else None)
         with torch.cuda.stream(side):
-            assert ops._NATIVE is None or native.current_stream(dev.index or 0) == side.cuda_stream
-            ops._decode_dense(q, caches[0], table, rl, out, lse, ws, 0.1, splits, dcp_mla._lib.SCHEDULE_COMPUTE,
-                              None, 0, 0, 1, 1, 0)
+            if path == "native":
+                # called directly, so that a fallback to ctypes cannot pass for the native launch
+                assert native.current_stream(q.device.index) == side.cuda_stream
+                assert native.decode_dense(ops._native_dst(ops._DENSE), ops._DENSE_SIZE, q, caches[0], table, rl, out,
+                                           lse, ws, None, 0.1, splits, compute, 0, 0, 1, 1, 0) == 0
+            else:
+                monkeypatch.setattr(ops, "_NATIVE", None)
+                ops._decode_dense(q, caches[0], table, rl, out, lse, ws, 0.1, splits, compute, None, 0, 0, 1, 1, 0)
             dense_struct = bytes(ops._last_launch(ops._DENSE)[1])
             dense = (out.clone(), lse.clone())
-            ops._decode_sparse(q, caches[0], dcp_mla._lib.KV_BF16, idx, None, out, lse, sparse_ws, 0.1, sparse_splits,
-                               dcp_mla._lib.SCHEDULE_COMPUTE, None, 1)
+            if path == "native":
+                assert native.decode_sparse(ops._native_dst(ops._SPARSE), ops._SPARSE_SIZE, q, caches[0], idx, None,
+                                            out, lse, sparse_ws, None, 0.1, bf16, sparse_splits, compute, 1) == 0
+            else:
+                ops._decode_sparse(q, caches[0], bf16, idx, None, out, lse, sparse_ws, 0.1, sparse_splits, compute,
+                                   None, 1)
             sparse_struct = bytes(ops._last_launch(ops._SPARSE)[1])
             sparse = (out.clone(), lse.clone())
         side.synchronize()
@@ -1347,6 +1356,10 @@ def test_native_decode_launch_errors_name_the_field(dev):
     lens = torch.full((2, 1), 100, dtype=torch.int32, device=dev)
     out = torch.empty(2, 1, 16, 512, dtype=torch.bfloat16, device=dev)
     lse = torch.empty(2, 1, 16, device=dev)
+    ops._dev_stream(q)  # the device opened (and registered with the native side)
+    at = ops._native_dst(ops._DENSE)
+    assert ops._NATIVE.decode_dense(at, ops._DENSE_SIZE, q, cache, table, lens, out, lse, None, None, 0.1, 8, 0, 0, 0,
+                                    1, 1, 0) not in (0, ops._FALLBACK), "refused by the library, not left to ctypes"
     with pytest.raises(DcpMlaError, match="workspace"):
         ops._decode_dense(q, cache, table, lens, out, lse, None, 0.1, 8, 0, None, 0, 0, 1, 1, 0)
     with pytest.raises((TypeError, ValueError), match="num_splits"):
