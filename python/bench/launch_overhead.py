@@ -15,6 +15,7 @@ page strides (every call's key differs: the checked path, then the launch rememb
 call of a metadata` is a step's first layer (a new get_mla_metadata(): workspace, checked path
 and the schedule kernel)."""
 
+import ctypes
 import json
 import sys
 import time
@@ -108,8 +109,11 @@ def main():
     cases["piece: key of decode_dense, Python"] = lambda: ops_key(given, (), 0)
     if ops._NATIVE is not None:
         # the native side's tensor reads and struct fill alone, no launch
-        cases["piece: native struct fill of decode_dense"] = lambda: ops._NATIVE.fill_decode_dense(
-            0, 0, q, cache, table, lens, dout, dlse, None, None, scale, 1, compute, 0, 0, 1, 1, 0)
+        fill_buf = dcp_mla._lib.ARGS[ops._DENSE]()
+        fill_at, fill_size = ctypes.addressof(fill_buf), ctypes.sizeof(fill_buf)
+        cases["piece: native struct fill of decode_dense"] = lambda: ops._NATIVE.decode_dense(
+            fill_at, fill_size, q, cache, table, lens, dout, dlse, None, None, scale, 1, compute, 0, 0, 1, 1, 0,
+            stand_in=(0, 0))
         cases["piece: key of decode_dense, native"] = lambda: ops._NATIVE.tensor_key(given)
     report = {"splits": splits, "native_launch": ops._NATIVE is not None}
     report.update({name: per_call_us(fn) for name, fn in cases.items()})

@@ -365,22 +365,23 @@ fn device_stream(py: Python<'_>, api: &ExchangeApi, q: &View) -> Option<(*const 
 
 // --- the entry points -------------------------------------------------------------------------
 
-/// A filled argument struct handed to the launch with the GIL released (it holds raw pointers).
-struct SendArgs<T>(T);
-// SAFETY: the struct is read by the launch on this thread only, while the caller holds every
-// tensor it points into.
-unsafe impl<T> Send for SendArgs<T> {}
+/// A struct's address handed to the launch with the GIL released.
+struct SendPtr<T>(*const T);
+// SAFETY: the struct is read by the launch on this thread only, while the caller holds it and
+// every tensor it points into.
+unsafe impl<T> Send for SendPtr<T> {}
 
 /// Copies the filled struct into `dst` (ops.py's struct of this operation for this thread, so
-/// that `_last_launch` finds this launch's arguments as after a ctypes launch), then launches
-/// through `f` with the GIL released, as ctypes' CDLL calls do. FALLBACK when `dst_size` is not
-/// the struct's size.
-fn launch<T>(
+/// that `_last_launch` finds this launch's arguments as after a ctypes launch), then, unless
+/// `fill_only`, launches it from there through `f`. FALLBACK when `dst_size` is not the
+/// struct's size; 0 for a fill alone.
+fn write_and_launch<T>(
     py: Python<'_>,
     f: unsafe extern "C" fn(*const T) -> dcp_mla_ffi::DcpMlaStatus,
     args: T,
     dst: usize,
     dst_size: usize,
+    fill_only: bool,
 ) -> i32 {
     if dst == 0 || dst_size != size_of::<T>() {
         return FALLBACK;
@@ -388,12 +389,20 @@ fn launch<T>(
     // SAFETY: `dst` is the address of ops.py's ctypes struct of this entry point (dst_size
     // bytes, the struct's own layout, checked field by field against the header by the tests),
     // which lives as long as its thread.
-    unsafe { std::ptr::copy_nonoverlapping(&args as *const T as *const u8, dst as *mut u8, dst_size) };
-    let args = SendArgs(args);
+    unsafe { (dst as *mut T).write_unaligned(args) };
+    if fill_only {
+        return 0;
+    }
+    launch_at(py, f, dst as *const T)
+}
+
+/// Launches the struct at `args` through `f` with the GIL released, as ctypes' CDLL calls do.
+fn launch_at<T>(py: Python<'_>, f: unsafe extern "C" fn(*const T) -> dcp_mla_ffi::DcpMlaStatus, args: *const T) -> i32 {
+    let args = SendPtr(args);
     py.detach(move || {
         let a = args;
-        // SAFETY: a struct of the entry point's own type and size.
-        unsafe { f(&a.0) as i32 }
+        // SAFETY: a struct of the entry point's own type, held by the caller.
+        unsafe { f(a.0) as i32 }
     })
 }
 
@@ -496,8 +505,12 @@ fn sparse_args(
 /// `dcp_mla_launch_decode_dense` from torch tensors on q's device and torch's current stream
 /// there, the arguments as ops.py's `_decode_dense` takes them after `dst` and `dst_size` (the
 /// address and size of ops.py's struct of this entry point for this thread, which receives the
-/// filled struct): the launch's status, or FALLBACK.
+/// filled struct): the launch's status, or FALLBACK. `stand_in`, for the tests: a (device,
+/// stream) pair put in the struct instead of q's, with tensors on any device; the struct is
+/// filled into `dst` and not launched (0).
 #[pyfunction]
+#[pyo3(signature = (dst, dst_size, q, cache, block_table, lens, out, lse, workspace, sink, scale, num_splits,
+                    schedule, lens_rule, empty_lse_inf, dcp_size, interleave, rank, stand_in=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn decode_dense(
     py: Python<'_>,
@@ -519,18 +532,21 @@ pub fn decode_dense(
     dcp_size: i64,
     interleave: i64,
     rank: i64,
+    stand_in: Option<(usize, usize)>,
 ) -> i32 {
     let Some(api) = bound_api() else { return FALLBACK };
     let tensors = [q, cache, block_table, lens, out, lse, workspace, sink];
     let scalars = [num_splits, schedule, lens_rule, empty_lse_inf, dcp_size, interleave, rank];
-    match dense_args(api, None, tensors, scale, scalars) {
-        Some(a) => launch(py, dcp_mla_launch_decode_dense, a, dst, dst_size),
+    match dense_args(api, stand_in.map(stand_in_ptrs), tensors, scale, scalars) {
+        Some(a) => write_and_launch(py, dcp_mla_launch_decode_dense, a, dst, dst_size, stand_in.is_some()),
         None => FALLBACK,
     }
 }
 
-/// `dcp_mla_launch_decode_sparse` from torch tensors, as `decode_dense`.
+/// `dcp_mla_launch_decode_sparse` from torch tensors, as `decode_dense` (`stand_in` too).
 #[pyfunction]
+#[pyo3(signature = (dst, dst_size, q, cache, indices, topk_len, out, lse, workspace, sink, scale, fmt, num_splits,
+                    schedule, empty_lse_inf, stand_in=None))]
 #[allow(clippy::too_many_arguments)]
 pub fn decode_sparse(
     py: Python<'_>,
@@ -549,76 +565,20 @@ pub fn decode_sparse(
     num_splits: i64,
     schedule: i64,
     empty_lse_inf: i64,
+    stand_in: Option<(usize, usize)>,
 ) -> i32 {
     let Some(api) = bound_api() else { return FALLBACK };
     let tensors = [q, cache, indices, topk_len, out, lse, workspace, sink];
-    match sparse_args(api, None, tensors, scale, [fmt, num_splits, schedule, empty_lse_inf]) {
-        Some(a) => launch(py, dcp_mla_launch_decode_sparse, a, dst, dst_size),
+    let scalars = [fmt, num_splits, schedule, empty_lse_inf];
+    match sparse_args(api, stand_in.map(stand_in_ptrs), tensors, scale, scalars) {
+        Some(a) => write_and_launch(py, dcp_mla_launch_decode_sparse, a, dst, dst_size, stand_in.is_some()),
         None => FALLBACK,
     }
 }
 
-fn bytes_of<T>(a: &T) -> Vec<u8> {
-    // SAFETY: both argument structs are repr(C) with no padding (8-byte fields, then four
-    // 4-byte ones: ffi/tests/layout.rs checks every offset), so every byte is initialised.
-    unsafe { std::slice::from_raw_parts(a as *const T as *const u8, size_of::<T>()) }.to_vec()
-}
-
-/// For the tests: the struct `decode_dense` would launch, with `device` and `stream` as given
-/// (tensors on any device), as bytes; None where it would return FALLBACK.
-#[pyfunction]
-#[allow(clippy::too_many_arguments)]
-pub fn fill_decode_dense(
-    device: usize,
-    stream: usize,
-    q: &Bound<'_, PyAny>,
-    cache: &Bound<'_, PyAny>,
-    block_table: &Bound<'_, PyAny>,
-    lens: &Bound<'_, PyAny>,
-    out: &Bound<'_, PyAny>,
-    lse: &Bound<'_, PyAny>,
-    workspace: &Bound<'_, PyAny>,
-    sink: &Bound<'_, PyAny>,
-    scale: f64,
-    num_splits: i64,
-    schedule: i64,
-    lens_rule: i64,
-    empty_lse_inf: i64,
-    dcp_size: i64,
-    interleave: i64,
-    rank: i64,
-) -> Option<Vec<u8>> {
-    let api = bound_api()?;
-    let tensors = [q, cache, block_table, lens, out, lse, workspace, sink];
-    let scalars = [num_splits, schedule, lens_rule, empty_lse_inf, dcp_size, interleave, rank];
-    let ds = (device as *const DcpMlaDevice, stream as *mut c_void);
-    dense_args(api, Some(ds), tensors, scale, scalars).map(|a| bytes_of(&a))
-}
-
-/// For the tests: the struct `decode_sparse` would launch, as `fill_decode_dense`.
-#[pyfunction]
-#[allow(clippy::too_many_arguments)]
-pub fn fill_decode_sparse(
-    device: usize,
-    stream: usize,
-    q: &Bound<'_, PyAny>,
-    cache: &Bound<'_, PyAny>,
-    indices: &Bound<'_, PyAny>,
-    topk_len: &Bound<'_, PyAny>,
-    out: &Bound<'_, PyAny>,
-    lse: &Bound<'_, PyAny>,
-    workspace: &Bound<'_, PyAny>,
-    sink: &Bound<'_, PyAny>,
-    scale: f64,
-    fmt: i64,
-    num_splits: i64,
-    schedule: i64,
-    empty_lse_inf: i64,
-) -> Option<Vec<u8>> {
-    let api = bound_api()?;
-    let tensors = [q, cache, indices, topk_len, out, lse, workspace, sink];
-    let ds = (device as *const DcpMlaDevice, stream as *mut c_void);
-    sparse_args(api, Some(ds), tensors, scale, [fmt, num_splits, schedule, empty_lse_inf]).map(|a| bytes_of(&a))
+/// A test's (device, stream) stand-ins as the struct's pointers.
+fn stand_in_ptrs((device, stream): (usize, usize)) -> (*const DcpMlaDevice, *mut c_void) {
+    (device as *const DcpMlaDevice, stream as *mut c_void)
 }
 
 // --- replays of a remembered launch (ops.py's `_replay`) ---------------------------------------
@@ -680,12 +640,8 @@ pub fn replay_decode(
             }
         }
     }
-    let at = offset_of!(DcpMlaTensor, data);
     if sparse {
         type A = DcpMlaDecodeSparseArgs;
-        if size != size_of::<A>() {
-            return FALLBACK;
-        }
         let fields = [
             offset_of!(A, q),
             offset_of!(A, out),
@@ -696,15 +652,9 @@ pub fn replay_decode(
             offset_of!(A, topk_len),
             offset_of!(A, sink),
         ];
-        // SAFETY: `buf` is the address of ops.py's copy of this entry point's struct (`size`
-        // bytes, checked), which the replay's OpLaunch holds; each field is an aligned pointer.
-        let args = unsafe { write_data(buf as *mut A, fields, at, data, keep_workspace) };
-        launch_at(py, dcp_mla_launch_decode_sparse, args)
+        replay_at(py, dcp_mla_launch_decode_sparse, buf, size, fields, data, keep_workspace)
     } else {
         type A = DcpMlaDecodeDenseArgs;
-        if size != size_of::<A>() {
-            return FALLBACK;
-        }
         let fields = [
             offset_of!(A, q),
             offset_of!(A, out),
@@ -715,41 +665,34 @@ pub fn replay_decode(
             offset_of!(A, lens),
             offset_of!(A, sink),
         ];
-        // SAFETY: as above.
-        let args = unsafe { write_data(buf as *mut A, fields, at, data, keep_workspace) };
-        launch_at(py, dcp_mla_launch_decode_dense, args)
+        replay_at(py, dcp_mla_launch_decode_dense, buf, size, fields, data, keep_workspace)
     }
 }
 
-/// Writes `data[i]` as the data pointer of the tensor field at byte `fields[i] + at` of the
-/// struct at `buf` (field 3, the workspace, left as it is with `keep_workspace`); returns the
-/// struct's address.
-///
-/// # Safety
-/// `buf` points to a live, writable `T` whose tensor fields sit at those offsets.
-unsafe fn write_data<T>(
-    buf: *mut T,
+/// Writes `data[i]` as the data pointer of the tensor field at byte offset `fields[i]` of the
+/// struct at `buf` (field 3, the workspace, left as it is with `keep_workspace`) and launches it
+/// through `f`; FALLBACK when `size` is not the struct's.
+fn replay_at<T>(
+    py: Python<'_>,
+    f: unsafe extern "C" fn(*const T) -> dcp_mla_ffi::DcpMlaStatus,
+    buf: usize,
+    size: usize,
     fields: [usize; 8],
-    at: usize,
     data: [usize; 8],
     keep_workspace: bool,
-) -> *const T {
-    for (i, (f, d)) in fields.into_iter().zip(data).enumerate() {
+) -> i32 {
+    if size != size_of::<T>() {
+        return FALLBACK;
+    }
+    let at = std::mem::offset_of!(DcpMlaTensor, data);
+    for (i, (field, d)) in fields.into_iter().zip(data).enumerate() {
         if keep_workspace && i == 3 {
             continue;
         }
-        // SAFETY: the caller's contract; DcpMlaTensor's `data` is pointer-aligned.
-        unsafe { ((buf as *mut u8).add(f + at) as *mut usize).write(d) };
+        // SAFETY: `buf` is the address of the caller's cached struct of this entry point (`size`
+        // bytes, checked), which its OpLaunch or Launch holds; a DcpMlaTensor's `data` is
+        // pointer-aligned within it.
+        unsafe { ((buf as *mut u8).add(field + at) as *mut usize).write(d) };
     }
-    buf
-}
-
-/// Launches the struct at `args` through `f` with the GIL released.
-fn launch_at<T>(py: Python<'_>, f: unsafe extern "C" fn(*const T) -> dcp_mla_ffi::DcpMlaStatus, args: *const T) -> i32 {
-    let args = SendArgs(args);
-    py.detach(move || {
-        let a = args;
-        // SAFETY: a struct of the entry point's own type, held by the caller's OpLaunch.
-        unsafe { f(a.0) as i32 }
-    })
+    launch_at(py, f, buf as *const T)
 }

@@ -36,8 +36,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(launch::current_stream, m)?)?;
     m.add_function(wrap_pyfunction!(launch::decode_dense, m)?)?;
     m.add_function(wrap_pyfunction!(launch::decode_sparse, m)?)?;
-    m.add_function(wrap_pyfunction!(launch::fill_decode_dense, m)?)?;
-    m.add_function(wrap_pyfunction!(launch::fill_decode_sparse, m)?)?;
     m.add_function(wrap_pyfunction!(launch::tensor_key, m)?)?;
     m.add_function(wrap_pyfunction!(launch::replay_decode, m)?)?;
     m.add("FALLBACK", launch::FALLBACK)?;

@@ -25,6 +25,19 @@ def native():
     return ops._NATIVE
 
 
+def filled(native_fn, name, *args):
+    """The struct a native entry point fills from `args` (with DEV and STREAM as stand-ins, not
+    launched), as bytes; None where it falls back (the struct left untouched then)."""
+    buf = _lib.ARGS[name]()
+    before = bytes(buf)
+    status = native_fn(ctypes.addressof(buf), ctypes.sizeof(buf), *args, stand_in=(DEV, STREAM))
+    if status == ops._FALLBACK:
+        assert bytes(buf) == before, "a fallback wrote the struct"
+        return None
+    assert status == 0
+    return bytes(buf)
+
+
 def packed(name, values):
     cls = _lib.ARGS[name]
     buf = cls()
@@ -78,11 +91,11 @@ DENSE_CASES = {
 def test_dense_struct_is_ops_struct(native, case, scalars):
     q, cache, table, lens, out, lse, ws, sink = dense_case(**DENSE_CASES[case])
     num_splits, schedule, lens_rule, empty_lse_inf, dcp, interleave, rank = scalars
-    got = native.fill_decode_dense(DEV, STREAM, q, cache, table, lens, out, lse, ws, sink, SCALE, num_splits, schedule,
-                                   lens_rule, empty_lse_inf, dcp, interleave, rank)
+    got = filled(native.decode_dense, ops._DENSE, q, cache, table, lens, out, lse, ws, sink, SCALE, num_splits, schedule,
+                 lens_rule, empty_lse_inf, dcp, interleave, rank)
     want = packed(ops._DENSE, ops._dense_values(q, cache, table, lens, out, lse, ws, SCALE, num_splits, schedule, sink,
                                                 empty_lse_inf, lens_rule, dcp, interleave, rank))
-    assert got is not None and bytes(got) == want
+    assert got is not None and got == want
 
 
 def sparse_case(b=2, nq=1, h=64, pages=5, bs=64, topk=512, *, fp8=True, dtype=torch.uint8, idx_view=False,
@@ -120,9 +133,9 @@ if hasattr(torch, "float8_e4m3fn"):
 def test_sparse_struct_is_ops_struct(native, case):
     q, cache, idx, tl, out, lse, ws, sink = sparse_case(**SPARSE_CASES[case])
     fmt = _lib.KV_FP8_656 if cache.element_size() == 1 else _lib.KV_BF16
-    got = native.fill_decode_sparse(DEV, STREAM, q, cache, idx, tl, out, lse, ws, sink, SCALE, fmt, 64, 1, 1)
+    got = filled(native.decode_sparse, ops._SPARSE, q, cache, idx, tl, out, lse, ws, sink, SCALE, fmt, 64, 1, 1)
     want = packed(ops._SPARSE, ops._sparse_values(q, cache, fmt, idx, tl, out, lse, ws, SCALE, 64, 1, sink, 1))
-    assert got is not None and bytes(got) == want
+    assert got is not None and got == want
 
 
 class NotATensor:
@@ -153,8 +166,7 @@ def test_dense_falls_back_where_it_cannot_read(native, what):
         scale = 1e300
     elif what == "scalar tensor table":
         table = torch.tensor(3, dtype=torch.int32)
-    got = native.fill_decode_dense(DEV, STREAM, q, cache, table, lens, out, lse, ws, sink, scale, *scalars)
-    assert got is None
+    assert filled(native.decode_dense, ops._DENSE, q, cache, table, lens, out, lse, ws, sink, scale, *scalars) is None
 
 
 def test_bind_refuses_other_capsules(native):
