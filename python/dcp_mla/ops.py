@@ -305,16 +305,26 @@ _ENTRIES = {}
 _local = threading.local()
 
 
-def _launch(name, dev_stream, *values):
-    """Fills `name`'s argument struct (struct_size, device and stream first, then `values` in
-    the order of its scalars) and calls it; a value the struct cannot hold raises a TypeError or
-    ValueError naming its field."""
+def _thread_struct(name):
+    """(`name`'s entry, this thread's struct of it), made on first use: the struct every launch
+    of `name` on this thread fills in place, ctypes' and the native one alike."""
     e = _ENTRIES.get(name)
     if e is None:
         e = _ENTRIES[name] = _Entry(name)
     buf = _local.__dict__.get(name)
     if buf is None:
         buf = _local.__dict__[name] = e.cls()
+    return e, buf
+
+
+def _launch(name, dev_stream, *values):
+    """Fills `name`'s argument struct (struct_size, device and stream first, then `values` in
+    the order of its scalars) and calls it; a value the struct cannot hold raises a TypeError or
+    ValueError naming its field."""
+    e = _ENTRIES.get(name)
+    buf = _local.__dict__.get(name)
+    if e is None or buf is None:
+        e, buf = _thread_struct(name)
     try:
         e.pack(buf, 0, e.size, *dev_stream, *values)
     except struct.error:
@@ -358,15 +368,9 @@ _DENSE_SIZE, _SPARSE_SIZE = sizeof(_lib.ARGS[_DENSE]), sizeof(_lib.ARGS[_SPARSE]
 
 
 def _native_dst(name):
-    """The address of this thread's struct of `name` (made here if no launch made it yet), which
-    a native launch fills as _launch would."""
-    if name not in _ENTRIES:
-        _ENTRIES[name] = _Entry(name)
-    d = _local.__dict__
-    buf = d.get(name)
-    if buf is None:
-        buf = d[name] = _ENTRIES[name].cls()
-    d[name + "@"] = at = addressof(buf)
+    """The address of this thread's struct of `name` (_thread_struct), which a native launch
+    fills as _launch would; remembered as `name + "@"` in the thread's locals."""
+    _local.__dict__[name + "@"] = at = addressof(_thread_struct(name)[1])
     return at
 
 
