@@ -133,7 +133,7 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
             second, third = (block_table, cache_seqlens) if indices is None else (indices, topk_length)
             status = _FALLBACK if _NATIVE is None else _NATIVE.replay_decode(
                 indices is not None, addressof(cached.buf), sizeof(cached.buf),
-                (q, out, lse, None, k_cache, second, third, attn_sink), True)
+                (q, out, lse, None, k_cache, second, third, attn_sink), keep_absent=True)
             if status == _FALLBACK:
                 cached.write(q, out, lse, k_cache, second, third, attn_sink)
                 cached.call()

@@ -610,32 +610,33 @@ pub fn tensor_key(tensors: &Bound<'_, PyTuple>) -> Option<Vec<u8>> {
 }
 
 /// Replays a remembered decode launch: writes the data pointers of its eight tensors (q, out,
-/// lse, workspace, cache, block_table or indices, lens or topk_len, sink; None: 0) into the
-/// struct at `buf` (a cached copy, `size` bytes) and launches it (`sparse`: decode_sparse's
-/// struct and entry point, else decode_dense's); `keep_workspace` leaves the struct's workspace
-/// as it is (the FlashMLA face's cache: its metadata's). What `_fastlaunch`'s `write` and `call`
-/// do, without their per-tensor Python calls: the launch's status, or FALLBACK (a tensor it
+/// lse, workspace, cache, block_table or indices, lens or topk_len, sink) into the struct at
+/// `buf` (a cached copy, `size` bytes) and launches it (`sparse`: decode_sparse's struct and
+/// entry point, else decode_dense's). An absent tensor (None) writes 0, or with `keep_absent`
+/// leaves its word as the checked call filled it: `_fastlaunch`'s `OpLaunch.write` and
+/// `Launch.write` (the FlashMLA face's, which passes no workspace: its metadata's stays) then
+/// `call`, without their per-tensor Python calls. The launch's status, or FALLBACK (a tensor it
 /// cannot read, another size: the caller then writes and calls through ctypes).
 #[pyfunction]
-#[pyo3(signature = (sparse, buf, size, tensors, keep_workspace=false))]
+#[pyo3(signature = (sparse, buf, size, tensors, keep_absent=false))]
 pub fn replay_decode(
     py: Python<'_>,
     sparse: bool,
     buf: usize,
     size: usize,
     tensors: &Bound<'_, PyTuple>,
-    keep_workspace: bool,
+    keep_absent: bool,
 ) -> i32 {
     use std::mem::offset_of;
     let Some(api) = bound_api() else { return FALLBACK };
     if buf == 0 || tensors.len() != 8 {
         return FALLBACK;
     }
-    let mut data = [0usize; 8];
+    let mut data = [None; 8];
     for (d, x) in data.iter_mut().zip(tensors.iter()) {
         if !x.is_none() {
             match view(api, &x) {
-                Some(v) => *d = v.data,
+                Some(v) => *d = Some(v.data),
                 None => return FALLBACK,
             }
         }
@@ -652,7 +653,7 @@ pub fn replay_decode(
             offset_of!(A, topk_len),
             offset_of!(A, sink),
         ];
-        replay_at(py, dcp_mla_launch_decode_sparse, buf, size, fields, data, keep_workspace)
+        replay_at(py, dcp_mla_launch_decode_sparse, buf, size, fields, data, keep_absent)
     } else {
         type A = DcpMlaDecodeDenseArgs;
         let fields = [
@@ -665,12 +666,12 @@ pub fn replay_decode(
             offset_of!(A, lens),
             offset_of!(A, sink),
         ];
-        replay_at(py, dcp_mla_launch_decode_dense, buf, size, fields, data, keep_workspace)
+        replay_at(py, dcp_mla_launch_decode_dense, buf, size, fields, data, keep_absent)
     }
 }
 
 /// Writes `data[i]` as the data pointer of the tensor field at byte offset `fields[i]` of the
-/// struct at `buf` (field 3, the workspace, left as it is with `keep_workspace`) and launches it
+/// struct at `buf` (an absent one: 0, or left as it is with `keep_absent`) and launches it
 /// through `f`; FALLBACK when `size` is not the struct's.
 fn replay_at<T>(
     py: Python<'_>,
@@ -678,21 +679,21 @@ fn replay_at<T>(
     buf: usize,
     size: usize,
     fields: [usize; 8],
-    data: [usize; 8],
-    keep_workspace: bool,
+    data: [Option<usize>; 8],
+    keep_absent: bool,
 ) -> i32 {
     if size != size_of::<T>() {
         return FALLBACK;
     }
     let at = std::mem::offset_of!(DcpMlaTensor, data);
-    for (i, (field, d)) in fields.into_iter().zip(data).enumerate() {
-        if keep_workspace && i == 3 {
+    for (field, d) in fields.into_iter().zip(data) {
+        if d.is_none() && keep_absent {
             continue;
         }
         // SAFETY: `buf` is the address of the caller's cached struct of this entry point (`size`
         // bytes, checked), which its OpLaunch or Launch holds; a DcpMlaTensor's `data` is
         // pointer-aligned within it.
-        unsafe { ((buf as *mut u8).add(field + at) as *mut usize).write(d) };
+        unsafe { ((buf as *mut u8).add(field + at) as *mut usize).write(d.unwrap_or(0)) };
     }
     launch_at(py, f, buf as *const T)
 }
