@@ -61,8 +61,6 @@ from ._fastlaunch import Launch, get_ident, launch_key
 
 _is_compiling = torch.compiler.is_compiling
 _raw_stream = ops._raw_stream
-# the native replay of a remembered launch (python/src/launch.rs), where ops bound one
-_NATIVE, _FALLBACK = ops._NATIVE, ops._FALLBACK
 _BF16, _F32, _I32 = torch.bfloat16, torch.float32, torch.int32
 
 
@@ -131,10 +129,11 @@ def flash_mla_with_kvcache(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
             out = torch.empty(cached.out_shape, dtype=_BF16, device=cached.device)
             lse = torch.empty(cached.lse_shape, dtype=_F32, device=cached.device)
             second, third = (block_table, cache_seqlens) if indices is None else (indices, topk_length)
-            status = _FALLBACK if _NATIVE is None else _NATIVE.replay_decode(
+            native = ops._NATIVE  # the native replay (python/src/launch.rs), where ops bound one
+            status = ops._FALLBACK if native is None else native.replay_decode(
                 indices is not None, addressof(cached.buf), sizeof(cached.buf),
                 (q, out, lse, None, k_cache, second, third, attn_sink), keep_absent=True)
-            if status == _FALLBACK:
+            if status == ops._FALLBACK:
                 cached.write(q, out, lse, k_cache, second, third, attn_sink)
                 cached.call()
             elif status:
@@ -224,9 +223,9 @@ def _face_key(q, k_cache, block_table, cache_seqlens, indices, topk_length, attn
     dims, shape, strides, dtype and device as bytes; block_table and cache_seqlens only without
     indices, as _fastlaunch.launch_key), else launch_key's tuples of the same facts (the two
     forms never compare equal)."""
-    if _NATIVE is not None:
+    if ops._NATIVE is not None:
         dense = indices is None
-        k = _NATIVE.tensor_key((q, k_cache, block_table if dense else None, cache_seqlens if dense else None,
+        k = ops._NATIVE.tensor_key((q, k_cache, block_table if dense else None, cache_seqlens if dense else None,
                                 indices, topk_length, attn_sink))
         if k is not None:
             return k, head_dim_v, softmax_scale, causal, is_fp8_kvcache, stream

@@ -694,8 +694,7 @@ def checked_launches(monkeypatch):
 @pytest.mark.parametrize("path", ["native", "ctypes"])
 def test_flash_mla_face_launch_cache_dense(dev, monkeypatch, path):
     if path == "ctypes":  # the launch cache keyed and replayed through ctypes (else natively)
-        from dcp_mla import flash_mla as face_module, ops
-        monkeypatch.setattr(face_module, "_NATIVE", None)
+        from dcp_mla import ops
         monkeypatch.setattr(ops, "_NATIVE", None)
     lens, s_q, h = [700, 1, 65], 2, 32
     table, caches, _ = filled_caches(lens, 1, 1, B, "bf16", dev)
@@ -795,8 +794,7 @@ def test_flash_mla_face_launch_cache_dense(dev, monkeypatch, path):
 @pytest.mark.parametrize("path", ["native", "ctypes"])
 def test_flash_mla_face_launch_cache_sparse(dev, monkeypatch, path):
     if path == "ctypes":  # the launch cache keyed and replayed through ctypes (else natively)
-        from dcp_mla import flash_mla as face_module, ops
-        monkeypatch.setattr(face_module, "_NATIVE", None)
+        from dcp_mla import ops
         monkeypatch.setattr(ops, "_NATIVE", None)
     q, _, k_cache, indices, topk_length, table = sparse_face_problem(dev, 512, [400, 300])
     checked = checked_launches(monkeypatch)
