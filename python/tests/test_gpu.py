@@ -696,6 +696,8 @@ def test_flash_mla_face_launch_cache_dense(dev, monkeypatch, path):
     if path == "ctypes":  # the launch cache keyed and replayed through ctypes (else natively)
         from dcp_mla import ops
         monkeypatch.setattr(ops, "_NATIVE", None)
+    else:
+        native_launch_or_fail()
     lens, s_q, h = [700, 1, 65], 2, 32
     table, caches, _ = filled_caches(lens, 1, 1, B, "bf16", dev)
     args = dict(q=torch.randn(len(lens), s_q, h, 576, device=dev).to(torch.bfloat16),
@@ -796,6 +798,8 @@ def test_flash_mla_face_launch_cache_sparse(dev, monkeypatch, path):
     if path == "ctypes":  # the launch cache keyed and replayed through ctypes (else natively)
         from dcp_mla import ops
         monkeypatch.setattr(ops, "_NATIVE", None)
+    else:
+        native_launch_or_fail()
     q, _, k_cache, indices, topk_length, table = sparse_face_problem(dev, 512, [400, 300])
     checked = checked_launches(monkeypatch)
 
@@ -1206,6 +1210,8 @@ def test_decode_dense_launch_cache(dev, monkeypatch, path):
     from dcp_mla import ops
     if path == "ctypes":
         monkeypatch.setattr(ops, "_NATIVE", None)
+    else:
+        native_launch_or_fail()
     name = "dcp_mla_launch_decode_dense"
     lens, nq, h = [700, 1, 65], 2, 32
     table, caches, _ = filled_caches(lens, 1, 1, B, "bf16", dev)
@@ -1372,6 +1378,8 @@ def test_decode_sparse_launch_cache(dev, monkeypatch, path):
     from dcp_mla import ops
     if path == "ctypes":
         monkeypatch.setattr(ops, "_NATIVE", None)
+    else:
+        native_launch_or_fail()
     q, cache, _, indices, topk_length, _ = sparse_face_problem(dev, 512, [400, 300])
     args = dict(q=q, cache=cache, indices=indices, topk_len=topk_length.view(-1, 1))
 
